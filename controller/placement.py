@@ -1,0 +1,59 @@
+"""Where replicas live (paper 5.4, DESIGN 6-7).
+
+A placement maps node index -> the segment addresses it hosts. The only
+constraint (5.0): no two replicas of a partition on one node.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from flux.messages import Addr, P, S
+
+
+class Placement:
+    """Segments per node, with the pair-independence check."""
+
+    def __init__(self, nodes: Dict[int, List[Addr]]):
+        self.nodes = {n: list(addrs) for n, addrs in nodes.items()}
+        self.node_of: Dict[Addr, int] = {}
+        for n, addrs in self.nodes.items():
+            for a in addrs:
+                if a in self.node_of:
+                    raise ValueError(f"segment {a} placed twice")
+                self.node_of[a] = n
+        for a, n in self.node_of.items():
+            twin = Addr(a.stage, a.partition, 1 - a.replica)
+            if self.node_of.get(twin) == n:
+                raise ValueError(f"both replicas of {a.stage}.{a.partition} on node {n}")
+
+    def lost_pairs(self, dead_nodes) -> List[Addr]:
+        """Replica-P addresses of the pairs whose both replicas are on dead nodes."""
+        dead = set(dead_nodes)
+        return sorted(
+            a
+            for a, n in self.node_of.items()
+            if a.replica == P and n in dead and self.node_of[Addr(a.stage, a.partition, S)] in dead
+        )
+
+
+class ChainedDeclustering(Placement):
+    """Node k holds replica P of partition k and replica S of partition k-1, every stage."""
+
+    def __init__(self, stages: int, partitions: int):
+        if partitions < 2:
+            raise ValueError(f"chained declustering needs >= 2 partitions, got {partitions}")
+        super().__init__(
+            {
+                k: [Addr(s, k, P) for s in range(1, stages + 1)]
+                + [Addr(s, (k - 1) % partitions, S) for s in range(1, stages + 1)]
+                for k in range(partitions)
+            }
+        )
+
+
+class OneSegmentPerNode(Placement):
+    """Every segment replica on its own node: lets a test kill exactly one segment."""
+
+    def __init__(self, stages: int, partitions: int):
+        addrs = [Addr(s, i, r) for s in range(1, stages + 1) for i in range(partitions) for r in (P, S)]
+        super().__init__({n: [a] for n, a in enumerate(addrs)})

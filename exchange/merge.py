@@ -1,0 +1,107 @@
+"""Order-preserving merge of producer streams by SN (paper 4.1, DESIGN 4.3).
+
+Each producer partition's stream arrives in SN order. The merge releases the
+smallest head only once every *other* producer has proved that nothing
+smaller can still come: either its own head is larger, or its progress bound
+covers the head. Bounds let an idle producer keep the merge moving.
+
+Every SN that arrives must be larger than the last one from that producer:
+a repeated or out-of-order SN is a broken protocol (a duplicate the buffers
+failed to filter), so it raises instead of being silently dropped.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Deque, Dict, Hashable, Iterable, List, Optional, Tuple
+
+from flux.messages import Item, ProtocolError
+from flux.sequence import NO_PROGRESS, NO_SN, SN, before, covers, strongest, weakest
+
+
+class OrderedMerge:
+    """Merge of one queue per producer partition, released in global SN order."""
+
+    def __init__(self, producers: Iterable[Hashable]):
+        self.queues: Dict[Hashable, Deque[Item]] = {p: deque() for p in producers}
+        if not self.queues:
+            raise ValueError("a merge needs at least one producer")
+        self.bounds: Dict[Hashable, SN] = {p: NO_PROGRESS for p in self.queues}
+        self.last: Dict[Hashable, SN] = {p: NO_SN for p in self.queues}
+
+    def push(self, producer: Hashable, items: Iterable[Item], bound: Optional[SN] = None) -> SN:
+        """Append a batch from ``producer``; returns the last SN received from it."""
+        queue = self.queues[producer]
+        last = self.last[producer]
+        for item in items:
+            sn = item[0]
+            if sn <= last:
+                raise ProtocolError(
+                    f"SN {sn} from producer {producer} after {last}: duplicate or out of order"
+                )
+            queue.append(item)
+            last = sn
+        self.last[producer] = last
+        if bound is not None:
+            self.bound(producer, bound)
+        return last
+
+    def bound(self, producer: Hashable, bound: SN) -> None:
+        """Record a progress bound; a bound never moves back (DESIGN 4.3)."""
+        self.bounds[producer] = strongest(self.bounds[producer], bound)
+
+    def _idle_bound(self, producer: Hashable) -> SN:
+        # Every SN on one connection has the same length, so the last SN
+        # received is itself a bound for a producer with an empty queue.
+        return strongest(self.bounds[producer], self.last[producer] or NO_PROGRESS)
+
+    def head(self) -> Optional[Tuple[Hashable, SN]]:
+        """The producer holding the smallest queued SN, with that SN."""
+        best = None
+        for producer, queue in self.queues.items():
+            if queue and (best is None or queue[0][0] < best[1]):
+                best = (producer, queue[0][0])
+        return best
+
+    def ready(self) -> bool:
+        """True when the smallest head may be released."""
+        return self._releasable() is not None
+
+    def _releasable(self) -> Optional[Hashable]:
+        head = self.head()
+        if head is None:
+            return None
+        producer, sn = head
+        for other, queue in self.queues.items():
+            if not queue and not covers(self._idle_bound(other), sn):
+                return None
+        return producer
+
+    def pop(self) -> Item:
+        producer = self._releasable()
+        if producer is None:
+            raise LookupError("no tuple can be released yet")
+        return self.queues[producer].popleft()
+
+    def pop_ready(self) -> List[Item]:
+        """Release everything that can be released now."""
+        out = []
+        while (producer := self._releasable()) is not None:
+            out.append(self.queues[producer].popleft())
+        return out
+
+    def frontier(self) -> SN:
+        """A bound on every SN the merge will still release (DESIGN 4.3)."""
+        return weakest(
+            before(queue[0][0]) if queue else self._idle_bound(producer)
+            for producer, queue in self.queues.items()
+        )
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{p}: n={len(q)} last={self.last[p]} bound={self.bounds[p]}"
+            for p, q in self.queues.items()
+        )
+        return f"OrderedMerge({parts})"

@@ -1,0 +1,180 @@
+"""The producer's buffer of in-flight tuples (paper 3.1.3, DESIGN 4.2).
+
+One buffer serves one consumer partition pair, with two destinations: PRIM
+and SEC. With cumulative acks and FIFO connections the paper's explicit marks
+collapse into one high-water mark per destination:
+
+- mark PROD on SN ``s``: ``s`` was put (it is in the queue, or was evicted);
+- mark ``d`` on SN ``s``: ``s <= hwm[d]``, i.e. destination ``d`` is known to
+  hold ``s`` (it acked it, or it was sent on a connection that carries no
+  acks). A *dangling* ack is ``hwm[d]`` ahead of the last SN put.
+
+An entry is evicted once it carries every mark in ``delete`` (PROD is always
+required, so ``delete`` lists only destinations). The send cursor of ``d``
+skips every entry ``d`` already holds: that is the duplicate filter that keeps
+a producer from re-sending what a consumer got from the other replica.
+
+Only ``ack`` and ``advance`` move a mark or cursor forward; ``ack_all`` and
+``reset`` assign them and may move them back (DESIGN 4.2).
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any, Iterable, List, Optional
+
+from flux.messages import Item
+from flux.sequence import NO_SN, SN
+
+PRIM = 0
+SEC = 1
+DESTS = (PRIM, SEC)
+PROD = "PROD"
+DEST_NAMES = {PRIM: "PRIM", SEC: "SEC"}
+
+
+class BufferMisuse(Exception):
+    """This machine misused its buffer (a local protocol error)."""
+
+
+class Buffer:
+    """A queue of produced tuples with per-destination marks and cursors."""
+
+    _COMPACT_AT = 256
+
+    def __init__(self, capacity: int, delete: Iterable[int] = DESTS):
+        if capacity < 1:
+            raise ValueError(f"buffer capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.delete = set(delete)
+        self.last_put: SN = NO_SN
+        self.hwm: List[SN] = [NO_SN, NO_SN]
+        self.sent: List[SN] = [NO_SN, NO_SN]
+        self._sns: List[SN] = []
+        self._items: List[Any] = []
+        self._head = 0
+
+    # -- queries ---------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._sns) - self._head
+
+    def full(self) -> bool:
+        return len(self) >= self.capacity
+
+    def entries(self) -> List[Item]:
+        """The buffered (SN, tuple) pairs, oldest first."""
+        return list(zip(self._sns[self._head:], self._items[self._head:]))
+
+    def marks(self, sn: SN) -> Optional[frozenset]:
+        """The marks on ``sn``, or None once it was evicted (for tests and traces)."""
+        dest_marks = {d for d in DESTS if sn <= self.hwm[d]}
+        if sn > self.last_put:
+            return frozenset(dest_marks)
+        i = bisect_right(self._sns, sn, lo=self._head) - 1
+        if i >= self._head and self._sns[i] == sn:
+            return frozenset(dest_marks | {PROD})
+        return None
+
+    def dangling(self, dest: int) -> bool:
+        """True when ``dest`` acked SNs that were not put yet."""
+        return self.hwm[dest] > self.last_put
+
+    def first_unsent(self, dest: int) -> Optional[SN]:
+        i = self._next_index(dest)
+        return self._sns[i] if i < len(self._sns) else None
+
+    def peek(self, dest: int) -> Optional[Item]:
+        """The first tuple ``dest`` does not hold and was not sent yet (Figure 3, action 2)."""
+        i = self._next_index(dest)
+        if i < len(self._sns):
+            return self._sns[i], self._items[i]
+        return None
+
+    # -- events ----------------------------------------------------------
+    def put(self, sn: SN, item: Any) -> None:
+        """Insert a produced tuple; it is evicted at once if its marks are complete."""
+        if sn <= self.last_put:
+            raise BufferMisuse(f"put {sn} after {self.last_put}: SNs must increase")
+        self._sns.append(sn)
+        self._items.append(item)
+        self.last_put = sn
+        self._evict()
+
+    def advance(self, dest: int) -> SN:
+        """Move ``dest``'s cursor past the tuple ``peek(dest)`` returned."""
+        i = self._next_index(dest)
+        if i >= len(self._sns):
+            raise BufferMisuse(f"advance {DEST_NAMES[dest]} with nothing to send")
+        self.sent[dest] = self._sns[i]
+        return self.sent[dest]
+
+    def take(self, dest: int, limit: int) -> List[Item]:
+        """Up to ``limit`` tuples for ``dest``, advancing its cursor past them."""
+        i = self._next_index(dest)
+        j = min(len(self._sns), i + limit)
+        if j > i:
+            self.sent[dest] = self._sns[j - 1]
+        return list(zip(self._sns[i:j], self._items[i:j]))
+
+    def ack(self, sn: SN, dest: int) -> None:
+        """``dest`` holds every SN <= ``sn`` (cumulative; never moves the mark back)."""
+        if sn > self.hwm[dest]:
+            self.hwm[dest] = sn
+            self._evict()
+
+    def ack_all(self, dest: int) -> None:
+        """Take-over: treat everything put as held by ``dest`` and drop its dangling acks."""
+        self.hwm[dest] = self.last_put
+        self._evict()
+
+    def reset(self, dest: int) -> None:
+        """Fold-in: give ``dest`` the other destination's marks; its cursor restarts there (3.3.2)."""
+        self.hwm[dest] = self.hwm[1 - dest]
+        self.sent[dest] = NO_SN
+        self._evict()
+
+    def set_delete(self, delete: Iterable[int]) -> None:
+        self.delete = set(delete)
+        self._evict()
+
+    # -- internals -------------------------------------------------------
+    def _next_index(self, dest: int) -> int:
+        floor = max(self.sent[dest], self.hwm[dest])
+        return bisect_right(self._sns, floor, lo=self._head)
+
+    def _evict(self) -> None:
+        if self.delete:
+            low = min(self.hwm[d] for d in self.delete)
+            new_head = bisect_right(self._sns, low, lo=self._head)
+        else:
+            new_head = len(self._sns)
+        if new_head == self._head:
+            return
+        for i in range(self._head, new_head):
+            self._items[i] = None
+        self._head = new_head
+        if self._head >= self._COMPACT_AT and self._head * 2 >= len(self._sns):
+            del self._sns[: self._head]
+            del self._items[: self._head]
+            self._head = 0
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the buffer's own rules are broken."""
+        live = self._sns[self._head:]
+        assert len(self._items) == len(self._sns), "items and SNs out of step"
+        assert all(a < b for a, b in zip(live, live[1:])), "SNs not strictly increasing"
+        if live:
+            assert live[-1] == self.last_put, "last entry is not the last SN put"
+            if self.delete:
+                assert not all(live[0] <= self.hwm[d] for d in self.delete), (
+                    "an entry with every mark in delete was not evicted"
+                )
+        elif self._sns:
+            assert self._sns[-1] == self.last_put
+        assert self.delete <= set(DESTS), f"unknown destinations in delete: {self.delete}"
+        assert all(x is None for x in self._items[: self._head]), "evicted items still referenced"
+
+    def __repr__(self) -> str:
+        return (
+            f"Buffer(n={len(self)}, last_put={self.last_put}, hwm={self.hwm}, "
+            f"sent={self.sent}, delete={sorted(DEST_NAMES[d] for d in self.delete)})"
+        )

@@ -1,0 +1,46 @@
+"""The egress: the base-case consumer (paper 3.1.2, Figure 4 action 1).
+
+It merges the last stage's partitions by SN into one totally ordered output,
+takes data from the P replicas and acks to the S replicas; when a P replica
+dies it reverses that partition to the S replica. Output leaves only in SN
+order, so a run with failures delivers exactly the failure-free sequence.
+"""
+from __future__ import annotations
+
+from typing import List, Set
+
+from flux.flux_consumer import FluxConsumer
+from flux.messages import Addr, Batch, Deliver, P, ProtocolError, S
+
+
+def egress_addr(stages: int) -> Addr:
+    return Addr(stages + 1, 0, P)
+
+
+class Egress:
+    """Ordered output of a dataflow with ``stages`` stages of ``partitions`` partitions."""
+
+    def __init__(self, stages: int, partitions: int):
+        self.addr = egress_addr(stages)
+        producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in range(partitions)]
+        self.fcons = FluxConsumer(self.addr, producers)
+        self.delivered = 0
+
+    def on_message(self, src: Addr, msg) -> List:
+        if not isinstance(msg, Batch):
+            raise ProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
+        effects = self.fcons.on_batch(src, msg)
+        out = self.fcons.merge.pop_ready()
+        if out:
+            self.delivered += len(out)
+            effects.append(Deliver(tuple(out)))
+        return effects
+
+    def on_fail(self, dead: Set[Addr]) -> List:
+        return self.fcons.on_fail(dead)
+
+    def idle(self) -> bool:
+        return self.fcons.idle()
+
+    def check_invariants(self) -> None:
+        pass

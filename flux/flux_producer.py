@@ -1,0 +1,109 @@
+"""F-Prod: the top of a segment (paper 5.1, 5.2; Figure 7).
+
+Replica r of producer partition j sends data to its *primary* consumers (the
+replica r of every consumer partition: same dataflow) and takes acks from its
+*secondary* consumers (replica 1-r: the dual dataflow). A tuple is evicted
+once produced, sent to the primary and acked by the secondary:
+``del_i = {PROD, PRIM, SEC}`` (5.1).
+
+Take-over (5.2): a dead consumer replica is dropped from the buffer like at
+the ingress (Figure 4 action 3); a ``reverse`` from a secondary consumer,
+whose data came from this producer's dead dual, turns that connection into a
+sending one. The buffer's duplicate filter keeps what the secondary already
+holds from being sent again.
+
+The egress is a consumer partition whose replica S never exists: it is dead
+from the start, so replica P sends to the egress and replica S takes its acks,
+exactly the S-Prod of 3.1.2.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Set, Tuple
+
+from flux.buffer import PRIM, SEC, Buffer
+from flux.messages import Ack, Addr, ProtocolError, Reverse, Send, TakeoverDone, other
+from flux.producer import ACK, DEAD, SEND, BufferFactory, Producer
+from flux.sequence import SN
+
+
+class FluxProducer:
+    """F-Prod of replica ``addr.replica`` of producer partition ``addr.partition``."""
+
+    def __init__(
+        self,
+        addr: Addr,
+        consumers: Sequence[Tuple[Addr, Addr]],
+        capacity: int,
+        batch_size: int,
+        absent: Set[Addr] = frozenset(),
+        buffer_factory: BufferFactory = Buffer,
+    ):
+        """``consumers[i]`` is (replica P, replica S) of consumer partition i;
+        ``absent`` lists consumer replicas that never exist (the egress's S)."""
+        r = addr.replica
+        peers = [(pair[r], pair[other(r)]) for pair in consumers]
+        self.addr = addr
+        self.dual = Addr(addr.stage, addr.partition, other(r))
+        self.out = Producer(addr, peers, capacity, batch_size, buffer_factory)
+        for conns in self.out.conn:
+            conns[PRIM] = {SEND}  # 5.1: data only to the primary consumer
+            conns[SEC] = {ACK}  # 5.1: acks only from the secondary consumer
+        self.out.fail_addresses(set(absent))
+        self.p_fail = False
+        self.r_done = [False] * len(peers)
+        self._takeover_reported = False
+
+    # -- events ------------------------------------------------------------
+    def on_ack(self, src: Addr, msg: Ack) -> None:
+        self.out.on_ack(src, msg)
+
+    def on_reverse(self, src: Addr, msg: Reverse) -> List:
+        """5.2 (replaces Figure 4-(2)): conn_i[SEC] := {SEND}; r_done_i; del_i += {SEC}."""
+        i, d = self.out.locate(src, ACK)
+        if d != SEC:
+            raise ProtocolError(f"{self.addr}: reverse from primary consumer {src}")
+        buffer = self.out.buffers[i]
+        buffer.ack(msg.hwm, SEC)  # the hwm travels inside reverse (DESIGN 4.2)
+        self.out.conn[i][SEC] = {SEND}
+        buffer.set_delete(buffer.delete | {SEC})
+        self.r_done[i] = True
+        return self._report_takeover()
+
+    def on_fail(self, dead: Set[Addr]) -> List:
+        """fail(): dead consumer replicas as at the ingress; note a dead dual (p_fail)."""
+        self.out.fail_addresses(dead)
+        if self.dual in dead:
+            self.p_fail = True
+        return self._report_takeover()
+
+    # -- take-over completion (DESIGN 4.5) ---------------------------------
+    def takeover_done(self) -> bool:
+        """Every secondary consumer is dead or has reversed to this replica."""
+        return self.p_fail and all(
+            self.r_done[i] or self.out.status[i][SEC] == DEAD for i in range(len(self.r_done))
+        )
+
+    def _report_takeover(self) -> List:
+        if not self._takeover_reported and self.takeover_done():
+            self._takeover_reported = True
+            return [TakeoverDone(self.addr)]
+        return []
+
+    # -- sending -----------------------------------------------------------
+    def put(self, i: int, sn: SN, item) -> None:
+        self.out.put(i, sn, item)
+
+    def full(self) -> bool:
+        return self.out.full()
+
+    def flushable(self, frontier: SN):
+        return self.out.flushable(frontier)
+
+    def flush(self, i: int, d: int, frontier: SN) -> Optional[Send]:
+        return self.out.flush(i, d, frontier)
+
+    def idle(self) -> bool:
+        return self.out.idle()
+
+    def check_invariants(self) -> None:
+        self.out.check_invariants()

@@ -1,0 +1,83 @@
+"""The ingress: the base-case producer (paper 3.1.2, Figure 4 action 3).
+
+It numbers inputs 1, 2, 3, ..., routes each to one stage-1 partition, and
+sends it to *both* replicas of that partition; each replica acks it back.
+A tuple leaves the buffer once both replicas hold it, so the buffer bounds
+how far the two replicas may drift apart. One bounded buffer per partition:
+a full one stops the source (back-pressure), it never drops an input.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Set
+
+from flux.buffer import DESTS, Buffer
+from flux.messages import Ack, Addr, P, ProtocolError, S, Send
+from flux.producer import ACK, SEND, BufferFactory, Producer
+from flux.sequence import NO_PROGRESS, SN, input_sn
+
+INGRESS = Addr(0, 0, P)
+
+
+class Ingress:
+    """Accepts the source's records in order and feeds both replicas of stage 1."""
+
+    def __init__(
+        self,
+        partitions: int,
+        route: Callable[[Any], int],
+        capacity: int,
+        batch_size: int,
+        buffer_factory: BufferFactory = Buffer,
+    ):
+        self.addr = INGRESS
+        self.route = route
+        peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
+        self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory)
+        for conns in self.out.conn:
+            for d in DESTS:
+                conns[d] = {SEND, ACK}  # 3.1.3: ingress sends to and takes acks from both
+        self.accepted = 0
+
+    # -- the source side ---------------------------------------------------
+    def frontier(self) -> SN:
+        """Every input not accepted yet will get an SN above this."""
+        return input_sn(self.accepted) if self.accepted else NO_PROGRESS
+
+    def can_accept(self, record: Any) -> bool:
+        return not self.out.buffers[self.route(record)].full()
+
+    def accept(self, record: Any) -> Optional[SN]:
+        """Figure 3 action 1; None (back-pressure) when the partition's buffer is full."""
+        i = self.route(record)
+        if self.out.buffers[i].full():
+            return None
+        self.accepted += 1
+        sn = input_sn(self.accepted)
+        self.out.put(i, sn, record)
+        return sn
+
+    # -- the dataflow side -------------------------------------------------
+    def flushable(self):
+        return self.out.flushable(self.frontier())
+
+    def flush(self, i: int, d: int) -> List[Send]:
+        send = self.out.flush(i, d, self.frontier())
+        return [send] if send else []
+
+    def on_message(self, src: Addr, msg) -> List[Send]:
+        if not isinstance(msg, Ack):
+            raise ProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
+        self.out.on_ack(src, msg)
+        return []
+
+    def on_fail(self, dead: Set[Addr]) -> List[Send]:
+        """Figure 4 action 3 for every dead stage-1 replica."""
+        self.out.fail_addresses(dead)
+        return []
+
+    def idle(self) -> bool:
+        return self.out.idle()
+
+    def check_invariants(self) -> None:
+        self.out.check_invariants()
+

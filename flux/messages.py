@@ -1,0 +1,111 @@
+"""Addresses, data-plane messages and the effects protocol machines return.
+
+Machines never do I/O: they take events and return effects as data
+(``Send``, ``Deliver``, ``Report``); a driver (the simulator or the runtime)
+carries them out. Messages are small frozen records so a trace can print them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Tuple
+
+from flux.sequence import SN
+
+#: Replica labels of a pair. Chained declustering puts replica P of partition k
+#: on node k and replica S on node k+1.
+P = 0
+S = 1
+
+
+def other(replica: int) -> int:
+    """The other replica of a pair (the paper's ``p(dest)``)."""
+    return 1 - replica
+
+
+class Addr(NamedTuple):
+    """A protocol endpoint: one replica of one partition of one stage.
+
+    The ingress is stage 0 and the egress is stage ``stages + 1``; both have a
+    single partition 0 and are replica P.
+    """
+
+    stage: int
+    partition: int
+    replica: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}.{self.partition}{'PS'[self.replica]}"
+
+
+Item = Tuple[SN, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Data from a producer: tuples in SN order, then a progress bound (DESIGN 4.3)."""
+
+    items: Tuple[Item, ...]
+    bound: SN
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Cumulative ack: the consumer holds every SN <= ``hwm`` of this connection (3.1.3)."""
+
+    hwm: SN
+
+
+@dataclass(frozen=True, slots=True)
+class Reverse:
+    """Consumer to the surviving producer: send me data from after ``hwm`` (Figure 4, 5.2)."""
+
+    hwm: SN
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message on the wire: sender, destination and the sender's view (DESIGN 4.4)."""
+
+    src: Addr
+    dst: Addr
+    view: int
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Effect: put ``msg`` on the FIFO connection from ``src`` to ``dst``."""
+
+    src: Addr
+    dst: Addr
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Effect of the egress: these items leave the dataflow, in order."""
+
+    items: Tuple[Item, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverDone:
+    """Effect: the producer at ``addr`` finished take-over for every consumer (DESIGN 4.5)."""
+
+    addr: Addr
+
+
+class ProtocolError(Exception):
+    """A peer sent something no state of this machine can accept."""
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A controller view update: the endpoints that failed in this view (paper 3.2.1).
+
+    Views are numbered, delivered to every process in the same order, and each
+    is applied completely before the next (DESIGN 4.4).
+    """
+
+    number: int
+    failed: frozenset

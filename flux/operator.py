@@ -1,0 +1,222 @@
+"""The operator API (DESIGN 5) and the helpers that make state msgpack-safe.
+
+An operator is any object with
+
+- ``process(record) -> iterable of records``: non-blocking; the *order* of
+  the outputs is part of the contract, because the framework numbers the
+  k-th output of the input with SN ``s`` as ``s + (k,)`` (DESIGN 4.1);
+- ``get_state()``: a msgpack-serializable snapshot, treated as immutable
+  (it must not alias structures that ``process`` later mutates);
+- ``install_state(state)``: replace the operator's state by one produced by
+  ``get_state()`` and sent through msgpack (so tuples come back as lists);
+- optional ``init_trans()`` / ``end_trans()`` quiesce hooks.
+
+Records and state cross the wire as msgpack: records may arrive as lists
+where they were emitted as tuples, so operators index records, never test
+their type.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import msgpack
+
+REQUIRED_METHODS = ("process", "get_state", "install_state")
+OPTIONAL_HOOKS = ("init_trans", "end_trans")
+
+
+class DataflowError(ValueError):
+    """A dataflow or operator that breaks the contract, found when the dataflow is built."""
+
+
+def check_operator_api(op: Any, name: str) -> None:
+    """Reject ``op`` unless it has every method of the operator API."""
+    for method in REQUIRED_METHODS:
+        if not callable(getattr(op, method, None)):
+            raise DataflowError(
+                f"{name}: {type(op).__name__} object has no {method}() method; "
+                f"an operator needs {', '.join(REQUIRED_METHODS)}"
+            )
+
+
+# --- msgpack-safe state ---------------------------------------------------
+
+def wire_form(value: Any) -> Any:
+    """``value`` as it looks after a msgpack round trip (tuples become lists)."""
+    return msgpack.unpackb(
+        msgpack.packb(value, use_bin_type=True), raw=False, strict_map_key=False
+    )
+
+
+def tuplify(value: Any) -> Any:
+    """Turn lists back into tuples, recursively, so a key that crossed msgpack is hashable again."""
+    if isinstance(value, (list, tuple)):
+        return tuple(tuplify(v) for v in value)
+    return value
+
+
+def _msgpack_order(key: Any) -> bytes:
+    return msgpack.packb(key, use_bin_type=True)
+
+
+def keyed_state(table: dict) -> list:
+    """A dict as a sorted list of ``[key, value]`` pairs.
+
+    msgpack refuses tuple map keys, and a rebuilt dict may iterate in another
+    order (DESIGN 4.1), so keyed state travels as pairs in key order. Keys of
+    mixed types that Python cannot compare are ordered by their msgpack bytes.
+    """
+    try:
+        keys = sorted(table)
+    except TypeError:
+        keys = sorted(table, key=_msgpack_order)
+    return [[key, table[key]] for key in keys]
+
+
+def keyed_table(pairs: Iterable | None) -> dict:
+    """The dict of a ``keyed_state`` list that crossed msgpack (list keys become tuples)."""
+    return {tuplify(key): value for key, value in (pairs or ())}
+
+
+# --- stateless helpers ----------------------------------------------------
+
+class _Stateless:
+    """Base of the helpers that keep no state: the snapshot is ``None``."""
+
+    def get_state(self) -> None:
+        return None
+
+    def install_state(self, state: Any) -> None:
+        if state is not None:
+            raise DataflowError(f"{type(self).__name__} is stateless, got state {state!r}")
+
+
+class Map(_Stateless):
+    """One output per input: ``fn(record)``."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+
+    def process(self, record: Any) -> list:
+        return [self.fn(record)]
+
+
+class Filter(_Stateless):
+    """The input itself when ``pred(record)`` holds, nothing otherwise."""
+
+    def __init__(self, pred: Callable[[Any], bool]):
+        self.pred = pred
+
+    def process(self, record: Any) -> list:
+        return [record] if self.pred(record) else []
+
+
+class FlatMap(_Stateless):
+    """Every record of ``fn(record)``, in the order ``fn`` yields them."""
+
+    def __init__(self, fn: Callable[[Any], Iterable[Any]]):
+        self.fn = fn
+
+    def process(self, record: Any) -> list:
+        return list(self.fn(record))
+
+
+# --- keyed aggregate ------------------------------------------------------
+
+def _emit_key_and_value(key: Any, value: Any, record: Any) -> list:
+    return [(key, value)]
+
+
+class KeyedAggregate:
+    """A per-key fold whose state the library extracts itself.
+
+    For each record: ``k = key(record)``, ``value = fold(old, record)`` where
+    ``old`` is the key's value or ``initial`` (called if callable, so each key
+    gets a fresh one), then the outputs are ``emit(k, value, record)``
+    (default: ``[(k, value)]``).
+
+    Values must be msgpack-safe and treated as immutable (fold returns a new
+    value); after ``install_state`` they come back with lists where tuples
+    were. Output order must not depend on dict iteration order: ``emit``
+    sees one key, never the whole table. List keys are turned into tuples.
+    """
+
+    def __init__(
+        self,
+        key: Callable[[Any], Any],
+        fold: Callable[[Any, Any], Any],
+        initial: Any = None,
+        emit: Callable[[Any, Any, Any], Iterable[Any]] | None = None,
+    ):
+        self.key = key
+        self.fold = fold
+        self.initial = initial
+        self.emit = emit or _emit_key_and_value
+        self.values: dict = {}
+
+    def process(self, record: Any) -> list:
+        k = tuplify(self.key(record))
+        if k in self.values:
+            old = self.values[k]
+        else:
+            old = self.initial() if callable(self.initial) else self.initial
+        value = self.values[k] = self.fold(old, record)
+        return list(self.emit(k, value, record))
+
+    def get_state(self) -> list:
+        return keyed_state(self.values)
+
+    def install_state(self, state: list | None) -> None:
+        self.values = keyed_table(state)
+
+
+# --- chains ---------------------------------------------------------------
+
+class OperatorChain:
+    """The operators of one stage partition, run one after the other.
+
+    Each output of operator i is fed to operator i+1 before the next output
+    of operator i (depth-first), so the final outputs keep their order and
+    their emission index k is well defined (DESIGN 4.1). An empty chain
+    passes records through.
+    """
+
+    def __init__(self, operators: Sequence[Any]):
+        self.operators = list(operators)
+
+    def process(self, record: Any) -> list:
+        if len(self.operators) == 1:  # the common case, without the recursion
+            return list(self.operators[0].process(record))
+        out: list = []
+        self._run(0, record, out)
+        return out
+
+    def _run(self, i: int, record: Any, out: list) -> None:
+        if i == len(self.operators):
+            out.append(record)
+            return
+        for produced in self.operators[i].process(record):
+            self._run(i + 1, produced, out)
+
+    def get_state(self) -> list:
+        return [op.get_state() for op in self.operators]
+
+    def install_state(self, states: Sequence[Any]) -> None:
+        if len(states) != len(self.operators):
+            raise DataflowError(
+                f"chain of {len(self.operators)} operators got {len(states)} states"
+            )
+        for op, state in zip(self.operators, states):
+            op.install_state(state)
+
+    def init_trans(self) -> None:
+        self._call_hook("init_trans")
+
+    def end_trans(self) -> None:
+        self._call_hook("end_trans")
+
+    def _call_hook(self, hook: str) -> None:
+        for op in self.operators:
+            method = getattr(op, hook, None)
+            if callable(method):
+                method()

@@ -1,0 +1,62 @@
+"""Sequence numbers and progress bounds (DESIGN 4.1, 4.3).
+
+An SN is a tuple of ints compared lexicographically. The ingress numbers its
+inputs ``(1,)``, ``(2,)``, ...; the k-th output produced while processing the
+input with SN ``s`` gets ``s + (k,)``. The framework assigns SNs, never the
+operator writer, so they are unique, deterministic and increasing on every
+producer-to-consumer connection.
+
+A *progress bound* ``b`` on a connection promises that no SN the connection
+will still carry has a prefix ``<= b``. Bounds are compared through
+``b + (INF,)`` so that bounds of different lengths order correctly.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Tuple
+
+SN = Tuple[int, ...]
+
+#: Below every SN: the high-water mark of a connection that has seen nothing.
+NO_SN: SN = ()
+
+#: The weakest progress bound: ISNs start at 1, so nothing has a prefix <= (0,).
+NO_PROGRESS: SN = (0,)
+
+INF = float("inf")
+
+
+def input_sn(n: int) -> SN:
+    """The SN the ingress gives its n-th input (n >= 1)."""
+    if n < 1:
+        raise ValueError(f"input numbers start at 1, got {n}")
+    return (n,)
+
+
+def output_sn(input_sn_: SN, k: int) -> SN:
+    """The SN of the k-th output (k >= 1) produced while processing ``input_sn_``."""
+    return input_sn_ + (k,)
+
+
+def before(sn: SN) -> SN:
+    """The largest bound that still lets ``sn`` arrive (its same-length predecessor)."""
+    return sn[:-1] + (sn[-1] - 1,)
+
+
+def bound_key(bound: SN) -> tuple:
+    """Sort key of a bound: the point ``bound + (INF,)`` in SN space."""
+    return bound + (INF,)
+
+
+def covers(bound: SN, sn: SN) -> bool:
+    """True when ``bound`` proves that ``sn`` (and anything smaller) can no longer arrive."""
+    return sn < bound + (INF,)
+
+
+def weakest(bounds: Iterable[SN]) -> SN:
+    """The bound that holds for all of ``bounds`` (the minimum in bound order)."""
+    return min(bounds, key=bound_key)
+
+
+def strongest(a: SN, b: SN) -> SN:
+    """The larger of two true bounds on one connection (both hold, so the stronger does)."""
+    return a if bound_key(a) >= bound_key(b) else b

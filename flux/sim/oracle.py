@@ -1,0 +1,65 @@
+"""The oracle of DESIGN 8: failure transparency, checked as the run goes.
+
+- every delivered prefix is a prefix of the failure-free output;
+- at quiescence everything was delivered (else: a deadlock or a stall);
+- at quiescence no buffer or merge queue still holds a tuple (buffers stay
+  bounded: nothing is kept forever waiting for an ack that never comes);
+- every live replica's operator state equals the failure-free state of its
+  partition, so the two replicas of a pair are equal.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+
+class Violation(Exception):
+    """The run broke a property a user relies on."""
+
+
+class PrefixOracle:
+    """Checks each delivered item against the reference as it arrives."""
+
+    def __init__(self, reference: Sequence[Any]):
+        self.reference = list(reference)
+        self.checked = 0
+
+    def check(self, delivered: Sequence[Any]) -> None:
+        ref = self.reference
+        for pos in range(self.checked, len(delivered)):
+            got = delivered[pos]
+            if pos >= len(ref):
+                raise Violation(f"extra output #{pos}: {got!r} (reference has {len(ref)})")
+            if got != ref[pos]:
+                raise Violation(f"output #{pos} is {got!r}, reference has {ref[pos]!r}")
+        self.checked = len(delivered)
+
+
+def final_checks(world, expected: int, reference_states) -> Optional[str]:
+    """What is wrong at quiescence, or None."""
+    delivered = world.outcome.delivered
+    problems: List[str] = []
+    if len(delivered) != expected:
+        problems.append(f"stalled: delivered {len(delivered)} of {expected} outputs")
+    for addr, m in world.live_machines():
+        m.check_invariants()
+        if not m.idle():
+            problems.append(f"{addr} still holds tuples at quiescence: {describe(m)}")
+        chain = getattr(m, "chain", None)
+        if chain is not None and reference_states is not None:
+            want = reference_states[addr.stage - 1][addr.partition]
+            got = chain.get_state()
+            if got != want:
+                problems.append(f"{addr} state differs from the failure-free state: {got!r} != {want!r}")
+    return "; ".join(problems) if problems else None
+
+
+def describe(m) -> str:
+    parts = []
+    fprod = getattr(m, "fprod", None) or getattr(m, "out", None)
+    out = getattr(fprod, "out", fprod)
+    if out is not None and hasattr(out, "buffers"):
+        parts += [f"buffer[{i}]={b!r}" for i, b in enumerate(out.buffers) if len(b)]
+    fcons = getattr(m, "fcons", None)
+    if fcons is not None and fcons.merge.queued():
+        parts.append(repr(fcons.merge))
+    return ", ".join(parts)

@@ -1,0 +1,191 @@
+"""One simulated run: a seed picks the workload, the knobs, every step and every crash.
+
+The same seed always gives the same run, so a violation is reproduced by
+running its seed again (``python -m flux.sim --seed S --schedules 1 -v``).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from controller.placement import ChainedDeclustering, OneSegmentPerNode
+from flux.messages import Batch
+from flux.sim.oracle import PrefixOracle, Violation, final_checks
+from flux.sim.variants import VARIANTS
+from flux.sim.world import World, WorldConfig
+
+#: relative speeds a process may get for one schedule
+SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)
+
+OK = "ok"
+VIOLATION = "violation"
+PAIR_LOST = "pair-lost"
+
+
+@dataclass(frozen=True)
+class SimParams:
+    stages: int = 2
+    partitions: int = 4
+    crashes: int = 2
+    inputs: int = 24
+    dataflow: str = "counter"
+    variant: str = "none"
+    placement: str = "chained"
+    #: crash these nodes (in order) instead of random safe victims
+    victims: Tuple[int, ...] = ()
+    max_steps: int = 200_000
+
+    def validate(self) -> None:
+        if self.stages < 1:
+            raise ValueError(f"--stages must be >= 1, got {self.stages}")
+        if self.partitions < 2:
+            raise ValueError(f"--partitions must be >= 2, got {self.partitions}")
+        if self.crashes < 0:
+            raise ValueError(f"--crashes must be >= 0, got {self.crashes}")
+        if self.inputs < 1:
+            raise ValueError(f"--inputs must be >= 1, got {self.inputs}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; one of {sorted(VARIANTS)}")
+        if self.dataflow not in ("counter", "packets"):
+            raise ValueError(f"unknown dataflow {self.dataflow!r}; one of counter, packets")
+        if self.placement not in ("chained", "single"):
+            raise ValueError(f"unknown placement {self.placement!r}; one of chained, single")
+
+
+@dataclass
+class ScheduleResult:
+    seed: int
+    status: str
+    reason: str = ""
+    steps: int = 0
+    crashed: List[int] = field(default_factory=list)
+    trace: List[Tuple[tuple, Any]] = field(default_factory=list)
+    delivered: int = 0
+    expected: int = 0
+    takeovers: int = 0
+
+
+def build_dataflow(params: SimParams, seed: int):
+    from flux import examples, workload
+
+    if params.dataflow == "counter":
+        return (examples.counting_dataflow(params.stages),
+                workload.keyed_workload(params.inputs, seed, keys=6))
+    return (examples.packet_dataflow(params.stages),
+            workload.packet_workload(params.inputs, seed, pairs=6, apps=2, sources=3))
+
+
+def make_world(params: SimParams, seed: int, rng: random.Random):
+    from flux.reference import ReferenceRun
+
+    dataflow, inputs = build_dataflow(params, seed)
+    run = ReferenceRun(dataflow, params.partitions)
+    reference = [out for record in inputs for out in run.feed(record)]
+    states = [[chain.get_state() for chain in stage] for stage in run.chains]
+    placement = (ChainedDeclustering if params.placement == "chained" else OneSegmentPerNode)(
+        params.stages, params.partitions)
+    config = WorldConfig(
+        capacity=rng.randint(1, 6),
+        ingress_capacity=rng.randint(1, 6),
+        batch_size=rng.randint(1, 4),
+        buffer_factory=VARIANTS[params.variant],
+    )
+    return World(dataflow, inputs, params.partitions, placement, config, rng), reference, states
+
+
+def run_schedule(seed: int, params: SimParams, crash_window: int) -> ScheduleResult:
+    """Run one schedule; crashes fall at uniformly chosen steps below ``crash_window``."""
+    rng = random.Random(seed)
+    world, reference, states = make_world(params, seed, rng)
+    oracle = PrefixOracle(reference)
+    result = ScheduleResult(seed, OK, expected=len(reference))
+    crash_at = sorted(rng.randrange(max(1, crash_window)) for _ in range(params.crashes))
+    victims = list(params.victims)
+    # Unequal speeds make replicas drift apart, the case the buffers exist for.
+    speed = {h: rng.choice(SPEEDS) for h in list(world.hosts) + ["controller"]}
+    trace = result.trace
+    t = 0
+    try:
+        while True:
+            while crash_at and crash_at[0] <= t:
+                crash_at.pop(0)
+                choices = [victims.pop(0)] if victims else world.safe_victims()
+                if choices:
+                    node = rng.choice(choices)
+                    world.crash(node)
+                    result.crashed.append(node)
+                    trace.append((("crash", node), None))
+            steps = world.enabled()
+            if not steps:
+                break
+            step = rng.choices(steps, [speed[world.host_of_step(s)] for s in steps])[0]
+            trace.append((step, _payload(world, step)))
+            world.apply(step)
+            oracle.check(world.outcome.delivered)
+            if world.outcome.pair_lost:
+                result.status = PAIR_LOST
+                result.reason = "both replicas lost: " + ", ".join(
+                    f"stage {a.stage} partition {a.partition}" for a in world.outcome.pair_lost)
+                break
+            t += 1
+            if t >= params.max_steps:
+                raise Violation(f"no quiescence after {t} steps (livelock)")
+        if result.status == OK:
+            problem = final_checks(world, len(reference), states)
+            if problem:
+                result.status, result.reason = VIOLATION, problem
+    except Violation as exc:
+        result.status, result.reason = VIOLATION, str(exc)
+    except Exception as exc:  # a machine raised: a protocol error is a violation too
+        result.status, result.reason = VIOLATION, f"{type(exc).__name__}: {exc}"
+    result.steps = t
+    result.delivered = len(world.outcome.delivered)
+    result.takeovers = len(world.outcome.takeovers)
+    return result
+
+
+def _payload(world: World, step: tuple) -> Optional[Any]:
+    if step[0] == "deliver":
+        return world.channels[step[1]][0]
+    if step[0] == "view":
+        return world.views[step[1]][0]
+    return None
+
+
+def format_step(step: tuple, payload: Any) -> str:
+    kind = step[0]
+    if kind == "deliver":
+        env = payload
+        msg = env.msg
+        if isinstance(msg, Batch):
+            sns = ",".join(_sn(sn) for sn, _ in msg.items)
+            body = f"Batch[{sns}] bound={_sn(msg.bound)}"
+        else:
+            body = f"{type(msg).__name__}({_sn(msg.hwm)})"
+        return f"{env.src}->{env.dst} {body}"
+    if kind == "view":
+        return f"view{payload.number}@{step[1]} fail({','.join(sorted(map(str, payload.failed)))})"
+    if kind == "flush":
+        return f"flush {step[1]}->[{step[2]}]{'PS'[step[3]]}"
+    if kind == "process":
+        return f"process {step[1]}"
+    if kind == "crash":
+        return f"CRASH node{step[1]}"
+    if kind == "detect":
+        return f"detect {step[1]}"
+    return " ".join(map(str, step))
+
+
+def _sn(sn) -> str:
+    return ".".join(map(str, sn)) if sn else "-"
+
+
+def format_trace(result: ScheduleResult, last: Optional[int] = None, interesting_only=False) -> str:
+    items = result.trace if last is None else result.trace[-last:]
+    lines = []
+    for step, payload in items:
+        if interesting_only and step[0] in ("accept",):
+            continue
+        lines.append(format_step(step, payload))
+    return "\n".join(lines)

@@ -1,0 +1,225 @@
+"""The simulated cluster: hosts, FIFO channels, a controller, crashes.
+
+The world runs the real protocol machines. Every connection between two
+endpoints is a reliable FIFO queue (paper 2.2): nothing on a live connection
+is dropped, duplicated or reordered. A crash stops a node at once; what it
+had sent and was still in flight survives only as a prefix of each of its
+outgoing queues (TCP delivers some of it), and everything addressed to it is
+lost. The controller declares the crash in a totally ordered view, later.
+
+The world only says which steps are enabled and carries one out; the
+scheduler (``flux.sim.schedule``) chooses.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+from controller.placement import Placement
+from exchange.partitioner import HashPartitioner
+from flux.buffer import Buffer
+from flux.egress import Egress, egress_addr
+from flux.flux_consumer import FluxConsumer
+from flux.flux_producer import FluxProducer
+from flux.host import Host
+from flux.ingress import INGRESS, Ingress
+from flux.messages import Addr, Deliver, Envelope, P, S, TakeoverDone, View
+from flux.segment import Segment
+
+INGRESS_HOST = "ingress"
+EGRESS_HOST = "egress"
+
+
+def node_name(n: int) -> str:
+    return f"node{n}"
+
+
+@dataclass
+class WorldConfig:
+    capacity: int = 4
+    ingress_capacity: int = 4
+    batch_size: int = 2
+    buffer_factory: Callable[[int], Buffer] = Buffer
+
+
+@dataclass
+class Outcome:
+    delivered: List[Any] = field(default_factory=list)
+    takeovers: List[Addr] = field(default_factory=list)
+    pair_lost: List[Addr] = field(default_factory=list)
+
+
+class World:
+    """Hosts running the protocol machines, connected by FIFO channels."""
+
+    def __init__(self, dataflow, inputs: Sequence[Any], partitions: int, placement: Placement,
+                 config: WorldConfig, rng):
+        self.rng = rng
+        self.dataflow = dataflow
+        self.stages = len(dataflow.stages)
+        self.partitions = partitions
+        self.placement = placement
+        self.inputs = list(inputs)
+        self.next_input = 0
+        self.outcome = Outcome()
+        part = HashPartitioner(partitions)
+        self.hosts: Dict[str, Host] = {}
+        self.host_of: Dict[Addr, str] = {}
+        for n, addrs in placement.nodes.items():
+            machines = {a: self._segment(a, part, config) for a in addrs}
+            self._add_host(node_name(n), machines)
+        first_key = dataflow.stages[0].key
+        self.ingress = Ingress(partitions, lambda rec: part(first_key(rec)), config.ingress_capacity,
+                               config.batch_size, config.buffer_factory)
+        self.egress = Egress(self.stages, partitions)
+        self._add_host(INGRESS_HOST, {INGRESS: self.ingress})
+        self._add_host(EGRESS_HOST, {self.egress.addr: self.egress})
+        self.alive: Dict[str, bool] = {h: True for h in self.hosts}
+        self.channels: Dict[Tuple[Addr, Addr], Deque[Envelope]] = {}
+        self.views: Dict[str, Deque[View]] = {h: deque() for h in self.hosts}
+        self.view = 0
+        self.crashed_undetected: List[str] = []
+        self.dead_nodes: List[int] = []
+
+    def _segment(self, a: Addr, part, config: WorldConfig) -> Segment:
+        s, K, Pn = a.stage, self.stages, self.partitions
+        stage = self.dataflow.stages[s - 1]
+        if s == 1:
+            producers = [(INGRESS, INGRESS)]
+        else:
+            producers = [(Addr(s - 1, j, P), Addr(s - 1, j, S)) for j in range(Pn)]
+        if s < K:
+            consumers = [(Addr(s + 1, i, P), Addr(s + 1, i, S)) for i in range(Pn)]
+            absent = frozenset()
+            next_key = self.dataflow.stages[s].key
+            route = lambda rec, k=next_key: part(k(rec))  # noqa: E731
+        else:
+            ghost = Addr(K + 1, 0, S)  # the egress has no replica S
+            consumers = [(egress_addr(K), ghost)]
+            absent = frozenset({ghost})
+            route = lambda rec: 0  # noqa: E731
+        fprod = FluxProducer(a, consumers, config.capacity, config.batch_size, absent,
+                             config.buffer_factory)
+        return Segment(a, FluxConsumer(a, producers), stage.build_chain(), fprod, route)
+
+    def _add_host(self, name: str, machines: Dict[Addr, Any]) -> None:
+        self.hosts[name] = Host(name, machines)
+        for a in machines:
+            self.host_of[a] = name
+
+    # -- the steps the scheduler may choose -----------------------------------
+    def enabled(self) -> List[tuple]:
+        steps: List[tuple] = []
+        for key, q in self.channels.items():
+            if q and self.hosts[self.host_of[key[1]]].accepts(q[0]):
+                steps.append(("deliver", key))
+        for name, q in self.views.items():
+            if q:
+                steps.append(("view", name))
+        for name in self.crashed_undetected:
+            steps.append(("detect", name))
+        if self.next_input < len(self.inputs) and self.ingress.can_accept(self.inputs[self.next_input]):
+            steps.append(("accept",))
+        for i, d in self.ingress.flushable():
+            steps.append(("flush", INGRESS, i, d))
+        for name, host in self.hosts.items():
+            if not self.alive[name] or name in (INGRESS_HOST, EGRESS_HOST):
+                continue
+            for addr, seg in host.machines.items():
+                if seg.can_process():
+                    steps.append(("process", addr))
+                for i, d in seg.flushable():
+                    steps.append(("flush", addr, i, d))
+        return steps
+
+    def host_of_step(self, step: tuple) -> str:
+        """The process whose speed decides how soon ``step`` happens."""
+        kind = step[0]
+        if kind == "deliver":
+            return self.host_of[step[1][1]]
+        if kind == "view":
+            return step[1]
+        if kind == "detect":
+            return "controller"
+        if kind == "accept":
+            return INGRESS_HOST
+        return self.host_of[step[1]]
+
+    def apply(self, step: tuple) -> None:
+        kind = step[0]
+        if kind == "deliver":
+            env = self.channels[step[1]].popleft()
+            self._effects(*self.hosts[self.host_of[env.dst]].on_envelope(env))
+        elif kind == "view":
+            view = self.views[step[1]].popleft()
+            self._effects(*self.hosts[step[1]].on_view(view))
+        elif kind == "detect":
+            self.detect(step[1])
+        elif kind == "accept":
+            self.ingress.accept(self.inputs[self.next_input])
+            self.next_input += 1
+        elif kind == "process":
+            self.machine(step[1]).process()
+        elif kind == "flush":
+            addr, i, d = step[1:]
+            host = self.hosts[self.host_of[addr]]
+            self._effects(*host.wrap(self.machine(addr).flush(i, d)))
+        else:
+            raise ValueError(f"unknown step {step}")
+
+    def machine(self, addr: Addr):
+        return self.hosts[self.host_of[addr]].machines[addr]
+
+    def _effects(self, envelopes: List[Envelope], others: List) -> None:
+        for env in envelopes:
+            dst_host = self.host_of.get(env.dst)
+            if dst_host is None or not self.alive[dst_host]:
+                continue  # the peer is gone: TCP would fail the send
+            self.channels.setdefault((env.src, env.dst), deque()).append(env)
+        for e in others:
+            if isinstance(e, Deliver):
+                self.outcome.delivered.extend(e.items)
+            elif isinstance(e, TakeoverDone):
+                self.outcome.takeovers.append(e.addr)
+
+    # -- failures -------------------------------------------------------------
+    def crash(self, node: int) -> None:
+        """Fail-stop: the node halts; a prefix of what it sent is still delivered."""
+        name = node_name(node)
+        self.alive[name] = False
+        self.views[name].clear()
+        mine = set(self.hosts[name].machines)
+        for (src, dst), q in self.channels.items():
+            if dst in mine:
+                q.clear()
+            elif src in mine and q:
+                keep = self.rng.randint(0, len(q))
+                while len(q) > keep:
+                    q.pop()
+        self.crashed_undetected.append(name)
+        self.dead_nodes.append(node)
+
+    def detect(self, name: str) -> None:
+        """The controller declares a crashed node dead in the next view (3.2.1)."""
+        self.crashed_undetected.remove(name)
+        self.view += 1
+        view = View(self.view, frozenset(self.hosts[name].machines))
+        for h, q in self.views.items():
+            if self.alive[h]:
+                q.append(view)
+        lost = self.placement.lost_pairs(int(h[4:]) for h in self.hosts if h.startswith("node")
+                                         and not self.alive[h] and h not in self.crashed_undetected)
+        if lost:
+            self.outcome.pair_lost = lost
+
+    def safe_victims(self) -> List[int]:
+        """Nodes whose crash leaves one replica of every pair alive."""
+        alive = [n for n in self.placement.nodes if self.alive[node_name(n)]]
+        return [n for n in alive if not self.placement.lost_pairs(self.dead_nodes + [n])]
+
+    # -- the end of a run -----------------------------------------------------
+    def live_machines(self):
+        for name, host in self.hosts.items():
+            if self.alive[name]:
+                yield from host.machines.items()
