@@ -63,7 +63,7 @@ class ScheduleResult:
     trace: List[Tuple[tuple, Any]] = field(default_factory=list)
     delivered: int = 0
     expected: int = 0
-    takeovers: int = 0
+    takeovers: List = field(default_factory=list)
 
 
 def build_dataflow(params: SimParams, seed: int):
@@ -141,7 +141,7 @@ def run_schedule(seed: int, params: SimParams, crash_window: int) -> ScheduleRes
         result.status, result.reason = VIOLATION, f"{type(exc).__name__}: {exc}"
     result.steps = t
     result.delivered = len(world.outcome.delivered)
-    result.takeovers = len(world.outcome.takeovers)
+    result.takeovers = list(world.outcome.takeovers)
     return result
 
 

@@ -81,6 +81,11 @@ class World:
         self.view = 0
         self.crashed_undetected: List[str] = []
         self.dead_nodes: List[int] = []
+        # Enabled local steps per machine, recomputed only for machines a step
+        # touched: a machine's local steps depend on its own state alone.
+        self._local: Dict[Addr, List[tuple]] = {}
+        self._dirty = set(self.host_of)
+        self._busy: Dict[Tuple[Addr, Addr], None] = {}  # non-empty channels, in a fixed order
 
     def _segment(self, a: Addr, part, config: WorldConfig) -> Segment:
         s, K, Pn = a.stage, self.stages, self.partitions
@@ -111,26 +116,38 @@ class World:
     # -- the steps the scheduler may choose -----------------------------------
     def enabled(self) -> List[tuple]:
         steps: List[tuple] = []
-        for key, q in self.channels.items():
-            if q and self.hosts[self.host_of[key[1]]].accepts(q[0]):
+        hosts, host_of, channels = self.hosts, self.host_of, self.channels
+        for key in self._busy:
+            if hosts[host_of[key[1]]].accepts(channels[key][0]):
                 steps.append(("deliver", key))
         for name, q in self.views.items():
             if q:
                 steps.append(("view", name))
         for name in self.crashed_undetected:
             steps.append(("detect", name))
-        if self.next_input < len(self.inputs) and self.ingress.can_accept(self.inputs[self.next_input]):
-            steps.append(("accept",))
-        for i, d in self.ingress.flushable():
-            steps.append(("flush", INGRESS, i, d))
-        for name, host in self.hosts.items():
-            if not self.alive[name] or name in (INGRESS_HOST, EGRESS_HOST):
-                continue
-            for addr, seg in host.machines.items():
-                if seg.can_process():
-                    steps.append(("process", addr))
-                for i, d in seg.flushable():
-                    steps.append(("flush", addr, i, d))
+        for addr in self._dirty:
+            if addr in self._local or self._is_live_worker(addr):
+                self._local[addr] = self._local_steps(addr)
+        self._dirty.clear()
+        for local in self._local.values():
+            steps.extend(local)
+        return steps
+
+    def _is_live_worker(self, addr: Addr) -> bool:
+        name = self.host_of[addr]
+        return self.alive[name] and name != EGRESS_HOST
+
+    def _local_steps(self, addr: Addr) -> List[tuple]:
+        if addr == INGRESS:
+            steps = [("flush", INGRESS, i, d) for i, d in self.ingress.flushable()]
+            if self.next_input < len(self.inputs) and self.ingress.can_accept(
+                    self.inputs[self.next_input]):
+                steps.append(("accept",))
+            return steps
+        seg = self.machine(addr)
+        steps = [("flush", addr, i, d) for i, d in seg.flushable()]
+        if seg.can_process():
+            steps.append(("process", addr))
         return steps
 
     def host_of_step(self, step: tuple) -> str:
@@ -149,21 +166,30 @@ class World:
     def apply(self, step: tuple) -> None:
         kind = step[0]
         if kind == "deliver":
-            env = self.channels[step[1]].popleft()
+            q = self.channels[step[1]]
+            env = q.popleft()
+            if not q:
+                del self._busy[step[1]]
+            self._dirty.add(env.dst)
             self._effects(*self.hosts[self.host_of[env.dst]].on_envelope(env))
         elif kind == "view":
             view = self.views[step[1]].popleft()
-            self._effects(*self.hosts[step[1]].on_view(view))
+            host = self.hosts[step[1]]
+            self._dirty.update(host.machines)
+            self._effects(*host.on_view(view))
         elif kind == "detect":
             self.detect(step[1])
         elif kind == "accept":
             self.ingress.accept(self.inputs[self.next_input])
             self.next_input += 1
+            self._dirty.add(INGRESS)
         elif kind == "process":
             self.machine(step[1]).process()
+            self._dirty.add(step[1])
         elif kind == "flush":
             addr, i, d = step[1:]
             host = self.hosts[self.host_of[addr]]
+            self._dirty.add(addr)
             self._effects(*host.wrap(self.machine(addr).flush(i, d)))
         else:
             raise ValueError(f"unknown step {step}")
@@ -176,7 +202,9 @@ class World:
             dst_host = self.host_of.get(env.dst)
             if dst_host is None or not self.alive[dst_host]:
                 continue  # the peer is gone: TCP would fail the send
-            self.channels.setdefault((env.src, env.dst), deque()).append(env)
+            key = (env.src, env.dst)
+            self.channels.setdefault(key, deque()).append(env)
+            self._busy[key] = None
         for e in others:
             if isinstance(e, Deliver):
                 self.outcome.delivered.extend(e.items)
@@ -190,13 +218,19 @@ class World:
         self.alive[name] = False
         self.views[name].clear()
         mine = set(self.hosts[name].machines)
-        for (src, dst), q in self.channels.items():
+        for a in mine:
+            self._local.pop(a, None)
+        for key in list(self._busy):
+            src, dst = key
+            q = self.channels[key]
             if dst in mine:
                 q.clear()
-            elif src in mine and q:
+            elif src in mine:
                 keep = self.rng.randint(0, len(q))
                 while len(q) > keep:
                     q.pop()
+            if not q:
+                del self._busy[key]
         self.crashed_undetected.append(name)
         self.dead_nodes.append(node)
 
