@@ -182,3 +182,27 @@ def test_cli_refuses_bad_arguments_clearly():
     done = run_cli("--partitions", "1")
     assert done.returncode == 2
     assert "--partitions must be >= 2" in done.stderr
+
+
+# -- reproducing and shrinking a violation ------------------------------------
+
+def test_a_recorded_script_replays_the_same_violation_and_shrinks():
+    from flux.sim.shrink import category, replay, script_of, shrink
+
+    params = SimParams(variant="early-evict", **VARIANT_PARAMS)
+    original = run_schedule(1, params, crash_window(params))
+    again = replay(1, params, script_of(original))
+    assert again.status == VIOLATION and again.reason == original.reason
+    assert [s for s, _ in again.trace] == [s for s, _ in original.trace]
+    script, shrunk = shrink(1, params, script_of(original), max_replays=300)
+    assert shrunk.status == VIOLATION and category(shrunk.reason) == category(original.reason)
+    assert len(script) < len(original.trace)
+
+
+def test_shrinking_refuses_a_script_without_violation():
+    from flux.sim.shrink import script_of, shrink
+
+    params = SimParams(**VARIANT_PARAMS)
+    ok = run_schedule(1, params, crash_window(params))
+    with pytest.raises(ValueError, match="does not reproduce a violation"):
+        shrink(1, params, script_of(ok))

@@ -11,6 +11,7 @@ import sys
 import time
 
 from flux.sim.schedule import PAIR_LOST, VIOLATION, SimParams, format_trace, run_schedule
+from flux.sim.shrink import shrink_result
 from flux.sim.variants import VARIANTS
 
 
@@ -21,6 +22,16 @@ def crash_window(params: SimParams) -> int:
     schedule S of any longer run exactly."""
     quiet = SimParams(**{**params.__dict__, "crashes": 0, "victims": ()})
     return max(1, run_schedule(0, quiet, 1).steps)
+
+
+def print_shrunk(result, params: SimParams) -> None:
+    shrunk = shrink_result(result, params)
+    if shrunk is None:
+        print("  (the violation did not replay from its script)")
+        return
+    script, replayed = shrunk
+    print(f"  shrunk to {len(script)} scripted steps; replay: {replayed.reason}")
+    print("    " + format_trace(replayed).replace("\n", "\n    "), flush=True)
 
 
 def main(argv=None) -> int:
@@ -36,6 +47,8 @@ def main(argv=None) -> int:
                     help="run a deliberately broken protocol variant")
     ap.add_argument("--placement", choices=["chained", "single"], default="chained")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
+    ap.add_argument("--shrink", action="store_true",
+                    help="shrink each violation to a short script and print its trace")
     args = ap.parse_args(argv)
     if args.schedules < 1:
         ap.error("--schedules must be >= 1")
@@ -60,6 +73,8 @@ def main(argv=None) -> int:
             short = format_trace(result, last=None if args.verbose else 6).replace("\n", " | ")
             print(f"violation seed={seed} crashed={crashes} steps={result.steps}: {result.reason}"
                   f"\n  trace: {short}", flush=True)
+            if args.shrink:
+                print_shrunk(result, params)
     elapsed = time.perf_counter() - started
     print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s, "
           f"pair_lost={pair_lost}, crash_window={window} steps", file=sys.stderr)

@@ -96,30 +96,56 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
 
 def run_schedule(seed: int, params: SimParams, crash_window: int) -> ScheduleResult:
     """Run one schedule; crashes fall at uniformly chosen steps below ``crash_window``."""
+    return execute(seed, params, RandomChooser(seed, params, crash_window))
+
+
+class RandomChooser:
+    """Picks each step at random, weighted by per-process speed; crashes at planned steps."""
+
+    def __init__(self, seed: int, params: SimParams, crash_window: int):
+        self.params = params
+        self.crash_window = crash_window
+        self.victims = list(params.victims)
+        self.crash_at: Optional[List[int]] = None
+        self.speed = None
+
+    def __call__(self, world: World, rng: random.Random, t: int):
+        if self.crash_at is None:  # drawn after the world, from the same stream
+            self.crash_at = sorted(rng.randrange(max(1, self.crash_window))
+                                   for _ in range(self.params.crashes))
+            # Unequal speeds make replicas drift apart, the case the buffers exist for.
+            self.speed = {h: rng.choice(SPEEDS) for h in list(world.hosts) + ["controller"]}
+        while self.crash_at and self.crash_at[0] <= t:
+            self.crash_at.pop(0)
+            choices = [self.victims.pop(0)] if self.victims else world.safe_victims()
+            if choices:
+                return ("crash", rng.choice(choices)), None
+        steps = world.enabled()
+        if not steps:
+            return None
+        speed = self.speed
+        return rng.choices(steps, [speed[world.host_of_step(s)] for s in steps])[0], "pick"
+
+
+def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
+    """Build the world for ``seed`` and apply the steps ``choose`` gives until it gives None."""
     rng = random.Random(seed)
     world, reference, states = make_world(params, seed, rng)
     oracle = PrefixOracle(reference)
     result = ScheduleResult(seed, OK, expected=len(reference))
-    crash_at = sorted(rng.randrange(max(1, crash_window)) for _ in range(params.crashes))
-    victims = list(params.victims)
-    # Unequal speeds make replicas drift apart, the case the buffers exist for.
-    speed = {h: rng.choice(SPEEDS) for h in list(world.hosts) + ["controller"]}
     trace = result.trace
     t = 0
     try:
         while True:
-            while crash_at and crash_at[0] <= t:
-                crash_at.pop(0)
-                choices = [victims.pop(0)] if victims else world.safe_victims()
-                if choices:
-                    node = rng.choice(choices)
-                    world.crash(node)
-                    result.crashed.append(node)
-                    trace.append((("crash", node), None))
-            steps = world.enabled()
-            if not steps:
+            chosen = choose(world, rng, t)
+            if chosen is None:
                 break
-            step = rng.choices(steps, [speed[world.host_of_step(s)] for s in steps])[0]
+            step, how = chosen
+            if step[0] == "crash":
+                kept = world.crash(step[1], how if isinstance(how, dict) else None)
+                result.crashed.append(step[1])
+                trace.append((step, kept))
+                continue
             trace.append((step, _payload(world, step)))
             world.apply(step)
             oracle.check(world.outcome.delivered)

@@ -212,27 +212,33 @@ class World:
                 self.outcome.takeovers.append(e.addr)
 
     # -- failures -------------------------------------------------------------
-    def crash(self, node: int) -> None:
-        """Fail-stop: the node halts; a prefix of what it sent is still delivered."""
+    def crash(self, node: int, keep: Optional[Dict] = None) -> Dict:
+        """Fail-stop: the node halts; a prefix of what it sent is still delivered.
+
+        Returns how many messages each outgoing channel kept, so a replay
+        (``keep``) truncates exactly as the original run did."""
         name = node_name(node)
         self.alive[name] = False
         self.views[name].clear()
         mine = set(self.hosts[name].machines)
         for a in mine:
             self._local.pop(a, None)
+        kept: Dict = {}
         for key in list(self._busy):
             src, dst = key
             q = self.channels[key]
             if dst in mine:
                 q.clear()
             elif src in mine:
-                keep = self.rng.randint(0, len(q))
-                while len(q) > keep:
+                n = keep.get(key, len(q)) if keep is not None else self.rng.randint(0, len(q))
+                kept[key] = n
+                while len(q) > n:
                     q.pop()
             if not q:
                 del self._busy[key]
         self.crashed_undetected.append(name)
         self.dead_nodes.append(node)
+        return kept
 
     def detect(self, name: str) -> None:
         """The controller declares a crashed node dead in the next view (3.2.1)."""
