@@ -30,16 +30,15 @@ class OrderedMerge:
 
     def push(self, producer: Hashable, items: Iterable[Item], bound: Optional[SN] = None) -> SN:
         """Append a batch from ``producer``; returns the last SN received from it."""
-        queue = self.queues[producer]
         last = self.last[producer]
-        for item in items:
+        for item in items:  # check the whole batch first: a rejected batch changes nothing
             sn = item[0]
             if sn <= last:
                 raise ProtocolError(
                     f"SN {sn} from producer {producer} after {last}: duplicate or out of order"
                 )
-            queue.append(item)
             last = sn
+        self.queues[producer].extend(items)
         self.last[producer] = last
         if bound is not None:
             self.bound(producer, bound)
@@ -95,6 +94,22 @@ class OrderedMerge:
             before(queue[0][0]) if queue else self._idle_bound(producer)
             for producer, queue in self.queues.items()
         )
+
+    def to_state(self) -> list:
+        """Queues, bounds and last SNs per producer, msgpack-safe (DESIGN 4.6: the drained
+        tuples are part of the state, or the new replica would lose them)."""
+        return [
+            [p, [[list(sn), rec] for sn, rec in q], list(self.bounds[p]), list(self.last[p])]
+            for p, q in self.queues.items()
+        ]
+
+    def install_state(self, state: list) -> None:
+        for p, items, bound, last in state:
+            if p not in self.queues:
+                raise ValueError(f"state names producer {p!r}, unknown to this merge")
+            self.queues[p] = deque((tuple(sn), rec) for sn, rec in items)
+            self.bounds[p] = tuple(bound)
+            self.last[p] = tuple(last)
 
     def queued(self) -> int:
         return sum(len(q) for q in self.queues.values())

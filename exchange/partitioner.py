@@ -2,7 +2,9 @@
 
 Keys are hashed through their msgpack bytes with CRC-32, never Python's
 salted ``hash()``, so every process (driver, executors, the simulator)
-routes a key to the same partition.
+routes a key to the same partition. Tuples and lists encode alike, so a
+record's key routes the same before and after a trip through msgpack; keys
+that compare equal but encode differently (``1`` and ``1.0``) do not.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ class HashPartitioner:
     __slots__ = ("partitions",)
 
     def __init__(self, partitions: int):
-        if not isinstance(partitions, int) or partitions < 1:
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise ValueError(f"partitions must be a positive int, got {partitions!r}")
         self.partitions = partitions
 

@@ -132,9 +132,40 @@ class Buffer:
         self.sent[dest] = NO_SN
         self._evict()
 
+    def rewind(self, dest: int) -> None:
+        """Restart ``dest``'s cursor right after what it holds (reverse assigns, DESIGN 4.2)."""
+        self.sent[dest] = NO_SN
+
     def set_delete(self, delete: Iterable[int]) -> None:
         self.delete = set(delete)
         self._evict()
+
+    # -- state movement (5.3) ----------------------------------------------
+    def to_state(self) -> dict:
+        """The buffer as plain, msgpack-safe data (SNs as lists)."""
+        live = slice(self._head, None)
+        return {
+            "entries": [[list(sn), item] for sn, item in zip(self._sns[live], self._items[live])],
+            "last_put": list(self.last_put),
+            "hwm": [list(h) for h in self.hwm],
+            "sent": [list(c) for c in self.sent],
+            "delete": sorted(self.delete),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, capacity: int, reverse: bool = False) -> "Buffer":
+        """Rebuild a buffer; ``reverse`` swaps PRIM and SEC, marks and cursors (5.3):
+        the new replica's primary consumers are the active replica's secondaries."""
+        buf = cls(capacity, ())
+        order = (SEC, PRIM) if reverse else (PRIM, SEC)
+        buf._sns = [tuple(sn) for sn, _ in state["entries"]]
+        buf._items = [item for _, item in state["entries"]]
+        buf.last_put = tuple(state["last_put"])
+        buf.hwm = [tuple(state["hwm"][d]) for d in order]
+        buf.sent = [tuple(state["sent"][d]) for d in order]
+        buf.delete = {order.index(d) for d in state["delete"]}
+        buf._evict()
+        return buf
 
     # -- internals -------------------------------------------------------
     def _next_index(self, dest: int) -> int:

@@ -64,6 +64,7 @@ class FluxProducer:
             raise ProtocolError(f"{self.addr}: reverse from primary consumer {src}")
         buffer = self.out.buffers[i]
         buffer.ack(msg.hwm, SEC)  # the hwm travels inside reverse (DESIGN 4.2)
+        buffer.rewind(SEC)  # start after what SEC holds, whatever an old cursor said
         self.out.conn[i][SEC] = {SEND}
         buffer.set_delete(buffer.delete | {SEC})
         self.r_done[i] = True

@@ -1,0 +1,104 @@
+"""Exact transitions of the egress (flux/egress.py; paper 3.1.2, Figure 4 action 1, DESIGN 4.7)."""
+from __future__ import annotations
+
+import pytest
+
+from flux.egress import Egress, egress_addr
+from flux.messages import Ack, Addr, Batch, Deliver, P, ProtocolError, Reverse, S, Send
+from flux.sequence import NO_SN
+
+# A dataflow of one stage with two partitions: the egress is stage 2.
+EG = Addr(2, 0, P)
+L0P, L0S = Addr(1, 0, P), Addr(1, 0, S)
+L1P, L1S = Addr(1, 1, P), Addr(1, 1, S)
+
+
+def b(*pairs, bound):
+    return Batch(tuple(pairs), bound)
+
+
+def test_address_and_initial_state():
+    eg = Egress(1, 2)
+    assert egress_addr(1) == EG == eg.addr
+    assert egress_addr(3) == Addr(4, 0, P)
+    assert eg.fcons.sources == [(L0P, L0S), (L1P, L1S)]
+    assert eg.fcons.data_from == [P, P] and eg.fcons.ack_to == [S, S]
+    assert eg.delivered == 0
+    assert eg.idle()
+
+
+def test_delivers_in_global_sn_order_across_partitions():
+    eg = Egress(1, 2)
+    # Partition 0 sends (1,1) and (3,1); partition 1 has said nothing yet.
+    assert eg.on_message(L0P, b(((1, 1), "a"), ((3, 1), "c"), bound=(3,))) == [
+        Send(EG, L0S, Ack((3, 1)))
+    ]
+    assert eg.delivered == 0
+    assert not eg.idle()
+    # Partition 1's (2,1) and bound (3,) release everything: ack first, then deliver.
+    assert eg.on_message(L1P, b(((2, 1), "b"), bound=(3,))) == [
+        Send(EG, L1S, Ack((2, 1))),
+        Deliver((((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c"))),
+    ]
+    assert eg.delivered == 3
+    assert eg.idle()
+
+
+def test_holds_output_until_the_other_partitions_bound_covers_it():
+    eg = Egress(1, 2)
+    assert eg.on_message(L1P, b(((2, 1), "b"), bound=(2,))) == [Send(EG, L1S, Ack((2, 1)))]
+    # A bound (1,) from partition 0 covers nothing at (2, 1).
+    assert eg.on_message(L0P, Batch((), (1,))) == []
+    # Bound (2,): no SN with prefix <= (2,) will come from partition 0.
+    assert eg.on_message(L0P, Batch((), (2,))) == [Deliver((((2, 1), "b"),))]
+    assert eg.on_message(L0P, Batch((), (3,))) == []
+    assert eg.delivered == 1
+
+
+def test_bound_only_batch_releases_earlier_output():
+    eg = Egress(1, 2)
+    eg.on_message(L0P, b(((1, 1), "a"), ((1, 2), "a2"), bound=(1,)))
+    assert eg.on_message(L1P, Batch((), (1,))) == [Deliver((((1, 1), "a"), ((1, 2), "a2")))]
+    assert eg.delivered == 2
+
+
+def test_reverse_on_failure_of_a_p_replica():
+    eg = Egress(1, 2)
+    eg.on_message(L0P, b(((1, 1), "a"), bound=(1,)))
+    eg.on_message(L1P, Batch((), (1,)))  # delivers (1,1)
+    assert eg.on_fail({L0P}) == [Send(EG, L0S, Reverse((1, 1)))]
+    assert eg.fcons.data_from == [S, P] and eg.fcons.ack_to == [None, S]
+    # The survivor's data is delivered, and not acked.
+    assert eg.on_message(L0S, b(((2, 1), "b"), bound=(2,))) == []
+    assert eg.on_message(L1P, Batch((), (2,))) == [Deliver((((2, 1), "b"),))]
+    with pytest.raises(ProtocolError):
+        eg.on_message(L0P, b(((3, 1), "c"), bound=(3,)))
+    # Partition 1 still takes data from P and acks to S.
+    assert eg.on_message(L1P, b(((4, 1), "d"), bound=(4,))) == [Send(EG, L1S, Ack((4, 1)))]
+    assert eg.on_message(L0S, Batch((), (4,))) == [Deliver((((4, 1), "d"),))]
+    assert eg.delivered == 3
+
+
+def test_reverse_of_a_partition_that_sent_nothing():
+    eg = Egress(2, 3)
+    assert eg.on_fail({Addr(2, 2, P)}) == [Send(Addr(3, 0, P), Addr(2, 2, S), Reverse(NO_SN))]
+
+
+def test_failure_of_an_s_replica_stops_acks_only():
+    eg = Egress(1, 2)
+    assert eg.on_fail({L1S}) == []
+    eg.on_message(L0P, b(((1, 1), "a"), bound=(1,)))
+    assert eg.on_message(L1P, b(((2, 1), "b"), bound=(2,))) == [Deliver((((1, 1), "a"),))]
+
+
+@pytest.mark.parametrize("msg", [Ack((1, 1)), Reverse((1, 1)), None])
+def test_unexpected_message_raises(msg):
+    eg = Egress(1, 2)
+    with pytest.raises(ProtocolError):
+        eg.on_message(L0S, msg)
+
+
+def test_data_from_an_s_replica_before_any_failure_raises():
+    eg = Egress(1, 2)
+    with pytest.raises(ProtocolError):
+        eg.on_message(L0S, b(((1, 1), "a"), bound=(1,)))

@@ -1,0 +1,125 @@
+"""Stable hash partitioning (exchange/partitioner.py; DESIGN 4.1)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exchange.partitioner import HashPartitioner, UnhashableKey
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Computed once (CRC-32 of the msgpack bytes, modulo n). Strings and bytes are
+# the keys whose Python hash() is salted by PYTHONHASHSEED.
+KNOWN = [
+    # (partitions, key, partition)
+    (2, "alice", 0),
+    (2, "bob", 1),
+    (2, 3.5, 0),
+    (4, "alice", 0),
+    (4, 1, 3),
+    (4, 3.5, 2),
+    (4, ("10.0.0.1", "10.0.0.2"), 3),
+    (7, "alice", 1),
+    (7, "bob", 2),
+    (7, "", 0),
+    (7, 42, 6),
+    (7, (1, 2), 6),
+    (7, b"xy", 3),
+    (16, "alice", 4),
+    (16, 0, 13),
+    (16, 1, 11),
+    (16, -7, 5),
+    (16, ("10.0.0.1", "10.0.0.2"), 3),
+    (16, None, 13),
+]
+
+
+@pytest.mark.parametrize("n, key, expected", KNOWN)
+def test_known_values(n, key, expected):
+    assert HashPartitioner(n)(key) == expected
+
+
+_CHILD = """
+import json, sys
+from exchange.partitioner import HashPartitioner
+cases = json.loads(sys.argv[1])
+out = []
+for n, key, is_tuple in cases:
+    if is_tuple:
+        key = tuple(key)
+    out.append(HashPartitioner(n)(key))
+print(json.dumps({"parts": out, "salted": hash("alice")}))
+"""
+
+
+def test_values_do_not_depend_on_pythonhashseed():
+    cases = [
+        (n, list(k) if isinstance(k, tuple) else k, isinstance(k, tuple))
+        for n, k, _ in KNOWN
+        if not isinstance(k, bytes)
+    ]
+    expected = [p for n, k, p in KNOWN if not isinstance(k, bytes)]
+    salted = set()
+    for seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        res = subprocess.run(
+            [sys.executable, "-c", _CHILD, json.dumps(cases)],
+            env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=30,
+        )
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout)
+        assert got["parts"] == expected, seed
+        salted.add(got["salted"])
+    # The two children really had different salted hashes for strings.
+    assert len(salted) == 2
+
+
+def test_tuples_and_lists_route_alike():
+    for n in (2, 3, 7, 16, 101):
+        part = HashPartitioner(n)
+        for key in [(1, 2), ("10.0.0.1", "10.0.0.2"), (1, ("a", 2.5)), ()]:
+            as_list = [list(x) if isinstance(x, tuple) else x for x in key]
+            assert part(key) == part(as_list), (n, key)
+
+
+def test_result_is_in_range_and_one_partition_gets_everything():
+    part = HashPartitioner(5)
+    assert {part(k) for k in range(200)} == set(range(5))
+    one = HashPartitioner(1)
+    assert {one(k) for k in ["a", 1, (1, 2), None]} == {0}
+
+
+class Opaque:
+    def __repr__(self):
+        return "<Opaque key 42>"
+
+
+@pytest.mark.parametrize("key", [Opaque(), {1, 2}, frozenset({"x"}), 2 ** 70])
+def test_unencodable_key_raises_unhashable_key_naming_it(key):
+    with pytest.raises(UnhashableKey) as exc:
+        HashPartitioner(4)(key)
+    assert repr(key) in str(exc.value)
+    assert type(key).__name__ in str(exc.value)
+    assert isinstance(exc.value, TypeError)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "2", None])
+def test_bad_partition_counts_raise(bad):
+    with pytest.raises(ValueError):
+        HashPartitioner(bad)
+
+
+def test_repr():
+    assert repr(HashPartitioner(3)) == "HashPartitioner(3)"
+    assert HashPartitioner(3).partitions == 3
+
+
+def test_a_bool_is_not_a_partition_count():
+    with pytest.raises(ValueError):
+        HashPartitioner(True)

@@ -1,0 +1,173 @@
+"""Exact transitions of a segment (flux/segment.py; DESIGN 4.1 numbering, 4.3 bounds)."""
+from __future__ import annotations
+
+import pytest
+
+from flux.buffer import PRIM
+from flux.flux_consumer import FluxConsumer
+from flux.flux_producer import FluxProducer
+from flux.ingress import INGRESS
+from flux.messages import Ack, Addr, Batch, P, ProtocolError, Reverse, S, Send, TakeoverDone
+from flux.segment import Segment
+
+
+class Chain:
+    """Emits, for a record r: nothing if r < 0, else [r, r + 1] (or [r] when single)."""
+
+    def __init__(self, single=False):
+        self.single = single
+        self.seen = []
+
+    def process(self, record):
+        self.seen.append(record)
+        if isinstance(record, int) and record < 0:
+            return []
+        return [record] if self.single else [record, record + 1]
+
+
+# Stage 1 of 2, partition 0, replica P; it routes outputs by parity.
+X = Addr(1, 0, P)
+C0P, C0S = Addr(2, 0, P), Addr(2, 0, S)
+C1P, C1S = Addr(2, 1, P), Addr(2, 1, S)
+
+
+def stage_one(capacity=8, batch_size=16):
+    fcons = FluxConsumer(X, [(INGRESS, INGRESS)])
+    fprod = FluxProducer(X, [(C0P, C0S), (C1P, C1S)], capacity, batch_size)
+    return Segment(X, fcons, Chain(), fprod, lambda out: out % 2)
+
+
+def test_batch_is_acked_and_queued():
+    seg = stage_one()
+    assert seg.idle()
+    assert seg.on_message(INGRESS, Batch((((1,), 10), ((2,), 20)), (4,))) == [
+        Send(X, INGRESS, Ack((2,)))
+    ]
+    assert not seg.idle()
+    assert seg.can_process()
+
+
+def test_process_numbers_outputs_and_routes_them():
+    seg = stage_one()
+    seg.on_message(INGRESS, Batch((((1,), 10), ((2,), 20)), (4,)))
+    assert seg.process() == 2
+    assert seg.chain.seen == [10]
+    assert seg.fprod.out.buffers[0].entries() == [((1, 1), 10)]
+    assert seg.fprod.out.buffers[1].entries() == [((1, 2), 11)]
+    assert seg.process() == 2
+    assert seg.fprod.out.buffers[0].entries() == [((1, 1), 10), ((2, 1), 20)]
+    assert seg.fprod.out.buffers[1].entries() == [((1, 2), 11), ((2, 2), 21)]
+    assert not seg.can_process()  # nothing left to release
+    with pytest.raises(LookupError):
+        seg.process()
+
+
+def test_process_of_an_input_without_outputs():
+    seg = stage_one()
+    seg.on_message(INGRESS, Batch((((1,), -5),), (1,)))
+    assert seg.process() == 0
+    assert all(len(b) == 0 for b in seg.fprod.out.buffers)
+    # The input is still accounted for in the bound.
+    assert seg.flush(1, PRIM) == [Send(X, C1P, Batch((), (1,)))]
+
+
+def test_flush_bound_values():
+    seg = stage_one()
+    assert seg.flushable() == []  # nothing known yet: bound (0,)
+    seg.on_message(INGRESS, Batch((((1,), 10), ((2,), 20)), (4,)))
+    # (1,) is still queued: the frontier before((1,)) = (0,) promises nothing new.
+    assert seg.flushable() == []
+    seg.process()
+    # (2,) is still queued: the bound is before((2,)) = (1,).
+    assert seg.flush(0, PRIM) == [Send(X, C0P, Batch((((1, 1), 10),), (1,)))]
+    seg.process()
+    # The merge is empty: the ingress's bound (4,) is the frontier.
+    assert seg.flush(0, PRIM) == [Send(X, C0P, Batch((((2, 1), 20),), (4,)))]
+    assert seg.flush(1, PRIM) == [
+        Send(X, C1P, Batch((((1, 2), 11), ((2, 2), 21)), (4,)))
+    ]
+    assert seg.flushable() == []
+    assert seg.flush(0, PRIM) == []
+    assert seg.on_message(INGRESS, Batch((), (6,))) == []
+    assert seg.flush(0, PRIM) == [Send(X, C0P, Batch((), (6,)))]
+
+
+def test_bound_is_below_an_unsent_output():
+    seg = stage_one(batch_size=1)
+    seg.on_message(INGRESS, Batch((((1,), 10),), (1,)))
+    seg.on_message(INGRESS, Batch((((3,), 30),), (3,)))
+    seg.process()
+    seg.process()
+    assert seg.flush(0, PRIM) == [Send(X, C0P, Batch((((1, 1), 10),), (3, 0)))]
+    assert seg.flush(0, PRIM) == [Send(X, C0P, Batch((((3, 1), 30),), (3,)))]
+
+
+def test_can_process_false_when_a_buffer_is_full():
+    seg = stage_one(capacity=1)
+    seg.on_message(INGRESS, Batch((((1,), 10), ((2,), 20)), (2,)))
+    seg.process()  # fills both buffers (one tuple each)
+    assert seg.fcons.merge.ready()
+    assert not seg.can_process()
+    seg.flush(0, PRIM)
+    seg.on_message(C0S, Ack((1, 1)))
+    assert len(seg.fprod.out.buffers[0]) == 0
+    assert not seg.can_process()  # partition 1's buffer is still full
+    seg.flush(1, PRIM)
+    assert seg.on_message(C1S, Ack((1, 2))) == []
+    assert seg.can_process()
+
+
+def test_messages_are_dispatched_and_unexpected_ones_raise():
+    seg = stage_one()
+    with pytest.raises(ProtocolError):
+        seg.on_message(C0P, Ack((1, 1)))  # acks come from the secondaries only
+    with pytest.raises(ProtocolError):
+        seg.on_message(INGRESS, "hello")
+    seg.on_fail({Addr(1, 0, S)})
+    assert seg.on_message(C0S, Reverse(())) == []
+    assert seg.fprod.r_done == [True, False]
+    assert seg.on_message(C1S, Reverse(())) == [TakeoverDone(X)]
+
+
+# --- last stage: several producers, output to the egress ---------------------------------
+
+Y = Addr(2, 0, P)
+A0P, A0S = Addr(1, 0, P), Addr(1, 0, S)
+A1P, A1S = Addr(1, 1, P), Addr(1, 1, S)
+EG, GHOST = Addr(3, 0, P), Addr(3, 0, S)
+
+
+def stage_two():
+    fcons = FluxConsumer(Y, [(A0P, A0S), (A1P, A1S)])
+    fprod = FluxProducer(Y, [(EG, GHOST)], 8, 16, absent={GHOST})
+    return Segment(Y, fcons, Chain(single=True), fprod, lambda out: 0)
+
+
+def test_last_stage_merges_by_sn_and_bounds_by_the_merge_frontier():
+    seg = stage_two()
+    assert seg.on_message(A0P, Batch((((1, 1), "a"), ((3, 1), "c")), (3,))) == [
+        Send(Y, A0S, Ack((3, 1)))
+    ]
+    assert not seg.can_process()  # partition 1 may still send something below (1, 1)
+    assert seg.flushable() == []
+    assert seg.on_message(A1P, Batch((), (2,))) == []
+    assert seg.can_process()
+    assert seg.process() == 1
+    assert not seg.can_process()  # (3, 1) waits for partition 1's bound to reach (3,)
+    # Frontier: weakest of before((3, 1)) = (3, 0) and partition 1's bound (2,).
+    assert seg.flush(0, PRIM) == [Send(Y, EG, Batch((((1, 1, 1), "a"),), (2,)))]
+    assert seg.fprod.out.buffers[0].entries() == []  # S-Prod^P: dropped once sent
+    seg.on_message(A1P, Batch((), (5,)))
+    seg.process()
+    # Partition 0: its bound (3,); partition 1: (5,).
+    assert seg.flush(0, PRIM) == [Send(Y, EG, Batch((((3, 1, 1), "c"),), (3,)))]
+
+
+def test_on_fail_returns_consumer_then_producer_effects():
+    seg = stage_two()
+    seg.on_message(A0P, Batch((((1, 1), "a"),), (1,)))
+    assert seg.on_fail({A0P, Addr(2, 0, S)}) == [
+        Send(Y, A0S, Reverse((1, 1))),
+        TakeoverDone(Y),
+    ]
+    assert seg.fcons.p_fail and seg.fprod.p_fail
