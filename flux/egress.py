@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import List, Set
 
 from flux.flux_consumer import FluxConsumer
-from flux.messages import Addr, Batch, Deliver, P, ProtocolError, S
+from flux.messages import Addr, Batch, Deliver, P, ProtocolError, PSync, S
 
 
 def egress_addr(stages: int) -> Addr:
@@ -26,10 +26,16 @@ class Egress:
         self.fcons = FluxConsumer(self.addr, producers)
         self.delivered = 0
 
+    def ready_for(self, src: Addr, msg) -> bool:
+        return self.fcons.ready_for(src, msg)
+
     def on_message(self, src: Addr, msg) -> List:
-        if not isinstance(msg, Batch):
+        if isinstance(msg, PSync):
+            effects = self.fcons.on_psync(src, msg)
+        elif isinstance(msg, Batch):
+            effects = self.fcons.on_batch(src, msg)
+        else:
             raise ProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
-        effects = self.fcons.on_batch(src, msg)
         out = self.fcons.merge.pop_ready()
         if out:
             self.delivered += len(out)
@@ -38,6 +44,10 @@ class Egress:
 
     def on_fail(self, dead: Set[Addr]) -> List:
         return self.fcons.on_fail(dead)
+
+    def on_avail(self, avail, peer_mover=None) -> List:
+        self.fcons.on_avail(avail.addr, avail.version)
+        return []
 
     def idle(self) -> bool:
         return self.fcons.idle()

@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 from flux.buffer import PRIM, SEC, Buffer
 from flux.messages import Ack, Addr, ProtocolError, Reverse, Send, TakeoverDone, other
-from flux.producer import ACK, DEAD, SEND, BufferFactory, Producer
+from flux.producer import ACK, ACTIVE, DEAD, SEND, BufferFactory, Producer
 from flux.sequence import SN
 
 
@@ -44,10 +44,14 @@ class FluxProducer:
         peers = [(pair[r], pair[other(r)]) for pair in consumers]
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(r))
+        self.capacity = capacity
+        self.buffer_factory = buffer_factory
         self.out = Producer(addr, peers, capacity, batch_size, buffer_factory)
+        # 5.1: data only to the primary consumer, acks only from the secondary consumer
+        self.out.normal_conn = [{SEND}, {ACK}]
         for conns in self.out.conn:
-            conns[PRIM] = {SEND}  # 5.1: data only to the primary consumer
-            conns[SEC] = {ACK}  # 5.1: acks only from the secondary consumer
+            conns[PRIM] = {SEND}
+            conns[SEC] = {ACK}
         self.out.fail_addresses(set(absent))
         self.p_fail = False
         self.r_done = [False] * len(peers)
@@ -89,6 +93,36 @@ class FluxProducer:
             self._takeover_reported = True
             return [TakeoverDone(self.addr)]
         return []
+
+    # -- catch-up (5.3) ------------------------------------------------------
+    def end_catchup(self, version: int) -> List[Send]:
+        """5.3.2 at the active: psync to every consumer; stop forwarding to secondaries."""
+        effects = self.out.psyncs(version)
+        for i, conns in enumerate(self.out.conn):
+            if SEND in conns[SEC]:
+                conns[SEC] = {ACK}
+        self.p_fail = False
+        self.r_done = [False] * len(self.r_done)
+        self._takeover_reported = False
+        return effects
+
+    def get_state(self) -> list:
+        """Every buffer with the status of its two destinations."""
+        return [[b.to_state(), list(self.out.status[i])] for i, b in enumerate(self.out.buffers)]
+
+    def install_state(self, state: list, reverse: bool) -> None:
+        """Install the active's buffers; ``reverse`` swaps PRIM and SEC, marks, cursors and
+        statuses, because our primary consumers are the active's secondaries (5.3)."""
+        if len(state) != len(self.out.buffers):
+            raise ProtocolError(f"{self.addr}: state for {len(state)} consumers, not {len(self.out.buffers)}")
+        for i, (buffer_state, status) in enumerate(state):
+            self.out.buffers[i] = self.buffer_factory.from_state(buffer_state, self.capacity, reverse)
+            statuses = list(reversed(status)) if reverse else list(status)
+            for d in (PRIM, SEC):
+                self.out.status[i][d] = statuses[d]
+                self.out.conn[i][d] = set(self.out.normal_conn[d]) if statuses[d] == ACTIVE else set()
+        self.p_fail = False
+        self.r_done = [False] * len(self.r_done)
 
     # -- sending -----------------------------------------------------------
     def put(self, i: int, sn: SN, item) -> None:

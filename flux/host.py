@@ -1,62 +1,166 @@
 """The protocol machines of one process, and the view they have applied.
 
-A node process hosts segments; the ingress and the egress are processes of
-their own. The host applies controller views in order, holds a message from a
-later view until that view is applied, and drops every message from an
-endpoint a view declared dead (fencing, DESIGN 4.4). Sans-I/O: it returns
-envelopes to send; the simulator or the runtime carries them.
+A node process hosts segments and a StateMover; the ingress and the egress
+are processes of their own. The host applies controller views in order,
+holds a message from a later view until that view is applied, holds a
+guarded control message at the head of its connection until its guard holds,
+and drops every message from an incarnation a view declared dead (fencing,
+DESIGN 4.4). On ``avail`` for one of its own addresses it creates the new
+replica. Sans-I/O: it returns envelopes to send; the simulator or the runtime
+carries them.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Set, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from flux.messages import Addr, Envelope, ProtocolError, Send, View
+from flux.segment import CatchUp, MoverCall
+from statemover.mover import SmReady, StateMover, StateReceived, StateSent, TransferFailed
+
+
+class MoverAddr(NamedTuple):
+    """The StateMover of one node (incarnation): one per node process."""
+
+    node: str
+
+    def __str__(self) -> str:
+        return f"sm@{self.node}"
 
 
 class Host:
     """Dispatches envelopes and views to the machines of one process."""
 
-    def __init__(self, name: str, machines: Dict[Addr, object]):
+    def __init__(self, name: str, machines: Dict[Addr, object], inc: int = 0,
+                 segment_factory: Optional[Callable[[Addr], object]] = None,
+                 chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None):
         self.name = name
+        self.inc = inc
+        #: the incarnation of every endpoint as this host's views say (DESIGN 4.4)
+        self.peer_incs: Dict[Addr, int] = dict(peer_incs or {})
         self.machines = dict(machines)
         self.view = 0
         self.dead: Set[Addr] = set()
+        self.dead_incs: Set[int] = set()
+        #: (address, incarnation) -> the first view whose messages count: a replica
+        #: killed alone (an aborted catch-up) and maybe rebuilt on the same process
+        self.valid_from: Dict[Tuple[Addr, int], float] = {}
+        #: address -> the view that created the machine now there (older mail was not for it)
+        self.created_at: Dict[Addr, int] = {}
+        self.segment_factory = segment_factory
+        self.mover_addr = MoverAddr(name)
+        self.mover = StateMover(self.mover_addr, chunk_size) if segment_factory else None
 
-    def accepts(self, env: Envelope) -> bool:
-        """A message from a view this host has not applied yet must wait (DESIGN 4.4)."""
-        return env.view <= self.view
+    def addresses(self):
+        yield from self.machines
+        if self.mover is not None:
+            yield self.mover_addr
 
     def fenced(self, env: Envelope) -> bool:
-        return env.src in self.dead
+        """From an incarnation a view declared dead, or meant for an earlier incarnation
+        of the destination: dropped, never acted on."""
+        if env.inc in self.dead_incs or (env.dst_inc is not None and env.dst_inc != self.inc):
+            return True
+        if env.view < self.valid_from.get((env.src, env.inc), 0):
+            return True
+        return env.view < self.created_at.get(env.dst, 0) or (
+            env.dst not in self.machines and env.dst in self.dead)
+
+    def accepts(self, env: Envelope) -> bool:
+        """May the message at the head of its connection be taken now? (DESIGN 4.4)"""
+        if env.view > self.view:
+            return False
+        if self.fenced(env):
+            return True  # it will be dropped
+        machine = self.machines.get(env.dst)
+        ready = getattr(machine, "ready_for", None)
+        return ready is None or ready(env.src, env.msg)
 
     def on_envelope(self, env: Envelope) -> Tuple[List[Envelope], List]:
         """Deliver one message; returns (envelopes to send, other effects)."""
         if not self.accepts(env):
-            raise ProtocolError(f"{self.name}: message from view {env.view} before it was applied")
+            raise ProtocolError(f"{self.name}: {env.msg!r} from {env.src} taken before it may be")
         if self.fenced(env):
-            return [], []
+            return [], []  # a dead incarnation can never act
+        if env.dst == self.mover_addr and self.mover is not None:
+            return self._run(self.mover.on_message(env.src, env.msg))
         machine = self.machines.get(env.dst)
         if machine is None:
             raise ProtocolError(f"{self.name}: no endpoint {env.dst} here (from {env.src})")
-        return self.wrap(machine.on_message(env.src, env.msg))
+        return self._run(machine.on_message(env.src, env.msg))
 
     def on_view(self, view: View) -> Tuple[List[Envelope], List]:
-        """Apply a view: every machine handles fail() before anything else happens."""
+        """Apply a view completely: fail() everywhere, then avail() (3.2.1, 3.3)."""
         if view.number != self.view + 1:
             raise ProtocolError(f"{self.name}: view {view.number} after view {self.view}")
         self.view = view.number
         self.dead |= set(view.failed)
+        self.dead_incs |= set(view.failed_incs)
         effects: List = []
-        for addr, machine in self.machines.items():
-            if addr not in view.failed:
-                effects.extend(machine.on_fail(set(view.failed)))
-        return self.wrap(effects)
+        for addr in view.failed:
+            inc = self.peer_incs.get(addr)
+            if inc is not None and inc not in view.failed_incs:
+                self.valid_from[(addr, inc)] = float("inf")  # killed alone: fence it
+            if addr in self.machines and self.inc not in view.failed_incs:
+                del self.machines[addr]  # an aborted new replica here: discard it
+        if view.failed:
+            failed = set(view.failed)
+            for addr, machine in list(self.machines.items()):
+                if addr not in failed:
+                    effects.extend(machine.on_fail(failed))
+            if self.mover is not None:
+                effects.extend(self.mover.on_fail(a for a in failed if isinstance(a, MoverAddr)))
+        for avail in view.avail:
+            self.peer_incs[avail.addr] = avail.inc
+            self.valid_from[(avail.addr, avail.inc)] = view.number
+            if avail.node == self.name:
+                seg = self.segment_factory(avail.addr)
+                self.machines[avail.addr] = seg
+                self.created_at[avail.addr] = view.number
+                effects.extend(seg.expect_state(CatchUp(avail.version, MoverAddr(avail.active_node))))
+            self.dead.discard(avail.addr)
+            for addr, machine in self.machines.items():
+                if addr != avail.addr:
+                    effects.extend(machine.on_avail(avail, MoverAddr(avail.node)))
+        return self._run(effects)
 
-    def wrap(self, effects) -> Tuple[List[Envelope], List]:
+    def run_local(self, effects) -> Tuple[List[Envelope], List]:
+        """Carry out effects of a local step (a process or flush)."""
+        return self._run(effects)
+
+    def _run(self, effects) -> Tuple[List[Envelope], List]:
+        """Wrap sends; hand mover calls to the mover and its signals to the segment."""
         sends, others = [], []
-        for e in effects:
+        pending = list(effects)
+        while pending:
+            e = pending.pop(0)
             if isinstance(e, Send):
-                sends.append(Envelope(e.src, e.dst, self.view, e.msg))
+                sends.append(Envelope(e.src, e.dst, self.view, e.msg, self.inc,
+                                      self.peer_incs.get(e.dst)))
+            elif isinstance(e, MoverCall):
+                pending.extend(getattr(self.mover, e.method)(e.transfer, e.arg))
+            elif isinstance(e, (SmReady, StateSent, StateReceived, TransferFailed)):
+                seg = self._segment_of(e.transfer)
+                if seg is None or seg.catchup is None or seg.catchup.version != e.transfer[2]:
+                    continue  # about an attempt this host already gave up
+                elif isinstance(e, SmReady):
+                    pending.extend(seg.sm_ready())
+                elif isinstance(e, StateSent):
+                    pending.extend(seg.state_sent())
+                elif isinstance(e, StateReceived):
+                    pending.extend(seg.state_received(e.data))
+                else:
+                    others.append(e)
+                    pending.extend(seg.transfer_failed())
             else:
-                others.append(e)
+                others.append(e)  # reports for the controller, deliveries, failed transfers
         return sends, others
+
+    def _segment_of(self, transfer: tuple):
+        stage, partition, _ = transfer
+        for addr, machine in self.machines.items():
+            if addr.stage == stage and addr.partition == partition:
+                return machine
+        return None
+
+    # kept for the callers that only wrap sends
+    wrap = run_local

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Set
 
 from flux.buffer import DESTS, Buffer
-from flux.messages import Ack, Addr, P, ProtocolError, S, Send
+from flux.messages import Ack, Addr, CSync, P, Pause, ProtocolError, S, Send
 from flux.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 
@@ -33,9 +33,10 @@ class Ingress:
         self.route = route
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory)
+        self.out.normal_conn = [{SEND, ACK}, {SEND, ACK}]  # 3.1.3: sends to and acks from both
         for conns in self.out.conn:
             for d in DESTS:
-                conns[d] = {SEND, ACK}  # 3.1.3: ingress sends to and takes acks from both
+                conns[d] = {SEND, ACK}
         self.accepted = 0
 
     # -- the source side ---------------------------------------------------
@@ -64,15 +65,27 @@ class Ingress:
         send = self.out.flush(i, d, self.frontier())
         return [send] if send else []
 
-    def on_message(self, src: Addr, msg) -> List[Send]:
-        if not isinstance(msg, Ack):
-            raise ProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
-        self.out.on_ack(src, msg)
-        return []
+    def on_message(self, src: Addr, msg) -> List:
+        if isinstance(msg, Ack):
+            self.out.on_ack(src, msg)
+            return []
+        if isinstance(msg, Pause):
+            return self.out.on_pause(src, msg)
+        if isinstance(msg, CSync):
+            return self.out.on_csync(src, msg)
+        raise ProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
+
+    def ready_for(self, src: Addr, msg) -> bool:
+        """A guarded control message waits at the head of its connection (DESIGN 4.4)."""
+        return not isinstance(msg, CSync) or self.out.can_accept_csync(src, msg)
 
     def on_fail(self, dead: Set[Addr]) -> List[Send]:
         """Figure 4 action 3 for every dead stage-1 replica."""
         self.out.fail_addresses(dead)
+        return []
+
+    def on_avail(self, avail, peer_mover=None) -> List:
+        self.out.on_avail(avail.addr, avail.version)
         return []
 
     def idle(self) -> bool:

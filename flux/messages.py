@@ -63,13 +63,50 @@ class Reverse:
 
 
 @dataclass(frozen=True, slots=True)
+class Pause:
+    """Consumer A to a data source: stop sending to me, answer after your last data (5.3.1)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PauseAck:
+    """Producer to A, after its last data: nothing more until your csync (5.3.1)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CSync:
+    """Fold-in, from both replicas of a rebuilt consumer to its producers (5.3.2)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PSync:
+    """Fold-in, from both replicas of a rebuilt producer to its consumers (5.3.2)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Envelope:
-    """A message on the wire: sender, destination and the sender's view (DESIGN 4.4)."""
+    """A message on the wire: sender, destination, the sender's view, the sender's
+    incarnation and the destination incarnation the sender meant.
+
+    A rebuilt replica reuses its address, so fencing is by incarnation both ways
+    (DESIGN 4.4): a dead sender's messages are dropped, and a message meant for
+    a dead incarnation never reaches its successor (as TCP to a dead process).
+    ``dst_inc`` None means "whoever holds the address" (the StateMovers, whose
+    ids name one incarnation already)."""
 
     src: Addr
     dst: Addr
     view: int
     msg: Any
+    inc: int = 0
+    dst_inc: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +126,15 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
+class FoldedIn:
+    """Effect: ``reporter`` processed both syncs of ``addr``'s catch-up ``version`` (DESIGN 4.6)."""
+
+    reporter: Addr
+    addr: Addr
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class TakeoverDone:
     """Effect: the producer at ``addr`` finished take-over for every consumer (DESIGN 4.5)."""
 
@@ -100,12 +146,27 @@ class ProtocolError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Avail:
+    """A standby replica for ``addr`` exists at incarnation ``inc`` on node ``node``; its
+    catch-up is ``version`` and copies the active replica on node ``active_node``."""
+
+    addr: Addr
+    inc: int
+    version: int
+    node: str
+    active_node: str
+
+
+@dataclass(frozen=True, slots=True)
 class View:
-    """A controller view update: the endpoints that failed in this view (paper 3.2.1).
+    """A controller view update (paper 3.2.1): endpoints that failed, with the
+    incarnations now fenced, and standbys that became available.
 
     Views are numbered, delivered to every process in the same order, and each
     is applied completely before the next (DESIGN 4.4).
     """
 
     number: int
-    failed: frozenset
+    failed: frozenset = frozenset()
+    failed_incs: frozenset = frozenset()
+    avail: tuple = ()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from flux.buffer import DESTS, PRIM, SEC, Buffer
-from flux.messages import Ack, Addr, Batch, ProtocolError, Send
+from flux.messages import Ack, Addr, Batch, CSync, FoldedIn, Pause, PauseAck, ProtocolError, PSync, Send
 from flux.sequence import NO_PROGRESS, SN, before, bound_key, weakest
 
 SEND = "SEND"
@@ -25,6 +25,7 @@ ACK = "ACK"
 
 ACTIVE = "ACTIVE"
 DEAD = "DEAD"
+STDBY = "STDBY"
 
 BufferFactory = Callable[[int], Buffer]
 
@@ -50,6 +51,12 @@ class Producer:
         self.conn: List[List[Set[str]]] = [[set(), set()] for _ in self.peers]
         self.status: List[List[str]] = [[ACTIVE, ACTIVE] for _ in self.peers]
         self.sent_bound: List[List[SN]] = [[NO_PROGRESS, NO_PROGRESS] for _ in self.peers]
+        #: the connection modes of the normal case, restored at fold-in
+        self.normal_conn: List[Set[str]] = [set(), set()]
+        #: catch-up: paused connections (5.3.1), sync versions seen, versions expected
+        self.paused: List[List[bool]] = [[False, False] for _ in self.peers]
+        self.ver: List[List[int]] = [[0, 0] for _ in self.peers]
+        self.expected: List[List[int]] = [[0, 0] for _ in self.peers]
         self._where: Dict[Addr, List[Tuple[int, int]]] = {}
         for i, pair in enumerate(self.peers):
             for d in DESTS:
@@ -73,7 +80,7 @@ class Producer:
         return frontier if first is None else weakest((before(first), frontier))
 
     def can_flush(self, i: int, d: int, frontier: SN) -> bool:
-        if self.status[i][d] != ACTIVE or SEND not in self.conn[i][d]:
+        if self.status[i][d] != ACTIVE or SEND not in self.conn[i][d] or self.paused[i][d]:
             return False
         if self.buffers[i].first_unsent(d) is not None:
             return True
@@ -116,6 +123,7 @@ class Producer:
         """Figure 4 action 3: forget a dead consumer replica and stop waiting for it."""
         self.status[i][d] = DEAD
         self.conn[i][d] = set()
+        self.paused[i][d] = False
         buffer = self.buffers[i]
         buffer.ack_all(d)
         buffer.set_delete(buffer.delete - {d})
@@ -129,6 +137,70 @@ class Producer:
                     self.fail_destination(i, d)
                     changed.append((i, d))
         return changed
+
+    # -- catch-up (3.3, 5.3) ------------------------------------------------
+    def on_avail(self, addr: Addr, version: int, only_if_dead: bool = False) -> None:
+        """Figure 5 avail(dest): a standby will replace this dead consumer replica."""
+        for i, d in self._where.get(addr, ()):
+            if only_if_dead and self.status[i][d] != DEAD:
+                continue
+            if self.status[i][d] != DEAD:
+                raise ProtocolError(f"{self.addr}: avail for {addr}, which is {self.status[i][d]}")
+            self.status[i][d] = STDBY
+            self.expected[i][d] = version
+
+    def on_pause(self, src: Addr, msg: Pause) -> List[Send]:
+        """5.3.1: stop sending to the consumer; the pause-ack follows our last data."""
+        i, d = self.locate(src, SEND)
+        self.paused[i][d] = True
+        return [Send(self.addr, src, PauseAck(msg.version))]
+
+    def _sync_dest(self, src: Addr) -> Tuple[int, int]:
+        for i, d in self._where.get(src, ()):
+            if self.status[i][d] in (ACTIVE, STDBY):
+                return i, d
+        raise ProtocolError(f"{self.addr}: csync from {src}, which is neither active nor standby")
+
+    def can_accept_csync(self, src: Addr, msg: CSync) -> bool:
+        """A standby's csync waits until the active's csync of the same version (5.3.2)."""
+        i, d = self._sync_dest(src)
+        if self.status[i][d] == STDBY and self.expected[i][d] == msg.version:
+            return self.ver[i][1 - d] == msg.version
+        return True
+
+    def on_csync(self, src: Addr, msg: CSync) -> List:
+        """5.3.2 csync(dest, v). From the active: unpause it, and give the standby the
+        active's marks (reset) so nothing it holds is re-sent and nothing after is lost.
+        From the standby (after the active's): it becomes ACTIVE in the normal mode."""
+        i, d = self._sync_dest(src)
+        v = msg.version
+        x = 1 - d
+        if self.status[i][d] == ACTIVE:
+            self.ver[i][d] = v
+            self.paused[i][d] = False
+            if self.status[i][x] == STDBY and self.expected[i][x] == v:
+                buffer = self.buffers[i]
+                buffer.set_delete(buffer.delete | {x})
+                buffer.reset(x)
+            return []
+        if self.expected[i][d] != v:
+            return []  # a stale standby's sync changes no role (3.4)
+        if self.ver[i][x] != v:
+            raise ProtocolError(f"{self.addr}: standby csync from {src} before the active's")
+        self.status[i][d] = ACTIVE
+        self.conn[i][d] = set(self.normal_conn[d])
+        self.ver[i][d] = v
+        self.sent_bound[i][d] = NO_PROGRESS
+        return [FoldedIn(self.addr, src, v)]
+
+    def psyncs(self, version: int) -> List[Send]:
+        """5.3.2: tell every live consumer replica where this replica's output stands."""
+        return [
+            Send(self.addr, self.peers[i][d], PSync(version))
+            for i in range(len(self.peers))
+            for d in DESTS
+            if self.status[i][d] == ACTIVE
+        ]
 
     def check_invariants(self) -> None:
         for i, buffer in enumerate(self.buffers):

@@ -42,8 +42,11 @@ class Recorder:
         return list(self.on_fail_replies)
 
 
-def env(src, dst, view, msg):
-    return Envelope(src, dst, view, msg)
+def env(src, dst, view, msg, inc=0):
+    return Envelope(src, dst, view, msg, inc)
+
+
+PEER_INC = 7  # the incarnation of the process hosting PEER
 
 
 def make_host(a_replies=(), c_replies=(), a_fail=(), c_fail=()):
@@ -103,7 +106,7 @@ def test_a_message_from_a_later_view_is_held():
     assert h.accepts(env(PEER, A, 0, "m"))  # earlier views are fine
     assert not h.accepts(env(PEER, A, 2, "m"))
     h.on_envelope(later)
-    assert h.machines[A].calls == [("fail", frozenset()), ("msg", PEER, "m")]
+    assert h.machines[A].calls == [("msg", PEER, "m")]  # a view with no failure calls no fail()
 
 
 def test_views_are_applied_only_in_order():
@@ -131,10 +134,13 @@ def test_a_view_calls_fail_on_every_live_machine_and_wraps_its_effects():
     assert h.view == 1 and h.dead == {B}
 
 
-def test_a_machine_declared_dead_is_not_told_about_its_own_failure():
+def test_a_machine_declared_dead_alone_is_discarded_not_told():
+    # A view that kills one address of a live process (an aborted catch-up) removes it.
     h = make_host()
+    c = h.machines[C]
     h.on_view(View(1, frozenset({C, B})))
-    assert h.machines[C].calls == []
+    assert c.calls == []
+    assert C not in h.machines
     assert h.machines[A].calls == [("fail", frozenset({B, C}))]
 
 
@@ -147,15 +153,16 @@ def test_dead_set_accumulates_over_views():
 
 # --- fencing -------------------------------------------------------------------------
 
-def test_messages_from_a_dead_endpoint_are_dropped_without_calling_the_machine():
+def test_messages_from_a_dead_incarnation_are_dropped_without_calling_the_machine():
     h = make_host(a_replies=[Send(A, PEER, Ack((1,)))])
-    h.on_view(View(1, frozenset({PEER})))
+    h.on_view(View(1, frozenset({PEER}), frozenset({PEER_INC})))
     calls_before = list(h.machines[A].calls)
     # Sent before the failure (view 0) or stamped later: both are dropped.
-    old = env(PEER, A, 0, Batch((((1,), "x"),), (1,)))
+    old = env(PEER, A, 0, Batch((((1,), "x"),), (1,)), PEER_INC)
     assert h.fenced(old)
+    assert h.accepts(old)  # taken off its connection, to be dropped
     assert h.on_envelope(old) == ([], [])
-    assert h.on_envelope(env(PEER, A, 1, "m")) == ([], [])
+    assert h.on_envelope(env(PEER, A, 1, "m", PEER_INC)) == ([], [])
     assert h.machines[A].calls == calls_before
     # A live sender still gets through.
     assert h.on_envelope(env(B, A, 1, "m")) == ([Envelope(A, PEER, 1, Ack((1,)))], [])
@@ -165,9 +172,19 @@ def test_messages_from_a_dead_endpoint_are_dropped_without_calling_the_machine()
 def test_unknown_is_not_fenced():
     h = make_host()
     stranger = Addr(5, 3, S)
-    assert not h.fenced(env(stranger, A, 0, "m"))
-    h.on_envelope(env(stranger, A, 0, "m"))
+    assert not h.fenced(env(stranger, A, 0, "m", 99))
+    h.on_envelope(env(stranger, A, 0, "m", 99))
     assert h.machines[A].calls == [("msg", stranger, "m")]
+
+
+def test_a_new_incarnation_at_a_dead_address_is_not_fenced():
+    # A rebuilt replica takes the dead one's address (DESIGN 4.6): fencing is by incarnation.
+    h = make_host()
+    h.on_view(View(1, frozenset({PEER}), frozenset({PEER_INC})))
+    assert h.fenced(env(PEER, A, 1, "old", PEER_INC))
+    assert not h.fenced(env(PEER, A, 1, "new", PEER_INC + 1))
+    h.on_envelope(env(PEER, A, 1, "new", PEER_INC + 1))
+    assert h.machines[A].calls[-1] == ("msg", PEER, "new")
 
 
 # --- with a real machine ------------------------------------------------------------------
@@ -180,12 +197,13 @@ def test_hosting_the_egress():
     assert sends == [Envelope(eg.addr, L0S, 0, Ack((1, 1)))]
     assert others == [Deliver((((1, 1), "a"),))]
     # The view that kills L0P makes the egress reverse, stamped with that view.
-    assert h.on_view(View(1, frozenset({L0P}))) == (
+    assert h.on_view(View(1, frozenset({L0P}), frozenset({PEER_INC}))) == (
         [Envelope(eg.addr, L0S, 1, Reverse((1, 1)))],
         [],
     )
     # A late batch from the dead replica is fenced (it would raise in the machine).
-    assert h.on_envelope(env(L0P, eg.addr, 0, Batch((((2, 1), "b"),), (2,)))) == ([], [])
+    late = env(L0P, eg.addr, 0, Batch((((2, 1), "b"),), (2,)), PEER_INC)
+    assert h.on_envelope(late) == ([], [])
     assert h.on_envelope(env(L0S, eg.addr, 1, Batch((((2, 1), "b"),), (2,)))) == (
         [],
         [Deliver((((2, 1), "b"),))],

@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--crashes", type=int, default=2)
+    ap.add_argument("--standbys", type=int, default=0, help="standby nodes for catch-up")
     ap.add_argument("--inputs", type=int, default=24, help="input records per schedule")
     ap.add_argument("--dataflow", choices=["counter", "packets"], default="counter")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="none",
@@ -54,22 +55,23 @@ def main(argv=None) -> int:
         ap.error("--schedules must be >= 1")
     params = SimParams(stages=args.stages, partitions=args.partitions, crashes=args.crashes,
                        inputs=args.inputs, dataflow=args.dataflow, variant=args.variant,
-                       placement=args.placement)
+                       placement=args.placement, standbys=args.standbys)
     try:
         params.validate()
     except ValueError as exc:
         ap.error(str(exc))
     window = crash_window(params)
-    violations = pair_lost = steps = 0
+    violations = pair_lost = steps = catchups = 0
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
         steps += result.steps
+        catchups += len(result.catchups)
         if result.status == PAIR_LOST:
             pair_lost += 1
         elif result.status == VIOLATION:
             violations += 1
-            crashes = ",".join(f"node{n}" for n in result.crashed) or "none"
+            crashes = ",".join(result.crashed) or "none"
             short = format_trace(result, last=None if args.verbose else 6).replace("\n", " | ")
             print(f"violation seed={seed} crashed={crashes} steps={result.steps}: {result.reason}"
                   f"\n  trace: {short}", flush=True)
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
                 print_shrunk(result, params)
     elapsed = time.perf_counter() - started
     print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s, "
-          f"pair_lost={pair_lost}, crash_window={window} steps", file=sys.stderr)
+          f"pair_lost={pair_lost}, catch-ups={catchups}, crash_window={window} steps", file=sys.stderr)
     print(f"schedules={args.schedules} violations={violations}")
     return 1 if violations else 0
 

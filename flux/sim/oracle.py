@@ -11,22 +11,27 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
+from flux.operator import wire_form
+
 
 class Violation(Exception):
     """The run broke a property a user relies on."""
 
 
 class PrefixOracle:
-    """Checks each delivered item against the reference as it arrives."""
+    """Checks each delivered item against the reference as it arrives.
+
+    Items are compared in msgpack's wire form: state that moved to a new
+    replica travelled as msgpack, so its tuples come back as lists."""
 
     def __init__(self, reference: Sequence[Any]):
-        self.reference = list(reference)
+        self.reference = [wire_form(item) for item in reference]
         self.checked = 0
 
     def check(self, delivered: Sequence[Any]) -> None:
         ref = self.reference
         for pos in range(self.checked, len(delivered)):
-            got = delivered[pos]
+            got = wire_form(delivered[pos])
             if pos >= len(ref):
                 raise Violation(f"extra output #{pos}: {got!r} (reference has {len(ref)})")
             if got != ref[pos]:
@@ -40,14 +45,18 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
     problems: List[str] = []
     if len(delivered) != expected:
         problems.append(f"stalled: delivered {len(delivered)} of {expected} outputs")
+    rec = world.recovery
+    if rec.missing and (rec.free or rec.attempts):
+        problems.append(f"catch-up stalled: {sorted(map(str, rec.missing))} still missing "
+                        f"with standbys {rec.free or sorted(a.standby for a in rec.attempts.values())}")
     for addr, m in world.live_machines():
         m.check_invariants()
         if not m.idle():
             problems.append(f"{addr} still holds tuples at quiescence: {describe(m)}")
         chain = getattr(m, "chain", None)
         if chain is not None and reference_states is not None:
-            want = reference_states[addr.stage - 1][addr.partition]
-            got = chain.get_state()
+            want = wire_form(reference_states[addr.stage - 1][addr.partition])
+            got = wire_form(chain.get_state())
             if got != want:
                 problems.append(f"{addr} state differs from the failure-free state: {got!r} != {want!r}")
     return "; ".join(problems) if problems else None

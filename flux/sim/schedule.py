@@ -13,7 +13,7 @@ from controller.placement import ChainedDeclustering, OneSegmentPerNode
 from flux.messages import Batch
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.sim.variants import VARIANTS
-from flux.sim.world import World, WorldConfig
+from flux.sim.world import World, WorldConfig, node_name
 
 #: relative speeds a process may get for one schedule
 SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)
@@ -32,8 +32,9 @@ class SimParams:
     dataflow: str = "counter"
     variant: str = "none"
     placement: str = "chained"
-    #: crash these nodes (in order) instead of random safe victims
-    victims: Tuple[int, ...] = ()
+    standbys: int = 0
+    #: crash these nodes (node numbers or host names, in order) instead of random safe victims
+    victims: Tuple = ()
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -43,6 +44,8 @@ class SimParams:
             raise ValueError(f"--partitions must be >= 2, got {self.partitions}")
         if self.crashes < 0:
             raise ValueError(f"--crashes must be >= 0, got {self.crashes}")
+        if self.standbys < 0:
+            raise ValueError(f"--standbys must be >= 0, got {self.standbys}")
         if self.inputs < 1:
             raise ValueError(f"--inputs must be >= 1, got {self.inputs}")
         if self.variant not in VARIANTS:
@@ -59,11 +62,12 @@ class ScheduleResult:
     status: str
     reason: str = ""
     steps: int = 0
-    crashed: List[int] = field(default_factory=list)
+    crashed: List[str] = field(default_factory=list)
     trace: List[Tuple[tuple, Any]] = field(default_factory=list)
     delivered: int = 0
     expected: int = 0
     takeovers: List = field(default_factory=list)
+    catchups: List = field(default_factory=list)
 
 
 def build_dataflow(params: SimParams, seed: int):
@@ -90,6 +94,8 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         ingress_capacity=rng.randint(1, 6),
         batch_size=rng.randint(1, 4),
         buffer_factory=VARIANTS[params.variant],
+        standbys=params.standbys,
+        chunk_size=rng.choice((16, 64, 1 << 20)),
     )
     return World(dataflow, inputs, params.partitions, placement, config, rng), reference, states
 
@@ -105,7 +111,7 @@ class RandomChooser:
     def __init__(self, seed: int, params: SimParams, crash_window: int):
         self.params = params
         self.crash_window = crash_window
-        self.victims = list(params.victims)
+        self.victims = [node_name(v) if isinstance(v, int) else v for v in params.victims]
         self.crash_at: Optional[List[int]] = None
         self.speed = None
 
@@ -115,12 +121,14 @@ class RandomChooser:
                                    for _ in range(self.params.crashes))
             # Unequal speeds make replicas drift apart, the case the buffers exist for.
             self.speed = {h: rng.choice(SPEEDS) for h in list(world.hosts) + ["controller"]}
-        while self.crash_at and self.crash_at[0] <= t:
+        steps = None
+        while self.crash_at and (self.crash_at[0] <= t or not (steps := world.enabled())):
+            # A planned crash happens even if the world went quiet before its time.
             self.crash_at.pop(0)
             choices = [self.victims.pop(0)] if self.victims else world.safe_victims()
             if choices:
                 return ("crash", rng.choice(choices)), None
-        steps = world.enabled()
+        steps = steps if steps is not None else world.enabled()
         if not steps:
             return None
         speed = self.speed
@@ -168,6 +176,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.steps = t
     result.delivered = len(world.outcome.delivered)
     result.takeovers = list(world.outcome.takeovers)
+    result.catchups = list(world.outcome.catchups)
     return result
 
 
@@ -187,17 +196,28 @@ def format_step(step: tuple, payload: Any) -> str:
         if isinstance(msg, Batch):
             sns = ",".join(_sn(sn) for sn, _ in msg.items)
             body = f"Batch[{sns}] bound={_sn(msg.bound)}"
-        else:
+        elif hasattr(msg, "hwm"):
             body = f"{type(msg).__name__}({_sn(msg.hwm)})"
+        elif hasattr(msg, "version"):
+            body = f"{type(msg).__name__}(v{msg.version})"
+        elif hasattr(msg, "transfer"):
+            body = f"{type(msg).__name__}{msg.transfer}"
+        else:
+            body = type(msg).__name__
         return f"{env.src}->{env.dst} {body}"
     if kind == "view":
-        return f"view{payload.number}@{step[1]} fail({','.join(sorted(map(str, payload.failed)))})"
+        what = []
+        if payload.failed:
+            what.append(f"fail({','.join(sorted(map(str, payload.failed)))})")
+        for a in payload.avail:
+            what.append(f"avail({a.addr}@{a.node} v{a.version})")
+        return f"view{payload.number}@{step[1]} {' '.join(what)}"
     if kind == "flush":
         return f"flush {step[1]}->[{step[2]}]{'PS'[step[3]]}"
     if kind == "process":
         return f"process {step[1]}"
     if kind == "crash":
-        return f"CRASH node{step[1]}"
+        return f"CRASH {step[1]}"
     if kind == "detect":
         return f"detect {step[1]}"
     return " ".join(map(str, step))

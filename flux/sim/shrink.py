@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from flux.sim.schedule import VIOLATION, ScheduleResult, SimParams, execute
-from flux.sim.world import node_name
 
 Script = List[Tuple[tuple, object]]
 
@@ -29,7 +28,7 @@ class ScriptedChooser:
             step, payload = self.script[self.pos]
             self.pos += 1
             if step[0] == "crash":
-                if world.alive[node_name(step[1])]:
+                if world.alive[step[1]]:
                     return step, payload if isinstance(payload, dict) else {}
                 continue
             if step in world.enabled():

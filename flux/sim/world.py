@@ -1,11 +1,12 @@
-"""The simulated cluster: hosts, FIFO channels, a controller, crashes.
+"""The simulated cluster: hosts, FIFO channels, a controller, crashes, standbys.
 
 The world runs the real protocol machines. Every connection between two
 endpoints is a reliable FIFO queue (paper 2.2): nothing on a live connection
-is dropped, duplicated or reordered. A crash stops a node at once; what it
+is dropped, duplicated or reordered. A crash stops a process at once; what it
 had sent and was still in flight survives only as a prefix of each of its
 outgoing queues (TCP delivers some of it), and everything addressed to it is
-lost. The controller declares the crash in a totally ordered view, later.
+lost. The controller (``controller.recovery``) declares the crash in a
+totally ordered view, later, and rebuilds lost replicas on standbys.
 
 The world only says which steps are enabled and carries one out; the
 scheduler (``flux.sim.schedule``) chooses.
@@ -17,15 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from controller.placement import Placement
+from controller.recovery import PairLost, Recovery
 from exchange.partitioner import HashPartitioner
 from flux.buffer import Buffer
 from flux.egress import Egress, egress_addr
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
-from flux.host import Host
+from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS, Ingress
-from flux.messages import Addr, Deliver, Envelope, P, S, TakeoverDone, View
-from flux.segment import Segment
+from flux.messages import Addr, Deliver, Envelope, FoldedIn, P, S, TakeoverDone, View
+from flux.segment import STDBY, Segment
+from statemover.mover import TransferFailed
 
 INGRESS_HOST = "ingress"
 EGRESS_HOST = "egress"
@@ -35,12 +38,18 @@ def node_name(n: int) -> str:
     return f"node{n}"
 
 
+def standby_name(k: int) -> str:
+    return f"standby{k}"
+
+
 @dataclass
 class WorldConfig:
     capacity: int = 4
     ingress_capacity: int = 4
     batch_size: int = 2
     buffer_factory: Callable[[int], Buffer] = Buffer
+    standbys: int = 0
+    chunk_size: int = 64
 
 
 @dataclass
@@ -48,6 +57,8 @@ class Outcome:
     delivered: List[Any] = field(default_factory=list)
     takeovers: List[Addr] = field(default_factory=list)
     pair_lost: List[Addr] = field(default_factory=list)
+    catchups: List[Addr] = field(default_factory=list)
+    failed_transfers: List[Any] = field(default_factory=list)
 
 
 class World:
@@ -59,36 +70,52 @@ class World:
         self.dataflow = dataflow
         self.stages = len(dataflow.stages)
         self.partitions = partitions
-        self.placement = placement
+        self.config = config
         self.inputs = list(inputs)
         self.next_input = 0
         self.outcome = Outcome()
-        part = HashPartitioner(partitions)
+        self.part = HashPartitioner(partitions)
         self.hosts: Dict[str, Host] = {}
-        self.host_of: Dict[Addr, str] = {}
+        self.host_of: Dict[Any, str] = {}
+        incs: Dict[str, int] = {INGRESS_HOST: 1, EGRESS_HOST: 2}
+        names = [node_name(n) for n in placement.nodes]
+        standbys = [standby_name(k) for k in range(config.standbys)]
+        for name in names + standbys:
+            incs[name] = len(incs) + 1
+        egress = egress_addr(self.stages)
+        peer_incs = {a: incs[node_name(n)] for n, addrs in placement.nodes.items() for a in addrs}
+        peer_incs.update({INGRESS: incs[INGRESS_HOST], egress: incs[EGRESS_HOST]})
         for n, addrs in placement.nodes.items():
-            machines = {a: self._segment(a, part, config) for a in addrs}
-            self._add_host(node_name(n), machines)
+            name = node_name(n)
+            self._add_host(Host(name, {a: self._segment(a) for a in addrs}, incs[name],
+                                self._standby_segment, config.chunk_size, peer_incs))
+        for name in standbys:
+            self._add_host(Host(name, {}, incs[name], self._standby_segment, config.chunk_size,
+                                peer_incs))
         first_key = dataflow.stages[0].key
-        self.ingress = Ingress(partitions, lambda rec: part(first_key(rec)), config.ingress_capacity,
-                               config.batch_size, config.buffer_factory)
+        self.ingress = Ingress(partitions, lambda rec: self.part(first_key(rec)),
+                               config.ingress_capacity, config.batch_size, config.buffer_factory)
         self.egress = Egress(self.stages, partitions)
-        self._add_host(INGRESS_HOST, {INGRESS: self.ingress})
-        self._add_host(EGRESS_HOST, {self.egress.addr: self.egress})
+        self._add_host(Host(INGRESS_HOST, {INGRESS: self.ingress}, incs[INGRESS_HOST],
+                            peer_incs=peer_incs))
+        self._add_host(Host(EGRESS_HOST, {egress: self.egress}, incs[EGRESS_HOST],
+                            peer_incs=peer_incs))
+        self.recovery = Recovery(placement, self.stages, partitions, incs, standbys, INGRESS,
+                                 self.egress.addr, MoverAddr)
         self.alive: Dict[str, bool] = {h: True for h in self.hosts}
-        self.channels: Dict[Tuple[Addr, Addr], Deque[Envelope]] = {}
+        self.channels: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         self.views: Dict[str, Deque[View]] = {h: deque() for h in self.hosts}
-        self.view = 0
         self.crashed_undetected: List[str] = []
-        self.dead_nodes: List[int] = []
+        self.crashed: List[str] = []
+        self.stopped = False
         # Enabled local steps per machine, recomputed only for machines a step
         # touched: a machine's local steps depend on its own state alone.
         self._local: Dict[Addr, List[tuple]] = {}
-        self._dirty = set(self.host_of)
-        self._busy: Dict[Tuple[Addr, Addr], None] = {}  # non-empty channels, in a fixed order
+        self._dirty = {a for a in self.host_of if isinstance(a, Addr)}
+        self._busy: Dict[Tuple[Any, Any], None] = {}  # non-empty channels, in a fixed order
 
-    def _segment(self, a: Addr, part, config: WorldConfig) -> Segment:
-        s, K, Pn = a.stage, self.stages, self.partitions
+    def _segment(self, a: Addr, mode: str = "ACTIVE") -> Segment:
+        s, K, Pn, config = a.stage, self.stages, self.partitions, self.config
         stage = self.dataflow.stages[s - 1]
         if s == 1:
             producers = [(INGRESS, INGRESS)]
@@ -98,7 +125,7 @@ class World:
             consumers = [(Addr(s + 1, i, P), Addr(s + 1, i, S)) for i in range(Pn)]
             absent = frozenset()
             next_key = self.dataflow.stages[s].key
-            route = lambda rec, k=next_key: part(k(rec))  # noqa: E731
+            route = lambda rec, k=next_key: self.part(k(rec))  # noqa: E731
         else:
             ghost = Addr(K + 1, 0, S)  # the egress has no replica S
             consumers = [(egress_addr(K), ghost)]
@@ -106,16 +133,21 @@ class World:
             route = lambda rec: 0  # noqa: E731
         fprod = FluxProducer(a, consumers, config.capacity, config.batch_size, absent,
                              config.buffer_factory)
-        return Segment(a, FluxConsumer(a, producers), stage.build_chain(), fprod, route)
+        return Segment(a, FluxConsumer(a, producers), stage.build_chain(), fprod, route, mode)
 
-    def _add_host(self, name: str, machines: Dict[Addr, Any]) -> None:
-        self.hosts[name] = Host(name, machines)
-        for a in machines:
-            self.host_of[a] = name
+    def _standby_segment(self, a: Addr) -> Segment:
+        return self._segment(a, STDBY)
+
+    def _add_host(self, host: Host) -> None:
+        self.hosts[host.name] = host
+        for a in host.addresses():
+            self.host_of[a] = host.name
 
     # -- the steps the scheduler may choose -----------------------------------
     def enabled(self) -> List[tuple]:
         steps: List[tuple] = []
+        if self.stopped:
+            return steps
         hosts, host_of, channels = self.hosts, self.host_of, self.channels
         for key in self._busy:
             if hosts[host_of[key[1]]].accepts(channels[key][0]):
@@ -134,8 +166,9 @@ class World:
         return steps
 
     def _is_live_worker(self, addr: Addr) -> bool:
-        name = self.host_of[addr]
-        return self.alive[name] and name != EGRESS_HOST
+        name = self.host_of.get(addr)
+        return (name is not None and self.alive[name] and name != EGRESS_HOST
+                and addr in self.hosts[name].machines)
 
     def _local_steps(self, addr: Addr) -> List[tuple]:
         if addr == INGRESS:
@@ -170,13 +203,20 @@ class World:
             env = q.popleft()
             if not q:
                 del self._busy[step[1]]
+            host = self.hosts[self.host_of[env.dst]]
             self._dirty.add(env.dst)
-            self._effects(*self.hosts[self.host_of[env.dst]].on_envelope(env))
+            if isinstance(env.dst, MoverAddr):
+                self._dirty.update(host.machines)  # mover signals reach its segments
+            self._effects(*host.on_envelope(env))
         elif kind == "view":
             view = self.views[step[1]].popleft()
             host = self.hosts[step[1]]
+            effects = host.on_view(view)
+            for addr in [a for a in self._local if self.host_of.get(a) == host.name
+                         and a not in host.machines]:
+                del self._local[addr]  # a discarded replica has no more steps
             self._dirty.update(host.machines)
-            self._effects(*host.on_view(view))
+            self._effects(*effects)
         elif kind == "detect":
             self.detect(step[1])
         elif kind == "accept":
@@ -190,7 +230,7 @@ class World:
             addr, i, d = step[1:]
             host = self.hosts[self.host_of[addr]]
             self._dirty.add(addr)
-            self._effects(*host.wrap(self.machine(addr).flush(i, d)))
+            self._effects(*host.run_local(self.machine(addr).flush(i, d)))
         else:
             raise ValueError(f"unknown step {step}")
 
@@ -210,26 +250,42 @@ class World:
                 self.outcome.delivered.extend(e.items)
             elif isinstance(e, TakeoverDone):
                 self.outcome.takeovers.append(e.addr)
+            elif isinstance(e, FoldedIn):
+                self._broadcast(self.recovery.folded_in(e.reporter, e.addr, e.version))
+            elif isinstance(e, TransferFailed):
+                self.outcome.failed_transfers.append(e)
+            else:
+                raise ValueError(f"unknown effect {e!r}")
+
+    def _broadcast(self, views: List[View]) -> None:
+        for view in views:
+            for avail in view.avail:
+                self.host_of[avail.addr] = avail.node  # where the new replica will live
+            for h, q in self.views.items():
+                if self.alive[h]:
+                    q.append(view)
+        done = self.recovery.completed
+        if len(done) > len(self.outcome.catchups):
+            self.outcome.catchups.extend(done[len(self.outcome.catchups):])
 
     # -- failures -------------------------------------------------------------
-    def crash(self, node: int, keep: Optional[Dict] = None) -> Dict:
-        """Fail-stop: the node halts; a prefix of what it sent is still delivered.
+    def crash(self, name: str, keep: Optional[Dict] = None) -> Dict:
+        """Fail-stop: the process halts; a prefix of what it sent is still delivered.
 
         Returns how many messages each outgoing channel kept, so a replay
         (``keep``) truncates exactly as the original run did."""
-        name = node_name(node)
         self.alive[name] = False
         self.views[name].clear()
-        mine = set(self.hosts[name].machines)
+        mine = set(self.hosts[name].addresses())
         for a in mine:
             self._local.pop(a, None)
         kept: Dict = {}
         for key in list(self._busy):
             src, dst = key
             q = self.channels[key]
-            if dst in mine:
+            if dst in mine and self.host_of.get(dst) == name:
                 q.clear()
-            elif src in mine:
+            elif src in mine and q and q[0].inc == self.hosts[name].inc:
                 n = keep.get(key, len(q)) if keep is not None else self.rng.randint(0, len(q))
                 kept[key] = n
                 while len(q) > n:
@@ -237,26 +293,32 @@ class World:
             if not q:
                 del self._busy[key]
         self.crashed_undetected.append(name)
-        self.dead_nodes.append(node)
+        self.crashed.append(name)
         return kept
 
     def detect(self, name: str) -> None:
-        """The controller declares a crashed node dead in the next view (3.2.1)."""
+        """The controller declares a crashed process dead in the next view (3.2.1)."""
         self.crashed_undetected.remove(name)
-        self.view += 1
-        view = View(self.view, frozenset(self.hosts[name].machines))
-        for h, q in self.views.items():
-            if self.alive[h]:
-                q.append(view)
-        lost = self.placement.lost_pairs(int(h[4:]) for h in self.hosts if h.startswith("node")
-                                         and not self.alive[h] and h not in self.crashed_undetected)
-        if lost:
-            self.outcome.pair_lost = lost
+        try:
+            self._broadcast(self.recovery.node_failed(name))
+        except PairLost as lost:
+            self.outcome.pair_lost = [Addr(lost.stage, lost.partition, P)]
+            self.stopped = True
 
-    def safe_victims(self) -> List[int]:
-        """Nodes whose crash leaves one replica of every pair alive."""
-        alive = [n for n in self.placement.nodes if self.alive[node_name(n)]]
-        return [n for n in alive if not self.placement.lost_pairs(self.dead_nodes + [n])]
+    def safe_victims(self) -> List[str]:
+        """Live nodes and standbys whose crash leaves one replica of every pair alive."""
+        rec = self.recovery
+        gone = set(rec.missing)
+        for name in self.crashed_undetected:
+            gone |= rec.hosted.get(name, set())
+        victims = []
+        for name, host in self.hosts.items():
+            if not self.alive[name] or name in (INGRESS_HOST, EGRESS_HOST):
+                continue
+            if all(Addr(a.stage, a.partition, 1 - a.replica) not in gone
+                   for a in rec.hosted.get(name, ())):
+                victims.append(name)
+        return victims
 
     # -- the end of a run -----------------------------------------------------
     def live_machines(self):

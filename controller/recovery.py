@@ -1,0 +1,163 @@
+"""The controller's view logic: failures, standbys and bottom-up catch-up.
+
+Pure: it takes events (a node failed, a neighbour folded a new replica in)
+and returns the totally ordered views to broadcast (paper 3.2.1, 3.3; DESIGN
+4.4, 4.6). The rules:
+
+- A failed node's replicas become *missing*. Losing both replicas of a pair
+  is not maskable: ``PairLost`` names the partition.
+- A missing replica is rebuilt on a standby: the whole failed node is
+  replaced by one standby, which receives its replicas stage by stage.
+- Bottom-up (5.3): only the lowest stage with missing replicas catches up;
+  the next stage starts once every catch-up below has folded in everywhere,
+  i.e. every live producer and consumer of the pair reported both syncs.
+- Each attempt has a fresh version. A standby that dies mid-attempt simply
+  fails like any node; its replicas are missing again and go to the next
+  standby (3.4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set
+
+from controller.placement import Placement
+from flux.messages import Addr, Avail, P, S, View
+
+
+class PairLost(Exception):
+    """Both replicas of a partition are gone: the job must stop (DESIGN 4.6)."""
+
+    def __init__(self, addr: Addr):
+        self.stage, self.partition = addr.stage, addr.partition
+        super().__init__(f"both replicas of stage {addr.stage} partition {addr.partition} failed; "
+                         "the job cannot continue without losing data")
+
+
+@dataclass
+class Attempt:
+    version: int
+    standby: str
+    expected: Set[Addr]
+    reported: Set[Addr] = field(default_factory=set)
+
+
+class Recovery:
+    """Membership and catch-up orchestration for one job."""
+
+    def __init__(self, placement: Placement, stages: int, partitions: int,
+                 incarnations: Dict[str, int], standbys: List[str],
+                 ingress: Addr, egress: Addr, mover_of):
+        self.stages, self.partitions = stages, partitions
+        self.inc = dict(incarnations)
+        self.hosted: Dict[str, Set[Addr]] = {f"node{n}": set(a) for n, a in placement.nodes.items()}
+        self.node_of: Dict[Addr, str] = {a: n for n, addrs in self.hosted.items() for a in addrs}
+        self.free: List[str] = list(standbys)
+        self.ingress, self.egress = ingress, egress
+        self.mover_of = mover_of
+        self.view = 0
+        self.version = 0
+        self.missing: Dict[Addr, str] = {}  # replica -> the failed node it was lost with
+        self.replacement: Dict[str, str] = {}  # failed node -> its standby
+        self.attempts: Dict[Addr, Attempt] = {}
+        self.dead: Set[str] = set()
+        self.completed: List[Addr] = []
+
+    # -- events ------------------------------------------------------------------
+    def node_failed(self, node: str) -> List[View]:
+        """Declare ``node`` dead in the next view; then schedule catch-up."""
+        if node in self.dead:
+            return []
+        self.dead.add(node)
+        lost = set(self.hosted.pop(node, set()))
+        # An attempt with a producer or consumer among the lost aborts (DESIGN 4.6):
+        # its new replica is declared failed with them, and is rebuilt later, bottom-up.
+        aborted = {addr for addr, a in self.attempts.items()
+                   if addr not in lost and a.expected & lost}
+        for addr in aborted:
+            del self.attempts[addr]
+            standby = self.node_of.pop(addr)
+            self.hosted[standby].discard(addr)
+        failed = frozenset(lost | aborted | {self.mover_of(node)})
+        for addr in lost:
+            self.node_of.pop(addr, None)
+            self.missing[addr] = node
+            self.attempts.pop(addr, None)
+        for addr, owner in list(self.missing.items()):  # replicas this standby was to receive
+            if self.replacement.get(owner) == node:
+                self.missing[addr] = node
+        self.replacement = {k: v for k, v in self.replacement.items() if v != node}
+        if node in self.free:
+            self.free.remove(node)
+        for addr in sorted(self.missing):
+            if self._twin(addr) in self.missing:
+                raise PairLost(addr)
+        views = [self._next_view(failed=failed, failed_incs=frozenset({self.inc[node]}))]
+        return views + self._schedule()
+
+    def folded_in(self, reporter: Addr, addr: Addr, version: int) -> List[View]:
+        """A neighbour processed both syncs of ``addr``'s catch-up ``version``."""
+        attempt = self.attempts.get(addr)
+        if attempt is None or attempt.version != version:
+            return []  # a report about an aborted attempt
+        attempt.reported.add(reporter)
+        return self._schedule()
+
+    # -- scheduling -----------------------------------------------------------------
+    def _schedule(self) -> List[View]:
+        for addr, attempt in list(self.attempts.items()):
+            if attempt.expected & self._live_endpoints() <= attempt.reported:
+                del self.attempts[addr]
+                del self.missing[addr]
+                self.completed.append(addr)
+        if self.attempts or not self.missing:
+            return []
+        stage = min(a.stage for a in self.missing)
+        avails = []
+        for addr in sorted(a for a in self.missing if a.stage == stage):
+            standby = self._standby_for(self.missing[addr])
+            if standby is None:
+                continue  # no standby yet: the pair stays vulnerable until one registers
+            self.version += 1
+            active_node = self.node_of[self._twin(addr)]
+            avails.append(Avail(addr, self.inc[standby], self.version, standby, active_node))
+            self.attempts[addr] = Attempt(self.version, standby, self._neighbours(addr))
+            self.hosted[standby].add(addr)
+            self.node_of[addr] = standby
+        return [self._next_view(avail=tuple(avails))] if avails else []
+
+    def _standby_for(self, lost_with: str) -> Optional[str]:
+        standby = self.replacement.get(lost_with)
+        if standby is None and self.free:
+            standby = self.replacement[lost_with] = self.free.pop(0)
+            self.hosted.setdefault(standby, set())
+        return standby
+
+    def add_standby(self, node: str, inc: int) -> List[View]:
+        """A new standby registered (in Spark: a restarted task)."""
+        self.inc[node] = inc
+        self.free.append(node)
+        return self._schedule()
+
+    # -- helpers ---------------------------------------------------------------------
+    def _twin(self, addr: Addr) -> Addr:
+        return Addr(addr.stage, addr.partition, S if addr.replica == P else P)
+
+    def _neighbours(self, addr: Addr) -> Set[Addr]:
+        s = addr.stage
+        below = {self.ingress} if s == 1 else {
+            Addr(s - 1, j, r) for j in range(self.partitions) for r in (P, S)}
+        above = {self.egress} if s == self.stages else {
+            Addr(s + 1, k, r) for k in range(self.partitions) for r in (P, S)}
+        return below | above
+
+    def _live_endpoints(self) -> Set[Addr]:
+        live = {a for a in self.node_of if a not in self.missing}
+        return live | {self.ingress, self.egress}
+
+    def _next_view(self, **kw) -> View:
+        self.view += 1
+        return View(self.view, **kw)
+
+    def pending(self) -> bool:
+        """Replicas still missing or being rebuilt."""
+        return bool(self.missing)

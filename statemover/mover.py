@@ -1,0 +1,349 @@
+"""The StateMover: moves a segment's whole state to a new replica (paper 3.3.1, 5.3.1).
+
+One mover per node, "local to the machine, but in a separate thread outside
+the dataflow" (3.3.1); this module is its sans-I/O core, and a driver owns the
+thread and the sockets. Everything that affects a transfer lives here:
+
+- The active segment asks for ``request_send`` (the paper's
+  ``send(sm, send-req)``), the standby for ``request_recv``
+  (``send(sm, recv-req)``), in any order. Each mover sends its peer a
+  ``Handshake``; a mover that has both its local request and the peer's
+  handshake emits ``SmReady`` (Figure 5 action 2).
+- The active side then calls ``send(state)``: the mover emits every ``Chunk``,
+  then a ``Trailer`` (chunk count, length, CRC-32 of the whole state), then
+  ``StateSent``: the active's ``sm_done`` (Figure 5 action 4). The paper has no
+  ack from the receiver, so neither do we.
+- The receiver checks each chunk's index as it arrives and the trailer at the
+  end; only then ``StateReceived`` (installState, then sm_done). Any mismatch
+  is ``TransferFailed``: corrupt state is never delivered.
+- Transfer ids are unique per catch-up attempt (3.4, DESIGN 4.6) and all
+  state is keyed by id, so messages of an older attempt never mix into a
+  newer one.
+- Crashes make late messages normal: a message for an unknown, finished or
+  aborted transfer, or from a dead peer, is dropped. A message that no live
+  transfer could accept, or a local call out of turn, is a ``ProtocolError``.
+- Mover ids name one incarnation (DESIGN 4.4): a peer declared dead stays dead.
+
+Checksum: ``zlib.crc32``, computed in one pass by the sender and streamed
+chunk by chunk by the receiver. It guards against accidental corruption
+(a driver bug, a bad buffer), not an adversary, at memory speed.
+"""
+from __future__ import annotations
+
+import enum
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
+
+from flux.messages import ProtocolError, Send
+
+DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
+
+#: Roles; they travel in Handshake, so they are plain strings.
+SEND = "send"
+RECV = "recv"
+
+#: Failure reasons that are not formatted with numbers.
+CANCELLED = "cancelled"
+PEER_FAILED = "peer failed"
+CHECKSUM_MISMATCH = "checksum mismatch"
+
+
+class Mode(enum.Enum):
+    REQUESTED = "requested"  # local request made, handshake sent, peer's not yet here
+    READY = "ready"  # SmReady emitted; sender awaits send(), receiver awaits chunks
+    RECEIVING = "receiving"  # receiver holds at least one chunk
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+TERMINAL = (Mode.DONE, Mode.ABORTED)
+
+#: (role, mode, event) -> next mode, for live transfers. An event not listed is
+#: a protocol error. Cancel, peer failure, peer abort and a failed check take
+#: any live transfer to ABORTED.
+TRANSITIONS = {
+    (SEND, Mode.REQUESTED, "handshake"): Mode.READY,
+    (RECV, Mode.REQUESTED, "handshake"): Mode.READY,
+    (SEND, Mode.READY, "send"): Mode.DONE,  # send() hands out every chunk at once
+    (RECV, Mode.READY, "chunk"): Mode.RECEIVING,
+    (RECV, Mode.RECEIVING, "chunk"): Mode.RECEIVING,
+    (RECV, Mode.READY, "trailer"): Mode.DONE,  # the empty state has no chunks
+    (RECV, Mode.RECEIVING, "trailer"): Mode.DONE,
+}
+
+
+# -- messages between movers ---------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    """This mover has its segment's request for ``transfer``, in ``role`` (3.3.1)."""
+
+    transfer: Hashable
+    role: str
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Chunk:
+    """Chunk number ``index`` (from 0) of the state; ``data`` is bytes-like."""
+
+    transfer: Hashable
+    index: int
+    data: Any
+
+    def __repr__(self) -> str:  # a trace shows the size, not megabytes of bytes
+        return f"Chunk({self.transfer!r}, {self.index}, <{len(self.data)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True)
+class Trailer:
+    """End of the state: what the receiver must have got, to check it whole."""
+
+    transfer: Hashable
+    count: int
+    length: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """The peer gave up on ``transfer``: stop waiting for it."""
+
+    transfer: Hashable
+    reason: str
+
+
+# -- local effects ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SmReady:
+    """Both movers are ready: the paper's ``sm_ready()`` (Figure 5 action 2)."""
+
+    transfer: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class StateSent:
+    """Every chunk is handed out: the active side's ``sm_done()`` (action 4)."""
+
+    transfer: Hashable
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class StateReceived:
+    """The whole state arrived and checked out: install it, then ``sm_done()`` (action 4)."""
+
+    transfer: Hashable
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"StateReceived({self.transfer!r}, <{len(self.data)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFailed:
+    """The transfer is over without a state; the controller retries (3.4)."""
+
+    transfer: Hashable
+    reason: str
+
+
+@dataclass(slots=True)
+class _Transfer:
+    role: Optional[str]  # None: cancelled before it was requested (a tombstone)
+    peer: Any
+    mode: Mode = Mode.REQUESTED
+    reason: Optional[str] = None
+    chunks: List[Any] = field(default_factory=list)
+    length: int = 0
+    crc: int = 0
+
+
+class StateMover:
+    """Moves states between this node and its peers, one transfer per catch-up attempt."""
+
+    def __init__(self, me: Hashable, chunk_size: int = DEFAULT_CHUNK_SIZE):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.me = me
+        self.chunk_size = chunk_size
+        self.transfers: Dict[Hashable, _Transfer] = {}
+        self.dead: set = set()
+        #: A peer's Handshake or Abort that came before our own request: (src, msg).
+        self._early: Dict[Hashable, Tuple[Any, Any]] = {}
+
+    # -- local events ------------------------------------------------------------
+    def request_send(self, transfer: Hashable, peer: Hashable) -> list:
+        """The active segment's ``send(sm, send-req)`` (Figure 5 action 1)."""
+        return self._request(transfer, peer, SEND)
+
+    def request_recv(self, transfer: Hashable, peer: Hashable) -> list:
+        """The standby segment's ``send(sm, recv-req)`` (Figure 5 action 1)."""
+        return self._request(transfer, peer, RECV)
+
+    def send(self, transfer: Hashable, state) -> list:
+        """The active's ``send(sm, st)``: chunks, trailer, then StateSent (action 4).
+
+        Chunks are zero-copy slices of one immutable ``bytes``. After an abort
+        this is a no-op: the failure was already reported, and the segment may
+        have handed the state over before it saw that.
+        """
+        t = self._known(transfer)
+        if t.mode is Mode.ABORTED:
+            return []
+        self._step(transfer, t, "send")
+        data = state if type(state) is bytes else bytes(state)  # snapshot, never aliased
+        view, n = memoryview(data), self.chunk_size
+        effects: list = [
+            Send(self.me, t.peer, Chunk(transfer, i, view[off:off + n]))
+            for i, off in enumerate(range(0, len(data), n))
+        ]
+        effects.append(Send(self.me, t.peer, Trailer(transfer, len(effects), len(data), zlib.crc32(data))))
+        effects.append(StateSent(transfer))
+        return effects
+
+    def cancel(self, transfer: Hashable, reason: str = CANCELLED) -> list:
+        """Give up on ``transfer`` here and tell the peer; finished ones are left alone.
+
+        Cancelling an id not requested yet leaves a tombstone, so a request that
+        was racing with the cancel fails at once instead of waiting forever.
+        """
+        t = self.transfers.get(transfer)
+        if t is None:
+            self._early.pop(transfer, None)
+            self.transfers[transfer] = _Transfer(None, None, Mode.ABORTED, reason)
+            return []
+        if t.mode in TERMINAL:
+            return []
+        tell = [] if t.peer in self.dead else [Send(self.me, t.peer, Abort(transfer, reason))]
+        return tell + self._abort(transfer, t, reason)
+
+    def on_fail(self, dead_peers: Iterable[Hashable]) -> list:
+        """Peers died (a controller view, 3.2.1): abort every live transfer with them."""
+        dead = set(dead_peers)
+        self.dead |= dead
+        for transfer in [k for k, (src, _) in self._early.items() if src in dead]:
+            del self._early[transfer]
+        effects: list = []
+        for transfer, t in self.transfers.items():
+            if t.peer in dead and t.mode not in TERMINAL:
+                effects += self._abort(transfer, t, PEER_FAILED)
+        return effects
+
+    # -- messages from peer movers ---------------------------------------------
+    def on_message(self, src: Hashable, msg) -> list:
+        """A message from mover ``src``; stale ones are dropped (crashes make them normal)."""
+        handler = self._HANDLERS.get(type(msg))
+        if handler is None:
+            raise ProtocolError(f"{self.me!r}: unknown message {msg!r} from {src!r}")
+        if src in self.dead:
+            return []  # fenced (DESIGN 4.4)
+        t = self.transfers.get(msg.transfer)
+        if t is None:
+            if isinstance(msg, (Handshake, Abort)):  # our own request may still be coming
+                prev = self._early.get(msg.transfer)
+                if prev is None or not isinstance(prev[1], Abort):  # an abort is final
+                    self._early[msg.transfer] = (src, msg)
+            return []  # a chunk or trailer of an attempt we never had
+        if t.mode in TERMINAL:
+            return []  # late message of a finished or aborted attempt
+        if src != t.peer:
+            raise ProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
+        return handler(self, msg.transfer, t, msg)
+
+    def _on_handshake(self, transfer, t: _Transfer, msg: Handshake) -> list:
+        if msg.role == t.role:
+            raise ProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {t.role!r}")
+        self._step(transfer, t, "handshake")
+        return [SmReady(transfer)]
+
+    def _on_chunk(self, transfer, t: _Transfer, msg: Chunk) -> list:
+        self._step(transfer, t, "chunk")
+        expected = len(t.chunks)
+        if msg.index != expected:  # FIFO links: anything else is a lost or repeated chunk
+            if msg.index < expected:
+                return self._abort(transfer, t, f"duplicate chunk {msg.index}")
+            return self._abort(transfer, t, f"missing chunk {expected}")
+        t.chunks.append(msg.data)
+        t.length += len(msg.data)
+        t.crc = zlib.crc32(msg.data, t.crc)
+        return []
+
+    def _on_trailer(self, transfer, t: _Transfer, msg: Trailer) -> list:
+        self._step(transfer, t, "trailer")
+        got = len(t.chunks)
+        if got < msg.count:
+            return self._abort(transfer, t, f"missing chunk {got}")
+        if got > msg.count:
+            return self._abort(transfer, t, f"{got} chunks, trailer says {msg.count}")
+        if t.length != msg.length:
+            return self._abort(transfer, t, f"length {t.length}, trailer says {msg.length}")
+        if t.crc != msg.crc:
+            return self._abort(transfer, t, CHECKSUM_MISMATCH)
+        data = b"".join(t.chunks)  # the one copy of the whole state
+        t.chunks, t.length, t.crc = [], 0, 0
+        return [StateReceived(transfer, data)]
+
+    def _on_abort(self, transfer, t: _Transfer, msg: Abort) -> list:
+        return self._abort(transfer, t, f"peer aborted: {msg.reason}")
+
+    _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer, Abort: _on_abort}
+
+    # -- helpers -----------------------------------------------------------------
+    def _request(self, transfer, peer, role: str) -> list:
+        t = self.transfers.get(transfer)
+        if t is not None and t.role is not None:
+            raise ProtocolError(f"{self.me!r}: transfer {transfer!r} was already requested")
+        if peer == self.me:
+            raise ProtocolError(f"{self.me!r}: transfer {transfer!r} to itself")
+        early = self._early.get(transfer)
+        if early is not None and early[0] != peer:
+            raise ProtocolError(f"{self.me!r}: {early[1]!r} came from {early[0]!r}, not {peer!r}")
+        if early is not None and getattr(early[1], "role", None) == role:
+            raise ProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {role!r}")
+        if t is not None:  # cancelled before it was requested
+            t.role, t.peer = role, peer
+            return [TransferFailed(transfer, t.reason)]
+        t = self.transfers[transfer] = _Transfer(role, peer)
+        if peer in self.dead:
+            return self._abort(transfer, t, PEER_FAILED)
+        self._early.pop(transfer, None)
+        if early is not None and isinstance(early[1], Abort):
+            return self._on_abort(transfer, t, early[1])  # the peer gave up first
+        effects: list = [Send(self.me, peer, Handshake(transfer, role))]
+        if early is not None:
+            effects += self._on_handshake(transfer, t, early[1])
+        return effects
+
+    def _known(self, transfer) -> _Transfer:
+        t = self.transfers.get(transfer)
+        if t is None or t.role is None:
+            raise ProtocolError(f"{self.me!r}: transfer {transfer!r} was never requested")
+        return t
+
+    def _step(self, transfer, t: _Transfer, event: str) -> None:
+        nxt = TRANSITIONS.get((t.role, t.mode, event))
+        if nxt is None:
+            raise ProtocolError(f"{self.me!r}: {event} in {t.mode.name} for {t.role} transfer {transfer!r}")
+        t.mode = nxt
+
+    def _abort(self, transfer, t: _Transfer, reason: str) -> list:
+        t.mode, t.reason = Mode.ABORTED, reason
+        t.chunks, t.length, t.crc = [], 0, 0  # never keep, nor deliver, a partial state
+        return [TransferFailed(transfer, reason)]
+
+    # -- queries -----------------------------------------------------------------
+    def mode(self, transfer: Hashable) -> Optional[Mode]:
+        t = self.transfers.get(transfer)
+        return None if t is None else t.mode
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the mover's own rules are broken."""
+        assert not (self._early.keys() & self.transfers.keys()), "early message for a requested transfer"
+        assert not any(src in self.dead for src, _ in self._early.values()), "early message from the dead"
+        for transfer, t in self.transfers.items():
+            assert t.role in (SEND, RECV) or t.mode is Mode.ABORTED, f"{transfer!r}: tombstone not aborted"
+            assert t.mode in TERMINAL or t.peer not in self.dead, f"{transfer!r}: live with a dead peer"
+            assert t.chunks == [] or (t.role == RECV and t.mode is Mode.RECEIVING), f"{transfer!r}: stray chunks"
+            assert t.length == sum(len(c) for c in t.chunks), f"{transfer!r}: length out of step"
+            assert (t.reason is not None) == (t.mode is Mode.ABORTED), f"{transfer!r}: reason without abort"
