@@ -83,6 +83,7 @@ def test_survival_scenarios_in_either_crash_order():
 
 # -- many schedules -----------------------------------------------------------
 
+@pytest.mark.sim
 @pytest.mark.timeout(300)
 def test_500_schedules_chained_declustering_two_crashes():
     params = SimParams(stages=2, partitions=4, crashes=2)

@@ -18,6 +18,10 @@ from flux.sim.world import World, WorldConfig, node_name
 #: relative speeds a process may get for one schedule
 SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)
 
+TRIGGERS = ("any", "during", "after")
+#: the chance, at each step of a catch-up, that a "during" crash strikes
+DURING_RATE = 0.05
+
 OK = "ok"
 VIOLATION = "violation"
 PAIR_LOST = "pair-lost"
@@ -35,6 +39,9 @@ class SimParams:
     standbys: int = 0
     #: crash these nodes (node numbers or host names, in order) instead of random safe victims
     victims: Tuple = ()
+    #: when each planned crash may happen: "any" step, "during" a catch-up, or "after"
+    #: every catch-up so far completed (sequences of failures separated by recoveries)
+    triggers: Tuple[str, ...] = ()
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -52,6 +59,8 @@ class SimParams:
             raise ValueError(f"unknown variant {self.variant!r}; one of {sorted(VARIANTS)}")
         if self.dataflow not in ("counter", "packets"):
             raise ValueError(f"unknown dataflow {self.dataflow!r}; one of counter, packets")
+        if any(t not in TRIGGERS for t in self.triggers):
+            raise ValueError(f"crash triggers must be among {TRIGGERS}, got {self.triggers}")
         if self.placement not in ("chained", "single"):
             raise ValueError(f"unknown placement {self.placement!r}; one of chained, single")
 
@@ -93,7 +102,8 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         capacity=rng.randint(1, 6),
         ingress_capacity=rng.randint(1, 6),
         batch_size=rng.randint(1, 4),
-        buffer_factory=VARIANTS[params.variant],
+        buffer_factory=VARIANTS[params.variant][0],
+        segment_class=VARIANTS[params.variant][1],
         standbys=params.standbys,
         chunk_size=rng.choice((16, 64, 1 << 20)),
     )
@@ -121,9 +131,29 @@ class RandomChooser:
                                    for _ in range(self.params.crashes))
             # Unequal speeds make replicas drift apart, the case the buffers exist for.
             self.speed = {h: rng.choice(SPEEDS) for h in list(world.hosts) + ["controller"]}
+            self.triggers = list(self.params.triggers)
+            if not self.triggers and self.params.standbys:
+                # Later crashes strike at any step, inside a catch-up, or once every
+                # catch-up so far completed: sequences of failures separated by
+                # recoveries (issue 3).
+                self.triggers = ["any"] + [rng.choice(TRIGGERS)
+                                           for _ in range(self.params.crashes - 1)]
         steps = None
-        while self.crash_at and (self.crash_at[0] <= t or not (steps := world.enabled())):
-            # A planned crash happens even if the world went quiet before its time.
+        while self.crash_at:
+            # A planned crash waits for its time and its trigger while the world can
+            # still move, but happens even if the world went quiet first.
+            trigger = self.triggers[0] if self.triggers else "any"
+            rec = world.recovery
+            if trigger == "during":  # anywhere inside a catch-up, whatever the time
+                due = bool(rec.attempts) and rng.random() < DURING_RATE
+            elif trigger == "after":
+                due = self.crash_at[0] <= t and not rec.pending() and not world.crashed_undetected
+            else:
+                due = self.crash_at[0] <= t
+            if not due and (steps := world.enabled()):
+                break
+            if self.triggers:
+                self.triggers.pop(0)
             self.crash_at.pop(0)
             choices = [self.victims.pop(0)] if self.victims else world.safe_victims()
             if choices:

@@ -1,13 +1,14 @@
 """Deliberately broken protocol variants: proof that the oracle can fail.
 
-Each is a one-rule change to the buffer. The simulator must report a
-violation for each, with a seed that reproduces it.
+Each is a one-rule change to the buffer or the segment. The simulator must
+report a violation for each, with a seed that reproduces it.
 """
 from __future__ import annotations
 
 from bisect import bisect_right
 
 from flux.buffer import PRIM, Buffer
+from flux.segment import DRAINING, Segment
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -32,8 +33,29 @@ class BufferEvictingBeforeDualAck(Buffer):
         pass  # its eviction rule is the bug under test, not a broken invariant
 
 
+class BufferInstalledWithoutReversal(Buffer):
+    """Installs the active's buffer as it is, not reversed (5.3 broken)."""
+
+    @classmethod
+    def from_state(cls, state, capacity, reverse=False):
+        return super().from_state(state, capacity, reverse=False)
+
+
+class SegmentWithoutDrain(Segment):
+    """Moves state at sm_ready without pausing the sources and draining (5.3.1 broken)."""
+
+    def sm_ready(self):
+        if self.mode != "ACTIVE":
+            return []
+        self.mode = DRAINING
+        return self._checkpoint()
+
+
+#: name -> (buffer class, segment class)
 VARIANTS = {
-    "none": Buffer,
-    "no-dup-filter": BufferWithoutDuplicateFilter,
-    "early-evict": BufferEvictingBeforeDualAck,
+    "none": (Buffer, Segment),
+    "no-dup-filter": (BufferWithoutDuplicateFilter, Segment),
+    "early-evict": (BufferEvictingBeforeDualAck, Segment),
+    "no-reversal": (BufferInstalledWithoutReversal, Segment),
+    "no-drain": (Buffer, SegmentWithoutDrain),
 }

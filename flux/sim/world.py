@@ -48,6 +48,7 @@ class WorldConfig:
     ingress_capacity: int = 4
     batch_size: int = 2
     buffer_factory: Callable[[int], Buffer] = Buffer
+    segment_class: type = Segment
     standbys: int = 0
     chunk_size: int = 64
 
@@ -133,7 +134,8 @@ class World:
             route = lambda rec: 0  # noqa: E731
         fprod = FluxProducer(a, consumers, config.capacity, config.batch_size, absent,
                              config.buffer_factory)
-        return Segment(a, FluxConsumer(a, producers), stage.build_chain(), fprod, route, mode)
+        return config.segment_class(a, FluxConsumer(a, producers), stage.build_chain(), fprod,
+                                    route, mode)
 
     def _standby_segment(self, a: Addr) -> Segment:
         return self._segment(a, STDBY)
