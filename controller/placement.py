@@ -57,3 +57,26 @@ class OneSegmentPerNode(Placement):
     def __init__(self, stages: int, partitions: int):
         addrs = [Addr(s, i, r) for s in range(1, stages + 1) for i in range(partitions) for r in (P, S)]
         super().__init__({n: [a] for n, a in enumerate(addrs)})
+
+
+class ClusterPairs(Placement):
+    """Paper 4.2: half the nodes run a whole replica (all P), the other half the other (all S).
+
+    Partition i's P replica is on node i mod (N/2), its S replica on node N/2 + i mod (N/2),
+    for every stage, so each half is a complete replica set.
+    """
+
+    def __init__(self, stages: int, partitions: int, nodes: int):
+        if nodes < 2 or nodes % 2:
+            raise ValueError(f"cluster pairs need an even number of nodes >= 2, got {nodes}")
+        half = nodes // 2
+        layout = {k: [] for k in range(nodes)}
+        for s in range(1, stages + 1):
+            for i in range(partitions):
+                layout[i % half].append(Addr(s, i, P))
+                layout[half + i % half].append(Addr(s, i, S))
+        super().__init__(layout)
+
+    def replica_set(self, node: int) -> int:
+        """P (0) for the first half of the nodes, S (1) for the second."""
+        return P if node < len(self.nodes) // 2 else S

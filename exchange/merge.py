@@ -12,7 +12,7 @@ failed to filter), so it raises instead of being silently dropped.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from flux.messages import Item, ProtocolError
 from flux.sequence import NO_PROGRESS, NO_SN, SN, before, covers, strongest, weakest

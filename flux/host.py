@@ -161,6 +161,3 @@ class Host:
             if addr.stage == stage and addr.partition == partition:
                 return machine
         return None
-
-    # kept for the callers that only wrap sends
-    wrap = run_local

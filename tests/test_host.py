@@ -88,7 +88,7 @@ def test_unknown_destination_raises():
 def test_wrap_passes_non_send_effects_through_in_order():
     h = make_host()
     d1, d2 = Deliver((((1,), "a"),)), TakeoverDone(A)
-    assert h.wrap([d1, Send(A, C, "x"), d2]) == ([Envelope(A, C, 0, "x")], [d1, d2])
+    assert h.run_local([d1, Send(A, C, "x"), d2]) == ([Envelope(A, C, 0, "x")], [d1, d2])
 
 
 # --- views ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from controller.placement import OneSegmentPerNode
 from flux.messages import Addr, P, Reverse, S
 from flux.sim.__main__ import crash_window
 from flux.sim.schedule import OK, PAIR_LOST, VIOLATION, SimParams, format_trace, run_schedule
+from flux.sim.schedule import first_violation as find_first_violation
 
 # -- the four survival scenarios of a quartet (paper 5.2) --------------------
 # Producer partition j = 0 at stage 1, consumer partition i = 0 at stage 2,
@@ -136,15 +137,10 @@ VARIANT_PARAMS = dict(stages=2, partitions=3, crashes=1)
 
 
 def first_violation(params, seeds=range(1, 301)):
-    """The first seed whose schedule violates, and its result (replayed to be sure)."""
-    window = crash_window(params)
-    for seed in seeds:
-        r = run_schedule(seed, params, window)
-        if r.status == VIOLATION:
-            again = run_schedule(seed, params, window)
-            assert (again.status, again.reason) == (r.status, r.reason), "not reproducible"
-            return seed, r
-    pytest.fail(f"no seed in {seeds} shows a violation for {params.variant}")
+    result = find_first_violation(params, seeds, crash_window(params))
+    if result is None:
+        pytest.fail(f"no seed in {seeds} shows a violation for {params.variant}")
+    return result.seed, result
 
 
 def test_without_the_duplicate_filter_duplicates_are_caught():

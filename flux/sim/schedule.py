@@ -210,6 +210,19 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     return result
 
 
+def first_violation(params: SimParams, seeds, crash_window: int) -> Optional[ScheduleResult]:
+    """The first schedule among ``seeds`` that violates, replayed once to prove it
+    reproduces; None if every schedule passes."""
+    for seed in seeds:
+        result = run_schedule(seed, params, crash_window)
+        if result.status == VIOLATION:
+            again = run_schedule(seed, params, crash_window)
+            if (again.status, again.reason) != (result.status, result.reason):
+                raise AssertionError(f"seed {seed} does not reproduce: {again.reason!r}")
+            return result
+    return None
+
+
 def _payload(world: World, step: tuple) -> Optional[Any]:
     if step[0] == "deliver":
         return world.channels[step[1]][0]
