@@ -102,6 +102,18 @@ class Recovery:
         attempt.reported.add(reporter)
         return self._schedule()
 
+    def transfer_failed(self, stage: int, partition: int, version: int) -> List[View]:
+        """A state transfer failed with both ends alive (e.g. a checksum mismatch): abort
+        the attempt like a dead neighbour would, declaring the new replica failed, and retry."""
+        addr = next((a for a, at in self.attempts.items()
+                     if (a.stage, a.partition, at.version) == (stage, partition, version)), None)
+        if addr is None:
+            return []  # about an attempt already over
+        del self.attempts[addr]
+        standby = self.node_of.pop(addr)
+        self.hosted[standby].discard(addr)
+        return [self._next_view(failed=frozenset({addr}))] + self._schedule()
+
     # -- scheduling -----------------------------------------------------------------
     def _schedule(self) -> List[View]:
         for addr, attempt in list(self.attempts.items()):

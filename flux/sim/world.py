@@ -256,6 +256,7 @@ class World:
                 self._broadcast(self.recovery.folded_in(e.reporter, e.addr, e.version))
             elif isinstance(e, TransferFailed):
                 self.outcome.failed_transfers.append(e)
+                self._broadcast(self.recovery.transfer_failed(*e.transfer))
             else:
                 raise ValueError(f"unknown effect {e!r}")
 
