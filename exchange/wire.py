@@ -1,0 +1,168 @@
+"""The wire format: envelopes as msgpack frames, checked strictly on the way in.
+
+Every frame is one msgpack array ``[VERSION, kind, src, dst, view, inc,
+dst_inc, *fields]``. Decoding never trusts the peer (DESIGN 4.4, issue 6): a
+frame that is not msgpack, is truncated, too large, of an unknown kind or of
+the wrong shape raises ``WireError`` with a reason a log line can name, and
+nothing half-decoded escapes. Records inside batches are any msgpack value;
+tuples come back as lists (DESIGN 4.1).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Tuple
+
+import msgpack
+
+from flux.host import MoverAddr
+from flux.messages import (Ack, Addr, Batch, CSync, Envelope, Pause, PauseAck, PSync, Reverse)
+from statemover.mover import Abort, Chunk, Handshake, Trailer
+
+VERSION = 1
+#: frames above this are refused before decoding (a state chunk is 1 MiB by default)
+MAX_FRAME = 64 << 20
+
+
+class WireError(ValueError):
+    """A frame that cannot be a message of this protocol."""
+
+
+# -- field checks ----------------------------------------------------------------
+
+def _int(v, what: str) -> int:
+    if type(v) is not int:
+        raise WireError(f"{what} must be an int, got {type(v).__name__}")
+    return v
+
+
+def _sn(v, what: str = "SN") -> Tuple[int, ...]:
+    if not isinstance(v, list) or not all(type(x) is int for x in v):
+        raise WireError(f"{what} must be a list of ints, got {v!r:.60}")
+    return tuple(v)
+
+
+def _endpoint(v, what: str):
+    if isinstance(v, str):
+        return MoverAddr(v)
+    if isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v):
+        if v[2] not in (0, 1):
+            raise WireError(f"{what}: replica must be 0 or 1, got {v[2]}")
+        return Addr(*v)
+    raise WireError(f"{what} must be [stage, partition, replica] or a node name, got {v!r:.60}")
+
+
+def _put_endpoint(e) -> Any:
+    return e.node if isinstance(e, MoverAddr) else list(e)
+
+
+def _opt_int(v, what: str):
+    return None if v is None else _int(v, what)
+
+
+def _bytes(v, what: str) -> bytes:
+    if not isinstance(v, bytes):
+        raise WireError(f"{what} must be bytes, got {type(v).__name__}")
+    return v
+
+
+def _transfer(v) -> tuple:
+    if not isinstance(v, list) or len(v) != 3 or not all(type(x) is int for x in v):
+        raise WireError(f"transfer id must be [stage, partition, version], got {v!r:.60}")
+    return tuple(v)
+
+
+def _batch_items(v) -> tuple:
+    if not isinstance(v, list):
+        raise WireError(f"batch items must be a list, got {type(v).__name__}")
+    items = []
+    for item in v:
+        if not isinstance(item, list) or len(item) != 2:
+            raise WireError(f"a batch item must be [sn, record], got {item!r:.60}")
+        items.append((_sn(item[0]), item[1]))
+    return tuple(items)
+
+
+# -- the message table: kind -> (class, encode fields, decode fields) ----------------
+
+_Codec = Tuple[type, Callable[[Any], List], Callable[[List], Any]]
+
+
+def _arity(n: int, f: Callable[..., Any]) -> Callable[[List], Any]:
+    def decode(fields: List):
+        if len(fields) != n:
+            raise WireError(f"expected {n} fields, got {len(fields)}")
+        return f(*fields)
+    return decode
+
+
+CODECS: Dict[str, _Codec] = {
+    "batch": (Batch, lambda m: [[[list(sn), rec] for sn, rec in m.items], list(m.bound)],
+              _arity(2, lambda items, bound: Batch(_batch_items(items), _sn(bound, "bound")))),
+    "ack": (Ack, lambda m: [list(m.hwm)], _arity(1, lambda h: Ack(_sn(h, "hwm")))),
+    "reverse": (Reverse, lambda m: [list(m.hwm)], _arity(1, lambda h: Reverse(_sn(h, "hwm")))),
+    "pause": (Pause, lambda m: [m.version], _arity(1, lambda v: Pause(_int(v, "version")))),
+    "pause_ack": (PauseAck, lambda m: [m.version],
+                  _arity(1, lambda v: PauseAck(_int(v, "version")))),
+    "csync": (CSync, lambda m: [m.version], _arity(1, lambda v: CSync(_int(v, "version")))),
+    "psync": (PSync, lambda m: [m.version], _arity(1, lambda v: PSync(_int(v, "version")))),
+    "sm_hello": (Handshake, lambda m: [list(m.transfer), m.role],
+                 _arity(2, lambda t, role: Handshake(_transfer(t), _role(role)))),
+    "sm_chunk": (Chunk, lambda m: [list(m.transfer), m.index, bytes(m.data)],
+                 _arity(3, lambda t, i, d: Chunk(_transfer(t), _int(i, "chunk index"),
+                                                 _bytes(d, "chunk data")))),
+    "sm_trailer": (Trailer, lambda m: [list(m.transfer), m.count, m.length, m.crc],
+                   _arity(4, lambda t, n, ln, crc: Trailer(_transfer(t), _int(n, "count"),
+                                                           _int(ln, "length"), _int(crc, "crc")))),
+    "sm_abort": (Abort, lambda m: [list(m.transfer), m.reason],
+                 _arity(2, lambda t, r: Abort(_transfer(t), _str(r, "reason")))),
+}
+KIND_OF = {cls: kind for kind, (cls, _, _) in CODECS.items()}
+
+
+def _role(v) -> str:
+    if v not in ("send", "recv"):
+        raise WireError(f"mover role must be 'send' or 'recv', got {v!r:.30}")
+    return v
+
+
+def _str(v, what: str) -> str:
+    if not isinstance(v, str):
+        raise WireError(f"{what} must be a string, got {type(v).__name__}")
+    return v
+
+
+# -- frames ------------------------------------------------------------------------
+
+def encode(env: Envelope) -> bytes:
+    kind = KIND_OF.get(type(env.msg))
+    if kind is None:
+        raise TypeError(f"no wire form for {type(env.msg).__name__}")
+    fields = CODECS[kind][1](env.msg)
+    return msgpack.packb([VERSION, kind, _put_endpoint(env.src), _put_endpoint(env.dst),
+                          env.view, env.inc, env.dst_inc, *fields], use_bin_type=True)
+
+
+def decode(frame: bytes) -> Envelope:
+    """The envelope in ``frame``, or WireError saying what is wrong with it."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise WireError(f"a frame must be bytes, got {type(frame).__name__}")
+    if len(frame) > MAX_FRAME:
+        raise WireError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME}-byte limit")
+    try:
+        parts = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+            TypeError) as exc:
+        raise WireError(f"not a msgpack frame: {type(exc).__name__}: {exc}"[:200]) from None
+    if not isinstance(parts, list) or len(parts) < 7:
+        raise WireError(f"a frame is a list of at least 7 fields, got {type(parts).__name__}")
+    version, kind, src, dst, view, inc, dst_inc, *fields = parts
+    if version != VERSION:
+        raise WireError(f"wire version {version!r:.20}, this side speaks {VERSION}")
+    codec = CODECS.get(kind) if isinstance(kind, str) else None
+    if codec is None:
+        raise WireError(f"unknown message kind {kind!r:.40}")
+    try:
+        msg = codec[2](fields)
+    except WireError as exc:
+        raise WireError(f"{kind}: {exc}") from None
+    return Envelope(_endpoint(src, "src"), _endpoint(dst, "dst"), _int(view, "view"),
+                    msg, _int(inc, "inc"), _opt_int(dst_inc, "dst_inc"))

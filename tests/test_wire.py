@@ -1,0 +1,101 @@
+"""The wire format: every message round-trips; every malformed frame is refused with a reason."""
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exchange import wire
+from exchange.wire import WireError, decode, encode
+from flux.host import MoverAddr
+from flux.messages import Ack, Addr, Batch, CSync, Envelope, Pause, PauseAck, PSync, Reverse
+from statemover.mover import Abort, Chunk, Handshake, Trailer
+
+A, B = Addr(1, 2, 0), Addr(2, 0, 1)
+
+MESSAGES = [
+    Batch((((3, 1), ["k", 1, 2.5]), ((4, 2), None)), (4,)),
+    Batch((), (0,)),
+    Ack((7, 1)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
+    Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
+    Trailer((1, 2, 3), 1, 7, 123456), Abort((1, 2, 3), "peer failed"),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg):
+    env = Envelope(A, B, 5, msg, 11, 12)
+    assert decode(encode(env)) == env
+
+
+def test_mover_endpoints_and_an_unknown_destination_incarnation_round_trip():
+    env = Envelope(MoverAddr("node3"), MoverAddr("standby0"), 2, Abort((1, 0, 9), "x"), 4, None)
+    assert decode(encode(env)) == env
+
+
+def test_records_come_back_in_wire_form():
+    env = Envelope(A, B, 0, Batch((((1, 1), ("a", (1, 2))),), (1,)), 1)
+    assert decode(encode(env)).msg.items == (((1, 1), ["a", [1, 2]]),)
+
+
+sns = st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=4).map(tuple)
+records = st.recursive(st.none() | st.integers(-2**31, 2**31) | st.text(max_size=8),
+                       lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(sns, records), max_size=6), sns, st.integers(0, 2**31))
+def test_batches_round_trip(items, bound, view):
+    env = Envelope(A, B, view, Batch(tuple(items), bound), 3, 9)
+    assert decode(encode(env)) == Envelope(A, B, view, Batch(tuple(
+        (sn, msgpack.unpackb(msgpack.packb(rec), raw=False)) for sn, rec in items), bound), 3, 9)
+
+
+def frame(*parts):
+    return msgpack.packb(list(parts), use_bin_type=True)
+
+
+GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"\xc1garbage", "not a msgpack frame"),
+    (encode(Envelope(A, B, 0, Ack((1,)), 1))[:-3], "not a msgpack frame"),
+    (frame(*GOOD) + b"\x01", "not a msgpack frame"),
+    (msgpack.packb({"kind": "ack"}), "a frame is a list"),
+    (frame(1, "ack"), "a frame is a list of at least 7 fields"),
+    (frame(99, *GOOD[1:]), "wire version 99"),
+    (frame(wire.VERSION, "launch", *GOOD[2:]), "unknown message kind 'launch'"),
+    (frame(wire.VERSION, 7, *GOOD[2:]), "unknown message kind 7"),
+    (frame(*GOOD[:7], ["3"]), "ack: hwm must be a list of ints"),
+    (frame(*GOOD[:7]), "ack: expected 1 fields, got 0"),
+    (frame(*GOOD[:2], [1, 0, 2], *GOOD[3:]), "src: replica must be 0 or 1"),
+    (frame(*GOOD[:2], {"a": 1}, *GOOD[3:]), "src must be [stage, partition, replica]"),
+    (frame(*GOOD[:4], "0", *GOOD[5:]), "view must be an int"),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], [[[1], "r", "extra"]], [1]),
+     "batch: a batch item must be [sn, record]"),
+    (frame(wire.VERSION, "sm_chunk", *GOOD[2:7], [1, 2, 3], 0, "not bytes"),
+     "sm_chunk: chunk data must be bytes"),
+    (frame(wire.VERSION, "sm_hello", *GOOD[2:7], [1, 2, 3], "steal"),
+     "sm_hello: mover role must be 'send' or 'recv'"),
+    ("text", "a frame must be bytes"),
+])
+def test_malformed_frames_are_refused_with_a_reason(data, reason):
+    with pytest.raises(WireError, match=reason.replace("[", r"\[").replace("]", r"\]")):
+        decode(data)
+
+
+def test_an_oversized_frame_is_refused_before_decoding(monkeypatch):
+    monkeypatch.setattr(wire, "MAX_FRAME", 100)
+    with pytest.raises(WireError, match="exceeds the 100-byte limit"):
+        decode(frame(*GOOD[:7], list(range(200))))
+
+
+def test_the_reference_frame_of_these_tests_is_itself_valid():
+    assert decode(frame(*GOOD)) == Envelope(Addr(1, 0, 0), Addr(2, 0, 1), 0, Ack((3,)), 1, None)
+
+
+def test_a_message_without_a_wire_form_is_a_local_error():
+    with pytest.raises(TypeError, match="no wire form for str"):
+        encode(Envelope(A, B, 0, "hello", 1))
