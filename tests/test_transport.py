@@ -1,0 +1,132 @@
+"""The ZeroMQ transport on loopback: order, hostile frames, gaps, no blocking on dead peers."""
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import zmq
+
+from exchange.transport import Transport
+from flux.messages import Ack, Addr, Batch, Envelope
+
+A, B = Addr(1, 0, 0), Addr(2, 0, 1)
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.term()  # hangs if a test leaves a socket open: the timeout would fail it
+
+
+@pytest.fixture
+def pair(ctx):
+    a = Transport(ctx, "a", 1)
+    b = Transport(ctx, "b", 2)
+    a.connect("b", b.address)
+    b.connect("a", a.address)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def receive(t, n, timeout=5.0):
+    got, gaps = [], []
+    deadline = time.monotonic() + timeout
+    while len(got) + len(gaps) < n and time.monotonic() < deadline:
+        envs, gs = t.poll(50)
+        got += envs
+        gaps += gs
+    return got, gaps
+
+
+def batch(n):
+    return Envelope(A, B, 0, Batch((((n, 1), ["rec", n]),), (n,)), 1, 2)
+
+
+def test_messages_arrive_whole_and_in_order(pair):
+    a, b = pair
+    for n in range(1, 2001):
+        assert a.send("b", batch(n))
+    got, gaps = receive(b, 2000)
+    assert gaps == []
+    assert [e.msg.items[0][0] for e in got] == [(n, 1) for n in range(1, 2001)]
+    assert got[0] == Envelope(A, B, 0, Batch((((1, 1), ["rec", 1]),), (1,)), 1, 2)
+
+
+def raw_dealer(ctx, identity, address):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.IDENTITY, identity)
+    s.connect(address)
+    return s
+
+
+@pytest.mark.parametrize("frames,reason", [
+    ([b"1", b"\xc1not msgpack"], "not a msgpack frame"),
+    ([b"1", b"\x93\x01\x02\x03"], "a frame is a list of at least 7 fields"),
+    ([b"one", b"x"], "connection sequence number is not an int"),
+    ([b"1"], "1 frames instead of 2"),
+])
+def test_hostile_frames_are_dropped_with_a_log_line_naming_the_peer(ctx, pair, caplog, frames, reason):
+    a, b = pair
+    evil = raw_dealer(ctx, b"mallory#9", b.address)
+    try:
+        with caplog.at_level(logging.WARNING, logger="exchange.transport"):
+            evil.send_multipart(frames)
+            deadline = time.monotonic() + 5
+            while b.dropped == 0 and time.monotonic() < deadline:
+                assert b.poll(50) == ([], [])
+        assert b.dropped == 1
+        assert any("mallory#9" in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+        a.send("b", batch(1))  # the transport still works
+        got, _ = receive(b, 1)
+        assert len(got) == 1
+    finally:
+        evil.close(linger=0)
+
+
+def test_a_gap_in_a_connection_is_reported_not_skipped(ctx, pair):
+    a, b = pair
+    from exchange.wire import encode
+
+    forger = raw_dealer(ctx, b"c#3", b.address)
+    try:
+        forger.send_multipart([b"1", encode(batch(1))])
+        forger.send_multipart([b"3", encode(batch(3))])  # message 2 was lost
+        got, gaps = receive(b, 2)
+        assert len(got) == 1
+        assert [(g.peer, g.expected, g.got) for g in gaps] == [("c#3", 2, 3)]
+    finally:
+        forger.close(linger=0)
+
+
+def test_sending_to_a_dead_peer_never_blocks_and_the_outbox_is_bounded(ctx):
+    a = Transport(ctx, "a", 1, outbox_limit=50, hwm=10)
+    try:
+        a.connect("ghost", "tcp://127.0.0.1:9")  # nothing listens there
+        started = time.monotonic()
+        accepted = [a.send("ghost", batch(n)) for n in range(1, 200)]
+        assert time.monotonic() - started < 5  # generous: the point is it returns at all
+        assert accepted[:50] == [True] * 50 and not all(accepted)
+        assert a.pending("ghost") <= 50
+        a.disconnect("ghost")
+        assert a.pending() == 0
+    finally:
+        a.close()
+
+
+def test_a_restarted_process_gets_a_fresh_sequence_space(ctx, pair):
+    a, b = pair
+    a.send("b", batch(1))
+    assert len(receive(b, 1)[0]) == 1
+    a2 = Transport(ctx, "a", 7)  # same name, new incarnation
+    try:
+        a2.connect("b", b.address)
+        a2.send("b", batch(2))
+        got, gaps = receive(b, 1)
+        assert len(got) == 1 and gaps == []
+    finally:
+        a2.close()
