@@ -19,15 +19,13 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from controller.placement import Placement
 from controller.recovery import PairLost, Recovery
-from exchange.partitioner import HashPartitioner
 from flux.buffer import Buffer
-from flux.egress import Egress, egress_addr
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
+from flux.builder import MachineBuilder
+from flux.egress import egress_addr
 from flux.host import Host, MoverAddr
-from flux.ingress import INGRESS, Ingress
-from flux.messages import Addr, Deliver, Envelope, FoldedIn, P, S, TakeoverDone, View
-from flux.segment import STDBY, Segment
+from flux.ingress import INGRESS
+from flux.messages import Addr, Deliver, Envelope, FoldedIn, P, TakeoverDone, View
+from flux.segment import Segment
 from statemover.mover import TransferFailed
 
 INGRESS_HOST = "ingress"
@@ -75,7 +73,9 @@ class World:
         self.inputs = list(inputs)
         self.next_input = 0
         self.outcome = Outcome()
-        self.part = HashPartitioner(partitions)
+        self.builder = MachineBuilder(dataflow, partitions, config.capacity, config.batch_size,
+                                      config.ingress_capacity, config.buffer_factory,
+                                      config.segment_class)
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
         incs: Dict[str, int] = {INGRESS_HOST: 1, EGRESS_HOST: 2}
@@ -88,15 +88,13 @@ class World:
         peer_incs.update({INGRESS: incs[INGRESS_HOST], egress: incs[EGRESS_HOST]})
         for n, addrs in placement.nodes.items():
             name = node_name(n)
-            self._add_host(Host(name, {a: self._segment(a) for a in addrs}, incs[name],
-                                self._standby_segment, config.chunk_size, peer_incs))
+            self._add_host(Host(name, {a: self.builder.segment(a) for a in addrs}, incs[name],
+                                self.builder.standby_segment, config.chunk_size, peer_incs))
         for name in standbys:
-            self._add_host(Host(name, {}, incs[name], self._standby_segment, config.chunk_size,
-                                peer_incs))
-        first_key = dataflow.stages[0].key
-        self.ingress = Ingress(partitions, lambda rec: self.part(first_key(rec)),
-                               config.ingress_capacity, config.batch_size, config.buffer_factory)
-        self.egress = Egress(self.stages, partitions)
+            self._add_host(Host(name, {}, incs[name], self.builder.standby_segment,
+                                config.chunk_size, peer_incs))
+        self.ingress = self.builder.ingress()
+        self.egress = self.builder.egress()
         self._add_host(Host(INGRESS_HOST, {INGRESS: self.ingress}, incs[INGRESS_HOST],
                             peer_incs=peer_incs))
         self._add_host(Host(EGRESS_HOST, {egress: self.egress}, incs[EGRESS_HOST],
@@ -114,31 +112,6 @@ class World:
         self._local: Dict[Addr, List[tuple]] = {}
         self._dirty = {a for a in self.host_of if isinstance(a, Addr)}
         self._busy: Dict[Tuple[Any, Any], None] = {}  # non-empty channels, in a fixed order
-
-    def _segment(self, a: Addr, mode: str = "ACTIVE") -> Segment:
-        s, K, Pn, config = a.stage, self.stages, self.partitions, self.config
-        stage = self.dataflow.stages[s - 1]
-        if s == 1:
-            producers = [(INGRESS, INGRESS)]
-        else:
-            producers = [(Addr(s - 1, j, P), Addr(s - 1, j, S)) for j in range(Pn)]
-        if s < K:
-            consumers = [(Addr(s + 1, i, P), Addr(s + 1, i, S)) for i in range(Pn)]
-            absent = frozenset()
-            next_key = self.dataflow.stages[s].key
-            route = lambda rec, k=next_key: self.part(k(rec))  # noqa: E731
-        else:
-            ghost = Addr(K + 1, 0, S)  # the egress has no replica S
-            consumers = [(egress_addr(K), ghost)]
-            absent = frozenset({ghost})
-            route = lambda rec: 0  # noqa: E731
-        fprod = FluxProducer(a, consumers, config.capacity, config.batch_size, absent,
-                             config.buffer_factory)
-        return config.segment_class(a, FluxConsumer(a, producers), stage.build_chain(), fprod,
-                                    route, mode)
-
-    def _standby_segment(self, a: Addr) -> Segment:
-        return self._segment(a, STDBY)
 
     def _add_host(self, host: Host) -> None:
         self.hosts[host.name] = host

@@ -1,0 +1,72 @@
+"""Builds the machines of a dataflow: every segment replica, the ingress, the egress.
+
+One place decides who feeds whom (DESIGN 4.7): stage 1 reads from the ingress,
+stage s from both replicas of every stage s-1 partition; the last stage writes
+to the egress, a consumer with no replica S. The simulator and the runtime both
+build their machines here, so they run the same wiring.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from exchange.partitioner import HashPartitioner
+from flux.buffer import Buffer
+from flux.egress import Egress, egress_addr
+from flux.flux_consumer import FluxConsumer
+from flux.flux_producer import FluxProducer
+from flux.ingress import INGRESS, Ingress
+from flux.messages import Addr, P, S
+from flux.segment import ACTIVE, STDBY, Segment
+
+
+class MachineBuilder:
+    """Factory of the protocol machines for ``dataflow`` over ``partitions`` partitions."""
+
+    def __init__(self, dataflow, partitions: int, capacity: int, batch_size: int,
+                 ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment):
+        self.dataflow = dataflow
+        self.stages = len(dataflow.stages)
+        self.partitions = partitions
+        self.capacity = capacity
+        self.ingress_capacity = ingress_capacity or capacity
+        self.batch_size = batch_size
+        self.buffer_factory = buffer_factory
+        self.segment_class = segment_class
+        self.part = HashPartitioner(partitions)
+
+    def segment(self, a: Addr, mode: str = ACTIVE) -> Segment:
+        s, K, n = a.stage, self.stages, self.partitions
+        if s == 1:
+            producers = [(INGRESS, INGRESS)]
+        else:
+            producers = [(Addr(s - 1, j, P), Addr(s - 1, j, S)) for j in range(n)]
+        if s < K:
+            consumers = [(Addr(s + 1, i, P), Addr(s + 1, i, S)) for i in range(n)]
+            absent = frozenset()
+            next_key = self.dataflow.stages[s].key
+            part = self.part
+            route = lambda rec: part(next_key(rec))  # noqa: E731
+        else:
+            ghost = Addr(K + 1, 0, S)  # the egress has no replica S
+            consumers = [(egress_addr(K), ghost)]
+            absent = frozenset({ghost})
+            route = lambda rec: 0  # noqa: E731
+        fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
+                             self.buffer_factory)
+        chain = self.dataflow.stages[s - 1].build_chain()
+        return self.segment_class(a, FluxConsumer(a, producers), chain, fprod, route, mode)
+
+    def standby_segment(self, a: Addr) -> Segment:
+        return self.segment(a, STDBY)
+
+    def ingress(self) -> Ingress:
+        key, part = self.dataflow.stages[0].key, self.part
+        return Ingress(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
+                       self.batch_size, self.buffer_factory)
+
+    def egress(self) -> Egress:
+        return Egress(self.stages, self.partitions)
+
+    @property
+    def egress_addr(self) -> Any:
+        return egress_addr(self.stages)
