@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, List, Tuple
 import msgpack
 
 from flux.host import MoverAddr
-from flux.messages import (Ack, Addr, Batch, CSync, Envelope, Pause, PauseAck, PSync, Reverse)
+from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, FoldedIn, Heartbeat, Pause,
+                           PauseAck, ProcAddr, PSync, Reverse, TakeoverDone, View)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
 VERSION = 1
@@ -41,17 +42,49 @@ def _sn(v, what: str = "SN") -> Tuple[int, ...]:
 
 
 def _endpoint(v, what: str):
-    if isinstance(v, str):
-        return MoverAddr(v)
+    if isinstance(v, list) and len(v) == 2 and v[0] in ("sm", "proc") and isinstance(v[1], str):
+        return MoverAddr(v[1]) if v[0] == "sm" else ProcAddr(v[1])
     if isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v):
         if v[2] not in (0, 1):
             raise WireError(f"{what}: replica must be 0 or 1, got {v[2]}")
         return Addr(*v)
-    raise WireError(f"{what} must be [stage, partition, replica] or a node name, got {v!r:.60}")
+    raise WireError(f"{what} must be [stage, partition, replica], [\"sm\", node] or "
+                    f"[\"proc\", name], got {v!r:.60}")
 
 
 def _put_endpoint(e) -> Any:
-    return e.node if isinstance(e, MoverAddr) else list(e)
+    if isinstance(e, MoverAddr):
+        return ["sm", e.node]
+    if isinstance(e, ProcAddr):
+        return ["proc", e.name]
+    return list(e)
+
+
+def _addr(v, what: str) -> Addr:
+    e = _endpoint(v, what)
+    if not isinstance(e, Addr):
+        raise WireError(f"{what} must be a segment address, got {v!r:.60}")
+    return e
+
+
+def _list(v, what: str) -> list:
+    if not isinstance(v, list):
+        raise WireError(f"{what} must be a list, got {type(v).__name__}")
+    return v
+
+
+def _avail(v) -> Avail:
+    if not isinstance(v, list) or len(v) != 5:
+        raise WireError(f"an avail is [addr, inc, version, node, active_node], got {v!r:.60}")
+    return Avail(_addr(v[0], "avail addr"), _int(v[1], "avail inc"), _int(v[2], "avail version"),
+                 _str(v[3], "avail node"), _str(v[4], "avail active node"))
+
+
+def _view(number, failed, failed_incs, avail) -> View:
+    return View(_int(number, "view number"),
+                frozenset(_endpoint(a, "failed endpoint") for a in _list(failed, "failed")),
+                frozenset(_int(i, "failed inc") for i in _list(failed_incs, "failed incs")),
+                tuple(_avail(a) for a in _list(avail, "avail")))
 
 
 def _opt_int(v, what: str):
@@ -114,6 +147,17 @@ CODECS: Dict[str, _Codec] = {
                                                            _int(ln, "length"), _int(crc, "crc")))),
     "sm_abort": (Abort, lambda m: [list(m.transfer), m.reason],
                  _arity(2, lambda t, r: Abort(_transfer(t), _str(r, "reason")))),
+    "view": (View, lambda m: [m.number, [_put_endpoint(a) for a in sorted(m.failed, key=str)],
+                              sorted(m.failed_incs),
+                              [[list(a.addr), a.inc, a.version, a.node, a.active_node]
+                               for a in m.avail]],
+             _arity(4, _view)),
+    "heartbeat": (Heartbeat, lambda m: [], _arity(0, lambda: Heartbeat())),
+    "folded_in": (FoldedIn, lambda m: [list(m.reporter), list(m.addr), m.version],
+                  _arity(3, lambda r, a, v: FoldedIn(_addr(r, "reporter"), _addr(a, "addr"),
+                                                     _int(v, "version")))),
+    "takeover_done": (TakeoverDone, lambda m: [list(m.addr)],
+                      _arity(1, lambda a: TakeoverDone(_addr(a, "addr")))),
 }
 KIND_OF = {cls: kind for kind, (cls, _, _) in CODECS.items()}
 

@@ -37,6 +37,24 @@ class Addr(NamedTuple):
         return f"{self.stage}.{self.partition}{'PS'[self.replica]}"
 
 
+class ProcAddr(NamedTuple):
+    """A whole process (a node, a standby, the ingress, the egress, the controller):
+    the endpoint of views, heartbeats and reports."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"@{self.name}"
+
+
+CONTROLLER = ProcAddr("controller")
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A process is alive (DESIGN 6): the controller declares it dead when these stop."""
+
+
 Item = Tuple[SN, Any]
 
 

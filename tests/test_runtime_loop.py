@@ -21,7 +21,7 @@ from flux.ingress import INGRESS
 from flux.messages import Deliver
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.runtime.loop import HostLoop, process_name_of
+from flux.runtime.loop import HostLoop
 from flux.workload import keyed_workload, packet_workload
 
 
@@ -47,7 +47,7 @@ def run_cluster(dataflow, records, partitions, timeout=60.0):
             delivered.extend(e.items)
 
     loops = {name: HostLoop(Host(name, machines, incs[name], peer_incs=peer_incs),
-                            transports[name], process_name_of(where), addresses, on_effect,
+                            transports[name], where, addresses, on_effect,
                             iter(records) if name == "ingress" else None)
              for name, machines in processes.items()}
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from exchange import wire
 from exchange.wire import WireError, decode, encode
 from flux.host import MoverAddr
-from flux.messages import Ack, Addr, Batch, CSync, Envelope, Pause, PauseAck, PSync, Reverse
+from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, FoldedIn, Heartbeat, Pause,
+                           PauseAck, ProcAddr, PSync, Reverse, TakeoverDone, View)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
@@ -20,12 +21,20 @@ MESSAGES = [
     Ack((7, 1)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
     Trailer((1, 2, 3), 1, 7, 123456), Abort((1, 2, 3), "peer failed"),
+    View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
+         (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
+    View(5), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),
 ]
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
 def test_every_message_round_trips(msg):
     env = Envelope(A, B, 5, msg, 11, 12)
+    assert decode(encode(env)) == env
+
+
+def test_process_endpoints_round_trip():
+    env = Envelope(ProcAddr("controller"), ProcAddr("node2"), 3, Heartbeat(), 0, None)
     assert decode(encode(env)) == env
 
 

@@ -10,25 +10,34 @@ rule lives here (DESIGN 3).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from exchange.transport import ConnectionGap, Transport
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
-from flux.messages import Deliver, Envelope
+from flux.messages import CONTROLLER, Deliver, Envelope, FoldedIn, Heartbeat, ProcAddr, TakeoverDone, View
 
 
 class HostLoop:
     """One process: its Host, its Transport, and where every endpoint lives."""
 
-    def __init__(self, host: Host, transport: Transport, process_of: Callable[[Any], str],
+    def __init__(self, host: Host, transport: Transport, where: Dict[Any, str],
                  addresses: Dict[str, str], on_effect: Callable[[Any], None] = lambda e: None,
-                 source: Optional[Iterator[Any]] = None):
+                 source: Optional[Iterator[Any]] = None, incarnations: Dict[str, int] = None,
+                 heartbeat: Optional[float] = None, clock=time.monotonic):
         self.host = host
+        self.me = ProcAddr(host.name)
         self.transport = transport
-        self.process_of = process_of
+        #: which process hosts each segment address; avail moves an address to a standby
+        self.where = dict(where)
         self.addresses = addresses
+        self.incarnations = dict(incarnations or {})
+        self.dead_processes: set = set()
+        self.heartbeat = heartbeat
+        self.clock = clock
+        self._last_beat = float("-inf")
         self.on_effect = on_effect
         self.source = source
         self._next_record: Any = None
@@ -41,10 +50,14 @@ class HostLoop:
     # -- one turn of the poller loop ------------------------------------------------
     def turn(self, timeout_ms: int) -> bool:
         """Receive, deliver, work, send. Returns True if anything moved."""
+        self._beat()
         envelopes, gaps = self.transport.poll(0 if self._busy() else timeout_ms)
         self.gaps += gaps
         for env in envelopes:
-            self.held.setdefault((env.src, env.dst), deque()).append(env)
+            if env.dst == self.me and isinstance(env.msg, View):
+                self._apply_view(env.msg)  # views come in order on the controller's connection
+            else:
+                self.held.setdefault((env.src, env.dst), deque()).append(env)
         moved = bool(envelopes)
         while True:
             if not self._drain_overflow():
@@ -53,6 +66,25 @@ class HostLoop:
             moved |= step
             if not step:
                 return moved
+
+    def _beat(self) -> None:
+        if self.heartbeat is None:
+            return
+        now = self.clock()
+        if now - self._last_beat >= self.heartbeat:
+            self._last_beat = now
+            self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, Heartbeat(),
+                                                 self.host.inc, None))
+
+    def _apply_view(self, view: View) -> None:
+        for avail in view.avail:
+            self.where[avail.addr] = avail.node
+        for name, inc in self.incarnations.items():
+            if inc in view.failed_incs and name not in self.dead_processes:
+                self.dead_processes.add(name)  # fenced: forget what was queued for it
+                self.transport.disconnect(name)
+                self.overflow = deque((p, e) for p, e in self.overflow if p != name)
+        self._emit(*self.host.on_view(view))
 
     def _drain_overflow(self) -> bool:
         while self.overflow:
@@ -107,22 +139,21 @@ class HostLoop:
 
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
         for env in envelopes:
-            peer = self.process_of(env.dst)
-            if peer not in self.transport.dealers:
-                self.transport.connect(peer, self.addresses[peer])
-            if self.overflow or not self.transport.send(peer, env):
-                self.overflow.append((peer, env))  # keeps FIFO order behind what waits
+            dst = env.dst
+            self._send_to(dst.node if isinstance(dst, MoverAddr) else self.where[dst], env)
         for e in others:
+            if isinstance(e, (FoldedIn, TakeoverDone)):
+                self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, e,
+                                                     self.host.inc, None))
             self.on_effect(e)
 
+    def _send_to(self, peer: str, env: Envelope) -> None:
+        if peer in self.dead_processes:
+            return  # TCP to a dead process: lost, as the protocol expects
+        if peer not in self.transport.dealers:
+            self.transport.connect(peer, self.addresses[peer])
+        if self.overflow or not self.transport.send(peer, env):
+            self.overflow.append((peer, env))  # keeps FIFO order behind what waits
 
-def process_name_of(placement_of: Dict[Any, str]) -> Callable[[Any], str]:
-    """Where an endpoint lives: a segment by placement, a StateMover by its node."""
-    def process_of(addr) -> str:
-        if isinstance(addr, MoverAddr):
-            return addr.node
-        return placement_of[addr]
-    return process_of
 
-
-__all__ = ["HostLoop", "process_name_of", "Deliver"]
+__all__ = ["HostLoop", "Deliver"]

@@ -1,0 +1,119 @@
+"""A whole Flux cluster on threads of one process, over real ZeroMQ sockets.
+
+For tests and debugging without Spark: the controller, every node (chained
+declustering), the standbys, the ingress and the egress each run a loop on a
+thread with sockets of their own on loopback. ``kill(name)`` stops a process
+between two turns and closes its sockets: fail-stop, detected by the
+controller only through its silence, as in a real cluster. Every thread is
+stopped and every socket closed by ``stop()``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import zmq
+
+from controller.placement import ChainedDeclustering
+from controller.recovery import Recovery
+from controller.service import ControllerService
+from exchange.transport import Transport
+from flux.builder import MachineBuilder
+from flux.host import Host, MoverAddr
+from flux.ingress import INGRESS
+from flux.messages import Deliver
+from flux.runtime.loop import HostLoop
+
+
+class ThreadCluster:
+    def __init__(self, dataflow, partitions: int, records: Iterable[Any], standbys: int = 1,
+                 capacity: int = 256, batch_size: int = 64, heartbeat: float = 0.02,
+                 detect_after: float = 0.25, chunk_size: int = 1 << 20):
+        stages = len(dataflow.stages)
+        self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size)
+        placement = ChainedDeclustering(stages, partitions)
+        nodes = {f"node{n}": {a: builder.segment(a) for a in addrs}
+                 for n, addrs in placement.nodes.items()}
+        self.standby_names = [f"standby{k}" for k in range(standbys)]
+        machines: Dict[str, Dict] = {**nodes, **{s: {} for s in self.standby_names},
+                                     "ingress": {INGRESS: builder.ingress()},
+                                     "egress": {builder.egress_addr: builder.egress()}}
+        names = ["controller"] + list(machines)
+        self.incarnations = {name: k + 1 for k, name in enumerate(names)}
+        where = {a: name for name, ms in machines.items() for a in ms}
+        peer_incs = {a: self.incarnations[name] for a, name in where.items()}
+        self.ctx = zmq.Context()
+        self.transports = {n: Transport(self.ctx, n, self.incarnations[n]) for n in names}
+        addresses = {n: t.address for n, t in self.transports.items()}
+        self.delivered: List[Any] = []
+        self.recovery = Recovery(placement, stages, partitions,
+                                 {n: self.incarnations[n] for n in list(nodes) + self.standby_names},
+                                 self.standby_names, INGRESS, builder.egress_addr, MoverAddr)
+        self.controller = ControllerService(self.transports["controller"], self.recovery,
+                                            self.incarnations, addresses,
+                                            list(nodes) + self.standby_names, detect_after)
+        self.loops: Dict[str, HostLoop] = {}
+        for name, ms in machines.items():
+            worker = name.startswith(("node", "standby"))
+            host = Host(name, ms, self.incarnations[name],
+                        builder.standby_segment if worker else None, chunk_size, peer_incs)
+            self.loops[name] = HostLoop(host, self.transports[name], where, addresses,
+                                        self._on_effect, iter(records) if name == "ingress" else None,
+                                        self.incarnations, heartbeat if worker else None)
+        self._stop: Dict[str, threading.Event] = {n: threading.Event() for n in names}
+        self._threads: Dict[str, threading.Thread] = {}
+        self.errors: List[BaseException] = []
+
+    def _on_effect(self, e) -> None:
+        if isinstance(e, Deliver):
+            self.delivered.extend(e.items)
+
+    def _run(self, name: str, turn: Callable[[int], Any]) -> None:
+        stop = self._stop[name]
+        try:
+            while not stop.is_set():
+                turn(2)
+        except BaseException as exc:  # reported by the caller, never swallowed
+            self.errors.append(exc)
+
+    def start(self) -> "ThreadCluster":
+        self._threads["controller"] = threading.Thread(
+            target=self._run, args=("controller", self.controller.turn), daemon=True)
+        for name, loop in self.loops.items():
+            self._threads[name] = threading.Thread(target=self._run, args=(name, loop.turn),
+                                                   daemon=True)
+        for t in self._threads.values():
+            t.start()
+        return self
+
+    def kill(self, name: str) -> None:
+        """Fail-stop ``name``: it halts between two turns and its sockets close."""
+        self._stop[name].set()
+        self._threads[name].join(timeout=10)
+        self.transports[name].close()
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.errors or self.controller.error:
+                return False
+            if predicate():
+                return True
+            time.sleep(0.01)
+        return predicate()
+
+    def stop(self) -> None:
+        for event in self._stop.values():
+            event.set()
+        for t in self._threads.values():
+            t.join(timeout=10)
+        for t in self.transports.values():
+            t.close()
+        self.ctx.term()
+
+    def __enter__(self) -> "ThreadCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,64 @@
+"""Failures over real sockets: a node dies mid-stream, the controller detects its
+silence, the survivors take over, a standby is rebuilt, and the output is exactly
+the failure-free output."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flux.examples import counting_dataflow, paper_dataflow
+from flux.operator import wire_form
+from flux.reference import reference_output
+from flux.runtime.threads import ThreadCluster
+from flux.workload import keyed_workload, packet_workload
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def paced(records, every=50, pause=0.003):
+    """A source that keeps the stream going long enough for a kill to land mid-stream."""
+    for k, r in enumerate(records):
+        if k % every == 0:
+            time.sleep(pause)
+        yield r
+
+
+def check_same_output(cluster, expected):
+    assert not cluster.errors, cluster.errors
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+@pytest.mark.parametrize("victim", ["node1", "node2"])
+def test_a_node_killed_mid_stream_changes_nothing_in_the_output(victim):
+    records = packet_workload(6000, seed=8, pairs=600, apps=4, sources=30)
+    expected = reference_output(paper_dataflow(), records, 4)
+    cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1)
+    with cluster:
+        assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 3, 60)
+        cluster.kill(victim)
+        done = cluster.wait_until(lambda: len(cluster.delivered) == len(expected)
+                                  and not cluster.recovery.pending(), 60)
+        assert not cluster.controller.error, cluster.controller.error
+        assert done, (len(cluster.delivered), len(expected), cluster.recovery.missing)
+    check_same_output(cluster, expected)
+    kinds = [what for _, what, _ in cluster.controller.events]
+    assert "detected" in kinds and "take-over done" in kinds and "catch-up done" in kinds
+    assert sorted(cluster.recovery.completed) == sorted(
+        a for a in cluster.recovery.hosted["standby0"])
+
+
+def test_a_second_failure_after_catch_up_is_survived_too():
+    records = keyed_workload(8000, seed=2, keys=40)
+    expected = reference_output(counting_dataflow(2), records, 4)
+    cluster = ThreadCluster(counting_dataflow(2), 4, paced(records, pause=0.004), standbys=2)
+    with cluster:
+        assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 4, 60)
+        cluster.kill("node0")
+        assert cluster.wait_until(lambda: cluster.recovery.completed
+                                  and not cluster.recovery.pending(), 60)
+        cluster.kill("node2")
+        assert cluster.wait_until(lambda: len(cluster.delivered) == len(expected)
+                                  and not cluster.recovery.pending(), 60), (
+            len(cluster.delivered), len(expected), cluster.recovery.missing)
+    check_same_output(cluster, expected)
