@@ -15,17 +15,24 @@ from typing import Dict, List, Optional
 
 from controller.recovery import PairLost, Recovery
 from exchange.transport import Transport
-from flux.messages import CONTROLLER, Envelope, FoldedIn, ProcAddr, TakeoverDone, View
+from flux.messages import (CONTROLLER, Envelope, FoldedIn, Heartbeat, Members, ProcAddr, Register,
+                           Stop, TakeoverDone, View, Welcome)
 
 log = logging.getLogger(__name__)
 
 
 class ControllerService:
-    def __init__(self, transport: Transport, recovery: Recovery, incarnations: Dict[str, int],
+    def __init__(self, transport: Transport, recovery: Optional[Recovery], incarnations: Dict[str, int],
                  addresses: Dict[str, str], watched: List[str], timeout: float = 0.3,
-                 clock=time.monotonic):
+                 clock=time.monotonic, secret: Optional[str] = None, beat: float = 0.05):
         self.transport = transport
         self.recovery = recovery
+        self.secret = secret
+        self.beat = beat
+        self._last_beat = float("-inf")
+        #: registrations (task, inc) -> (name, pid, executor pid), for kill_node and logs
+        self.registered: Dict[str, tuple] = {}
+        self.started = recovery is not None
         self.incarnations = dict(incarnations)
         self.addresses = addresses
         self.timeout = timeout
@@ -44,7 +51,9 @@ class ControllerService:
             name = env.src.name if isinstance(env.src, ProcAddr) else None
             if name in self.last_seen:
                 self.last_seen[name] = now
-            if isinstance(env.msg, FoldedIn):
+            if isinstance(env.msg, Register):
+                self.on_register(env.msg)
+            elif isinstance(env.msg, FoldedIn) and self.started:
                 self._broadcast(self.recovery.folded_in(env.msg.reporter, env.msg.addr,
                                                         env.msg.version))
                 if not self.recovery.pending():
@@ -53,9 +62,57 @@ class ControllerService:
                 self.events.append((now, "take-over done", env.msg.addr))
         for gap in gaps:
             self.fail(gap.peer.split("#")[0], f"connection gap {gap.expected}->{gap.got}")
+        if not self.started:
+            return
         for name, seen in list(self.last_seen.items()):
             if now - seen > self.timeout:
                 self.fail(name, f"silent for {now - seen:.3f}s")
+        if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6)
+            self._last_beat = now
+            for name in self._live():
+                self._send(name, Heartbeat(), 0)
+
+    # -- membership --------------------------------------------------------------------
+    #: set by the job: decides the name of a registering task, or None to refuse it
+    name_for: Optional[object] = None
+
+    def on_register(self, msg: Register) -> None:
+        """A Spark task joins with the job's secret; anything else is refused (issue 6)."""
+        if self.secret is not None and msg.secret != self.secret:
+            log.warning("refused a registration with a wrong secret from %s", msg.address)
+            return
+        name = self.name_for(msg) if self.name_for else None
+        if name is None:
+            log.warning("refused task %s attempt %s: no role for it", msg.task, msg.inc)
+            return
+        self.registered[name] = (msg.task, msg.inc, msg.pid, msg.executor_pid)
+        self.incarnations[name] = msg.inc
+        self.addresses[name] = msg.address
+        self.last_seen[name] = self.clock()
+        self.transport.connect(name, msg.address)
+        self._send(name, Welcome(name), 0)
+        if self.started:  # a late standby (a retried task): tell everyone where it is
+            self.announce()
+            self._broadcast(self.recovery.add_standby(name, msg.inc))
+
+    def announce(self) -> None:
+        members = Members(tuple(sorted((n, a, self.incarnations.get(n, 0))
+                                       for n, a in self.addresses.items())))
+        for name in self._live():
+            self._send(name, members, 0)
+
+    def stop_all(self, reason: str) -> None:
+        for name in self._live():
+            self._send(name, Stop(reason), 0)
+        self.transport.flush()
+
+    def _live(self):
+        return [n for n in self.addresses if n not in self.dead and n != "controller"]
+
+    def _send(self, name: str, msg, view: int) -> None:
+        if name not in self.transport.dealers:
+            self.transport.connect(name, self.addresses[name])
+        self.transport.send(name, Envelope(CONTROLLER, ProcAddr(name), view, msg, 0, None))
 
     def fail(self, name: str, why: str) -> None:
         if name in self.dead or self.error is not None:
@@ -63,6 +120,7 @@ class ControllerService:
         log.warning("declaring %s dead: %s", name, why)
         self.dead.add(name)
         self.last_seen.pop(name, None)
+        self.transport.disconnect(name)
         self.events.append((self.clock(), "detected", name))
         try:
             self._broadcast(self.recovery.node_failed(name))
@@ -73,10 +131,5 @@ class ControllerService:
     def _broadcast(self, views: List[View]) -> None:
         for view in views:
             self.views.append(view)
-            for name in self.addresses:
-                if name in self.dead or name == "controller":
-                    continue
-                if name not in self.transport.dealers:
-                    self.transport.connect(name, self.addresses[name])
-                self.transport.send(name, Envelope(CONTROLLER, ProcAddr(name), view.number, view,
-                                                   0, None))
+            for name in self._live():
+                self._send(name, view, view.number)

@@ -14,8 +14,9 @@ from typing import Any, Callable, Dict, List, Tuple
 import msgpack
 
 from flux.host import MoverAddr
-from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, FoldedIn, Heartbeat, Pause,
-                           PauseAck, ProcAddr, PSync, Reverse, TakeoverDone, View)
+from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, FoldedIn, Heartbeat, Members,
+                           Pause, PauseAck, ProcAddr, PSync, Register, Reverse, Stop,
+                           TakeoverDone, View, Welcome)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
 VERSION = 1
@@ -158,7 +159,21 @@ CODECS: Dict[str, _Codec] = {
                                                      _int(v, "version")))),
     "takeover_done": (TakeoverDone, lambda m: [list(m.addr)],
                       _arity(1, lambda a: TakeoverDone(_addr(a, "addr")))),
+    "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret],
+                 _arity(6, lambda t, i, a, p, e, s: Register(
+                     _int(t, "task"), _int(i, "inc"), _str(a, "address"), _int(p, "pid"),
+                     _int(e, "executor pid"), _str(s, "secret")))),
+    "welcome": (Welcome, lambda m: [m.name], _arity(1, lambda n: Welcome(_str(n, "name")))),
+    "members": (Members, lambda m: [[list(x) for x in m.addresses]],
+                _arity(1, lambda xs: Members(tuple(_member(x) for x in _list(xs, "members"))))),
+    "stop": (Stop, lambda m: [m.reason], _arity(1, lambda r: Stop(_str(r, "reason")))),
 }
+
+
+def _member(v) -> tuple:
+    if not isinstance(v, list) or len(v) != 3:
+        raise WireError(f"a member is [name, address, inc], got {v!r:.60}")
+    return (_str(v[0], "member name"), _str(v[1], "member address"), _int(v[2], "member inc"))
 KIND_OF = {cls: kind for kind, (cls, _, _) in CODECS.items()}
 
 

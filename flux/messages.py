@@ -55,6 +55,40 @@ class Heartbeat:
     """A process is alive (DESIGN 6): the controller declares it dead when these stop."""
 
 
+@dataclass(frozen=True, slots=True)
+class Register:
+    """A Spark task asks to join: its task index, incarnation (taskAttemptId), socket
+    address, process ids (for kill_node) and the job's secret."""
+
+    task: int
+    inc: int
+    address: str
+    pid: int
+    executor_pid: int
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The controller's answer: the process name this incarnation runs as (node or standby)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    """Where every process listens and its incarnation; sent before any view naming them."""
+
+    addresses: tuple  # ((name, address, inc), ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The job is over (or failed): stop and close every socket."""
+
+    reason: str
+
+
 Item = Tuple[SN, Any]
 
 

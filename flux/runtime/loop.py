@@ -17,7 +17,8 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 from exchange.transport import ConnectionGap, Transport
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
-from flux.messages import CONTROLLER, Deliver, Envelope, FoldedIn, Heartbeat, ProcAddr, TakeoverDone, View
+from flux.messages import (CONTROLLER, Deliver, Envelope, FoldedIn, Heartbeat, Members, ProcAddr,
+                           Stop, TakeoverDone, View)
 
 
 class HostLoop:
@@ -26,7 +27,8 @@ class HostLoop:
     def __init__(self, host: Host, transport: Transport, where: Dict[Any, str],
                  addresses: Dict[str, str], on_effect: Callable[[Any], None] = lambda e: None,
                  source: Optional[Iterator[Any]] = None, incarnations: Dict[str, int] = None,
-                 heartbeat: Optional[float] = None, clock=time.monotonic):
+                 heartbeat: Optional[float] = None, clock=time.monotonic,
+                 lease: Optional[float] = None):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -38,6 +40,10 @@ class HostLoop:
         self.heartbeat = heartbeat
         self.clock = clock
         self._last_beat = float("-inf")
+        #: a node that stops hearing from the controller stops itself (DESIGN 6)
+        self.lease = lease
+        self._controller_seen = clock()
+        self.stopped: Optional[str] = None
         self.on_effect = on_effect
         self.source = source
         self._next_record: Any = None
@@ -54,8 +60,16 @@ class HostLoop:
         envelopes, gaps = self.transport.poll(0 if self._busy() else timeout_ms)
         self.gaps += gaps
         for env in envelopes:
+            if env.src == CONTROLLER:
+                self._controller_seen = self.clock()
             if env.dst == self.me and isinstance(env.msg, View):
                 self._apply_view(env.msg)  # views come in order on the controller's connection
+            elif env.dst == self.me and isinstance(env.msg, Members):
+                self._apply_members(env.msg)
+            elif env.dst == self.me and isinstance(env.msg, Stop):
+                self.stopped = env.msg.reason
+            elif env.dst == self.me and isinstance(env.msg, Heartbeat):
+                pass
             else:
                 self.held.setdefault((env.src, env.dst), deque()).append(env)
         moved = bool(envelopes)
@@ -67,10 +81,18 @@ class HostLoop:
             if not step:
                 return moved
 
+    def _apply_members(self, msg: Members) -> None:
+        for name, address, inc in msg.addresses:
+            self.addresses[name] = address
+            self.incarnations[name] = inc
+
     def _beat(self) -> None:
         if self.heartbeat is None:
             return
         now = self.clock()
+        if self.lease is not None and now - self._controller_seen > self.lease:
+            self.stopped = f"lost the controller's lease ({now - self._controller_seen:.2f}s)"
+            return
         if now - self._last_beat >= self.heartbeat:
             self._last_beat = now
             self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, Heartbeat(),
