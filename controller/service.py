@@ -90,7 +90,13 @@ class ControllerService:
         self.addresses[name] = msg.address
         self.last_seen[name] = self.clock()
         self.transport.connect(name, msg.address)
-        self._send(name, Welcome(name), 0)
+        if self.started:  # joining a running job: start from the current state
+            rec = self.recovery
+            welcome = Welcome(name, rec.view, tuple(sorted(rec.node_of.items())),
+                              tuple(sorted(self.incarnations[n] for n in self.dead)))
+        else:
+            welcome = Welcome(name)
+        self._send(name, welcome, 0)
         if self.started:  # a late standby (a retried task): tell everyone where it is
             self.announce()
             self._broadcast(self.recovery.add_standby(name, msg.inc))

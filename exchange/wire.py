@@ -163,11 +163,22 @@ CODECS: Dict[str, _Codec] = {
                  _arity(6, lambda t, i, a, p, e, s: Register(
                      _int(t, "task"), _int(i, "inc"), _str(a, "address"), _int(p, "pid"),
                      _int(e, "executor pid"), _str(s, "secret")))),
-    "welcome": (Welcome, lambda m: [m.name], _arity(1, lambda n: Welcome(_str(n, "name")))),
+    "welcome": (Welcome, lambda m: [m.name, m.view, [[list(a), n] for a, n in m.where],
+                                    list(m.dead_incs)],
+                _arity(4, lambda n, v, w, d: Welcome(
+                    _str(n, "name"), _int(v, "view"),
+                    tuple((_addr(x[0], "where addr") if isinstance(x, list) and len(x) == 2
+                           else _bad("where entry", x), _str(x[1], "where name"))
+                          for x in _list(w, "where")),
+                    tuple(_int(i, "dead inc") for i in _list(d, "dead incs"))))),
     "members": (Members, lambda m: [[list(x) for x in m.addresses]],
                 _arity(1, lambda xs: Members(tuple(_member(x) for x in _list(xs, "members"))))),
     "stop": (Stop, lambda m: [m.reason], _arity(1, lambda r: Stop(_str(r, "reason")))),
 }
+
+
+def _bad(what: str, v):
+    raise WireError(f"malformed {what}: {v!r:.60}")
 
 
 def _member(v) -> tuple:

@@ -70,9 +70,14 @@ class Register:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
-    """The controller's answer: the process name this incarnation runs as (node or standby)."""
+    """The controller's answer: the name this incarnation runs as (node or standby), and,
+    for a process joining a running job, the current view, where every segment lives
+    now and the incarnations already fenced: it starts from there, not from view 0."""
 
     name: str
+    view: int = 0
+    where: tuple = ()  # ((addr, process name), ...)
+    dead_incs: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

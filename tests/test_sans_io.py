@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["flux", "exchange", "controller", "statemover"]
 #: Modules allowed to do I/O or use randomness: the drivers of the machines.
-DRIVERS = {"flux/sim", "flux/runtime", "flux/workload.py", "exchange/transport.py",
+DRIVERS = {"flux/sim", "flux/runtime", "flux/spark", "flux/workload.py", "exchange/transport.py",
            "controller/service.py"}
 FORBIDDEN = {"zmq", "pyspark", "threading", "time", "random", "socket", "asyncio", "multiprocessing"}
 

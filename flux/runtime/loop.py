@@ -60,18 +60,7 @@ class HostLoop:
         envelopes, gaps = self.transport.poll(0 if self._busy() else timeout_ms)
         self.gaps += gaps
         for env in envelopes:
-            if env.src == CONTROLLER:
-                self._controller_seen = self.clock()
-            if env.dst == self.me and isinstance(env.msg, View):
-                self._apply_view(env.msg)  # views come in order on the controller's connection
-            elif env.dst == self.me and isinstance(env.msg, Members):
-                self._apply_members(env.msg)
-            elif env.dst == self.me and isinstance(env.msg, Stop):
-                self.stopped = env.msg.reason
-            elif env.dst == self.me and isinstance(env.msg, Heartbeat):
-                pass
-            else:
-                self.held.setdefault((env.src, env.dst), deque()).append(env)
+            self.receive(env)
         moved = bool(envelopes)
         while True:
             if not self._drain_overflow():
@@ -115,6 +104,21 @@ class HostLoop:
                 return False
             self.overflow.popleft()
         return True
+
+    def receive(self, env: Envelope) -> None:
+        """Take one envelope off the wire: control for this process now, data in order."""
+        if env.src == CONTROLLER:
+            self._controller_seen = self.clock()
+        if env.dst == self.me and isinstance(env.msg, View):
+            self._apply_view(env.msg)  # views come in order on the controller's connection
+        elif env.dst == self.me and isinstance(env.msg, Members):
+            self._apply_members(env.msg)
+        elif env.dst == self.me and isinstance(env.msg, Stop):
+            self.stopped = env.msg.reason
+        elif env.dst == self.me and isinstance(env.msg, Heartbeat):
+            pass
+        else:
+            self.held.setdefault((env.src, env.dst), deque()).append(env)
 
     def _busy(self) -> bool:
         return not self.source_done or any(self.held.values())

@@ -1,0 +1,189 @@
+"""Deploy a Flux dataflow on a SparkSession: nodes as long-running Spark tasks.
+
+The driver runs the controller, the ingress and the egress (threads with
+sockets of their own); ``nodes + standbys`` Spark tasks run ``node_main``.
+When a node's process dies, Spark re-runs its task and the new attempt
+registers as a fresh standby (DESIGN 6). ``stop()`` stops every task and
+thread it started and closes every socket.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterable, List, Optional
+
+import zmq
+
+from controller.placement import ChainedDeclustering
+from controller.recovery import Recovery
+from controller.service import ControllerService
+from exchange.transport import Transport
+from flux.builder import MachineBuilder
+from flux.host import Host, MoverAddr
+from flux.ingress import INGRESS
+from flux.messages import Deliver, Register
+from flux.runtime.loop import HostLoop
+from flux.spark.node_task import node_main
+
+#: incarnations of the driver-side processes: never a Spark taskAttemptId (those are >= 0)
+DRIVER_INCS = {"controller": -3, "ingress": -1, "egress": -2}
+
+
+class FluxJob:
+    def __init__(self, spark, dataflow, source: Iterable[Any], nodes: int = 4, standbys: int = 1,
+                 capacity: int = 1024, batch_size: int = 256, detect_after: float = 0.5,
+                 heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
+                 sink: Optional[Callable[[Any], None]] = None):
+        if nodes < 2:
+            raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
+        if standbys < 0:
+            raise ValueError(f"standbys must be >= 0, got {standbys}")
+        self.spark, self.dataflow, self.source = spark, dataflow, source
+        self.nodes, self.standbys = nodes, standbys
+        self.builder = MachineBuilder(dataflow, nodes, capacity, batch_size)
+        self.placement = ChainedDeclustering(len(dataflow.stages), nodes)
+        self.secret = secrets.token_hex(16)
+        self.sink = sink
+        self.delivered: List[Any] = []
+        self.errors: List[BaseException] = []
+        self.config = dict(dataflow=dataflow, partitions=nodes, capacity=capacity,
+                           batch_size=batch_size, heartbeat=heartbeat, lease=lease,
+                           chunk_size=chunk_size, secret=self.secret, register_timeout=60.0)
+        self.detect_after = detect_after
+        self._stop = threading.Event()
+        self._stopping = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self.task_results: List[Any] = []
+        self.group = f"flux-{self.secret[:8]}"
+
+    # -- life cycle ----------------------------------------------------------------
+    def start(self) -> "FluxJob":
+        self.ctx = zmq.Context()
+        self.transports = {n: Transport(self.ctx, n, inc) for n, inc in DRIVER_INCS.items()}
+        addresses = {n: t.address for n, t in self.transports.items()}
+        self.controller = ControllerService(self.transports["controller"], None, dict(DRIVER_INCS),
+                                            addresses, [], self.detect_after, secret=self.secret)
+        self.controller.name_for = self._name_for
+        self.config["controller"] = addresses["controller"]
+        self._spawn(self._run_spark)
+        self._spawn(self._run_controller)
+        return self
+
+    def _spawn(self, target) -> None:
+        t = threading.Thread(target=self._guard, args=(target,), daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _guard(self, target) -> None:
+        try:
+            target()
+        except BaseException as exc:  # surfaced by wait_until and stop
+            self.errors.append(exc)
+            self._stop.set()
+
+    def _run_spark(self) -> None:
+        sc = self.spark.sparkContext
+        sc.setJobGroup(self.group, "flux nodes", interruptOnCancel=True)
+        config, total = self.config, self.nodes + self.standbys
+        rdd = sc.parallelize(range(total), total)
+        self.task_results = rdd.mapPartitionsWithIndex(
+            lambda index, _: node_main(index, config)).collect()
+
+    def _name_for(self, reg: Register) -> Optional[str]:
+        name = f"node{reg.task}"
+        if reg.task < self.nodes and name not in self.controller.registered \
+                and name not in self.controller.dead:
+            return name
+        return f"standby{reg.inc}"
+
+    def _run_controller(self) -> None:
+        """The only thread that touches the controller's socket."""
+        c = self.controller
+        told = False
+        while not self._stop.is_set():
+            c.turn(5)
+            if self._stopping.is_set() and not told:
+                c.stop_all("job stopped")
+                c.started = False  # stopped workers fall silent on purpose: no detection
+                told = True
+            elif not told and not c.started and all(
+                    f"node{k}" in c.registered for k in range(self.nodes)):
+                self._begin()
+            if c.error is not None:
+                raise c.error
+
+    def _begin(self) -> None:
+        """Every node registered: build the controller's view logic and start the data."""
+        c = self.controller
+        workers = list(c.registered)
+        standbys = [n for n in workers if n.startswith("standby")]
+        c.recovery = Recovery(self.placement, len(self.dataflow.stages), self.nodes,
+                              {n: c.incarnations[n] for n in workers}, standbys, INGRESS,
+                              self.builder.egress_addr, MoverAddr)
+        now = c.clock()
+        c.last_seen = {n: now for n in workers}
+        c.started = True
+        c.announce()
+        where = {a: f"node{n}" for n, addrs in self.placement.nodes.items() for a in addrs}
+        where[INGRESS], where[self.builder.egress_addr] = "ingress", "egress"
+        incs = dict(c.incarnations)
+        peer_incs = {a: incs[p] for a, p in where.items() if p in incs}
+        for name, machine in (("ingress", self.builder.ingress()),
+                              ("egress", self.builder.egress())):
+            host = Host(name, {machine.addr: machine}, DRIVER_INCS[name], peer_incs=peer_incs)
+            loop = HostLoop(host, self.transports[name], where, dict(c.addresses), self._on_effect,
+                            iter(self.source) if name == "ingress" else None, incs)
+            self._spawn(lambda loop=loop: self._drive(loop))
+
+    def _drive(self, loop: HostLoop) -> None:
+        while not self._stop.is_set():
+            loop.turn(5)
+
+    def _on_effect(self, e) -> None:
+        if isinstance(e, Deliver):
+            self.delivered.extend(e.items)
+            if self.sink is not None:
+                for item in e.items:
+                    self.sink(item)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.errors:
+                raise self.errors[0]
+            if predicate():
+                return True
+            time.sleep(0.02)
+        return predicate()
+
+    def kill_node(self, name: str, how: str = "worker") -> None:
+        """SIGKILL the Python worker of ``name`` (a process crash) or its executor JVM
+        (a machine crash)."""
+        if how not in ("worker", "executor"):
+            raise ValueError(f"how must be 'worker' or 'executor', got {how!r}")
+        _, _, pid, jvm = self.controller.registered[name]
+        os.kill(pid if how == "worker" else jvm, signal.SIGKILL)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop every task and thread this job started, then close every socket."""
+        self._stopping.set()
+        spark_thread = self._threads[0]
+        spark_thread.join(timeout=timeout)
+        if spark_thread.is_alive():
+            self.spark.sparkContext.cancelJobGroup(self.group)
+            spark_thread.join(timeout=timeout)
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        for t in self.transports.values():
+            t.close()
+        self.ctx.term()
+
+    def __enter__(self) -> "FluxJob":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

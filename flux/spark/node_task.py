@@ -1,0 +1,97 @@
+"""What one long-running Spark task runs: a Flux node (or a standby).
+
+The task registers with the driver's controller (its ``taskAttemptId`` is its
+incarnation, DESIGN 4.4), learns its name (``node{k}`` for the first attempt
+of task k, a fresh standby otherwise) and where every process listens, builds
+the segments its placement gives it, and runs the node loop until the
+controller says stop or its lease runs out. It captures only plain
+configuration (SPARK_NOTES), and closes every socket on the way out.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, Iterator
+
+import zmq
+
+from controller.placement import ChainedDeclustering
+from exchange.transport import Transport
+from flux.builder import MachineBuilder
+from flux.host import Host
+from flux.ingress import INGRESS
+from flux.messages import CONTROLLER, Envelope, Members, ProcAddr, Register, Stop, Welcome
+from flux.runtime.loop import HostLoop
+
+
+def executor_pid() -> int:
+    """The executor JVM: the parent of our parent (worker -> pyspark.daemon -> JVM)."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
+    from pyspark import TaskContext
+
+    ctx_task = TaskContext.get()
+    inc = ctx_task.taskAttemptId() if ctx_task is not None else os.getpid()
+    ctx = zmq.Context()
+    transport = Transport(ctx, f"w{inc}", inc)
+    try:
+        transport.connect("controller", config["controller"])
+        me0 = ProcAddr(f"w{inc}")
+        transport.send("controller", Envelope(me0, CONTROLLER, 0, Register(
+            task, inc, transport.address, os.getpid(), executor_pid(), config["secret"]), inc, None))
+        welcome, members, early = None, None, []
+        deadline = time.monotonic() + config["register_timeout"]
+        while welcome is None or members is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"task {task}: no welcome from the controller")
+            envelopes, _ = transport.poll(50)
+            for env in envelopes:
+                if isinstance(env.msg, Welcome):
+                    welcome = env.msg
+                elif isinstance(env.msg, Members):
+                    members = env.msg
+                elif isinstance(env.msg, Stop):
+                    return iter([(task, inc, "stopped before start")])
+                else:
+                    early.append(env)
+        name = welcome.name
+        loop = build_loop(welcome, inc, members, transport, config)
+        for env in early:
+            loop.receive(env)
+        while loop.stopped is None:
+            loop.turn(5)
+        return iter([(task, inc, name, loop.stopped)])
+    finally:
+        transport.close()
+        ctx.term()
+
+
+def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,
+               config: Dict[str, Any]) -> HostLoop:
+    name = welcome.name
+    dataflow, partitions = config["dataflow"], config["partitions"]
+    builder = MachineBuilder(dataflow, partitions, config["capacity"], config["batch_size"])
+    placement = ChainedDeclustering(len(dataflow.stages), partitions)
+    machines = {}
+    if name.startswith("node"):
+        machines = {a: builder.segment(a) for a in placement.nodes[int(name[4:])]}
+    where = {a: f"node{n}" for n, addrs in placement.nodes.items() for a in addrs}
+    where.update(dict(welcome.where))  # a late joiner: where segments live by now
+    where[INGRESS] = "ingress"
+    where[builder.egress_addr] = "egress"
+    addresses = {n: a for n, a, _ in members.addresses}
+    incs = {n: i for n, _, i in members.addresses}
+    peer_incs = {a: incs[p] for a, p in where.items() if p in incs}
+    host = Host(name, machines, inc, builder.standby_segment, config["chunk_size"], peer_incs)
+    host.view = welcome.view
+    host.dead_incs = set(welcome.dead_incs)
+    loop = HostLoop(host, transport, where, addresses, incarnations=incs,
+                    heartbeat=config["heartbeat"], lease=config["lease"])
+    loop.dead_processes = {n for n, i in incs.items() if i in host.dead_incs}
+    return loop

@@ -1,0 +1,53 @@
+"""A SparkSession on an embedded local-cluster, set up for Flux nodes (SPARK_NOTES).
+
+Each executor is a separate JVM (a "machine" that can be killed); tasks are
+long-running nodes, retried forever (the library, not Spark, decides when a
+failure is fatal); one extra executor stays warm so that a killed executor's
+task restarts in a fraction of a second. Spark's temporary files go into
+``tmp_dir``, which the caller removes (killed JVMs leave files behind).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
+                          app_name: str = "flux", ready_timeout: float = 120.0):
+    """Start ``local-cluster[executors,1,memory_mb]`` and wait until every executor ran Python."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the builder option is ignored (SPARK_NOTES)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    from pyspark.sql import SparkSession
+
+    jvm = f"{JVM_OPTIONS} -Djava.io.tmpdir={tmp_dir}"
+    spark = (SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
+             .appName(app_name)
+             .config("spark.task.maxFailures", "1000")
+             .config("spark.excludeOnFailure.enabled", "false")
+             .config("spark.deploy.maxExecutorRetries", "-1")
+             .config("spark.executor.extraJavaOptions", jvm)
+             .config("spark.driver.extraJavaOptions", jvm)
+             .config("spark.local.dir", tmp_dir)
+             .config("spark.executorEnv.PYTHONHASHSEED", "0")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    sc = spark.sparkContext
+    deadline = time.monotonic() + ready_timeout
+    while _executor_count(sc) < executors:
+        if time.monotonic() > deadline:
+            spark.stop()
+            raise TimeoutError(f"only {_executor_count(sc)} of {executors} executors registered")
+        time.sleep(0.2)
+    # Warm every executor's Python daemon so a retried task starts at once.
+    sc.parallelize(range(executors * 2), executors * 2).map(lambda x: x).collect()
+    return spark
+
+
+def _executor_count(sc) -> int:
+    status = sc._jsc.sc().getExecutorMemoryStatus()
+    return status.size() - 1  # the driver is listed too

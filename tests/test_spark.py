@@ -1,0 +1,74 @@
+"""Flux on Spark: nodes as long-running tasks of an embedded local-cluster (slow)."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+from flux.examples import paper_dataflow
+from flux.operator import wire_form
+from flux.reference import reference_output
+from flux.workload import packet_workload
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pyspark = pytest.importorskip("pyspark")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from flux.spark.session import local_cluster_session
+
+    tmp = tempfile.mkdtemp(prefix="flux-spark-")
+    session = local_cluster_session(6, tmp)  # 4 nodes + 1 standby + 1 warm spare
+    yield session
+    session.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_failure_free_run_on_spark_equals_the_reference(spark):
+    from flux.spark.job import FluxJob
+
+    records = packet_workload(20000, seed=4, pairs=2000, apps=4, sources=100)
+    expected = reference_output(paper_dataflow(), records, 4)
+    job = FluxJob(spark, paper_dataflow(), records, nodes=4, standbys=1)
+    with job:
+        assert job.wait_until(lambda: len(job.delivered) >= len(expected), 240), (
+            len(job.delivered), len(expected))
+    assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
+    names = sorted(r[2] for r in job.task_results)
+    assert names[:4] == ["node0", "node1", "node2", "node3"]
+    assert len(names) == 5 and names[4].startswith("standby")
+    assert all(r[3] == "job stopped" for r in job.task_results)
+
+
+def paced(records, every=200, pause=0.01):
+    import time
+
+    for k, r in enumerate(records):
+        if k % every == 0:
+            time.sleep(pause)
+        yield r
+
+
+@pytest.mark.parametrize("how", ["worker", "executor"])
+def test_kills_on_spark_change_nothing_in_the_output(spark, how):
+    from flux.spark.job import FluxJob
+
+    records = packet_workload(40000, seed=6, pairs=4000, apps=4, sources=200)
+    expected = reference_output(paper_dataflow(), records, 4)
+    job = FluxJob(spark, paper_dataflow(), paced(records), nodes=4, standbys=1)
+    with job:
+        rec = lambda: job.controller.recovery  # noqa: E731
+        assert job.wait_until(lambda: len(job.delivered) > len(expected) // 4, 240)
+        job.kill_node("node1", how)
+        assert job.wait_until(lambda: rec().completed and not rec().pending(), 120), rec().missing
+        # The former standby is a full member; now a node of another pair dies.
+        assert job.wait_until(lambda: len(job.delivered) > len(expected) // 2, 240)
+        job.kill_node("node3", how)
+        assert job.wait_until(lambda: len(job.delivered) >= len(expected), 240), (
+            len(job.delivered), len(expected))
+    assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
+    kinds = [what for _, what, _ in job.controller.events]
+    assert kinds.count("detected") == 2
+
