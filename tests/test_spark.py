@@ -12,7 +12,6 @@ from flux.reference import reference_output
 from flux.workload import packet_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-pyspark = pytest.importorskip("pyspark")
 
 
 @pytest.fixture(scope="module")
