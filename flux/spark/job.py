@@ -26,6 +26,7 @@ from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
 from flux.messages import Deliver, Register
 from flux.runtime.loop import HostLoop
+from flux.sequence import covers, input_sn
 from flux.spark.node_task import node_main
 
 #: incarnations of the driver-side processes: never a Spark taskAttemptId (those are >= 0)
@@ -57,10 +58,12 @@ class FluxJob:
         self._stopping = threading.Event()
         self._threads: List[threading.Thread] = []
         self.task_results: List[Any] = []
+        self._loops: Dict[str, HostLoop] = {}
         self.group = f"flux-{self.secret[:8]}"
 
     # -- life cycle ----------------------------------------------------------------
-    def start(self) -> "FluxJob":
+    def start(self, timeout: float = 120.0) -> "FluxJob":
+        """Launch the nodes and return once every node registered and data flows."""
         self.ctx = zmq.Context()
         self.transports = {n: Transport(self.ctx, n, inc) for n, inc in DRIVER_INCS.items()}
         addresses = {n: t.address for n, t in self.transports.items()}
@@ -70,6 +73,9 @@ class FluxJob:
         self.config["controller"] = addresses["controller"]
         self._spawn(self._run_spark)
         self._spawn(self._run_controller)
+        if not self.wait_until(lambda: "ingress" in self._loops, timeout):
+            self.stop()
+            raise TimeoutError(f"the {self.nodes} nodes did not all register within {timeout}s")
         return self
 
     def _spawn(self, target) -> None:
@@ -136,7 +142,27 @@ class FluxJob:
             host = Host(name, {machine.addr: machine}, DRIVER_INCS[name], peer_incs=peer_incs)
             loop = HostLoop(host, self.transports[name], where, dict(c.addresses), self._on_effect,
                             iter(self.source) if name == "ingress" else None, incs)
+            self._loops[name] = loop
             self._spawn(lambda loop=loop: self._drive(loop))
+
+    def finished(self) -> bool:
+        """The source is exhausted and the egress's progress bound covers the last input:
+        no output can still come (DESIGN 4.3)."""
+        ingress, egress = self._loops.get("ingress"), self._loops.get("egress")
+        if ingress is None or not ingress.source_done:
+            return False
+        accepted = ingress.host.machines[INGRESS].accepted
+        if accepted == 0:
+            return True
+        merge = egress.host.machines[self.builder.egress_addr].fcons.merge
+        return merge.queued() == 0 and covers(merge.frontier(), input_sn(max(accepted, 1)))
+
+    def wait(self, timeout: float) -> List[Any]:
+        """Wait until every input's output was delivered; returns the output, in order."""
+        if not self.wait_until(self.finished, timeout):
+            raise TimeoutError(f"the job did not finish in {timeout}s "
+                               f"({len(self.delivered)} outputs so far)")
+        return list(self.delivered)
 
     def _drive(self, loop: HostLoop) -> None:
         while not self._stop.is_set():
