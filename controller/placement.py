@@ -80,3 +80,22 @@ class ClusterPairs(Placement):
     def replica_set(self, node: int) -> int:
         """P (0) for the first half of the nodes, S (1) for the second."""
         return P if node < len(self.nodes) // 2 else S
+
+
+class Unreplicated(Placement):
+    """Replication "none" (DESIGN 7): node k holds the only replica (P) of partition k."""
+
+    def __init__(self, stages: int, partitions: int):
+        super().__init__({k: [Addr(s, k, P) for s in range(1, stages + 1)]
+                          for k in range(partitions)})
+
+
+def placement_for(replication: str, stages: int, partitions: int) -> Placement:
+    """One node per partition in every mode, so the modes compare on equal hardware."""
+    if replication == "flux":
+        return ChainedDeclustering(stages, partitions)
+    if replication == "none":
+        return Unreplicated(stages, partitions)
+    if replication == "cluster-pairs":
+        return ClusterPairs(stages, partitions, partitions)
+    raise ValueError(f"unknown replication {replication!r}")

@@ -61,6 +61,9 @@ class Recovery:
         self.attempts: Dict[Addr, Attempt] = {}
         self.dead: Set[str] = set()
         self.completed: List[Addr] = []
+        for addr in list(self.node_of):  # replicas a placement never has (replication "none")
+            if self._twin(addr) not in self.node_of:
+                self.missing[self._twin(addr)] = "absent"
 
     # -- events ------------------------------------------------------------------
     def node_failed(self, node: str) -> List[View]:

@@ -19,11 +19,19 @@ from flux.messages import Addr, P, S
 from flux.segment import ACTIVE, STDBY, Segment
 
 
+#: DESIGN 7: partition pairs; one replica, no acks; two replica sets joined only at the ends
+REPLICATIONS = ("flux", "none", "cluster-pairs")
+
+
 class MachineBuilder:
     """Factory of the protocol machines for ``dataflow`` over ``partitions`` partitions."""
 
     def __init__(self, dataflow, partitions: int, capacity: int, batch_size: int,
-                 ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment):
+                 ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
+                 replication: str = "flux"):
+        if replication not in REPLICATIONS:
+            raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
+        self.replication = replication
         self.dataflow = dataflow
         self.stages = len(dataflow.stages)
         self.partitions = partitions
@@ -36,13 +44,19 @@ class MachineBuilder:
 
     def segment(self, a: Addr, mode: str = ACTIVE) -> Segment:
         s, K, n = a.stage, self.stages, self.partitions
+        other_set = 1 - a.replica
         if s == 1:
             producers = [(INGRESS, INGRESS)]
+            absent_in = frozenset()
         else:
             producers = [(Addr(s - 1, j, P), Addr(s - 1, j, S)) for j in range(n)]
+            absent_in = frozenset(p[other_set] for p in producers) if self.replication != "flux" \
+                else frozenset()
         if s < K:
             consumers = [(Addr(s + 1, i, P), Addr(s + 1, i, S)) for i in range(n)]
-            absent = frozenset()
+            # the baselines have plain exchanges inside a replica set: no dual to ack
+            absent = frozenset(c[other_set] for c in consumers) if self.replication != "flux" \
+                else frozenset()
             next_key = self.dataflow.stages[s].key
             part = self.part
             route = lambda rec: part(next_key(rec))  # noqa: E731
@@ -54,18 +68,33 @@ class MachineBuilder:
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
                              self.buffer_factory)
         chain = self.dataflow.stages[s - 1].build_chain()
-        return self.segment_class(a, FluxConsumer(a, producers), chain, fprod, route, mode)
+        return self.segment_class(a, FluxConsumer(a, producers, absent_in), chain, fprod, route,
+                                  mode)
 
     def standby_segment(self, a: Addr) -> Segment:
         return self.segment(a, STDBY)
 
+    def absent_replicas(self, stage: int):
+        """The S replicas of a stage that never exist (replication "none")."""
+        if self.replication != "none":
+            return set()
+        return {Addr(stage, i, S) for i in range(self.partitions)}
+
     def ingress(self) -> Ingress:
         key, part = self.dataflow.stages[0].key, self.part
-        return Ingress(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
-                       self.batch_size, self.buffer_factory)
+        ingress = Ingress(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
+                          self.batch_size, self.buffer_factory)
+        ingress.out.fail_addresses(self.absent_replicas(1))
+        return ingress
 
     def egress(self) -> Egress:
-        return Egress(self.stages, self.partitions)
+        egress = Egress(self.stages, self.partitions)
+        absent = self.absent_replicas(self.stages)
+        egress.fcons.mark_dead(absent)
+        for j in range(self.partitions):
+            if absent:
+                egress.fcons.ack_to[j] = None
+        return egress
 
     @property
     def egress_addr(self) -> Any:

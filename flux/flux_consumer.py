@@ -27,8 +27,9 @@ from flux.producer import ACTIVE, DEAD, STDBY
 class FluxConsumer:
     """Receives, acks and merges the streams of every producer partition."""
 
-    def __init__(self, addr: Addr, producers: Sequence[Sequence[Addr]]):
-        """``producers[j]`` is (replica P, replica S) of producer partition j."""
+    def __init__(self, addr: Addr, producers: Sequence[Sequence[Addr]], absent: Set[Addr] = frozenset()):
+        """``producers[j]`` is (replica P, replica S) of producer partition j; ``absent``
+        lists producer replicas that never exist (the baselines of DESIGN 7)."""
         r = addr.replica
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(r))
@@ -44,6 +45,11 @@ class FluxConsumer:
         self.ver = [[0, 0] for _ in self.sources]
         self.expected = [[0, 0] for _ in self.sources]
         self.awaiting_pause_ack: Set[int] = set()
+        if absent:
+            self.mark_dead(set(absent))
+            for j in range(len(self.sources)):
+                if self.status[j][other(r)] == DEAD:
+                    self.ack_to[j] = None
         self._partition_of: Dict[Addr, int] = {}
         for j, pair in enumerate(self.sources):
             for a in pair:

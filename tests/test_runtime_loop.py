@@ -94,3 +94,17 @@ def test_the_papers_dataflow_over_zeromq_equals_the_reference():
     delivered, expected = run_cluster(paper_dataflow(), records, partitions=4)
     assert len(expected) > 100
     assert [wire_form(x) for x in delivered] == [wire_form(x) for x in expected]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("replication", ["none", "cluster-pairs"])
+def test_the_baselines_give_the_reference_output_without_failures(replication):
+    from flux.runtime.threads import ThreadCluster
+
+    records = packet_workload(4000, seed=3, pairs=400, apps=4, sources=20)
+    expected = reference_output(paper_dataflow(), records, 4)
+    cluster = ThreadCluster(paper_dataflow(), 4, records, standbys=0, replication=replication)
+    with cluster:
+        assert cluster.wait_until(lambda: len(cluster.delivered) >= len(expected), 60)
+    assert not cluster.errors, cluster.errors
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]

@@ -71,3 +71,15 @@ def test_kills_on_spark_change_nothing_in_the_output(spark, how):
     kinds = [what for _, what, _ in job.controller.events]
     assert kinds.count("detected") == 2
 
+
+
+@pytest.mark.parametrize("replication", ["none", "cluster-pairs"])
+def test_the_baselines_on_spark_give_the_reference_output(spark, replication):
+    from flux.spark.job import FluxJob
+
+    records = packet_workload(20000, seed=9, pairs=2000, apps=4, sources=100)
+    expected = reference_output(paper_dataflow(), records, 4)
+    with FluxJob(spark, paper_dataflow(), records, nodes=4, standbys=0,
+                 replication=replication) as job:
+        output = job.wait(timeout=240)
+    assert [wire_form(x) for x in output] == [wire_form(x) for x in expected]

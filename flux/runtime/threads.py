@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List
 
 import zmq
 
-from controller.placement import ChainedDeclustering
+from controller.placement import placement_for
 from controller.recovery import Recovery
 from controller.service import ControllerService
 from exchange.transport import Transport
@@ -29,10 +29,12 @@ from flux.runtime.loop import HostLoop
 class ThreadCluster:
     def __init__(self, dataflow, partitions: int, records: Iterable[Any], standbys: int = 1,
                  capacity: int = 256, batch_size: int = 64, heartbeat: float = 0.02,
-                 detect_after: float = 0.25, chunk_size: int = 1 << 20):
+                 detect_after: float = 0.25, chunk_size: int = 1 << 20,
+                 replication: str = "flux"):
         stages = len(dataflow.stages)
-        self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size)
-        placement = ChainedDeclustering(stages, partitions)
+        self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
+                                                replication=replication)
+        placement = placement_for(replication, stages, partitions)
         nodes = {f"node{n}": {a: builder.segment(a) for a in addrs}
                  for n, addrs in placement.nodes.items()}
         self.standby_names = [f"standby{k}" for k in range(standbys)]

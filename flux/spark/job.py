@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, List, Optional
 
 import zmq
 
-from controller.placement import ChainedDeclustering
+from controller.placement import placement_for
 from controller.recovery import Recovery
 from controller.service import ControllerService
 from exchange.transport import Transport
@@ -37,22 +37,23 @@ class FluxJob:
     def __init__(self, spark, dataflow, source: Iterable[Any], nodes: int = 4, standbys: int = 1,
                  capacity: int = 1024, batch_size: int = 256, detect_after: float = 0.5,
                  heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
-                 sink: Optional[Callable[[Any], None]] = None):
+                 sink: Optional[Callable[[Any], None]] = None, replication: str = "flux"):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
             raise ValueError(f"standbys must be >= 0, got {standbys}")
         self.spark, self.dataflow, self.source = spark, dataflow, source
         self.nodes, self.standbys = nodes, standbys
-        self.builder = MachineBuilder(dataflow, nodes, capacity, batch_size)
-        self.placement = ChainedDeclustering(len(dataflow.stages), nodes)
+        self.builder = MachineBuilder(dataflow, nodes, capacity, batch_size, replication=replication)
+        self.placement = placement_for(replication, len(dataflow.stages), nodes)
         self.secret = secrets.token_hex(16)
         self.sink = sink
         self.delivered: List[Any] = []
         self.errors: List[BaseException] = []
         self.config = dict(dataflow=dataflow, partitions=nodes, capacity=capacity,
                            batch_size=batch_size, heartbeat=heartbeat, lease=lease,
-                           chunk_size=chunk_size, secret=self.secret, register_timeout=60.0)
+                           chunk_size=chunk_size, secret=self.secret, register_timeout=60.0,
+                           replication=replication)
         self.detect_after = detect_after
         self._stop = threading.Event()
         self._stopping = threading.Event()

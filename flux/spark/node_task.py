@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator
 
 import zmq
 
-from controller.placement import ChainedDeclustering
+from controller.placement import placement_for
 from exchange.transport import Transport
 from flux.builder import MachineBuilder
 from flux.host import Host
@@ -76,8 +76,9 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                config: Dict[str, Any]) -> HostLoop:
     name = welcome.name
     dataflow, partitions = config["dataflow"], config["partitions"]
-    builder = MachineBuilder(dataflow, partitions, config["capacity"], config["batch_size"])
-    placement = ChainedDeclustering(len(dataflow.stages), partitions)
+    builder = MachineBuilder(dataflow, partitions, config["capacity"], config["batch_size"],
+                             replication=config["replication"])
+    placement = placement_for(config["replication"], len(dataflow.stages), partitions)
     machines = {}
     if name.startswith("node"):
         machines = {a: builder.segment(a) for a in placement.nodes[int(name[4:])]}
