@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from exchange.transport import Transport
-from flux.messages import Ack, Addr, Batch, Envelope
+from flux.messages import Addr, Batch, Envelope
 
 A, B = Addr(1, 0, 0), Addr(2, 0, 1)
 pytestmark = pytest.mark.timeout(30)
