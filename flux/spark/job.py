@@ -13,7 +13,7 @@ import secrets
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import zmq
 
