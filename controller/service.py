@@ -15,8 +15,11 @@ from typing import Dict, List, Optional
 
 from controller.recovery import PairLost, Recovery
 from exchange.transport import Transport
-from flux.messages import (CONTROLLER, Envelope, FoldedIn, Heartbeat, Members, ProcAddr, Register,
-                           Stop, TakeoverDone, View, Welcome)
+from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Members, ProcAddr,
+                           Register, Stop, TakeoverDone, View, Welcome)
+
+#: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
+START_FAILURES = 3
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,7 @@ class ControllerService:
         #: registrations (task, inc) -> (name, pid, executor pid), for kill_node and logs
         self.registered: Dict[str, tuple] = {}
         self.started = recovery is not None
+        self.start_failures: Dict[int, List[str]] = {}
         self.incarnations = dict(incarnations)
         self.addresses = addresses
         self.timeout = timeout
@@ -53,6 +57,8 @@ class ControllerService:
                 self.last_seen[name] = now
             if isinstance(env.msg, Register):
                 self.on_register(env.msg)
+            elif isinstance(env.msg, Failed):
+                self.on_start_failure(env.msg)
             elif isinstance(env.msg, FoldedIn) and self.started:
                 self._broadcast(self.recovery.folded_in(env.msg.reporter, env.msg.addr,
                                                         env.msg.version))
@@ -100,6 +106,20 @@ class ControllerService:
         if self.started:  # a late standby (a retried task): tell everyone where it is
             self.announce()
             self._broadcast(self.recovery.add_standby(name, msg.inc))
+
+    def on_start_failure(self, msg: Failed) -> None:
+        """Spark retries a failed task forever (maxFailures is high, SPARK_NOTES): a task
+        that fails before registering, again and again, has a deterministic error."""
+        if self.secret is not None and msg.secret != self.secret:
+            log.warning("ignored a start failure with a wrong secret (task %s)", msg.task)
+            return
+        reasons = self.start_failures.setdefault(msg.task, [])
+        reasons.append(msg.reason)
+        log.warning("task %s (attempt %s) failed to start: %s", msg.task, msg.inc, msg.reason)
+        if len(reasons) >= START_FAILURES and self.error is None:
+            self.error = RuntimeError(
+                f"task {msg.task} failed {len(reasons)} times before its node started; "
+                f"last error: {msg.reason}")
 
     def announce(self) -> None:
         members = Members(tuple(sorted((n, a, self.incarnations.get(n, 0))

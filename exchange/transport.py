@@ -162,11 +162,14 @@ class Transport:
         log.warning("dropped a frame from %s: %s", who, reason)
         return None
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket; ``linger_ms`` > 0 gives queued messages that long to leave
+        (a last word, e.g. a start failure), never longer."""
         if self.closed:
             return
+        self.flush()
         for dealer in self.dealers.values():
-            dealer.close(linger=0)
+            dealer.close(linger=linger_ms)
         self.dealers.clear()
         self.router.close(linger=0)
         self.closed = True

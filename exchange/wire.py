@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, List, Tuple
 import msgpack
 
 from flux.host import MoverAddr
-from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, FoldedIn, Heartbeat, Members,
-                           Pause, PauseAck, ProcAddr, PSync, Register, Reverse, Stop,
+from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
+                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, Stop,
                            TakeoverDone, View, Welcome)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
@@ -174,6 +174,9 @@ CODECS: Dict[str, _Codec] = {
     "members": (Members, lambda m: [[list(x) for x in m.addresses]],
                 _arity(1, lambda xs: Members(tuple(_member(x) for x in _list(xs, "members"))))),
     "stop": (Stop, lambda m: [m.reason], _arity(1, lambda r: Stop(_str(r, "reason")))),
+    "failed": (Failed, lambda m: [m.task, m.inc, m.reason, m.secret],
+               _arity(4, lambda t, i, r, s: Failed(_int(t, "task"), _int(i, "inc"),
+                                                   _str(r, "reason"), _str(s, "secret")))),
 }
 
 

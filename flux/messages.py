@@ -88,6 +88,17 @@ class Members:
 
 
 @dataclass(frozen=True, slots=True)
+class Failed:
+    """A task could not start its node (before its loop ran): why. Spark retries it,
+    so the controller stops the job when the same failure keeps coming back."""
+
+    task: int
+    inc: int
+    reason: str
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The job is over (or failed): stop and close every socket."""
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from functools import partial
 
 import pytest
 
@@ -83,3 +84,19 @@ def test_the_baselines_on_spark_give_the_reference_output(spark, replication):
                  replication=replication) as job:
         output = job.wait(timeout=240)
     assert [wire_form(x) for x in output] == [wire_form(x) for x in expected]
+
+
+def test_a_task_that_fails_to_start_again_and_again_stops_the_job_with_its_error(spark):
+    """SPARK_NOTES: with a high maxFailures Spark would retry this forever."""
+    from flux.dataflow import Dataflow, Stage
+    from flux.operators.sessions import session_key
+    from flux.spark.job import FluxJob
+
+    # an operator that cannot be built on the executors (here: on any machine; the
+    # driver-side checks of Dataflow are skipped so that only the executors see it)
+    dataflow = Dataflow.__new__(Dataflow)
+    dataflow.stages = (Stage("boom", session_key, (partial(int, "cannot be built"),)),)
+    job = FluxJob(spark, dataflow, [], nodes=2, standbys=0)
+    with pytest.raises(RuntimeError, match="failed 3 times .*invalid literal .*cannot be built"):
+        job.start(timeout=120)  # a TimeoutError here would mean the retries went on
+    assert job.task_results == []  # the job's tasks were cancelled, not left running

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from exchange import wire
 from exchange.wire import WireError, decode, encode
 from flux.host import MoverAddr
-from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, FoldedIn, Heartbeat, Pause,
-                           PauseAck, ProcAddr, PSync, Reverse, TakeoverDone, View)
+from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
+                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, Stop,
+                           TakeoverDone, View, Welcome)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
@@ -24,6 +25,10 @@ MESSAGES = [
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
     View(5), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),
+    Register(2, 41, "tcp://127.0.0.1:5000", 123, 99, "s3cret"),
+    Welcome("standby41", 3, ((Addr(1, 0, 0), "node1"),), (7, 8)),
+    Members((("node0", "tcp://127.0.0.1:5001", 40),)),
+    Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),
 ]
 
 

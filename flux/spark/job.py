@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import zmq
+from pyspark import cloudpickle
 
 from controller.placement import placement_for
 from controller.recovery import Recovery
@@ -50,7 +51,7 @@ class FluxJob:
         self.sink = sink
         self.delivered: List[Any] = []
         self.errors: List[BaseException] = []
-        self.config = dict(dataflow=dataflow, partitions=nodes, capacity=capacity,
+        self.config = dict(dataflow=cloudpickle.dumps(dataflow), partitions=nodes, capacity=capacity,
                            batch_size=batch_size, heartbeat=heartbeat, lease=lease,
                            chunk_size=chunk_size, secret=self.secret, register_timeout=60.0,
                            replication=replication)
@@ -74,7 +75,12 @@ class FluxJob:
         self.config["controller"] = addresses["controller"]
         self._spawn(self._run_spark)
         self._spawn(self._run_controller)
-        if not self.wait_until(lambda: "ingress" in self._loops, timeout):
+        try:
+            started = self.wait_until(lambda: "ingress" in self._loops, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        if not started:
             self.stop()
             raise TimeoutError(f"the {self.nodes} nodes did not all register within {timeout}s")
         return self
@@ -198,7 +204,8 @@ class FluxJob:
         """Stop every task and thread this job started, then close every socket."""
         self._stopping.set()
         spark_thread = self._threads[0]
-        spark_thread.join(timeout=timeout)
+        # a failed job's controller tells no one to stop: cancel the tasks at once
+        spark_thread.join(timeout=0.0 if self.errors else timeout)
         if spark_thread.is_alive():
             self.spark.sparkContext.cancelJobGroup(self.group)
             spark_thread.join(timeout=timeout)

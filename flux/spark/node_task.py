@@ -14,13 +14,14 @@ import time
 from typing import Any, Dict, Iterator
 
 import zmq
+from pyspark import cloudpickle
 
 from controller.placement import placement_for
 from exchange.transport import Transport
 from flux.builder import MachineBuilder
 from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import CONTROLLER, Envelope, Members, ProcAddr, Register, Stop, Welcome
+from flux.messages import CONTROLLER, Envelope, Failed, Members, ProcAddr, Register, Stop, Welcome
 from flux.runtime.loop import HostLoop
 
 
@@ -43,6 +44,14 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
     try:
         transport.connect("controller", config["controller"])
         me0 = ProcAddr(f"w{inc}")
+        try:  # a deterministic error shows here, on every attempt, before registering
+            config = dict(config, dataflow=load_dataflow(config["dataflow"]))
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            transport.send("controller", Envelope(me0, CONTROLLER, 0, Failed(
+                task, inc, reason, config["secret"]), inc, None))
+            transport.close(linger_ms=2000)  # the report leaves before Spark sees the error
+            raise
         transport.send("controller", Envelope(me0, CONTROLLER, 0, Register(
             task, inc, transport.address, os.getpid(), executor_pid(), config["secret"]), inc, None))
         welcome, members, early = None, None, []
@@ -70,6 +79,15 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
     finally:
         transport.close()
         ctx.term()
+
+
+def load_dataflow(blob: bytes):
+    """Unpickle the dataflow here (an operator module missing on this executor fails
+    here, not in Spark's closure loading) and build every stage's chain once."""
+    dataflow = cloudpickle.loads(blob)
+    for stage in dataflow.stages:
+        stage.build_chain()
+    return dataflow
 
 
 def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,

@@ -5,6 +5,8 @@ long-running nodes, retried forever (the library, not Spark, decides when a
 failure is fatal); one extra executor stays warm so that a killed executor's
 task restarts in a fraction of a second. Spark's temporary files go into
 ``tmp_dir``, which the caller removes (killed JVMs leave files behind).
+Executors import from the driver's ``sys.path``: on this one machine, the
+modules of the library and of the user's operators are found as on the driver.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
              .config("spark.driver.extraJavaOptions", jvm)
              .config("spark.local.dir", tmp_dir)
              .config("spark.executorEnv.PYTHONHASHSEED", "0")
+             .config("spark.executorEnv.PYTHONPATH", driver_python_path())
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
@@ -46,6 +49,12 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
     # Warm every executor's Python daemon so a retried task starts at once.
     sc.parallelize(range(executors * 2), executors * 2).map(lambda x: x).collect()
     return spark
+
+
+def driver_python_path() -> str:
+    """The driver's import path, for executors on the same machine."""
+    entries = [os.path.abspath(p or os.getcwd()) for p in sys.path]
+    return os.pathsep.join(dict.fromkeys(p for p in entries if os.path.isdir(p)))
 
 
 def _executor_count(sc) -> int:
