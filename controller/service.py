@@ -2,7 +2,8 @@
 
 It listens for heartbeats (any message counts) from every process it
 watches; one that stays silent longer than ``timeout`` is declared dead, and
-so is one whose connection shows a gap (DESIGN 4.4). The pure ``Recovery``
+so is one whose connection shows a gap (DESIGN 4.4), and so, at once, is
+one whose TCP connection drops (its process died: the kernel closed it). The pure ``Recovery``
 turns failures and fold-in reports into views, which go to every live process
 in order over its FIFO connection. The ingress and the egress are assumed
 always available (paper 3.1.1) and are never declared dead.
@@ -14,7 +15,7 @@ import time
 from typing import Dict, List, Optional
 
 from controller.recovery import PairLost, Recovery
-from exchange.transport import Transport
+from exchange.transport import ConnectionLost, Transport
 from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Members, ProcAddr,
                            Register, Stop, TakeoverDone, View, Welcome)
 
@@ -44,6 +45,7 @@ class ControllerService:
         now = clock()
         self.last_seen: Dict[str, float] = {name: now for name in watched}
         self.dead: set = set()
+        self.why_dead: Dict[str, str] = {}
         self.views: List[View] = []
         self.events: List[tuple] = []  # (time, what, detail) for metrics and tests
         self.error: Optional[Exception] = None
@@ -67,7 +69,11 @@ class ControllerService:
             elif isinstance(env.msg, TakeoverDone):
                 self.events.append((now, "take-over done", env.msg.addr))
         for gap in gaps:
-            self.fail(gap.peer.split("#")[0], f"connection gap {gap.expected}->{gap.got}")
+            if isinstance(gap, ConnectionLost):  # fast detection: its process is gone
+                if self.started and gap.peer in self.last_seen:
+                    self.fail(gap.peer, "its connection dropped")
+            else:
+                self.fail(gap.peer.split("#")[0], f"connection gap {gap.expected}->{gap.got}")
         if not self.started:
             return
         for name, seen in list(self.last_seen.items()):
@@ -83,9 +89,14 @@ class ControllerService:
     name_for: Optional[object] = None
 
     def on_register(self, msg: Register) -> None:
-        """A Spark task joins with the job's secret; anything else is refused (issue 6)."""
+        """A Spark task joins with the job's secret; anything else is refused (issue 6).
+        Idempotent: a task that registers again (it heard nothing yet) is welcomed again."""
         if self.secret is not None and msg.secret != self.secret:
             log.warning("refused a registration with a wrong secret from %s", msg.address)
+            return
+        again = [n for n, r in self.registered.items() if r[:2] == (msg.task, msg.inc)]
+        if again:
+            self._send(again[0], self._welcome(again[0]), 0)
             return
         name = self.name_for(msg) if self.name_for else None
         if name is None:
@@ -95,17 +106,20 @@ class ControllerService:
         self.incarnations[name] = msg.inc
         self.addresses[name] = msg.address
         self.last_seen[name] = self.clock()
-        self.transport.connect(name, msg.address)
-        if self.started:  # joining a running job: start from the current state
-            rec = self.recovery
-            welcome = Welcome(name, rec.view, tuple(sorted(rec.node_of.items())),
-                              tuple(sorted(self.incarnations[n] for n in self.dead)))
-        else:
-            welcome = Welcome(name)
-        self._send(name, welcome, 0)
+        self._connect(name)
+        self._send(name, self._welcome(name), 0)
         if self.started:  # a late standby (a retried task): tell everyone where it is
             self.announce()
             self._broadcast(self.recovery.add_standby(name, msg.inc))
+
+    def _welcome(self, name: str) -> Welcome:
+        """Before the start, just the name; for a process joining a running job, the
+        current state it starts from."""
+        if not self.started:
+            return Welcome(name)
+        rec = self.recovery
+        return Welcome(name, rec.view, tuple(sorted(rec.node_of.items())),
+                       tuple(sorted(self.incarnations[n] for n in self.dead)))
 
     def on_start_failure(self, msg: Failed) -> None:
         """Spark retries a failed task forever (maxFailures is high, SPARK_NOTES): a task
@@ -135,9 +149,14 @@ class ControllerService:
     def _live(self):
         return [n for n in self.addresses if n not in self.dead and n != "controller"]
 
+    def _connect(self, name: str) -> None:
+        self.transport.connect(name, self.addresses[name])
+        if name in self.last_seen:  # a watched process: know at once when it dies
+            self.transport.watch(name)
+
     def _send(self, name: str, msg, view: int) -> None:
         if name not in self.transport.dealers:
-            self.transport.connect(name, self.addresses[name])
+            self._connect(name)
         self.transport.send(name, Envelope(CONTROLLER, ProcAddr(name), view, msg, 0, None))
 
     def fail(self, name: str, why: str) -> None:
@@ -145,6 +164,7 @@ class ControllerService:
             return
         log.warning("declaring %s dead: %s", name, why)
         self.dead.add(name)
+        self.why_dead[name] = why
         self.last_seen.pop(name, None)
         self.transport.disconnect(name)
         self.events.append((self.clock(), "detected", name))

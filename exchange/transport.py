@@ -8,6 +8,10 @@ frames, ``[conn_seq, payload]``: the receiver checks that ``conn_seq`` goes
 flight across a TCP reconnect) is reported as a failure of that connection,
 never skipped.
 
+A process may ``watch`` a peer: when the TCP connection to it drops (the
+peer's process died and its kernel closed the socket), ``poll`` reports a
+``ConnectionLost`` at once, long before a heartbeat timeout would.
+
 Sends never block: each peer has a bounded outbox, flushed without
 blocking; a full outbox is back-pressure for the caller, not a hang on a
 dead peer. ``LINGER=0`` everywhere. Garbage from the network is dropped
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import Deque, Dict, List, Optional, Tuple
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from exchange.wire import WireError, decode, encode
 from flux.messages import Envelope
@@ -40,6 +45,13 @@ class ConnectionGap:
     got: int
 
 
+@dataclass(frozen=True)
+class ConnectionLost:
+    """The connection to a watched ``peer`` dropped: its process is most likely gone."""
+
+    peer: str
+
+
 class Transport:
     """The sockets of one process: receive on a ROUTER, send through one DEALER per peer."""
 
@@ -55,6 +67,7 @@ class Transport:
         self.port = self.router.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{self.port}"
         self.dealers: Dict[str, zmq.Socket] = {}
+        self.monitors: Dict[zmq.Socket, str] = {}
         self.out_seq: Dict[str, int] = {}
         self.outbox: Dict[str, Deque[Tuple[bytes, bytes]]] = {}
         self.in_seq: Dict[bytes, int] = {}
@@ -77,8 +90,24 @@ class Transport:
         self.out_seq[peer] = 0
         self.outbox[peer] = deque()
 
+    def watch(self, peer: str) -> None:
+        """Report a ``ConnectionLost`` from ``poll`` when the connection to ``peer`` drops."""
+        monitor = self.dealers[peer].get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitors[monitor] = peer
+        self._poller.register(monitor, zmq.POLLIN)
+
+    def _unwatch(self, peer: str) -> None:
+        for monitor, name in list(self.monitors.items()):
+            if name == peer:
+                self._poller.unregister(monitor)
+                del self.monitors[monitor]
+                self.dealers[peer].disable_monitor()
+                monitor.close(linger=0)
+
     def disconnect(self, peer: str) -> None:
         """Forget a peer (declared dead): drop what was queued for it."""
+        if peer in self.dealers:
+            self._unwatch(peer)
         dealer = self.dealers.pop(peer, None)
         if dealer is not None:
             dealer.close(linger=0)
@@ -117,14 +146,18 @@ class Transport:
             box.popleft()
 
     # -- receiving ----------------------------------------------------------------
-    def poll(self, timeout_ms: int, limit: int = 10_000) -> Tuple[List[Envelope], List[ConnectionGap]]:
+    def poll(self, timeout_ms: int, limit: int = 10_000) -> Tuple[List[Envelope], list]:
         """Wait up to ``timeout_ms`` for messages; returns the envelopes in arrival order
-        and the connection gaps seen. Malformed frames are logged and dropped."""
+        and the connection failures seen (``ConnectionGap``, ``ConnectionLost``).
+        Malformed frames are logged and dropped."""
         self.flush()
         envelopes: List[Envelope] = []
-        gaps: List[ConnectionGap] = []
-        if not self._poller.poll(timeout_ms):
+        gaps: list = []
+        ready = dict(self._poller.poll(timeout_ms))
+        if not ready:
             return envelopes, gaps
+        for monitor in [m for m in self.monitors if m in ready]:
+            gaps.extend(self._read_monitor(monitor))
         for _ in range(limit):
             try:
                 frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=True)
@@ -134,6 +167,16 @@ class Transport:
             if env is not None:
                 envelopes.append(env)
         return envelopes, gaps
+
+    def _read_monitor(self, monitor: zmq.Socket) -> List[ConnectionLost]:
+        lost = []
+        while True:
+            try:
+                event = recv_monitor_message(monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return lost
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                lost.append(ConnectionLost(self.monitors[monitor]))
 
     def _accept(self, frames: List[bytes], gaps: List[ConnectionGap]) -> Optional[Envelope]:
         peer = frames[0] if frames else b"?"
@@ -168,6 +211,8 @@ class Transport:
         if self.closed:
             return
         self.flush()
+        for peer in set(self.monitors.values()):
+            self._unwatch(peer)
         for dealer in self.dealers.values():
             dealer.close(linger=linger_ms)
         self.dealers.clear()

@@ -24,7 +24,7 @@ def wires():
     task.connect("controller", ctl.address)
     service = ControllerService(ctl, None, {"controller": -3}, {"controller": ctl.address}, [],
                                 secret=SECRET)
-    service.name_for = lambda reg: f"node{reg.task}"
+    service.name_for = lambda reg: f"standby{reg.inc}" if f"node{reg.task}" in service.registered else f"node{reg.task}"
     yield service, task
     task.close()
     ctl.close()
@@ -78,3 +78,49 @@ def test_a_failure_report_without_the_secret_cannot_stop_the_job(wires):
     for attempt in range(START_FAILURES + 2):
         say(service, task, Failed(0, attempt, "forged", "guess"))
     assert service.error is None
+
+
+def test_a_task_registering_twice_is_welcomed_twice_under_one_name(wires):
+    service, task = wires
+    say(service, task, Register(0, 7, task.address, 1, 2, SECRET))
+    say(service, task, Register(0, 7, task.address, 1, 2, SECRET))  # it heard nothing yet
+    assert service.registered == {"node0": (0, 7, 1, 2)}
+    got, deadline = [], time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += task.poll(50)[0]
+    assert [env.msg for env in got] == [Welcome("node0"), Welcome("node0")]
+
+
+def test_a_task_registers_again_until_the_controller_answers():
+    """The first Register is lost (a controller not listening yet): join sends another."""
+    import threading
+
+    from flux.messages import Members
+    from flux.spark.node_task import join
+
+    ctx = zmq.Context()
+    ctl, task = Transport(ctx, "controller", -3), Transport(ctx, "w7", 7)
+    task.connect("controller", ctl.address)
+    ctl.connect("w7", task.address)
+    registers = []
+
+    def controller():
+        while len(registers) < 2:
+            registers.extend(e for e in ctl.poll(50)[0] if isinstance(e.msg, Register))
+        for msg in (Welcome("node0"), Members((("node0", task.address, 7),))):
+            ctl.send("w7", Envelope(CONTROLLER, ProcAddr("w7"), 0, msg, 0, None))
+        ctl.flush()
+
+    answering = threading.Thread(target=controller)
+    answering.start()
+    try:
+        register = Envelope(ProcAddr("w7"), CONTROLLER, 0,
+                            Register(0, 7, task.address, 1, 2, SECRET), 7, None)
+        welcome, members, early = join(task, register, timeout=20)
+    finally:
+        answering.join(timeout=20)
+        task.close()
+        ctl.close()
+        ctx.term()
+    assert len(registers) == 2 and welcome == Welcome("node0") and early == []
+    assert members.addresses[0][0] == "node0"

@@ -7,7 +7,7 @@ import time
 import pytest
 import zmq
 
-from exchange.transport import Transport
+from exchange.transport import ConnectionLost, Transport
 from flux.messages import Addr, Batch, Envelope
 
 A, B = Addr(1, 0, 0), Addr(2, 0, 1)
@@ -130,3 +130,32 @@ def test_a_restarted_process_gets_a_fresh_sequence_space(ctx, pair):
         assert len(got) == 1 and gaps == []
     finally:
         a2.close()
+
+
+def test_a_watched_peer_whose_process_closes_its_sockets_is_reported_at_once(ctx, pair):
+    a, b = pair
+    c = Transport(ctx, "c", 3)
+    a.connect("c", c.address)
+    a.watch("b")
+    a.watch("c")
+    a.send("b", batch(1))
+    a.send("c", batch(2))
+    assert len(receive(b, 1)[0]) == 1 and len(receive(c, 1)[0]) == 1  # both connected
+    c.close()  # what the kernel does for a killed process
+    lost, deadline = [], time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        lost = a.poll(50)[1]
+    assert lost == [ConnectionLost("c")]  # b is still there
+    a.disconnect("c")
+    b.send("a", batch(3))
+    assert receive(a, 1) == ([batch(3)], [])
+
+
+def test_an_unwatched_peer_that_goes_away_is_not_reported(ctx, pair):
+    a, b = pair
+    c = Transport(ctx, "c", 3)
+    a.connect("c", c.address)
+    a.send("c", batch(1))
+    assert len(receive(c, 1)[0]) == 1
+    c.close()
+    assert receive(a, 1, timeout=0.5) == ([], [])

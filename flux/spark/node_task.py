@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List
 
 import zmq
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from pyspark import cloudpickle
 
 from controller.placement import placement_for
@@ -52,23 +53,12 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
                 task, inc, reason, config["secret"]), inc, None))
             transport.close(linger_ms=2000)  # the report leaves before Spark sees the error
             raise
-        transport.send("controller", Envelope(me0, CONTROLLER, 0, Register(
-            task, inc, transport.address, os.getpid(), executor_pid(), config["secret"]), inc, None))
-        welcome, members, early = None, None, []
-        deadline = time.monotonic() + config["register_timeout"]
-        while welcome is None or members is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"task {task}: no welcome from the controller")
-            envelopes, _ = transport.poll(50)
-            for env in envelopes:
-                if isinstance(env.msg, Welcome):
-                    welcome = env.msg
-                elif isinstance(env.msg, Members):
-                    members = env.msg
-                elif isinstance(env.msg, Stop):
-                    return iter([(task, inc, "stopped before start")])
-                else:
-                    early.append(env)
+        register = Envelope(me0, CONTROLLER, 0, Register(
+            task, inc, transport.address, os.getpid(), executor_pid(), config["secret"]), inc, None)
+        joined = join(transport, register, config["register_timeout"])
+        if joined is None:
+            return iter([(task, inc, "stopped before start")])
+        welcome, members, early = joined
         name = welcome.name
         loop = build_loop(welcome, inc, members, transport, config)
         for env in early:
@@ -79,6 +69,49 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
     finally:
         transport.close()
         ctx.term()
+
+
+class NotWelcomed(Exception):
+    """No welcome from the controller yet: register again."""
+
+
+def join(transport: Transport, register: Envelope, timeout: float):
+    """Register until the controller answers with Welcome and Members (registration is
+    idempotent, so a repeat is harmless); None if it says stop instead. Registering
+    again, with a growing pause, covers a controller that was not listening yet."""
+    got: Dict[type, Any] = {}
+    early: List[Envelope] = []
+
+    def listen(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not (Welcome in got and Members in got) and Stop not in got:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            envelopes, _ = transport.poll(max(1, int(left * 1000)))
+            for env in envelopes:
+                if isinstance(env.msg, (Welcome, Members, Stop)):
+                    got[type(env.msg)] = env.msg
+                else:
+                    early.append(env)
+
+    retrying = Retrying(stop=stop_after_delay(timeout), reraise=True,
+                        wait=wait_exponential(multiplier=0.1, max=2.0), sleep=listen,
+                        retry=retry_if_exception_type(NotWelcomed))
+    try:
+        for attempt in retrying:
+            with attempt:
+                if not got:
+                    transport.send("controller", register)
+                listen(0.5)
+                if Stop not in got and not (Welcome in got and Members in got):
+                    raise NotWelcomed()
+    except NotWelcomed:
+        raise TimeoutError(f"task {register.msg.task}: no welcome from the controller "
+                           f"within {timeout}s") from None
+    if Stop in got:
+        return None
+    return got[Welcome], got[Members], early
 
 
 def load_dataflow(blob: bytes):
