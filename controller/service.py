@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 from controller.recovery import PairLost, Recovery
 from exchange.transport import ConnectionLost, Transport
 from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Members, ProcAddr,
-                           Register, Stop, TakeoverDone, View, Welcome)
+                           Register, StateMoved, Stop, TakeoverDone, View, Welcome)
 
 #: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
 START_FAILURES = 3
@@ -68,6 +68,9 @@ class ControllerService:
                     self.events.append((now, "catch-up done", env.msg.addr))
             elif isinstance(env.msg, TakeoverDone):
                 self.events.append((now, "take-over done", env.msg.addr))
+            elif isinstance(env.msg, StateMoved):
+                self.events.append((now, "state moved",
+                                    (env.msg.addr, env.msg.nbytes, env.msg.seconds)))
         for gap in gaps:
             if isinstance(gap, ConnectionLost):  # fast detection: its process is gone
                 if self.started and gap.peer in self.last_seen:

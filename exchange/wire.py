@@ -15,8 +15,8 @@ import msgpack
 
 from flux.host import MoverAddr
 from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
-                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, Stop,
-                           TakeoverDone, View, Welcome)
+                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, StateMoved,
+                           Stop, TakeoverDone, View, Welcome)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
 VERSION = 1
@@ -34,6 +34,12 @@ def _int(v, what: str) -> int:
     if type(v) is not int:
         raise WireError(f"{what} must be an int, got {type(v).__name__}")
     return v
+
+
+def _seconds(v, what: str) -> float:
+    if type(v) not in (int, float) or not v >= 0:
+        raise WireError(f"{what} must be a number of seconds >= 0, got {v!r:.60}")
+    return float(v)
 
 
 def _sn(v, what: str = "SN") -> Tuple[int, ...]:
@@ -159,6 +165,9 @@ CODECS: Dict[str, _Codec] = {
                                                      _int(v, "version")))),
     "takeover_done": (TakeoverDone, lambda m: [list(m.addr)],
                       _arity(1, lambda a: TakeoverDone(_addr(a, "addr")))),
+    "state_moved": (StateMoved, lambda m: [list(m.addr), m.nbytes, m.seconds],
+                    _arity(3, lambda a, n, t: StateMoved(_addr(a, "addr"), _int(n, "nbytes"),
+                                                         _seconds(t, "seconds")))),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret],
                  _arity(6, lambda t, i, a, p, e, s: Register(
                      _int(t, "task"), _int(i, "inc"), _str(a, "address"), _int(p, "pid"),

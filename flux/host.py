@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from flux.messages import Addr, Envelope, ProtocolError, Send, View
+from flux.messages import Addr, Envelope, ProtocolError, Send, StateInstalled, View
 from flux.segment import CatchUp, MoverCall
 from statemover.mover import SmReady, StateMover, StateReceived, StateSent, TransferFailed
 
@@ -139,15 +139,17 @@ class Host:
             elif isinstance(e, MoverCall):
                 pending.extend(getattr(self.mover, e.method)(e.transfer, e.arg))
             elif isinstance(e, (SmReady, StateSent, StateReceived, TransferFailed)):
-                seg = self._segment_of(e.transfer)
+                seg = self.segment_of(e.transfer)
                 if seg is None or seg.catchup is None or seg.catchup.version != e.transfer[2]:
                     continue  # about an attempt this host already gave up
                 elif isinstance(e, SmReady):
+                    others.append(e)  # the movement starts (the runtime times it)
                     pending.extend(seg.sm_ready())
                 elif isinstance(e, StateSent):
                     pending.extend(seg.state_sent())
                 elif isinstance(e, StateReceived):
                     pending.extend(seg.state_received(e.data))
+                    others.append(StateInstalled(e.transfer, len(e.data)))
                 else:
                     others.append(e)
                     pending.extend(seg.transfer_failed())
@@ -155,7 +157,7 @@ class Host:
                 others.append(e)  # reports for the controller, deliveries, failed transfers
         return sends, others
 
-    def _segment_of(self, transfer: tuple):
+    def segment_of(self, transfer: tuple):
         stage, partition, _ = transfer
         for addr, machine in self.machines.items():
             if addr.stage == stage and addr.partition == partition:

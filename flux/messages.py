@@ -99,6 +99,25 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class StateInstalled:
+    """Effect of a host: the state of a catch-up ``transfer`` arrived (``nbytes``) and is
+    installed. The runtime times the movement; the protocol does not need it."""
+
+    transfer: tuple
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateMoved:
+    """A node tells the controller (for metrics): ``addr``'s state, ``nbytes`` long, moved
+    in ``seconds`` from both movers being ready to its installation."""
+
+    addr: Addr
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The job is over (or failed): stop and close every socket."""
 

@@ -44,6 +44,9 @@ def test_a_node_killed_mid_stream_changes_nothing_in_the_output(victim):
     check_same_output(cluster, expected)
     kinds = [what for _, what, _ in cluster.controller.events]
     assert "detected" in kinds and "take-over done" in kinds and "catch-up done" in kinds
+    moves = [d for _, what, d in cluster.controller.events if what == "state moved"]
+    assert {addr for addr, _, _ in moves} == set(cluster.recovery.completed)
+    assert all(nbytes > 0 and seconds >= 0 for _, nbytes, seconds in moves)
     # found by its dropped connection, not by the (slower) heartbeat timeout
     assert cluster.controller.why_dead == {victim: "its connection dropped"}
     assert sorted(cluster.recovery.completed) == sorted(

@@ -1,6 +1,7 @@
 """Flux on Spark: nodes as long-running tasks of an embedded local-cluster (slow)."""
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from functools import partial
@@ -10,6 +11,8 @@ import pytest
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
+from flux.sinks import JsonLinesSink, read_json_lines
+from flux.sources import RateLimited
 from flux.workload import packet_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -31,11 +34,17 @@ def test_a_failure_free_run_on_spark_equals_the_reference(spark):
 
     records = packet_workload(20000, seed=4, pairs=2000, apps=4, sources=100)
     expected = reference_output(paper_dataflow(), records, 4)
-    job = FluxJob(spark, paper_dataflow(), records, nodes=4, standbys=1)
+    out = tempfile.mktemp(suffix=".jsonl")
+    source = RateLimited(records, rate=10_000)  # a feed that does not wait
+    job = FluxJob(spark, paper_dataflow(), source, nodes=4, standbys=1, sink=JsonLinesSink(out))
     with job:
-        assert job.wait_until(lambda: len(job.delivered) >= len(expected), 240), (
-            len(job.delivered), len(expected))
+        job.wait(timeout=240)
     assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
+    assert read_json_lines(out) == [(sn, wire_form(r)) for sn, r in expected]
+    os.remove(out)
+    summary = job.metrics.summary()
+    assert (summary["inputs"], summary["dropped_inputs"]) == (len(records), 0)
+    assert summary["outputs"] == len(expected)
     names = sorted(r[2] for r in job.task_results)
     assert names[:4] == ["node0", "node1", "node2", "node3"]
     assert len(names) == 5 and names[4].startswith("standby")
@@ -69,8 +78,11 @@ def test_kills_on_spark_change_nothing_in_the_output(spark, how):
         assert job.wait_until(lambda: len(job.delivered) >= len(expected), 240), (
             len(job.delivered), len(expected))
     assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
-    kinds = [what for _, what, _ in job.controller.events]
-    assert kinds.count("detected") == 2
+    kinds = [what for _, what, _ in job.metrics.relative_events()]
+    assert kinds.count("killed") == 2 and kinds.count("detected") == 2
+    assert kinds.index("killed") < kinds.index("detected") < kinds.index("take-over done") \
+        < kinds.index("state moved") < kinds.index("catch-up done")
+    assert job.metrics.summary()["state_bytes_moved"] > 0
 
 
 

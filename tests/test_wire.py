@@ -10,7 +10,8 @@ from exchange import wire
 from exchange.wire import WireError, decode, encode
 from flux.host import MoverAddr
 from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
-                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, Stop,
+                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, StateMoved,
+                           Stop,
                            TakeoverDone, View, Welcome)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
@@ -29,6 +30,7 @@ MESSAGES = [
     Welcome("standby41", 3, ((Addr(1, 0, 0), "node1"),), (7, 8)),
     Members((("node0", "tcp://127.0.0.1:5001", 40),)),
     Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),
+    StateMoved(Addr(1, 2, 1), 1 << 20, 0.125),
 ]
 
 

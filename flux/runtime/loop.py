@@ -10,6 +10,7 @@ rule lives here (DESIGN 3).
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
@@ -18,7 +19,10 @@ from exchange.transport import ConnectionGap, Transport
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
 from flux.messages import (CONTROLLER, Deliver, Envelope, FoldedIn, Heartbeat, Members, ProcAddr,
-                           Stop, TakeoverDone, View)
+                           StateInstalled, StateMoved, Stop, TakeoverDone, View)
+from flux.metrics import Metrics
+from flux.sources import NOT_YET
+from statemover.mover import SmReady
 
 
 class HostLoop:
@@ -28,7 +32,7 @@ class HostLoop:
                  addresses: Dict[str, str], on_effect: Callable[[Any], None] = lambda e: None,
                  source: Optional[Iterator[Any]] = None, incarnations: Dict[str, int] = None,
                  heartbeat: Optional[float] = None, clock=time.monotonic,
-                 lease: Optional[float] = None):
+                 lease: Optional[float] = None, metrics: Optional[Metrics] = None):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -47,6 +51,10 @@ class HostLoop:
         self.on_effect = on_effect
         self.source = source
         self._next_record: Any = None
+        self._next_arrival: Optional[float] = None
+        self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
+        self.metrics = metrics
+        self._moves: Dict[tuple, float] = {}  # transfer -> when both movers were ready
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         #: envelopes the transport refused (outbox full): local work waits for them
         self.overflow: Deque[Tuple[str, Envelope]] = deque()
@@ -57,7 +65,11 @@ class HostLoop:
     def turn(self, timeout_ms: int) -> bool:
         """Receive, deliver, work, send. Returns True if anything moved."""
         self._beat()
-        envelopes, gaps = self.transport.poll(0 if self._busy() else timeout_ms)
+        if self._busy():
+            timeout_ms = 0
+        elif self._source_waits and hasattr(self.source, "due_in"):
+            timeout_ms = min(timeout_ms, math.ceil(self.source.due_in() * 1000))
+        envelopes, gaps = self.transport.poll(timeout_ms)
         self.gaps += gaps
         for env in envelopes:
             self.receive(env)
@@ -121,7 +133,7 @@ class HostLoop:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
 
     def _busy(self) -> bool:
-        return not self.source_done or any(self.held.values())
+        return (not self.source_done and not self._source_waits) or any(self.held.values())
 
     def _deliver(self) -> bool:
         moved = False
@@ -136,16 +148,26 @@ class HostLoop:
         if ingress is None or self.source_done:
             return False
         moved = False
+        self._source_waits = False
         for _ in range(limit):
             if self._next_record is None:
-                self._next_record = next(self.source, None)
-                if self._next_record is None:
+                record = next(self.source, None)
+                if record is NOT_YET:
+                    self._source_waits = True
+                    break
+                if record is None:
                     self.source_done = True
                     break
+                self._next_record = record
+                self._next_arrival = getattr(self.source, "arrival", None)
             if ingress.accept(self._next_record) is None:
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
+            if self.metrics is not None:
+                self.metrics.input_taken(self._next_arrival)
             moved = True
+        if self.metrics is not None:
+            self.metrics.inputs_dropped(getattr(self.source, "dropped", 0))
         return moved
 
     def _work(self) -> bool:
@@ -168,10 +190,20 @@ class HostLoop:
             dst = env.dst
             self._send_to(dst.node if isinstance(dst, MoverAddr) else self.where[dst], env)
         for e in others:
-            if isinstance(e, (FoldedIn, TakeoverDone)):
-                self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, e,
-                                                     self.host.inc, None))
+            if isinstance(e, SmReady):
+                self._moves[e.transfer] = self.clock()
+            elif isinstance(e, StateInstalled):
+                started = self._moves.pop(e.transfer, None)
+                seg = self.host.segment_of(e.transfer)
+                if started is not None and seg is not None:
+                    self._report(StateMoved(seg.addr, e.nbytes, self.clock() - started))
+            elif isinstance(e, (FoldedIn, TakeoverDone)):
+                self._report(e)
             self.on_effect(e)
+
+    def _report(self, msg) -> None:
+        self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, msg,
+                                             self.host.inc, None))
 
     def _send_to(self, peer: str, env: Envelope) -> None:
         if peer in self.dead_processes:

@@ -24,9 +24,10 @@ from flux.builder import MachineBuilder
 from flux.egress import egress_addr
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
-from flux.messages import Addr, Deliver, Envelope, FoldedIn, P, TakeoverDone, View
+from flux.messages import (Addr, Deliver, Envelope, FoldedIn, P, StateInstalled, TakeoverDone,
+                           View)
 from flux.segment import Segment
-from statemover.mover import TransferFailed
+from statemover.mover import SmReady, TransferFailed
 
 INGRESS_HOST = "ingress"
 EGRESS_HOST = "egress"
@@ -230,6 +231,8 @@ class World:
             elif isinstance(e, TransferFailed):
                 self.outcome.failed_transfers.append(e)
                 self._broadcast(self.recovery.transfer_failed(*e.transfer))
+            elif isinstance(e, (SmReady, StateInstalled)):
+                pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")
 

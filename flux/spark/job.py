@@ -26,6 +26,7 @@ from flux.builder import MachineBuilder
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
 from flux.messages import Deliver, Register
+from flux.metrics import Metrics
 from flux.runtime.loop import HostLoop
 from flux.sequence import covers, input_sn
 from flux.spark.node_task import node_main
@@ -38,7 +39,8 @@ class FluxJob:
     def __init__(self, spark, dataflow, source: Iterable[Any], nodes: int = 4, standbys: int = 1,
                  capacity: int = 1024, batch_size: int = 256, detect_after: float = 0.5,
                  heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
-                 sink: Optional[Callable[[Any], None]] = None, replication: str = "flux"):
+                 sink: Optional[Callable[[Any], None]] = None, replication: str = "flux",
+                 metrics_interval: float = 0.1):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -49,6 +51,7 @@ class FluxJob:
         self.placement = placement_for(replication, len(dataflow.stages), nodes)
         self.secret = secrets.token_hex(16)
         self.sink = sink
+        self.metrics = Metrics(metrics_interval)
         self.delivered: List[Any] = []
         self.errors: List[BaseException] = []
         self.config = dict(dataflow=cloudpickle.dumps(dataflow), partitions=nodes, capacity=capacity,
@@ -72,6 +75,7 @@ class FluxJob:
         self.controller = ControllerService(self.transports["controller"], None, dict(DRIVER_INCS),
                                             addresses, [], self.detect_after, secret=self.secret)
         self.controller.name_for = self._name_for
+        self.controller.events = self.metrics.events
         self.config["controller"] = addresses["controller"]
         self._spawn(self._run_spark)
         self._spawn(self._run_controller)
@@ -139,6 +143,7 @@ class FluxJob:
         now = c.clock()
         c.last_seen = {n: now for n in workers}
         c.started = True
+        self.metrics.begin()
         c.announce()
         where = {a: f"node{n}" for n, addrs in self.placement.nodes.items() for a in addrs}
         where[INGRESS], where[self.builder.egress_addr] = "ingress", "egress"
@@ -148,7 +153,8 @@ class FluxJob:
                               ("egress", self.builder.egress())):
             host = Host(name, {machine.addr: machine}, DRIVER_INCS[name], peer_incs=peer_incs)
             loop = HostLoop(host, self.transports[name], where, dict(c.addresses), self._on_effect,
-                            iter(self.source) if name == "ingress" else None, incs)
+                            iter(self.source) if name == "ingress" else None, incs,
+                            metrics=self.metrics)
             self._loops[name] = loop
             self._spawn(lambda loop=loop: self._drive(loop))
 
@@ -178,6 +184,8 @@ class FluxJob:
     def _on_effect(self, e) -> None:
         if isinstance(e, Deliver):
             self.delivered.extend(e.items)
+            for sn, _ in e.items:
+                self.metrics.output(sn)
             if self.sink is not None:
                 for item in e.items:
                     self.sink(item)
@@ -198,6 +206,7 @@ class FluxJob:
         if how not in ("worker", "executor"):
             raise ValueError(f"how must be 'worker' or 'executor', got {how!r}")
         _, _, pid, jvm = self.controller.registered[name]
+        self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
         os.kill(pid if how == "worker" else jvm, signal.SIGKILL)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -215,6 +224,9 @@ class FluxJob:
         for t in self.transports.values():
             t.close()
         self.ctx.term()
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            close()
 
     def __enter__(self) -> "FluxJob":
         return self.start()

@@ -1,0 +1,81 @@
+"""Sources the ingress pulls from: any iterable, or an external feed at a steady rate.
+
+A plain iterable is read as fast as the dataflow takes it (back-pressure
+simply slows the reading). A real feed (a network tap, a message bus
+without replay) does not wait: ``RateLimited`` models one, where record k
+arrives at ``k / rate`` seconds after the first pull, and what the ingress
+has not taken when more than ``backlog`` records wait is dropped and
+counted, as the feed would. A source yields ``NOT_YET`` when nothing has
+arrived, so the ingress can go on with other work instead of blocking.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Iterable, Iterator, Optional, Tuple
+
+
+class _NotYet:
+    def __repr__(self) -> str:
+        return "NOT_YET"
+
+
+#: yielded by a source when no record has arrived yet (it is not the end)
+NOT_YET = _NotYet()
+_END = object()
+
+
+class RateLimited:
+    """``records`` arriving at ``rate`` per second; a backlog beyond ``backlog`` records is
+    dropped (the oldest first). ``arrival`` is when the record just returned arrived:
+    end-to-end latency counts from there, queueing in front of the ingress included."""
+
+    def __init__(self, records: Iterable[Any], rate: float, backlog: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic):
+        if not rate > 0:
+            raise ValueError(f"rate must be > 0 records per second, got {rate!r}")
+        if backlog < 1:
+            raise ValueError(f"backlog must be >= 1, got {backlog!r}")
+        self.records: Iterator[Any] = iter(records)
+        self.rate = float(rate)
+        self.backlog = backlog
+        self.clock = clock
+        self.start: Optional[float] = None
+        self.read = 0  # records that have arrived (read from the feed)
+        self.dropped = 0
+        self.ended = False
+        self.waiting: Deque[Tuple[int, Any]] = deque()  # (arrival number, record)
+        self.arrival: Optional[float] = None
+
+    def __iter__(self) -> "RateLimited":
+        return self
+
+    def __next__(self) -> Any:
+        now = self.clock()
+        if self.start is None:
+            self.start = now
+        arrived = int((now - self.start) * self.rate) + 1  # record 0 arrives at once
+        while self.read < arrived and not self.ended:
+            record = next(self.records, _END)
+            if record is _END:
+                self.ended = True
+                break
+            if len(self.waiting) == self.backlog:  # the feed's buffer overflows
+                self.waiting.popleft()
+                self.dropped += 1
+            self.waiting.append((self.read, record))
+            self.read += 1
+        if not self.waiting:
+            if self.ended:
+                raise StopIteration
+            return NOT_YET
+        number, record = self.waiting.popleft()
+        self.arrival = self.start + number / self.rate
+        return record
+
+    def due_in(self) -> float:
+        """Seconds until the next record arrives (0 if one is waiting)."""
+        if self.start is None or self.waiting:
+            return 0.0
+        due = self.start + self.read / self.rate
+        return max(0.0, due - self.clock())

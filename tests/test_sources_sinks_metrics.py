@@ -1,0 +1,125 @@
+"""Sources, sinks and metrics: what a user plugs in and reads out."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from flux.metrics import TIMELINE_COLUMNS, Metrics
+from flux.sinks import JsonLinesSink, read_json_lines
+from flux.sources import NOT_YET, RateLimited
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeClock:
+    def __init__(self, t: float = 100.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_rate_limited_source_releases_records_as_they_arrive():
+    clock = FakeClock()
+    src = RateLimited(range(10), rate=100, clock=clock)  # one record per 10 ms
+    assert next(src) == 0 and src.arrival == 100.0
+    assert next(src) is NOT_YET
+    clock.t += 0.025  # records 1 and 2 have arrived
+    assert [next(src), next(src), next(src)] == [1, 2, NOT_YET]
+    assert src.arrival == pytest.approx(100.02)
+    assert src.due_in() == pytest.approx(0.005)
+    clock.t += 1.0
+    assert list(x for x in src if x is not NOT_YET) == list(range(3, 10))
+    assert src.dropped == 0
+
+
+def test_a_rate_limited_source_drops_what_waits_beyond_its_backlog_and_counts_it():
+    clock = FakeClock()
+    src = RateLimited(range(100), rate=1000, backlog=5, clock=clock)
+    assert next(src) == 0  # the feed starts at the first pull
+    clock.t += 0.0195  # records 1..19 have arrived; only 5 may wait
+    assert next(src) == 15  # the 14 oldest were dropped
+    assert src.dropped == 14 and src.arrival == pytest.approx(100.015)
+    assert [next(src) for _ in range(4)] == [16, 17, 18, 19]
+    assert next(src) is NOT_YET
+
+
+def test_a_rate_limited_source_ends_even_when_the_feed_ends_behind():
+    clock = FakeClock()
+    src = RateLimited(range(4), rate=1000, backlog=1, clock=clock)
+    assert next(src) == 0
+    clock.t += 10
+    assert next(src) == 3 and src.dropped == 2
+    with pytest.raises(StopIteration):
+        next(src)
+
+
+@pytest.mark.parametrize("rate, backlog", [(0, 10), (-5, 10), (10, 0)])
+def test_a_rate_limited_source_refuses_bad_settings(rate, backlog):
+    with pytest.raises(ValueError, match="rate|backlog"):
+        RateLimited([], rate=rate, backlog=backlog)
+
+
+def test_the_json_lines_sink_writes_every_output_in_order(tmp_path):
+    path = str(tmp_path / "out.jsonl")
+    items = [((1, 0), ("app", "src", 2.5)), ((1, 1), ["x", {"k": 1}]), ((3,), None)]
+    with JsonLinesSink(path, flush_every=2) as sink:
+        for item in items:
+            sink(item)
+    assert read_json_lines(path) == [((1, 0), ["app", "src", 2.5]), ((1, 1), ["x", {"k": 1}]),
+                                     ((3,), None)]
+
+
+def test_the_json_lines_sink_names_the_output_it_cannot_write(tmp_path):
+    with JsonLinesSink(str(tmp_path / "out.jsonl")) as sink:
+        with pytest.raises(TypeError, match=r"output \(4, 1\) cannot be written as JSON"):
+            sink(((4, 1), b"\x00bytes"))
+
+
+def test_metrics_count_per_interval_and_measure_latency_from_arrival():
+    clock = FakeClock(10.0)
+    m = Metrics(interval=0.1, clock=clock)
+    m.begin()
+    m.input_taken(arrival=9.99)  # input 1 arrived before it was taken
+    clock.t = 10.05
+    m.input_taken(arrival=None)  # input 2: as fast as possible, arrival = taken
+    clock.t = 10.12
+    m.output((1, 0))
+    m.output((1, 1))
+    m.output((2, 0))
+    m.inputs_dropped(3)
+    clock.t = 10.31
+    m.inputs_dropped(3)  # a running total: nothing new
+    m.output((2, 5))
+    rows = m.timeline()
+    assert [r["t_s"] for r in rows] == [0.0, 0.1, 0.2, 0.3]
+    assert [(r["inputs"], r["dropped"], r["outputs"]) for r in rows] == [
+        (2, 0, 0), (0, 3, 3), (0, 0, 0), (0, 0, 1)]
+    # (130 + 130 + 70) / 3 ms, then 260 ms
+    assert rows[1]["avg_latency_ms"] == pytest.approx(110.0)
+    assert rows[0]["avg_latency_ms"] is None and rows[3]["avg_latency_ms"] == pytest.approx(260.0)
+    summary = m.summary()
+    assert (summary["inputs"], summary["outputs"], summary["dropped_inputs"]) == (2, 4, 3)
+    assert summary["max_output_gap_s"] == pytest.approx(0.19)  # from 10.12 to 10.31
+    assert summary["max_output_gap_end_s"] == pytest.approx(0.31)
+
+
+def test_metrics_sum_state_movements_and_give_events_relative_times(tmp_path):
+    clock = FakeClock(50.0)
+    m = Metrics(clock=clock)
+    m.begin()
+    m.events.extend([(52.0, "take-over done", "A"), (51.5, "detected", "node1"),
+                     (53.0, "state moved", ("A", 1000, 0.25)),
+                     (53.5, "state moved", ("B", 500, 0.5))])
+    assert [e[:2] for e in m.relative_events()] == [
+        (1.5, "detected"), (2.0, "take-over done"), (3.0, "state moved"), (3.5, "state moved")]
+    summary = m.summary()
+    assert summary["state_bytes_moved"] == 1500 and summary["state_move_s"] == 0.75
+    m.write_json(str(tmp_path / "s.json"))
+    assert json.load(open(tmp_path / "s.json"))["state_bytes_moved"] == 1500
+    m.input_taken(None)
+    m.write_csv(str(tmp_path / "t.csv"))
+    rows = list(csv.DictReader(open(tmp_path / "t.csv")))
+    assert tuple(rows[0]) == TIMELINE_COLUMNS and rows[0]["inputs"] == "1"
