@@ -32,6 +32,9 @@ from flux.messages import Envelope
 
 log = logging.getLogger(__name__)
 
+#: frames at least this long are handed to ZeroMQ without a copy (pyzmq's advice: 64 KiB)
+ZERO_COPY_FROM = 1 << 16
+
 #: messages a peer's outbox may hold before ``send`` reports back-pressure
 DEFAULT_OUTBOX = 100_000
 
@@ -140,7 +143,10 @@ class Transport:
         box, dealer = self.outbox[peer], self.dealers[peer]
         while box:
             try:
-                dealer.send_multipart(box[0], flags=zmq.NOBLOCK, copy=False)
+                frames = box[0]
+                # zero-copy only pays for large frames (state chunks), not for batches
+                dealer.send_multipart(frames, flags=zmq.NOBLOCK,
+                                      copy=len(frames[1]) < ZERO_COPY_FROM)
             except zmq.Again:
                 return  # the peer is slow or gone: keep it, never block
             box.popleft()

@@ -108,3 +108,46 @@ def test_the_baselines_give_the_reference_output_without_failures(replication):
         assert cluster.wait_until(lambda: len(cluster.delivered) >= len(expected), 60)
     assert not cluster.errors, cluster.errors
     assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+class RecordingTransport:
+    """Just enough of a Transport for one loop: nothing arrives, sends are kept."""
+
+    def __init__(self):
+        self.dealers, self.sent = {}, []
+
+    def poll(self, timeout_ms):
+        return [], []
+
+    def connect(self, peer, address):
+        self.dealers[peer] = address
+
+    def send(self, peer, env):
+        self.sent.append((peer, env))
+        return True
+
+
+def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one_batch():
+    from flux.messages import Addr, Batch
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
+    ingress = builder.ingress()
+    where = {Addr(1, i, replica): f"node{i}{replica}" for i in range(2) for replica in (0, 1)}
+    now = [0.0]
+    transport = RecordingTransport()
+    records = iter([("a", 1), ("b", 2), ("a", 3)])
+    loop = HostLoop(Host("ingress", {INGRESS: ingress}, 1), transport, where,
+                    {n: "tcp://x" for n in where.values()}, source=records,
+                    clock=lambda: now[0], flush_delay=0.01)
+    loop.turn(0)
+    assert loop.source_done and transport.sent == []  # taken, and waiting for more
+    now[0] = 0.009
+    loop.turn(0)
+    assert transport.sent == []
+    now[0] = 0.0101
+    loop.turn(0)
+    batches = [env.msg for _, env in transport.sent if isinstance(env.msg, Batch)]
+    assert len(batches) == 4  # one per replica of each of the 2 partitions, no more
+    # the three records (their keys hash to one partition) leave as one batch to each
+    # replica; the other partition's replicas get their progress bound
+    assert sorted(len(b.items) for b in batches) == [0, 0, 3, 3]

@@ -32,7 +32,8 @@ class HostLoop:
                  addresses: Dict[str, str], on_effect: Callable[[Any], None] = lambda e: None,
                  source: Optional[Iterator[Any]] = None, incarnations: Dict[str, int] = None,
                  heartbeat: Optional[float] = None, clock=time.monotonic,
-                 lease: Optional[float] = None, metrics: Optional[Metrics] = None):
+                 lease: Optional[float] = None, metrics: Optional[Metrics] = None,
+                 flush_delay: float = 0.002):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -54,6 +55,10 @@ class HostLoop:
         self._next_arrival: Optional[float] = None
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
         self.metrics = metrics
+        #: a connection with something to send waits this long for more before it
+        #: flushes: fewer, larger messages (SPARK_NOTES: one per tuple costs ~10x)
+        self.flush_delay = flush_delay
+        self._flush_wait: Dict[Tuple[Any, int, int], float] = {}  # since when flushable
         self._moves: Dict[tuple, float] = {}  # transfer -> when both movers were ready
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         #: envelopes the transport refused (outbox full): local work waits for them
@@ -67,8 +72,12 @@ class HostLoop:
         self._beat()
         if self._busy():
             timeout_ms = 0
-        elif self._source_waits and hasattr(self.source, "due_in"):
-            timeout_ms = min(timeout_ms, math.ceil(self.source.due_in() * 1000))
+        else:
+            if self._source_waits and hasattr(self.source, "due_in"):
+                timeout_ms = min(timeout_ms, math.ceil(self.source.due_in() * 1000))
+            if self._flush_wait:
+                due = min(self._flush_wait.values()) + self.flush_delay - self.clock()
+                timeout_ms = max(0, min(timeout_ms, math.ceil(due * 1000)))
         envelopes, gaps = self.transport.poll(timeout_ms)
         self.gaps += gaps
         for env in envelopes:
@@ -172,18 +181,33 @@ class HostLoop:
 
     def _work(self) -> bool:
         moved = False
+        for key in [k for k in self._flush_wait if k[0] not in self.host.machines]:
+            del self._flush_wait[key]  # a segment this process no longer hosts
         for addr, machine in list(self.host.machines.items()):
             can_process = getattr(machine, "can_process", None)
             while can_process is not None and can_process():
                 machine.process()
                 moved = True
             flushable = getattr(machine, "flushable", None)
-            if flushable is None:
-                continue
-            for i, d in flushable():
-                self._emit(*self.host.run_local(machine.flush(i, d)))
-                moved = True
+            if flushable is not None:
+                moved |= self._flush(addr, machine, flushable)
         return moved
+
+    def _flush(self, addr, machine, flushable) -> bool:
+        """Send each connection's batch once it has waited ``flush_delay`` (a connection
+        that stays flushable, a backlog, goes on sending at every turn)."""
+        now, flushed = self.clock(), False
+        waiting = self._flush_wait
+        ready = flushable()
+        for i, d in ready:
+            if now - waiting.setdefault((addr, i, d), now) >= self.flush_delay:
+                self._emit(*self.host.run_local(machine.flush(i, d)))
+                flushed = True
+        if flushed or len(ready) < sum(1 for k in waiting if k[0] == addr):
+            still = set(flushable()) if flushed else set(ready)
+            for key in [k for k in waiting if k[0] == addr and (k[1], k[2]) not in still]:
+                del waiting[key]
+        return flushed
 
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
         for env in envelopes:

@@ -40,7 +40,7 @@ class FluxJob:
                  capacity: int = 1024, batch_size: int = 256, detect_after: float = 0.5,
                  heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
                  sink: Optional[Callable[[Any], None]] = None, replication: str = "flux",
-                 metrics_interval: float = 0.1):
+                 metrics_interval: float = 0.1, flush_delay: float = 0.002):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -57,7 +57,7 @@ class FluxJob:
         self.config = dict(dataflow=cloudpickle.dumps(dataflow), partitions=nodes, capacity=capacity,
                            batch_size=batch_size, heartbeat=heartbeat, lease=lease,
                            chunk_size=chunk_size, secret=self.secret, register_timeout=60.0,
-                           replication=replication)
+                           replication=replication, flush_delay=flush_delay)
         self.detect_after = detect_after
         self._stop = threading.Event()
         self._stopping = threading.Event()
@@ -154,7 +154,7 @@ class FluxJob:
             host = Host(name, {machine.addr: machine}, DRIVER_INCS[name], peer_incs=peer_incs)
             loop = HostLoop(host, self.transports[name], where, dict(c.addresses), self._on_effect,
                             iter(self.source) if name == "ingress" else None, incs,
-                            metrics=self.metrics)
+                            metrics=self.metrics, flush_delay=self.config["flush_delay"])
             self._loops[name] = loop
             self._spawn(lambda loop=loop: self._drive(loop))
 

@@ -144,6 +144,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     host.view = welcome.view
     host.dead_incs = set(welcome.dead_incs)
     loop = HostLoop(host, transport, where, addresses, incarnations=incs,
-                    heartbeat=config["heartbeat"], lease=config["lease"])
+                    heartbeat=config["heartbeat"], lease=config["lease"],
+                    flush_delay=config["flush_delay"])
     loop.dead_processes = {n for n, i in incs.items() if i in host.dead_incs}
     return loop

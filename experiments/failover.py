@@ -1,0 +1,229 @@
+"""python -m experiments.failover: the paper's failover experiment (section 5.4) on Spark.
+
+The paper's dataflow (session reconstruction by (src, dst), then per-(app, src)
+max and average duration, emitted every other update) runs with Flux on an
+embedded local-cluster: 4 nodes + 1 standby in chained declustering, plus one
+warm spare executor. A feed sends packets at a steady rate; one node is killed
+half-way. The run computes the failure-free reference itself and writes
+
+- ``timeline.csv``: per 100 ms, inputs taken and dropped, outputs, output rate
+  and average end-to-end latency;
+- ``summary.json``: rates, drops, whether the output equals the reference, and
+  the times of the kill, its detection, the end of take-over and of catch-up;
+- ``failover.png``: output rate and latency over time, like the paper's Figure 8.
+
+Times are seconds since the data started to flow.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+from tqdm import tqdm
+
+from flux.examples import paper_dataflow
+from flux.operator import wire_form
+from flux.reference import reference_output
+from flux.sources import RateLimited
+from flux.workload import packet_workload
+
+#: the paper's workload knobs: 100K (src, dst) pairs, 10 x 1000 = 10K (app, src) values
+PAIRS, APPS, SOURCES = 100_000, 10, 1_000
+#: a partial batch leaves at the end of the loop turn that made it; an idle loop turn
+#: waits at most this long (the node loop's poll timeout)
+FLUSH_INTERVAL_S = 0.005
+#: how many packets "--max-rate" prepares per second of --duration
+MAX_RATE_BUDGET = 60_000
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m experiments.failover",
+                                 description="Kill a node mid-stream; plot output rate and "
+                                             "latency through take-over and catch-up.")
+    ap.add_argument("--quick", action="store_true",
+                    help="a short run (16 s of data, kill at 8 s): under a minute in all")
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--standbys", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=None, help="seconds of input (default 40)")
+    ap.add_argument("--kill-at", type=float, default=None,
+                    help="seconds after the start (default: half the duration)")
+    ap.add_argument("--kill", choices=("worker", "executor"), default="worker",
+                    help="kill the node's Python worker (process crash) or its executor JVM")
+    ap.add_argument("--victim", default="node1")
+    ap.add_argument("--rate", type=float, default=20_000.0, help="input packets per second")
+    ap.add_argument("--max-rate", action="store_true",
+                    help="feed the packets as fast as the dataflow takes them")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="results/failover")
+    args = ap.parse_args(argv)
+    if args.duration is None:
+        args.duration = 16.0 if args.quick else 40.0
+    if args.kill_at is None:
+        args.kill_at = args.duration / 2
+    if args.nodes < 2 or args.standbys < 1:
+        ap.error("a failover needs --nodes >= 2 and --standbys >= 1")
+    if not 0 < args.kill_at < args.duration:
+        ap.error(f"--kill-at must be within the run (0, {args.duration})")
+    if args.rate <= 0:
+        ap.error("--rate must be > 0")
+    if args.victim not in {f"node{k}" for k in range(args.nodes)}:
+        ap.error(f"--victim must be one of node0..node{args.nodes - 1}")
+    return args
+
+
+def _watch(job, args, expected: int) -> None:
+    """Show progress; kill the victim on time; return when the output is complete and
+    the pair is rebuilt."""
+    m, killed = job.metrics, False
+    rec = lambda: job.controller.recovery  # noqa: E731
+    with tqdm(total=round(args.duration, 1), unit="s", desc="data time",
+              bar_format="{desc}: {n:.1f}/{total}s |{bar}| {postfix}") as bar:
+        while True:
+            now = time.monotonic() - m.t0 if m.t0 is not None else 0.0
+            bar.n = min(round(now, 1), bar.total)
+            bar.set_postfix_str(f"out={m.output_total}/{expected} "
+                                f"{'killed ' + args.victim if killed else ''}")
+            if not killed and m.t0 is not None and now >= args.kill_at:
+                job.kill_node(args.victim, args.kill)
+                killed = True
+            if killed and job.finished() and rec().completed and not rec().pending():
+                break
+            if now > args.duration * 4 + 120:
+                raise TimeoutError(f"the run did not finish: {m.output_total}/{expected} outputs, "
+                                   f"recovery missing {rec().missing}")
+            job.wait_until(lambda: False, 0.2)  # sleeps, and raises a job error at once
+
+
+def _first(events: List[tuple], what: str, after: float) -> Optional[float]:
+    times = [t for t, w, _ in events if w == what and t >= after]
+    return min(times) if times else None
+
+
+def _last(events: List[tuple], what: str, after: float) -> Optional[float]:
+    times = [t for t, w, _ in events if w == what and t >= after]
+    return max(times) if times else None
+
+
+def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
+    m = job.metrics
+    base = m.summary()
+    events = m.relative_events()
+    kill = _first(events, "killed", 0.0)
+    detected = _first(events, "detected", kill)
+    takeover = _last(events, "take-over done", detected) if detected is not None else None
+    catchup = _first(events, "catch-up done", detected) if detected is not None else None
+    rows = m.timeline()
+    out_rows = [r for r in rows if r["outputs"]]
+    out_span = (out_rows[-1]["t_s"] - out_rows[0]["t_s"] + m.interval) if out_rows else 0.0
+    rel = lambda t: round(t - kill, 6) if t is not None else None  # noqa: E731
+    return {
+        "nodes": args.nodes, "standbys": args.standbys, "kill": args.kill,
+        "victim": args.victim, "rate_asked_tps": None if args.max_rate else args.rate,
+        "input_rate_tps": base["input_rate_tps"],
+        "output_rate_tps": round(base["outputs"] / out_span, 1) if out_span else 0.0,
+        "inputs": base["inputs"], "outputs": base["outputs"], "expected_outputs": expected,
+        "dropped_inputs": base["dropped_inputs"],
+        "output_matches_reference": same,
+        "kill_at_s": kill, "detected_s": detected, "takeover_done_s": takeover,
+        "catchup_done_s": catchup,
+        "detect_after_kill_s": rel(detected), "takeover_after_kill_s": rel(takeover),
+        "catchup_after_kill_s": rel(catchup),
+        "state_bytes_moved": base["state_bytes_moved"], "state_move_s": base["state_move_s"],
+        "max_output_gap_s": base["max_output_gap_s"],
+        "max_output_gap_end_s": base["max_output_gap_end_s"],
+        "median_interval_latency_ms": base["median_interval_latency_ms"],
+        "flush_interval_s": FLUSH_INTERVAL_S, "interval_s": m.interval,
+        "events": base["events"],
+    }
+
+
+def write(job, summary: Dict[str, Any], out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = job.metrics.timeline()
+    interval = job.metrics.interval
+    with open(out / "timeline.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t_s", "inputs", "dropped", "outputs", "output_rate_tps", "avg_latency_ms"])
+        for r in rows:
+            w.writerow([r["t_s"], r["inputs"], r["dropped"], r["outputs"],
+                        round(r["outputs"] / interval, 1), r["avg_latency_ms"]])
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    plot(rows, interval, summary, out / "failover.png")
+
+
+def plot(rows: List[Dict[str, Any]], interval: float, summary: Dict[str, Any], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [r["t_s"] for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    top.plot(t, [r["outputs"] / interval for r in rows], lw=0.8, color="tab:blue")
+    top.set_ylabel("output rate (tuples/s)")
+    bottom.plot(t, [r["avg_latency_ms"] for r in rows], lw=0.8, color="tab:purple")
+    bottom.set_ylabel("average latency (ms)")
+    bottom.set_xlabel(f"time (s), {interval * 1000:.0f} ms intervals")
+    marks = [("kill_at_s", "kill", "tab:red"), ("takeover_done_s", "take-over done", "tab:orange"),
+             ("catchup_done_s", "catch-up done", "tab:green")]
+    for key, label, color in marks:
+        if summary.get(key) is not None:
+            for ax in (top, bottom):
+                ax.axvline(summary[key], color=color, ls="--", lw=1,
+                           label=label if ax is top else None)
+    top.legend(loc="lower left", fontsize=8)
+    top.set_title(f"Flux on Spark: {summary['nodes']} nodes + {summary['standbys']} standby, "
+                  f"{summary['kill']} of {summary['victim']} killed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    summary = run(args)
+    keys = ("input_rate_tps", "output_rate_tps", "dropped_inputs", "output_matches_reference",
+            "kill_at_s", "detect_after_kill_s", "takeover_after_kill_s", "catchup_after_kill_s",
+            "state_bytes_moved", "state_move_s", "max_output_gap_s", "median_interval_latency_ms")
+    for k in keys:
+        print(f"{k:28s} {summary[k]}")
+    print(f"wrote {args.out}/timeline.csv, summary.json, failover.png")
+    ok = summary["output_matches_reference"] and summary["dropped_inputs"] == 0
+    return 0 if ok else 1
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Prepare the input and its reference, run the job with one kill, write the results."""
+    from flux.spark.job import FluxJob
+    from flux.spark.session import local_cluster_session
+
+    budget = MAX_RATE_BUDGET if args.max_rate else args.rate
+    n = int(budget * args.duration)
+    print(f"preparing {n} packets and their failure-free output ...", flush=True)
+    records = packet_workload(n, seed=args.seed, pairs=PAIRS, apps=APPS, sources=SOURCES)
+    expected = reference_output(paper_dataflow(), records, args.nodes)
+    print(f"starting a local-cluster of {args.nodes + args.standbys + 1} executors ...", flush=True)
+    tmp = tempfile.mkdtemp(prefix="flux-failover-")
+    spark = local_cluster_session(args.nodes + args.standbys + 1, tmp)
+    try:
+        source = records if args.max_rate else RateLimited(records, args.rate)
+        job = FluxJob(spark, paper_dataflow(), source, nodes=args.nodes, standbys=args.standbys)
+        with job:
+            _watch(job, args, len(expected))
+        same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = summarize(job, args, same, len(expected))
+    write(job, summary, pathlib.Path(args.out))
+    return summary
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
