@@ -1,0 +1,29 @@
+"""The failover experiment runs end to end and writes what it promises (slow: Spark)."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_the_failover_experiment_writes_its_timeline_summary_and_plot(tmp_path):
+    from experiments.failover import main
+
+    out = tmp_path / "failover"
+    status = main(["--quick", "--duration", "8", "--kill-at", "4", "--rate", "5000",
+                   "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert status == 0
+    assert summary["dropped_inputs"] == 0 and summary["output_matches_reference"] is True
+    assert summary["kill_at_s"] < summary["detected_s"] <= summary["takeover_done_s"] \
+        < summary["catchup_done_s"]
+    assert summary["state_bytes_moved"] > 0
+    for key in ("input_rate_tps", "output_rate_tps", "state_move_s", "max_output_gap_s",
+                "flush_interval_s"):
+        assert summary[key] >= 0, key
+    rows = list(csv.DictReader(open(out / "timeline.csv")))
+    assert sum(int(r["inputs"]) for r in rows) == 40_000
+    assert (out / "failover.png").stat().st_size > 10_000
