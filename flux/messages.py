@@ -110,7 +110,8 @@ class StateInstalled:
 @dataclass(frozen=True, slots=True)
 class StateMoved:
     """A node tells the controller (for metrics): ``addr``'s state, ``nbytes`` long, moved
-    in ``seconds`` from both movers being ready to its installation."""
+    in ``seconds`` from both movers being ready to its installation (the pause and
+    drain of the sources, 5.3.1, included)."""
 
     addr: Addr
     nbytes: int
