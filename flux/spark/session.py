@@ -10,9 +10,13 @@ modules of the library and of the user's operators are found as on the driver.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
+import tempfile
 import time
+from typing import Iterator
 
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -49,6 +53,21 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
     # Warm every executor's Python daemon so a retried task starts at once.
     sc.parallelize(range(executors * 2), executors * 2).map(lambda x: x).collect()
     return spark
+
+
+@contextlib.contextmanager
+def local_cluster(executors: int, memory_mb: int = 1024, app_name: str = "flux") -> Iterator:
+    """``local_cluster_session`` with a temporary folder of its own: on exit the session
+    stops and the folder (where killed executors leave their files) is removed."""
+    tmp_dir = tempfile.mkdtemp(prefix="flux-spark-")
+    try:
+        spark = local_cluster_session(executors, tmp_dir, memory_mb, app_name)
+        try:
+            yield spark
+        finally:
+            spark.stop()
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def driver_python_path() -> str:
