@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 
 from controller.recovery import PairLost, Recovery
 from exchange.transport import ConnectionLost, Transport
+from statemover.service import mover_peer
 from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Members, ProcAddr,
                            Register, StateMoved, Stop, TakeoverDone, View, Welcome)
 
@@ -23,6 +24,7 @@ from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Me
 START_FAILURES = 3
 
 log = logging.getLogger(__name__)
+
 
 
 class ControllerService:
@@ -45,6 +47,7 @@ class ControllerService:
         now = clock()
         self.last_seen: Dict[str, float] = {name: now for name in watched}
         self.dead: set = set()
+        self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
         self.views: List[View] = []
         self.events: List[tuple] = []  # (time, what, detail) for metrics and tests
@@ -108,6 +111,8 @@ class ControllerService:
         self.registered[name] = (msg.task, msg.inc, msg.pid, msg.executor_pid)
         self.incarnations[name] = msg.inc
         self.addresses[name] = msg.address
+        if msg.mover_address:
+            self.mover_addresses[name] = msg.mover_address
         self.last_seen[name] = self.clock()
         self._connect(name)
         self._send(name, self._welcome(name), 0)
@@ -139,8 +144,11 @@ class ControllerService:
                 f"last error: {msg.reason}")
 
     def announce(self) -> None:
-        members = Members(tuple(sorted((n, a, self.incarnations.get(n, 0))
-                                       for n, a in self.addresses.items())))
+        """Where every process listens, and every StateMover (as ``name/mover``)."""
+        entries = [(n, a, self.incarnations.get(n, 0)) for n, a in self.addresses.items()]
+        entries += [(mover_peer(n), a, self.incarnations.get(n, 0))
+                    for n, a in self.mover_addresses.items()]
+        members = Members(tuple(sorted(entries)))
         for name in self._live():
             self._send(name, members, 0)
 

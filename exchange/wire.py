@@ -168,10 +168,11 @@ CODECS: Dict[str, _Codec] = {
     "state_moved": (StateMoved, lambda m: [list(m.addr), m.nbytes, m.seconds],
                     _arity(3, lambda a, n, t: StateMoved(_addr(a, "addr"), _int(n, "nbytes"),
                                                          _seconds(t, "seconds")))),
-    "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret],
-                 _arity(6, lambda t, i, a, p, e, s: Register(
+    "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
+                                      m.mover_address],
+                 _arity(7, lambda t, i, a, p, e, s, ma: Register(
                      _int(t, "task"), _int(i, "inc"), _str(a, "address"), _int(p, "pid"),
-                     _int(e, "executor pid"), _str(s, "secret")))),
+                     _int(e, "executor pid"), _str(s, "secret"), _str(ma, "mover address")))),
     "welcome": (Welcome, lambda m: [m.name, m.view, [[list(a), n] for a, n in m.where],
                                     list(m.dead_incs)],
                 _arity(4, lambda n, v, w, d: Welcome(

@@ -58,7 +58,8 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class Register:
     """A Spark task asks to join: its task index, incarnation (taskAttemptId), socket
-    address, process ids (for kill_node) and the job's secret."""
+    address, process ids (for kill_node), the job's secret, and where its StateMover
+    listens (its own thread and socket; empty if it has none)."""
 
     task: int
     inc: int
@@ -66,6 +67,7 @@ class Register:
     pid: int
     executor_pid: int
     secret: str
+    mover_address: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,8 @@ def test_a_node_killed_mid_stream_changes_nothing_in_the_output(victim):
     moves = [d for _, what, d in cluster.controller.events if what == "state moved"]
     assert {addr for addr, _, _ in moves} == set(cluster.recovery.completed)
     assert all(nbytes > 0 and seconds >= 0 for _, nbytes, seconds in moves)
+    # the state went through the StateMover services (their own threads and sockets)
+    assert cluster.movers["standby0"].relayed > 0
     # found by its dropped connection, not by the (slower) heartbeat timeout
     assert cluster.controller.why_dead == {victim: "its connection dropped"}
     assert sorted(cluster.recovery.completed) == sorted(

@@ -15,7 +15,8 @@ PACKAGES = ["flux", "exchange", "controller", "statemover"]
 #: Modules allowed to do I/O or use randomness: the drivers of the machines.
 # drivers of the protocol, and the driver-side parts of the API that read the clock
 DRIVERS = {"flux/sim", "flux/runtime", "flux/spark", "flux/workload.py", "exchange/transport.py",
-           "controller/service.py", "flux/sources.py", "flux/metrics.py"}
+           "controller/service.py", "statemover/service.py", "flux/sources.py",
+           "flux/metrics.py"}
 FORBIDDEN = {"zmq", "pyspark", "threading", "time", "random", "socket", "asyncio", "multiprocessing"}
 
 

@@ -26,7 +26,7 @@ MESSAGES = [
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
     View(5), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),
-    Register(2, 41, "tcp://127.0.0.1:5000", 123, 99, "s3cret"),
+    Register(2, 41, "tcp://127.0.0.1:5000", 123, 99, "s3cret", "tcp://127.0.0.1:5002"),
     Welcome("standby41", 3, ((Addr(1, 0, 0), "node1"),), (7, 8)),
     Members((("node0", "tcp://127.0.0.1:5001", 40),)),
     Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),

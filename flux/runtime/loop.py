@@ -33,7 +33,7 @@ class HostLoop:
                  source: Optional[Iterator[Any]] = None, incarnations: Dict[str, int] = None,
                  heartbeat: Optional[float] = None, clock=time.monotonic,
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
-                 flush_delay: float = 0.002):
+                 flush_delay: float = 0.002, mover_relay: Optional[str] = None):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -55,6 +55,9 @@ class HostLoop:
         self._next_arrival: Optional[float] = None
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
         self.metrics = metrics
+        #: the peer that carries this node's StateMover traffic (its StateMoverService);
+        #: None: straight to the other node's process, on the data connections
+        self.mover_relay = mover_relay
         #: a connection with something to send waits this long for more before it
         #: flushes: fewer, larger messages (SPARK_NOTES: one per tuple costs ~10x)
         self.flush_delay = flush_delay
@@ -212,7 +215,10 @@ class HostLoop:
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
         for env in envelopes:
             dst = env.dst
-            self._send_to(dst.node if isinstance(dst, MoverAddr) else self.where[dst], env)
+            if isinstance(dst, MoverAddr):
+                self._send_to(self.mover_relay or dst.node, env)
+            else:
+                self._send_to(self.where[dst], env)
         for e in others:
             if isinstance(e, SmReady):
                 self._moves[e.transfer] = self.clock()

@@ -24,6 +24,7 @@ from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
 from flux.messages import Deliver
 from flux.runtime.loop import HostLoop
+from statemover.service import StateMoverService, mover_peer
 
 
 class ThreadCluster:
@@ -56,13 +57,19 @@ class ThreadCluster:
                                             self.incarnations, addresses,
                                             list(nodes) + self.standby_names, detect_after)
         self.loops: Dict[str, HostLoop] = {}
+        #: every node's StateMover service (a thread and socket of its own, as on Spark)
+        self.movers: Dict[str, StateMoverService] = {}
         for name, ms in machines.items():
             worker = name.startswith(("node", "standby"))
             host = Host(name, ms, self.incarnations[name],
                         builder.standby_segment if worker else None, chunk_size, peer_incs)
+            if worker:
+                self.movers[name] = StateMoverService(self.ctx, name, self.incarnations[name])
+                addresses[mover_peer(name)] = self.movers[name].address
             self.loops[name] = HostLoop(host, self.transports[name], where, addresses,
                                         self._on_effect, iter(records) if name == "ingress" else None,
-                                        self.incarnations, heartbeat if worker else None)
+                                        self.incarnations, heartbeat if worker else None,
+                                        mover_relay=mover_peer(name) if worker else None)
         self._stop: Dict[str, threading.Event] = {n: threading.Event() for n in names}
         self._threads: Dict[str, threading.Thread] = {}
         self.errors: List[BaseException] = []
@@ -87,6 +94,10 @@ class ThreadCluster:
                                                    daemon=True)
         for t in self._threads.values():
             t.start()
+        for name, mover in self.movers.items():
+            loop = self.loops[name]
+            mover.start(name, self.transports[name].address, loop.addresses,
+                        lambda process, loop=loop: process in loop.dead_processes)
         return self
 
     def kill(self, name: str) -> None:
@@ -94,6 +105,8 @@ class ThreadCluster:
         self._stop[name].set()
         self._threads[name].join(timeout=10)
         self.transports[name].close()
+        if name in self.movers:
+            self.movers[name].stop()
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -110,6 +123,8 @@ class ThreadCluster:
             event.set()
         for t in self._threads.values():
             t.join(timeout=10)
+        for mover in self.movers.values():
+            mover.stop()
         for t in self.transports.values():
             t.close()
         self.ctx.term()

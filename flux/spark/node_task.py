@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import zmq
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -24,6 +24,7 @@ from flux.host import Host
 from flux.ingress import INGRESS
 from flux.messages import CONTROLLER, Envelope, Failed, Members, ProcAddr, Register, Stop, Welcome
 from flux.runtime.loop import HostLoop
+from statemover.service import StateMoverService, mover_peer
 
 
 def executor_pid() -> int:
@@ -53,22 +54,38 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
                 task, inc, reason, config["secret"]), inc, None))
             transport.close(linger_ms=2000)  # the report leaves before Spark sees the error
             raise
-        register = Envelope(me0, CONTROLLER, 0, Register(
-            task, inc, transport.address, os.getpid(), executor_pid(), config["secret"]), inc, None)
-        joined = join(transport, register, config["register_timeout"])
-        if joined is None:
-            return iter([(task, inc, "stopped before start")])
-        welcome, members, early = joined
-        name = welcome.name
-        loop = build_loop(welcome, inc, members, transport, config)
-        for env in early:
-            loop.receive(env)
-        while loop.stopped is None:
-            loop.turn(5)
-        return iter([(task, inc, name, loop.stopped)])
+        mover = StateMoverService(ctx, f"w{inc}", inc)  # its socket exists from now on
+        try:
+            return run_node(task, inc, config, transport, mover, me0)
+        finally:
+            mover.stop()
     finally:
         transport.close()
         ctx.term()
+
+
+def run_node(task: int, inc: int, config: Dict[str, Any], transport: Transport,
+             mover: StateMoverService, me0: ProcAddr) -> Iterator[tuple]:
+    """Register, build the node, start its StateMover service, run until told to stop."""
+    register = Envelope(me0, CONTROLLER, 0, Register(
+        task, inc, transport.address, os.getpid(), executor_pid(), config["secret"],
+        mover.address), inc, None)
+    joined = join(transport, register, config["register_timeout"])
+    if joined is None:
+        return iter([(task, inc, "stopped before start")])
+    welcome, members, early = joined
+    name = welcome.name
+    loop = build_loop(welcome, inc, members, transport, config, mover_relay=mover_peer(name))
+    loop.addresses[mover_peer(name)] = mover.address
+    mover.start(name, transport.address, loop.addresses,
+                lambda process: process in loop.dead_processes)
+    for env in early:
+        loop.receive(env)
+    while loop.stopped is None:
+        loop.turn(5)
+        if mover.error is not None:
+            raise RuntimeError(f"{name}: its StateMover service failed") from mover.error
+    return iter([(task, inc, name, loop.stopped)])
 
 
 class NotWelcomed(Exception):
@@ -124,7 +141,7 @@ def load_dataflow(blob: bytes):
 
 
 def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,
-               config: Dict[str, Any]) -> HostLoop:
+               config: Dict[str, Any], mover_relay: Optional[str] = None) -> HostLoop:
     name = welcome.name
     dataflow, partitions = config["dataflow"], config["partitions"]
     builder = MachineBuilder(dataflow, partitions, config["capacity"], config["batch_size"],
@@ -145,6 +162,6 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     host.dead_incs = set(welcome.dead_incs)
     loop = HostLoop(host, transport, where, addresses, incarnations=incs,
                     heartbeat=config["heartbeat"], lease=config["lease"],
-                    flush_delay=config["flush_delay"])
+                    flush_delay=config["flush_delay"], mover_relay=mover_relay)
     loop.dead_processes = {n for n, i in incs.items() if i in host.dead_incs}
     return loop

@@ -1,0 +1,73 @@
+"""The StateMover service: a node's mover traffic on a thread and socket of its own."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from exchange.transport import Transport
+from flux.host import MoverAddr
+from flux.messages import Envelope
+from statemover.mover import Chunk, Handshake
+from statemover.service import StateMoverService, mover_peer
+
+pytestmark = pytest.mark.timeout(30)
+A, B, C = MoverAddr("a"), MoverAddr("b"), MoverAddr("c")
+
+
+@pytest.fixture
+def two_nodes():
+    ctx = zmq.Context()
+    nodes = {n: Transport(ctx, n, k) for k, n in enumerate("ab", 1)}
+    movers = {n: StateMoverService(ctx, f"w{k}", k) for k, n in enumerate("ab", 1)}
+    addresses = {mover_peer(n): m.address for n, m in movers.items()}
+    dead = set()
+    for n, m in movers.items():
+        m.start(n, nodes[n].address, addresses, dead.__contains__)
+        nodes[n].connect(mover_peer(n), m.address)
+    yield nodes, movers, dead
+    for m in movers.values():
+        m.stop()
+    for t in nodes.values():
+        t.close()
+    ctx.term()
+
+
+def receive(t, n=1, timeout=5.0):
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += t.poll(20)[0]
+    return got
+
+
+def test_state_chunks_go_from_node_to_node_through_the_two_services(two_nodes):
+    nodes, movers, _ = two_nodes
+    big = Envelope(A, B, 3, Chunk((2, 1, 4), 0, b"\x01" * 3_000_000), 11, 12)
+    hello = Envelope(A, B, 3, Handshake((2, 1, 4), "send"), 11, 12)
+    nodes["a"].send(mover_peer("a"), hello)
+    nodes["a"].send(mover_peer("a"), big)
+    assert receive(nodes["b"], 2) == [hello, big]  # whole, in order
+    assert movers["a"].relayed == 2 and movers["b"].relayed == 2
+
+
+def test_nothing_goes_to_a_process_declared_dead(two_nodes):
+    nodes, movers, dead = two_nodes
+    dead.add("b")
+    nodes["a"].send(mover_peer("a"), Envelope(A, B, 3, Handshake((2, 1, 4), "send"), 11, 12))
+    assert receive(nodes["b"], timeout=0.5) == []
+    assert movers["a"].relayed == 0
+
+
+@pytest.mark.parametrize("env", [
+    Envelope(C, B, 3, Handshake((2, 1, 4), "send"), 11, 12),  # not from our mover
+    Envelope(A, C, 3, Handshake((2, 1, 4), "send"), 11, 12),  # to a mover it has no address for
+])
+def test_what_is_not_its_own_to_carry_is_dropped_with_a_log_line(two_nodes, env, caplog):
+    nodes, movers, _ = two_nodes
+    nodes["a"].send(mover_peer("a"), env)
+    deadline = time.monotonic() + 5
+    while "dropped" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "dropped" in caplog.text and movers["a"].relayed == 0
+    assert receive(nodes["b"], timeout=0.3) == []
