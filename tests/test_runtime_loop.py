@@ -151,3 +151,37 @@ def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one
     # the three records (their keys hash to one partition) leave as one batch to each
     # replica; the other partition's replicas get their progress bound
     assert sorted(len(b.items) for b in batches) == [0, 0, 3, 3]
+
+
+class EndlessWork:
+    """A segment that always has input ready; each record takes 0.1 ms of the fake clock."""
+
+    def __init__(self, now):
+        self.now, self.processed = now, 0
+
+    def can_process(self):
+        return True
+
+    def process(self):
+        self.now[0] += 0.0001
+        self.processed += 1
+
+
+def test_a_busy_node_still_beats_between_bounded_turns():
+    from flux.messages import Addr, Heartbeat
+
+    now = [0.0]
+    work = EndlessWork(now)
+    transport = RecordingTransport()
+    loop = HostLoop(Host("node0", {Addr(1, 0, 0): work}, 1), transport, {},
+                    {"controller": "tcp://x"}, clock=lambda: now[0], heartbeat=0.05,
+                    max_turn=0.02)
+    beats = []
+    for _ in range(10):
+        loop.turn(5)
+        beats.append(sum(isinstance(env.msg, Heartbeat) for _, env in transport.sent))
+    # a turn ends after the step that passed 20 ms (256 records, 25.6 ms); a beat goes
+    # out every 50 ms of work, not once at the end of 256 ms
+    assert work.processed == 10 * 256
+    assert beats[-1] >= 4
+    assert loop._busy()  # the next turn would not wait: there is more to do

@@ -25,6 +25,10 @@ from flux.sources import NOT_YET
 from statemover.mover import SmReady
 
 
+#: inputs one segment processes before the loop looks at its other work
+PROCESS_PER_STEP = 256
+
+
 class HostLoop:
     """One process: its Host, its Transport, and where every endpoint lives."""
 
@@ -33,7 +37,8 @@ class HostLoop:
                  source: Optional[Iterator[Any]] = None, incarnations: Dict[str, int] = None,
                  heartbeat: Optional[float] = None, clock=time.monotonic,
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
-                 flush_delay: float = 0.002, mover_relay: Optional[str] = None):
+                 flush_delay: float = 0.002, mover_relay: Optional[str] = None,
+                 max_turn: float = 0.02):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -55,6 +60,10 @@ class HostLoop:
         self._next_arrival: Optional[float] = None
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
         self.metrics = metrics
+        #: a turn that still has work after this long returns (and the next begins at once):
+        #: a busy node keeps beating and hearing the controller
+        self.max_turn = max_turn
+        self._more = False
         #: the peer that carries this node's StateMover traffic (its StateMoverService);
         #: None: straight to the other node's process, on the data connections
         self.mover_relay = mover_relay
@@ -72,7 +81,6 @@ class HostLoop:
     # -- one turn of the poller loop ------------------------------------------------
     def turn(self, timeout_ms: int) -> bool:
         """Receive, deliver, work, send. Returns True if anything moved."""
-        self._beat()
         if self._busy():
             timeout_ms = 0
         else:
@@ -85,14 +93,17 @@ class HostLoop:
         self.gaps += gaps
         for env in envelopes:
             self.receive(env)
+        self._beat()  # after receiving: the controller's beats that waited count for the lease
         moved = bool(envelopes)
+        deadline = self.clock() + self.max_turn
         while True:
             if not self._drain_overflow():
                 return moved  # back-pressure: nothing new until the outboxes empty
             step = self._deliver() | self._accept_input() | self._work()
             moved |= step
-            if not step:
-                return moved
+            self._more = step
+            if not step or self.clock() >= deadline:
+                return moved  # more to do: the next turn beats, polls without waiting
 
     def _apply_members(self, msg: Members) -> None:
         for name, address, inc in msg.addresses:
@@ -145,7 +156,7 @@ class HostLoop:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
 
     def _busy(self) -> bool:
-        return (not self.source_done and not self._source_waits) or any(self.held.values())
+        return self._more or (not self.source_done and not self._source_waits) or any(self.held.values())
 
     def _deliver(self) -> bool:
         moved = False
@@ -188,7 +199,9 @@ class HostLoop:
             del self._flush_wait[key]  # a segment this process no longer hosts
         for addr, machine in list(self.host.machines.items()):
             can_process = getattr(machine, "can_process", None)
-            while can_process is not None and can_process():
+            for _ in range(PROCESS_PER_STEP if can_process is not None else 0):
+                if not can_process():
+                    break
                 machine.process()
                 moved = True
             flushable = getattr(machine, "flushable", None)

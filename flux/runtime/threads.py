@@ -54,7 +54,7 @@ class ThreadCluster:
                                  {n: self.incarnations[n] for n in list(nodes) + self.standby_names},
                                  self.standby_names, INGRESS, builder.egress_addr, MoverAddr)
         self.controller = ControllerService(self.transports["controller"], self.recovery,
-                                            self.incarnations, addresses,
+                                            self.incarnations, dict(addresses),
                                             list(nodes) + self.standby_names, detect_after)
         self.loops: Dict[str, HostLoop] = {}
         #: every node's StateMover service (a thread and socket of its own, as on Spark)
@@ -65,7 +65,8 @@ class ThreadCluster:
                         builder.standby_segment if worker else None, chunk_size, peer_incs)
             if worker:
                 self.movers[name] = StateMoverService(self.ctx, name, self.incarnations[name])
-                addresses[mover_peer(name)] = self.movers[name].address
+                addresses[mover_peer(name)] = self.movers[name].address  # the loops' view
+                self.controller.mover_addresses[name] = self.movers[name].address
             self.loops[name] = HostLoop(host, self.transports[name], where, addresses,
                                         self._on_effect, iter(records) if name == "ingress" else None,
                                         self.incarnations, heartbeat if worker else None,
