@@ -5,6 +5,8 @@ Keys and factories are module-level functions, classes and
 
 - ``paper_dataflow``: packets -> sessions by ``(src, dst)`` -> windowed
   stats by ``(app, src)``; outputs ``(app, src, max, avg, ts)``.
+- ``cpu_bound_paper_dataflow``: the same, with ``BusyWork`` making the first
+  group-by CPU-bound (the overhead experiment).
 - ``counting_dataflow``: ``(key, value)`` records through ``KeyedCounter``
   stages, repartitioned at every stage; outputs ``(key, ±count, payload)``.
 - ``packet_dataflow``: the paper's two stages, then ``KeyedCounter`` stages
@@ -16,6 +18,7 @@ from functools import partial
 from typing import Any, Sequence
 
 from flux.dataflow import Dataflow, Stage
+from flux.operators.busy import BusyWork
 from flux.operators.counter import KeyedCounter, first_field, key_and_count
 from flux.operators.sessions import SessionReconstruction, session_key
 from flux.operators.stats import DEFAULT_WINDOW, WindowedDurationStats, stats_key
@@ -40,6 +43,16 @@ def _paper_stages(window: int, emit_every: int) -> list[Stage]:
 def paper_dataflow(window: int = DEFAULT_WINDOW, emit_every: int = 2) -> Dataflow:
     """The paper's dataflow: session reconstruction, then per-(app, src) windowed stats."""
     return Dataflow(_paper_stages(window, emit_every))
+
+
+def cpu_bound_paper_dataflow(rounds: int = 200, window: int = DEFAULT_WINDOW,
+                             emit_every: int = 2) -> Dataflow:
+    """The paper's dataflow with ``BusyWork(rounds)`` in front of session reconstruction:
+    the first group-by is the bottleneck (the overhead experiment, 5.4)."""
+    stages = _paper_stages(window, emit_every)
+    first = stages[0]
+    stages[0] = Stage(first.name, first.key, (partial(BusyWork, rounds=rounds), *first.operators))
+    return Dataflow(stages)
 
 
 def counting_dataflow(stages: int, fanout_every: int = 3) -> Dataflow:
