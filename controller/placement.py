@@ -13,6 +13,13 @@ from flux.messages import Addr, P, S
 class Placement:
     """Segments per node, with the pair-independence check."""
 
+    #: a lost replica is rebuilt on a standby, one segment at a time (3.3)
+    rebuilds = True
+
+    def failure_group(self, node: int) -> List[int]:
+        """The nodes that fail when ``node`` fails: just itself, for partition pairs."""
+        return [node]
+
     def __init__(self, nodes: Dict[int, List[Addr]]):
         self.nodes = {n: list(addrs) for n, addrs in nodes.items()}
         self.node_of: Dict[Addr, int] = {}
@@ -77,9 +84,17 @@ class ClusterPairs(Placement):
                 layout[half + i % half].append(Addr(s, i, S))
         super().__init__(layout)
 
+    #: rebuilding a set needs a consistent snapshot of the whole surviving set (pause
+    #: the ingress, drain every stage, snapshot every segment: DESIGN 7); not built
+    rebuilds = False
+
     def replica_set(self, node: int) -> int:
         """P (0) for the first half of the nodes, S (1) for the second."""
         return P if node < len(self.nodes) // 2 else S
+
+    def failure_group(self, node: int) -> List[int]:
+        """Inside a set the exchanges are plain: one node lost fails its whole set (4.2)."""
+        return [k for k in self.nodes if self.replica_set(k) == self.replica_set(node)]
 
 
 class Unreplicated(Placement):

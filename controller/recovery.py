@@ -48,6 +48,7 @@ class Recovery:
                  incarnations: Dict[str, int], standbys: List[str],
                  ingress: Addr, egress: Addr, mover_of):
         self.stages, self.partitions = stages, partitions
+        self.placement = placement
         self.inc = dict(incarnations)
         self.hosted: Dict[str, Set[Addr]] = {f"node{n}": set(a) for n, a in placement.nodes.items()}
         self.node_of: Dict[Addr, str] = {a: n for n, addrs in self.hosted.items() for a in addrs}
@@ -67,11 +68,16 @@ class Recovery:
 
     # -- events ------------------------------------------------------------------
     def node_failed(self, node: str) -> List[View]:
-        """Declare ``node`` dead in the next view; then schedule catch-up."""
+        """Declare ``node`` dead in the next view (with the nodes that fail with it: its
+        replica set, under cluster pairs); then schedule catch-up."""
         if node in self.dead:
             return []
-        self.dead.add(node)
-        lost = set(self.hosted.pop(node, set()))
+        group = [node]
+        if node.startswith("node") and node[4:].isdigit():
+            group = [n for n in (f"node{k}" for k in self.placement.failure_group(int(node[4:])))
+                     if n not in self.dead and n in self.hosted] or [node]
+        self.dead.update(group)
+        lost = set().union(*(self.hosted.pop(n, set()) for n in group))
         # An attempt with a producer or consumer among the lost aborts (DESIGN 4.6):
         # its new replica is declared failed with them, and is rebuilt later, bottom-up.
         aborted = {addr for addr, a in self.attempts.items()
@@ -80,21 +86,20 @@ class Recovery:
             del self.attempts[addr]
             standby = self.node_of.pop(addr)
             self.hosted[standby].discard(addr)
-        failed = frozenset(lost | aborted | {self.mover_of(node)})
+        failed = frozenset(lost | aborted | {self.mover_of(n) for n in group})
         for addr in lost:
-            self.node_of.pop(addr, None)
-            self.missing[addr] = node
+            self.missing[addr] = self.node_of.pop(addr, node)
             self.attempts.pop(addr, None)
         for addr, owner in list(self.missing.items()):  # replicas this standby was to receive
-            if self.replacement.get(owner) == node:
-                self.missing[addr] = node
-        self.replacement = {k: v for k, v in self.replacement.items() if v != node}
-        if node in self.free:
-            self.free.remove(node)
+            if self.replacement.get(owner) in group:
+                self.missing[addr] = self.replacement[owner]
+        self.replacement = {k: v for k, v in self.replacement.items() if v not in group}
+        self.free = [n for n in self.free if n not in group]
         for addr in sorted(self.missing):
             if self._twin(addr) in self.missing:
                 raise PairLost(addr)
-        views = [self._next_view(failed=failed, failed_incs=frozenset({self.inc[node]}))]
+        incs = frozenset(self.inc[n] for n in group)
+        views = [self._next_view(failed=failed, failed_incs=incs)]
         return views + self._schedule()
 
     def folded_in(self, reporter: Addr, addr: Addr, version: int) -> List[View]:
@@ -124,7 +129,7 @@ class Recovery:
                 del self.attempts[addr]
                 del self.missing[addr]
                 self.completed.append(addr)
-        if self.attempts or not self.missing:
+        if self.attempts or not self.missing or not self.placement.rebuilds:
             return []
         stage = min(a.stage for a in self.missing)
         avails = []

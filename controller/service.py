@@ -180,10 +180,23 @@ class ControllerService:
         self.transport.disconnect(name)
         self.events.append((self.clock(), "detected", name))
         try:
-            self._broadcast(self.recovery.node_failed(name))
+            views = self.recovery.node_failed(name)
+            for other in sorted(self.recovery.dead - self.dead):  # failed with it (4.2)
+                self._fence(other, f"its replica set failed with {name}")
+            self._broadcast(views)
         except PairLost as exc:
             self.error = exc  # the job must stop: both replicas of a partition are gone
             log.error("%s", exc)
+
+    def _fence(self, name: str, why: str) -> None:
+        """A live process the views declare failed: it is told to stop (and, fenced by its
+        incarnation, is ignored by everyone even if it does not)."""
+        log.warning("fencing %s: %s", name, why)
+        self._send(name, Stop(f"fenced: {why}"), 0)
+        self.dead.add(name)
+        self.why_dead[name] = why
+        self.last_seen.pop(name, None)
+        self.events.append((self.clock(), "fenced", name))
 
     def _broadcast(self, views: List[View]) -> None:
         for view in views:

@@ -245,3 +245,18 @@ def test_a_failed_transfer_aborts_its_attempt_and_retries_with_a_new_version():
     again = {a.addr: a.version for v in abort2[1:] for a in v.avail}
     assert set(again) == {a1, a2} and min(again.values()) > max(first.values())
     assert rec.transfer_failed(a1.stage, a1.partition, v1) == []  # old news
+
+
+def test_under_cluster_pairs_one_node_fails_its_whole_replica_set_and_nothing_is_rebuilt():
+    from controller.placement import ClusterPairs
+
+    rec, inc = make(ClusterPairs(2, 4, 4))  # set P: node0, node1; set S: node2, node3
+    views = rec.node_failed("node1")
+    assert len(views) == 1  # no avail: a set is not rebuilt segment by segment
+    assert rec.dead == {"node0", "node1"}
+    assert views[0].failed_incs == frozenset({inc["node0"], inc["node1"]})
+    assert {a for a in views[0].failed if isinstance(a, Addr)} == {
+        Addr(s, i, P) for s in (1, 2) for i in range(4)}
+    assert rec.node_failed("node0") == []  # already failed with its set
+    with pytest.raises(PairLost, match="stage 1 partition 0"):
+        rec.node_failed("node2")

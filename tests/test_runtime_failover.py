@@ -69,3 +69,21 @@ def test_a_second_failure_after_catch_up_is_survived_too():
                                   and not cluster.recovery.pending(), 60), (
             len(cluster.delivered), len(expected), cluster.recovery.missing)
     check_same_output(cluster, expected)
+
+
+def test_under_cluster_pairs_a_node_failure_fails_its_set_and_the_other_set_carries_on():
+    """DESIGN 7: plain exchanges inside a set, so the whole set is fenced; the ingress and
+    the egress take over to the other set, and the output is unchanged."""
+    records = packet_workload(6000, seed=8, pairs=600, apps=4, sources=30)
+    expected = reference_output(paper_dataflow(), records, 4)
+    cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1,
+                            replication="cluster-pairs")
+    with cluster:
+        assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 3, 60)
+        cluster.kill("node1")
+        done = cluster.wait_until(lambda: len(cluster.delivered) == len(expected), 60)
+        assert not cluster.controller.error, cluster.controller.error
+        assert done, (len(cluster.delivered), len(expected))
+    check_same_output(cluster, expected)
+    assert cluster.controller.why_dead == {"node1": "its connection dropped",
+                                           "node0": "its replica set failed with node1"}
