@@ -219,10 +219,9 @@ class HostLoop:
             if now - waiting.setdefault((addr, i, d), now) >= self.flush_delay:
                 self._emit(*self.host.run_local(machine.flush(i, d)))
                 flushed = True
-        if flushed or len(ready) < sum(1 for k in waiting if k[0] == addr):
-            still = set(flushable()) if flushed else set(ready)
-            for key in [k for k in waiting if k[0] == addr and (k[1], k[2]) not in still]:
-                del waiting[key]
+        still = set(flushable()) if flushed else set(ready)
+        for key in [k for k in waiting if k[0] == addr and (k[1], k[2]) not in still]:
+            del waiting[key]  # sent all it had, or cannot send now (paused, standby)
         return flushed
 
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
