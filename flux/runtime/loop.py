@@ -98,6 +98,7 @@ class HostLoop:
         deadline = self.clock() + self.max_turn
         while True:
             if not self._drain_overflow():
+                self._more = False  # wait for the peers a little, do not spin
                 return moved  # back-pressure: nothing new until the outboxes empty
             step = self._deliver() | self._accept_input() | self._work()
             moved |= step
