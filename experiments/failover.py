@@ -35,9 +35,6 @@ from flux.workload import packet_workload
 
 #: the paper's workload knobs: 100K (src, dst) pairs, 10 x 1000 = 10K (app, src) values
 PAIRS, APPS, SOURCES = 100_000, 10, 1_000
-#: a partial batch leaves at the end of the loop turn that made it; an idle loop turn
-#: waits at most this long (the node loop's poll timeout)
-FLUSH_INTERVAL_S = 0.005
 #: how many packets "--max-rate" prepares per second of --duration
 MAX_RATE_BUDGET = 60_000
 
@@ -138,7 +135,8 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "max_output_gap_s": base["max_output_gap_s"],
         "max_output_gap_end_s": base["max_output_gap_end_s"],
         "median_interval_latency_ms": base["median_interval_latency_ms"],
-        "flush_interval_s": FLUSH_INTERVAL_S, "interval_s": m.interval,
+        # a connection's batch waits this long for more before it is sent
+        "flush_interval_s": job.config["flush_delay"], "interval_s": m.interval,
         "events": base["events"],
     }
 
