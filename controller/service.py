@@ -3,8 +3,8 @@
 It listens for heartbeats (any message counts) from every process it
 watches; one that stays silent longer than ``timeout`` is declared dead, and
 so is one whose connection shows a gap (DESIGN 4.4), and so, at once, is
-one whose TCP connection drops (its process died: the kernel closed it). The pure ``Recovery``
-turns failures and fold-in reports into views, which go to every live process
+one whose TCP connection drops (its process died: the kernel closed it).
+The pure ``Recovery`` turns failures and fold-in reports into views, which go to every live process
 in order over its FIFO connection. The ingress and the egress are assumed
 always available (paper 3.1.1) and are never declared dead.
 """
@@ -24,7 +24,6 @@ from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Me
 START_FAILURES = 3
 
 log = logging.getLogger(__name__)
-
 
 
 class ControllerService:
@@ -174,11 +173,8 @@ class ControllerService:
         if name in self.dead or self.error is not None:
             return
         log.warning("declaring %s dead: %s", name, why)
-        self.dead.add(name)
-        self.why_dead[name] = why
-        self.last_seen.pop(name, None)
+        self._mark_dead(name, why, "detected")
         self.transport.disconnect(name)
-        self.events.append((self.clock(), "detected", name))
         try:
             views = self.recovery.node_failed(name)
             for other in sorted(self.recovery.dead - self.dead):  # failed with it (4.2)
@@ -193,10 +189,13 @@ class ControllerService:
         incarnation, is ignored by everyone even if it does not)."""
         log.warning("fencing %s: %s", name, why)
         self._send(name, Stop(f"fenced: {why}"), 0)
+        self._mark_dead(name, why, "fenced")
+
+    def _mark_dead(self, name: str, why: str, event: str) -> None:
         self.dead.add(name)
         self.why_dead[name] = why
         self.last_seen.pop(name, None)
-        self.events.append((self.clock(), "fenced", name))
+        self.events.append((self.clock(), event, name))
 
     def _broadcast(self, views: List[View]) -> None:
         for view in views:

@@ -20,8 +20,6 @@ import argparse
 import csv
 import json
 import pathlib
-import shutil
-import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -199,7 +197,7 @@ def main(argv=None) -> int:
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Prepare the input and its reference, run the job with one kill, write the results."""
     from flux.spark.job import FluxJob
-    from flux.spark.session import local_cluster_session
+    from flux.spark.session import local_cluster
 
     budget = MAX_RATE_BUDGET if args.max_rate else args.rate
     n = int(budget * args.duration)
@@ -207,17 +205,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     records = packet_workload(n, seed=args.seed, pairs=PAIRS, apps=APPS, sources=SOURCES)
     expected = reference_output(paper_dataflow(), records, args.nodes)
     print(f"starting a local-cluster of {args.nodes + args.standbys + 1} executors ...", flush=True)
-    tmp = tempfile.mkdtemp(prefix="flux-failover-")
-    spark = local_cluster_session(args.nodes + args.standbys + 1, tmp)
-    try:
+    with local_cluster(args.nodes + args.standbys + 1) as spark:
         source = records if args.max_rate else RateLimited(records, args.rate)
         job = FluxJob(spark, paper_dataflow(), source, nodes=args.nodes, standbys=args.standbys)
         with job:
             _watch(job, args, len(expected))
-        same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
-    finally:
-        spark.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
     summary = summarize(job, args, same, len(expected))
     write(job, summary, pathlib.Path(args.out))
     return summary

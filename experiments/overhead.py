@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import shutil
-import tempfile
 import time
 from typing import Any, Dict, List
 
@@ -80,22 +78,17 @@ def table(rows: List[Dict[str, Any]]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from flux.spark.session import local_cluster_session
+    from flux.spark.session import local_cluster
 
     print(f"preparing {args.inputs} packets and their failure-free output ...", flush=True)
     records = packet_workload(args.inputs, seed=1, pairs=100_000, apps=10, sources=1_000)
     expected = reference_output(cpu_bound_paper_dataflow(args.rounds), records, args.nodes)
-    tmp = tempfile.mkdtemp(prefix="flux-overhead-")
-    spark = local_cluster_session(args.nodes + 1, tmp)
     rows = []
-    try:
+    with local_cluster(args.nodes + 1) as spark:
         for mode in args.modes:
             print(f"{mode}: {args.inputs} packets as fast as they are taken ...", flush=True)
             rows.append(measure(spark, mode, records, expected, args))
             print(f"  {rows[-1]['input_rate_tps']:,.0f} packets/s", flush=True)
-    finally:
-        spark.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     rate = {r["mode"]: r["input_rate_tps"] for r in rows}
     for r in rows:
         if "none" in rate:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import shutil
-import tempfile
 import time
 
 from flux.examples import paper_dataflow
@@ -29,23 +27,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/throughput")
     args = ap.parse_args(argv)
     from flux.spark.job import FluxJob
-    from flux.spark.session import local_cluster_session
+    from flux.spark.session import local_cluster
 
     records = packet_workload(args.inputs, seed=1, pairs=100_000, apps=10, sources=1_000)
     expected = reference_output(paper_dataflow(), records, args.nodes)
-    tmp = tempfile.mkdtemp(prefix="flux-spark-")
-    spark = local_cluster_session(args.nodes + args.standbys + 1, tmp)
-    try:
+    with local_cluster(args.nodes + args.standbys + 1) as spark:
         job = FluxJob(spark, paper_dataflow(), records, nodes=args.nodes, standbys=args.standbys)
         with job:
             job.wait_until(lambda: job.controller.started, 120)
             started = time.perf_counter()
             job.wait_until(lambda: len(job.delivered) >= len(expected), 3600)
             elapsed = time.perf_counter() - started
-        same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
-    finally:
-        spark.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
     summary = {"inputs": args.inputs, "outputs": len(expected), "nodes": args.nodes,
                "standbys": args.standbys, "seconds": round(elapsed, 3),
                "input_rate_tps": round(args.inputs / elapsed), "output_matches_reference": same}

@@ -1,9 +1,6 @@
 """Flux on Spark: nodes as long-running tasks of an embedded local-cluster (slow)."""
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from functools import partial
 
 import pytest
@@ -20,28 +17,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def spark():
-    from flux.spark.session import local_cluster_session
+    from flux.spark.session import local_cluster
 
-    tmp = tempfile.mkdtemp(prefix="flux-spark-")
-    session = local_cluster_session(6, tmp)  # 4 nodes + 1 standby + 1 warm spare
-    yield session
-    session.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with local_cluster(6) as session:  # 4 nodes + 1 standby + 1 warm spare
+        yield session
 
 
-def test_a_failure_free_run_on_spark_equals_the_reference(spark):
+def test_a_failure_free_run_on_spark_equals_the_reference(spark, tmp_path):
     from flux.spark.job import FluxJob
 
     records = packet_workload(20000, seed=4, pairs=2000, apps=4, sources=100)
     expected = reference_output(paper_dataflow(), records, 4)
-    out = tempfile.mktemp(suffix=".jsonl")
+    out = str(tmp_path / "out.jsonl")
     source = RateLimited(records, rate=10_000)  # a feed that does not wait
     job = FluxJob(spark, paper_dataflow(), source, nodes=4, standbys=1, sink=JsonLinesSink(out))
     with job:
         job.wait(timeout=240)
     assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
     assert read_json_lines(out) == [(sn, wire_form(r)) for sn, r in expected]
-    os.remove(out)
     summary = job.metrics.summary()
     assert (summary["inputs"], summary["dropped_inputs"]) == (len(records), 0)
     assert summary["outputs"] == len(expected)

@@ -157,7 +157,8 @@ class HostLoop:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
 
     def _busy(self) -> bool:
-        return self._more or (not self.source_done and not self._source_waits) or any(self.held.values())
+        source_ready = not self.source_done and not self._source_waits
+        return self._more or source_ready or any(self.held.values())
 
     def _deliver(self) -> bool:
         moved = False
