@@ -61,6 +61,7 @@ class FluxJob:
         self.detect_after = detect_after
         self._stop = threading.Event()
         self._stopping = threading.Event()
+        self._finished = threading.Event()
         self._threads: List[threading.Thread] = []
         self.task_results: List[Any] = []
         self._loops: Dict[str, HostLoop] = {}
@@ -159,16 +160,23 @@ class FluxJob:
             self._spawn(lambda loop=loop: self._drive(loop))
 
     def finished(self) -> bool:
-        """The source is exhausted and the egress's progress bound covers the last input:
-        no output can still come (DESIGN 4.3)."""
+        """Every input's output was delivered (and handed to the sink)."""
+        return self._finished.is_set()
+
+    def _check_finished(self) -> None:
+        """Run by the egress's thread between its turns, never concurrently with one: the
+        source is exhausted and the egress's progress bound covers the last input, so no
+        output can still come (DESIGN 4.3), and every output released by the merge has
+        been delivered. (Asked from another thread, the merge could already be empty while
+        its last ``Deliver`` was still on its way to ``delivered``.)"""
         ingress, egress = self._loops.get("ingress"), self._loops.get("egress")
         if ingress is None or not ingress.source_done:
-            return False
+            return  # source_done is set after the last accept: then ``accepted`` is final
         accepted = ingress.host.machines[INGRESS].accepted
-        if accepted == 0:
-            return True
         merge = egress.host.machines[self.builder.egress_addr].fcons.merge
-        return merge.queued() == 0 and covers(merge.frontier(), input_sn(max(accepted, 1)))
+        if accepted == 0 or (merge.queued() == 0
+                             and covers(merge.frontier(), input_sn(accepted))):
+            self._finished.set()
 
     def wait(self, timeout: float) -> List[Any]:
         """Wait until every input's output was delivered; returns the output, in order."""
@@ -178,8 +186,11 @@ class FluxJob:
         return list(self.delivered)
 
     def _drive(self, loop: HostLoop) -> None:
+        egress = loop is self._loops.get("egress")
         while not self._stop.is_set():
             loop.turn(5)
+            if egress and not self._finished.is_set():
+                self._check_finished()
 
     def _on_effect(self, e) -> None:
         if isinstance(e, Deliver):
