@@ -17,8 +17,10 @@ from typing import Dict, List, Optional
 from controller.recovery import PairLost, Recovery
 from exchange.transport import ConnectionLost, Transport
 from statemover.service import mover_peer
-from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Members, ProcAddr,
-                           Register, StateMoved, Stop, TakeoverDone, View, Welcome)
+from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Members,
+                           OperatorFailed, ProcAddr, Register, StateMoved, Stop, TakeoverDone,
+                           View, Welcome)
+from flux.operator import OperatorError
 
 #: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
 START_FAILURES = 3
@@ -63,6 +65,8 @@ class ControllerService:
                 self.on_register(env.msg)
             elif isinstance(env.msg, Failed):
                 self.on_start_failure(env.msg)
+            elif isinstance(env.msg, OperatorFailed):
+                self.on_operator_failed(env.msg)
             elif isinstance(env.msg, FoldedIn) and self.started:
                 self._broadcast(self.recovery.folded_in(env.msg.reporter, env.msg.addr,
                                                         env.msg.version))
@@ -141,6 +145,15 @@ class ControllerService:
             self.error = RuntimeError(
                 f"task {msg.task} failed {len(reasons)} times before its node started; "
                 f"last error: {msg.reason}")
+
+    def on_operator_failed(self, msg: OperatorFailed) -> None:
+        """User code raised on a record: its other replica would raise too, so the job
+        stops with that error (the first one reported) instead of failing over."""
+        if self.secret is not None and msg.secret != self.secret:
+            log.warning("ignored an operator failure with a wrong secret")
+            return
+        if self.error is None:
+            self.error = OperatorError(msg.what, msg.stage, msg.partition, msg.sn, msg.error)
 
     def announce(self) -> None:
         """Where every process listens, and every StateMover (as ``name/mover``)."""

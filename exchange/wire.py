@@ -15,8 +15,8 @@ import msgpack
 
 from flux.host import MoverAddr
 from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
-                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, StateMoved,
-                           Stop, TakeoverDone, View, Welcome)
+                           Members, OperatorFailed, Pause, PauseAck, ProcAddr, PSync, Register,
+                           Reverse, StateMoved, Stop, TakeoverDone, View, Welcome)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
 VERSION = 1
@@ -184,6 +184,12 @@ CODECS: Dict[str, _Codec] = {
     "members": (Members, lambda m: [[list(x) for x in m.addresses]],
                 _arity(1, lambda xs: Members(tuple(_member(x) for x in _list(xs, "members"))))),
     "stop": (Stop, lambda m: [m.reason], _arity(1, lambda r: Stop(_str(r, "reason")))),
+    "operator_failed": (
+        OperatorFailed, lambda m: [m.what, m.stage, m.partition, list(m.sn), m.error, m.secret],
+        _arity(6, lambda w, st, p, sn, e, s: OperatorFailed(
+            _str(w, "what"), _int(st, "stage"), _int(p, "partition"),
+            tuple(_int(x, "sn part") for x in _list(sn, "sn")), _str(e, "error"),
+            _str(s, "secret")))),
     "failed": (Failed, lambda m: [m.task, m.inc, m.reason, m.secret],
                _arity(4, lambda t, i, r, s: Failed(_int(t, "task"), _int(i, "inc"),
                                                    _str(r, "reason"), _str(s, "secret")))),

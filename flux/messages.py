@@ -101,6 +101,19 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class OperatorFailed:
+    """A node's operator code raised (``flux.operator.OperatorError``): the controller stops
+    the job with this error rather than fail over (the other replica would raise too)."""
+
+    what: str
+    stage: int
+    partition: int
+    sn: tuple
+    error: str
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
 class StateInstalled:
     """Effect of a host: the state of a catch-up ``transfer`` arrived (``nbytes``) and is
     installed. The runtime times the movement; the protocol does not need it."""

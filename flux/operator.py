@@ -29,6 +29,35 @@ class DataflowError(ValueError):
     """A dataflow or operator that breaks the contract, found when the dataflow is built."""
 
 
+class OperatorError(RuntimeError):
+    """User code (an operator, or the key that routes its outputs) raised on a record.
+
+    Both replicas of the partition run the same code on the same input, so failing over
+    would only fail again: the job stops with this error, which names the operator, the
+    stage and partition, and the input's sequence number, so the record can be found."""
+
+    def __init__(self, what: str, stage: int, partition: int, sn: Any, error: str):
+        self.what, self.stage, self.partition = what, stage, partition
+        self.sn, self.error = tuple(sn), error
+        super().__init__(f"{what} failed in stage {stage}, partition {partition}, on the "
+                         f"record with sequence number {self.sn}: {error}")
+
+    def __reduce__(self):  # picklable, e.g. out of a Spark task
+        return (OperatorError, (self.what, self.stage, self.partition, self.sn, self.error))
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+class OperatorRaised(Exception):
+    """Inside a chain: which operator raised (the segment adds where and on what)."""
+
+    def __init__(self, op: Any, error: BaseException):
+        super().__init__(f"operator {type(op).__name__} raised {describe(error)}")
+        self.op, self.error = op, error
+
+
 def check_operator_api(op: Any, name: str) -> None:
     """Reject ``op`` unless it has every method of the operator API."""
     for method in REQUIRED_METHODS:
@@ -185,8 +214,15 @@ class OperatorChain:
         self.operators = list(operators)
 
     def process(self, record: Any) -> list:
+        """The outputs of ``record``; an operator that raises is named in ``OperatorRaised``."""
         if len(self.operators) == 1:  # the common case, without the recursion
-            return list(self.operators[0].process(record))
+            op = self.operators[0]
+            try:
+                return list(op.process(record))
+            except DataflowError:
+                raise  # the library's own checks (e.g. a state round trip), not user code
+            except Exception as exc:
+                raise OperatorRaised(op, exc) from exc
         out: list = []
         self._run(0, record, out)
         return out
@@ -195,8 +231,15 @@ class OperatorChain:
         if i == len(self.operators):
             out.append(record)
             return
-        for produced in self.operators[i].process(record):
-            self._run(i + 1, produced, out)
+        op = self.operators[i]
+        try:
+            produced = list(op.process(record))
+        except DataflowError:
+            raise
+        except Exception as exc:
+            raise OperatorRaised(op, exc) from exc
+        for item in produced:
+            self._run(i + 1, item, out)
 
     def get_state(self) -> list:
         return [op.get_state() for op in self.operators]

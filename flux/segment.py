@@ -28,6 +28,7 @@ from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.messages import (Ack, Addr, Avail, Batch, CSync, Pause, PauseAck, ProtocolError, PSync,
                            Reverse, other)
+from flux.operator import OperatorError, OperatorRaised, describe
 from flux.sequence import output_sn
 
 ACTIVE = "ACTIVE"
@@ -228,9 +229,21 @@ class Segment:
     def process(self) -> int:
         """Run the next input through the operators; returns how many outputs it made."""
         sn, record = self.fcons.merge.pop()
-        outputs = self.chain.process(record)
-        for k, out in enumerate(outputs, 1):
-            self.fprod.put(self.route(out), output_sn(sn, k), out)
+        stage, partition = self.addr.stage, self.addr.partition
+        try:
+            outputs = self.chain.process(record)
+        except OperatorRaised as raised:
+            raise OperatorError(f"operator {type(raised.op).__name__}", stage, partition, sn,
+                                describe(raised.error)) from raised.error
+        except Exception as exc:  # a chain other than OperatorChain
+            raise OperatorError("the operator chain", stage, partition, sn, describe(exc)) from exc
+        try:
+            routes = [self.route(out) for out in outputs]
+        except Exception as exc:
+            raise OperatorError("the partition key of the next stage", stage, partition, sn,
+                                describe(exc)) from exc
+        for k, (out, route) in enumerate(zip(outputs, routes), 1):
+            self.fprod.put(route, output_sn(sn, k), out)
         return len(outputs)
 
     def flushable(self):

@@ -10,9 +10,10 @@ arrived, so the ingress can go on with other work instead of blocking.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Deque, Iterable, Iterator, Optional, Sequence, Tuple
 
 
 class _NotYet:
@@ -73,9 +74,28 @@ class RateLimited:
         self.arrival = self.start + number / self.rate
         return record
 
+    def peek(self, n: int) -> list:
+        """The next ``n`` records of the feed, without taking them (nor making them arrive)."""
+        ahead = list(itertools.islice(self.records, n))
+        self.records = itertools.chain(ahead, self.records)
+        return ahead
+
     def due_in(self) -> float:
         """Seconds until the next record arrives (0 if one is waiting)."""
         if self.start is None or self.waiting:
             return 0.0
         due = self.start + self.read / self.rate
         return max(0.0, due - self.clock())
+
+
+
+def peek(source: Any, n: int) -> Tuple[list, Any]:
+    """Up to ``n`` first records of ``source`` (for the checks before deploying), and the
+    source to use from now on: a sequence is sliced, an iterator read ahead and chained back."""
+    if isinstance(source, Sequence):
+        return list(source[:n]), source
+    if isinstance(source, RateLimited):
+        return source.peek(n), source
+    it = iter(source)
+    ahead = list(itertools.islice(it, n))
+    return [r for r in ahead if r is not NOT_YET], itertools.chain(ahead, it)

@@ -9,7 +9,9 @@ import zmq
 
 from controller.service import START_FAILURES, ControllerService
 from exchange.transport import Transport
-from flux.messages import CONTROLLER, Envelope, Failed, ProcAddr, Register, Welcome
+from flux.messages import (CONTROLLER, Envelope, Failed, OperatorFailed, ProcAddr, Register,
+                           Welcome)
+from flux.operator import OperatorError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -124,3 +126,18 @@ def test_a_task_registers_again_until_the_controller_answers():
         ctx.term()
     assert len(registers) == 2 and welcome == Welcome("node0") and early == []
     assert members.addresses[0][0] == "node0"
+
+
+def test_an_operator_failure_stops_the_job_with_the_operator_partition_and_record(wires):
+    service, task = wires
+    say(service, task, OperatorFailed("operator Parser", 1, 3, (42, 1),
+                                      "ValueError: bad packet", SECRET))
+    assert isinstance(service.error, OperatorError)
+    assert str(service.error) == ("operator Parser failed in stage 1, partition 3, on the "
+                                  "record with sequence number (42, 1): ValueError: bad packet")
+
+
+def test_an_operator_failure_without_the_secret_cannot_stop_the_job(wires):
+    service, task = wires
+    say(service, task, OperatorFailed("operator Parser", 1, 3, (42,), "forged", "guess"))
+    assert service.error is None

@@ -8,6 +8,7 @@ from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.ingress import INGRESS
 from flux.messages import Ack, Addr, Batch, P, ProtocolError, Reverse, S, Send, TakeoverDone
+from flux.operator import Map, OperatorChain, OperatorError
 from flux.segment import Segment
 
 
@@ -171,3 +172,52 @@ def test_on_fail_returns_consumer_then_producer_effects():
         TakeoverDone(Y),
     ]
     assert seg.fcons.p_fail and seg.fprod.p_fail
+
+
+class Parser:
+    """An operator with a bug: it cannot take negative records."""
+
+    def process(self, record):
+        if record < 0:
+            raise ValueError(f"cannot parse {record}")
+        return [record]
+
+    def get_state(self):
+        return None
+
+    def install_state(self, state):
+        pass
+
+
+def test_an_operator_that_raises_is_named_with_its_stage_partition_and_record_sn():
+    seg = stage_one()
+    seg.chain = OperatorChain([Parser()])
+    seg.on_message(INGRESS, Batch((((1,), 4), ((2,), -3)), (2,)))
+    assert seg.process() == 1
+    with pytest.raises(OperatorError) as raised:
+        seg.process()
+    err = raised.value
+    assert (err.what, err.stage, err.partition, err.sn) == ("operator Parser", 1, 0, (2,))
+    assert str(err) == ("operator Parser failed in stage 1, partition 0, on the record with "
+                        "sequence number (2,): ValueError: cannot parse -3")
+
+
+def test_the_second_operator_of_a_chain_is_the_one_named():
+    seg = stage_one()
+    seg.chain = OperatorChain([Map(lambda r: r - 10), Parser()])
+    seg.on_message(INGRESS, Batch((((1,), 4),), (1,)))
+    with pytest.raises(OperatorError, match="operator Parser failed in stage 1, partition 0, "
+                                            r"on the record with sequence number \(1,\)"):
+        seg.process()
+
+
+def test_a_partition_key_that_raises_is_reported_as_such():
+    seg = stage_one()
+    seg.route = lambda out: hash(out)  # lists are unhashable
+    seg.chain = OperatorChain([Map(lambda r: [r])])
+    seg.on_message(INGRESS, Batch((((7,), 4),), (1,)))
+    with pytest.raises(OperatorError, match=r"the partition key of the next stage failed in "
+                                            r"stage 1, partition 0, on the record with sequence "
+                                            r"number \(7,\): TypeError: unhashable type"):
+        seg.process()
+    assert all(len(b) == 0 for b in seg.fprod.out.buffers)  # nothing half-put

@@ -105,3 +105,26 @@ def test_a_task_that_fails_to_start_again_and_again_stops_the_job_with_its_error
     with pytest.raises(RuntimeError, match="failed 3 times .*invalid literal .*cannot be built"):
         job.start(timeout=120)  # a TimeoutError here would mean the retries went on
     assert job.task_results == []  # the job's tasks were cancelled, not left running
+
+
+def raise_on(bad, record):
+    if list(record) == list(bad):
+        raise ValueError("bad record")
+    return record
+
+
+def test_an_operator_that_raises_stops_the_job_with_the_operator_partition_and_record(spark):
+    from flux.dataflow import Dataflow, Stage
+    from flux.operator import Map, OperatorError
+    from flux.operators.sessions import SessionReconstruction, session_key
+    from flux.spark.job import FluxJob
+
+    records = packet_workload(3000, seed=2, pairs=2000, apps=4, sources=100)
+    check = partial(Map, partial(raise_on, records[499]))
+    dataflow = Dataflow([Stage("sessions", session_key, (check, SessionReconstruction))])
+    job = FluxJob(spark, dataflow, records, nodes=4, standbys=1)
+    with job:
+        with pytest.raises(OperatorError, match=r"operator Map failed in stage 1, partition \d, "
+                                                r"on the record with sequence number \(500,\): "
+                                                r"ValueError: bad record"):
+            job.wait(timeout=120)

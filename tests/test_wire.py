@@ -10,9 +10,8 @@ from exchange import wire
 from exchange.wire import WireError, decode, encode
 from flux.host import MoverAddr
 from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
-                           Members, Pause, PauseAck, ProcAddr, PSync, Register, Reverse, StateMoved,
-                           Stop,
-                           TakeoverDone, View, Welcome)
+                           Members, OperatorFailed, Pause, PauseAck, ProcAddr, PSync, Register,
+                           Reverse, StateMoved, Stop, TakeoverDone, View, Welcome)
 from statemover.mover import Abort, Chunk, Handshake, Trailer
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
@@ -31,6 +30,7 @@ MESSAGES = [
     Members((("node0", "tcp://127.0.0.1:5001", 40),)),
     Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),
     StateMoved(Addr(1, 2, 1), 1 << 20, 0.125),
+    OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
 ]
 
 

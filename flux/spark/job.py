@@ -23,13 +23,34 @@ from controller.recovery import Recovery
 from controller.service import ControllerService
 from exchange.transport import Transport
 from flux.builder import MachineBuilder
+from flux.dataflow import check_state_round_trip
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
 from flux.messages import Deliver, Register
 from flux.metrics import Metrics
+from flux.operator import DataflowError, OperatorRaised, describe
 from flux.runtime.loop import HostLoop
 from flux.sequence import covers, input_sn
+from flux.sources import peek
 from flux.spark.node_task import node_main
+
+def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
+    """Refuse, before any task starts, a dataflow that fails on the source's first records:
+    an operator or key that raises, a key msgpack cannot hash, a state msgpack cannot
+    serialize or ``install_state`` does not restore (DESIGN 4.1)."""
+    if not sample:
+        return  # nothing to check yet; the executors build the operators and report
+    try:
+        check_state_round_trip(dataflow, sample, partitions)
+    except DataflowError:
+        raise
+    except OperatorRaised as exc:
+        raise DataflowError(f"on one of the source's first {len(sample)} records, "
+                            f"{exc}") from exc.error
+    except Exception as exc:
+        raise DataflowError(f"the dataflow fails on the source's first {len(sample)} records: "
+                            f"{describe(exc)}") from exc
+
 
 #: incarnations of the driver-side processes: never a Spark taskAttemptId (those are >= 0)
 DRIVER_INCS = {"controller": -3, "ingress": -1, "egress": -2}
@@ -40,11 +61,14 @@ class FluxJob:
                  capacity: int = 1024, batch_size: int = 256, detect_after: float = 0.5,
                  heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
                  sink: Optional[Callable[[Any], None]] = None, replication: str = "flux",
-                 metrics_interval: float = 0.1, flush_delay: float = 0.002):
+                 metrics_interval: float = 0.1, flush_delay: float = 0.002,
+                 check_records: int = 200):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
             raise ValueError(f"standbys must be >= 0, got {standbys}")
+        sample, source = peek(source, check_records)
+        check_before_deploy(dataflow, sample, nodes)
         self.spark, self.dataflow, self.source = spark, dataflow, source
         self.nodes, self.standbys = nodes, standbys
         self.builder = MachineBuilder(dataflow, nodes, capacity, batch_size, replication=replication)

@@ -22,7 +22,9 @@ from exchange.transport import Transport
 from flux.builder import MachineBuilder
 from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import CONTROLLER, Envelope, Failed, Members, ProcAddr, Register, Stop, Welcome
+from flux.messages import (CONTROLLER, Envelope, Failed, Members, OperatorFailed, ProcAddr,
+                           Register, Stop, Welcome)
+from flux.operator import OperatorError
 from flux.runtime.loop import HostLoop
 from statemover.service import StateMoverService, mover_peer
 
@@ -81,11 +83,26 @@ def run_node(task: int, inc: int, config: Dict[str, Any], transport: Transport,
                 lambda process: process in loop.dead_processes)
     for env in early:
         loop.receive(env)
-    while loop.stopped is None:
-        loop.turn(5)
-        if mover.error is not None:
-            raise RuntimeError(f"{name}: its StateMover service failed") from mover.error
+    try:
+        while loop.stopped is None:
+            loop.turn(5)
+            if mover.error is not None:
+                raise RuntimeError(f"{name}: its StateMover service failed") from mover.error
+    except OperatorError as err:  # user code: the controller stops the job with it
+        transport.send("controller", Envelope(loop.me, CONTROLLER, loop.host.view, OperatorFailed(
+            err.what, err.stage, err.partition, err.sn, err.error, config["secret"]), inc, None))
+        wait_for_stop(transport, config["lease"])  # staying up: no failover races the report
+        return iter([(task, inc, name, str(err))])
     return iter([(task, inc, name, loop.stopped)])
+
+
+def wait_for_stop(transport: Transport, seconds: float) -> None:
+    """Poll (and so flush) until the controller says stop, at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        envelopes, _ = transport.poll(50)
+        if any(isinstance(env.msg, Stop) for env in envelopes):
+            return
 
 
 class NotWelcomed(Exception):

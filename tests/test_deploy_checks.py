@@ -1,0 +1,88 @@
+"""Bad configuration is refused when the job is built, before any Spark task starts, with
+a message that says what to fix (no Spark needed: the checks run on the driver)."""
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from flux.dataflow import Dataflow, Stage
+from flux.examples import paper_dataflow
+from flux.operator import DataflowError, Map
+from flux.operators.sessions import SessionReconstruction, session_key
+from flux.sources import RateLimited
+from flux.spark.job import FluxJob
+from flux.workload import packet_workload
+
+RECORDS = packet_workload(300, seed=1, pairs=200, apps=2, sources=10)
+
+
+def job(dataflow=None, source=RECORDS, **kw):
+    return FluxJob(None, dataflow or paper_dataflow(), source, **kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(nodes=1), "Flux needs at least 2 nodes"),
+    (dict(standbys=-1), "standbys must be >= 0, got -1"),
+])
+def test_impossible_cluster_sizes_are_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        job(**kw)
+
+
+class SetState:
+    """Keeps its state in a set, which msgpack cannot carry."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def process(self, record):
+        self.seen.add(record[0])
+        return [record]
+
+    def get_state(self):
+        return self.seen
+
+    def install_state(self, state):
+        self.seen = set(state or ())
+
+
+def test_a_state_msgpack_cannot_serialize_is_refused_naming_the_operator():
+    flow = Dataflow([Stage("tag", session_key, (SetState,))])
+    with pytest.raises(DataflowError, match=r"stage 'tag' operator 0 \(SetState\) in partition "
+                                            r"\d: get_state\(\) cannot be serialized by msgpack"):
+        job(flow)
+
+
+def object_key(record):
+    return object()
+
+
+def test_a_partition_key_msgpack_cannot_hash_is_refused():
+    flow = Dataflow([Stage("sessions", object_key, (SessionReconstruction,))])
+    with pytest.raises(DataflowError, match="fails on the source's first 200 records: "
+                                            "UnhashableKey: partition key <object object"):
+        job(flow)
+
+
+def explode(record):
+    raise ZeroDivisionError("the operator has a bug")
+
+
+def test_an_operator_that_raises_on_the_first_records_is_refused():
+    flow = Dataflow([Stage("sessions", session_key, (partial(Map, explode),))])
+    with pytest.raises(DataflowError, match="on one of the source.s first 200 records, operator "
+                                            "Map raised ZeroDivisionError: the operator has a bug"):
+        job(flow)
+
+
+def test_the_checks_take_nothing_away_from_an_iterator_source():
+    j = job(source=iter(RECORDS))
+    assert list(j.source) == RECORDS
+
+
+def test_the_checks_do_not_make_a_rate_limited_feed_arrive_early():
+    feed = RateLimited(RECORDS, rate=1e9)
+    j = job(source=feed)
+    assert j.source is feed and feed.read == 0 and feed.start is None
+    assert list(feed) == RECORDS
