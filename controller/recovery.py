@@ -72,10 +72,7 @@ class Recovery:
         replica set, under cluster pairs); then schedule catch-up."""
         if node in self.dead:
             return []
-        group = [node]
-        if node.startswith("node") and node[4:].isdigit():
-            group = [n for n in (f"node{k}" for k in self.placement.failure_group(int(node[4:])))
-                     if n not in self.dead and n in self.hosted] or [node]
+        group = self._failure_group(node)
         self.dead.update(group)
         lost = set().union(*(self.hosted.pop(n, set()) for n in group))
         # An attempt with a producer or consumer among the lost aborts (DESIGN 4.6):
@@ -144,6 +141,18 @@ class Recovery:
             self.hosted[standby].add(addr)
             self.node_of[addr] = standby
         return [self._next_view(avail=tuple(avails))] if avails else []
+
+    def _failure_group(self, node: str) -> List[str]:
+        """``node`` and the live nodes that fail with it (its replica set, 4.2)."""
+        if node.startswith("node") and node[4:].isdigit():
+            return [n for n in (f"node{k}" for k in self.placement.failure_group(int(node[4:])))
+                    if n not in self.dead and n in self.hosted] or [node]
+        return [node]
+
+    def holds_last_replica(self, node: str) -> bool:
+        """Would the failure of ``node`` lose a pair? (Its replicas' twins are missing.)"""
+        hosted = set().union(*(self.hosted.get(n, set()) for n in self._failure_group(node)))
+        return any(self._twin(addr) in self.missing for addr in hosted)
 
     def _standby_for(self, lost_with: str) -> Optional[str]:
         standby = self.replacement.get(lost_with)

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 class ControllerService:
     def __init__(self, transport: Transport, recovery: Optional[Recovery], incarnations: Dict[str, int],
                  addresses: Dict[str, str], watched: List[str], timeout: float = 0.3,
-                 clock=time.monotonic, secret: Optional[str] = None, beat: float = 0.05):
+                 clock=time.monotonic, secret: Optional[str] = None, beat: float = 0.05,
+                 last_replica_timeout: float = 2.0):
         self.transport = transport
         self.recovery = recovery
         self.secret = secret
@@ -44,6 +45,10 @@ class ControllerService:
         self.incarnations = dict(incarnations)
         self.addresses = addresses
         self.timeout = timeout
+        #: a silent node whose failure would lose a pair is given this long (a connection
+        #: that drops still counts at once): declaring it dead early stops the job anyway,
+        #: and on a loaded machine a live node can be silent for half a second
+        self.last_replica_timeout = last_replica_timeout
         self.clock = clock
         now = clock()
         self.last_seen: Dict[str, float] = {name: now for name in watched}
@@ -86,7 +91,10 @@ class ControllerService:
         if not self.started:
             return
         for name, seen in list(self.last_seen.items()):
-            if now - seen > self.timeout:
+            limit = self.timeout
+            if self.recovery.holds_last_replica(name):
+                limit = max(limit, self.last_replica_timeout)
+            if now - seen > limit:
                 self.fail(name, f"silent for {now - seen:.3f}s")
         if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6)
             self._last_beat = now
@@ -186,7 +194,7 @@ class ControllerService:
         if name in self.dead or self.error is not None:
             return
         log.warning("declaring %s dead: %s", name, why)
-        self._mark_dead(name, why, "detected")
+        self._mark_dead(name, why, "detected", f"{name} ({why})")
         self.transport.disconnect(name)
         try:
             views = self.recovery.node_failed(name)
@@ -202,13 +210,13 @@ class ControllerService:
         incarnation, is ignored by everyone even if it does not)."""
         log.warning("fencing %s: %s", name, why)
         self._send(name, Stop(f"fenced: {why}"), 0)
-        self._mark_dead(name, why, "fenced")
+        self._mark_dead(name, why, "fenced", name)
 
-    def _mark_dead(self, name: str, why: str, event: str) -> None:
+    def _mark_dead(self, name: str, why: str, event: str, detail: str) -> None:
         self.dead.add(name)
         self.why_dead[name] = why
         self.last_seen.pop(name, None)
-        self.events.append((self.clock(), event, name))
+        self.events.append((self.clock(), event, detail))
 
     def _broadcast(self, views: List[View]) -> None:
         for view in views:

@@ -141,3 +141,35 @@ def test_an_operator_failure_without_the_secret_cannot_stop_the_job(wires):
     service, task = wires
     say(service, task, OperatorFailed("operator Parser", 1, 3, (42,), "forged", "guess"))
     assert service.error is None
+
+
+def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_is_declared():
+    """On a loaded machine a live node can be silent for half a second; declaring it dead
+    while its partner is being rebuilt would stop the job (a double failure) for nothing."""
+    from controller.placement import ChainedDeclustering
+    from controller.recovery import Recovery
+    from flux.host import MoverAddr
+    from flux.ingress import INGRESS
+    from flux.messages import Addr
+
+    ctx = zmq.Context()
+    ctl = Transport(ctx, "controller", -3)
+    nodes = [f"node{k}" for k in range(4)]
+    incs = {n: 10 + k for k, n in enumerate(nodes)}
+    now = [0.0]
+    recovery = Recovery(ChainedDeclustering(2, 4), 2, 4, incs, [], INGRESS, Addr(3, 0, 0),
+                        MoverAddr)
+    addresses = {n: "tcp://127.0.0.1:9" for n in nodes}  # nobody listens: sends never block
+    service = ControllerService(ctl, recovery, incs, addresses, nodes, timeout=0.5,
+                                clock=lambda: now[0], last_replica_timeout=2.0)
+    try:
+        service.fail("node1", "killed")
+        now[0] = 0.6  # nobody beat: node3 is declared; node0 and node2 hold last replicas
+        service.turn(0)
+        assert service.dead == {"node1", "node3"} and service.error is None
+        now[0] = 2.1
+        service.turn(0)
+        assert "node0" in service.dead and service.error is not None  # then the pair is lost
+    finally:
+        ctl.close()
+        ctx.term()

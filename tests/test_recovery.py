@@ -260,3 +260,17 @@ def test_under_cluster_pairs_one_node_fails_its_whole_replica_set_and_nothing_is
     assert rec.node_failed("node0") == []  # already failed with its set
     with pytest.raises(PairLost, match="stage 1 partition 0"):
         rec.node_failed("node2")
+
+
+def test_a_node_holds_the_last_replica_of_a_pair_while_its_twin_is_being_rebuilt():
+    rec, _ = make(ChainedDeclustering(2, 4), standbys=("standby0",))
+    assert not any(rec.holds_last_replica(f"node{k}") for k in range(4))
+    rec.node_failed("node1")  # partitions 1 (P) and 0 (S) now have one replica each
+    assert rec.holds_last_replica("node0") and rec.holds_last_replica("node2")
+    assert not rec.holds_last_replica("node3")
+    for addr in sorted(rec.attempts):  # catch-up completes: the pairs are whole again
+        report_all(rec, addr, rec.attempts[addr].version, rec.attempts[addr].expected)
+    for addr in sorted(rec.attempts):
+        report_all(rec, addr, rec.attempts[addr].version, rec.attempts[addr].expected)
+    assert not rec.pending()
+    assert not any(rec.holds_last_replica(n) for n in ("node0", "node2", "node3", "standby0"))
