@@ -1,0 +1,259 @@
+"""python -m experiments.chaos --runs N --seed S: random kills, and the output must not notice.
+
+Every run deploys a dataflow on one embedded local-cluster (4 nodes + 1
+standby + 1 warm spare), feeds it at a steady rate, and kills nodes while it
+runs, in one of these scenarios (drawn at random):
+
+- ``one``: one node (worker or executor) at a random moment;
+- ``two-pairs``: one node, then, once its pair is rebuilt, a node of another pair;
+- ``same-pair``: one node, then, once its pair is rebuilt, the node now holding
+  the rebuilt replica or the other replica's node (a rebuilt pair is whole again);
+- ``standby-during-catch-up``: one node, then the standby receiving its state,
+  while the state moves (catch-up starts again on the next standby);
+- ``double``: both replicas of a partition at once: the job must stop with an
+  error naming the partition, and the output delivered until then must be a
+  prefix of the reference.
+
+The dataflow is the paper's (sessions, then windowed statistics) or a
+counting dataflow whose one-to-many operators expose their running count in
+every output (a wrong state restore shows in the output). A run passes when
+the output equals the failure-free reference, the feed dropped nothing and
+every lost replica was rebuilt (for ``double``: the error and the prefix).
+The last line is ``runs=N failures=F``; a failure prints its run seed (replay
+it with ``--run-seed``) and the run's event log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from controller.recovery import PairLost
+from flux.examples import counting_dataflow, paper_dataflow
+from flux.operator import wire_form
+from flux.reference import reference_output
+from flux.sources import RateLimited
+from flux.workload import keyed_workload, packet_workload
+
+SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double")
+NODES, STANDBYS = 4, 1
+
+
+@dataclass
+class Run:
+    seed: int
+    scenario: str
+    dataflow: str
+    kills: List[str] = field(default_factory=list)  # "name (how) at t s"
+    ok: bool = False
+    why: str = ""
+    events: List[Any] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m experiments.chaos", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--run-seed", type=int, default=None,
+                    help="replay one run (its seed is printed when it fails)")
+    ap.add_argument("--packets", type=int, default=60_000, help="input records per run")
+    ap.add_argument("--rate", type=float, default=10_000.0, help="input records per second")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+                    help=f"comma-separated subset of {', '.join(SCENARIOS)}")
+    ap.add_argument("--out", default="results/chaos")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be >= 1")
+    if args.packets < 1000:
+        ap.error("--packets must be >= 1000 (a kill needs time to happen mid-stream)")
+    if args.rate <= 0:
+        ap.error("--rate must be > 0")
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(args.scenarios) - set(SCENARIOS)
+    if unknown or not args.scenarios:
+        ap.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    return args
+
+
+def neighbours(node: int) -> List[int]:
+    """Chained declustering: node k shares partition k with node k+1 and k-1 with k-1."""
+    return [(node - 1) % NODES, (node + 1) % NODES]
+
+
+def workload(rng: random.Random, packets: int):
+    if rng.random() < 0.5:
+        return "paper", paper_dataflow(), packet_workload(
+            packets, seed=rng.randrange(1 << 30), pairs=20_000, apps=10, sources=500)
+    return "counting", counting_dataflow(2), keyed_workload(
+        packets, seed=rng.randrange(1 << 30), keys=64)
+
+
+class Chaos:
+    """One run: a job, its kills, and the checks."""
+
+    def __init__(self, spark, run: Run, rng: random.Random, args):
+        from flux.spark.job import FluxJob
+
+        self.run, self.rng, self.args = run, rng, args
+        name, dataflow, records = workload(rng, args.packets)
+        run.dataflow = name
+        self.expected = reference_output(dataflow, records, NODES)
+        self.feed = RateLimited(records, args.rate)
+        self.job = FluxJob(spark, dataflow, self.feed, nodes=NODES, standbys=STANDBYS)
+        self.duration = args.packets / args.rate
+
+    # -- helpers -----------------------------------------------------------------------
+    def recovery(self):
+        return self.job.controller.recovery
+
+    def now(self) -> float:
+        t0 = self.job.metrics.t0
+        return time.monotonic() - t0 if t0 is not None else 0.0
+
+    def kill(self, name: str) -> None:
+        how = self.rng.choice(("worker", "executor"))
+        self.run.kills.append(f"{name} ({how}) at {self.now():.2f}s")
+        self.job.kill_node(name, how)
+
+    def wait(self, predicate, what: str, timeout: float = 120.0) -> None:
+        if not self.job.wait_until(predicate, timeout):
+            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
+
+    def rebuilt(self) -> bool:
+        rec = self.recovery()
+        return bool(rec.completed) and not rec.pending()
+
+    def holder(self, node: str) -> str:
+        """Who hosts, now, what ``node`` hosted (its replacement after a catch-up)."""
+        return self.recovery().replacement.get(node, node)
+
+    def catching_up(self) -> Optional[str]:
+        """The standby receiving state right now, if any."""
+        for attempt in list(self.recovery().attempts.values()):
+            return attempt.standby
+        return None
+
+    # -- the scenarios -----------------------------------------------------------------
+    def start_kill_at(self) -> None:
+        at = self.rng.uniform(0.15, 0.45) * self.duration
+        self.wait(lambda: self.now() >= at, "the first kill's moment")
+
+    def play(self) -> None:
+        scenario = self.run.scenario
+        first = self.rng.randrange(NODES)
+        self.start_kill_at()
+        if scenario == "double":
+            partner = self.rng.choice(neighbours(first))
+            self.kill(f"node{first}")
+            self.kill(f"node{partner}")
+            return
+        self.kill(f"node{first}")
+        if scenario == "one":
+            return
+        if scenario == "standby-during-catch-up":
+            self.wait(lambda: self.catching_up() is not None or self.rebuilt(),
+                      "catch-up to start", 60)
+            standby = self.catching_up()
+            if standby is None:
+                raise RuntimeError("catch-up was over before the standby could be killed")
+            self.kill(standby)
+            return
+        self.wait(self.rebuilt, "the first pair to be rebuilt")
+        if scenario == "two-pairs":
+            others = [n for n in range(NODES) if n != first and n not in neighbours(first)]
+            others = others or [n for n in range(NODES) if n != first]
+            self.kill(self.holder(f"node{self.rng.choice(others)}"))
+        else:  # same-pair: the rebuilt replica's node, or its partner's
+            self.kill(self.rng.choice([self.holder(f"node{first}"),
+                                       self.holder(f"node{self.rng.choice(neighbours(first))}")]))
+
+    def check(self) -> None:
+        job, run = self.job, self.run
+        if run.scenario == "double":
+            try:
+                job.wait(timeout=120)
+            except PairLost as exc:
+                got = [wire_form(x) for x in job.delivered]
+                want = [wire_form(x) for x in self.expected[:len(got)]]
+                if got != want:
+                    raise AssertionError("the output before the double failure is not a "
+                                         "prefix of the reference") from exc
+                if "partition" not in str(exc):
+                    raise AssertionError(f"the error does not name the partition: {exc}")
+                return
+            raise AssertionError("the job went on after both replicas of a pair died")
+        output = job.wait(timeout=240)
+        self.wait(lambda: self.rebuilt() and not self.catching_up(), "every pair to be rebuilt")
+        if [wire_form(x) for x in output] != [wire_form(x) for x in self.expected]:
+            raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
+                                 f"{len(self.expected)} expected)")
+        if self.feed.dropped:
+            raise AssertionError(f"the feed dropped {self.feed.dropped} records")
+
+
+def run_one(spark, seed: int, args) -> Run:
+    rng = random.Random(seed)
+    run = Run(seed, rng.choice(args.scenarios), "")
+    started = time.monotonic()
+    chaos = None
+    try:
+        chaos = Chaos(spark, run, rng, args)
+        with chaos.job:
+            try:
+                chaos.play()
+            except PairLost:
+                if run.scenario != "double":
+                    raise
+            chaos.check()
+        run.ok = True
+    except Exception as exc:  # noqa: BLE001 - every failure is reported with its seed
+        run.why = f"{type(exc).__name__}: {exc}"
+    finally:
+        if chaos is not None:
+            run.events = chaos.job.metrics.relative_events()
+        run.seconds = round(time.monotonic() - started, 1)
+    return run
+
+
+def main(argv=None) -> int:
+    from flux.spark.session import local_cluster
+
+    args = parse_args(argv)
+    seeds = ([args.run_seed] if args.run_seed is not None
+             else [random.Random(args.seed).randrange(1 << 30) + k for k in range(args.runs)])
+    runs: List[Run] = []
+    with local_cluster(NODES + STANDBYS + 1) as spark:
+        for k, seed in enumerate(seeds, 1):
+            run = run_one(spark, seed, args)
+            runs.append(run)
+            status = "ok" if run.ok else "FAILED"
+            print(f"run {k}/{len(seeds)} seed={seed} {run.scenario} {run.dataflow}: "
+                  f"{'; '.join(run.kills) or 'no kill'} -> {status} ({run.seconds}s)", flush=True)
+            if not run.ok:
+                print(f"  why: {run.why}")
+                for event in run.events:
+                    print(f"  {event[0]:8.3f}s {event[1]} {event[2]}")
+    failures = sum(not r.ok for r in runs)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    counts: Dict[str, int] = {}
+    for r in runs:
+        counts[r.scenario] = counts.get(r.scenario, 0) + 1
+    (out / "summary.json").write_text(json.dumps({
+        "runs": len(runs), "failures": failures, "scenarios": counts,
+        "runs_detail": [{"seed": r.seed, "scenario": r.scenario, "dataflow": r.dataflow,
+                         "kills": r.kills, "ok": r.ok, "why": r.why, "seconds": r.seconds,
+                         "events": [list(e) for e in r.events]}
+                        for r in runs]}, indent=2) + "\n")
+    print(f"runs={len(runs)} failures={failures}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""A short chaos run in CI: every scenario once, on one local-cluster (slow)."""
+from __future__ import annotations
+
+import pytest
+
+from experiments.chaos import SCENARIOS, parse_args, run_one
+
+SLOW = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from flux.spark.session import local_cluster
+
+    with local_cluster(6) as session:
+        yield session
+
+
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=SLOW) for s in SCENARIOS])
+def test_a_chaos_run_of_each_scenario_changes_nothing_in_the_output(spark, scenario, tmp_path):
+    args = parse_args(["--scenarios", scenario, "--packets", "40000", "--rate", "10000",
+                       "--out", str(tmp_path)])
+    run = run_one(spark, 11, args)
+    log = "\n".join(f"{t:8.3f}s {what} {detail}" for t, what, detail in run.events)
+    assert run.ok, f"seed {run.seed} {run.scenario} {run.dataflow} {run.kills}: {run.why}\n{log}"
+    assert run.scenario == scenario and run.kills
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runs", "0"], "--runs must be >= 1"),
+    (["--packets", "10"], "--packets must be >= 1000"),
+    (["--scenarios", "meteor"], "unknown scenarios ['meteor']"),
+])
+def test_bad_flags_are_refused_with_the_reason(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
