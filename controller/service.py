@@ -124,6 +124,10 @@ class ControllerService:
         self.addresses[name] = msg.address
         if msg.mover_address:
             self.mover_addresses[name] = msg.mover_address
+        if self.stopping is not None:  # a task retried as the job stops: it ends at once
+            self._connect(name)
+            self._send(name, Stop(self.stopping), 0)
+            return
         self.last_seen[name] = self.clock()
         self._connect(name)
         self._send(name, self._welcome(name), 0)
@@ -172,7 +176,11 @@ class ControllerService:
         for name in self._live():
             self._send(name, members, 0)
 
+    #: set by ``stop_all``: why the job stops (a task that registers later is told so)
+    stopping: Optional[str] = None
+
     def stop_all(self, reason: str) -> None:
+        self.stopping = reason
         for name in self._live():
             self._send(name, Stop(reason), 0)
         self.transport.flush()

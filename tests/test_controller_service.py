@@ -10,7 +10,7 @@ import zmq
 from controller.service import START_FAILURES, ControllerService
 from exchange.transport import Transport
 from flux.messages import (CONTROLLER, Envelope, Failed, OperatorFailed, ProcAddr, Register,
-                           Welcome)
+                           Stop, Welcome)
 from flux.operator import OperatorError
 
 pytestmark = pytest.mark.timeout(30)
@@ -173,3 +173,15 @@ def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_
     finally:
         ctl.close()
         ctx.term()
+
+
+def test_a_task_registering_after_the_job_stopped_is_told_to_stop(wires):
+    """A task Spark retries while the job shuts down must not wait for a start."""
+    service, task = wires
+    service.stop_all("job stopped")
+    say(service, task, Register(1, 7, task.address, 1, 2, SECRET))
+    deadline = time.monotonic() + 5
+    got = []
+    while not got and time.monotonic() < deadline:
+        got, _ = task.poll(50)
+    assert [env.msg for env in got] == [Stop("job stopped")]
