@@ -140,6 +140,11 @@ class Stop:
     reason: str
 
 
+#: the reason of the ``Stop`` that ends a job normally; any other end of a node (fenced,
+#: lease lost) is a failure of its task, which Spark re-runs as a fresh standby
+JOB_STOPPED = "job stopped"
+
+
 Item = Tuple[SN, Any]
 
 

@@ -26,7 +26,7 @@ from flux.builder import MachineBuilder
 from flux.dataflow import check_state_round_trip
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
-from flux.messages import Deliver, Register
+from flux.messages import JOB_STOPPED, Deliver, Register
 from flux.metrics import Metrics
 from flux.operator import DataflowError, OperatorRaised, describe
 from flux.runtime.loop import HostLoop
@@ -148,7 +148,7 @@ class FluxJob:
         while not self._stop.is_set():
             c.turn(5)
             if self._stopping.is_set() and not told:
-                c.stop_all("job stopped")
+                c.stop_all(JOB_STOPPED)
                 c.started = False  # stopped workers fall silent on purpose: no detection
                 told = True
             elif not told and not c.started and all(

@@ -22,8 +22,8 @@ from exchange.transport import Transport
 from flux.builder import MachineBuilder
 from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import (CONTROLLER, Envelope, Failed, Members, OperatorFailed, ProcAddr,
-                           Register, Stop, Welcome)
+from flux.messages import (CONTROLLER, JOB_STOPPED, Envelope, Failed, Members, OperatorFailed,
+                           ProcAddr, Register, Stop, Welcome)
 from flux.operator import OperatorError
 from flux.runtime.loop import HostLoop
 from statemover.service import StateMoverService, mover_peer
@@ -93,7 +93,17 @@ def run_node(task: int, inc: int, config: Dict[str, Any], transport: Transport,
             err.what, err.stage, err.partition, err.sn, err.error, config["secret"]), inc, None))
         wait_for_stop(transport, config["lease"])  # staying up: no failover races the report
         return iter([(task, inc, name, str(err))])
+    if loop.stopped != JOB_STOPPED:
+        # Declared dead while alive (say, starved past the detection timeout), or fenced:
+        # this incarnation may never act again, but the process can serve. A failed task is
+        # re-run by Spark and its new attempt registers as a fresh standby (DESIGN 6).
+        raise NodeEnded(f"{name} (attempt {inc}) stopped: {loop.stopped}; "
+                        f"a new attempt will join as a standby")
     return iter([(task, inc, name, loop.stopped)])
+
+
+class NodeEnded(RuntimeError):
+    """A node stopped while its job goes on: its task fails so that Spark re-runs it."""
 
 
 def wait_for_stop(transport: Transport, seconds: float) -> None:
