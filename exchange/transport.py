@@ -16,6 +16,8 @@ Sends never block: each peer has a bounded outbox, flushed without
 blocking; a full outbox is back-pressure for the caller, not a hang on a
 dead peer. ``LINGER=0`` everywhere. Garbage from the network is dropped
 with a log line naming the peer; nothing it sends can raise out of ``poll``.
+A frame over ``max_frame`` bytes never reaches Python: ZeroMQ closes that
+connection (``MAXMSGSIZE``).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from exchange.wire import WireError, decode, encode
+from exchange.wire import MAX_FRAME, WireError, decode, encode
 from flux.messages import Envelope
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,8 @@ class Transport:
     """The sockets of one process: receive on a ROUTER, send through one DEALER per peer."""
 
     def __init__(self, ctx: zmq.Context, name: str, incarnation: int, host: str = "127.0.0.1",
-                 outbox_limit: int = DEFAULT_OUTBOX, hwm: int = 10_000):
+                 outbox_limit: int = DEFAULT_OUTBOX, hwm: int = 10_000,
+                 max_frame: int = MAX_FRAME + 1024):
         self.ctx = ctx
         self.identity = f"{name}#{incarnation}".encode()
         self.outbox_limit = outbox_limit
@@ -67,6 +70,8 @@ class Transport:
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.RCVHWM, hwm)
+        # a larger frame closes its connection inside ZeroMQ, before it is held in memory
+        self.router.setsockopt(zmq.MAXMSGSIZE, max_frame)
         self.port = self.router.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{self.port}"
         self.dealers: Dict[str, zmq.Socket] = {}

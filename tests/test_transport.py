@@ -159,3 +159,24 @@ def test_an_unwatched_peer_that_goes_away_is_not_reported(ctx, pair):
     assert len(receive(c, 1)[0]) == 1
     c.close()
     assert receive(a, 1, timeout=0.5) == ([], [])
+
+
+def test_an_oversized_frame_is_never_received_and_the_others_go_on(ctx):
+    small = Transport(ctx, "b", 2, max_frame=1_000)
+    a = Transport(ctx, "a", 1)
+    evil = raw_dealer(ctx, b"mallory#9", small.address)
+    try:
+        evil.send_multipart([b"1", b"\x00" * 50_000])  # ZeroMQ closes this connection
+        a.connect("b", small.address)
+        a.send("b", batch(1))
+        got, _ = receive(small, 1)
+        assert len(got) == 1 and got[0].src == batch(1).src
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            more, _ = small.poll(50)
+            assert more == []  # nothing else arrives: the big frame was never taken
+        assert small.dropped == 0
+    finally:
+        evil.close(linger=0)
+        a.close()
+        small.close()
