@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from controller.placement import ChainedDeclustering
-from exchange.transport import Transport
+from exchange.transport import ConnectionGap, Transport
 from flux.builder import MachineBuilder
 from flux.examples import counting_dataflow, paper_dataflow
 from flux.host import Host
@@ -185,3 +185,26 @@ def test_a_busy_node_still_beats_between_bounded_turns():
     assert work.processed == 10 * 256
     assert beats[-1] >= 4
     assert loop._busy()  # the next turn would not wait: there is more to do
+
+
+class GapTransport(RecordingTransport):
+    """A connection that lost messages: the transport reports the gap once."""
+
+    def __init__(self):
+        super().__init__()
+        self.gaps = [ConnectionGap("w7#7", 4, 6)]
+
+    def poll(self, timeout_ms):
+        gaps, self.gaps = self.gaps, []
+        return [], gaps
+
+
+def test_a_process_whose_incoming_connection_lost_messages_stops_fail_stop():
+    """Its state no longer matches its twin's; stopping lets the pair mask it (and in Spark
+    its task fails and comes back as a standby)."""
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
+    loop = HostLoop(Host("ingress", {INGRESS: builder.ingress()}, 1), GapTransport(), {}, {},
+                    source=iter([("a", 1)]))
+    assert loop.turn(0) is False
+    assert loop.stopped == "messages from w7#7 were lost in transit (expected #4, got #6)"
+    assert loop.source_done is False  # it did nothing after the gap

@@ -91,6 +91,14 @@ class HostLoop:
                 timeout_ms = max(0, min(timeout_ms, math.ceil(due * 1000)))
         envelopes, gaps = self.transport.poll(timeout_ms)
         self.gaps += gaps
+        lost = [g for g in gaps if isinstance(g, ConnectionGap)]
+        if lost and self.stopped is None:
+            # Messages from a live peer vanished in transit (DESIGN 4.4): this process's
+            # state no longer matches its twin's. It stops, fail-stop, and its pair masks it.
+            g = lost[0]
+            self.stopped = (f"messages from {g.peer} were lost in transit (expected "
+                            f"#{g.expected}, got #{g.got})")
+            return False
         for env in envelopes:
             self.receive(env)
         self._beat()  # after receiving: the controller's beats that waited count for the lease

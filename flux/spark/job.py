@@ -213,6 +213,8 @@ class FluxJob:
         egress = loop is self._loops.get("egress")
         while not self._stop.is_set():
             loop.turn(5)
+            if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
+                raise RuntimeError(f"{loop.host.name}: {loop.stopped}")
             if egress and not self._finished.is_set():
                 self._check_finished()
 
