@@ -17,16 +17,20 @@ blocking; a full outbox is back-pressure for the caller, not a hang on a
 dead peer. ``LINGER=0`` everywhere. Garbage from the network is dropped
 with a log line naming the peer; nothing it sends can raise out of ``poll``.
 A frame over ``max_frame`` bytes never reaches Python: ZeroMQ closes that
-connection (``MAXMSGSIZE``).
+connection (``MAXMSGSIZE``). With ``keys`` (``job_keys(secret)``) every
+connection is CURVE-encrypted and a peer without the job's secret cannot
+complete a handshake: it can neither register nor inject data or acks.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Dict, List, Optional, Tuple
 
 import zmq
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from exchange.wire import MAX_FRAME, WireError, decode, encode
@@ -39,6 +43,14 @@ ZERO_COPY_FROM = 1 << 16
 
 #: messages a peer's outbox may hold before ``send`` reports back-pressure
 DEFAULT_OUTBOX = 100_000
+
+
+def job_keys(secret: str) -> Tuple[bytes, bytes]:
+    """The job's CURVE key pair ``(public, secret)``, computed from the job's secret: only a
+    process given that secret can derive the server key, so only such a process completes
+    the handshake; a connection without it never delivers a byte (issue 6, DESIGN 6)."""
+    secret_key = z85.encode(hashlib.sha256(b"flux-curve:" + secret.encode()).digest())
+    return zmq.curve_public(secret_key), secret_key
 
 
 @dataclass(frozen=True)
@@ -62,8 +74,10 @@ class Transport:
 
     def __init__(self, ctx: zmq.Context, name: str, incarnation: int, host: str = "127.0.0.1",
                  outbox_limit: int = DEFAULT_OUTBOX, hwm: int = 10_000,
-                 max_frame: int = MAX_FRAME + 1024):
+                 max_frame: int = MAX_FRAME + 1024,
+                 keys: Optional[Tuple[bytes, bytes]] = None):
         self.ctx = ctx
+        self.keys = keys
         self.identity = f"{name}#{incarnation}".encode()
         self.outbox_limit = outbox_limit
         self.hwm = hwm
@@ -72,6 +86,9 @@ class Transport:
         self.router.setsockopt(zmq.RCVHWM, hwm)
         # a larger frame closes its connection inside ZeroMQ, before it is held in memory
         self.router.setsockopt(zmq.MAXMSGSIZE, max_frame)
+        if keys is not None:  # CURVE: encrypted, and only holders of the job's keys connect
+            self.router.curve_server = True
+            self.router.curve_publickey, self.router.curve_secretkey = keys
         self.port = self.router.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{self.port}"
         self.dealers: Dict[str, zmq.Socket] = {}
@@ -93,6 +110,9 @@ class Transport:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.IDENTITY, self.identity)
         dealer.setsockopt(zmq.SNDHWM, self.hwm)
+        if self.keys is not None:
+            dealer.curve_serverkey = self.keys[0]
+            dealer.curve_publickey, dealer.curve_secretkey = self.keys
         dealer.connect(address)
         self.dealers[peer] = dealer
         self.out_seq[peer] = 0

@@ -41,10 +41,11 @@ def mover_peer(name: str) -> str:
 
 
 class StateMoverService:
-    def __init__(self, ctx: zmq.Context, name: str, inc: int):
+    def __init__(self, ctx: zmq.Context, name: str, inc: int, keys=None):
         self.name = name
         self.me = MoverAddr(name)
-        self.transport = Transport(ctx, mover_peer(name), inc)  # used by the thread only
+        # used by the thread only; ``keys``: the job's CURVE keys, as the node's own transport
+        self.transport = Transport(ctx, mover_peer(name), inc, keys=keys)
         self.address = self.transport.address
         self.addresses: Dict[str, str] = {}
         self.is_dead: Callable[[str], bool] = lambda name: False

@@ -7,7 +7,7 @@ import time
 import pytest
 import zmq
 
-from exchange.transport import ConnectionLost, Transport
+from exchange.transport import ConnectionLost, Transport, job_keys
 from flux.messages import Addr, Batch, Envelope
 
 A, B = Addr(1, 0, 0), Addr(2, 0, 1)
@@ -180,3 +180,33 @@ def test_an_oversized_frame_is_never_received_and_the_others_go_on(ctx):
         evil.close(linger=0)
         a.close()
         small.close()
+
+
+def test_with_the_jobs_keys_only_a_process_given_the_secret_gets_through(ctx):
+    keys = job_keys("the-job-secret")
+    b = Transport(ctx, "b", 2, keys=keys)
+    member = Transport(ctx, "a", 1, keys=keys)
+    stranger = Transport(ctx, "m", 9, keys=job_keys("a guess"))
+    plain = Transport(ctx, "p", 8)  # no CURVE at all
+    try:
+        for t in (stranger, plain):
+            t.connect("b", b.address)
+            t.send("b", batch(7))
+        member.connect("b", b.address)
+        member.send("b", batch(1))
+        got, _ = receive(b, 1)
+        assert [env.msg for env in got] == [batch(1).msg]
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            more, gaps = b.poll(50)
+            assert more == [] and gaps == []  # the others never deliver a byte
+        assert b.dropped == 0
+    finally:
+        for t in (member, stranger, plain, b):
+            t.close()
+
+
+def test_job_keys_are_a_pair_and_differ_per_secret():
+    public, secret = job_keys("s1")
+    assert zmq.curve_public(secret) == public and job_keys("s1") == (public, secret)
+    assert job_keys("s2")[0] != public

@@ -21,7 +21,7 @@ from pyspark import cloudpickle
 from controller.placement import placement_for
 from controller.recovery import Recovery
 from controller.service import ControllerService
-from exchange.transport import Transport
+from exchange.transport import Transport, job_keys
 from flux.builder import MachineBuilder
 from flux.dataflow import check_state_round_trip
 from flux.host import Host, MoverAddr
@@ -62,7 +62,7 @@ class FluxJob:
                  heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
                  sink: Optional[Callable[[Any], None]] = None, replication: str = "flux",
                  metrics_interval: float = 0.1, flush_delay: float = 0.002,
-                 check_records: int = 200):
+                 check_records: int = 200, authenticate: bool = True):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -81,7 +81,8 @@ class FluxJob:
         self.config = dict(dataflow=cloudpickle.dumps(dataflow), partitions=nodes, capacity=capacity,
                            batch_size=batch_size, heartbeat=heartbeat, lease=lease,
                            chunk_size=chunk_size, secret=self.secret, register_timeout=60.0,
-                           replication=replication, flush_delay=flush_delay)
+                           replication=replication, flush_delay=flush_delay,
+                           curve=authenticate)
         self.detect_after = detect_after
         self._stop = threading.Event()
         self._stopping = threading.Event()
@@ -95,7 +96,9 @@ class FluxJob:
     def start(self, timeout: float = 120.0) -> "FluxJob":
         """Launch the nodes and return once every node registered and data flows."""
         self.ctx = zmq.Context()
-        self.transports = {n: Transport(self.ctx, n, inc) for n, inc in DRIVER_INCS.items()}
+        keys = job_keys(self.secret) if self.config["curve"] else None
+        self.transports = {n: Transport(self.ctx, n, inc, keys=keys)
+                           for n, inc in DRIVER_INCS.items()}
         addresses = {n: t.address for n, t in self.transports.items()}
         self.controller = ControllerService(self.transports["controller"], None, dict(DRIVER_INCS),
                                             addresses, [], self.detect_after, secret=self.secret)

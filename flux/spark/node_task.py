@@ -18,7 +18,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from pyspark import cloudpickle
 
 from controller.placement import placement_for
-from exchange.transport import Transport
+from exchange.transport import Transport, job_keys
 from flux.builder import MachineBuilder
 from flux.host import Host
 from flux.ingress import INGRESS
@@ -44,7 +44,8 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
     ctx_task = TaskContext.get()
     inc = ctx_task.taskAttemptId() if ctx_task is not None else os.getpid()
     ctx = zmq.Context()
-    transport = Transport(ctx, f"w{inc}", inc)
+    keys = job_keys(config["secret"]) if config.get("curve") else None
+    transport = Transport(ctx, f"w{inc}", inc, keys=keys)
     try:
         transport.connect("controller", config["controller"])
         me0 = ProcAddr(f"w{inc}")
@@ -56,7 +57,7 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
                 task, inc, reason, config["secret"]), inc, None))
             transport.close(linger_ms=2000)  # the report leaves before Spark sees the error
             raise
-        mover = StateMoverService(ctx, f"w{inc}", inc)  # its socket exists from now on
+        mover = StateMoverService(ctx, f"w{inc}", inc, keys)  # its socket exists from now on
         try:
             return run_node(task, inc, config, transport, mover, me0)
         finally:
