@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import zmq
 
 from controller.placement import placement_for
 from controller.recovery import Recovery
 from controller.service import ControllerService
-from exchange.transport import Transport
+from exchange.transport import Transport, job_keys
 from flux.builder import MachineBuilder
 from flux.host import Host, MoverAddr
 from flux.ingress import INGRESS
@@ -31,7 +31,7 @@ class ThreadCluster:
     def __init__(self, dataflow, partitions: int, records: Iterable[Any], standbys: int = 1,
                  capacity: int = 256, batch_size: int = 64, heartbeat: float = 0.02,
                  detect_after: float = 0.25, chunk_size: int = 1 << 20,
-                 replication: str = "flux"):
+                 replication: str = "flux", secret: Optional[str] = None):
         stages = len(dataflow.stages)
         self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
                                                 replication=replication)
@@ -47,7 +47,10 @@ class ThreadCluster:
         where = {a: name for name, ms in machines.items() for a in ms}
         peer_incs = {a: self.incarnations[name] for a, name in where.items()}
         self.ctx = zmq.Context()
-        self.transports = {n: Transport(self.ctx, n, self.incarnations[n]) for n in names}
+        #: with a ``secret``: CURVE on every socket, as a FluxJob on Spark does
+        self.keys = job_keys(secret) if secret is not None else None
+        self.transports = {n: Transport(self.ctx, n, self.incarnations[n], keys=self.keys)
+                           for n in names}
         addresses = {n: t.address for n, t in self.transports.items()}
         self.delivered: List[Any] = []
         self.recovery = Recovery(placement, stages, partitions,
@@ -64,7 +67,8 @@ class ThreadCluster:
             host = Host(name, ms, self.incarnations[name],
                         builder.standby_segment if worker else None, chunk_size, peer_incs)
             if worker:
-                self.movers[name] = StateMoverService(self.ctx, name, self.incarnations[name])
+                self.movers[name] = StateMoverService(self.ctx, name, self.incarnations[name],
+                                                      self.keys)
                 addresses[mover_peer(name)] = self.movers[name].address  # the loops' view
                 self.controller.mover_addresses[name] = self.movers[name].address
             self.loops[name] = HostLoop(host, self.transports[name], where, addresses,
