@@ -91,11 +91,10 @@ class ControllerService:
         if not self.started:
             return
         for name, seen in list(self.last_seen.items()):
-            limit = self.timeout
-            if self.recovery.holds_last_replica(name):
-                limit = max(limit, self.last_replica_timeout)
-            if now - seen > limit:
-                self.fail(name, f"silent for {now - seen:.3f}s")
+            silent = now - seen
+            if silent > self.timeout and (silent > self.last_replica_timeout
+                                          or not self.recovery.holds_last_replica(name)):
+                self.fail(name, f"silent for {silent:.3f}s")
         if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6)
             self._last_beat = now
             for name in self._live():

@@ -201,6 +201,16 @@ class KeyedAggregate:
 
 # --- chains ---------------------------------------------------------------
 
+def _apply(op: Any, record: Any) -> list:
+    """``op``'s outputs for ``record``; what user code raises comes out as ``OperatorRaised``."""
+    try:
+        return list(op.process(record))
+    except DataflowError:
+        raise  # the library's own checks (e.g. a state round trip), not user code
+    except Exception as exc:
+        raise OperatorRaised(op, exc) from exc
+
+
 class OperatorChain:
     """The operators of one stage partition, run one after the other.
 
@@ -216,13 +226,7 @@ class OperatorChain:
     def process(self, record: Any) -> list:
         """The outputs of ``record``; an operator that raises is named in ``OperatorRaised``."""
         if len(self.operators) == 1:  # the common case, without the recursion
-            op = self.operators[0]
-            try:
-                return list(op.process(record))
-            except DataflowError:
-                raise  # the library's own checks (e.g. a state round trip), not user code
-            except Exception as exc:
-                raise OperatorRaised(op, exc) from exc
+            return _apply(self.operators[0], record)
         out: list = []
         self._run(0, record, out)
         return out
@@ -231,15 +235,8 @@ class OperatorChain:
         if i == len(self.operators):
             out.append(record)
             return
-        op = self.operators[i]
-        try:
-            produced = list(op.process(record))
-        except DataflowError:
-            raise
-        except Exception as exc:
-            raise OperatorRaised(op, exc) from exc
-        for item in produced:
-            self._run(i + 1, item, out)
+        for produced in _apply(self.operators[i], record):
+            self._run(i + 1, produced, out)
 
     def get_state(self) -> list:
         return [op.get_state() for op in self.operators]

@@ -88,7 +88,6 @@ class RateLimited:
         return max(0.0, due - self.clock())
 
 
-
 def peek(source: Any, n: int) -> Tuple[list, Any]:
     """Up to ``n`` first records of ``source`` (for the checks before deploying), and the
     source to use from now on: a sequence is sliced, an iterator read ahead and chained back."""

@@ -34,6 +34,7 @@ from flux.sequence import covers, input_sn
 from flux.sources import peek
 from flux.spark.node_task import node_main
 
+
 def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
     """Refuse, before any task starts, a dataflow that fails on the source's first records:
     an operator or key that raises, a key msgpack cannot hash, a state msgpack cannot
