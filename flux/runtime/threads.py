@@ -30,9 +30,11 @@ from statemover.service import StateMoverService, mover_peer
 class ThreadCluster:
     def __init__(self, dataflow, partitions: int, records: Iterable[Any], standbys: int = 1,
                  capacity: int = 256, batch_size: int = 64, heartbeat: float = 0.02,
-                 detect_after: float = 0.25, chunk_size: int = 1 << 20,
+                 detect_after: float = 1.0, chunk_size: int = 1 << 20,
                  replication: str = "flux", secret: Optional[str] = None):
         stages = len(dataflow.stages)
+        # every node shares this process and its GIL: kills are detected by the dropped
+        # connection, the heartbeat timeout (detect_after) only catches hangs: it is generous
         self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
                                                 replication=replication)
         placement = placement_for(replication, stages, partitions)
