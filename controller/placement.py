@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from flux.messages import Addr, P, S
+from flux.addresses import Addr, P, S
 
 
 class Placement:

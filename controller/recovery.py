@@ -21,16 +21,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
 from controller.placement import Placement
-from flux.messages import Addr, Avail, P, S, View
-
-
-class PairLost(Exception):
-    """Both replicas of a partition are gone: the job must stop (DESIGN 4.6)."""
-
-    def __init__(self, addr: Addr):
-        self.stage, self.partition = addr.stage, addr.partition
-        super().__init__(f"both replicas of stage {addr.stage} partition {addr.partition} failed; "
-                         "the job cannot continue without losing data")
+from flux.addresses import Addr, P, S
+from flux.control_messages import Avail, View
+from flux.errors import PairLost
 
 
 @dataclass
@@ -94,7 +87,7 @@ class Recovery:
         self.free = [n for n in self.free if n not in group]
         for addr in sorted(self.missing):
             if self._twin(addr) in self.missing:
-                raise PairLost(addr)
+                raise PairLost(addr.stage, addr.partition)
         incs = frozenset(self.inc[n] for n in group)
         views = [self._next_view(failed=failed, failed_incs=incs)]
         return views + self._schedule()

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
-from flux.messages import Item, ProtocolError
+from flux.data_messages import Item
+from flux.errors import ProtocolError
 from flux.sequence import NO_PROGRESS, NO_SN, SN, before, covers, strongest, weakest
 
 

@@ -13,11 +13,24 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import msgpack
 
-from flux.host import MoverAddr
-from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
-                           Members, OperatorFailed, Pause, PauseAck, ProcAddr, PSync, Register,
-                           Reverse, StateMoved, Stop, TakeoverDone, View, Welcome)
-from statemover.mover import Abort, Chunk, Handshake, Trailer
+from flux.addresses import Addr, MoverAddr, ProcAddr
+from flux.control_messages import (
+    Avail,
+    Failed,
+    FoldedIn,
+    Heartbeat,
+    Members,
+    OperatorFailed,
+    Register,
+    StateMoved,
+    Stop,
+    TakeoverDone,
+    View,
+    Welcome,
+)
+from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.envelope import Envelope
+from statemover.messages import Abort, Chunk, Handshake, Trailer
 
 VERSION = 1
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)

@@ -32,11 +32,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from controller.recovery import PairLost
+from flux.errors import PairLost
 from flux.examples import counting_dataflow, paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.sources import RateLimited
+from flux.runtime.sources import RateLimited
 from flux.workload import keyed_workload, packet_workload
 
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double")

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.sources import RateLimited
+from flux.runtime.sources import RateLimited
 from flux.workload import packet_workload
 
 #: the paper's workload knobs: 100K (src, dst) pairs, 10 x 1000 = 10K (app, src) values

@@ -17,11 +17,13 @@ import time
 
 import zmq
 
-from exchange.transport import Transport
-from flux.host import MoverAddr
-from flux.messages import Envelope, Send
-from statemover.mover import SmReady, StateMover, StateReceived
-from statemover.service import StateMoverService, mover_peer
+from flux.addresses import MoverAddr
+from flux.effects import Send
+from flux.envelope import Envelope
+from flux.runtime.mover_service import StateMoverService, mover_peer
+from flux.runtime.transport import Transport
+from statemover.messages import SmReady, StateReceived
+from statemover.mover import StateMover
 
 
 def move(megabytes: int, chunk: int = 1 << 20, direct: bool = False) -> dict:

@@ -40,9 +40,9 @@ import time
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from flux.metrics import Metrics
 from flux.operators.sessions import SessionReconstruction
 from flux.operators.stats import WindowedDurationStats
+from flux.runtime.metrics import Metrics
 from flux.spark.node_task import executor_pid
 
 PACKET_SCHEMA = "isn LONG, src INT, dst INT, app STRING, kind STRING, ts LONG"

@@ -23,7 +23,7 @@ import pathlib
 import signal
 import statistics
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from tqdm import tqdm
 
@@ -137,7 +137,10 @@ def recovery_figures(rows: List[Dict[str, Any]], kill_at: float) -> Dict[str, An
 
 # -- the two runs ------------------------------------------------------------------------------
 def run_structured_streaming(args, records, expected) -> Dict[str, Any]:
-    from experiments.structured_streaming import StructuredStreamingRun, matches_reference
+    from experiments.structured_streaming import (
+        StructuredStreamingRun,
+        matches_reference,
+    )
     from flux.spark.session import local_cluster
 
     print(f"Structured Streaming: a local-cluster of {args.partitions + 2} executors, trigger "

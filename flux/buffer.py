@@ -22,7 +22,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Iterable, List, Optional
 
-from flux.messages import Item
+from flux.data_messages import Item
 from flux.sequence import NO_SN, SN
 
 PRIM = 0

@@ -10,14 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from exchange.partitioner import HashPartitioner
+from flux.addresses import Addr, P, S
 from flux.buffer import Buffer
 from flux.egress import Egress, egress_addr
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.ingress import INGRESS, Ingress
-from flux.messages import Addr, P, S
 from flux.segment import ACTIVE, STDBY, Segment
-
 
 #: DESIGN 7: partition pairs; one replica, no acks; two replica sets joined only at the ends
 REPLICATIONS = ("flux", "none", "cluster-pairs")

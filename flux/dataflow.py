@@ -18,12 +18,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
-from flux.operator import (
-    DataflowError,
-    OperatorChain,
-    check_operator_api,
-    wire_form,
-)
+from flux.errors import DataflowError
+from flux.operator import OperatorChain, check_operator_api, wire_form
 from flux.reference import ReferenceRun
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import List, Set
 
+from flux.addresses import Addr, P, S
+from flux.data_messages import Batch, PSync
+from flux.effects import Deliver
+from flux.errors import ProtocolError
 from flux.flux_consumer import FluxConsumer
-from flux.messages import Addr, Batch, Deliver, P, ProtocolError, PSync, S
 
 
 def egress_addr(stages: int) -> Addr:

@@ -19,8 +19,11 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Set
 
 from exchange.merge import OrderedMerge
-from flux.messages import (Ack, Addr, Batch, CSync, FoldedIn, Pause, PauseAck, ProtocolError,
-                           PSync, Reverse, Send, other)
+from flux.addresses import Addr, other
+from flux.control_messages import FoldedIn
+from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.effects import Send
+from flux.errors import ProtocolError
 from flux.producer import ACTIVE, DEAD, STDBY
 
 

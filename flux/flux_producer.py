@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Set, Tuple
 
+from flux.addresses import Addr, other
 from flux.buffer import PRIM, SEC, Buffer
-from flux.messages import Ack, Addr, ProtocolError, Reverse, Send, TakeoverDone, other
+from flux.control_messages import TakeoverDone
+from flux.data_messages import Ack, Reverse
+from flux.effects import Send
+from flux.errors import ProtocolError
 from flux.producer import ACK, ACTIVE, DEAD, SEND, BufferFactory, Producer
 from flux.sequence import SN
 

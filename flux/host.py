@@ -11,20 +11,16 @@ carries them.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from flux.messages import Addr, Envelope, ProtocolError, Send, StateInstalled, View
+from flux.addresses import Addr, MoverAddr
+from flux.control_messages import View
+from flux.effects import Send, StateInstalled
+from flux.envelope import Envelope
+from flux.errors import ProtocolError
 from flux.segment import CatchUp, MoverCall
-from statemover.mover import SmReady, StateMover, StateReceived, StateSent, TransferFailed
-
-
-class MoverAddr(NamedTuple):
-    """The StateMover of one node (incarnation): one per node process."""
-
-    node: str
-
-    def __str__(self) -> str:
-        return f"sm@{self.node}"
+from statemover.messages import SmReady, StateReceived, StateSent, TransferFailed
+from statemover.mover import StateMover
 
 
 class Host:

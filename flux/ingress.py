@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Set
 
+from flux.addresses import Addr, P, S
 from flux.buffer import DESTS, Buffer
-from flux.messages import Ack, Addr, CSync, P, Pause, ProtocolError, S, Send
+from flux.data_messages import Ack, CSync, Pause
+from flux.effects import Send
+from flux.errors import ProtocolError
 from flux.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 

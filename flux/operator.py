@@ -21,29 +21,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
+from flux.errors import DataflowError, OperatorError  # noqa: F401 (raised by the chain)
+
 REQUIRED_METHODS = ("process", "get_state", "install_state")
 OPTIONAL_HOOKS = ("init_trans", "end_trans")
-
-
-class DataflowError(ValueError):
-    """A dataflow or operator that breaks the contract, found when the dataflow is built."""
-
-
-class OperatorError(RuntimeError):
-    """User code (an operator, or the key that routes its outputs) raised on a record.
-
-    Both replicas of the partition run the same code on the same input, so failing over
-    would only fail again: the job stops with this error, which names the operator, the
-    stage and partition, and the input's sequence number, so the record can be found."""
-
-    def __init__(self, what: str, stage: int, partition: int, sn: Any, error: str):
-        self.what, self.stage, self.partition = what, stage, partition
-        self.sn, self.error = tuple(sn), error
-        super().__init__(f"{what} failed in stage {stage}, partition {partition}, on the "
-                         f"record with sequence number {self.sn}: {error}")
-
-    def __reduce__(self):  # picklable, e.g. out of a Spark task
-        return (OperatorError, (self.what, self.stage, self.partition, self.sn, self.error))
 
 
 def describe(error: BaseException) -> str:

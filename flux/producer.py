@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from flux.addresses import Addr
 from flux.buffer import DESTS, PRIM, SEC, Buffer
-from flux.messages import Ack, Addr, Batch, CSync, FoldedIn, Pause, PauseAck, ProtocolError, PSync, Send
+from flux.control_messages import FoldedIn
+from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync
+from flux.effects import Send
+from flux.errors import ProtocolError
 from flux.sequence import NO_PROGRESS, SN, before, bound_key, weakest
 
 SEND = "SEND"

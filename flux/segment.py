@@ -24,11 +24,13 @@ from typing import Any, Callable, List, Optional, Set
 
 import msgpack
 
+from flux.addresses import Addr, other
+from flux.control_messages import Avail
+from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.errors import OperatorError, ProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
-from flux.messages import (Ack, Addr, Avail, Batch, CSync, Pause, PauseAck, ProtocolError, PSync,
-                           Reverse, other)
-from flux.operator import OperatorError, OperatorRaised, describe
+from flux.operator import OperatorRaised, describe
 from flux.sequence import output_sn
 
 ACTIVE = "ACTIVE"

@@ -35,13 +35,22 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
 
-from flux.messages import ProtocolError, Send
+from flux.effects import Send
+from flux.errors import ProtocolError
+from statemover.messages import (
+    RECV,
+    SEND,
+    Abort,
+    Chunk,
+    Handshake,
+    SmReady,
+    StateReceived,
+    StateSent,
+    Trailer,
+    TransferFailed,
+)
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
-
-#: Roles; they travel in Handshake, so they are plain strings.
-SEND = "send"
-RECV = "recv"
 
 #: Failure reasons that are not formatted with numbers.
 CANCELLED = "cancelled"
@@ -71,81 +80,6 @@ TRANSITIONS = {
     (RECV, Mode.READY, "trailer"): Mode.DONE,  # the empty state has no chunks
     (RECV, Mode.RECEIVING, "trailer"): Mode.DONE,
 }
-
-
-# -- messages between movers ---------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Handshake:
-    """This mover has its segment's request for ``transfer``, in ``role`` (3.3.1)."""
-
-    transfer: Hashable
-    role: str
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class Chunk:
-    """Chunk number ``index`` (from 0) of the state; ``data`` is bytes-like."""
-
-    transfer: Hashable
-    index: int
-    data: Any
-
-    def __repr__(self) -> str:  # a trace shows the size, not megabytes of bytes
-        return f"Chunk({self.transfer!r}, {self.index}, <{len(self.data)} bytes>)"
-
-
-@dataclass(frozen=True, slots=True)
-class Trailer:
-    """End of the state: what the receiver must have got, to check it whole."""
-
-    transfer: Hashable
-    count: int
-    length: int
-    crc: int
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    """The peer gave up on ``transfer``: stop waiting for it."""
-
-    transfer: Hashable
-    reason: str
-
-
-# -- local effects ---------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class SmReady:
-    """Both movers are ready: the paper's ``sm_ready()`` (Figure 5 action 2)."""
-
-    transfer: Hashable
-
-
-@dataclass(frozen=True, slots=True)
-class StateSent:
-    """Every chunk is handed out: the active side's ``sm_done()`` (action 4)."""
-
-    transfer: Hashable
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class StateReceived:
-    """The whole state arrived and checked out: install it, then ``sm_done()`` (action 4)."""
-
-    transfer: Hashable
-    data: bytes
-
-    def __repr__(self) -> str:
-        return f"StateReceived({self.transfer!r}, <{len(self.data)} bytes>)"
-
-
-@dataclass(frozen=True, slots=True)
-class TransferFailed:
-    """The transfer is over without a state; the controller retries (3.4)."""
-
-    transfer: Hashable
-    reason: str
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
-from flux.messages import Addr, P, S
+from flux.addresses import Addr, P, S
 from flux.sim.__main__ import crash_window
 from flux.sim.schedule import OK, PAIR_LOST, SimParams, format_trace, run_schedule
 from flux.sim.schedule import first_violation as find_first_violation

@@ -13,18 +13,22 @@ import copy
 import msgpack
 import pytest
 
+from flux.addresses import Addr, MoverAddr, P, S
 from flux.buffer import PRIM, SEC
+from flux.control_messages import Avail, FoldedIn, TakeoverDone, View
+from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.effects import Send
+from flux.envelope import Envelope
+from flux.errors import ProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
-from flux.host import Host, MoverAddr
+from flux.host import Host
 from flux.ingress import INGRESS, Ingress
-from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, FoldedIn, P, Pause, PauseAck,
-                           ProtocolError, PSync, Reverse, S, Send, TakeoverDone, View)
 from flux.operator import wire_form
 from flux.producer import ACK, ACTIVE, DEAD, SEND, STDBY
 from flux.segment import DRAINING, MOVING, CatchUp, MoverCall, Segment
 from flux.sequence import NO_SN
-from statemover.mover import Handshake
+from statemover.messages import Handshake
 
 A0P, A0S = Addr(1, 0, P), Addr(1, 0, S)
 A1P, A1S = Addr(1, 1, P), Addr(1, 1, S)

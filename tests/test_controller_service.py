@@ -7,11 +7,12 @@ import time
 import pytest
 import zmq
 
-from controller.service import START_FAILURES, ControllerService
-from exchange.transport import Transport
-from flux.messages import (CONTROLLER, Envelope, Failed, OperatorFailed, ProcAddr, Register,
-                           Stop, Welcome)
-from flux.operator import OperatorError
+from flux.addresses import CONTROLLER, ProcAddr
+from flux.control_messages import Failed, OperatorFailed, Register, Stop, Welcome
+from flux.envelope import Envelope
+from flux.errors import OperatorError
+from flux.runtime.controller_service import START_FAILURES, ControllerService
+from flux.runtime.transport import Transport
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -97,7 +98,7 @@ def test_a_task_registers_again_until_the_controller_answers():
     """The first Register is lost (a controller not listening yet): join sends another."""
     import threading
 
-    from flux.messages import Members
+    from flux.control_messages import Members
     from flux.spark.node_task import join
 
     ctx = zmq.Context()
@@ -148,9 +149,8 @@ def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_
     while its partner is being rebuilt would stop the job (a double failure) for nothing."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
-    from flux.host import MoverAddr
+    from flux.addresses import Addr, MoverAddr
     from flux.ingress import INGRESS
-    from flux.messages import Addr
 
     ctx = zmq.Context()
     ctl = Transport(ctx, "controller", -3)

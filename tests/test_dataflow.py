@@ -7,8 +7,9 @@ from functools import partial
 import pytest
 
 from flux.dataflow import Dataflow, Stage, check_state_round_trip
+from flux.errors import DataflowError
 from flux.examples import counting_dataflow, packet_dataflow, paper_dataflow
-from flux.operator import DataflowError, Map, OperatorChain
+from flux.operator import Map, OperatorChain
 from flux.operators.counter import KeyedCounter, first_field
 from flux.workload import keyed_workload, packet_workload
 

@@ -7,10 +7,11 @@ from functools import partial
 import pytest
 
 from flux.dataflow import Dataflow, Stage
+from flux.errors import DataflowError
 from flux.examples import paper_dataflow
-from flux.operator import DataflowError, Map
+from flux.operator import Map
 from flux.operators.sessions import SessionReconstruction, session_key
-from flux.sources import RateLimited
+from flux.runtime.sources import RateLimited
 from flux.spark.job import FluxJob
 from flux.workload import packet_workload
 

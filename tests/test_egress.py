@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from flux.addresses import Addr, P, S
+from flux.data_messages import Ack, Batch, Reverse
+from flux.effects import Deliver, Send
 from flux.egress import Egress, egress_addr
-from flux.messages import Ack, Addr, Batch, Deliver, P, ProtocolError, Reverse, S, Send
+from flux.errors import ProtocolError
 from flux.sequence import NO_SN
 
 # A dataflow of one stage with two partitions: the egress is stage 2.

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from flux.addresses import Addr, P, S
+from flux.data_messages import Ack, Batch, Reverse
+from flux.effects import Send
+from flux.errors import ProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.ingress import INGRESS
-from flux.messages import Ack, Addr, Batch, P, ProtocolError, Reverse, S, Send
 from flux.producer import ACTIVE, DEAD
 from flux.sequence import NO_PROGRESS, NO_SN
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import pytest
 
+from flux.addresses import Addr, P, S
 from flux.buffer import PRIM, PROD, SEC
+from flux.control_messages import TakeoverDone
+from flux.data_messages import Ack, Batch, Reverse
+from flux.effects import Send
+from flux.errors import ProtocolError
 from flux.flux_producer import FluxProducer
-from flux.messages import Ack, Addr, Batch, P, ProtocolError, Reverse, S, Send, TakeoverDone
 from flux.producer import ACK, ACTIVE, DEAD, SEND
 
 PP, PS = Addr(1, 0, P), Addr(1, 0, S)

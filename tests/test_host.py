@@ -3,22 +3,14 @@ from __future__ import annotations
 
 import pytest
 
+from flux.addresses import Addr, P, S
+from flux.control_messages import TakeoverDone, View
+from flux.data_messages import Ack, Batch, Reverse
+from flux.effects import Deliver, Send
 from flux.egress import Egress
+from flux.envelope import Envelope
+from flux.errors import ProtocolError
 from flux.host import Host
-from flux.messages import (
-    Ack,
-    Addr,
-    Batch,
-    Deliver,
-    Envelope,
-    P,
-    ProtocolError,
-    Reverse,
-    S,
-    Send,
-    TakeoverDone,
-    View,
-)
 
 A, B, C = Addr(1, 0, P), Addr(1, 0, S), Addr(2, 0, P)
 PEER = Addr(2, 0, S)

@@ -16,14 +16,16 @@ import pytest
 import zmq
 
 from exchange import wire
-from exchange.transport import job_keys
+from flux.addresses import Addr, P
+from flux.data_messages import Batch
+from flux.envelope import Envelope
 from flux.examples import paper_dataflow
-from flux.messages import Addr, Batch, Envelope, P
 from flux.operator import wire_form
 from flux.reference import reference_output
+from flux.runtime.mover_service import mover_peer
 from flux.runtime.threads import ThreadCluster
+from flux.runtime.transport import job_keys
 from flux.workload import packet_workload
-from statemover.service import mover_peer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,7 +106,7 @@ def test_strangers_and_malformed_frames_on_every_socket_change_nothing(caplog):
     sockets = []
     frames = hostile_frames()
     try:
-        with caplog.at_level(logging.WARNING, logger="exchange.transport"), cluster:
+        with caplog.at_level(logging.WARNING, logger="flux.runtime.transport"), cluster:
             assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 4, 60)
             stranger_keys = job_keys("a guess")
             insider_keys = job_keys(SECRET)

@@ -4,9 +4,12 @@ from __future__ import annotations
 import pytest
 
 from exchange.partitioner import HashPartitioner
+from flux.addresses import Addr, P, S
 from flux.buffer import PRIM, SEC
+from flux.data_messages import Ack, Batch, Reverse
+from flux.effects import Send
+from flux.errors import ProtocolError
 from flux.ingress import INGRESS, Ingress
-from flux.messages import Ack, Addr, Batch, P, ProtocolError, Reverse, S, Send
 from flux.producer import ACK, ACTIVE, DEAD, SEND
 from flux.sequence import NO_PROGRESS
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from exchange.merge import OrderedMerge
-from flux.messages import ProtocolError
+from flux.errors import ProtocolError
 from flux.sequence import NO_PROGRESS, NO_SN
 
 

@@ -1,12 +1,11 @@
 """Operator API, helpers and the example operators: exact outputs and state round trips."""
 from __future__ import annotations
 
-
 import pytest
 
+from flux.errors import DataflowError
 from flux.operator import (
     REQUIRED_METHODS,
-    DataflowError,
     Filter,
     FlatMap,
     KeyedAggregate,
@@ -21,7 +20,6 @@ from flux.operator import (
 from flux.operators.counter import KeyedCounter, first_field, key_and_count
 from flux.operators.sessions import SessionReconstruction, session_key
 from flux.operators.stats import WindowedDurationStats, stats_key
-
 
 
 def run(op, records):

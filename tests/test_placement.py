@@ -1,7 +1,12 @@
 import pytest
 
-from controller.placement import ChainedDeclustering, ClusterPairs, OneSegmentPerNode, Placement
-from flux.messages import Addr, P, S
+from controller.placement import (
+    ChainedDeclustering,
+    ClusterPairs,
+    OneSegmentPerNode,
+    Placement,
+)
+from flux.addresses import Addr, P, S
 
 
 def test_chained_declustering_puts_p_on_k_and_s_of_k_minus_1():

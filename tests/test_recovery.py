@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
-from controller.recovery import PairLost, Recovery
-from flux.host import MoverAddr
+from controller.recovery import Recovery
+from flux.addresses import Addr, MoverAddr, P, S
+from flux.control_messages import Avail, View
+from flux.errors import PairLost
 from flux.ingress import INGRESS
-from flux.messages import Addr, Avail, P, S, View
 
 EGRESS = Addr(3, 0, P)  # 2 stages
 
@@ -228,7 +229,7 @@ def test_a_failed_transfer_aborts_its_attempt_and_retries_with_a_new_version():
     # (so its producers stop waiting for it) and the catch-up starts again.
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
-    from flux.messages import Addr
+    from flux.addresses import Addr
 
     placement = ChainedDeclustering(1, 2)
     incs = {"node0": 1, "node1": 2, "standby0": 3}

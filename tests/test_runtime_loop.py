@@ -13,15 +13,15 @@ import pytest
 import zmq
 
 from controller.placement import ChainedDeclustering
-from exchange.transport import ConnectionGap, Transport
 from flux.builder import MachineBuilder
+from flux.effects import Deliver
 from flux.examples import counting_dataflow, paper_dataflow
 from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import Deliver
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.runtime.loop import HostLoop
+from flux.runtime.transport import ConnectionGap, Transport
 from flux.workload import keyed_workload, packet_workload
 
 
@@ -128,7 +128,8 @@ class RecordingTransport:
 
 
 def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one_batch():
-    from flux.messages import Addr, Batch
+    from flux.addresses import Addr
+    from flux.data_messages import Batch
 
     builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
     ingress = builder.ingress()
@@ -168,7 +169,8 @@ class EndlessWork:
 
 
 def test_a_busy_node_still_beats_between_bounded_turns():
-    from flux.messages import Addr, Heartbeat
+    from flux.addresses import Addr
+    from flux.control_messages import Heartbeat
 
     now = [0.0]
     work = EndlessWork(now)

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import pytest
 
+from flux.addresses import Addr, P, S
 from flux.buffer import PRIM
+from flux.control_messages import TakeoverDone
+from flux.data_messages import Ack, Batch, Reverse
+from flux.effects import Send
+from flux.errors import OperatorError, ProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.ingress import INGRESS
-from flux.messages import Ack, Addr, Batch, P, ProtocolError, Reverse, S, Send, TakeoverDone
-from flux.operator import Map, OperatorChain, OperatorError
+from flux.operator import Map, OperatorChain
 from flux.segment import Segment
 
 

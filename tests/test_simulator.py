@@ -7,9 +7,17 @@ import sys
 import pytest
 
 from controller.placement import OneSegmentPerNode
-from flux.messages import Addr, P, Reverse, S
+from flux.addresses import Addr, P, S
+from flux.data_messages import Reverse
 from flux.sim.__main__ import crash_window
-from flux.sim.schedule import OK, PAIR_LOST, VIOLATION, SimParams, format_trace, run_schedule
+from flux.sim.schedule import (
+    OK,
+    PAIR_LOST,
+    VIOLATION,
+    SimParams,
+    format_trace,
+    run_schedule,
+)
 from flux.sim.schedule import first_violation as find_first_violation
 
 # -- the four survival scenarios of a quartet (paper 5.2) --------------------

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from flux.metrics import TIMELINE_COLUMNS, Metrics
-from flux.sinks import JsonLinesSink, read_json_lines
-from flux.sources import NOT_YET, RateLimited
+from flux.runtime.metrics import TIMELINE_COLUMNS, Metrics
+from flux.runtime.sinks import JsonLinesSink, read_json_lines
+from flux.runtime.sources import NOT_YET, RateLimited
 
 pytestmark = pytest.mark.timeout(30)
 

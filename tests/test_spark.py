@@ -8,8 +8,8 @@ import pytest
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.sinks import JsonLinesSink, read_json_lines
-from flux.sources import RateLimited
+from flux.runtime.sinks import JsonLinesSink, read_json_lines
+from flux.runtime.sources import RateLimited
 from flux.workload import packet_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -115,7 +115,8 @@ def raise_on(bad, record):
 
 def test_an_operator_that_raises_stops_the_job_with_the_operator_partition_and_record(spark):
     from flux.dataflow import Dataflow, Stage
-    from flux.operator import Map, OperatorError
+    from flux.errors import OperatorError
+    from flux.operator import Map
     from flux.operators.sessions import SessionReconstruction, session_key
     from flux.spark.job import FluxJob
 

@@ -12,10 +12,27 @@ from itertools import zip_longest
 
 import pytest
 
-from flux.messages import ProtocolError, Send
+from flux.effects import Send
+from flux.errors import ProtocolError
+from statemover.messages import (
+    RECV,
+    SEND,
+    Abort,
+    Chunk,
+    Handshake,
+    SmReady,
+    StateReceived,
+    StateSent,
+    Trailer,
+    TransferFailed,
+)
 from statemover.mover import (
-    CANCELLED, CHECKSUM_MISMATCH, DEFAULT_CHUNK_SIZE, PEER_FAILED, RECV, SEND, Abort, Chunk,
-    Handshake, Mode, SmReady, StateMover, StateReceived, StateSent, Trailer, TransferFailed,
+    CANCELLED,
+    CHECKSUM_MISMATCH,
+    DEFAULT_CHUNK_SIZE,
+    PEER_FAILED,
+    Mode,
+    StateMover,
 )
 
 A, B = "moverA", "moverB"

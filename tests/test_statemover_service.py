@@ -6,11 +6,11 @@ import time
 import pytest
 import zmq
 
-from exchange.transport import Transport
-from flux.host import MoverAddr
-from flux.messages import Envelope
-from statemover.mover import Chunk, Handshake
-from statemover.service import StateMoverService, mover_peer
+from flux.addresses import MoverAddr
+from flux.envelope import Envelope
+from flux.runtime.mover_service import StateMoverService, mover_peer
+from flux.runtime.transport import Transport
+from statemover.messages import Chunk, Handshake
 
 pytestmark = pytest.mark.timeout(30)
 A, B, C = MoverAddr("a"), MoverAddr("b"), MoverAddr("c")

@@ -7,8 +7,10 @@ import time
 import pytest
 import zmq
 
-from exchange.transport import ConnectionLost, Transport, job_keys
-from flux.messages import Addr, Batch, Envelope
+from flux.addresses import Addr
+from flux.data_messages import Batch
+from flux.envelope import Envelope
+from flux.runtime.transport import ConnectionLost, Transport, job_keys
 
 A, B = Addr(1, 0, 0), Addr(2, 0, 1)
 pytestmark = pytest.mark.timeout(30)
@@ -74,7 +76,7 @@ def test_hostile_frames_are_dropped_with_a_log_line_naming_the_peer(ctx, pair, c
     a, b = pair
     evil = raw_dealer(ctx, b"mallory#9", b.address)
     try:
-        with caplog.at_level(logging.WARNING, logger="exchange.transport"):
+        with caplog.at_level(logging.WARNING, logger="flux.runtime.transport"):
             evil.send_multipart(frames)
             deadline = time.monotonic() + 5
             while b.dropped == 0 and time.monotonic() < deadline:

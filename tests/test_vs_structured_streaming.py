@@ -11,12 +11,16 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from experiments.structured_streaming import (FileFeed, duration_stats,  # noqa: E402
-                                              matches_reference, reconstruct_sessions)
+from experiments.structured_streaming import (  # noqa: E402
+    FileFeed,
+    duration_stats,
+    matches_reference,
+    reconstruct_sessions,
+)
 from experiments.vs_structured_streaming import parse_args, recovery_figures  # noqa: E402
 from flux.examples import paper_dataflow  # noqa: E402
-from flux.metrics import Metrics  # noqa: E402
 from flux.reference import reference_output  # noqa: E402
+from flux.runtime.metrics import Metrics
 from flux.workload import packet_workload  # noqa: E402
 
 

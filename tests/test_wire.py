@@ -8,11 +8,24 @@ from hypothesis import strategies as st
 
 from exchange import wire
 from exchange.wire import WireError, decode, encode
-from flux.host import MoverAddr
-from flux.messages import (Ack, Addr, Avail, Batch, CSync, Envelope, Failed, FoldedIn, Heartbeat,
-                           Members, OperatorFailed, Pause, PauseAck, ProcAddr, PSync, Register,
-                           Reverse, StateMoved, Stop, TakeoverDone, View, Welcome)
-from statemover.mover import Abort, Chunk, Handshake, Trailer
+from flux.addresses import Addr, MoverAddr, ProcAddr
+from flux.control_messages import (
+    Avail,
+    Failed,
+    FoldedIn,
+    Heartbeat,
+    Members,
+    OperatorFailed,
+    Register,
+    StateMoved,
+    Stop,
+    TakeoverDone,
+    View,
+    Welcome,
+)
+from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.envelope import Envelope
+from statemover.messages import Abort, Chunk, Handshake, Trailer
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
 

@@ -15,15 +15,24 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
-from exchange.transport import ConnectionGap, Transport
-from flux.host import Host, MoverAddr
+from flux.addresses import CONTROLLER, MoverAddr, ProcAddr
+from flux.control_messages import (
+    FoldedIn,
+    Heartbeat,
+    Members,
+    StateMoved,
+    Stop,
+    TakeoverDone,
+    View,
+)
+from flux.effects import Deliver, StateInstalled
+from flux.envelope import Envelope
+from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import (CONTROLLER, Deliver, Envelope, FoldedIn, Heartbeat, Members, ProcAddr,
-                           StateInstalled, StateMoved, Stop, TakeoverDone, View)
-from flux.metrics import Metrics
-from flux.sources import NOT_YET
-from statemover.mover import SmReady
-
+from flux.runtime.metrics import Metrics
+from flux.runtime.sources import NOT_YET
+from flux.runtime.transport import ConnectionGap, Transport
+from statemover.messages import SmReady
 
 #: inputs one segment processes before the loop looks at its other work
 PROCESS_PER_STEP = 256

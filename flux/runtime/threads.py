@@ -17,14 +17,15 @@ import zmq
 
 from controller.placement import placement_for
 from controller.recovery import Recovery
-from controller.service import ControllerService
-from exchange.transport import Transport, job_keys
+from flux.addresses import MoverAddr
 from flux.builder import MachineBuilder
-from flux.host import Host, MoverAddr
+from flux.effects import Deliver
+from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import Deliver
+from flux.runtime.controller_service import ControllerService
 from flux.runtime.loop import HostLoop
-from statemover.service import StateMoverService, mover_peer
+from flux.runtime.mover_service import StateMoverService, mover_peer
+from flux.runtime.transport import Transport, job_keys
 
 
 class ThreadCluster:

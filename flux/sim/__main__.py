@@ -10,7 +10,13 @@ import argparse
 import sys
 import time
 
-from flux.sim.schedule import PAIR_LOST, VIOLATION, SimParams, format_trace, run_schedule
+from flux.sim.schedule import (
+    PAIR_LOST,
+    VIOLATION,
+    SimParams,
+    format_trace,
+    run_schedule,
+)
 from flux.sim.shrink import shrink_result
 from flux.sim.variants import VARIANTS
 

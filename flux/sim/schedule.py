@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
-from flux.messages import Batch
+from flux.data_messages import Batch
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.sim.variants import VARIANTS
 from flux.sim.world import World, WorldConfig, node_name

@@ -18,16 +18,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from controller.placement import Placement
-from controller.recovery import PairLost, Recovery
+from controller.recovery import Recovery
+from flux.addresses import Addr, MoverAddr, P
 from flux.buffer import Buffer
 from flux.builder import MachineBuilder
+from flux.control_messages import FoldedIn, TakeoverDone, View
+from flux.effects import Deliver, StateInstalled
 from flux.egress import egress_addr
-from flux.host import Host, MoverAddr
+from flux.envelope import Envelope
+from flux.errors import PairLost
+from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import (Addr, Deliver, Envelope, FoldedIn, P, StateInstalled, TakeoverDone,
-                           View)
 from flux.segment import Segment
-from statemover.mover import SmReady, TransferFailed
+from statemover.messages import SmReady, TransferFailed
 
 INGRESS_HOST = "ingress"
 EGRESS_HOST = "egress"

@@ -20,18 +20,21 @@ from pyspark import cloudpickle
 
 from controller.placement import placement_for
 from controller.recovery import Recovery
-from controller.service import ControllerService
-from exchange.transport import Transport, job_keys
+from flux.addresses import MoverAddr
 from flux.builder import MachineBuilder
+from flux.control_messages import JOB_STOPPED, Register
 from flux.dataflow import check_state_round_trip
-from flux.host import Host, MoverAddr
+from flux.effects import Deliver
+from flux.errors import DataflowError
+from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import JOB_STOPPED, Deliver, Register
-from flux.metrics import Metrics
-from flux.operator import DataflowError, OperatorRaised, describe
+from flux.operator import OperatorRaised, describe
+from flux.runtime.controller_service import ControllerService
 from flux.runtime.loop import HostLoop
+from flux.runtime.metrics import Metrics
+from flux.runtime.sources import peek
+from flux.runtime.transport import Transport, job_keys
 from flux.sequence import covers, input_sn
-from flux.sources import peek
 from flux.spark.node_task import node_main
 
 

@@ -14,19 +14,33 @@ import time
 from typing import Any, Dict, Iterator, List, Optional
 
 import zmq
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from pyspark import cloudpickle
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from controller.placement import placement_for
-from exchange.transport import Transport, job_keys
+from flux.addresses import CONTROLLER, ProcAddr
 from flux.builder import MachineBuilder
+from flux.control_messages import (
+    JOB_STOPPED,
+    Failed,
+    Members,
+    OperatorFailed,
+    Register,
+    Stop,
+    Welcome,
+)
+from flux.envelope import Envelope
+from flux.errors import OperatorError
 from flux.host import Host
 from flux.ingress import INGRESS
-from flux.messages import (CONTROLLER, JOB_STOPPED, Envelope, Failed, Members, OperatorFailed,
-                           ProcAddr, Register, Stop, Welcome)
-from flux.operator import OperatorError
 from flux.runtime.loop import HostLoop
-from statemover.service import StateMoverService, mover_peer
+from flux.runtime.mover_service import StateMoverService, mover_peer
+from flux.runtime.transport import Transport, job_keys
 
 
 def executor_pid() -> int:

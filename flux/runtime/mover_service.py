@@ -25,9 +25,9 @@ from typing import Callable, Dict, Optional
 
 import zmq
 
-from exchange.transport import Transport
-from flux.host import MoverAddr
-from flux.messages import Envelope
+from flux.addresses import MoverAddr
+from flux.envelope import Envelope
+from flux.runtime.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from exchange.wire import MAX_FRAME, WireError, decode, encode
-from flux.messages import Envelope
+from flux.envelope import Envelope
 
 log = logging.getLogger(__name__)
 

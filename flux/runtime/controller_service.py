@@ -14,13 +14,25 @@ import logging
 import time
 from typing import Dict, List, Optional
 
-from controller.recovery import PairLost, Recovery
-from exchange.transport import ConnectionLost, Transport
-from statemover.service import mover_peer
-from flux.messages import (CONTROLLER, Envelope, Failed, FoldedIn, Heartbeat, Members,
-                           OperatorFailed, ProcAddr, Register, StateMoved, Stop, TakeoverDone,
-                           View, Welcome)
-from flux.operator import OperatorError
+from controller.recovery import Recovery
+from flux.addresses import CONTROLLER, ProcAddr
+from flux.control_messages import (
+    Failed,
+    FoldedIn,
+    Heartbeat,
+    Members,
+    OperatorFailed,
+    Register,
+    StateMoved,
+    Stop,
+    TakeoverDone,
+    View,
+    Welcome,
+)
+from flux.envelope import Envelope
+from flux.errors import OperatorError, PairLost
+from flux.runtime.mover_service import mover_peer
+from flux.runtime.transport import ConnectionLost, Transport
 
 #: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
 START_FAILURES = 3

@@ -1,0 +1,142 @@
+"""Membership and control: what processes and the controller say to each other.
+
+Registration (a Spark task joins), the controller's views (paper 3.2.1, DESIGN
+4.4), liveness, and the reports nodes send to the controller (take-over and
+fold-in done, state moved, a failure to start, an operator that raised).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flux.addresses import Addr
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A process is alive (DESIGN 6): the controller declares it dead when these stop."""
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """A Spark task asks to join: its task index, incarnation (taskAttemptId), socket
+    address, process ids (for kill_node), the job's secret, and where its StateMover
+    listens (its own thread and socket; empty if it has none)."""
+
+    task: int
+    inc: int
+    address: str
+    pid: int
+    executor_pid: int
+    secret: str
+    mover_address: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The controller's answer: the name this incarnation runs as (node or standby), and,
+    for a process joining a running job, the current view, where every segment lives
+    now and the incarnations already fenced: it starts from there, not from view 0."""
+
+    name: str
+    view: int = 0
+    where: tuple = ()  # ((addr, process name), ...)
+    dead_incs: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    """Where every process listens and its incarnation; sent before any view naming them."""
+
+    addresses: tuple  # ((name, address, inc), ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A task could not start its node (before its loop ran): why. Spark retries it,
+    so the controller stops the job when the same failure keeps coming back."""
+
+    task: int
+    inc: int
+    reason: str
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorFailed:
+    """A node's operator code raised (``flux.errors.OperatorError``): the controller stops
+    the job with this error rather than fail over (the other replica would raise too)."""
+
+    what: str
+    stage: int
+    partition: int
+    sn: tuple
+    error: str
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class StateMoved:
+    """A node tells the controller (for metrics): ``addr``'s state, ``nbytes`` long, moved
+    in ``seconds`` from both movers being ready to its installation (the pause and
+    drain of the sources, 5.3.1, included)."""
+
+    addr: Addr
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class FoldedIn:
+    """``reporter`` processed both syncs of ``addr``'s catch-up ``version`` (DESIGN 4.6).
+    A machine returns it as an effect; its node reports it to the controller."""
+
+    reporter: Addr
+    addr: Addr
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverDone:
+    """The producer at ``addr`` finished take-over for every consumer (DESIGN 4.5).
+    A machine returns it as an effect; its node reports it to the controller."""
+
+    addr: Addr
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The job is over (or failed): stop and close every socket."""
+
+    reason: str
+
+
+#: the reason of the ``Stop`` that ends a job normally; any other end of a node (fenced,
+#: lease lost) is a failure of its task, which Spark re-runs as a fresh standby
+JOB_STOPPED = "job stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class Avail:
+    """A standby replica for ``addr`` exists at incarnation ``inc`` on node ``node``; its
+    catch-up is ``version`` and copies the active replica on node ``active_node``."""
+
+    addr: Addr
+    inc: int
+    version: int
+    node: str
+    active_node: str
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A controller view update (paper 3.2.1): endpoints that failed, with the
+    incarnations now fenced, and standbys that became available.
+
+    Views are numbered, delivered to every process in the same order, and each
+    is applied completely before the next (DESIGN 4.4).
+    """
+
+    number: int
+    failed: frozenset = frozenset()
+    failed_incs: frozenset = frozenset()
+    avail: tuple = ()

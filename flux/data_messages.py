@@ -1,0 +1,64 @@
+"""The data plane: what producers and consumers say to each other (paper 3.1, 3.3, 5).
+
+Data and acks, the take-over's reverse, and the catch-up's in-band control
+(pause, pause-ack, csync, psync), which travel on the same FIFO connections
+as the data they must follow (DESIGN 4.4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Tuple
+
+from flux.sequence import SN
+
+Item = Tuple[SN, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Data from a producer: tuples in SN order, then a progress bound (DESIGN 4.3)."""
+
+    items: Tuple[Item, ...]
+    bound: SN
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Cumulative ack: the consumer holds every SN <= ``hwm`` of this connection (3.1.3)."""
+
+    hwm: SN
+
+
+@dataclass(frozen=True, slots=True)
+class Reverse:
+    """Consumer to the surviving producer: send me data from after ``hwm`` (Figure 4, 5.2)."""
+
+    hwm: SN
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Consumer A to a data source: stop sending to me, answer after your last data (5.3.1)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PauseAck:
+    """Producer to A, after its last data: nothing more until your csync (5.3.1)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CSync:
+    """Fold-in, from both replicas of a rebuilt consumer to its producers (5.3.2)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PSync:
+    """Fold-in, from both replicas of a rebuilt producer to its consumers (5.3.2)."""
+
+    version: int

@@ -1,0 +1,37 @@
+"""Effects: what a protocol machine asks its driver to do (DESIGN 3).
+
+Machines never do I/O; they return these and the simulator or the runtime
+carries them out. Reports for the controller (``FoldedIn``, ``TakeoverDone``)
+are effects too; they live with the control messages they become.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Tuple
+
+from flux.data_messages import Item
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Put ``msg`` on the FIFO connection from ``src`` to ``dst``."""
+
+    src: Any
+    dst: Any
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Effect of the egress: these items leave the dataflow, in order."""
+
+    items: Tuple[Item, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StateInstalled:
+    """The state of a catch-up ``transfer`` arrived (``nbytes``) and is installed. The
+    runtime times the movement; the protocol does not need it."""
+
+    transfer: Hashable
+    nbytes: int

@@ -1,0 +1,59 @@
+"""The errors of the library: the ones users catch, and the protocol's own.
+
+Users catch ``DataflowError`` (a dataflow refused before it runs),
+``OperatorError`` (their code raised on a record while the job ran) and
+``PairLost`` (both replicas of a partition failed: not maskable).
+
+A protocol machine raises ``RemoteProtocolError`` when a peer sent something
+no state of it can accept, and ``LocalProtocolError`` when its own driver
+called it out of turn (h11's split): the first is a fault of another process,
+the second a bug here. Both are ``ProtocolError``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class ProtocolError(Exception):
+    """A rule of the protocol was broken."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """A peer sent something no state of this machine can accept."""
+
+
+class LocalProtocolError(ProtocolError):
+    """This machine was called out of turn by its own process (a bug here)."""
+
+
+class DataflowError(ValueError):
+    """A dataflow or operator that breaks the contract, found before the job runs."""
+
+
+class OperatorError(RuntimeError):
+    """User code (an operator, or the key that routes its outputs) raised on a record.
+
+    Both replicas of the partition run the same code on the same input, so failing over
+    would only fail again: the job stops with this error, which names the operator, the
+    stage and partition, and the input's sequence number, so the record can be found."""
+
+    def __init__(self, what: str, stage: int, partition: int, sn: Any, error: str):
+        self.what, self.stage, self.partition = what, stage, partition
+        self.sn, self.error = tuple(sn), error
+        super().__init__(f"{what} failed in stage {stage}, partition {partition}, on the "
+                         f"record with sequence number {self.sn}: {error}")
+
+    def __reduce__(self):  # picklable, e.g. out of a Spark task
+        return (OperatorError, (self.what, self.stage, self.partition, self.sn, self.error))
+
+
+class PairLost(RuntimeError):
+    """Both replicas of a partition are gone: the job must stop (DESIGN 4.6)."""
+
+    def __init__(self, stage: int, partition: int):
+        self.stage, self.partition = stage, partition
+        super().__init__(f"both replicas of stage {stage} partition {partition} failed; "
+                         "the job cannot continue without losing data")
+
+    def __reduce__(self):
+        return (PairLost, (self.stage, self.partition))

@@ -1,0 +1,90 @@
+"""The StateMover's vocabulary: messages between movers and the signals to its segment.
+
+Movers talk over channels of their own (3.3.1); their messages carry the
+transfer id (unique per catch-up attempt, DESIGN 4.6), so an older attempt's
+messages never mix into a newer one. The signals are the paper's ``sm_ready``
+and ``sm_done`` (Figure 5), and the failure that makes the controller retry
+(3.4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+#: Roles; they travel in Handshake, so they are plain strings.
+SEND = "send"
+RECV = "recv"
+
+# -- messages between movers ---------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    """This mover has its segment's request for ``transfer``, in ``role`` (3.3.1)."""
+
+    transfer: Hashable
+    role: str
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Chunk:
+    """Chunk number ``index`` (from 0) of the state; ``data`` is bytes-like."""
+
+    transfer: Hashable
+    index: int
+    data: Any
+
+    def __repr__(self) -> str:  # a trace shows the size, not megabytes of bytes
+        return f"Chunk({self.transfer!r}, {self.index}, <{len(self.data)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True)
+class Trailer:
+    """End of the state: what the receiver must have got, to check it whole."""
+
+    transfer: Hashable
+    count: int
+    length: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """The peer gave up on ``transfer``: stop waiting for it."""
+
+    transfer: Hashable
+    reason: str
+
+
+# -- local effects ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SmReady:
+    """Both movers are ready: the paper's ``sm_ready()`` (Figure 5 action 2)."""
+
+    transfer: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class StateSent:
+    """Every chunk is handed out: the active side's ``sm_done()`` (action 4)."""
+
+    transfer: Hashable
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class StateReceived:
+    """The whole state arrived and checked out: install it, then ``sm_done()`` (action 4)."""
+
+    transfer: Hashable
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"StateReceived({self.transfer!r}, <{len(self.data)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFailed:
+    """The transfer is over without a state; the controller retries (3.4)."""
+
+    transfer: Hashable
+    reason: str
