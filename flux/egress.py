@@ -12,7 +12,7 @@ from typing import List, Set
 from flux.addresses import Addr, P, S
 from flux.data_messages import Batch, PSync
 from flux.effects import Deliver
-from flux.errors import ProtocolError
+from flux.errors import LocalProtocolError, ProtocolError
 from flux.flux_consumer import FluxConsumer
 
 
@@ -44,6 +44,18 @@ class Egress:
             self.delivered += len(out)
             effects.append(Deliver(tuple(out)))
         return effects
+
+    def can_process(self) -> bool:
+        return False  # outputs leave as they are released, in on_message
+
+    def process(self) -> int:
+        raise LocalProtocolError("the egress runs no operators")
+
+    def flushable(self) -> List:
+        return []  # it sends acks only, at once
+
+    def flush(self, i: int, d: int) -> List:
+        raise LocalProtocolError("the egress has no outgoing data connection")
 
     def on_fail(self, dead: Set[Addr]) -> List:
         return self.fcons.on_fail(dead)

@@ -14,7 +14,7 @@ from flux.addresses import Addr, P, S
 from flux.buffer import DESTS, Buffer
 from flux.data_messages import Ack, CSync, Pause
 from flux.effects import Send
-from flux.errors import ProtocolError
+from flux.errors import LocalProtocolError, ProtocolError
 from flux.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 
@@ -61,6 +61,12 @@ class Ingress:
         return sn
 
     # -- the dataflow side -------------------------------------------------
+    def can_process(self) -> bool:
+        return False  # inputs enter by ``accept``; there are no operators here
+
+    def process(self) -> int:
+        raise LocalProtocolError("the ingress runs no operators")
+
     def flushable(self):
         return self.out.flushable(self.frontier())
 

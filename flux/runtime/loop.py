@@ -29,6 +29,7 @@ from flux.effects import Deliver, StateInstalled
 from flux.envelope import Envelope
 from flux.host import Host
 from flux.ingress import INGRESS
+from flux.machine import Machine
 from flux.runtime.metrics import Metrics
 from flux.runtime.sources import NOT_YET
 from flux.runtime.transport import ConnectionGap, Transport
@@ -217,28 +218,25 @@ class HostLoop:
         for key in [k for k in self._flush_wait if k[0] not in self.host.machines]:
             del self._flush_wait[key]  # a segment this process no longer hosts
         for addr, machine in list(self.host.machines.items()):
-            can_process = getattr(machine, "can_process", None)
-            for _ in range(PROCESS_PER_STEP if can_process is not None else 0):
-                if not can_process():
+            for _ in range(PROCESS_PER_STEP):
+                if not machine.can_process():
                     break
                 machine.process()
                 moved = True
-            flushable = getattr(machine, "flushable", None)
-            if flushable is not None:
-                moved |= self._flush(addr, machine, flushable)
+            moved |= self._flush(addr, machine)
         return moved
 
-    def _flush(self, addr, machine, flushable) -> bool:
+    def _flush(self, addr, machine: Machine) -> bool:
         """Send each connection's batch once it has waited ``flush_delay`` (a connection
         that stays flushable, a backlog, goes on sending at every turn)."""
         now, flushed = self.clock(), False
         waiting = self._flush_wait
-        ready = flushable()
+        ready = machine.flushable()
         for i, d in ready:
             if now - waiting.setdefault((addr, i, d), now) >= self.flush_delay:
                 self._emit(*self.host.run_local(machine.flush(i, d)))
                 flushed = True
-        still = set(flushable()) if flushed else set(ready)
+        still = set(machine.flushable()) if flushed else set(ready)
         for key in [k for k in waiting if k[0] == addr and (k[1], k[2]) not in still]:
             del waiting[key]  # sent all it had, or cannot send now (paused, standby)
         return flushed

@@ -1,0 +1,51 @@
+"""What a host may ask of a protocol machine (DESIGN 3).
+
+Every endpoint a ``Host`` runs (a segment replica, the ingress, the egress)
+is a ``Machine``: events go in, effects come out, nothing else is touched.
+Messages and views arrive through the host; local work (processing an input
+the merge released, flushing a connection's batch) is asked for by the
+driver, which owns the clock. A machine with no local work of a kind says so
+(``can_process`` False, ``flushable`` empty); the driver never probes for
+methods.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Protocol, Set, Tuple, runtime_checkable
+
+from flux.addresses import Addr, MoverAddr
+from flux.control_messages import Avail
+
+
+@runtime_checkable
+class Machine(Protocol):
+    addr: Addr
+
+    def ready_for(self, src: Addr, msg: Any) -> bool:
+        """May ``msg`` be taken now? A guarded control message waits (DESIGN 4.4)."""
+
+    def on_message(self, src: Addr, msg: Any) -> List:
+        """A message from ``src``, taken in FIFO order; returns effects."""
+
+    def on_fail(self, dead: Set[Addr]) -> List:
+        """A view declared ``dead`` failed (paper 3.2.1, Figure 4)."""
+
+    def on_avail(self, avail: Avail, peer_mover: MoverAddr) -> List:
+        """A view announced a standby replica (Figure 5 avail())."""
+
+    def can_process(self) -> bool:
+        """Is an input ready to go through the operators (Figure 3 action 1's guard)?"""
+
+    def process(self) -> int:
+        """Run the next input; returns how many outputs it made."""
+
+    def flushable(self) -> Iterable[Tuple[int, int]]:
+        """The connections ``(partition, destination)`` with something to send."""
+
+    def flush(self, i: int, d: int) -> List:
+        """The next batch on connection ``(i, d)``, as effects."""
+
+    def idle(self) -> bool:
+        """Nothing is waiting in this machine's buffers or merge."""
+
+    def check_invariants(self) -> None:
+        """Assert the machine's invariants (tests and the simulator call it)."""
