@@ -680,6 +680,9 @@ def test_a_pause_ack_of_an_aborted_attempt_is_ignored_by_the_next():
 class Stub:
     """A machine that records messages; a standby factory's product."""
 
+    def ready_for(self, src, msg):
+        return True
+
     def __init__(self, addr):
         self.addr = addr
         self.calls = []

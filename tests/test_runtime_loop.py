@@ -167,6 +167,9 @@ class EndlessWork:
         self.now[0] += 0.0001
         self.processed += 1
 
+    def flushable(self):
+        return []
+
 
 def test_a_busy_node_still_beats_between_bounded_turns():
     from flux.addresses import Addr
