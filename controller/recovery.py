@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
-from controller.placement import Placement
-from flux.addresses import Addr, P, S
+from flux.addresses import Addr, MoverAddr, P, S
 from flux.control_messages import Avail, View
 from flux.errors import PairLost
+from flux.topology import Topology
 
 
 @dataclass
@@ -37,17 +37,16 @@ class Attempt:
 class Recovery:
     """Membership and catch-up orchestration for one job."""
 
-    def __init__(self, placement: Placement, stages: int, partitions: int,
-                 incarnations: Dict[str, int], standbys: List[str],
-                 ingress: Addr, egress: Addr, mover_of):
-        self.stages, self.partitions = stages, partitions
-        self.placement = placement
-        self.inc = dict(incarnations)
-        self.hosted: Dict[str, Set[Addr]] = {f"node{n}": set(a) for n, a in placement.nodes.items()}
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self.stages, self.partitions = topology.stages, topology.partitions
+        self.placement = topology.placement
+        self.inc = dict(topology.incarnations)
+        self.hosted: Dict[str, Set[Addr]] = {n: set(topology.endpoints_of(n))
+                                             for n in topology.nodes}
         self.node_of: Dict[Addr, str] = {a: n for n, addrs in self.hosted.items() for a in addrs}
-        self.free: List[str] = list(standbys)
-        self.ingress, self.egress = ingress, egress
-        self.mover_of = mover_of
+        self.free: List[str] = list(topology.standbys)
+        self.ingress, self.egress = topology.ingress, topology.egress
         self.view = 0
         self.version = 0
         self.missing: Dict[Addr, str] = {}  # replica -> the failed node it was lost with
@@ -76,7 +75,7 @@ class Recovery:
             del self.attempts[addr]
             standby = self.node_of.pop(addr)
             self.hosted[standby].discard(addr)
-        failed = frozenset(lost | aborted | {self.mover_of(n) for n in group})
+        failed = frozenset(lost | aborted | {MoverAddr(n) for n in group})
         for addr in lost:
             self.missing[addr] = self.node_of.pop(addr, node)
             self.attempts.pop(addr, None)
@@ -137,10 +136,8 @@ class Recovery:
 
     def _failure_group(self, node: str) -> List[str]:
         """``node`` and the live nodes that fail with it (its replica set, 4.2)."""
-        if node.startswith("node") and node[4:].isdigit():
-            return [n for n in (f"node{k}" for k in self.placement.failure_group(int(node[4:])))
-                    if n not in self.dead and n in self.hosted] or [node]
-        return [node]
+        return [n for n in self.topology.failure_group(node)
+                if n == node or (n not in self.dead and n in self.hosted)]
 
     def holds_last_replica(self, node: str) -> bool:
         """Would the failure of ``node`` lose a pair? (Its replicas' twins are missing.)"""

@@ -134,7 +134,7 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "max_output_gap_end_s": base["max_output_gap_end_s"],
         "median_interval_latency_ms": base["median_interval_latency_ms"],
         # a connection's batch waits this long for more before it is sent
-        "flush_interval_s": job.config["flush_delay"], "interval_s": m.interval,
+        "flush_interval_s": job.config.flush_delay, "interval_s": m.interval,
         "events": base["events"],
     }
 

@@ -14,6 +14,7 @@ from flux.data_messages import Batch, PSync
 from flux.effects import Deliver
 from flux.errors import LocalProtocolError, ProtocolError
 from flux.flux_consumer import FluxConsumer
+from flux.sequence import covers, input_sn
 
 
 def egress_addr(stages: int) -> Addr:
@@ -66,6 +67,14 @@ class Egress:
 
     def idle(self) -> bool:
         return self.fcons.idle()
+
+    def finished(self, accepted: int) -> bool:
+        """Has every output of the first ``accepted`` inputs been delivered? Nothing is
+        queued and the progress bound covers the last input: nothing more can come
+        (DESIGN 4.3)."""
+        merge = self.fcons.merge
+        return accepted == 0 or (merge.queued() == 0
+                                 and covers(merge.frontier(), input_sn(accepted)))
 
     def check_invariants(self) -> None:
         pass

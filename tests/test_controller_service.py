@@ -25,9 +25,8 @@ def wires():
     ctl = Transport(ctx, "controller", -3)
     task = Transport(ctx, "w7", 7)
     task.connect("controller", ctl.address)
-    service = ControllerService(ctl, None, {"controller": -3}, {"controller": ctl.address}, [],
-                                secret=SECRET)
-    service.name_for = lambda reg: f"standby{reg.inc}" if f"node{reg.task}" in service.registered else f"node{reg.task}"
+    service = ControllerService(ctl, secret=SECRET, name_for=lambda reg: (
+        f"standby{reg.inc}" if f"node{reg.task}" in service.registered else f"node{reg.task}"))
     yield service, task
     task.close()
     ctl.close()
@@ -149,19 +148,19 @@ def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_
     while its partner is being rebuilt would stop the job (a double failure) for nothing."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
-    from flux.addresses import Addr, MoverAddr
-    from flux.ingress import INGRESS
+    from flux.topology import Topology
 
     ctx = zmq.Context()
     ctl = Transport(ctx, "controller", -3)
     nodes = [f"node{k}" for k in range(4)]
     incs = {n: 10 + k for k, n in enumerate(nodes)}
     now = [0.0]
-    recovery = Recovery(ChainedDeclustering(2, 4), 2, 4, incs, [], INGRESS, Addr(3, 0, 0),
-                        MoverAddr)
-    addresses = {n: "tcp://127.0.0.1:9" for n in nodes}  # nobody listens: sends never block
-    service = ControllerService(ctl, recovery, incs, addresses, nodes, timeout=0.5,
-                                clock=lambda: now[0], last_replica_timeout=2.0)
+    recovery = Recovery(Topology(ChainedDeclustering(2, 4), 2, 4, incs))
+    service = ControllerService(ctl, timeout=0.5, clock=lambda: now[0],
+                                last_replica_timeout=2.0)
+    for n in nodes:  # nobody listens: sends never block
+        service.add_member(n, incs[n], "tcp://127.0.0.1:9")
+    service.begin(recovery)
     try:
         service.fail("node1", "killed")
         now[0] = 0.6  # nobody beat: node3 is declared; node0 and node2 hold last replicas

@@ -10,6 +10,7 @@ from flux.addresses import Addr, MoverAddr, P, S
 from flux.control_messages import Avail, View
 from flux.errors import PairLost
 from flux.ingress import INGRESS
+from flux.topology import Topology
 
 EGRESS = Addr(3, 0, P)  # 2 stages
 
@@ -21,8 +22,8 @@ def incs(placement, standbys):
 
 def make(placement, standbys=("standby0", "standby1", "standby2")):
     inc = incs(placement, standbys)
-    rec = Recovery(placement, 2, len({a.partition for a in placement.node_of}), inc,
-                   list(standbys), INGRESS, EGRESS, MoverAddr)
+    partitions = len({a.partition for a in placement.node_of})
+    rec = Recovery(Topology(placement, 2, partitions, inc, list(standbys)))
     return rec, inc
 
 
@@ -229,12 +230,10 @@ def test_a_failed_transfer_aborts_its_attempt_and_retries_with_a_new_version():
     # (so its producers stop waiting for it) and the catch-up starts again.
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
-    from flux.addresses import Addr
 
     placement = ChainedDeclustering(1, 2)
     incs = {"node0": 1, "node1": 2, "standby0": 3}
-    rec = Recovery(placement, 1, 2, incs, ["standby0"], Addr(0, 0, 0), Addr(2, 0, 0),
-                   lambda node: ("sm", node))
+    rec = Recovery(Topology(placement, 1, 2, incs, ["standby0"]))
     views = rec.node_failed("node1")
     first = {a.addr: a.version for v in views for a in v.avail}
     (a1, v1), (a2, v2) = sorted(first.items())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
@@ -41,35 +41,66 @@ log = logging.getLogger(__name__)
 
 
 class ControllerService:
-    def __init__(self, transport: Transport, recovery: Optional[Recovery], incarnations: Dict[str, int],
-                 addresses: Dict[str, str], watched: List[str], timeout: float = 0.3,
-                 clock=time.monotonic, secret: Optional[str] = None, beat: float = 0.05,
-                 last_replica_timeout: float = 2.0):
+    """The controller's process: membership, failure detection, views.
+
+    Built before anyone registers; ``add_member`` makes a process known without a
+    registration (the thread cluster knows all of them in advance), ``begin`` starts
+    watching and recovering once every node has joined."""
+
+    def __init__(self, transport: Transport, timeout: float = 0.3, clock=time.monotonic,
+                 secret: Optional[str] = None, beat: float = 0.05,
+                 last_replica_timeout: float = 2.0,
+                 name_for: Optional[Callable[[Register], Optional[str]]] = None,
+                 events: Optional[List[tuple]] = None):
         self.transport = transport
-        self.recovery = recovery
+        self.recovery: Optional[Recovery] = None
         self.secret = secret
         self.beat = beat
         self._last_beat = float("-inf")
+        #: decides the name of a registering task, or None to refuse it
+        self.name_for = name_for
         #: registrations (task, inc) -> (name, pid, executor pid), for kill_node and logs
         self.registered: Dict[str, tuple] = {}
-        self.started = recovery is not None
+        self.started = False
         self.start_failures: Dict[int, List[str]] = {}
-        self.incarnations = dict(incarnations)
-        self.addresses = addresses
+        self.incarnations: Dict[str, int] = {CONTROLLER.name: transport.incarnation}
+        self.addresses: Dict[str, str] = {CONTROLLER.name: transport.address}
         self.timeout = timeout
         #: a silent node whose failure would lose a pair is given this long (a connection
         #: that drops still counts at once): declaring it dead early stops the job anyway,
         #: and on a loaded machine a live node can be silent for half a second
         self.last_replica_timeout = last_replica_timeout
         self.clock = clock
-        now = clock()
-        self.last_seen: Dict[str, float] = {name: now for name in watched}
+        self.last_seen: Dict[str, float] = {}
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
         self.views: List[View] = []
-        self.events: List[tuple] = []  # (time, what, detail) for metrics and tests
+        self.events: List[tuple] = events if events is not None else []  # (time, what, detail)
         self.error: Optional[Exception] = None
+        #: set by ``stop_all``: why the job stops (a task that registers later is told so)
+        self.stopping: Optional[str] = None
+
+    def add_member(self, name: str, inc: int, address: str, mover_address: str = "") -> None:
+        """Know process ``name`` (its incarnation and sockets) without a registration."""
+        self.incarnations[name] = inc
+        self.addresses[name] = address
+        if mover_address:
+            self.mover_addresses[name] = mover_address
+
+    def begin(self, recovery: Recovery) -> None:
+        """Every node is here: watch every worker from now, tell everyone where everyone
+        listens, and let ``recovery`` turn failures into views."""
+        self.recovery = recovery
+        now = self.clock()
+        self.last_seen = {n: now for n in recovery.topology.workers}  # connections watch them
+        self.started = True
+        self.announce()
+
+    def pids(self, name: str) -> Tuple[int, int]:
+        """The (Python worker, executor JVM) process ids a registered task reported."""
+        _, _, pid, jvm = self.registered[name]
+        return pid, jvm
 
     def turn(self, timeout_ms: int) -> None:
         envelopes, gaps = self.transport.poll(timeout_ms)
@@ -113,9 +144,6 @@ class ControllerService:
                 self._send(name, Heartbeat(), 0)
 
     # -- membership --------------------------------------------------------------------
-    #: set by the job: decides the name of a registering task, or None to refuse it
-    name_for: Optional[object] = None
-
     def on_register(self, msg: Register) -> None:
         """A Spark task joins with the job's secret; anything else is refused (issue 6).
         Idempotent: a task that registers again (it heard nothing yet) is welcomed again."""
@@ -131,10 +159,7 @@ class ControllerService:
             log.warning("refused task %s attempt %s: no role for it", msg.task, msg.inc)
             return
         self.registered[name] = (msg.task, msg.inc, msg.pid, msg.executor_pid)
-        self.incarnations[name] = msg.inc
-        self.addresses[name] = msg.address
-        if msg.mover_address:
-            self.mover_addresses[name] = msg.mover_address
+        self.add_member(name, msg.inc, msg.address, msg.mover_address)
         if self.stopping is not None:  # a task retried as the job stops: it ends at once
             self._connect(name)
             self._send(name, Stop(self.stopping), 0)
@@ -187,9 +212,6 @@ class ControllerService:
         for name in self._live():
             self._send(name, members, 0)
 
-    #: set by ``stop_all``: why the job stops (a task that registers later is told so)
-    stopping: Optional[str] = None
-
     def stop_all(self, reason: str) -> None:
         self.stopping = reason
         for name in self._live():
@@ -197,7 +219,7 @@ class ControllerService:
         self.transport.flush()
 
     def _live(self):
-        return [n for n in self.addresses if n not in self.dead and n != "controller"]
+        return [n for n in self.addresses if n not in self.dead and n != CONTROLLER.name]
 
     def _connect(self, name: str) -> None:
         self.transport.connect(name, self.addresses[name])

@@ -17,15 +17,14 @@ import zmq
 
 from controller.placement import placement_for
 from controller.recovery import Recovery
-from flux.addresses import MoverAddr
 from flux.builder import MachineBuilder
 from flux.effects import Deliver
 from flux.host import Host
-from flux.ingress import INGRESS
 from flux.runtime.controller_service import ControllerService
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport, job_keys
+from flux.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, Topology
 
 
 class ThreadCluster:
@@ -33,52 +32,50 @@ class ThreadCluster:
                  capacity: int = 256, batch_size: int = 64, heartbeat: float = 0.02,
                  detect_after: float = 1.0, chunk_size: int = 1 << 20,
                  replication: str = "flux", secret: Optional[str] = None):
-        stages = len(dataflow.stages)
         # every node shares this process and its GIL: kills are detected by the dropped
         # connection, the heartbeat timeout (detect_after) only catches hangs: it is generous
         self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
                                                 replication=replication)
-        placement = placement_for(replication, stages, partitions)
-        nodes = {f"node{n}": {a: builder.segment(a) for a in addrs}
-                 for n, addrs in placement.nodes.items()}
-        self.standby_names = [f"standby{k}" for k in range(standbys)]
-        machines: Dict[str, Dict] = {**nodes, **{s: {} for s in self.standby_names},
-                                     "ingress": {INGRESS: builder.ingress()},
-                                     "egress": {builder.egress_addr: builder.egress()}}
-        names = ["controller"] + list(machines)
-        self.incarnations = {name: k + 1 for k, name in enumerate(names)}
-        where = {a: name for name, ms in machines.items() for a in ms}
-        peer_incs = {a: self.incarnations[name] for a, name in where.items()}
+        placement = placement_for(replication, len(dataflow.stages), partitions)
+        self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
+                                                     standbys)
+        self.standby_names = list(topology.standbys)
+        self.incarnations = dict(topology.incarnations)
+        machines: Dict[str, Dict] = {
+            **{n: {a: builder.segment(a) for a in topology.endpoints_of(n)}
+               for n in topology.workers},
+            INGRESS_PROCESS: {topology.ingress: builder.ingress()},
+            EGRESS_PROCESS: {topology.egress: builder.egress()}}
+        peer_incs = topology.peer_incs()
         self.ctx = zmq.Context()
         #: with a ``secret``: CURVE on every socket, as a FluxJob on Spark does
         self.keys = job_keys(secret) if secret is not None else None
         self.transports = {n: Transport(self.ctx, n, self.incarnations[n], keys=self.keys)
-                           for n in names}
+                           for n in topology.processes}
         addresses = {n: t.address for n, t in self.transports.items()}
         self.delivered: List[Any] = []
-        self.recovery = Recovery(placement, stages, partitions,
-                                 {n: self.incarnations[n] for n in list(nodes) + self.standby_names},
-                                 self.standby_names, INGRESS, builder.egress_addr, MoverAddr)
-        self.controller = ControllerService(self.transports["controller"], self.recovery,
-                                            self.incarnations, dict(addresses),
-                                            list(nodes) + self.standby_names, detect_after)
+        self.recovery = Recovery(topology)
+        self.controller = ControllerService(self.transports[CONTROLLER_PROCESS], detect_after)
         self.loops: Dict[str, HostLoop] = {}
         #: every node's StateMover service (a thread and socket of its own, as on Spark)
         self.movers: Dict[str, StateMoverService] = {}
         for name, ms in machines.items():
-            worker = name.startswith(("node", "standby"))
+            worker = topology.is_worker(name)
             host = Host(name, ms, self.incarnations[name],
                         builder.standby_segment if worker else None, chunk_size, peer_incs)
             if worker:
                 self.movers[name] = StateMoverService(self.ctx, name, self.incarnations[name],
                                                       self.keys)
                 addresses[mover_peer(name)] = self.movers[name].address  # the loops' view
-                self.controller.mover_addresses[name] = self.movers[name].address
-            self.loops[name] = HostLoop(host, self.transports[name], where, addresses,
-                                        self._on_effect, iter(records) if name == "ingress" else None,
+            self.controller.add_member(name, self.incarnations[name], addresses[name],
+                                       self.movers[name].address if worker else "")
+            self.loops[name] = HostLoop(host, self.transports[name], topology.where, addresses,
+                                        self._on_effect,
+                                        iter(records) if name == INGRESS_PROCESS else None,
                                         self.incarnations, heartbeat if worker else None,
                                         mover_relay=mover_peer(name) if worker else None)
-        self._stop: Dict[str, threading.Event] = {n: threading.Event() for n in names}
+        self.controller.begin(self.recovery)
+        self._stop: Dict[str, threading.Event] = {n: threading.Event() for n in self.topology.processes}
         self._threads: Dict[str, threading.Thread] = {}
         self.errors: List[BaseException] = []
 
@@ -95,8 +92,8 @@ class ThreadCluster:
             self.errors.append(exc)
 
     def start(self) -> "ThreadCluster":
-        self._threads["controller"] = threading.Thread(
-            target=self._run, args=("controller", self.controller.turn), daemon=True)
+        self._threads[CONTROLLER_PROCESS] = threading.Thread(
+            target=self._run, args=(CONTROLLER_PROCESS, self.controller.turn), daemon=True)
         for name, loop in self.loops.items():
             self._threads[name] = threading.Thread(target=self._run, args=(name, loop.turn),
                                                    daemon=True)

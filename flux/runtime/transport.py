@@ -78,6 +78,7 @@ class Transport:
                  keys: Optional[Tuple[bytes, bytes]] = None):
         self.ctx = ctx
         self.keys = keys
+        self.incarnation = incarnation
         self.identity = f"{name}#{incarnation}".encode()
         self.outbox_limit = outbox_limit
         self.hwm = hwm

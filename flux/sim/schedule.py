@@ -13,7 +13,8 @@ from controller.placement import ChainedDeclustering, OneSegmentPerNode
 from flux.data_messages import Batch
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.sim.variants import VARIANTS
-from flux.sim.world import World, WorldConfig, node_name
+from flux.sim.world import World, WorldConfig
+from flux.topology import node_name
 
 #: relative speeds a process may get for one schedule
 SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)

@@ -24,24 +24,16 @@ from flux.buffer import Buffer
 from flux.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
 from flux.effects import Deliver, StateInstalled
-from flux.egress import egress_addr
 from flux.envelope import Envelope
 from flux.errors import PairLost
 from flux.host import Host
 from flux.ingress import INGRESS
 from flux.segment import Segment
+from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS, Topology
 from statemover.messages import SmReady, TransferFailed
 
-INGRESS_HOST = "ingress"
-EGRESS_HOST = "egress"
-
-
-def node_name(n: int) -> str:
-    return f"node{n}"
-
-
-def standby_name(k: int) -> str:
-    return f"standby{k}"
+INGRESS_HOST = INGRESS_PROCESS
+EGRESS_HOST = EGRESS_PROCESS
 
 
 @dataclass
@@ -82,29 +74,19 @@ class World:
                                       config.segment_class)
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
-        incs: Dict[str, int] = {INGRESS_HOST: 1, EGRESS_HOST: 2}
-        names = [node_name(n) for n in placement.nodes]
-        standbys = [standby_name(k) for k in range(config.standbys)]
-        for name in names + standbys:
-            incs[name] = len(incs) + 1
-        egress = egress_addr(self.stages)
-        peer_incs = {a: incs[node_name(n)] for n, addrs in placement.nodes.items() for a in addrs}
-        peer_incs.update({INGRESS: incs[INGRESS_HOST], egress: incs[EGRESS_HOST]})
-        for n, addrs in placement.nodes.items():
-            name = node_name(n)
-            self._add_host(Host(name, {a: self.builder.segment(a) for a in addrs}, incs[name],
+        topology = self.topology = Topology.numbered(placement, self.stages, partitions,
+                                                     config.standbys)
+        peer_incs = topology.peer_incs()
+        for name in topology.workers:
+            machines = {a: self.builder.segment(a) for a in topology.endpoints_of(name)}
+            self._add_host(Host(name, machines, topology.incarnations[name],
                                 self.builder.standby_segment, config.chunk_size, peer_incs))
-        for name in standbys:
-            self._add_host(Host(name, {}, incs[name], self.builder.standby_segment,
-                                config.chunk_size, peer_incs))
         self.ingress = self.builder.ingress()
         self.egress = self.builder.egress()
-        self._add_host(Host(INGRESS_HOST, {INGRESS: self.ingress}, incs[INGRESS_HOST],
-                            peer_incs=peer_incs))
-        self._add_host(Host(EGRESS_HOST, {egress: self.egress}, incs[EGRESS_HOST],
-                            peer_incs=peer_incs))
-        self.recovery = Recovery(placement, self.stages, partitions, incs, standbys, INGRESS,
-                                 self.egress.addr, MoverAddr)
+        for name, machine in ((INGRESS_HOST, self.ingress), (EGRESS_HOST, self.egress)):
+            self._add_host(Host(name, {machine.addr: machine}, topology.incarnations[name],
+                                peer_incs=peer_incs))
+        self.recovery = Recovery(topology)
         self.alive: Dict[str, bool] = {h: True for h in self.hosts}
         self.channels: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         self.views: Dict[str, Deque[View]] = {h: deque() for h in self.hosts}

@@ -18,24 +18,27 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import zmq
 from pyspark import cloudpickle
 
-from controller.placement import placement_for
 from controller.recovery import Recovery
-from flux.addresses import MoverAddr
-from flux.builder import MachineBuilder
+from flux.builder import REPLICATIONS, MachineBuilder
 from flux.control_messages import JOB_STOPPED, Register
 from flux.dataflow import check_state_round_trip
 from flux.effects import Deliver
 from flux.errors import DataflowError
 from flux.host import Host
-from flux.ingress import INGRESS
 from flux.operator import OperatorRaised, describe
+from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import ControllerService
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
 from flux.runtime.sources import peek
-from flux.runtime.transport import Transport, job_keys
-from flux.sequence import covers, input_sn
+from flux.runtime.transport import Transport
 from flux.spark.node_task import node_main
+from flux.topology import (
+    CONTROLLER_PROCESS,
+    EGRESS_PROCESS,
+    INGRESS_PROCESS,
+    standby_name,
+)
 
 
 def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
@@ -57,7 +60,7 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
 
 
 #: incarnations of the driver-side processes: never a Spark taskAttemptId (those are >= 0)
-DRIVER_INCS = {"controller": -3, "ingress": -1, "egress": -2}
+DRIVER_INCS = {CONTROLLER_PROCESS: -3, INGRESS_PROCESS: -1, EGRESS_PROCESS: -2}
 
 
 class FluxJob:
@@ -71,22 +74,25 @@ class FluxJob:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
             raise ValueError(f"standbys must be >= 0, got {standbys}")
+        if replication not in REPLICATIONS:
+            raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
         sample, source = peek(source, check_records)
         check_before_deploy(dataflow, sample, nodes)
         self.spark, self.dataflow, self.source = spark, dataflow, source
         self.nodes, self.standbys = nodes, standbys
         self.builder = MachineBuilder(dataflow, nodes, capacity, batch_size, replication=replication)
-        self.placement = placement_for(replication, len(dataflow.stages), nodes)
         self.secret = secrets.token_hex(16)
         self.sink = sink
         self.metrics = Metrics(metrics_interval)
         self.delivered: List[Any] = []
         self.errors: List[BaseException] = []
-        self.config = dict(dataflow=cloudpickle.dumps(dataflow), partitions=nodes, capacity=capacity,
-                           batch_size=batch_size, heartbeat=heartbeat, lease=lease,
-                           chunk_size=chunk_size, secret=self.secret, register_timeout=60.0,
-                           replication=replication, flush_delay=flush_delay,
-                           curve=authenticate)
+        self.config = NodeConfig(
+            dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
+            replication=replication, capacity=capacity, batch_size=batch_size,
+            heartbeat=heartbeat, lease=lease, chunk_size=chunk_size, flush_delay=flush_delay,
+            secret=self.secret, curve=authenticate)
+        #: the placement's nodes by name; incarnations are added as tasks register
+        self.topology = self.config.topology()
         self.detect_after = detect_after
         self._stop = threading.Event()
         self._stopping = threading.Event()
@@ -100,15 +106,15 @@ class FluxJob:
     def start(self, timeout: float = 120.0) -> "FluxJob":
         """Launch the nodes and return once every node registered and data flows."""
         self.ctx = zmq.Context()
-        keys = job_keys(self.secret) if self.config["curve"] else None
+        keys = self.config.keys
         self.transports = {n: Transport(self.ctx, n, inc, keys=keys)
                            for n, inc in DRIVER_INCS.items()}
-        addresses = {n: t.address for n, t in self.transports.items()}
-        self.controller = ControllerService(self.transports["controller"], None, dict(DRIVER_INCS),
-                                            addresses, [], self.detect_after, secret=self.secret)
-        self.controller.name_for = self._name_for
-        self.controller.events = self.metrics.events
-        self.config["controller"] = addresses["controller"]
+        self.controller = ControllerService(
+            self.transports[CONTROLLER_PROCESS], self.detect_after, secret=self.secret,
+            name_for=self._name_for, events=self.metrics.events)
+        for name in (INGRESS_PROCESS, EGRESS_PROCESS):
+            self.controller.add_member(name, DRIVER_INCS[name], self.transports[name].address)
+        self.config = self.config.with_controller(self.transports[CONTROLLER_PROCESS].address)
         self._spawn(self._run_spark)
         self._spawn(self._run_controller)
         try:
@@ -142,11 +148,12 @@ class FluxJob:
             lambda index, _: node_main(index, config)).collect()
 
     def _name_for(self, reg: Register) -> Optional[str]:
-        name = f"node{reg.task}"
-        if reg.task < self.nodes and name not in self.controller.registered \
-                and name not in self.controller.dead:
-            return name
-        return f"standby{reg.inc}"
+        """Task k's first attempt runs node k; every other attempt joins as a standby."""
+        nodes = self.topology.nodes
+        if reg.task < len(nodes) and nodes[reg.task] not in self.controller.registered \
+                and nodes[reg.task] not in self.controller.dead:
+            return nodes[reg.task]
+        return standby_name(reg.inc)
 
     def _run_controller(self) -> None:
         """The only thread that touches the controller's socket."""
@@ -159,34 +166,27 @@ class FluxJob:
                 c.started = False  # stopped workers fall silent on purpose: no detection
                 told = True
             elif not told and not c.started and all(
-                    f"node{k}" in c.registered for k in range(self.nodes)):
+                    n in c.registered for n in self.topology.nodes):
                 self._begin()
             if c.error is not None:
                 raise c.error
 
     def _begin(self) -> None:
-        """Every node registered: build the controller's view logic and start the data."""
+        """Every node registered: the topology is known; start recovery and the data."""
         c = self.controller
-        workers = list(c.registered)
-        standbys = [n for n in workers if n.startswith("standby")]
-        c.recovery = Recovery(self.placement, len(self.dataflow.stages), self.nodes,
-                              {n: c.incarnations[n] for n in workers}, standbys, INGRESS,
-                              self.builder.egress_addr, MoverAddr)
-        now = c.clock()
-        c.last_seen = {n: now for n in workers}
-        c.started = True
+        standbys = [n for n in c.registered if n not in self.topology.index_of]
+        self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
+        c.begin(Recovery(topology))
         self.metrics.begin()
-        c.announce()
-        where = {a: f"node{n}" for n, addrs in self.placement.nodes.items() for a in addrs}
-        where[INGRESS], where[self.builder.egress_addr] = "ingress", "egress"
-        incs = dict(c.incarnations)
-        peer_incs = {a: incs[p] for a, p in where.items() if p in incs}
-        for name, machine in (("ingress", self.builder.ingress()),
-                              ("egress", self.builder.egress())):
-            host = Host(name, {machine.addr: machine}, DRIVER_INCS[name], peer_incs=peer_incs)
-            loop = HostLoop(host, self.transports[name], where, dict(c.addresses), self._on_effect,
-                            iter(self.source) if name == "ingress" else None, incs,
-                            metrics=self.metrics, flush_delay=self.config["flush_delay"])
+        ingress, egress = self.builder.ingress(), self.builder.egress()
+        self._ingress, self._egress = ingress, egress
+        for name, machine in ((INGRESS_PROCESS, ingress), (EGRESS_PROCESS, egress)):
+            host = Host(name, {machine.addr: machine}, DRIVER_INCS[name],
+                        peer_incs=topology.peer_incs())
+            loop = HostLoop(host, self.transports[name], topology.where, dict(c.addresses),
+                            self._on_effect, iter(self.source) if machine is ingress else None,
+                            dict(c.incarnations), metrics=self.metrics,
+                            flush_delay=self.config.flush_delay)
             self._loops[name] = loop
             self._spawn(lambda loop=loop: self._drive(loop))
 
@@ -200,13 +200,10 @@ class FluxJob:
         output can still come (DESIGN 4.3), and every output released by the merge has
         been delivered. (Asked from another thread, the merge could already be empty while
         its last ``Deliver`` was still on its way to ``delivered``.)"""
-        ingress, egress = self._loops.get("ingress"), self._loops.get("egress")
+        ingress = self._loops.get(INGRESS_PROCESS)
         if ingress is None or not ingress.source_done:
             return  # source_done is set after the last accept: then ``accepted`` is final
-        accepted = ingress.host.machines[INGRESS].accepted
-        merge = egress.host.machines[self.builder.egress_addr].fcons.merge
-        if accepted == 0 or (merge.queued() == 0
-                             and covers(merge.frontier(), input_sn(accepted))):
+        if self._egress.finished(self._ingress.accepted):
             self._finished.set()
 
     def wait(self, timeout: float) -> List[Any]:
@@ -217,7 +214,7 @@ class FluxJob:
         return list(self.delivered)
 
     def _drive(self, loop: HostLoop) -> None:
-        egress = loop is self._loops.get("egress")
+        egress = loop is self._loops.get(EGRESS_PROCESS)
         while not self._stop.is_set():
             loop.turn(5)
             if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
@@ -249,7 +246,7 @@ class FluxJob:
         (a machine crash)."""
         if how not in ("worker", "executor"):
             raise ValueError(f"how must be 'worker' or 'executor', got {how!r}")
-        _, _, pid, jvm = self.controller.registered[name]
+        pid, jvm = self.controller.pids(name)
         self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
         os.kill(pid if how == "worker" else jvm, signal.SIGKILL)
 

@@ -22,7 +22,6 @@ from tenacity import (
     wait_exponential,
 )
 
-from controller.placement import placement_for
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.builder import MachineBuilder
 from flux.control_messages import (
@@ -37,10 +36,10 @@ from flux.control_messages import (
 from flux.envelope import Envelope
 from flux.errors import OperatorError
 from flux.host import Host
-from flux.ingress import INGRESS
+from flux.runtime.config import NodeConfig
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
-from flux.runtime.transport import Transport, job_keys
+from flux.runtime.transport import Transport
 
 
 def executor_pid() -> int:
@@ -52,28 +51,28 @@ def executor_pid() -> int:
         return 0
 
 
-def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
+def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
     from pyspark import TaskContext
 
     ctx_task = TaskContext.get()
     inc = ctx_task.taskAttemptId() if ctx_task is not None else os.getpid()
     ctx = zmq.Context()
-    keys = job_keys(config["secret"]) if config.get("curve") else None
+    keys = config.keys
     transport = Transport(ctx, f"w{inc}", inc, keys=keys)
     try:
-        transport.connect("controller", config["controller"])
+        transport.connect(CONTROLLER.name, config.controller)
         me0 = ProcAddr(f"w{inc}")
         try:  # a deterministic error shows here, on every attempt, before registering
-            config = dict(config, dataflow=load_dataflow(config["dataflow"]))
+            dataflow = load_dataflow(config.dataflow)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
-            transport.send("controller", Envelope(me0, CONTROLLER, 0, Failed(
-                task, inc, reason, config["secret"]), inc, None))
+            transport.send(CONTROLLER.name, Envelope(me0, CONTROLLER, 0, Failed(
+                task, inc, reason, config.secret), inc, None))
             transport.close(linger_ms=2000)  # the report leaves before Spark sees the error
             raise
         mover = StateMoverService(ctx, f"w{inc}", inc, keys)  # its socket exists from now on
         try:
-            return run_node(task, inc, config, transport, mover, me0)
+            return run_node(task, inc, config, dataflow, transport, mover, me0)
         finally:
             mover.stop()
     finally:
@@ -81,18 +80,19 @@ def node_main(task: int, config: Dict[str, Any]) -> Iterator[tuple]:
         ctx.term()
 
 
-def run_node(task: int, inc: int, config: Dict[str, Any], transport: Transport,
+def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Transport,
              mover: StateMoverService, me0: ProcAddr) -> Iterator[tuple]:
     """Register, build the node, start its StateMover service, run until told to stop."""
     register = Envelope(me0, CONTROLLER, 0, Register(
-        task, inc, transport.address, os.getpid(), executor_pid(), config["secret"],
+        task, inc, transport.address, os.getpid(), executor_pid(), config.secret,
         mover.address), inc, None)
-    joined = join(transport, register, config["register_timeout"])
+    joined = join(transport, register, config.register_timeout)
     if joined is None:
         return iter([(task, inc, "stopped before start")])
     welcome, members, early = joined
     name = welcome.name
-    loop = build_loop(welcome, inc, members, transport, config, mover_relay=mover_peer(name))
+    loop = build_loop(welcome, inc, members, transport, config, dataflow,
+                      mover_relay=mover_peer(name))
     loop.addresses[mover_peer(name)] = mover.address
     mover.start(name, transport.address, loop.addresses,
                 lambda process: process in loop.dead_processes)
@@ -104,9 +104,11 @@ def run_node(task: int, inc: int, config: Dict[str, Any], transport: Transport,
             if mover.error is not None:
                 raise RuntimeError(f"{name}: its StateMover service failed") from mover.error
     except OperatorError as err:  # user code: the controller stops the job with it
-        transport.send("controller", Envelope(loop.me, CONTROLLER, loop.host.view, OperatorFailed(
-            err.what, err.stage, err.partition, err.sn, err.error, config["secret"]), inc, None))
-        wait_for_stop(transport, config["lease"])  # staying up: no failover races the report
+        transport.send(CONTROLLER.name, Envelope(loop.me, CONTROLLER, loop.host.view,
+                                                 OperatorFailed(err.what, err.stage, err.partition,
+                                                                err.sn, err.error, config.secret),
+                                                 inc, None))
+        wait_for_stop(transport, config.lease)  # staying up: no failover races the report
         return iter([(task, inc, name, str(err))])
     if loop.stopped != JOB_STOPPED:
         # Declared dead while alive (say, starved past the detection timeout), or fenced:
@@ -161,7 +163,7 @@ def join(transport: Transport, register: Envelope, timeout: float):
         for attempt in retrying:
             with attempt:
                 if not got:
-                    transport.send("controller", register)
+                    transport.send(CONTROLLER.name, register)
                 listen(0.5)
                 if Stop not in got and not (Welcome in got and Members in got):
                     raise NotWelcomed()
@@ -183,27 +185,24 @@ def load_dataflow(blob: bytes):
 
 
 def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,
-               config: Dict[str, Any], mover_relay: Optional[str] = None) -> HostLoop:
+               config: NodeConfig, dataflow, mover_relay: Optional[str] = None) -> HostLoop:
+    """This process's host and loop, from the job's topology and what the controller said:
+    a node hosts what the placement gives it, a standby starts empty; a late joiner
+    starts from the current view and where segments live by now."""
     name = welcome.name
-    dataflow, partitions = config["dataflow"], config["partitions"]
-    builder = MachineBuilder(dataflow, partitions, config["capacity"], config["batch_size"],
-                             replication=config["replication"])
-    placement = placement_for(config["replication"], len(dataflow.stages), partitions)
-    machines = {}
-    if name.startswith("node"):
-        machines = {a: builder.segment(a) for a in placement.nodes[int(name[4:])]}
-    where = {a: f"node{n}" for n, addrs in placement.nodes.items() for a in addrs}
-    where.update(dict(welcome.where))  # a late joiner: where segments live by now
-    where[INGRESS] = "ingress"
-    where[builder.egress_addr] = "egress"
-    addresses = {n: a for n, a, _ in members.addresses}
     incs = {n: i for n, _, i in members.addresses}
-    peer_incs = {a: incs[p] for a, p in where.items() if p in incs}
-    host = Host(name, machines, inc, builder.standby_segment, config["chunk_size"], peer_incs)
+    topology = config.topology(incs)
+    builder = MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
+                             replication=config.replication)
+    machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
+    where = dict(topology.where)
+    where.update(dict(welcome.where))
+    host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,
+                topology.peer_incs(where))
     host.view = welcome.view
     host.dead_incs = set(welcome.dead_incs)
-    loop = HostLoop(host, transport, where, addresses, incarnations=incs,
-                    heartbeat=config["heartbeat"], lease=config["lease"],
-                    flush_delay=config["flush_delay"], mover_relay=mover_relay)
+    loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
+                    incarnations=incs, heartbeat=config.heartbeat, lease=config.lease,
+                    flush_delay=config.flush_delay, mover_relay=mover_relay)
     loop.dead_processes = {n for n, i in incs.items() if i in host.dead_incs}
     return loop

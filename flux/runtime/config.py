@@ -1,0 +1,62 @@
+"""What a node process is told when it starts: one frozen, typed record.
+
+A Spark task captures only plain configuration (SPARK_NOTES), so this record
+holds the dataflow pickled and nothing that refers to the driver's objects.
+The same record configures the driver's own loops, so both sides agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+from controller.placement import Placement, placement_for
+from flux.runtime.transport import job_keys
+from flux.topology import Topology
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Settings of every process of one job (DESIGN 6)."""
+
+    #: the ``Dataflow``, pickled with cloudpickle (unpickled on the executor)
+    dataflow: bytes
+    stages: int
+    partitions: int
+    replication: str = "flux"
+    capacity: int = 1024
+    batch_size: int = 256
+    #: seconds between a node's heartbeats, and without the controller's before it stops
+    heartbeat: float = 0.05
+    lease: float = 3.0
+    chunk_size: int = 1 << 20
+    flush_delay: float = 0.002
+    register_timeout: float = 60.0
+    #: the job's secret: authenticates registrations and derives the CURVE keys
+    secret: str = ""
+    curve: bool = True
+    #: where the controller listens (known once the driver's sockets exist)
+    controller: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat", "lease", "flush_delay", "register_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("capacity", "batch_size", "chunk_size", "partitions", "stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def keys(self) -> Optional[Tuple[bytes, bytes]]:
+        """The job's CURVE key pair, or None without authentication."""
+        return job_keys(self.secret) if self.curve else None
+
+    def placement(self) -> Placement:
+        return placement_for(self.replication, self.stages, self.partitions)
+
+    def topology(self, incarnations=None, standbys=()) -> Topology:
+        """Who hosts what, with the incarnations known so far."""
+        return Topology(self.placement(), self.stages, self.partitions, incarnations or {},
+                        standbys)
+
+    def with_controller(self, address: str) -> "NodeConfig":
+        return replace(self, controller=address)
