@@ -37,6 +37,7 @@ from flux.examples import counting_dataflow, paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.runtime.sources import RateLimited
+from flux.topology import node_name
 from flux.workload import keyed_workload, packet_workload
 
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double")
@@ -150,10 +151,10 @@ class Chaos:
         self.start_kill_at()
         if scenario == "double":
             partner = self.rng.choice(neighbours(first))
-            self.kill(f"node{first}")
-            self.kill(f"node{partner}")
+            self.kill(node_name(first))
+            self.kill(node_name(partner))
             return
-        self.kill(f"node{first}")
+        self.kill(node_name(first))
         if scenario == "one":
             return
         if scenario == "standby-during-catch-up":
@@ -168,10 +169,10 @@ class Chaos:
         if scenario == "two-pairs":
             others = [n for n in range(NODES) if n != first and n not in neighbours(first)]
             others = others or [n for n in range(NODES) if n != first]
-            self.kill(self.holder(f"node{self.rng.choice(others)}"))
+            self.kill(self.holder(node_name(self.rng.choice(others))))
         else:  # same-pair: the rebuilt replica's node, or its partner's
-            self.kill(self.rng.choice([self.holder(f"node{first}"),
-                                       self.holder(f"node{self.rng.choice(neighbours(first))}")]))
+            self.kill(self.rng.choice([self.holder(node_name(first)),
+                                       self.holder(node_name(self.rng.choice(neighbours(first))))]))
 
     def check(self) -> None:
         job, run = self.job, self.run

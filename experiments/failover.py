@@ -29,6 +29,7 @@ from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.runtime.sources import RateLimited
+from flux.topology import node_name
 from flux.workload import packet_workload
 
 #: the paper's workload knobs: 100K (src, dst) pairs, 10 x 1000 = 10K (app, src) values
@@ -67,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--kill-at must be within the run (0, {args.duration})")
     if args.rate <= 0:
         ap.error("--rate must be > 0")
-    if args.victim not in {f"node{k}" for k in range(args.nodes)}:
+    if args.victim not in {node_name(k) for k in range(args.nodes)}:
         ap.error(f"--victim must be one of node0..node{args.nodes - 1}")
     return args
 

@@ -1,0 +1,67 @@
+"""Flux for PySpark: highly available, partitioned, stateful dataflows on Spark.
+
+What users import lives here::
+
+    from flux import Dataflow, Stage, FluxJob, local_cluster
+
+Every operator partition runs as a pair of replicas; the exchange between
+stages is Flux (Shah, Hellerstein, Brewer, SIGMOD 2004), which masks the loss
+of a replica and rebuilds it on a standby while the dataflow runs, with the
+output exactly-once and in order.
+
+The parts that open sockets or start Spark (``FluxJob``, ``local_cluster``,
+sources, sinks, ``ThreadCluster``) are imported when first used, so that
+``import flux`` stays free of ZeroMQ and Spark (the folder line of DESIGN 2).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from flux.dataflow import Dataflow, Stage
+from flux.errors import DataflowError, OperatorError, PairLost
+from flux.examples import paper_dataflow
+from flux.operator import (FlatMap, Filter, KeyedAggregate, Map, Operator, keyed_state,
+                           keyed_table, tuplify)
+from flux.operators.sessions import SessionReconstruction, session_key
+from flux.operators.stats import WindowedDurationStats, stats_key
+from flux.reference import reference_output
+
+#: name -> the module that defines it, imported on first use (it does I/O)
+_LAZY = {
+    "FluxJob": "flux.spark.job",
+    "local_cluster": "flux.spark.session",
+    "RateLimited": "flux.runtime.sources",
+    "JsonLinesSink": "flux.runtime.sinks",
+    "read_json_lines": "flux.runtime.sinks",
+    "ThreadCluster": "flux.runtime.threads",
+    "packet_workload": "flux.workload",
+    "keyed_workload": "flux.workload",
+}
+
+__all__ = [
+    # the dataflow and its deployment
+    "Dataflow", "Stage", "FluxJob", "local_cluster", "ThreadCluster",
+    # operators: the contract, stateless helpers, keyed state, the paper's operators
+    "Operator", "Map", "Filter", "FlatMap", "KeyedAggregate", "keyed_state", "keyed_table",
+    "tuplify", "SessionReconstruction", "session_key", "WindowedDurationStats", "stats_key",
+    "paper_dataflow",
+    # sources, sinks, inputs and the failure-free reference
+    "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",
+    "reference_output",
+    # errors users catch
+    "DataflowError", "OperatorError", "PairLost",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flux' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))

@@ -17,11 +17,30 @@ their type.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 import msgpack
 
 from flux.errors import DataflowError, OperatorError  # noqa: F401 (raised by the chain)
+
+@runtime_checkable
+class Operator(Protocol):
+    """What an operator writer implements (DESIGN 5); see the module's docstring.
+
+    Optional quiesce hooks, called around a state movement (paper 3.3.1):
+    ``init_trans()`` before the state is taken, ``end_trans()`` after. Operators
+    whose output depends on time must read it from the records (event time),
+    never from a clock (DESIGN 4.8)."""
+
+    def process(self, record: Any) -> Iterable[Any]:
+        """The outputs of ``record``, in a deterministic order (DESIGN 4.1)."""
+
+    def get_state(self) -> Any:
+        """A msgpack-serializable snapshot that ``process`` will not mutate later."""
+
+    def install_state(self, state: Any) -> None:
+        """Replace the state by one ``get_state`` made, after a msgpack round trip."""
+
 
 REQUIRED_METHODS = ("process", "get_state", "install_state")
 OPTIONAL_HOOKS = ("init_trans", "end_trans")

@@ -54,8 +54,11 @@ def paced(records, every=200, pause=0.01):
 
 
 @pytest.mark.parametrize("how", ["worker", "executor"])
-def test_kills_on_spark_change_nothing_in_the_output(spark, how):
+def test_kills_on_spark_change_nothing_in_the_output(spark, how, caplog):
     from flux.spark.job import FluxJob
+    from flux.spark.session import TASK_FAILURE_LOGGERS
+
+    caplog.set_level("WARNING", logger="flux")
 
     records = packet_workload(40000, seed=6, pairs=4000, apps=4, sources=200)
     expected = reference_output(paper_dataflow(), records, 4)
@@ -76,6 +79,11 @@ def test_kills_on_spark_change_nothing_in_the_output(spark, how):
     assert kinds.index("killed") < kinds.index("detected") < kinds.index("take-over done") \
         < kinds.index("state moved") < kinds.index("catch-up done")
     assert job.metrics.summary()["state_bytes_moved"] > 0
+    # the library says what happened through logging; Spark's per-task stack traces are quiet
+    said = caplog.text
+    assert "killing node1" in said and "declaring node1 dead" in said, said
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    assert all(str(log4j.LogManager.getLogger(n).getLevel()) == "ERROR" for n in TASK_FAILURE_LOGGERS)
 
 
 

@@ -167,6 +167,7 @@ class ControllerService:
         self.last_seen[name] = self.clock()
         self._connect(name)
         self._send(name, self._welcome(name), 0)
+        log.info("%s joined: task %d, attempt %d", name, msg.task, msg.inc)
         if self.started:  # a late standby (a retried task): tell everyone where it is
             self.announce()
             self._broadcast(self.recovery.add_standby(name, msg.inc))

@@ -10,6 +10,7 @@ rule lives here (DESIGN 3).
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -35,6 +36,8 @@ from flux.runtime.sources import NOT_YET
 from flux.runtime.transport import ConnectionGap, Transport
 from statemover.messages import SmReady
 
+log = logging.getLogger(__name__)
+
 #: inputs one segment processes before the loop looks at its other work
 PROCESS_PER_STEP = 256
 
@@ -56,7 +59,9 @@ class HostLoop:
         self.where = dict(where)
         self.addresses = addresses
         self.incarnations = dict(incarnations or {})
-        self.dead_processes: set = set()
+        #: processes whose incarnation the host knows to be fenced (a late joiner's start)
+        self.dead_processes: set = {n for n, i in self.incarnations.items()
+                                    if i in host.dead_incs}
         self.heartbeat = heartbeat
         self.clock = clock
         self._last_beat = float("-inf")
@@ -108,6 +113,7 @@ class HostLoop:
             g = lost[0]
             self.stopped = (f"messages from {g.peer} were lost in transit (expected "
                             f"#{g.expected}, got #{g.got})")
+            log.warning("%s stops: %s", self.host.name, self.stopped)
             return False
         for env in envelopes:
             self.receive(env)
@@ -135,6 +141,7 @@ class HostLoop:
         now = self.clock()
         if self.lease is not None and now - self._controller_seen > self.lease:
             self.stopped = f"lost the controller's lease ({now - self._controller_seen:.2f}s)"
+            log.warning("%s stops: %s", self.host.name, self.stopped)
             return
         if now - self._last_beat >= self.heartbeat:
             self._last_beat = now

@@ -28,6 +28,8 @@ from flux.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, T
 
 
 class ThreadCluster:
+    """Every process of a Flux job on a thread of its own, over real ZeroMQ sockets."""
+
     def __init__(self, dataflow, partitions: int, records: Iterable[Any], standbys: int = 1,
                  capacity: int = 256, batch_size: int = 64, heartbeat: float = 0.02,
                  detect_after: float = 1.0, chunk_size: int = 1 << 20,

@@ -8,6 +8,7 @@ thread it started and closes every socket.
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -39,6 +40,9 @@ from flux.topology import (
     INGRESS_PROCESS,
     standby_name,
 )
+
+
+log = logging.getLogger(__name__)
 
 
 def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
@@ -177,6 +181,8 @@ class FluxJob:
         standbys = [n for n in c.registered if n not in self.topology.index_of]
         self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
         c.begin(Recovery(topology))
+        log.info("every node registered (%s; standbys %s): the data starts",
+                 ", ".join(topology.nodes), ", ".join(standbys) or "none")
         self.metrics.begin()
         ingress, egress = self.builder.ingress(), self.builder.egress()
         self._ingress, self._egress = ingress, egress
@@ -247,6 +253,9 @@ class FluxJob:
         if how not in ("worker", "executor"):
             raise ValueError(f"how must be 'worker' or 'executor', got {how!r}")
         pid, jvm = self.controller.pids(name)
+        log.warning("killing %s: SIGKILL to its %s (pid %d)", name,
+                    "Python worker" if how == "worker" else "executor JVM",
+                    pid if how == "worker" else jvm)
         self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
         os.kill(pid if how == "worker" else jvm, signal.SIGKILL)
 

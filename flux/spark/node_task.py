@@ -9,6 +9,7 @@ configuration (SPARK_NOTES), and closes every socket on the way out.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Dict, Iterator, List, Optional
@@ -40,6 +41,9 @@ from flux.runtime.config import NodeConfig
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport
+
+
+log = logging.getLogger(__name__)
 
 
 def executor_pid() -> int:
@@ -114,6 +118,7 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
         # Declared dead while alive (say, starved past the detection timeout), or fenced:
         # this incarnation may never act again, but the process can serve. A failed task is
         # re-run by Spark and its new attempt registers as a fresh standby (DESIGN 6).
+        log.warning("%s (attempt %d) stopped: %s", name, inc, loop.stopped)
         raise NodeEnded(f"{name} (attempt {inc}) stopped: {loop.stopped}; "
                         f"a new attempt will join as a standby")
     return iter([(task, inc, name, loop.stopped)])
@@ -204,5 +209,4 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
                     incarnations=incs, heartbeat=config.heartbeat, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay)
-    loop.dead_processes = {n for n, i in incs.items() if i in host.dead_incs}
     return loop

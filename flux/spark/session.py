@@ -44,6 +44,7 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
              .config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     sc = spark.sparkContext
+    quiet_task_failures(spark)
     deadline = time.monotonic() + ready_timeout
     while _executor_count(sc) < executors:
         if time.monotonic() > deadline:
@@ -68,6 +69,23 @@ def local_cluster(executors: int, memory_mb: int = 1024, app_name: str = "flux")
             spark.stop()
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+#: Spark's loggers that print a Java stack trace for every failed task: a killed node's
+#: task fails with an expected EOF, and the library says what happened in its own log
+TASK_FAILURE_LOGGERS = ("org.apache.spark.scheduler.TaskSetManager",
+                        "org.apache.spark.api.python.PythonRunner")
+
+
+def quiet_task_failures(spark, level: str = "ERROR") -> None:
+    """Raise Spark's task-failure loggers to ``level`` on the driver, so that a node kill
+    does not print a Java stack trace per lost task (the controller logs the failure
+    through ``logging`` instead: ``flux.runtime.controller_service``). A job that aborts
+    still logs at ERROR. ``local_cluster`` calls this; call it on your own session."""
+    jvm = spark.sparkContext._jvm
+    log4j = jvm.org.apache.logging.log4j
+    for name in TASK_FAILURE_LOGGERS:
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.toLevel(level))
 
 
 def driver_python_path() -> str:
