@@ -43,7 +43,6 @@ class Operator(Protocol):
 
 
 REQUIRED_METHODS = ("process", "get_state", "install_state")
-OPTIONAL_HOOKS = ("init_trans", "end_trans")
 
 
 def describe(error: BaseException) -> str:

@@ -11,7 +11,7 @@ and receive the replicas a failed node held (3.3).
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from controller.placement import Placement
 from flux.addresses import Addr, P
@@ -97,10 +97,3 @@ class Topology:
         the start; a late joiner passes where endpoints live by now)."""
         where = self.where if where is None else where
         return {a: self.incarnations[p] for a, p in where.items() if p in self.incarnations}
-
-    def with_incarnations(self, incarnations: Mapping[str, int],
-                          standbys: Iterable[str] = ()) -> "Topology":
-        """The same placement with the incarnations (and standbys) known now."""
-        return Topology(self.placement, self.stages, self.partitions,
-                        {**self.incarnations, **incarnations},
-                        tuple(self.standbys) + tuple(s for s in standbys if s not in self.standbys))

@@ -50,7 +50,6 @@ class StateMoverService:
         self.addresses: Dict[str, str] = {}
         self.is_dead: Callable[[str], bool] = lambda name: False
         self.relayed = 0  # envelopes carried, both ways
-        self.bytes_out = 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.error: Optional[BaseException] = None

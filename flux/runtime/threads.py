@@ -41,7 +41,6 @@ class ThreadCluster:
         placement = placement_for(replication, len(dataflow.stages), partitions)
         self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
                                                      standbys)
-        self.standby_names = list(topology.standbys)
         self.incarnations = dict(topology.incarnations)
         machines: Dict[str, Dict] = {
             **{n: {a: builder.segment(a) for a in topology.endpoints_of(n)}
