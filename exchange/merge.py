@@ -15,7 +15,7 @@ from collections import deque
 from typing import Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from flux.data_messages import Item
-from flux.errors import ProtocolError
+from flux.errors import RemoteProtocolError
 from flux.sequence import NO_PROGRESS, NO_SN, SN, before, covers, strongest, weakest
 
 
@@ -35,7 +35,7 @@ class OrderedMerge:
         for item in items:  # check the whole batch first: a rejected batch changes nothing
             sn = item[0]
             if sn <= last:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"SN {sn} from producer {producer} after {last}: duplicate or out of order"
                 )
             last = sn

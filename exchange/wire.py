@@ -30,7 +30,7 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, Trailer
+from statemover.messages import Abort, Chunk, Handshake, Role, Trailer
 
 VERSION = 1
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)
@@ -157,7 +157,7 @@ CODECS: Dict[str, _Codec] = {
                   _arity(1, lambda v: PauseAck(_int(v, "version")))),
     "csync": (CSync, lambda m: [m.version], _arity(1, lambda v: CSync(_int(v, "version")))),
     "psync": (PSync, lambda m: [m.version], _arity(1, lambda v: PSync(_int(v, "version")))),
-    "sm_hello": (Handshake, lambda m: [list(m.transfer), m.role],
+    "sm_hello": (Handshake, lambda m: [list(m.transfer), Role(m.role).value],
                  _arity(2, lambda t, role: Handshake(_transfer(t), _role(role)))),
     "sm_chunk": (Chunk, lambda m: [list(m.transfer), m.index, bytes(m.data)],
                  _arity(3, lambda t, i, d: Chunk(_transfer(t), _int(i, "chunk index"),
@@ -220,10 +220,10 @@ def _member(v) -> tuple:
 KIND_OF = {cls: kind for kind, (cls, _, _) in CODECS.items()}
 
 
-def _role(v) -> str:
-    if v not in ("send", "recv"):
+def _role(v) -> Role:
+    if not isinstance(v, str) or v not in ("send", "recv"):
         raise WireError(f"mover role must be 'send' or 'recv', got {v!r:.30}")
-    return v
+    return Role(v)
 
 
 def _str(v, what: str) -> str:

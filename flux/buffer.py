@@ -19,21 +19,36 @@ Only ``ack`` and ``advance`` move a mark or cursor forward; ``ack_all`` and
 """
 from __future__ import annotations
 
+import enum
 from bisect import bisect_right
 from typing import Any, Iterable, List, Optional
 
 from flux.data_messages import Item
+from flux.errors import LocalProtocolError
 from flux.sequence import NO_SN, SN
 
-PRIM = 0
-SEC = 1
+
+class Dest(enum.IntEnum):
+    """A buffer's two destinations (3.1.3). For F-Prod, PRIM is the consumer replica it
+    sends data to and SEC the one it takes acks from (5.1); an index, so an IntEnum."""
+
+    PRIM = 0
+    SEC = 1
+
+    @property
+    def other(self) -> "Dest":
+        return Dest(1 - self)
+
+
+PRIM = Dest.PRIM
+SEC = Dest.SEC
 DESTS = (PRIM, SEC)
+#: the producer's own mark (3.1.3): not a destination, so not a Dest
 PROD = "PROD"
-DEST_NAMES = {PRIM: "PRIM", SEC: "SEC"}
 
 
-class BufferMisuse(Exception):
-    """This machine misused its buffer (a local protocol error)."""
+class BufferMisuse(LocalProtocolError):
+    """This machine misused its buffer: a bug here, never a peer's fault."""
 
 
 class Buffer:
@@ -45,7 +60,7 @@ class Buffer:
         if capacity < 1:
             raise ValueError(f"buffer capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self.delete = set(delete)
+        self.delete = {Dest(d) for d in delete}
         self.last_put: SN = NO_SN
         self.hwm: List[SN] = [NO_SN, NO_SN]
         self.sent: List[SN] = [NO_SN, NO_SN]
@@ -103,7 +118,7 @@ class Buffer:
         """Move ``dest``'s cursor past the tuple ``peek(dest)`` returned."""
         i = self._next_index(dest)
         if i >= len(self._sns):
-            raise BufferMisuse(f"advance {DEST_NAMES[dest]} with nothing to send")
+            raise BufferMisuse(f"advance {Dest(dest).name} with nothing to send")
         self.sent[dest] = self._sns[i]
         return self.sent[dest]
 
@@ -137,7 +152,7 @@ class Buffer:
         self.sent[dest] = NO_SN
 
     def set_delete(self, delete: Iterable[int]) -> None:
-        self.delete = set(delete)
+        self.delete = {Dest(d) for d in delete}
         self._evict()
 
     # -- state movement (5.3) ----------------------------------------------
@@ -149,7 +164,7 @@ class Buffer:
             "last_put": list(self.last_put),
             "hwm": [list(h) for h in self.hwm],
             "sent": [list(c) for c in self.sent],
-            "delete": sorted(self.delete),
+            "delete": [int(d) for d in sorted(self.delete)],
         }
 
     @classmethod
@@ -163,7 +178,7 @@ class Buffer:
         buf.last_put = tuple(state["last_put"])
         buf.hwm = [tuple(state["hwm"][d]) for d in order]
         buf.sent = [tuple(state["sent"][d]) for d in order]
-        buf.delete = {order.index(d) for d in state["delete"]}
+        buf.delete = {Dest(order.index(d)) for d in state["delete"]}
         buf._evict()
         return buf
 
@@ -207,5 +222,5 @@ class Buffer:
     def __repr__(self) -> str:
         return (
             f"Buffer(n={len(self)}, last_put={self.last_put}, hwm={self.hwm}, "
-            f"sent={self.sent}, delete={sorted(DEST_NAMES[d] for d in self.delete)})"
+            f"sent={self.sent}, delete={sorted(d.name for d in self.delete)})"
         )

@@ -16,7 +16,7 @@ from flux.egress import Egress, egress_addr
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.ingress import INGRESS, Ingress
-from flux.segment import ACTIVE, STDBY, Segment
+from flux.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
 
 #: DESIGN 7: partition pairs; one replica, no acks; two replica sets joined only at the ends
 REPLICATIONS = ("flux", "none", "cluster-pairs")
@@ -41,7 +41,7 @@ class MachineBuilder:
         self.segment_class = segment_class
         self.part = HashPartitioner(partitions)
 
-    def segment(self, a: Addr, mode: str = ACTIVE) -> Segment:
+    def segment(self, a: Addr, mode: SegmentMode = PROCESSING) -> Segment:
         s, K, n = a.stage, self.stages, self.partitions
         other_set = 1 - a.replica
         if s == 1:
@@ -71,7 +71,7 @@ class MachineBuilder:
                                   mode)
 
     def standby_segment(self, a: Addr) -> Segment:
-        return self.segment(a, STDBY)
+        return self.segment(a, AWAITING_STATE)
 
     def absent_replicas(self, stage: int):
         """The S replicas of a stage that never exist (replication "none")."""
@@ -81,19 +81,11 @@ class MachineBuilder:
 
     def ingress(self) -> Ingress:
         key, part = self.dataflow.stages[0].key, self.part
-        ingress = Ingress(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
-                          self.batch_size, self.buffer_factory)
-        ingress.out.fail_addresses(self.absent_replicas(1))
-        return ingress
+        return Ingress(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
+                       self.batch_size, self.buffer_factory, absent=self.absent_replicas(1))
 
     def egress(self) -> Egress:
-        egress = Egress(self.stages, self.partitions)
-        absent = self.absent_replicas(self.stages)
-        egress.fcons.mark_dead(absent)
-        for j in range(self.partitions):
-            if absent:
-                egress.fcons.ack_to[j] = None
-        return egress
+        return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages))
 
     @property
     def egress_addr(self) -> Any:

@@ -7,12 +7,12 @@ order, so a run with failures delivers exactly the failure-free sequence.
 """
 from __future__ import annotations
 
-from typing import List, Set
+from typing import Iterable, List, Set
 
 from flux.addresses import Addr, P, S
 from flux.data_messages import Batch, PSync
 from flux.effects import Deliver
-from flux.errors import LocalProtocolError, ProtocolError
+from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.sequence import covers, input_sn
 
@@ -24,11 +24,20 @@ def egress_addr(stages: int) -> Addr:
 class Egress:
     """Ordered output of a dataflow with ``stages`` stages of ``partitions`` partitions."""
 
-    def __init__(self, stages: int, partitions: int):
+    def __init__(self, stages: int, partitions: int, absent: Iterable[Addr] = ()):
+        """``absent``: last-stage replicas that never exist (replication "none", DESIGN 7);
+        the egress acks nobody where they would be."""
         self.addr = egress_addr(stages)
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in range(partitions)]
-        self.fcons = FluxConsumer(self.addr, producers)
+        self.fcons = FluxConsumer(self.addr, producers, frozenset(absent))
         self.delivered = 0
+
+    def finished(self, accepted: int) -> bool:
+        """Every output of the first ``accepted`` inputs was delivered: nothing is queued
+        and the progress bound covers the last input, so no output can still come
+        (DESIGN 4.3)."""
+        return accepted == 0 or (self.fcons.queued() == 0
+                                 and covers(self.fcons.frontier(), input_sn(accepted)))
 
     def ready_for(self, src: Addr, msg) -> bool:
         return self.fcons.ready_for(src, msg)
@@ -39,8 +48,8 @@ class Egress:
         elif isinstance(msg, Batch):
             effects = self.fcons.on_batch(src, msg)
         else:
-            raise ProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
-        out = self.fcons.merge.pop_ready()
+            raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
+        out = self.fcons.release_ready()
         if out:
             self.delivered += len(out)
             effects.append(Deliver(tuple(out)))

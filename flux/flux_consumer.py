@@ -16,15 +16,46 @@ take data from it and ack to it.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from exchange.merge import OrderedMerge
 from flux.addresses import Addr, other
 from flux.control_messages import FoldedIn
-from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import Ack, Batch, CSync, Item, Pause, PauseAck, PSync, Reverse
 from flux.effects import Send
-from flux.errors import ProtocolError
-from flux.producer import ACTIVE, DEAD, STDBY
+from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.producer import ACTIVE, DEAD, STDBY, Status
+from flux.sequence import SN
+
+
+@dataclass(slots=True)
+class Source:
+    """One producer replica as this consumer sees it: its status (Figures 4, 5) and,
+    for catch-up, its last sync version and the version a standby is expected with."""
+
+    addr: Addr
+    status: Status = ACTIVE
+    ver: int = 0
+    expected: int = 0
+
+
+@dataclass(slots=True)
+class Feed:
+    """Producer partition j: its two replicas, the one we take data from (conn has RECV),
+    the one we ack to (conn has ACK), and whether a pause-ack is awaited (5.3.1)."""
+
+    replicas: Tuple[Source, Source]
+    data_from: Optional[int]
+    ack_to: Optional[int]
+    awaiting_pause_ack: bool = False
+
+    def single(self) -> bool:
+        """Both replicas are one process (the ingress): it never fails over."""
+        return self.replicas[0].addr == self.replicas[1].addr
+
+    def data_source(self) -> Optional[Addr]:
+        return None if self.data_from is None else self.replicas[self.data_from].addr
 
 
 class FluxConsumer:
@@ -36,36 +67,32 @@ class FluxConsumer:
         r = addr.replica
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(r))
-        self.sources: List[Sequence[Addr]] = [tuple(pair) for pair in producers]
-        self.status = [[ACTIVE, ACTIVE] for _ in self.sources]
-        #: data_from[j]: the replica of producer j we take data from (conn has RECV).
-        self.data_from: List[Optional[int]] = [r] * len(self.sources)
-        #: ack_to[j]: the replica of producer j we ack to (conn has ACK), or None.
-        self.ack_to: List[Optional[int]] = [other(r)] * len(self.sources)
-        self.merge = OrderedMerge(range(len(self.sources)))
+        #: feeds[j]: producer partition j; data from replica r, acks to replica 1-r (5.1)
+        self.feeds: List[Feed] = [
+            Feed((Source(pair[0]), Source(pair[1])), data_from=r, ack_to=other(r))
+            for pair in producers
+        ]
+        self.merge = OrderedMerge(range(len(self.feeds)))
         self.p_fail = False
-        #: catch-up: sync versions seen and expected per producer replica; pauses in flight
-        self.ver = [[0, 0] for _ in self.sources]
-        self.expected = [[0, 0] for _ in self.sources]
-        self.awaiting_pause_ack: Set[int] = set()
         if absent:
             self.mark_dead(set(absent))
-            for j in range(len(self.sources)):
-                if self.status[j][other(r)] == DEAD:
-                    self.ack_to[j] = None
+            for feed in self.feeds:
+                if feed.replicas[other(r)].status is DEAD:
+                    feed.ack_to = None
         self._partition_of: Dict[Addr, int] = {}
-        for j, pair in enumerate(self.sources):
-            for a in pair:
-                self._partition_of[a] = j
+        for j, feed in enumerate(self.feeds):
+            for source in feed.replicas:
+                self._partition_of[source.addr] = j
 
     def on_batch(self, src: Addr, msg: Batch) -> List[Send]:
         """Take a batch from our data source and ack it at once to the dual producer."""
         j = self._partition_of.get(src)
-        if j is None or self.data_from[j] is None or self.sources[j][self.data_from[j]] != src:
-            raise ProtocolError(f"{self.addr}: data from {src}, which is not a data source")
+        if j is None or self.feeds[j].data_source() != src:
+            raise RemoteProtocolError(f"{self.addr}: data from {src}, which is not a data source")
+        feed = self.feeds[j]
         last = self.merge.push(j, msg.items, msg.bound)
-        if msg.items and self.ack_to[j] is not None:
-            return [Send(self.addr, self.sources[j][self.ack_to[j]], Ack(last))]
+        if msg.items and feed.ack_to is not None:
+            return [Send(self.addr, feed.replicas[feed.ack_to].addr, Ack(last))]
         return []
 
     def on_fail(self, dead: Set[Addr]) -> List[Send]:
@@ -73,98 +100,131 @@ class FluxConsumer:
         effects: List[Send] = []
         if self.dual in dead:
             self.p_fail = True
-        for j, pair in enumerate(self.sources):
-            newly = [x for x in (0, 1) if pair[x] in dead and self.status[j][x] != DEAD
-                     and pair[x] != pair[other(x)]]
+        for j, feed in enumerate(self.feeds):
+            if feed.single():
+                continue
+            newly = [x for x, s in enumerate(feed.replicas) if s.addr in dead and s.status is not DEAD]
             for x in newly:
-                self.status[j][x] = DEAD
-            for x in newly:
-                if x == self.ack_to[j]:
-                    self.ack_to[j] = None
-            y_alive = [y for y in (0, 1) if self.status[j][y] == ACTIVE]
-            if newly and self.data_from[j] not in y_alive:
+                feed.replicas[x].status = DEAD
+                if x == feed.ack_to:
+                    feed.ack_to = None
+            y_alive = [y for y, s in enumerate(feed.replicas) if s.status is ACTIVE]
+            if newly and feed.data_from not in y_alive:
                 # Our data source died, or a standby we were about to take data from
                 # did: the survivor sends from what we hold (Figure 4 action 1).
                 if y_alive:
                     y = y_alive[0]
-                    effects.append(Send(self.addr, pair[y], Reverse(self.merge.last[j])))
-                    self.data_from[j] = y
-                    self.ack_to[j] = None
+                    effects.append(Send(self.addr, feed.replicas[y].addr, Reverse(self.merge.last[j])))
+                    feed.data_from, feed.ack_to = y, None
                 else:
-                    self.data_from[j] = None  # both replicas lost: the job stops
-                self.awaiting_pause_ack.discard(j)
+                    feed.data_from = None  # both replicas lost: the job stops
+                feed.awaiting_pause_ack = False
         return effects
+
+    # -- the merge, for the segment and the egress (4.1) ----------------------
+    def can_release(self) -> bool:
+        """An input may leave the merge in SN order."""
+        return self.merge.ready()
+
+    def release(self) -> Item:
+        """The next input in SN order; call only when ``can_release``."""
+        return self.merge.pop()
+
+    def release_ready(self) -> List[Item]:
+        """Every input that may leave the merge now, in SN order."""
+        return self.merge.pop_ready()
+
+    def frontier(self) -> SN:
+        """A bound on every SN the merge will still release (DESIGN 4.3)."""
+        return self.merge.frontier()
+
+    def queued(self) -> int:
+        return self.merge.queued()
 
     # -- catch-up (3.3, 5.3) ------------------------------------------------
     def mark_dead(self, dead: Set[Addr]) -> None:
         """A new replica not yet installed only notes failures: it talks to nobody yet."""
-        for j, pair in enumerate(self.sources):
-            for x in (0, 1):
-                if pair[x] in dead and pair[x] != pair[other(x)]:
-                    self.status[j][x] = DEAD
+        for feed in self.feeds:
+            if not feed.single():
+                for source in feed.replicas:
+                    if source.addr in dead:
+                        source.status = DEAD
 
     def reverse_dead_sources(self) -> List[Send]:
         """At install: where our same-side producer is dead, the other one must send to us.
         The reverse follows our csync on that connection, so it finds us ACTIVE."""
         effects = []
-        for j, pair in enumerate(self.sources):
-            if pair[0] == pair[1]:
+        r = self.addr.replica
+        for j, feed in enumerate(self.feeds):
+            if feed.single():
                 continue
-            r = self.addr.replica
-            if self.status[j][r] == DEAD and self.status[j][other(r)] == ACTIVE:
-                self.data_from[j] = other(r)
-                self.ack_to[j] = None
-                effects.append(Send(self.addr, pair[other(r)], Reverse(self.merge.last[j])))
-            elif self.status[j][other(r)] == DEAD:
-                self.ack_to[j] = None
+            mine, theirs = feed.replicas[r], feed.replicas[other(r)]
+            if mine.status is DEAD and theirs.status is ACTIVE:
+                feed.data_from, feed.ack_to = other(r), None
+                effects.append(Send(self.addr, theirs.addr, Reverse(self.merge.last[j])))
+            elif theirs.status is DEAD:
+                feed.ack_to = None
         return effects
 
     def on_avail(self, addr: Addr, version: int) -> None:
         """Figure 5 avail(dest): a standby will replace this dead producer replica."""
-        for j, pair in enumerate(self.sources):
-            for x in (0, 1):
-                if pair[x] == addr:
-                    if self.status[j][x] != DEAD:
-                        raise ProtocolError(f"{self.addr}: avail for {addr}, which is {self.status[j][x]}")
-                    self.status[j][x] = STDBY
-                    self.expected[j][x] = version
+        for feed in self.feeds:
+            for source in feed.replicas:
+                if source.addr == addr:
+                    if source.status is not DEAD:
+                        raise RemoteProtocolError(
+                            f"{self.addr}: avail for {addr}, which is {source.status.name}")
+                    source.status, source.expected = STDBY, version
 
     def pause(self, version: int) -> List[Send]:
         """5.3.1: ask every data source to stop; drain until each pause-ack arrives."""
         effects = []
-        for j, pair in enumerate(self.sources):
-            if self.data_from[j] is not None:
-                effects.append(Send(self.addr, pair[self.data_from[j]], Pause(version)))
-                self.awaiting_pause_ack.add(j)
+        for feed in self.feeds:
+            if feed.data_from is not None:
+                effects.append(Send(self.addr, feed.data_source(), Pause(version)))
+                feed.awaiting_pause_ack = True
         return effects
+
+    def awaiting_pause_acks(self) -> bool:
+        return any(feed.awaiting_pause_ack for feed in self.feeds)
 
     def on_pause_ack(self, src: Addr, msg: PauseAck) -> bool:
         """A data source paused after its last data; True once every source has."""
         j = self._partition_of.get(src)
-        if j not in self.awaiting_pause_ack or self.sources[j][self.data_from[j]] != src:
-            raise ProtocolError(f"{self.addr}: unexpected pause-ack from {src}")
-        self.awaiting_pause_ack.discard(j)
-        return not self.awaiting_pause_ack
+        if j is None or not self.feeds[j].awaiting_pause_ack or self.feeds[j].data_source() != src:
+            raise RemoteProtocolError(f"{self.addr}: unexpected pause-ack from {src}")
+        self.feeds[j].awaiting_pause_ack = False
+        return not self.awaiting_pause_acks()
+
+    def cancel_pause(self) -> None:
+        """The catch-up was aborted (3.4): stop waiting for pause-acks; late ones are ignored."""
+        for feed in self.feeds:
+            feed.awaiting_pause_ack = False
+
+    def end_catchup(self) -> None:
+        """5.3.2: our dual is whole again."""
+        self.p_fail = False
 
     def csyncs(self, version: int) -> List[Send]:
         """5.3.2: csync to every live producer replica, after our acks on each connection."""
         sent, effects = set(), []
-        for j, pair in enumerate(self.sources):
-            for x in (0, 1):
-                if self.status[j][x] == ACTIVE and pair[x] not in sent:
-                    sent.add(pair[x])
-                    effects.append(Send(self.addr, pair[x], CSync(version)))
+        for feed in self.feeds:
+            for source in feed.replicas:
+                if source.status is ACTIVE and source.addr not in sent:
+                    sent.add(source.addr)
+                    effects.append(Send(self.addr, source.addr, CSync(version)))
         return effects
 
     def _sync_roles(self, src: Addr, version: int):
         """(partition, replica of src, active replica, standby replica) for a psync, or None if stale."""
         j = self._partition_of.get(src)
         if j is None:
-            raise ProtocolError(f"{self.addr}: psync from {src}, not a producer of ours")
-        x = self.sources[j].index(src)
-        standby = next((y for y in (0, 1) if self.status[j][y] == STDBY
-                        and self.expected[j][y] == version), None)
-        if standby is None or self.status[j][other(standby)] != ACTIVE:
+            raise RemoteProtocolError(f"{self.addr}: psync from {src}, not a producer of ours")
+        feed = self.feeds[j]
+        x = 0 if feed.replicas[0].addr == src else 1
+        standby = next((y for y, s in enumerate(feed.replicas)
+                        if s.status is STDBY and s.expected == version), None)
+        if standby is None or feed.replicas[other(standby)].status is not ACTIVE:
             return None
         return j, x, other(standby), standby
 
@@ -177,9 +237,8 @@ class FluxConsumer:
         if roles is None:
             return True
         j, x, active, standby = roles
-        mine = self.addr.replica
-        if x == mine:  # src will be (or stay) our data source
-            return self.ver[j][other(x)] == msg.version
+        if x == self.addr.replica:  # src will be (or stay) our data source
+            return self.feeds[j].replicas[other(x)].ver == msg.version
         return True
 
     def on_psync(self, src: Addr, msg: PSync) -> List:
@@ -188,24 +247,26 @@ class FluxConsumer:
             # A stale sync changes no role (3.4). But a reversed source stopped forwarding
             # to us at its psync, and its standby is gone: ask it to go on.
             j = self._partition_of[src]
-            x = self.sources[j].index(src)
-            if self.data_from[j] == x and x != self.addr.replica:
+            feed = self.feeds[j]
+            x = 0 if feed.replicas[0].addr == src else 1
+            if feed.data_from == x and x != self.addr.replica:
                 return [Send(self.addr, src, Reverse(self.merge.last[j]))]
             return []
         j, x, active, standby = roles
-        v = msg.version
-        if x == self.addr.replica and self.ver[j][other(x)] != v:
-            raise ProtocolError(f"{self.addr}: psync from {src} before its replica's")
-        self.ver[j][x] = v
+        feed, v = self.feeds[j], msg.version
+        if x == self.addr.replica and feed.replicas[other(x)].ver != v:
+            raise LocalProtocolError(f"{self.addr}: psync from {src} taken before its replica's "
+                                     "(its guard, DESIGN 4.4)")
+        feed.replicas[x].ver = v
         if x == active and x != self.addr.replica:
-            self.data_from[j] = None  # our reversed source stops here (5.3.2)
-        if self.ver[j][other(x)] != v:
+            feed.data_from = None  # our reversed source stops here (5.3.2)
+        if feed.replicas[other(x)].ver != v:
             return []
         # Both psyncs: data from our side, acks to the other, whoever was active (DESIGN 4.6).
-        self.status[j][standby] = ACTIVE
-        self.data_from[j] = self.addr.replica
-        self.ack_to[j] = other(self.addr.replica)
-        return [FoldedIn(self.addr, self.sources[j][standby], v)]
+        feed.replicas[standby].status = ACTIVE
+        feed.data_from = self.addr.replica
+        feed.ack_to = other(self.addr.replica)
+        return [FoldedIn(self.addr, feed.replicas[standby].addr, v)]
 
     def get_state(self) -> list:
         return self.merge.to_state()

@@ -21,12 +21,11 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr, other
-from flux.buffer import PRIM, SEC, Buffer
-from flux.control_messages import TakeoverDone
-from flux.data_messages import Ack, Reverse
+from flux.buffer import SEC, Buffer
+from flux.control_messages import Avail, TakeoverDone
+from flux.data_messages import Ack, CSync, Pause, Reverse
 from flux.effects import Send
-from flux.errors import ProtocolError
-from flux.producer import ACK, ACTIVE, DEAD, SEND, BufferFactory, Producer
+from flux.producer import ACK, DEAD, SEND, BufferFactory, Producer
 from flux.sequence import SN
 
 
@@ -48,15 +47,9 @@ class FluxProducer:
         peers = [(pair[r], pair[other(r)]) for pair in consumers]
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(r))
-        self.capacity = capacity
-        self.buffer_factory = buffer_factory
-        self.out = Producer(addr, peers, capacity, batch_size, buffer_factory)
         # 5.1: data only to the primary consumer, acks only from the secondary consumer
-        self.out.normal_conn = [{SEND}, {ACK}]
-        for conns in self.out.conn:
-            conns[PRIM] = {SEND}
-            conns[SEC] = {ACK}
-        self.out.fail_addresses(set(absent))
+        self.out = Producer(addr, peers, capacity, batch_size, buffer_factory,
+                            normal_modes=(SEND, ACK), absent=absent)
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False
@@ -67,14 +60,7 @@ class FluxProducer:
 
     def on_reverse(self, src: Addr, msg: Reverse) -> List:
         """5.2 (replaces Figure 4-(2)): conn_i[SEC] := {SEND}; r_done_i; del_i += {SEC}."""
-        i, d = self.out.locate(src, ACK)
-        if d != SEC:
-            raise ProtocolError(f"{self.addr}: reverse from primary consumer {src}")
-        buffer = self.out.buffers[i]
-        buffer.ack(msg.hwm, SEC)  # the hwm travels inside reverse (DESIGN 4.2)
-        buffer.rewind(SEC)  # start after what SEC holds, whatever an old cursor said
-        self.out.conn[i][SEC] = {SEND}
-        buffer.set_delete(buffer.delete | {SEC})
+        i = self.out.reverse(src, msg.hwm)
         self.r_done[i] = True
         return self._report_takeover()
 
@@ -89,7 +75,7 @@ class FluxProducer:
     def takeover_done(self) -> bool:
         """Every secondary consumer is dead or has reversed to this replica."""
         return self.p_fail and all(
-            self.r_done[i] or self.out.status[i][SEC] == DEAD for i in range(len(self.r_done))
+            self.r_done[i] or self.out.status(i, SEC) is DEAD for i in range(len(self.r_done))
         )
 
     def _report_takeover(self) -> List:
@@ -99,12 +85,37 @@ class FluxProducer:
         return []
 
     # -- catch-up (5.3) ------------------------------------------------------
+    def on_avail(self, avail: Avail) -> None:
+        """Figure 5 avail(dest) for a consumer replica of ours."""
+        self.out.on_avail(avail.addr, avail.version)
+
+    def on_pause(self, src: Addr, msg: Pause) -> List[Send]:
+        return self.out.on_pause(src, msg)
+
+    def ready_for_csync(self, src: Addr, msg: CSync) -> bool:
+        return self.out.can_accept_csync(src, msg)
+
+    def on_csync(self, src: Addr, msg: CSync) -> List:
+        return self.out.on_csync(src, msg)
+
+    def replay_fail(self, dead: Set[Addr]) -> None:
+        """A failure seen while this new replica waited for its state, applied over the
+        installed buffers (they may be older): drop those consumers, nothing else."""
+        self.out.fail_addresses(dead)
+
+    def replay_avail(self, avail: Avail) -> None:
+        """An avail seen while waiting for the state: a standby for a consumer the
+        installed state still has DEAD."""
+        self.out.on_avail(avail.addr, avail.version, only_if_dead=True)
+
+    def psyncs(self, version: int) -> List[Send]:
+        """5.3.2 at the new replica: psync to every live consumer."""
+        return self.out.psyncs(version)
+
     def end_catchup(self, version: int) -> List[Send]:
         """5.3.2 at the active: psync to every consumer; stop forwarding to secondaries."""
         effects = self.out.psyncs(version)
-        for i, conns in enumerate(self.out.conn):
-            if SEND in conns[SEC]:
-                conns[SEC] = {ACK}
+        self.out.restore_secondaries()
         self.p_fail = False
         self.r_done = [False] * len(self.r_done)
         self._takeover_reported = False
@@ -112,19 +123,11 @@ class FluxProducer:
 
     def get_state(self) -> list:
         """Every buffer with the status of its two destinations."""
-        return [[b.to_state(), list(self.out.status[i])] for i, b in enumerate(self.out.buffers)]
+        return self.out.to_state()
 
     def install_state(self, state: list, reverse: bool) -> None:
-        """Install the active's buffers; ``reverse`` swaps PRIM and SEC, marks, cursors and
-        statuses, because our primary consumers are the active's secondaries (5.3)."""
-        if len(state) != len(self.out.buffers):
-            raise ProtocolError(f"{self.addr}: state for {len(state)} consumers, not {len(self.out.buffers)}")
-        for i, (buffer_state, status) in enumerate(state):
-            self.out.buffers[i] = self.buffer_factory.from_state(buffer_state, self.capacity, reverse)
-            statuses = list(reversed(status)) if reverse else list(status)
-            for d in (PRIM, SEC):
-                self.out.status[i][d] = statuses[d]
-                self.out.conn[i][d] = set(self.out.normal_conn[d]) if statuses[d] == ACTIVE else set()
+        """Install the active's buffers, reversed at a new replica (5.3)."""
+        self.out.install_state(state, reverse)
         self.p_fail = False
         self.r_done = [False] * len(self.r_done)
 

@@ -17,9 +17,19 @@ from flux.addresses import Addr, MoverAddr
 from flux.control_messages import View
 from flux.effects import Send, StateInstalled
 from flux.envelope import Envelope
-from flux.errors import ProtocolError
-from flux.segment import CatchUp, MoverCall
-from statemover.messages import SmReady, StateReceived, StateSent, TransferFailed
+from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.segment import CatchUp
+from statemover.messages import (
+    MOVER_CALLS,
+    CancelTransfer,
+    RequestRecv,
+    RequestSend,
+    SendState,
+    SmReady,
+    StateReceived,
+    StateSent,
+    TransferFailed,
+)
 from statemover.mover import StateMover
 
 
@@ -75,20 +85,20 @@ class Host:
     def on_envelope(self, env: Envelope) -> Tuple[List[Envelope], List]:
         """Deliver one message; returns (envelopes to send, other effects)."""
         if not self.accepts(env):
-            raise ProtocolError(f"{self.name}: {env.msg!r} from {env.src} taken before it may be")
+            raise LocalProtocolError(f"{self.name}: {env.msg!r} from {env.src} taken before it may be")
         if self.fenced(env):
             return [], []  # a dead incarnation can never act
         if env.dst == self.mover_addr and self.mover is not None:
             return self._run(self.mover.on_message(env.src, env.msg))
         machine = self.machines.get(env.dst)
         if machine is None:
-            raise ProtocolError(f"{self.name}: no endpoint {env.dst} here (from {env.src})")
+            raise RemoteProtocolError(f"{self.name}: no endpoint {env.dst} here (from {env.src})")
         return self._run(machine.on_message(env.src, env.msg))
 
     def on_view(self, view: View) -> Tuple[List[Envelope], List]:
         """Apply a view completely: fail() everywhere, then avail() (3.2.1, 3.3)."""
         if view.number != self.view + 1:
-            raise ProtocolError(f"{self.name}: view {view.number} after view {self.view}")
+            raise RemoteProtocolError(f"{self.name}: view {view.number} after view {self.view}")
         self.view = view.number
         self.dead |= set(view.failed)
         self.dead_incs |= set(view.failed_incs)
@@ -133,11 +143,11 @@ class Host:
             if isinstance(e, Send):
                 sends.append(Envelope(e.src, e.dst, self.view, e.msg, self.inc,
                                       self.peer_incs.get(e.dst)))
-            elif isinstance(e, MoverCall):
-                pending.extend(getattr(self.mover, e.method)(e.transfer, e.arg))
+            elif isinstance(e, MOVER_CALLS):
+                pending.extend(self._call_mover(e))
             elif isinstance(e, (SmReady, StateSent, StateReceived, TransferFailed)):
                 seg = self.segment_of(e.transfer)
-                if seg is None or seg.catchup is None or seg.catchup.version != e.transfer[2]:
+                if seg is None or not seg.in_transfer(e.transfer):
                     continue  # about an attempt this host already gave up
                 elif isinstance(e, SmReady):
                     others.append(e)  # the movement starts (the runtime times it)
@@ -153,6 +163,18 @@ class Host:
             else:
                 others.append(e)  # reports for the controller, deliveries, failed transfers
         return sends, others
+
+    def _call_mover(self, call) -> list:
+        """A segment's call to this node's StateMover (Figure 5), by its type."""
+        if isinstance(call, RequestSend):
+            return self.mover.request_send(call.transfer, call.peer)
+        if isinstance(call, RequestRecv):
+            return self.mover.request_recv(call.transfer, call.peer)
+        if isinstance(call, SendState):
+            return self.mover.send(call.transfer, call.data)
+        if isinstance(call, CancelTransfer):
+            return self.mover.cancel(call.transfer, call.reason)
+        raise LocalProtocolError(f"{self.name}: no mover call {call!r}")
 
     def segment_of(self, transfer: tuple):
         stage, partition, _ = transfer

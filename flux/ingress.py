@@ -8,13 +8,13 @@ a full one stops the source (back-pressure), it never drops an input.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Set
+from typing import Any, Callable, Iterable, List, Optional, Set
 
 from flux.addresses import Addr, P, S
-from flux.buffer import DESTS, Buffer
+from flux.buffer import Buffer
 from flux.data_messages import Ack, CSync, Pause
 from flux.effects import Send
-from flux.errors import LocalProtocolError, ProtocolError
+from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 
@@ -31,15 +31,15 @@ class Ingress:
         capacity: int,
         batch_size: int,
         buffer_factory: BufferFactory = Buffer,
+        absent: Iterable[Addr] = (),
     ):
+        """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7)."""
         self.addr = INGRESS
         self.route = route
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
-        self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory)
-        self.out.normal_conn = [{SEND, ACK}, {SEND, ACK}]  # 3.1.3: sends to and acks from both
-        for conns in self.out.conn:
-            for d in DESTS:
-                conns[d] = {SEND, ACK}
+        # 3.1.3: sends to and acks from both replicas
+        self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
+                            normal_modes=(SEND | ACK, SEND | ACK), absent=absent)
         self.accepted = 0
 
     # -- the source side ---------------------------------------------------
@@ -48,12 +48,12 @@ class Ingress:
         return input_sn(self.accepted) if self.accepted else NO_PROGRESS
 
     def can_accept(self, record: Any) -> bool:
-        return not self.out.buffers[self.route(record)].full()
+        return not self.out.full_for(self.route(record))
 
     def accept(self, record: Any) -> Optional[SN]:
         """Figure 3 action 1; None (back-pressure) when the partition's buffer is full."""
         i = self.route(record)
-        if self.out.buffers[i].full():
+        if self.out.full_for(i):
             return None
         self.accepted += 1
         sn = input_sn(self.accepted)
@@ -82,7 +82,7 @@ class Ingress:
             return self.out.on_pause(src, msg)
         if isinstance(msg, CSync):
             return self.out.on_csync(src, msg)
-        raise ProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
+        raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
 
     def ready_for(self, src: Addr, msg) -> bool:
         """A guarded control message waits at the head of its connection (DESIGN 4.4)."""

@@ -1,10 +1,10 @@
 """The abstract producer of Figure 3, over many consumer partition pairs (5.1).
 
 For every consumer partition ``i`` a producer keeps one ``Buffer`` with two
-destinations (PRIM, SEC), a connection mode per destination
-(``conn[i][d]``, a subset of {SEND, ACK}) and a status per destination
-(``status[i][d]``). The ingress and F-Prod differ only in how these are set
-and in their take-over events, so both build on this class.
+destinations (PRIM, SEC), and one ``Link`` per destination: the paper's
+connection modes ``conn_i[d]`` (a subset of {SEND, ACK}) and status, with
+what catch-up adds. The ingress and F-Prod differ only in their normal
+modes and their take-over events, so both build on this class.
 
 Actions (Figure 3):
 1. ``put``: a produced tuple enters the buffer of its consumer partition.
@@ -14,24 +14,60 @@ Actions (Figure 3):
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+import enum
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr
-from flux.buffer import DESTS, PRIM, SEC, Buffer
+from flux.buffer import DESTS, SEC, Buffer
 from flux.control_messages import FoldedIn
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync
 from flux.effects import Send
-from flux.errors import ProtocolError
+from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.sequence import NO_PROGRESS, SN, before, bound_key, weakest
 
-SEND = "SEND"
-ACK = "ACK"
 
-ACTIVE = "ACTIVE"
-DEAD = "DEAD"
-STDBY = "STDBY"
+class Status(enum.Enum):
+    """What a machine knows of one replica at the other end of a connection (Figures 4, 5)."""
+
+    ACTIVE = "ACTIVE"
+    DEAD = "DEAD"
+    STDBY = "STDBY"  # announced by avail(), folds in at its sync (3.3)
+
+
+ACTIVE = Status.ACTIVE
+DEAD = Status.DEAD
+STDBY = Status.STDBY
+
+
+class ConnMode(enum.Flag):
+    """A connection's modes, the paper's ``conn_i[d]``: data flows on SEND, acks on ACK."""
+
+    NONE = 0
+    SEND = enum.auto()
+    ACK = enum.auto()
+
+
+NONE = ConnMode.NONE
+SEND = ConnMode.SEND
+ACK = ConnMode.ACK
 
 BufferFactory = Callable[[int], Buffer]
+
+
+@dataclass(slots=True)
+class Link:
+    """This producer's connection with destination ``d`` of consumer partition ``i``."""
+
+    peer: Addr
+    modes: ConnMode = NONE
+    status: Status = ACTIVE
+    #: the strongest progress bound sent on this connection (DESIGN 4.3)
+    sent_bound: SN = NO_PROGRESS
+    #: catch-up: paused by the consumer (5.3.1), its last sync version, the one expected
+    paused: bool = False
+    ver: int = 0
+    expected: int = 0
 
 
 class Producer:
@@ -44,39 +80,53 @@ class Producer:
         capacity: int,
         batch_size: int,
         buffer_factory: BufferFactory = Buffer,
+        normal_modes: Tuple[ConnMode, ConnMode] = (NONE, NONE),
+        absent: Iterable[Addr] = (),
     ):
+        """``normal_modes[d]``: the modes of destination d in the normal case, restored at
+        fold-in; ``absent``: consumer replicas that never exist (dead from the start)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.addr = addr
-        #: peers[i][d]: the address of destination d of consumer partition i.
-        self.peers: List[Tuple[Addr, Addr]] = [tuple(p) for p in peers]
         self.batch_size = batch_size
-        self.buffers: List[Buffer] = [buffer_factory(capacity) for _ in self.peers]
-        self.conn: List[List[Set[str]]] = [[set(), set()] for _ in self.peers]
-        self.status: List[List[str]] = [[ACTIVE, ACTIVE] for _ in self.peers]
-        self.sent_bound: List[List[SN]] = [[NO_PROGRESS, NO_PROGRESS] for _ in self.peers]
-        #: the connection modes of the normal case, restored at fold-in
-        self.normal_conn: List[Set[str]] = [set(), set()]
-        #: catch-up: paused connections (5.3.1), sync versions seen, versions expected
-        self.paused: List[List[bool]] = [[False, False] for _ in self.peers]
-        self.ver: List[List[int]] = [[0, 0] for _ in self.peers]
-        self.expected: List[List[int]] = [[0, 0] for _ in self.peers]
+        self.capacity = capacity
+        self.buffer_factory = buffer_factory
+        self.normal_modes = tuple(normal_modes)
+        self.buffers: List[Buffer] = [buffer_factory(capacity) for _ in peers]
+        #: links[i][d]: the connection with destination d of consumer partition i
+        self.links: List[Tuple[Link, Link]] = [
+            tuple(Link(pair[d], self.normal_modes[d]) for d in DESTS) for pair in peers
+        ]
         self._where: Dict[Addr, List[Tuple[int, int]]] = {}
-        for i, pair in enumerate(self.peers):
+        for i, pair in enumerate(peers):
             for d in DESTS:
                 self._where.setdefault(pair[d], []).append((i, d))
+        self.fail_addresses(set(absent))
 
     # -- queries ---------------------------------------------------------
+    @property
+    def peers(self) -> List[Tuple[Addr, Addr]]:
+        """peers[i][d]: the address of destination d of consumer partition i."""
+        return [(row[0].peer, row[1].peer) for row in self.links]
+
+    def status(self, i: int, d: int) -> Status:
+        return self.links[i][d].status
+
     def full(self) -> bool:
         """Figure 3 action 1's guard, over every destination buffer."""
         return any(b.full() for b in self.buffers)
 
-    def locate(self, src: Addr, want: str) -> Tuple[int, int]:
+    def full_for(self, i: int) -> bool:
+        """Figure 3 action 1's guard for a tuple of consumer partition i."""
+        return self.buffers[i].full()
+
+    def locate(self, src: Addr, want: ConnMode) -> Tuple[int, int]:
         """The (partition, destination) whose connection from ``src`` has mode ``want``."""
         for i, d in self._where.get(src, ()):
-            if self.status[i][d] == ACTIVE and want in self.conn[i][d]:
+            link = self.links[i][d]
+            if link.status is ACTIVE and want in link.modes:
                 return i, d
-        raise ProtocolError(f"{self.addr}: no ACTIVE {want} connection with {src}")
+        raise RemoteProtocolError(f"{self.addr}: no ACTIVE {want.name} connection with {src}")
 
     def bound_for(self, i: int, d: int, frontier: SN) -> SN:
         """What destination d of partition i may be told about future SNs (DESIGN 4.3)."""
@@ -84,16 +134,17 @@ class Producer:
         return frontier if first is None else weakest((before(first), frontier))
 
     def can_flush(self, i: int, d: int, frontier: SN) -> bool:
-        if self.status[i][d] != ACTIVE or SEND not in self.conn[i][d] or self.paused[i][d]:
+        link = self.links[i][d]
+        if link.status is not ACTIVE or SEND not in link.modes or link.paused:
             return False
         if self.buffers[i].first_unsent(d) is not None:
             return True
-        return bound_key(self.bound_for(i, d, frontier)) > bound_key(self.sent_bound[i][d])
+        return bound_key(self.bound_for(i, d, frontier)) > bound_key(link.sent_bound)
 
     def flushable(self, frontier: SN) -> List[Tuple[int, int]]:
         return [
             (i, d)
-            for i in range(len(self.peers))
+            for i in range(len(self.links))
             for d in DESTS
             if self.can_flush(i, d, frontier)
         ]
@@ -107,16 +158,16 @@ class Producer:
         """Action 2 (and 2a): the next batch for destination d, with a progress bound."""
         if not self.can_flush(i, d, frontier):
             return None
-        buffer = self.buffers[i]
+        link, buffer = self.links[i][d], self.buffers[i]
         items = buffer.take(d, self.batch_size)
-        if items and ACK not in self.conn[i][d]:
+        if items and ACK not in link.modes:
             buffer.ack(items[-1][0], d)  # 2a: no acks on this connection
         bound = self.bound_for(i, d, frontier)
-        if bound_key(bound) > bound_key(self.sent_bound[i][d]):
-            self.sent_bound[i][d] = bound
+        if bound_key(bound) > bound_key(link.sent_bound):
+            link.sent_bound = bound
         else:
-            bound = self.sent_bound[i][d]
-        return Send(self.addr, self.peers[i][d], Batch(tuple(items), bound))
+            bound = link.sent_bound
+        return Send(self.addr, link.peer, Batch(tuple(items), bound))
 
     def on_ack(self, src: Addr, msg: Ack) -> None:
         """Action 3: a cumulative ack from an ACTIVE destination with ACK."""
@@ -125,9 +176,8 @@ class Producer:
 
     def fail_destination(self, i: int, d: int) -> None:
         """Figure 4 action 3: forget a dead consumer replica and stop waiting for it."""
-        self.status[i][d] = DEAD
-        self.conn[i][d] = set()
-        self.paused[i][d] = False
+        link = self.links[i][d]
+        link.status, link.modes, link.paused = DEAD, NONE, False
         buffer = self.buffers[i]
         buffer.ack_all(d)
         buffer.set_delete(buffer.delete - {d})
@@ -137,39 +187,60 @@ class Producer:
         changed = []
         for addr in dead:
             for i, d in self._where.get(addr, ()):
-                if self.status[i][d] != DEAD:
+                if self.links[i][d].status is not DEAD:
                     self.fail_destination(i, d)
                     changed.append((i, d))
         return changed
+
+    # -- take-over at F-Prod (5.2) ------------------------------------------
+    def reverse(self, src: Addr, hwm: SN) -> int:
+        """5.2 (replaces Figure 4-(2)): the secondary consumer ``src`` lost its data source;
+        conn_i[SEC] := {SEND}, del_i += {SEC}. Returns i."""
+        i, d = self.locate(src, ACK)
+        if d != SEC:
+            raise RemoteProtocolError(f"{self.addr}: reverse from primary consumer {src}")
+        buffer = self.buffers[i]
+        buffer.ack(hwm, SEC)  # the hwm travels inside reverse (DESIGN 4.2)
+        buffer.rewind(SEC)  # start after what SEC holds, whatever an old cursor said
+        self.links[i][SEC].modes = SEND
+        buffer.set_delete(buffer.delete | {SEC})
+        return i
+
+    def restore_secondaries(self) -> None:
+        """5.3.2 at the active: stop forwarding to secondaries that reversed to us."""
+        for row in self.links:
+            if SEND in row[SEC].modes:
+                row[SEC].modes = self.normal_modes[SEC]
 
     # -- catch-up (3.3, 5.3) ------------------------------------------------
     def on_avail(self, addr: Addr, version: int, only_if_dead: bool = False) -> None:
         """Figure 5 avail(dest): a standby will replace this dead consumer replica."""
         for i, d in self._where.get(addr, ()):
-            if only_if_dead and self.status[i][d] != DEAD:
+            link = self.links[i][d]
+            if only_if_dead and link.status is not DEAD:
                 continue
-            if self.status[i][d] != DEAD:
-                raise ProtocolError(f"{self.addr}: avail for {addr}, which is {self.status[i][d]}")
-            self.status[i][d] = STDBY
-            self.expected[i][d] = version
+            if link.status is not DEAD:
+                raise RemoteProtocolError(f"{self.addr}: avail for {addr}, which is {link.status.name}")
+            link.status, link.expected = STDBY, version
 
     def on_pause(self, src: Addr, msg: Pause) -> List[Send]:
         """5.3.1: stop sending to the consumer; the pause-ack follows our last data."""
         i, d = self.locate(src, SEND)
-        self.paused[i][d] = True
+        self.links[i][d].paused = True
         return [Send(self.addr, src, PauseAck(msg.version))]
 
     def _sync_dest(self, src: Addr) -> Tuple[int, int]:
         for i, d in self._where.get(src, ()):
-            if self.status[i][d] in (ACTIVE, STDBY):
+            if self.links[i][d].status in (ACTIVE, STDBY):
                 return i, d
-        raise ProtocolError(f"{self.addr}: csync from {src}, which is neither active nor standby")
+        raise RemoteProtocolError(f"{self.addr}: csync from {src}, which is neither active nor standby")
 
     def can_accept_csync(self, src: Addr, msg: CSync) -> bool:
         """A standby's csync waits until the active's csync of the same version (5.3.2)."""
         i, d = self._sync_dest(src)
-        if self.status[i][d] == STDBY and self.expected[i][d] == msg.version:
-            return self.ver[i][1 - d] == msg.version
+        link = self.links[i][d]
+        if link.status is STDBY and link.expected == msg.version:
+            return self.links[i][1 - d].ver == msg.version
         return True
 
     def on_csync(self, src: Addr, msg: CSync) -> List:
@@ -178,44 +249,65 @@ class Producer:
         From the standby (after the active's): it becomes ACTIVE in the normal mode."""
         i, d = self._sync_dest(src)
         v = msg.version
-        x = 1 - d
-        if self.status[i][d] == ACTIVE:
-            self.ver[i][d] = v
-            self.paused[i][d] = False
-            if self.status[i][x] == STDBY and self.expected[i][x] == v:
+        link, dual = self.links[i][d], self.links[i][1 - d]
+        if link.status is ACTIVE:
+            link.ver, link.paused = v, False
+            if dual.status is STDBY and dual.expected == v:
                 buffer = self.buffers[i]
-                buffer.set_delete(buffer.delete | {x})
-                buffer.reset(x)
+                buffer.set_delete(buffer.delete | {1 - d})
+                buffer.reset(1 - d)
             return []
-        if self.expected[i][d] != v:
+        if link.expected != v:
             return []  # a stale standby's sync changes no role (3.4)
-        if self.ver[i][x] != v:
-            raise ProtocolError(f"{self.addr}: standby csync from {src} before the active's")
-        self.status[i][d] = ACTIVE
-        self.conn[i][d] = set(self.normal_conn[d])
-        self.ver[i][d] = v
-        self.sent_bound[i][d] = NO_PROGRESS
+        if dual.ver != v:
+            raise LocalProtocolError(f"{self.addr}: standby csync from {src} taken before "
+                                     "the active's (its guard, DESIGN 4.4)")
+        link.status, link.modes, link.ver = ACTIVE, self.normal_modes[d], v
+        link.sent_bound = NO_PROGRESS
         return [FoldedIn(self.addr, src, v)]
 
     def psyncs(self, version: int) -> List[Send]:
         """5.3.2: tell every live consumer replica where this replica's output stands."""
         return [
-            Send(self.addr, self.peers[i][d], PSync(version))
-            for i in range(len(self.peers))
-            for d in DESTS
-            if self.status[i][d] == ACTIVE
+            Send(self.addr, link.peer, PSync(version))
+            for row in self.links
+            for link in row
+            if link.status is ACTIVE
         ]
 
+    # -- state movement (5.3) -----------------------------------------------
+    def to_state(self) -> list:
+        """Every buffer with the status of its two destinations, msgpack-safe."""
+        return [[b.to_state(), [link.status.value for link in row]]
+                for b, row in zip(self.buffers, self.links)]
+
+    def install_state(self, state: list, reverse: bool) -> None:
+        """Install the active's buffers; ``reverse`` swaps PRIM and SEC, marks, cursors and
+        statuses, because our primary consumers are the active's secondaries (5.3)."""
+        if len(state) != len(self.buffers):
+            raise RemoteProtocolError(
+                f"{self.addr}: state for {len(state)} consumers, not {len(self.buffers)}")
+        for i, (buffer_state, statuses) in enumerate(state):
+            self.buffers[i] = self.buffer_factory.from_state(buffer_state, self.capacity, reverse)
+            if reverse:
+                statuses = list(reversed(statuses))
+            for d in DESTS:
+                link = self.links[i][d]
+                link.status = Status(statuses[d])
+                link.modes = self.normal_modes[d] if link.status is ACTIVE else NONE
+
     def check_invariants(self) -> None:
-        for i, buffer in enumerate(self.buffers):
+        for buffer, row in zip(self.buffers, self.links):
             buffer.check_invariants()
             for d in DESTS:
-                if self.status[i][d] == DEAD:
-                    assert d not in buffer.delete, f"{self.addr}: dead destination {i}/{d} in delete"
+                if row[d].status is DEAD:
+                    assert d not in buffer.delete, f"{self.addr}: dead destination {row[d].peer} in delete"
+                    assert row[d].modes == NONE, f"{self.addr}: dead destination {row[d].peer} connected"
 
     def idle(self) -> bool:
         """No tuple is waiting in any buffer."""
         return all(len(b) == 0 for b in self.buffers)
 
 
-__all__ = ["Producer", "SEND", "ACK", "ACTIVE", "DEAD", "PRIM", "SEC"]
+__all__ = ["Producer", "Link", "Status", "ConnMode", "SEND", "ACK", "NONE", "ACTIVE", "DEAD",
+           "STDBY", "BufferFactory"]

@@ -2,18 +2,67 @@
 
 Movers talk over channels of their own (3.3.1); their messages carry the
 transfer id (unique per catch-up attempt, DESIGN 4.6), so an older attempt's
-messages never mix into a newer one. The signals are the paper's ``sm_ready``
-and ``sm_done`` (Figure 5), and the failure that makes the controller retry
-(3.4).
+messages never mix into a newer one. The calls are what a segment asks of its node's mover (Figure 5:
+``send(sm, send-req)``, ``send(sm, recv-req)``, ``send(sm, st)``, and the
+abort of 3.4), as effects the host carries out. The signals are the paper's
+``sm_ready`` and ``sm_done`` (Figure 5), and the failure that makes the
+controller retry (3.4).
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-#: Roles; they travel in Handshake, so they are plain strings.
-SEND = "send"
-RECV = "recv"
+
+class Role(str, enum.Enum):
+    """A mover's part in one transfer. It travels in Handshake, so its value is the
+    wire form ("send"/"recv") and it compares equal to that string."""
+
+    SEND = "send"
+    RECV = "recv"
+
+    def __str__(self) -> str:
+        return self.value
+
+# -- calls from the segment to its mover (local effects) -------------------------
+
+@dataclass(frozen=True, slots=True)
+class RequestSend:
+    """The active segment's ``send(sm, send-req)`` (Figure 5 action 1)."""
+
+    transfer: Hashable
+    peer: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecv:
+    """The new replica's ``send(sm, recv-req)`` (Figure 5 action 1)."""
+
+    transfer: Hashable
+    peer: Any
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class SendState:
+    """The active's ``send(sm, st)``: the whole segment, serialized (actions 3-4)."""
+
+    transfer: Hashable
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"SendState({self.transfer!r}, <{len(self.data)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTransfer:
+    """The segment gave up on this attempt (3.4): tell the peer mover."""
+
+    transfer: Hashable
+    reason: str
+
+
+MOVER_CALLS = (RequestSend, RequestRecv, SendState, CancelTransfer)
 
 # -- messages between movers ---------------------------------------------------
 
@@ -22,7 +71,7 @@ class Handshake:
     """This mover has its segment's request for ``transfer``, in ``role`` (3.3.1)."""
 
     transfer: Hashable
-    role: str
+    role: Role
 
 
 @dataclass(frozen=True, slots=True, repr=False)

@@ -21,7 +21,8 @@ thread and the sockets. Everything that affects a transfer lives here:
   newer one.
 - Crashes make late messages normal: a message for an unknown, finished or
   aborted transfer, or from a dead peer, is dropped. A message that no live
-  transfer could accept, or a local call out of turn, is a ``ProtocolError``.
+  transfer could accept is a ``RemoteProtocolError``; a local call out of turn
+  a ``LocalProtocolError``.
 - Mover ids name one incarnation (DESIGN 4.4): a peer declared dead stays dead.
 
 Checksum: ``zlib.crc32``, computed in one pass by the sender and streamed
@@ -36,13 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from flux.effects import Send
-from flux.errors import ProtocolError
+from flux.errors import LocalProtocolError, RemoteProtocolError
 from statemover.messages import (
-    RECV,
-    SEND,
     Abort,
     Chunk,
     Handshake,
+    Role,
     SmReady,
     StateReceived,
     StateSent,
@@ -67,9 +67,10 @@ class Mode(enum.Enum):
 
 
 TERMINAL = (Mode.DONE, Mode.ABORTED)
+SEND, RECV = Role.SEND, Role.RECV
 
 #: (role, mode, event) -> next mode, for live transfers. An event not listed is
-#: a protocol error. Cancel, peer failure, peer abort and a failed check take
+#: a protocol error: local for ``send``, remote for a peer's message. Cancel, peer failure, peer abort and a failed check take
 #: any live transfer to ABORTED.
 TRANSITIONS = {
     (SEND, Mode.REQUESTED, "handshake"): Mode.READY,
@@ -84,7 +85,7 @@ TRANSITIONS = {
 
 @dataclass(slots=True)
 class _Transfer:
-    role: Optional[str]  # None: cancelled before it was requested (a tombstone)
+    role: Optional[Role]  # None: cancelled before it was requested (a tombstone)
     peer: Any
     mode: Mode = Mode.REQUESTED
     reason: Optional[str] = None
@@ -125,7 +126,7 @@ class StateMover:
         t = self._known(transfer)
         if t.mode is Mode.ABORTED:
             return []
-        self._step(transfer, t, "send")
+        self._step(transfer, t, "send", LocalProtocolError)
         data = state if type(state) is bytes else bytes(state)  # snapshot, never aliased
         view, n = memoryview(data), self.chunk_size
         effects: list = [
@@ -169,7 +170,7 @@ class StateMover:
         """A message from mover ``src``; stale ones are dropped (crashes make them normal)."""
         handler = self._HANDLERS.get(type(msg))
         if handler is None:
-            raise ProtocolError(f"{self.me!r}: unknown message {msg!r} from {src!r}")
+            raise RemoteProtocolError(f"{self.me!r}: unknown message {msg!r} from {src!r}")
         if src in self.dead:
             return []  # fenced (DESIGN 4.4)
         t = self.transfers.get(msg.transfer)
@@ -182,12 +183,12 @@ class StateMover:
         if t.mode in TERMINAL:
             return []  # late message of a finished or aborted attempt
         if src != t.peer:
-            raise ProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
+            raise RemoteProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
         return handler(self, msg.transfer, t, msg)
 
     def _on_handshake(self, transfer, t: _Transfer, msg: Handshake) -> list:
         if msg.role == t.role:
-            raise ProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {t.role!r}")
+            raise RemoteProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {t.role!r}")
         self._step(transfer, t, "handshake")
         return [SmReady(transfer)]
 
@@ -224,17 +225,17 @@ class StateMover:
     _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer, Abort: _on_abort}
 
     # -- helpers -----------------------------------------------------------------
-    def _request(self, transfer, peer, role: str) -> list:
+    def _request(self, transfer, peer, role: Role) -> list:
         t = self.transfers.get(transfer)
         if t is not None and t.role is not None:
-            raise ProtocolError(f"{self.me!r}: transfer {transfer!r} was already requested")
+            raise LocalProtocolError(f"{self.me!r}: transfer {transfer!r} was already requested")
         if peer == self.me:
-            raise ProtocolError(f"{self.me!r}: transfer {transfer!r} to itself")
+            raise LocalProtocolError(f"{self.me!r}: transfer {transfer!r} to itself")
         early = self._early.get(transfer)
         if early is not None and early[0] != peer:
-            raise ProtocolError(f"{self.me!r}: {early[1]!r} came from {early[0]!r}, not {peer!r}")
+            raise RemoteProtocolError(f"{self.me!r}: {early[1]!r} came from {early[0]!r}, not {peer!r}")
         if early is not None and getattr(early[1], "role", None) == role:
-            raise ProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {role!r}")
+            raise RemoteProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {role!r}")
         if t is not None:  # cancelled before it was requested
             t.role, t.peer = role, peer
             return [TransferFailed(transfer, t.reason)]
@@ -252,13 +253,13 @@ class StateMover:
     def _known(self, transfer) -> _Transfer:
         t = self.transfers.get(transfer)
         if t is None or t.role is None:
-            raise ProtocolError(f"{self.me!r}: transfer {transfer!r} was never requested")
+            raise LocalProtocolError(f"{self.me!r}: transfer {transfer!r} was never requested")
         return t
 
-    def _step(self, transfer, t: _Transfer, event: str) -> None:
+    def _step(self, transfer, t: _Transfer, event: str, error=RemoteProtocolError) -> None:
         nxt = TRANSITIONS.get((t.role, t.mode, event))
         if nxt is None:
-            raise ProtocolError(f"{self.me!r}: {event} in {t.mode.name} for {t.role} transfer {transfer!r}")
+            raise error(f"{self.me!r}: {event} in {t.mode.name} for {t.role} transfer {transfer!r}")
         t.mode = nxt
 
     def _abort(self, transfer, t: _Transfer, reason: str) -> list:
@@ -276,7 +277,7 @@ class StateMover:
         assert not (self._early.keys() & self.transfers.keys()), "early message for a requested transfer"
         assert not any(src in self.dead for src, _ in self._early.values()), "early message from the dead"
         for transfer, t in self.transfers.items():
-            assert t.role in (SEND, RECV) or t.mode is Mode.ABORTED, f"{transfer!r}: tombstone not aborted"
+            assert isinstance(t.role, Role) or t.mode is Mode.ABORTED, f"{transfer!r}: tombstone not aborted"
             assert t.mode in TERMINAL or t.peer not in self.dead, f"{transfer!r}: live with a dead peer"
             assert t.chunks == [] or (t.role == RECV and t.mode is Mode.RECEIVING), f"{transfer!r}: stray chunks"
             assert t.length == sum(len(c) for c in t.chunks), f"{transfer!r}: length out of step"

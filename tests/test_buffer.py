@@ -509,3 +509,8 @@ def test_rewind_restarts_the_cursor_after_what_the_destination_holds():
     b.ack((1,), SEC)
     b.rewind(SEC)
     assert b.peek(SEC) == ((2,), 2)
+
+
+def test_buffer_misuse_is_a_local_protocol_error():
+    from flux.errors import LocalProtocolError
+    assert issubclass(BufferMisuse, LocalProtocolError)

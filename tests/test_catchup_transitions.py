@@ -19,16 +19,55 @@ from flux.control_messages import Avail, FoldedIn, TakeoverDone, View
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.effects import Send
 from flux.envelope import Envelope
-from flux.errors import ProtocolError
+from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.host import Host
 from flux.ingress import INGRESS, Ingress
 from flux.operator import wire_form
-from flux.producer import ACK, ACTIVE, DEAD, SEND, STDBY
-from flux.segment import DRAINING, MOVING, CatchUp, MoverCall, Segment
+from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND, STDBY
+from flux.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, CatchUp, Segment
 from flux.sequence import NO_SN
-from statemover.messages import Handshake
+from statemover.messages import CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendState
+
+
+# -- views of the per-connection records, for assertions ---------------------------
+def _rows(m):
+    """Producer: links[i][d]; FluxConsumer: the two replicas of every feed."""
+    return m.links if hasattr(m, "links") else [f.replicas for f in m.feeds]
+
+
+def modes(prod):
+    return [[link.modes for link in row] for row in prod.links]
+
+
+def statuses(m):
+    return [[x.status for x in row] for row in _rows(m)]
+
+
+def vers(m):
+    return [[x.ver for x in row] for row in _rows(m)]
+
+
+def expected(m):
+    return [[x.expected for x in row] for row in _rows(m)]
+
+
+def paused(prod):
+    return [[link.paused for link in row] for row in prod.links]
+
+
+def data_from(c):
+    return [f.data_from for f in c.feeds]
+
+
+def ack_to(c):
+    return [f.ack_to for f in c.feeds]
+
+
+def awaiting(c):
+    return {j for j, f in enumerate(c.feeds) if f.awaiting_pause_ack}
+
 
 A0P, A0S = Addr(1, 0, P), Addr(1, 0, S)
 A1P, A1S = Addr(1, 1, P), Addr(1, 1, S)
@@ -44,8 +83,7 @@ def items(*sns):
 
 def producer_state(prod):
     """Everything a sync may change in a Producer, for 'changes nothing' checks."""
-    return copy.deepcopy((prod.status, prod.conn, prod.ver, prod.expected, prod.paused,
-                          prod.sent_bound, [b.to_state() for b in prod.buffers]))
+    return copy.deepcopy((prod.links, [b.to_state() for b in prod.buffers]))
 
 
 # =====================================================================================
@@ -55,25 +93,25 @@ def producer_state(prod):
 def test_avail_turns_a_dead_destination_stdby_with_its_version():
     fp = FluxProducer(A0P, CONSUMERS, 8, 4)
     fp.on_fail({C0S})
-    assert fp.out.status == [[ACTIVE, DEAD], [ACTIVE, ACTIVE]]
+    assert statuses(fp.out) == [[ACTIVE, DEAD], [ACTIVE, ACTIVE]]
     fp.out.on_avail(C0S, 5)
-    assert fp.out.status == [[ACTIVE, STDBY], [ACTIVE, ACTIVE]]
-    assert fp.out.expected == [[0, 5], [0, 0]]
-    assert fp.out.conn[0][SEC] == set()  # a standby gets nothing yet
-    assert fp.out.ver == [[0, 0], [0, 0]]
+    assert statuses(fp.out) == [[ACTIVE, STDBY], [ACTIVE, ACTIVE]]
+    assert expected(fp.out) == [[0, 5], [0, 0]]
+    assert modes(fp.out)[0][SEC] == NONE  # a standby gets nothing yet
+    assert vers(fp.out) == [[0, 0], [0, 0]]
 
 
 def test_avail_for_a_destination_that_is_not_dead_raises():
     fp = FluxProducer(A0P, CONSUMERS, 8, 4)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         fp.out.on_avail(C1S, 3)  # ACTIVE
     fp.on_fail({C0S})
     fp.out.on_avail(C0S, 5)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         fp.out.on_avail(C0S, 6)  # already STDBY
     # only_if_dead (the replay at a new replica) skips instead of raising
     fp.out.on_avail(C1S, 3, only_if_dead=True)
-    assert fp.out.status[1] == [ACTIVE, ACTIVE] and fp.out.expected[1] == [0, 0]
+    assert statuses(fp.out)[1] == [ACTIVE, ACTIVE] and expected(fp.out)[1] == [0, 0]
 
 
 def test_pause_from_a_send_destination_pauses_it_and_answers_one_pause_ack():
@@ -82,7 +120,7 @@ def test_pause_from_a_send_destination_pauses_it_and_answers_one_pause_ack():
     fp.put(1, (1, 2), "b")
     assert fp.flushable((1,)) == [(0, PRIM), (1, PRIM)]
     assert fp.out.on_pause(C0P, Pause(7)) == [Send(A0P, C0P, PauseAck(7))]
-    assert fp.out.paused == [[True, False], [False, False]]
+    assert paused(fp.out) == [[True, False], [False, False]]
     # No data to the paused destination, no flush at all ...
     assert fp.flushable((1,)) == [(1, PRIM)]
     assert fp.flush(0, PRIM, (1,)) is None
@@ -95,9 +133,9 @@ def test_pause_from_a_send_destination_pauses_it_and_answers_one_pause_ack():
 
 def test_pause_from_an_ack_only_destination_raises():
     fp = FluxProducer(A0P, CONSUMERS, 8, 4)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         fp.out.on_pause(C0S, Pause(7))
-    assert fp.out.paused == [[False, False], [False, False]]
+    assert paused(fp.out) == [[False, False], [False, False]]
 
 
 def test_ingress_pause_also_stops_bounds():
@@ -130,15 +168,15 @@ def test_csync_from_the_active_records_unpauses_and_resets_the_standby_to_its_ma
     fp.out.on_pause(C0P, Pause(7))
     assert fp.out.can_accept_csync(C0P, CSync(7))
     assert fp.out.on_csync(C0P, CSync(7)) == []
-    assert fp.out.ver[0] == [7, 0]
-    assert fp.out.paused[0] == [False, False]
+    assert vers(fp.out)[0] == [7, 0]
+    assert paused(fp.out)[0] == [False, False]
     assert buf.delete == {PRIM, SEC}
     assert buf.hwm == [(2, 1), (2, 1)]
     assert buf.sent[SEC] == NO_SN
     assert buf.peek(SEC) == ((3, 1), "t3")
     # X is still a standby: no role and no connection until its own csync
-    assert fp.out.status[0] == [ACTIVE, STDBY]
-    assert fp.out.conn[0][SEC] == set()
+    assert statuses(fp.out)[0] == [ACTIVE, STDBY]
+    assert modes(fp.out)[0][SEC] == NONE
     assert fp.flush(0, PRIM, (3,)).msg.items == (((3, 1), "t3"),)  # A's connection runs again
 
 
@@ -161,7 +199,7 @@ def test_standby_csync_waits_for_the_actives_then_x_is_active_as_primary():
     fp.on_ack(C0P, Ack((1, 1)))
     fp.out.on_avail(C0S, 7)
     assert not fp.out.can_accept_csync(C0S, CSync(7))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         fp.out.on_csync(C0S, CSync(7))
     # an active csync of another version does not release it
     fp.out.on_csync(C0P, CSync(6))
@@ -169,9 +207,9 @@ def test_standby_csync_waits_for_the_actives_then_x_is_active_as_primary():
     fp.out.on_csync(C0P, CSync(7))
     assert fp.out.can_accept_csync(C0S, CSync(7))
     assert fp.out.on_csync(C0S, CSync(7)) == [FoldedIn(A0S, C0S, 7)]
-    assert fp.out.status[0] == [ACTIVE, ACTIVE]
-    assert fp.out.conn[0] == [{SEND}, {ACK}]
-    assert fp.out.ver[0] == [7, 7]
+    assert statuses(fp.out)[0] == [ACTIVE, ACTIVE]
+    assert modes(fp.out)[0] == [SEND, ACK]
+    assert vers(fp.out)[0] == [7, 7]
     # X gets what A did not ack, from after A's marks
     assert fp.flush(0, PRIM, (3,)) == Send(A0S, C0S, Batch((((2, 1), "t2"), ((3, 1), "t3")), (3,)))
 
@@ -181,8 +219,8 @@ def test_standby_csync_as_secondary_gets_ack_mode():
     fp.out.on_avail(C0S, 7)
     fp.out.on_csync(C0P, CSync(7))
     assert fp.out.on_csync(C0S, CSync(7)) == [FoldedIn(A0P, C0S, 7)]
-    assert fp.out.status[0] == [ACTIVE, ACTIVE]
-    assert fp.out.conn[0] == [{SEND}, {ACK}]
+    assert statuses(fp.out)[0] == [ACTIVE, ACTIVE]
+    assert modes(fp.out)[0] == [SEND, ACK]
     fp.on_ack(C0S, Ack((3, 1)))  # acks from X are taken now
     assert fp.out.buffers[0].hwm[SEC] == (3, 1)
 
@@ -196,8 +234,8 @@ def test_ingress_standby_csync_gets_send_and_ack():
     assert ing.on_message(XP, CSync(3)) == []
     assert ing.ready_for(XS, CSync(3))
     assert ing.on_message(XS, CSync(3)) == [FoldedIn(INGRESS, XS, 3)]
-    assert ing.out.status[0] == [ACTIVE, ACTIVE]
-    assert ing.out.conn[0] == [{SEND, ACK}, {SEND, ACK}]
+    assert statuses(ing.out)[0] == [ACTIVE, ACTIVE]
+    assert modes(ing.out)[0] == [SEND | ACK, SEND | ACK]
 
 
 def test_a_stale_standby_csync_changes_nothing():
@@ -208,7 +246,7 @@ def test_a_stale_standby_csync_changes_nothing():
     assert fp.out.can_accept_csync(C0S, CSync(6))  # not held: it is dropped
     assert fp.out.on_csync(C0S, CSync(6)) == []
     assert producer_state(fp.out) == before
-    assert fp.out.status[0] == [STDBY, ACTIVE]
+    assert statuses(fp.out)[0] == [STDBY, ACTIVE]
 
 
 def test_psyncs_go_to_every_active_destination_only():
@@ -230,10 +268,10 @@ def test_end_catchup_psyncs_stops_forwarding_and_resets_takeover():
     assert fp.on_fail({A0S}) == []
     assert fp.on_reverse(C0S, Reverse(NO_SN)) == []
     assert fp.on_reverse(C1S, Reverse(NO_SN)) == [TakeoverDone(A0P)]
-    assert fp.out.conn == [[{SEND}, {SEND}], [{SEND}, {SEND}]]
+    assert modes(fp.out) == [[SEND, SEND], [SEND, SEND]]
     assert fp.end_catchup(5) == [Send(A0P, C0P, PSync(5)), Send(A0P, C0S, PSync(5)),
                                  Send(A0P, C1P, PSync(5)), Send(A0P, C1S, PSync(5))]
-    assert fp.out.conn == [[{SEND}, {ACK}], [{SEND}, {ACK}]]
+    assert modes(fp.out) == [[SEND, ACK], [SEND, ACK]]
     assert fp.p_fail is False and fp.r_done == [False, False]
     assert not fp.takeover_done()
     # Acks from the secondaries are taken again (a forwarding connection takes none)
@@ -267,8 +305,8 @@ def test_install_state_reversed_swaps_marks_cursors_and_statuses():
     assert buf.peek(PRIM) == ((2, 1), "t2")  # X's primary C0S holds only (1,1)
     assert buf.peek(SEC) == ((3, 1), "t3")
     # a's partition 1: [C1P ACTIVE, C1S DEAD]; x's peers are (C1S, C1P)
-    assert x.out.status == [[ACTIVE, ACTIVE], [DEAD, ACTIVE]]
-    assert x.out.conn == [[{SEND}, {ACK}], [set(), {ACK}]]
+    assert statuses(x.out) == [[ACTIVE, ACTIVE], [DEAD, ACTIVE]]
+    assert modes(x.out) == [[SEND, ACK], [NONE, ACK]]
     assert x.out.buffers[1].delete == {SEC}
     assert x.p_fail is False and x.r_done == [False, False]
     x.check_invariants()
@@ -277,18 +315,18 @@ def test_install_state_reversed_swaps_marks_cursors_and_statuses():
 def test_install_state_reversed_keeps_the_egress_ghost_dead():
     eg, ghost = Addr(3, 0, P), Addr(3, 0, S)
     a = FluxProducer(Addr(2, 0, S), [(eg, ghost)], 8, 2, absent={ghost})
-    assert a.out.peers == [(ghost, eg)] and a.out.status == [[DEAD, ACTIVE]]
+    assert a.out.peers == [(ghost, eg)] and statuses(a.out) == [[DEAD, ACTIVE]]
     a.put(0, (1, 1, 1), "x")
     a.on_ack(eg, Ack((1, 1, 1)))
     x = FluxProducer(Addr(2, 0, P), [(eg, ghost)], 8, 2, absent={ghost})
     x.install_state(a.get_state(), reverse=True)
-    assert x.out.status == [[ACTIVE, DEAD]]
-    assert x.out.conn == [[{SEND}, set()]]
+    assert statuses(x.out) == [[ACTIVE, DEAD]]
+    assert modes(x.out) == [[SEND, NONE]]
     assert x.out.buffers[0].delete == {PRIM}
     x.check_invariants()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         x.on_ack(ghost, Ack((1, 1, 1)))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         x.install_state(a.get_state() * 2, reverse=True)
 
 
@@ -299,16 +337,16 @@ def test_install_state_reversed_keeps_the_egress_ghost_dead():
 def test_pause_asks_every_data_source_and_drains_to_the_last_pause_ack():
     c = FluxConsumer(C0P, PRODUCERS)
     assert c.pause(4) == [Send(C0P, A0P, Pause(4)), Send(C0P, A1P, Pause(4))]
-    assert c.awaiting_pause_ack == {0, 1}
+    assert awaiting(c) == {0, 1}
     # drained data is still taken and acked while waiting
     assert c.on_batch(A1P, Batch(items((1, 1)), (1,))) == [Send(C0P, A1S, Ack((1, 1)))]
     assert c.on_pause_ack(A1P, PauseAck(4)) is False
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_pause_ack(A1P, PauseAck(4))  # twice
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_pause_ack(A0S, PauseAck(4))  # not the data source
     assert c.on_pause_ack(A0P, PauseAck(4)) is True
-    assert c.awaiting_pause_ack == set()
+    assert awaiting(c) == set()
 
 
 def consumer_with_standby_source(me, version=4):
@@ -331,18 +369,18 @@ def count_folded(effects):
 def test_consumer_on_the_actives_side_standby_psync_first():
     c, eff = consumer_with_standby_source(C0P)
     assert eff == []
-    assert c.status[0] == [ACTIVE, STDBY] and c.data_from[0] == P and c.ack_to[0] is None
+    assert statuses(c)[0] == [ACTIVE, STDBY] and data_from(c)[0] == P and ack_to(c)[0] is None
     assert not c.ready_for(A0P, PSync(4))
     assert c.ready_for(A0S, PSync(4))
     effects = c.on_psync(A0S, PSync(4))
     assert effects == []
-    assert c.ver[0] == [0, 4]
-    assert c.data_from[0] == P and c.ack_to[0] is None  # no acks to X yet
+    assert vers(c)[0] == [0, 4]
+    assert data_from(c)[0] == P and ack_to(c)[0] is None  # no acks to X yet
     assert c.ready_for(A0P, PSync(4))
     second = c.on_psync(A0P, PSync(4))
     assert second == [FoldedIn(C0P, A0S, 4)]
-    assert c.status[0] == [ACTIVE, ACTIVE]
-    assert c.data_from == [P, P] and c.ack_to == [S, S]
+    assert statuses(c)[0] == [ACTIVE, ACTIVE]
+    assert data_from(c) == [P, P] and ack_to(c) == [S, S]
     assert c.on_batch(A0P, Batch(items((2, 1)), (2,))) == [Send(C0P, A0S, Ack((2, 1)))]
     # a repeated psync does not fold in again
     assert c.on_psync(A0P, PSync(4)) == []
@@ -353,48 +391,48 @@ def test_consumer_on_the_actives_side_active_psync_first_waits():
     c, _ = consumer_with_standby_source(C0P)
     # A's psync is at the head of its connection first: it is held
     assert not c.ready_for(A0P, PSync(4))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         c.on_psync(A0P, PSync(4))
-    assert c.ver[0] == [0, 0] and c.data_from[0] == P
+    assert vers(c)[0] == [0, 0] and data_from(c)[0] == P
     # X's psync, on another connection, is taken; then A's may go
     assert c.ready_for(A0S, PSync(4))
     assert c.on_psync(A0S, PSync(4)) == []
     assert c.ready_for(A0P, PSync(4))
     assert c.on_psync(A0P, PSync(4)) == [FoldedIn(C0P, A0S, 4)]
-    assert c.data_from[0] == P and c.ack_to[0] == S
+    assert data_from(c)[0] == P and ack_to(c)[0] == S
 
 
 def test_consumer_on_the_standbys_side_active_psync_first():
     c, eff = consumer_with_standby_source(C0S)
     assert eff == [Send(C0S, A0P, Reverse((1, 1)))]  # take-over: reversed to A
-    assert c.data_from[0] == P and c.ack_to[0] is None
+    assert data_from(c)[0] == P and ack_to(c)[0] is None
     c.on_batch(A0P, Batch(items((2, 1)), (2,)))
     assert not c.ready_for(A0S, PSync(4))
     assert c.ready_for(A0P, PSync(4))
     assert c.on_psync(A0P, PSync(4)) == []
-    assert c.ver[0] == [4, 0]
-    assert c.data_from[0] is None  # A stopped forwarding to us
+    assert vers(c)[0] == [4, 0]
+    assert data_from(c)[0] is None  # A stopped forwarding to us
     assert c.ready_for(A0S, PSync(4))
     assert c.on_psync(A0S, PSync(4)) == [FoldedIn(C0S, A0S, 4)]
-    assert c.status[0] == [ACTIVE, ACTIVE]
-    assert c.data_from == [S, S] and c.ack_to == [P, P]
+    assert statuses(c)[0] == [ACTIVE, ACTIVE]
+    assert data_from(c) == [S, S] and ack_to(c) == [P, P]
     assert c.on_batch(A0S, Batch(items((3, 1)), (3,))) == [Send(C0S, A0P, Ack((3, 1)))]
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_batch(A0P, Batch(items((4, 1)), (4,)))
 
 
 def test_consumer_on_the_standbys_side_standby_psync_first_waits():
     c, _ = consumer_with_standby_source(C0S)
     assert not c.ready_for(A0S, PSync(4))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         c.on_psync(A0S, PSync(4))
-    assert c.ver[0] == [0, 0] and c.data_from[0] == P
+    assert vers(c)[0] == [0, 0] and data_from(c)[0] == P
     assert c.ready_for(A0P, PSync(4))
     first = c.on_psync(A0P, PSync(4))
     assert c.ready_for(A0S, PSync(4))
     second = c.on_psync(A0S, PSync(4))
     assert first == [] and second == [FoldedIn(C0S, A0S, 4)]
-    assert c.data_from[0] == S and c.ack_to[0] == P
+    assert data_from(c)[0] == S and ack_to(c)[0] == P
 
 
 def test_a_stale_psync_from_a_reversed_source_answers_reverse():
@@ -402,27 +440,27 @@ def test_a_stale_psync_from_a_reversed_source_answers_reverse():
     c.on_batch(A0P, Batch(items((2, 1)), (2,)))
     # X dies before A's psync is taken: nothing to do yet, A is our source
     assert c.on_fail({A0S}) == []
-    assert c.status[0] == [ACTIVE, DEAD] and c.data_from[0] == P
+    assert statuses(c)[0] == [ACTIVE, DEAD] and data_from(c)[0] == P
     assert c.ready_for(A0P, PSync(4))
     assert c.on_psync(A0P, PSync(4)) == [Send(C0S, A0P, Reverse((2, 1)))]
-    assert c.data_from[0] == P and c.ack_to[0] is None
-    assert c.ver[0] == [0, 0]
+    assert data_from(c)[0] == P and ack_to(c)[0] is None
+    assert vers(c)[0] == [0, 0]
 
 
 def test_a_stale_psync_from_a_same_side_source_changes_nothing():
     c, _ = consumer_with_standby_source(C0P)
     c.on_fail({A0S})
     assert c.on_psync(A0P, PSync(4)) == []
-    assert c.data_from[0] == P and c.ack_to[0] is None and c.status[0] == [ACTIVE, DEAD]
+    assert data_from(c)[0] == P and ack_to(c)[0] is None and statuses(c)[0] == [ACTIVE, DEAD]
 
 
 def test_a_standby_dying_after_the_actives_psync_reverses_to_the_active():
     c, _ = consumer_with_standby_source(C0S)
     c.on_batch(A0P, Batch(items((2, 1)), (2,)))
     c.on_psync(A0P, PSync(4))
-    assert c.data_from[0] is None
+    assert data_from(c)[0] is None
     assert c.on_fail({A0S}) == [Send(C0S, A0P, Reverse((2, 1)))]
-    assert c.data_from[0] == P and c.ack_to[0] is None and c.status[0] == [ACTIVE, DEAD]
+    assert data_from(c)[0] == P and ack_to(c)[0] is None and statuses(c)[0] == [ACTIVE, DEAD]
     # The guard that waited for X is gone; X's late psync would be fenced by its host.
     assert c.on_batch(A0P, Batch(items((3, 1)), (3,))) == []
 
@@ -433,18 +471,18 @@ def test_a_standby_dying_after_its_psync_releases_the_actives_psync():
     assert c.on_fail({A0S}) == []
     assert c.ready_for(A0P, PSync(4))
     assert c.on_psync(A0P, PSync(4)) == []
-    assert c.data_from[0] == P and c.ack_to[0] is None
+    assert data_from(c)[0] == P and ack_to(c)[0] is None
 
 
 def test_mark_dead_notes_failures_without_effects():
     c = FluxConsumer(C0S, PRODUCERS)
     assert c.mark_dead({A1P, C1P}) is None
-    assert c.status == [[ACTIVE, ACTIVE], [DEAD, ACTIVE]]
-    assert c.data_from == [S, S] and c.ack_to == [P, P]
+    assert statuses(c) == [[ACTIVE, ACTIVE], [DEAD, ACTIVE]]
+    assert data_from(c) == [S, S] and ack_to(c) == [P, P]
     assert c.p_fail is False
     ing = FluxConsumer(Addr(1, 0, S), [(INGRESS, INGRESS)])
     ing.mark_dead({INGRESS})
-    assert ing.status == [[ACTIVE, ACTIVE]]
+    assert statuses(ing) == [[ACTIVE, ACTIVE]]
     assert ing.reverse_dead_sources() == []
 
 
@@ -453,8 +491,8 @@ def test_reverse_dead_sources():
     c.merge.install_state([[0, [], [3], [3, 1]], [1, [], [2], [2, 1]]])
     c.mark_dead({A0S, A1P})
     assert c.reverse_dead_sources() == [Send(C0S, A0P, Reverse((3, 1)))]
-    assert c.data_from == [P, S]
-    assert c.ack_to == [None, None]
+    assert data_from(c) == [P, S]
+    assert ack_to(c) == [None, None]
 
 
 # =====================================================================================
@@ -492,7 +530,7 @@ class Chain:
         self.calls.append("end_trans")
 
 
-def middle(addr=M, mode=ACTIVE):
+def middle(addr=M, mode=PROCESSING):
     return Segment(addr, FluxConsumer(addr, PRODUCERS), Chain(),
                    FluxProducer(addr, DOWN, 8, 4), lambda out: out % 2, mode)
 
@@ -515,7 +553,7 @@ def started():
     seg = after_takeover()
     seg.on_message(D0S, Reverse(NO_SN))
     assert seg.on_message(D1S, Reverse(NO_SN)) == [TakeoverDone(M)]
-    assert seg.on_avail(AVAIL, "sm@sb") == [MoverCall("request_send", TRANSFER, "sm@sb")]
+    assert seg.on_avail(AVAIL, "sm@sb") == [RequestSend(TRANSFER, "sm@sb")]
     return seg
 
 
@@ -525,7 +563,7 @@ def test_maybe_start_waits_for_takeover_after_avail():
     assert seg.catchup == CatchUp(5, "sm@sb")
     assert seg.on_message(D0S, Reverse(NO_SN)) == []
     assert seg.on_message(D1S, Reverse(NO_SN)) == [
-        TakeoverDone(M), MoverCall("request_send", TRANSFER, "sm@sb")]
+        TakeoverDone(M), RequestSend(TRANSFER, "sm@sb")]
     assert seg.catchup == CatchUp(5, "sm@sb", started=True)
     assert seg._maybe_start() == []  # once only
 
@@ -538,7 +576,7 @@ def test_maybe_start_waits_for_avail_of_its_dual_after_takeover():
     seg.on_fail({D0P})  # some other replica's avail does not start it
     assert seg.on_avail(Avail(D0P, 31, 4, "standby1", "node9"), "sm@sb1") == []
     assert seg.catchup is None
-    assert seg.on_avail(AVAIL, "sm@sb") == [MoverCall("request_send", TRANSFER, "sm@sb")]
+    assert seg.on_avail(AVAIL, "sm@sb") == [RequestSend(TRANSFER, "sm@sb")]
 
 
 def test_sm_ready_drains_to_the_last_pause_ack_then_moves_the_state():
@@ -557,8 +595,8 @@ def test_sm_ready_drains_to_the_last_pause_ack_then_moves_the_state():
     assert seg.chain.calls == ["init_trans"]
     assert len(effects) == 1
     call = effects[0]
-    assert (call.method, call.transfer) == ("send", TRANSFER)
-    state = msgpack.unpackb(call.arg, raw=False, strict_map_key=False)
+    assert isinstance(call, SendState) and call.transfer == TRANSFER
+    state = msgpack.unpackb(call.data, raw=False, strict_map_key=False)
     assert state == wire_form(seg.get_state())
     assert state["operators"] == [2]
     # (3,1) was drained but cannot be merged yet: it travels in the state
@@ -580,9 +618,9 @@ def test_state_sent_resumes_with_csyncs_then_psyncs():
                        Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5)),
                        Send(M, D0P, PSync(5)), Send(M, D0S, PSync(5)),
                        Send(M, D1P, PSync(5)), Send(M, D1S, PSync(5))]
-    assert seg.mode == ACTIVE and seg.catchup is None
+    assert seg.mode == PROCESSING and seg.catchup is None
     assert seg.chain.calls == ["init_trans", "end_trans"]
-    assert seg.fprod.out.conn == [[{SEND}, {ACK}], [{SEND}, {ACK}]]
+    assert modes(seg.fprod.out) == [[SEND, ACK], [SEND, ACK]]
     assert seg.fcons.p_fail is False and seg.fprod.p_fail is False
 
 
@@ -590,33 +628,33 @@ def checkpoint_bytes():
     seg = started()
     seg.sm_ready()
     seg.on_message(A0P, PauseAck(5))
-    return seg, seg.on_message(A1P, PauseAck(5))[0].arg
+    return seg, seg.on_message(A1P, PauseAck(5))[0].data
 
 
 def test_a_standby_segment_holds_everything_then_installs_and_syncs():
     active, data = checkpoint_bytes()
-    x = middle(MX, STDBY)
+    x = middle(MX, AWAITING_STATE)
     assert x.expect_state(CatchUp(5, "sm@node0")) == [
-        MoverCall("request_recv", TRANSFER, "sm@node0")]
+        RequestRecv(TRANSFER, "sm@node0")]
     for src, msg in [(A0S, Batch(items((1, 1)), (1,))), (D0P, Ack((1, 1, 1))), (A0P, CSync(5)),
                      (A0S, PSync(5)), (D0S, Reverse(NO_SN)), (D0S, Pause(5))]:
         assert not x.ready_for(src, msg)
     assert not x.can_process() and x.flushable() == []
-    assert x.sm_ready() == [] and x.mode == STDBY
+    assert x.sm_ready() == [] and x.mode == AWAITING_STATE
     effects = x.state_received(data)
     assert effects == [Send(MX, A0P, CSync(5)), Send(MX, A0S, CSync(5)),
                        Send(MX, A1P, CSync(5)), Send(MX, A1S, CSync(5)),
                        Send(MX, D0S, PSync(5)), Send(MX, D0P, PSync(5)),
                        Send(MX, D1S, PSync(5)), Send(MX, D1P, PSync(5))]
-    assert x.mode == ACTIVE and x.catchup is None
+    assert x.mode == PROCESSING and x.catchup is None
     assert x.chain.calls == ["install"] and x.chain.count == 1
     assert list(x.fcons.merge.queues[1]) == [((2, 1), 21)]  # queued input moved too
     assert x.fcons.merge.last == active.fcons.merge.last
-    assert x.fcons.data_from == [S, S] and x.fcons.ack_to == [P, P]
+    assert data_from(x.fcons) == [S, S] and ack_to(x.fcons) == [P, P]
     for xb, ab in zip(x.fprod.out.buffers, active.fprod.out.buffers):
         assert xb.hwm == ab.hwm[::-1] and xb.sent == ab.sent[::-1]
         assert xb.entries() == ab.entries()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         x.state_received(data)
 
 
@@ -626,25 +664,25 @@ def test_abort_in_draining_resumes_with_csyncs_and_cancels_the_transfer():
     seg.on_message(A0P, PauseAck(5))
     # the view that declares the standby failed
     effects = seg.on_fail({MX})
-    assert effects == [MoverCall("cancel", TRANSFER, "the standby is gone"),
+    assert effects == [CancelTransfer(TRANSFER, "the standby is gone"),
                        Send(M, A0P, CSync(5)), Send(M, A0S, CSync(5)),
                        Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5))]
-    assert seg.mode == ACTIVE and seg.catchup is None
-    assert seg.fcons.awaiting_pause_ack == set()
+    assert seg.mode == PROCESSING and seg.catchup is None
+    assert awaiting(seg.fcons) == set()
     assert seg.chain.calls == []  # never quiesced
     # still forwarding to its secondaries: there is no new replica
-    assert seg.fprod.out.conn == [[{SEND}, {SEND}], [{SEND}, {SEND}]]
+    assert modes(seg.fprod.out) == [[SEND, SEND], [SEND, SEND]]
     # the pause-ack of the aborted attempt is ignored
     assert seg.on_message(A1P, PauseAck(5)) == []
-    assert seg.mode == ACTIVE
+    assert seg.mode == PROCESSING
 
 
 def test_abort_in_moving_ends_the_transaction():
     seg, _ = checkpoint_bytes()
-    assert seg.abort_catchup() == [MoverCall("cancel", TRANSFER, "the standby is gone"),
+    assert seg.abort_catchup() == [CancelTransfer(TRANSFER, "the standby is gone"),
                                    Send(M, A0P, CSync(5)), Send(M, A0S, CSync(5)),
                                    Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5))]
-    assert seg.mode == ACTIVE and seg.chain.calls == ["init_trans", "end_trans"]
+    assert seg.mode == PROCESSING and seg.chain.calls == ["init_trans", "end_trans"]
 
 
 def test_abort_before_draining():
@@ -653,8 +691,8 @@ def test_abort_before_draining():
     assert seg.abort_catchup() == []  # never started: nothing to cancel
     assert seg.catchup is None
     seg = started()
-    assert seg.abort_catchup() == [MoverCall("cancel", TRANSFER, "the standby is gone")]
-    assert seg.mode == ACTIVE and seg.catchup is None
+    assert seg.abort_catchup() == [CancelTransfer(TRANSFER, "the standby is gone")]
+    assert seg.mode == PROCESSING and seg.catchup is None
 
 
 def test_a_pause_ack_of_an_aborted_attempt_is_ignored_by_the_next():
@@ -662,13 +700,13 @@ def test_a_pause_ack_of_an_aborted_attempt_is_ignored_by_the_next():
     seg.sm_ready()
     seg.abort_catchup()
     assert seg.on_avail(Avail(MX, 31, 6, "standby1", "node0"), "sm@sb1") == [
-        MoverCall("request_send", (2, 0, 6), "sm@sb1")]
+        RequestSend((2, 0, 6), "sm@sb1")]
     assert seg.sm_ready() == [Send(M, A0P, Pause(6)), Send(M, A1P, Pause(6))]
     assert seg.on_message(A0P, PauseAck(5)) == []
     assert seg.on_message(A1P, PauseAck(5)) == []
-    assert seg.fcons.awaiting_pause_ack == {0, 1} and seg.mode == DRAINING
+    assert awaiting(seg.fcons) == {0, 1} and seg.mode == DRAINING
     assert seg.on_message(A0P, PauseAck(6)) == []
-    assert seg.fcons.awaiting_pause_ack == {1}
+    assert awaiting(seg.fcons) == {1}
     effects = seg.on_message(A1P, PauseAck(6))
     assert seg.mode == MOVING and effects[0].transfer == (2, 0, 6)
 
@@ -708,7 +746,7 @@ def test_avail_for_this_host_creates_the_segment_and_asks_the_mover_to_receive()
     made = []
 
     def factory(addr):
-        seg = middle(addr, STDBY)
+        seg = middle(addr, AWAITING_STATE)
         made.append(seg)
         return seg
 
@@ -718,7 +756,7 @@ def test_avail_for_this_host_creates_the_segment_and_asks_the_mover_to_receive()
     assert len(made) == 1 and h.machines[MX] is made[0]
     assert made[0].catchup == CatchUp(5, MoverAddr("node0"))
     assert sends == [Envelope(MoverAddr("standby0"), MoverAddr("node0"), 1,
-                              Handshake(TRANSFER, "recv"), 30, None)]
+                              Handshake(TRANSFER, Role.RECV), 30, None)]
     assert others == []
     assert other.calls == [("avail", AVAIL, MoverAddr("standby0"))]
     assert h.created_at[MX] == 1 and h.peer_incs[MX] == 30
@@ -782,3 +820,88 @@ def test_created_at_drops_mail_sent_before_the_machine_existed():
     assert not h.fenced(new)
     h.on_envelope(new)
     assert x.calls[-1] == ("msg", D0S, Ack((2,)))
+
+
+# =====================================================================================
+# The segment's mode table (flux/segment.py TRANSITIONS)
+# =====================================================================================
+
+def test_a_quiesced_segment_refuses_local_work_and_messages_as_a_local_error():
+    seg, _ = checkpoint_bytes()
+    assert seg.mode == MOVING
+    for call in (lambda: seg.on_message(A0P, Batch((), (4,))), seg.process,
+                 lambda: seg.flush(0, 0), seg.sm_ready, lambda: seg.state_received(b""),
+                 lambda: seg.on_message(A0P, PauseAck(5))):
+        with pytest.raises(LocalProtocolError):
+            call()
+    assert seg.mode == MOVING  # a refused event changes nothing
+
+
+def test_events_out_of_turn_are_local_errors_and_change_nothing():
+    seg = started()
+    with pytest.raises(LocalProtocolError):
+        seg.state_sent()  # not MOVING
+    with pytest.raises(LocalProtocolError):
+        seg.expect_state(CatchUp(5, "sm@x"))  # not a new replica
+    assert seg.mode == PROCESSING and seg.catchup == CatchUp(5, "sm@sb", started=True)
+    seg.sm_ready()
+    with pytest.raises(LocalProtocolError):
+        seg.sm_ready()  # twice
+    assert seg.mode == DRAINING
+    x = middle(MX, AWAITING_STATE)
+    for call in (x.process, lambda: x.flush(0, 0), lambda: x.on_message(A0S, Batch((), (1,)))):
+        with pytest.raises(LocalProtocolError):
+            call()
+    assert x.mode == AWAITING_STATE
+
+
+def test_the_mode_table_lists_every_mode_and_lets_views_in_everywhere():
+    from flux.segment import TRANSITIONS, Event, SegmentMode
+    assert {m for m, _ in TRANSITIONS} == set(SegmentMode)
+    for mode in SegmentMode:
+        assert TRANSITIONS[(mode, Event.FAIL)] is mode
+        assert TRANSITIONS[(mode, Event.AVAIL)] is mode
+    # only these events move a segment to another mode
+    moves = {k: v for k, v in TRANSITIONS.items() if k[0] is not v}
+    assert moves == {
+        (PROCESSING, Event.SM_READY): DRAINING,
+        (DRAINING, Event.DRAINED): MOVING,
+        (MOVING, Event.STATE_SENT): PROCESSING,
+        (AWAITING_STATE, Event.STATE_RECEIVED): PROCESSING,
+        (DRAINING, Event.ABORT): PROCESSING,
+        (MOVING, Event.ABORT): PROCESSING,
+    }
+
+
+# =====================================================================================
+# Typed mover calls, dispatched by the host
+# =====================================================================================
+
+class MoverRecorder:
+    def __init__(self):
+        self.calls = []
+
+    def request_send(self, transfer, peer):
+        self.calls.append(("request_send", transfer, peer))
+        return []
+
+    def request_recv(self, transfer, peer):
+        self.calls.append(("request_recv", transfer, peer))
+        return []
+
+    def send(self, transfer, state):
+        self.calls.append(("send", transfer, state))
+        return []
+
+    def cancel(self, transfer, reason):
+        self.calls.append(("cancel", transfer, reason))
+        return []
+
+
+def test_the_host_dispatches_mover_calls_by_type():
+    h = Host("node0", {}, inc=1, segment_factory=Stub)
+    h.mover = MoverRecorder()
+    assert h.run_local([RequestSend(TRANSFER, "sm@sb"), RequestRecv(TRANSFER, "sm@a"),
+                        SendState(TRANSFER, b"st"), CancelTransfer(TRANSFER, "gone")]) == ([], [])
+    assert h.mover.calls == [("request_send", TRANSFER, "sm@sb"), ("request_recv", TRANSFER, "sm@a"),
+                             ("send", TRANSFER, b"st"), ("cancel", TRANSFER, "gone")]

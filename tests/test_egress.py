@@ -7,8 +7,22 @@ from flux.addresses import Addr, P, S
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Deliver, Send
 from flux.egress import Egress, egress_addr
-from flux.errors import ProtocolError
+from flux.errors import RemoteProtocolError
 from flux.sequence import NO_SN
+
+
+# -- views of the per-connection records, for assertions ---------------------------
+def data_from(c):
+    return [f.data_from for f in c.feeds]
+
+
+def ack_to(c):
+    return [f.ack_to for f in c.feeds]
+
+
+def sources(c):
+    return [tuple(x.addr for x in f.replicas) for f in c.feeds]
+
 
 # A dataflow of one stage with two partitions: the egress is stage 2.
 EG = Addr(2, 0, P)
@@ -24,8 +38,8 @@ def test_address_and_initial_state():
     eg = Egress(1, 2)
     assert egress_addr(1) == EG == eg.addr
     assert egress_addr(3) == Addr(4, 0, P)
-    assert eg.fcons.sources == [(L0P, L0S), (L1P, L1S)]
-    assert eg.fcons.data_from == [P, P] and eg.fcons.ack_to == [S, S]
+    assert sources(eg.fcons) == [(L0P, L0S), (L1P, L1S)]
+    assert data_from(eg.fcons) == [P, P] and ack_to(eg.fcons) == [S, S]
     assert eg.delivered == 0
     assert eg.idle()
 
@@ -70,11 +84,11 @@ def test_reverse_on_failure_of_a_p_replica():
     eg.on_message(L0P, b(((1, 1), "a"), bound=(1,)))
     eg.on_message(L1P, Batch((), (1,)))  # delivers (1,1)
     assert eg.on_fail({L0P}) == [Send(EG, L0S, Reverse((1, 1)))]
-    assert eg.fcons.data_from == [S, P] and eg.fcons.ack_to == [None, S]
+    assert data_from(eg.fcons) == [S, P] and ack_to(eg.fcons) == [None, S]
     # The survivor's data is delivered, and not acked.
     assert eg.on_message(L0S, b(((2, 1), "b"), bound=(2,))) == []
     assert eg.on_message(L1P, Batch((), (2,))) == [Deliver((((2, 1), "b"),))]
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         eg.on_message(L0P, b(((3, 1), "c"), bound=(3,)))
     # Partition 1 still takes data from P and acks to S.
     assert eg.on_message(L1P, b(((4, 1), "d"), bound=(4,))) == [Send(EG, L1S, Ack((4, 1)))]
@@ -97,11 +111,32 @@ def test_failure_of_an_s_replica_stops_acks_only():
 @pytest.mark.parametrize("msg", [Ack((1, 1)), Reverse((1, 1)), None])
 def test_unexpected_message_raises(msg):
     eg = Egress(1, 2)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         eg.on_message(L0S, msg)
 
 
 def test_data_from_an_s_replica_before_any_failure_raises():
     eg = Egress(1, 2)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         eg.on_message(L0S, b(((1, 1), "a"), bound=(1,)))
+
+
+def test_absent_replicas_are_dead_from_the_start_and_acked_by_nobody():
+    eg = Egress(1, 2, absent={L0S, L1S})
+    assert ack_to(eg.fcons) == [None, None] and data_from(eg.fcons) == [P, P]
+    assert eg.on_message(L0P, b(((1, 1), "a"), bound=(1,))) == []  # no ack to a ghost
+    assert eg.on_fail({L0P}) == []  # no survivor to reverse to
+
+
+def test_finished_once_the_bound_covers_the_last_input_and_nothing_is_queued():
+    eg = Egress(1, 2)
+    assert eg.finished(0)
+    assert not eg.finished(1)
+    eg.on_message(L0P, b(((1, 1), "a"), bound=(1,)))
+    assert not eg.finished(1)  # partition 1 may still send something below (1,)
+    eg.on_message(L1P, b(((2, 1), "b"), bound=(1,)))
+    assert eg.delivered == 1
+    assert not eg.finished(2)  # (2, 1) is queued: partition 0 said nothing about (2,)
+    eg.on_message(L0P, Batch((), (2,)))
+    assert eg.delivered == 2 and eg.finished(2)
+    assert not eg.finished(3)

@@ -10,11 +10,30 @@ import pytest
 from flux.addresses import Addr, P, S
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
-from flux.errors import ProtocolError
+from flux.errors import RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.ingress import INGRESS
 from flux.producer import ACTIVE, DEAD
 from flux.sequence import NO_PROGRESS, NO_SN
+
+
+# -- views of the per-connection records, for assertions ---------------------------
+def _rows(m):
+    """Producer: links[i][d]; FluxConsumer: the two replicas of every feed."""
+    return m.links if hasattr(m, "links") else [f.replicas for f in m.feeds]
+
+
+def statuses(m):
+    return [[x.status for x in row] for row in _rows(m)]
+
+
+def data_from(c):
+    return [f.data_from for f in c.feeds]
+
+
+def ack_to(c):
+    return [f.ack_to for f in c.feeds]
+
 
 CP, CS = Addr(2, 0, P), Addr(2, 0, S)
 A0P, A0S = Addr(1, 0, P), Addr(1, 0, S)
@@ -33,15 +52,15 @@ def batch(*sns, bound):
 def test_initial_state():
     c = make(CP)
     assert c.dual == CS
-    assert c.data_from == [P, P]
-    assert c.ack_to == [S, S]
-    assert c.status == [[ACTIVE, ACTIVE], [ACTIVE, ACTIVE]]
+    assert data_from(c) == [P, P]
+    assert ack_to(c) == [S, S]
+    assert statuses(c) == [[ACTIVE, ACTIVE], [ACTIVE, ACTIVE]]
     assert c.p_fail is False
     assert c.idle()
     cs = make(CS)
     assert cs.dual == CP
-    assert cs.data_from == [S, S]
-    assert cs.ack_to == [P, P]
+    assert data_from(cs) == [S, S]
+    assert ack_to(cs) == [P, P]
 
 
 # --- normal case (5.1) --------------------------------------------------------------
@@ -60,7 +79,7 @@ def test_every_non_empty_batch_is_acked_at_once_to_the_dual_producer():
 def test_replica_s_takes_data_from_s_and_acks_to_p():
     c = make(CS)
     assert c.on_batch(A1S, batch((1, 1), bound=(1,))) == [Send(CS, A1P, Ack((1, 1)))]
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_batch(A1P, batch((2, 1), bound=(2,)))
 
 
@@ -76,9 +95,9 @@ def test_bound_only_batches_are_not_acked():
 
 def test_data_from_a_replica_that_is_not_the_data_source_raises():
     c = make(CP)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_batch(A0S, batch((1, 1), bound=(1,)))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_batch(Addr(1, 7, P), batch((1, 1), bound=(1,)))
     assert c.merge.queued() == 0
     assert c.merge.bounds[0] == NO_PROGRESS
@@ -87,7 +106,7 @@ def test_data_from_a_replica_that_is_not_the_data_source_raises():
 def test_duplicate_data_raises():
     c = make(CP)
     c.on_batch(A0P, batch((1, 1), bound=(1,)))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_batch(A0P, batch((1, 1), bound=(1,)))
 
 
@@ -97,15 +116,15 @@ def test_fail_of_the_data_source_reverses_to_the_survivor_once():
     c = make(CP)
     c.on_batch(A0P, batch((1, 1), (2, 1), bound=(2,)))
     assert c.on_fail({A0P}) == [Send(CP, A0S, Reverse((2, 1)))]
-    assert c.status[0] == [DEAD, ACTIVE]
-    assert c.data_from == [S, P]
-    assert c.ack_to == [None, S]
+    assert statuses(c)[0] == [DEAD, ACTIVE]
+    assert data_from(c) == [S, P]
+    assert ack_to(c) == [None, S]
     # The same failure again (or another view) sends nothing more.
     assert c.on_fail({A0P}) == []
     # Data now comes from the survivor and is acked to nobody.
     assert c.on_batch(A0S, batch((3, 1), bound=(3,))) == []
     assert c.merge.last[0] == (3, 1)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         c.on_batch(A0P, batch((4, 1), bound=(4,)))
     # The other producer partition is unaffected.
     assert c.on_batch(A1P, batch((5, 1), bound=(5,))) == [Send(CP, A1S, Ack((5, 1)))]
@@ -129,9 +148,9 @@ def test_reverse_carries_the_last_sn_not_the_bound():
 def test_fail_of_the_ack_target_just_stops_acking():
     c = make(CP)
     assert c.on_fail({A0S}) == []
-    assert c.status[0] == [ACTIVE, DEAD]
-    assert c.data_from == [P, P]
-    assert c.ack_to == [None, S]
+    assert statuses(c)[0] == [ACTIVE, DEAD]
+    assert data_from(c) == [P, P]
+    assert ack_to(c) == [None, S]
     assert c.on_batch(A0P, batch((1, 1), bound=(1,))) == []
     assert c.merge.last[0] == (1, 1)
     assert c.on_batch(A1P, batch((2, 1), bound=(2,))) == [Send(CP, A1S, Ack((2, 1)))]
@@ -141,27 +160,27 @@ def test_fail_of_both_replicas_sends_nothing():
     c = make(CP)
     c.on_batch(A0P, batch((1, 1), bound=(1,)))
     assert c.on_fail({A0P, A0S}) == []
-    assert c.status[0] == [DEAD, DEAD]
-    assert c.data_from[0] is None and c.ack_to[0] is None
-    with pytest.raises(ProtocolError):
+    assert statuses(c)[0] == [DEAD, DEAD]
+    assert data_from(c)[0] is None and ack_to(c)[0] is None
+    with pytest.raises(RemoteProtocolError):
         c.on_batch(A0S, batch((2, 1), bound=(2,)))
     cs = make(CS)
     assert cs.on_fail({A0P, A0S}) == []
-    assert cs.data_from[0] is None and cs.ack_to[0] is None
+    assert data_from(cs)[0] is None and ack_to(cs)[0] is None
 
 
 def test_ack_target_then_data_source_dies_sends_nothing():
     c = make(CP)
     assert c.on_fail({A0S}) == []
     assert c.on_fail({A0P}) == []
-    assert c.data_from[0] is None
+    assert data_from(c)[0] is None
 
 
 def test_survivor_of_a_reverse_dies_sends_nothing():
     c = make(CP)
     assert c.on_fail({A0P}) == [Send(CP, A0S, Reverse(NO_SN))]
     assert c.on_fail({A0S}) == []
-    assert c.data_from[0] is None and c.ack_to[0] is None
+    assert data_from(c)[0] is None and ack_to(c)[0] is None
 
 
 def test_failures_of_several_partitions_in_one_view():
@@ -179,7 +198,7 @@ def test_p_fail_when_the_consumers_own_dual_dies():
     assert c.p_fail is False
     assert c.on_fail({CS}) == []
     assert c.p_fail is True
-    assert c.data_from == [P, P] and c.ack_to == [S, S]
+    assert data_from(c) == [P, P] and ack_to(c) == [S, S]
 
 
 # --- stage 1: the ingress is both replicas of the only producer ------------------------------

@@ -9,7 +9,7 @@ from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Deliver, Send
 from flux.egress import Egress
 from flux.envelope import Envelope
-from flux.errors import ProtocolError
+from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.host import Host
 
 A, B, C = Addr(1, 0, P), Addr(1, 0, S), Addr(2, 0, P)
@@ -76,7 +76,7 @@ def test_envelopes_are_stamped_with_the_hosts_current_view():
 
 def test_unknown_destination_raises():
     h = make_host()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         h.on_envelope(env(PEER, B, 0, "m"))
 
 
@@ -93,7 +93,7 @@ def test_a_message_from_a_later_view_is_held():
     later = env(PEER, A, 1, "m")
     assert not h.accepts(later)
     assert h.accepts(env(PEER, A, 0, "m"))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         h.on_envelope(later)
     assert h.machines[A].calls == []
     h.on_view(View(1, frozenset()))
@@ -106,14 +106,14 @@ def test_a_message_from_a_later_view_is_held():
 
 def test_views_are_applied_only_in_order():
     h = make_host()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         h.on_view(View(2, frozenset({B})))
     assert h.view == 0 and h.dead == set()
     assert h.machines[A].calls == []
     h.on_view(View(1, frozenset()))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         h.on_view(View(1, frozenset()))  # a repeated view
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         h.on_view(View(3, frozenset()))
     h.on_view(View(2, frozenset()))
     assert h.view == 2

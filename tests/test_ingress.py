@@ -8,10 +8,25 @@ from flux.addresses import Addr, P, S
 from flux.buffer import PRIM, SEC
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
-from flux.errors import ProtocolError
+from flux.errors import RemoteProtocolError
 from flux.ingress import INGRESS, Ingress
-from flux.producer import ACK, ACTIVE, DEAD, SEND
+from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND
 from flux.sequence import NO_PROGRESS
+
+
+# -- views of the per-connection records, for assertions ---------------------------
+def _rows(m):
+    """Producer: links[i][d]; FluxConsumer: the two replicas of every feed."""
+    return m.links if hasattr(m, "links") else [f.replicas for f in m.feeds]
+
+
+def modes(prod):
+    return [[link.modes for link in row] for row in prod.links]
+
+
+def statuses(m):
+    return [[x.status for x in row] for row in _rows(m)]
+
 
 P0, S0 = Addr(1, 0, P), Addr(1, 0, S)
 P1, S1 = Addr(1, 1, P), Addr(1, 1, S)
@@ -38,8 +53,8 @@ def test_initial_state():
     ing = make()
     assert ing.addr == INGRESS == Addr(0, 0, P)
     assert ing.out.peers == [(P0, S0), (P1, S1)]
-    assert ing.out.conn == [[{SEND, ACK}, {SEND, ACK}], [{SEND, ACK}, {SEND, ACK}]]
-    assert ing.out.status == [[ACTIVE, ACTIVE], [ACTIVE, ACTIVE]]
+    assert modes(ing.out) == [[SEND | ACK, SEND | ACK], [SEND | ACK, SEND | ACK]]
+    assert statuses(ing.out) == [[ACTIVE, ACTIVE], [ACTIVE, ACTIVE]]
     assert all(b.delete == {PRIM, SEC} for b in ing.out.buffers)
     assert ing.accepted == 0
     assert ing.frontier() == NO_PROGRESS
@@ -193,14 +208,14 @@ def test_fail_of_one_replica_acks_all_and_drops_it_from_delete():
     ing.on_message(P0, Ack((1,)))
     buf = ing.out.buffers[0]
     assert ing.on_fail({S0}) == []
-    assert ing.out.status[0] == [ACTIVE, DEAD]
-    assert ing.out.conn[0][SEC] == set()
+    assert statuses(ing.out)[0] == [ACTIVE, DEAD]
+    assert modes(ing.out)[0][SEC] == NONE
     assert buf.delete == {PRIM}
     assert buf.hwm[SEC] == (3,)  # ack_all: everything put is treated as held
     # (1,) was acked by P0 and is now evicted at once.
     assert buf.entries() == [((2,), rec("k0", 2)), ((3,), rec("k0", 3))]
     # Partition 1 is untouched.
-    assert ing.out.status[1] == [ACTIVE, ACTIVE]
+    assert statuses(ing.out)[1] == [ACTIVE, ACTIVE]
     assert ing.out.buffers[1].delete == {PRIM, SEC}
     # Acks of the survivor alone now evict.
     assert ing.on_message(P0, Ack((3,))) == []
@@ -222,7 +237,7 @@ def test_fail_of_primary_replica_keeps_secondary_going():
     assert ing.on_fail({P0}) == []
     buf = ing.out.buffers[0]
     assert buf.delete == {SEC}
-    assert ing.out.status[0] == [DEAD, ACTIVE]
+    assert statuses(ing.out)[0] == [DEAD, ACTIVE]
     ing.on_message(S0, Ack((2,)))
     assert buf.entries() == []
 
@@ -240,7 +255,7 @@ def test_ack_from_a_dead_replica_is_a_protocol_error():
     ing = make()
     ing.accept(rec("k0", 1))
     ing.on_fail({S0})
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         ing.on_message(S0, Ack((1,)))
 
 
@@ -249,11 +264,20 @@ def test_ack_from_a_dead_replica_is_a_protocol_error():
 @pytest.mark.parametrize("msg", [Batch((), (1,)), Reverse((1,)), "hello"])
 def test_unexpected_message_raises(msg):
     ing = make()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         ing.on_message(P0, msg)
 
 
 def test_ack_from_unknown_endpoint_raises():
     ing = make()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         ing.on_message(Addr(2, 0, P), Ack((1,)))
+
+
+def test_absent_replicas_are_dead_from_the_start():
+    ing = Ingress(2, route, 8, 16, absent={S0})
+    assert statuses(ing.out) == [[ACTIVE, DEAD], [ACTIVE, ACTIVE]]
+    assert modes(ing.out)[0] == [SEND | ACK, NONE]
+    assert ing.out.buffers[0].delete == {PRIM}
+    ing.accept(rec("k0", 1))
+    assert (0, PRIM) in ing.flushable() and (0, SEC) not in ing.flushable()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from exchange.merge import OrderedMerge
-from flux.errors import ProtocolError
+from flux.errors import RemoteProtocolError
 from flux.sequence import NO_PROGRESS, NO_SN
 
 
@@ -154,18 +154,18 @@ def test_bounds_never_move_back():
 def test_duplicate_sn_raises():
     m = OrderedMerge(["a", "b"])
     m.push("a", items((1,), (2,)))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         m.push("a", items((2,)))
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         m.push("a", items((1,)))
 
 
 def test_out_of_order_within_a_batch_raises():
     m = OrderedMerge(["a"])
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         m.push("a", items((3,), (2,)))
     m2 = OrderedMerge(["a"])
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         m2.push("a", items((4,), (4,)))
 
 
@@ -217,7 +217,7 @@ def test_frontier_empty_queue_uses_last_sn_when_no_bound_was_given():
 def test_a_rejected_batch_changes_nothing():
     m = OrderedMerge([0])
     m.push(0, [((1,), "a")])
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         m.push(0, [((2,), "b"), ((2,), "b-again")])
     assert m.last[0] == (1,)
     assert m.queued() == 1

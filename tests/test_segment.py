@@ -8,7 +8,7 @@ from flux.buffer import PRIM
 from flux.control_messages import TakeoverDone
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
-from flux.errors import OperatorError, ProtocolError
+from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.ingress import INGRESS
@@ -63,7 +63,7 @@ def test_process_numbers_outputs_and_routes_them():
     assert seg.fprod.out.buffers[0].entries() == [((1, 1), 10), ((2, 1), 20)]
     assert seg.fprod.out.buffers[1].entries() == [((1, 2), 11), ((2, 2), 21)]
     assert not seg.can_process()  # nothing left to release
-    with pytest.raises(LookupError):
+    with pytest.raises(LocalProtocolError):  # the driver asks can_process first
         seg.process()
 
 
@@ -124,9 +124,9 @@ def test_can_process_false_when_a_buffer_is_full():
 
 def test_messages_are_dispatched_and_unexpected_ones_raise():
     seg = stage_one()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         seg.on_message(C0P, Ack((1, 1)))  # acks come from the secondaries only
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         seg.on_message(INGRESS, "hello")
     seg.on_fail({Addr(1, 0, S)})
     assert seg.on_message(C0S, Reverse(())) == []

@@ -13,13 +13,12 @@ from itertools import zip_longest
 import pytest
 
 from flux.effects import Send
-from flux.errors import ProtocolError
+from flux.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from statemover.messages import (
-    RECV,
-    SEND,
     Abort,
     Chunk,
     Handshake,
+    Role,
     SmReady,
     StateReceived,
     StateSent,
@@ -92,8 +91,8 @@ def ready_pair(transfer=T, chunk_size=C):
     a, b = StateMover(A, chunk_size), StateMover(B, chunk_size)
     a.request_send(transfer, B)
     b.request_recv(transfer, A)
-    assert a.on_message(B, Handshake(transfer, RECV)) == [SmReady(transfer)]
-    assert b.on_message(A, Handshake(transfer, SEND)) == [SmReady(transfer)]
+    assert a.on_message(B, Handshake(transfer, Role.RECV)) == [SmReady(transfer)]
+    assert b.on_message(A, Handshake(transfer, Role.SEND)) == [SmReady(transfer)]
     return a, b
 
 
@@ -105,21 +104,21 @@ def chunks_of(effects):
 
 def test_handshake_sender_asks_first():
     a, b = StateMover(A), StateMover(B)
-    assert a.request_send(T, B) == [Send(A, B, Handshake(T, SEND))]
+    assert a.request_send(T, B) == [Send(A, B, Handshake(T, Role.SEND))]
     assert a.mode(T) is Mode.REQUESTED
-    assert b.request_recv(T, A) == [Send(B, A, Handshake(T, RECV))]
-    assert b.on_message(A, Handshake(T, SEND)) == [SmReady(T)]
-    assert a.on_message(B, Handshake(T, RECV)) == [SmReady(T)]
+    assert b.request_recv(T, A) == [Send(B, A, Handshake(T, Role.RECV))]
+    assert b.on_message(A, Handshake(T, Role.SEND)) == [SmReady(T)]
+    assert a.on_message(B, Handshake(T, Role.RECV)) == [SmReady(T)]
     assert a.mode(T) is b.mode(T) is Mode.READY
 
 
 def test_handshake_receiver_asks_first_and_its_handshake_arrives_before_the_send_req():
     a, b = StateMover(A), StateMover(B)
-    assert b.request_recv(T, A) == [Send(B, A, Handshake(T, RECV))]
-    assert a.on_message(B, Handshake(T, RECV)) == []  # held until the segment asks
+    assert b.request_recv(T, A) == [Send(B, A, Handshake(T, Role.RECV))]
+    assert a.on_message(B, Handshake(T, Role.RECV)) == []  # held until the segment asks
     assert a.mode(T) is None
-    assert a.request_send(T, B) == [Send(A, B, Handshake(T, SEND)), SmReady(T)]
-    assert b.on_message(A, Handshake(T, SEND)) == [SmReady(T)]
+    assert a.request_send(T, B) == [Send(A, B, Handshake(T, Role.SEND)), SmReady(T)]
+    assert b.on_message(A, Handshake(T, Role.SEND)) == [SmReady(T)]
     assert a.mode(T) is b.mode(T) is Mode.READY
     a.check_invariants()
     b.check_invariants()
@@ -266,12 +265,12 @@ def test_stale_chunks_of_an_aborted_attempt_are_ignored():
     assert b.cancel(T_OLD) == [Send(B, A, Abort(T_OLD, CANCELLED)), TransferFailed(T_OLD, CANCELLED)]
     assert a.on_message(B, Abort(T_OLD, CANCELLED)) == []  # the sender had finished
     # The controller retries with a new version; old messages keep trickling in.
-    assert b.request_recv(T_NEW, A) == [Send(B, A, Handshake(T_NEW, RECV))]
-    assert b.on_message(A, Handshake(T_OLD, SEND)) == []
+    assert b.request_recv(T_NEW, A) == [Send(B, A, Handshake(T_NEW, Role.RECV))]
+    assert b.on_message(A, Handshake(T_OLD, Role.SEND)) == []
     assert b.mode(T_NEW) is Mode.REQUESTED
-    assert a.on_message(B, Handshake(T_NEW, RECV)) == []
-    assert a.request_send(T_NEW, B) == [Send(A, B, Handshake(T_NEW, SEND)), SmReady(T_NEW)]
-    assert b.on_message(A, Handshake(T_NEW, SEND)) == [SmReady(T_NEW)]
+    assert a.on_message(B, Handshake(T_NEW, Role.RECV)) == []
+    assert a.request_send(T_NEW, B) == [Send(A, B, Handshake(T_NEW, Role.SEND)), SmReady(T_NEW)]
+    assert b.on_message(A, Handshake(T_NEW, Role.SEND)) == [SmReady(T_NEW)]
     new = chunks_of(a.send(T_NEW, b"new state"))
     interleaved = [m for pair in zip_longest(old[1:], new) for m in pair if m is not None]
     assert interleaved[0] == old[1] and interleaved[-1] == new[-1]
@@ -282,8 +281,8 @@ def test_stale_chunks_of_an_aborted_attempt_are_ignored():
 
 def test_a_stale_handshake_never_readies_a_newer_attempt():
     b = StateMover(B)
-    assert b.on_message(A, Handshake(T_OLD, SEND)) == []  # an attempt B never saw
-    assert b.request_recv(T_NEW, A) == [Send(B, A, Handshake(T_NEW, RECV))]
+    assert b.on_message(A, Handshake(T_OLD, Role.SEND)) == []  # an attempt B never saw
+    assert b.request_recv(T_NEW, A) == [Send(B, A, Handshake(T_NEW, Role.RECV))]
     assert b.on_message(A, Chunk(T_OLD, 0, b"old")) == []
     assert b.on_message(A, Trailer(T_OLD, 1, 3, zlib.crc32(b"old"))) == []
     assert b.mode(T_NEW) is Mode.REQUESTED and b.mode(T_OLD) is None
@@ -296,7 +295,7 @@ def test_peer_dies_during_the_handshake():
     a.request_send(T, B)
     b.request_recv(T, A)
     assert a.on_fail({B}) == [TransferFailed(T, PEER_FAILED)]
-    assert a.on_message(B, Handshake(T, RECV)) == []  # a slow message of the dead
+    assert a.on_message(B, Handshake(T, Role.RECV)) == []  # a slow message of the dead
     assert a.send(T, b"state") == []  # the segment had not seen the failure yet
     assert b.on_fail({A}) == [TransferFailed(T, PEER_FAILED)]
     assert a.mode(T) is b.mode(T) is Mode.ABORTED
@@ -334,7 +333,7 @@ def test_failure_of_an_unrelated_peer_changes_nothing():
 
 def test_request_with_a_dead_peer_fails_at_once():
     a = StateMover(A)
-    assert a.on_message(B, Handshake(T, RECV)) == []
+    assert a.on_message(B, Handshake(T, Role.RECV)) == []
     assert a.on_fail({B}) == []
     assert a.request_send(T, B) == [TransferFailed(T, PEER_FAILED)]
     a.check_invariants()
@@ -344,8 +343,8 @@ def test_messages_of_a_dead_peer_are_fenced():
     b = StateMover(B)
     b.request_recv(T, "moverC")
     assert b.on_fail({A}) == []
-    assert b.on_message(A, Handshake(T_NEW, SEND)) == []  # not held for a later request
-    assert b.on_message(A, Handshake(T, SEND)) == []  # not a protocol error: A is gone
+    assert b.on_message(A, Handshake(T_NEW, Role.SEND)) == []  # not held for a later request
+    assert b.on_message(A, Handshake(T, Role.SEND)) == []  # not a protocol error: A is gone
     b.check_invariants()
     assert b.request_recv(T_NEW, A) == [TransferFailed(T_NEW, PEER_FAILED)]
 
@@ -377,14 +376,14 @@ def test_cancel_before_the_request_fails_the_request_at_once():
     a = StateMover(A)
     assert a.cancel(T) == []
     assert a.request_send(T, B) == [TransferFailed(T, CANCELLED)]
-    assert a.on_message(B, Handshake(T, RECV)) == []
+    assert a.on_message(B, Handshake(T, Role.RECV)) == []
     a.check_invariants()
 
 
 def test_peer_abort_before_the_request_fails_the_request_at_once():
     b = StateMover(B)
     assert b.on_message(A, Abort(T, CANCELLED)) == []
-    assert b.on_message(A, Handshake(T, SEND)) == []  # cannot undo the abort
+    assert b.on_message(A, Handshake(T, Role.SEND)) == []  # cannot undo the abort
     assert b.request_recv(T, A) == [TransferFailed(T, "peer aborted: cancelled")]
     b.check_invariants()
 
@@ -394,23 +393,23 @@ def test_peer_abort_before_the_request_fails_the_request_at_once():
 def test_send_before_sm_ready_is_a_protocol_error():
     a = StateMover(A)
     a.request_send(T, B)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         a.send(T, b"x")
     assert a.mode(T) is Mode.REQUESTED
 
 
 def test_local_misuse_is_a_protocol_error():
     a, b = ready_pair()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         b.send(T, b"x")  # the receiver does not send
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         a.send((9, 9, 9, 9), b"x")  # never requested
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         a.request_recv(T, B)  # the id is taken
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         a.request_send((2, 0, 1, 7), A)  # to itself
     a.send(T, b"x")
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         a.send(T, b"x")  # twice
     assert a.mode(T) is Mode.DONE and b.mode(T) is Mode.READY
 
@@ -419,30 +418,30 @@ def test_messages_no_live_transfer_accepts_are_protocol_errors():
     a, b = StateMover(A), StateMover(B)
     a.request_send(T, B)
     b.request_recv(T, A)
-    with pytest.raises(ProtocolError):
-        a.on_message(B, Handshake(T, SEND))  # both ends would send
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
+        a.on_message(B, Handshake(T, Role.SEND))  # both ends would send
+    with pytest.raises(RemoteProtocolError):
         b.on_message(A, Chunk(T, 0, b"x"))  # data before the handshake
-    with pytest.raises(ProtocolError):
-        b.on_message("moverC", Handshake(T, SEND))  # not the peer
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
+        b.on_message("moverC", Handshake(T, Role.SEND))  # not the peer
+    with pytest.raises(RemoteProtocolError):
         b.on_message(A, "hello")
-    b.on_message(A, Handshake(T, SEND))
-    with pytest.raises(ProtocolError):
-        b.on_message(A, Handshake(T, SEND))  # twice on a FIFO link
-    a.on_message(B, Handshake(T, RECV))
-    with pytest.raises(ProtocolError):
+    b.on_message(A, Handshake(T, Role.SEND))
+    with pytest.raises(RemoteProtocolError):
+        b.on_message(A, Handshake(T, Role.SEND))  # twice on a FIFO link
+    a.on_message(B, Handshake(T, Role.RECV))
+    with pytest.raises(RemoteProtocolError):
         a.on_message(B, Chunk(T, 0, b"x"))  # the sender receives no chunks
     assert a.mode(T) is b.mode(T) is Mode.READY
 
 
 def test_an_early_handshake_that_does_not_fit_the_request_is_a_protocol_error():
     a = StateMover(A)
-    a.on_message("moverC", Handshake(T, RECV))
-    with pytest.raises(ProtocolError):
+    a.on_message("moverC", Handshake(T, Role.RECV))
+    with pytest.raises(RemoteProtocolError):
         a.request_send(T, B)  # the handshake came from someone else
     b = StateMover(B)
-    b.on_message(A, Handshake(T, RECV))
+    b.on_message(A, Handshake(T, Role.RECV))
     with pytest.raises(ProtocolError):
         b.request_recv(T, A)  # both ends would receive
     assert a.mode(T) is None and b.mode(T) is None

@@ -25,7 +25,7 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, Trailer
+from statemover.messages import Abort, Chunk, Handshake, Role, Trailer
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
 
@@ -128,3 +128,10 @@ def test_the_reference_frame_of_these_tests_is_itself_valid():
 def test_a_message_without_a_wire_form_is_a_local_error():
     with pytest.raises(TypeError, match="no wire form for str"):
         encode(Envelope(A, B, 0, "hello", 1))
+
+
+def test_a_mover_role_travels_as_its_plain_string():
+    frame = encode(Envelope(MoverAddr("a"), MoverAddr("b"), 1, Handshake((1, 2, 3), Role.RECV), 4))
+    assert frame == encode(Envelope(MoverAddr("a"), MoverAddr("b"), 1, Handshake((1, 2, 3), "recv"), 4))
+    assert b"recv" in frame
+    assert decode(frame).msg.role is Role.RECV

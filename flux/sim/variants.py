@@ -8,7 +8,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from flux.buffer import PRIM, Buffer
-from flux.segment import DRAINING, Segment
+from flux.segment import PROCESSING, Event, Segment
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -45,9 +45,9 @@ class SegmentWithoutDrain(Segment):
     """Moves state at sm_ready without pausing the sources and draining (5.3.1 broken)."""
 
     def sm_ready(self):
-        if self.mode != "ACTIVE":
+        if self.mode is not PROCESSING:
             return []
-        self.mode = DRAINING
+        self.mode = self._next(Event.SM_READY)
         return self._checkpoint()
 
 
