@@ -77,13 +77,5 @@ class Egress:
     def idle(self) -> bool:
         return self.fcons.idle()
 
-    def finished(self, accepted: int) -> bool:
-        """Has every output of the first ``accepted`` inputs been delivered? Nothing is
-        queued and the progress bound covers the last input: nothing more can come
-        (DESIGN 4.3)."""
-        merge = self.fcons.merge
-        return accepted == 0 or (merge.queued() == 0
-                                 and covers(merge.frontier(), input_sn(accepted)))
-
     def check_invariants(self) -> None:
         pass

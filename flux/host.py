@@ -11,7 +11,7 @@ carries them.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from flux.addresses import Addr, MoverAddr
 from flux.control_messages import View
@@ -38,15 +38,18 @@ class Host:
 
     def __init__(self, name: str, machines: Dict[Addr, object], inc: int = 0,
                  segment_factory: Optional[Callable[[Addr], object]] = None,
-                 chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None):
+                 chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None,
+                 view: int = 0, dead_incs: Iterable[int] = ()):
+        """``view`` and ``dead_incs``: where a process joining a running job starts (the
+        controller's welcome), not from view 0."""
         self.name = name
         self.inc = inc
         #: the incarnation of every endpoint as this host's views say (DESIGN 4.4)
         self.peer_incs: Dict[Addr, int] = dict(peer_incs or {})
         self.machines = dict(machines)
-        self.view = 0
+        self.view = view
         self.dead: Set[Addr] = set()
-        self.dead_incs: Set[int] = set()
+        self.dead_incs: Set[int] = set(dead_incs)
         #: (address, incarnation) -> the first view whose messages count: a replica
         #: killed alone (an aborted catch-up) and maybe rebuilt on the same process
         self.valid_from: Dict[Tuple[Addr, int], float] = {}

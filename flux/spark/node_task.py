@@ -42,7 +42,6 @@ from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport
 
-
 log = logging.getLogger(__name__)
 
 
@@ -203,9 +202,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     where = dict(topology.where)
     where.update(dict(welcome.where))
     host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,
-                topology.peer_incs(where))
-    host.view = welcome.view
-    host.dead_incs = set(welcome.dead_incs)
+                topology.peer_incs(where), view=welcome.view, dead_incs=welcome.dead_incs)
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
                     incarnations=incs, heartbeat=config.heartbeat, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay)
