@@ -172,7 +172,7 @@ CODECS: Dict[str, _Codec] = {
                               [[list(a.addr), a.inc, a.version, a.node, a.active_node]
                                for a in m.avail]],
              _arity(4, _view)),
-    "heartbeat": (Heartbeat, lambda m: [], _arity(0, lambda: Heartbeat())),
+    "heartbeat": (Heartbeat, lambda m: [m.lag], _arity(1, lambda lag: Heartbeat(_seconds(lag, "lag")))),
     "folded_in": (FoldedIn, lambda m: [list(m.reporter), list(m.addr), m.version],
                   _arity(3, lambda r, a, v: FoldedIn(_addr(r, "reporter"), _addr(a, "addr"),
                                                      _int(v, "version")))),

@@ -13,7 +13,11 @@ from flux.addresses import Addr
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """A process is alive (DESIGN 6): the controller declares it dead when these stop."""
+    """A process is alive (DESIGN 6): the controller declares it dead when these stop.
+    ``lag``: seconds since the sender's loop last turned (its beats come from a thread
+    of their own, so a busy loop is reported, not taken for a death; issue 11)."""
+
+    lag: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,8 @@ class ControllerService:
                  secret: Optional[str] = None, beat: float = 0.05,
                  last_replica_timeout: float = 2.0,
                  name_for: Optional[Callable[[Register], Optional[str]]] = None,
-                 events: Optional[List[tuple]] = None):
+                 events: Optional[List[tuple]] = None, stuck_after: float = 1.0,
+                 stuck_timeout: float = 30.0):
         self.transport = transport
         self.recovery: Optional[Recovery] = None
         self.secret = secret
@@ -71,6 +72,11 @@ class ControllerService:
         #: and on a loaded machine a live node can be silent for half a second
         self.last_replica_timeout = last_replica_timeout
         self.clock = clock
+        #: a process beats from a thread of its own and says how long ago its loop turned
+        #: (issue 11): past ``stuck_after`` that is reported, past ``stuck_timeout`` the
+        #: process is declared failed (a loop that never turns again serves no one)
+        self.stuck_after, self.stuck_timeout = stuck_after, stuck_timeout
+        self.stuck: Dict[str, float] = {}
         self.last_seen: Dict[str, float] = {}
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
@@ -125,12 +131,15 @@ class ControllerService:
             elif isinstance(env.msg, StateMoved):
                 self.events.append((now, "state moved",
                                     (env.msg.addr, env.msg.nbytes, env.msg.seconds)))
+            elif isinstance(env.msg, Heartbeat) and name in self.last_seen:
+                self.on_heartbeat(name, env.msg.lag)
         for gap in gaps:
             if isinstance(gap, ConnectionLost):  # fast detection: its process is gone
                 if self.started and gap.peer in self.last_seen:
                     self.fail(gap.peer, "its connection dropped")
-            else:
-                self.fail(gap.peer.split("#")[0], f"connection gap {gap.expected}->{gap.got}")
+            else:  # from the process's own socket or its liveness thread's ("name/liveness")
+                self.fail(gap.peer.split("#")[0].split("/")[0],
+                          f"connection gap {gap.expected}->{gap.got}")
         if not self.started:
             return
         for name, seen in list(self.last_seen.items()):
@@ -142,6 +151,19 @@ class ControllerService:
             self._last_beat = now
             for name in self._live():
                 self._send(name, Heartbeat(), 0)
+
+    def on_heartbeat(self, name: str, lag: float) -> None:
+        """A watched process is alive; its loop last turned ``lag`` seconds ago."""
+        if lag > self.stuck_timeout and self.started:
+            self.fail(name, f"its loop has not turned for {lag:.1f}s")
+        elif lag > self.stuck_after:
+            if name not in self.stuck:
+                log.warning("%s is alive but its loop has not turned for %.2fs", name, lag)
+                self.events.append((self.clock(), "stuck", f"{name} ({lag:.2f}s)"))
+            self.stuck[name] = max(lag, self.stuck.get(name, 0.0))
+        elif name in self.stuck:
+            log.info("%s's loop turns again (it stopped for up to %.2fs)", name,
+                     self.stuck.pop(name))
 
     # -- membership --------------------------------------------------------------------
     def on_register(self, msg: Register) -> None:

@@ -48,7 +48,7 @@ class HostLoop:
     def __init__(self, host: Host, transport: Transport, where: Dict[Any, str],
                  addresses: Dict[str, str], on_effect: Callable[[Any], None] = lambda e: None,
                  source: Optional[Iterator[Any]] = None, incarnations: Dict[str, int] = None,
-                 heartbeat: Optional[float] = None, clock=time.monotonic,
+                 on_turn: Callable[[], None] = lambda: None, clock=time.monotonic,
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
                  max_turn: float = 0.02):
@@ -62,9 +62,9 @@ class HostLoop:
         #: processes whose incarnation the host knows to be fenced (a late joiner's start)
         self.dead_processes: set = {n for n, i in self.incarnations.items()
                                     if i in host.dead_incs}
-        self.heartbeat = heartbeat
+        #: called at every turn: the liveness thread reports how long ago that was
+        self.on_turn = on_turn
         self.clock = clock
-        self._last_beat = float("-inf")
         #: a node that stops hearing from the controller stops itself (DESIGN 6)
         self.lease = lease
         self._controller_seen = clock()
@@ -117,7 +117,8 @@ class HostLoop:
             return False
         for env in envelopes:
             self.receive(env)
-        self._beat()  # after receiving: the controller's beats that waited count for the lease
+        self.on_turn()
+        self._check_lease()  # after receiving: the controller's beats that waited count
         moved = bool(envelopes)
         deadline = self.clock() + self.max_turn
         while True:
@@ -128,25 +129,19 @@ class HostLoop:
             moved |= step
             self._more = step
             if not step or self.clock() >= deadline:
-                return moved  # more to do: the next turn beats, polls without waiting
+                return moved  # more to do: the next turn polls without waiting
 
     def _apply_members(self, msg: Members) -> None:
         for name, address, inc in msg.addresses:
             self.addresses[name] = address
             self.incarnations[name] = inc
 
-    def _beat(self) -> None:
-        if self.heartbeat is None:
-            return
+    def _check_lease(self) -> None:
+        """A node that hears nothing from the controller for ``lease`` stops (DESIGN 6)."""
         now = self.clock()
         if self.lease is not None and now - self._controller_seen > self.lease:
             self.stopped = f"lost the controller's lease ({now - self._controller_seen:.2f}s)"
             log.warning("%s stops: %s", self.host.name, self.stopped)
-            return
-        if now - self._last_beat >= self.heartbeat:
-            self._last_beat = now
-            self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, Heartbeat(),
-                                                 self.host.inc, None))
 
     def _apply_view(self, view: View) -> None:
         for avail in view.avail:

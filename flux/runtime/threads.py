@@ -21,6 +21,7 @@ from flux.builder import MachineBuilder
 from flux.effects import Deliver
 from flux.host import Host
 from flux.runtime.controller_service import ControllerService
+from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport, job_keys
@@ -60,6 +61,7 @@ class ThreadCluster:
         self.loops: Dict[str, HostLoop] = {}
         #: every node's StateMover service (a thread and socket of its own, as on Spark)
         self.movers: Dict[str, StateMoverService] = {}
+        self.liveness: Dict[str, Liveness] = {}
         for name, ms in machines.items():
             worker = topology.is_worker(name)
             host = Host(name, ms, self.incarnations[name],
@@ -70,11 +72,15 @@ class ThreadCluster:
                 addresses[mover_peer(name)] = self.movers[name].address  # the loops' view
             self.controller.add_member(name, self.incarnations[name], addresses[name],
                                        self.movers[name].address if worker else "")
-            self.loops[name] = HostLoop(host, self.transports[name], topology.where, addresses,
-                                        self._on_effect,
-                                        iter(records) if name == INGRESS_PROCESS else None,
-                                        self.incarnations, heartbeat if worker else None,
-                                        mover_relay=mover_peer(name) if worker else None)
+            if worker:  # heartbeats from a thread of their own, as on Spark
+                self.liveness[name] = Liveness(self.ctx, name, self.incarnations[name],
+                                               self.transports[CONTROLLER_PROCESS].address,
+                                               heartbeat, self.keys)
+            self.loops[name] = HostLoop(
+                host, self.transports[name], topology.where, addresses, self._on_effect,
+                iter(records) if name == INGRESS_PROCESS else None, self.incarnations,
+                on_turn=self.liveness[name].loop_turned if worker else lambda: None,
+                mover_relay=mover_peer(name) if worker else None)
         self.controller.begin(self.recovery)
         self._stop: Dict[str, threading.Event] = {n: threading.Event() for n in self.topology.processes}
         self._threads: Dict[str, threading.Thread] = {}
@@ -104,6 +110,8 @@ class ThreadCluster:
             loop = self.loops[name]
             mover.start(name, self.transports[name].address, loop.addresses,
                         lambda process, loop=loop: process in loop.dead_processes)
+        for name, liveness in self.liveness.items():
+            liveness.start(lambda loop=self.loops[name]: loop.host.view)
         return self
 
     def kill(self, name: str) -> None:
@@ -113,6 +121,7 @@ class ThreadCluster:
         self.transports[name].close()
         if name in self.movers:
             self.movers[name].stop()
+            self.liveness[name].stop()
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -131,6 +140,8 @@ class ThreadCluster:
             t.join(timeout=10)
         for mover in self.movers.values():
             mover.stop()
+        for liveness in self.liveness.values():
+            liveness.stop()
         for t in self.transports.values():
             t.close()
         self.ctx.term()

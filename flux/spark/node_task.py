@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import zmq
 from pyspark import cloudpickle
@@ -38,6 +38,7 @@ from flux.envelope import Envelope
 from flux.errors import OperatorError
 from flux.host import Host
 from flux.runtime.config import NodeConfig
+from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport
@@ -94,8 +95,23 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
         return iter([(task, inc, "stopped before start")])
     welcome, members, early = joined
     name = welcome.name
-    loop = build_loop(welcome, inc, members, transport, config, dataflow,
-                      mover_relay=mover_peer(name))
+    # heartbeats from a thread of their own: a long step of the loop is not a death (issue 11)
+    liveness = Liveness(transport.ctx, name, inc, config.controller, config.heartbeat,
+                        config.keys)
+    try:
+        loop = build_loop(welcome, inc, members, transport, config, dataflow,
+                          mover_relay=mover_peer(name), on_turn=liveness.loop_turned)
+        liveness.start(lambda: loop.host.view)
+        return run_loop(task, inc, name, loop, mover, liveness, early, config)
+    finally:
+        liveness.stop()
+
+
+def run_loop(task: int, inc: int, name: str, loop: HostLoop, mover: StateMoverService,
+             liveness: Liveness, early: List[Envelope], config: NodeConfig) -> Iterator[tuple]:
+    """Turn the node loop until the controller says stop; what ended it decides whether
+    the task succeeds (the job stopped) or fails (Spark re-runs it as a standby)."""
+    transport = loop.transport
     loop.addresses[mover_peer(name)] = mover.address
     mover.start(name, transport.address, loop.addresses,
                 lambda process: process in loop.dead_processes)
@@ -104,8 +120,9 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     try:
         while loop.stopped is None:
             loop.turn(5)
-            if mover.error is not None:
-                raise RuntimeError(f"{name}: its StateMover service failed") from mover.error
+            for service, what in ((mover, "StateMover service"), (liveness, "liveness thread")):
+                if service.error is not None:
+                    raise RuntimeError(f"{name}: its {what} failed") from service.error
     except OperatorError as err:  # user code: the controller stops the job with it
         transport.send(CONTROLLER.name, Envelope(loop.me, CONTROLLER, loop.host.view,
                                                  OperatorFailed(err.what, err.stage, err.partition,
@@ -189,7 +206,8 @@ def load_dataflow(blob: bytes):
 
 
 def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,
-               config: NodeConfig, dataflow, mover_relay: Optional[str] = None) -> HostLoop:
+               config: NodeConfig, dataflow, mover_relay: Optional[str] = None,
+               on_turn: Callable[[], None] = lambda: None) -> HostLoop:
     """This process's host and loop, from the job's topology and what the controller said:
     a node hosts what the placement gives it, a standby starts empty; a late joiner
     starts from the current view and where segments live by now."""
@@ -204,6 +222,6 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,
                 topology.peer_incs(where), view=welcome.view, dead_incs=welcome.dead_incs)
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
-                    incarnations=incs, heartbeat=config.heartbeat, lease=config.lease,
+                    incarnations=incs, on_turn=on_turn, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay)
     return loop
