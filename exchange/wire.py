@@ -30,7 +30,7 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, Role, Trailer
+from statemover.messages import Abort, Chunk, Handshake, Role, Trailer, TransferFailed
 
 VERSION = 1
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)
@@ -167,6 +167,8 @@ CODECS: Dict[str, _Codec] = {
                                                            _int(ln, "length"), _int(crc, "crc")))),
     "sm_abort": (Abort, lambda m: [list(m.transfer), m.reason],
                  _arity(2, lambda t, r: Abort(_transfer(t), _str(r, "reason")))),
+    "transfer_failed": (TransferFailed, lambda m: [list(m.transfer), m.reason],
+                        _arity(2, lambda t, r: TransferFailed(_transfer(t), _str(r, "reason")))),
     "view": (View, lambda m: [m.number, [_put_endpoint(a) for a in sorted(m.failed, key=str)],
                               sorted(m.failed_incs),
                               [[list(a.addr), a.inc, a.version, a.node, a.active_node]

@@ -184,3 +184,70 @@ def test_a_task_registering_after_the_job_stopped_is_told_to_stop(wires):
     while not got and time.monotonic() < deadline:
         got, _ = task.poll(50)
     assert [env.msg for env in got] == [Stop("job stopped")]
+
+
+def stalled_catchup(catchup_timeout=120.0):
+    """A controller whose node1 failed, with a standby catching up (nobody answers)."""
+    from controller.placement import ChainedDeclustering
+    from controller.recovery import Recovery
+    from flux.topology import Topology
+
+    ctx = zmq.Context()
+    ctl = Transport(ctx, "controller", -3)
+    names = [f"node{k}" for k in range(4)] + ["standby0"]
+    incs = {n: 10 + k for k, n in enumerate(names)}
+    now = [0.0]
+    service = ControllerService(ctl, timeout=1000.0, clock=lambda: now[0],
+                                catchup_timeout=catchup_timeout)
+    for n in names:  # nobody listens: sends never block
+        service.add_member(n, incs[n], "tcp://127.0.0.1:9")
+    service.begin(Recovery(Topology(ChainedDeclustering(1, 4), 1, 4, incs, ["standby0"])))
+    service.fail("node1", "killed")
+    return ctx, ctl, service, now
+
+
+def test_a_catch_up_attempt_that_outlives_its_deadline_is_aborted_and_retried():
+    ctx, ctl, service, now = stalled_catchup(catchup_timeout=60.0)
+    try:
+        first = {(a.stage, a.partition): at.version for a, at in service.recovery.attempts.items()}
+        assert first, "no catch-up started"
+        service.turn(0)
+        now[0] = 59.0
+        service.turn(0)
+        assert not [e for e in service.events if e[1] == "catch-up aborted"]
+        now[0] = 61.0
+        service.turn(0)
+        aborted = [e for e in service.events if e[1] == "catch-up aborted"]
+        assert len(aborted) == len(first) and "not folded in after 61s" in aborted[0][2]
+        again = {(a.stage, a.partition): at.version for a, at in service.recovery.attempts.items()}
+        assert set(again) == set(first)  # every replica is being rebuilt again...
+        assert all(again[k] > first[k] for k in first)  # ...by a new attempt
+        assert service.dead == {"node1"}  # no live process was declared dead
+    finally:
+        ctl.close()
+        ctx.term()
+
+
+def test_a_transfer_failure_reported_by_a_node_aborts_its_attempt():
+    from flux.addresses import ProcAddr
+    from statemover.messages import TransferFailed
+
+    ctx, ctl, service, now = stalled_catchup()
+    node = Transport(ctx, "standby0", 14)
+    node.connect("controller", ctl.address)
+    try:
+        (addr, attempt), *_ = service.recovery.attempts.items()
+        transfer = (addr.stage, addr.partition, attempt.version)
+        node.send("controller", Envelope(ProcAddr("standby0"), CONTROLLER, 2, TransferFailed(
+            transfer, "checksum mismatch"), 14))
+        for _ in range(10):
+            service.turn(20)
+        assert [e[2] for e in service.events if e[1] == "catch-up aborted"] == [
+            f"{addr.stage}.{addr.partition}: standby0: checksum mismatch"]
+        retry = service.recovery.attempts.get(addr)  # retried once the rest of its wave ends
+        assert retry is None or retry.version > attempt.version
+        assert addr in service.recovery.missing
+    finally:
+        node.close()
+        ctl.close()
+        ctx.term()

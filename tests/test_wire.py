@@ -25,7 +25,7 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, Role, Trailer
+from statemover.messages import Abort, Chunk, Handshake, Role, Trailer, TransferFailed
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
 
@@ -35,6 +35,7 @@ MESSAGES = [
     Ack((7, 1)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
     Trailer((1, 2, 3), 1, 7, 123456), Abort((1, 2, 3), "peer failed"),
+    TransferFailed((1, 2, 3), "checksum mismatch"), Heartbeat(0.25),
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
     View(5), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),

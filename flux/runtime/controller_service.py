@@ -33,6 +33,7 @@ from flux.envelope import Envelope
 from flux.errors import OperatorError, PairLost
 from flux.runtime.mover_service import mover_peer
 from flux.runtime.transport import ConnectionLost, Transport
+from statemover.messages import TransferFailed
 
 #: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
 START_FAILURES = 3
@@ -52,7 +53,7 @@ class ControllerService:
                  last_replica_timeout: float = 2.0,
                  name_for: Optional[Callable[[Register], Optional[str]]] = None,
                  events: Optional[List[tuple]] = None, stuck_after: float = 1.0,
-                 stuck_timeout: float = 30.0):
+                 stuck_timeout: float = 30.0, catchup_timeout: float = 120.0):
         self.transport = transport
         self.recovery: Optional[Recovery] = None
         self.secret = secret
@@ -77,6 +78,9 @@ class ControllerService:
         #: process is declared failed (a loop that never turns again serves no one)
         self.stuck_after, self.stuck_timeout = stuck_after, stuck_timeout
         self.stuck: Dict[str, float] = {}
+        #: a catch-up attempt not folded in after this long is aborted and retried (3.4)
+        self.catchup_timeout = catchup_timeout
+        self._attempt_started: Dict[tuple, float] = {}  # (addr, version) -> first seen
         self.last_seen: Dict[str, float] = {}
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
@@ -133,6 +137,8 @@ class ControllerService:
                                     (env.msg.addr, env.msg.nbytes, env.msg.seconds)))
             elif isinstance(env.msg, Heartbeat) and name in self.last_seen:
                 self.on_heartbeat(name, env.msg.lag)
+            elif isinstance(env.msg, TransferFailed) and self.started:
+                self.abort_attempt(env.msg.transfer, f"{name}: {env.msg.reason}")
         for gap in gaps:
             if isinstance(gap, ConnectionLost):  # fast detection: its process is gone
                 if self.started and gap.peer in self.last_seen:
@@ -142,6 +148,7 @@ class ControllerService:
                           f"connection gap {gap.expected}->{gap.got}")
         if not self.started:
             return
+        self._expire_attempts(now)
         for name, seen in list(self.last_seen.items()):
             silent = now - seen
             if silent > self.timeout and (silent > self.last_replica_timeout
@@ -164,6 +171,26 @@ class ControllerService:
         elif name in self.stuck:
             log.info("%s's loop turns again (it stopped for up to %.2fs)", name,
                      self.stuck.pop(name))
+
+    def abort_attempt(self, transfer: tuple, why: str) -> None:
+        """A state transfer failed with both ends alive (e.g. a checksum mismatch), or its
+        attempt ran out of time: abort it and retry (DESIGN 4.6, issue 11)."""
+        views = self.recovery.transfer_failed(*transfer)
+        if views:
+            stage, partition, version = transfer
+            log.warning("catch-up of stage %d partition %d (attempt %d) aborted: %s",
+                        stage, partition, version, why)
+            self.events.append((self.clock(), "catch-up aborted", f"{stage}.{partition}: {why}"))
+            self._broadcast(views)
+
+    def _expire_attempts(self, now: float) -> None:
+        live = {(addr, a.version) for addr, a in self.recovery.attempts.items()}
+        self._attempt_started = {k: t for k, t in self._attempt_started.items() if k in live}
+        for addr, version in sorted(live):
+            started = self._attempt_started.setdefault((addr, version), now)
+            if now - started > self.catchup_timeout:
+                self.abort_attempt((addr.stage, addr.partition, version),
+                                   f"not folded in after {now - started:.0f}s")
 
     # -- membership --------------------------------------------------------------------
     def on_register(self, msg: Register) -> None:

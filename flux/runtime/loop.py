@@ -34,7 +34,7 @@ from flux.machine import Machine
 from flux.runtime.metrics import Metrics
 from flux.runtime.sources import NOT_YET
 from flux.runtime.transport import ConnectionGap, Transport
-from statemover.messages import SmReady
+from statemover.messages import SmReady, TransferFailed
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +258,8 @@ class HostLoop:
                 seg = self.host.segment_of(e.transfer)
                 if started is not None and seg is not None:
                     self._report(StateMoved(seg.addr, e.nbytes, self.clock() - started))
-            elif isinstance(e, (FoldedIn, TakeoverDone)):
-                self._report(e)
+            elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
+                self._report(e)  # the controller retries a failed transfer (3.4, issue 11)
             self.on_effect(e)
 
     def _report(self, msg) -> None:
