@@ -12,8 +12,6 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Set
 
-import msgpack
-
 from flux.addresses import Addr, other
 from flux.control_messages import Avail
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
@@ -22,6 +20,7 @@ from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.operator import OperatorRaised, describe
 from flux.sequence import output_sn
+from flux.state_codec import pack_state, paused_gc, unpack_state
 from statemover.messages import CancelTransfer, RequestRecv, RequestSend, SendState
 
 
@@ -228,7 +227,8 @@ class Segment:
         """Actions 2-4: quiesce (initTrans) and hand the whole segment to the mover."""
         self.mode = self._next(Event.DRAINED)
         self.chain.init_trans()
-        data = msgpack.packb(self.get_state(), use_bin_type=True)
+        with paused_gc():  # in slices, no collector pauses: liveness goes on (issue 11)
+            data = pack_state(self.get_state())
         return [SendState(self.catchup.transfer(self.addr), data)]
 
     def state_sent(self) -> List:
@@ -250,8 +250,8 @@ class Segment:
     def state_received(self, data: bytes) -> List:
         """Actions 4-5 at the standby: install with the buffers reversed, then sync."""
         nxt = self._next(Event.STATE_RECEIVED)
-        state = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        self.install_state(state)
+        with paused_gc():  # see _checkpoint
+            self.install_state(unpack_state(data))
         for kind, what in self.missed:  # what happened since the snapshot was taken
             if kind == "fail":
                 self.fprod.replay_fail(what)
