@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Sequence
 
 from flux.dataflow import Dataflow, Stage
+from flux.operators.ballast import Ballast
 from flux.operators.busy import BusyWork
 from flux.operators.counter import KeyedCounter, first_field, key_and_count
 from flux.operators.sessions import SessionReconstruction, session_key
@@ -52,6 +53,16 @@ def cpu_bound_paper_dataflow(rounds: int = 200, window: int = DEFAULT_WINDOW,
     stages = _paper_stages(window, emit_every)
     first = stages[0]
     stages[0] = Stage(first.name, first.key, (partial(BusyWork, rounds=rounds), *first.operators))
+    return Dataflow(stages)
+
+
+def ballast_paper_dataflow(mb: float, window: int = DEFAULT_WINDOW,
+                           emit_every: int = 2) -> Dataflow:
+    """The paper's dataflow carrying ``Ballast(mb)``, ``mb`` MB of keyed state per partition,
+    in front of session reconstruction: catch-up moves state of that size (issue 11)."""
+    stages = _paper_stages(window, emit_every)
+    first = stages[0]
+    stages[0] = Stage(first.name, first.key, (partial(Ballast, mb=mb), *first.operators))
     return Dataflow(stages)
 
 

@@ -27,3 +27,19 @@ def test_the_failover_experiment_writes_its_timeline_summary_and_plot(tmp_path):
     rows = list(csv.DictReader(open(out / "timeline.csv")))
     assert sum(int(r["inputs"]) for r in rows) == 40_000
     assert (out / "failover.png").stat().st_size > 10_000
+
+
+def test_a_kill_with_the_papers_state_size_is_masked_without_a_false_detection(tmp_path):
+    """Issue 11: 8.5 MB of state per partition (the paper's size). One kill used to end the
+    job (live nodes installing or sending state were declared dead); now the pair is
+    rebuilt, nothing is lost and no live process is declared dead."""
+    from experiments.failover import main
+
+    out = tmp_path / "failover"
+    status = main(["--duration", "10", "--kill-at", "4", "--rate", "2000", "--state-mb", "8.5",
+                   "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["false_detections"] == [], summary["events"]
+    assert summary["dropped_inputs"] == 0 and summary["output_matches_reference"] is True
+    assert summary["catchup_done_s"] is not None and summary["state_bytes_moved"] > 2 * 8_000_000
+    assert status == 0

@@ -251,3 +251,18 @@ def test_counter_round_trip_with_tuple_keys():
     original, copy = continue_from_copy(make, first, rest)
     assert original == [[((1, "x"), 3, 3), ((1, "x"), -3, 3)], [((2, "y"), 2, 4)]]
     assert copy == original  # list keys became tuples again
+
+
+def test_ballast_carries_the_state_size_it_is_given_and_round_trips():
+    import msgpack
+
+    from flux.operators.ballast import Ballast
+
+    op = Ballast(1.0)
+    size = len(msgpack.packb(op.get_state(), use_bin_type=True))
+    assert 0.9e6 < size < 1.1e6
+    assert op.process(("a", 1)) == [("a", 1)]  # a pass-through...
+    twin = Ballast(0)
+    twin.install_state(wire_form(op.get_state()))
+    assert twin.get_state() == op.get_state()  # ...whose state changed and moves whole
+    assert op.get_state() != Ballast(1.0).get_state()

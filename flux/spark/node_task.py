@@ -96,13 +96,15 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     welcome, members, early = joined
     name = welcome.name
     # heartbeats from a thread of their own: a long step of the loop is not a death (issue 11)
+    # it beats from now on: building the segments (big operators) takes time too
     liveness = Liveness(transport.ctx, name, inc, config.controller, config.heartbeat,
                         config.keys)
+    built: List[HostLoop] = []
+    liveness.start(lambda: built[0].host.view if built else welcome.view)
     try:
-        loop = build_loop(welcome, inc, members, transport, config, dataflow,
-                          mover_relay=mover_peer(name), on_turn=liveness.loop_turned)
-        liveness.start(lambda: loop.host.view)
-        return run_loop(task, inc, name, loop, mover, liveness, early, config)
+        built.append(build_loop(welcome, inc, members, transport, config, dataflow,
+                                mover_relay=mover_peer(name), on_turn=liveness.loop_turned))
+        return run_loop(task, inc, name, built[0], mover, liveness, early, config)
     finally:
         liveness.stop()
 
