@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkabl
 import msgpack
 
 from flux.errors import DataflowError, OperatorError  # noqa: F401 (raised by the chain)
+from flux.keyed_state import KeyedOperator, KeyedState, sorted_keys, tuplify
 
 @runtime_checkable
 class Operator(Protocol):
@@ -76,17 +77,6 @@ def wire_form(value: Any) -> Any:
     )
 
 
-def tuplify(value: Any) -> Any:
-    """Turn lists back into tuples, recursively, so a key that crossed msgpack is hashable again."""
-    if isinstance(value, (list, tuple)):
-        return tuple(tuplify(v) for v in value)
-    return value
-
-
-def _msgpack_order(key: Any) -> bytes:
-    return msgpack.packb(key, use_bin_type=True)
-
-
 def keyed_state(table: dict) -> list:
     """A dict as a sorted list of ``[key, value]`` pairs.
 
@@ -94,11 +84,7 @@ def keyed_state(table: dict) -> list:
     order (DESIGN 4.1), so keyed state travels as pairs in key order. Keys of
     mixed types that Python cannot compare are ordered by their msgpack bytes.
     """
-    try:
-        keys = sorted(table)
-    except TypeError:
-        keys = sorted(table, key=_msgpack_order)
-    return [[key, table[key]] for key in keys]
+    return [[key, table[key]] for key in sorted_keys(table)]
 
 
 def keyed_table(pairs: Iterable | None) -> dict:
@@ -155,7 +141,10 @@ def _emit_key_and_value(key: Any, value: Any, record: Any) -> list:
     return [(key, value)]
 
 
-class KeyedAggregate:
+_ABSENT = object()
+
+
+class KeyedAggregate(KeyedOperator):
     """A per-key fold whose state the library extracts itself.
 
     For each record: ``k = key(record)``, ``value = fold(old, record)`` where
@@ -167,6 +156,7 @@ class KeyedAggregate:
     value); after ``install_state`` they come back with lists where tuples
     were. Output order must not depend on dict iteration order: ``emit``
     sees one key, never the whole table. List keys are turned into tuples.
+    The values live in ``self.state``, a ``KeyedState``.
     """
 
     def __init__(
@@ -180,22 +170,17 @@ class KeyedAggregate:
         self.fold = fold
         self.initial = initial
         self.emit = emit or _emit_key_and_value
-        self.values: dict = {}
+        self.state = KeyedState()
 
     def process(self, record: Any) -> list:
         k = tuplify(self.key(record))
-        if k in self.values:
-            old = self.values[k]
-        else:
+        state = self.state
+        old = state.get(k, _ABSENT)
+        if old is _ABSENT:
             old = self.initial() if callable(self.initial) else self.initial
-        value = self.values[k] = self.fold(old, record)
+        value = state[k] = self.fold(old, record)
         return list(self.emit(k, value, record))
 
-    def get_state(self) -> list:
-        return keyed_state(self.values)
-
-    def install_state(self, state: list | None) -> None:
-        self.values = keyed_table(state)
 
 
 # --- chains ---------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from flux.dataflow import Dataflow, Stage, check_state_round_trip
 from flux.errors import DataflowError
 from flux.examples import counting_dataflow, packet_dataflow, paper_dataflow
-from flux.operator import Map, OperatorChain
+from flux.operator import Map, OperatorChain, keyed_state, keyed_table, tuplify
 from flux.operators.counter import KeyedCounter, first_field
 from flux.workload import keyed_workload, packet_workload
 
@@ -106,8 +106,22 @@ def test_tuple_versus_list_alone_is_not_a_failure():
 
 # --- state round trip: rejected ----------------------------------------------
 
-class Base(KeyedCounter):
-    """A counter to break in one way per subclass."""
+class Base:
+    """A hand-made keyed counter (its own dict, not a KeyedState) to break in one way per subclass."""
+
+    def __init__(self):
+        self.counts = {}
+
+    def process(self, record):
+        key = tuplify(record[0])
+        count = self.counts[key] = self.counts.get(key, 0) + 1
+        return [(key, count, record[1])]
+
+    def get_state(self):
+        return keyed_state(self.counts)
+
+    def install_state(self, state):
+        self.counts = keyed_table(state)
 
 
 class SetState(Base):

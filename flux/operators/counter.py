@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from flux.operator import keyed_state, keyed_table, tuplify
+from flux.keyed_state import KeyedOperator, KeyedState, tuplify
 
 
 def first_field(record: Sequence[Any]) -> Any:
@@ -21,31 +21,26 @@ def key_and_count(record: Sequence[Any]) -> tuple:
     return (record[0], record[1])
 
 
-class KeyedCounter:
+class KeyedCounter(KeyedOperator):
     """For input ``r``: ``count[r[0]] += 1``, emit ``(r[0], count, r[1])``.
 
     When ``fanout_every > 0`` and the new count is a multiple of it, also
     emit ``(r[0], -count, r[1])`` (a one-to-many step, so SNs with k = 2
-    occur).
+    occur). The counts live in ``self.state``, a ``KeyedState``;
+    ``get_state()`` gives sorted ``[key, count]`` pairs.
     """
 
     def __init__(self, fanout_every: int = 0):
         if fanout_every < 0:
             raise ValueError(f"fanout_every must be >= 0, got {fanout_every}")
         self.fanout_every = fanout_every
-        self.counts: dict = {}
+        self.state = KeyedState()
 
     def process(self, record: Sequence[Any]) -> list:
         key = tuplify(record[0])
-        count = self.counts[key] = self.counts.get(key, 0) + 1
+        state = self.state
+        count = state[key] = state.get(key, 0) + 1
         out = [(key, count, record[1])]
         if self.fanout_every and count % self.fanout_every == 0:
             out.append((key, -count, record[1]))
         return out
-
-    def get_state(self) -> list:
-        """Sorted ``[key, count]`` pairs."""
-        return keyed_state(self.counts)
-
-    def install_state(self, state: list | None) -> None:
-        self.counts = keyed_table(state)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from flux.operator import keyed_state, keyed_table
+from flux.keyed_state import KeyedOperator, KeyedState
 
 
 def session_key(packet: Sequence[Any]) -> tuple:
@@ -21,33 +21,33 @@ def session_key(packet: Sequence[Any]) -> tuple:
     return (packet[0], packet[1])
 
 
-class SessionReconstruction:
+class SessionReconstruction(KeyedOperator):
     """Per ``(src, dst)``: the open session's ``(app, ts_start)``.
 
     A second "start" on an open session restarts it; an "end" without an
-    open session emits nothing.
+    open session emits nothing. The open sessions live in ``self.state``, a
+    ``KeyedState``; ``get_state()`` gives sorted ``[[src, dst], [app, ts_start]]``
+    pairs.
     """
 
     def __init__(self) -> None:
-        self.open: dict[tuple, tuple] = {}
+        self.state = KeyedState(decode=tuple)
+
+    @property
+    def open(self) -> KeyedState:
+        """The open sessions (the name this state had before it was a ``KeyedState``)."""
+        return self.state
 
     def process(self, packet: Sequence[Any]) -> list:
         src, dst, app, kind, ts = packet
         key = (src, dst)
         if kind == "start":
-            self.open[key] = (app, ts)
+            self.state[key] = (app, ts)
             return []
         if kind == "end":
-            session = self.open.pop(key, None)
+            session = self.state.pop(key, None)
             if session is None:
                 return []
             start_app, ts_start = session
             return [(start_app, src, ts - ts_start, ts)]
         raise ValueError(f"packet kind must be 'start' or 'end', got {kind!r}")
-
-    def get_state(self) -> list:
-        """Sorted ``[[src, dst], [app, ts_start]]`` pairs."""
-        return keyed_state(self.open)
-
-    def install_state(self, state: list | None) -> None:
-        self.open = {key: tuple(value) for key, value in keyed_table(state).items()}

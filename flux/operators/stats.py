@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Sequence
 
-from flux.operator import keyed_state, keyed_table
+from flux.keyed_state import KeyedOperator, KeyedState
 
 #: Default window in event-time units (the workload's ts advance ~3 per packet).
 DEFAULT_WINDOW = 500_000
@@ -27,19 +27,22 @@ def stats_key(record: Sequence[Any]) -> tuple:
     return (record[0], record[1])
 
 
-class _KeyStats:
-    """One key's window: ``entries`` sorted ``(ts_end, duration)``."""
-
-    __slots__ = ("newest", "updates", "entries")
-
-    def __init__(self, newest: Any, updates: int, entries: list):
-        self.newest = newest
-        self.updates = updates
-        self.entries = entries
+def _stats_value(value: Sequence[Any]) -> tuple:
+    """A key's value as ``process`` keeps it, from its msgpack form (lists for tuples)."""
+    newest, updates, entries = value
+    return (newest, updates, tuple((t, d) for t, d in entries))
 
 
-class WindowedDurationStats:
-    """Per ``(app, src)``: max and average duration over an event-time window."""
+_PAST_EVERY_DURATION = float("inf")
+
+
+class WindowedDurationStats(KeyedOperator):
+    """Per ``(app, src)``: max and average duration over an event-time window.
+
+    The state is ``self.state``, a ``KeyedState`` whose value per key is the
+    immutable ``(newest, updates, entries)``, ``entries`` the window's sorted
+    ``(ts_end, duration)`` pairs; each update replaces it.
+    """
 
     def __init__(self, window: int = DEFAULT_WINDOW, emit_every: int = 2):
         if window <= 0:
@@ -48,36 +51,30 @@ class WindowedDurationStats:
             raise ValueError(f"emit_every must be >= 1, got {emit_every}")
         self.window = window
         self.emit_every = emit_every
-        self.keys: dict[tuple, _KeyStats] = {}
+        self.state = KeyedState(decode=_stats_value)
 
     def process(self, record: Sequence[Any]) -> list:
         app, src, duration, ts_end = record[0], record[1], record[2], record[3]
         key = (app, src)
-        stats = self.keys.get(key)
-        if stats is None:
-            stats = self.keys[key] = _KeyStats(ts_end, 0, [])
-        stats.newest = max(stats.newest, ts_end)
-        stats.updates += 1
-        bisect.insort(stats.entries, (ts_end, duration))
-        # Drop what fell out of (newest - window, newest]; the newest entry always stays.
-        cut = bisect.bisect_right(stats.entries, (stats.newest - self.window, float("inf")))
-        del stats.entries[:cut]
-        if stats.updates % self.emit_every:
+        value = self.state.get(key)
+        if value is None:
+            newest, updates, entries = ts_end, 1, ((ts_end, duration),)
+        else:
+            newest, updates, entries = value
+            newest = max(newest, ts_end)
+            updates += 1
+            entry = (ts_end, duration)
+            if not entries or entry >= entries[-1]:  # the common case: event time moves forward
+                entries = entries + (entry,)
+            else:
+                at = bisect.bisect_right(entries, entry)
+                entries = entries[:at] + (entry,) + entries[at:]
+            # Drop what fell out of (newest - window, newest]; the newest entry always stays.
+            cut = bisect.bisect_right(entries, (newest - self.window, _PAST_EVERY_DURATION))
+            if cut:
+                entries = entries[cut:]
+        self.state[key] = (newest, updates, entries)
+        if updates % self.emit_every:
             return []
-        durations = [d for _, d in stats.entries]
-        return [(app, src, max(durations), sum(durations) / len(durations), stats.newest)]
-
-    def get_state(self) -> list:
-        """Sorted ``[[app, src], [newest, updates, [[ts_end, duration], ...]]]`` pairs."""
-        return keyed_state(
-            {
-                key: [s.newest, s.updates, [[t, d] for t, d in s.entries]]
-                for key, s in self.keys.items()
-            }
-        )
-
-    def install_state(self, state: list | None) -> None:
-        self.keys = {
-            key: _KeyStats(newest, updates, [(t, d) for t, d in entries])
-            for key, (newest, updates, entries) in keyed_table(state).items()
-        }
+        durations = [d for _, d in entries]
+        return [(app, src, max(durations), sum(durations) / len(durations), newest)]
