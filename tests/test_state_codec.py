@@ -23,7 +23,7 @@ def small_slices(monkeypatch):
     monkeypatch.setattr(state_codec, "SLICE", 3)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(states)
 def test_round_trip_equals_a_plain_msgpack_round_trip(state):
     old = state_codec.SLICE
