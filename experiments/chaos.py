@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from flux.errors import PairLost
-from flux.examples import counting_dataflow, paper_dataflow
+from flux.examples import counting_dataflow, paper_dataflow, with_ballast
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.runtime.sources import RateLimited
@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=10_000.0, help="input records per second")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help=f"comma-separated subset of {', '.join(SCENARIOS)}")
+    ap.add_argument("--state-mb", type=float, default=0.0,
+                    help="extra keyed state per partition (MB, Ballast in the first stage)")
     ap.add_argument("--out", default="results/chaos")
     args = ap.parse_args(argv)
     if args.runs < 1:
@@ -103,6 +105,8 @@ class Chaos:
 
         self.run, self.rng, self.args = run, rng, args
         name, dataflow, records = workload(rng, args.packets)
+        if args.state_mb:
+            dataflow = with_ballast(dataflow, args.state_mb)
         run.dataflow = name
         self.expected = reference_output(dataflow, records, NODES)
         self.feed = RateLimited(records, args.rate)

@@ -56,14 +56,19 @@ def cpu_bound_paper_dataflow(rounds: int = 200, window: int = DEFAULT_WINDOW,
     return Dataflow(stages)
 
 
-def ballast_paper_dataflow(mb: float, window: int = DEFAULT_WINDOW,
-                           emit_every: int = 2) -> Dataflow:
-    """The paper's dataflow carrying ``Ballast(mb)``, ``mb`` MB of keyed state per partition,
-    in front of session reconstruction: catch-up moves state of that size (issue 11)."""
-    stages = _paper_stages(window, emit_every)
+def with_ballast(dataflow: Dataflow, mb: float) -> Dataflow:
+    """``dataflow`` carrying ``Ballast(mb)``, ``mb`` MB of keyed state per partition, in
+    front of its first stage's operators: catch-up moves state of that size (issue 11)."""
+    stages = list(dataflow.stages)
     first = stages[0]
     stages[0] = Stage(first.name, first.key, (partial(Ballast, mb=mb), *first.operators))
     return Dataflow(stages)
+
+
+def ballast_paper_dataflow(mb: float, window: int = DEFAULT_WINDOW,
+                           emit_every: int = 2) -> Dataflow:
+    """The paper's dataflow with ``mb`` MB of keyed state per partition (``with_ballast``)."""
+    return with_ballast(paper_dataflow(window, emit_every), mb)
 
 
 def counting_dataflow(stages: int, fanout_every: int = 3) -> Dataflow:
