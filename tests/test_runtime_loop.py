@@ -211,3 +211,46 @@ def test_a_process_whose_incoming_connection_lost_messages_stops_fail_stop():
     assert loop.turn(0) is False
     assert loop.stopped == "messages from w7#7 were lost in transit (expected #4, got #6)"
     assert loop.source_done is False  # it did nothing after the gap
+
+
+class ScriptedTransport(RecordingTransport):
+    """Hands the loop the given batches, one per poll."""
+
+    def __init__(self, batches):
+        super().__init__()
+        self.batches = list(batches)
+
+    def poll(self, timeout_ms):
+        return (self.batches.pop(0) if self.batches else []), []
+
+
+def test_a_long_step_is_not_taken_for_the_controllers_silence():
+    """A standby that builds a big replica (or installs its state) for 10 s while the
+    controller's beats wait in the socket keeps its 3 s lease: it is judged at the poll
+    (at 100 MB a standby stopped itself this way, again and again)."""
+    from flux.addresses import CONTROLLER, Addr, ProcAddr
+    from flux.control_messages import Avail, Heartbeat, View
+    from flux.envelope import Envelope
+
+    now = [0.0]
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+
+    def slow_standby_segment(addr):
+        now[0] += 10.0  # e.g. a 100 MB operator built for the new replica
+        return builder.standby_segment(addr)
+
+    me = ProcAddr("standby0")
+    view = View(1, avail=(Avail(Addr(1, 0, 1), 5, 1, "standby0", "node0"),))
+    beat = Envelope(CONTROLLER, me, 0, Heartbeat(), 0, None)
+    transport = ScriptedTransport([[beat, Envelope(CONTROLLER, me, 1, view, 0, None)], [beat]])
+    host = Host("standby0", {}, 5, slow_standby_segment)
+    loop = HostLoop(host, transport, {Addr(1, 0, 0): "node0"},
+                    {"controller": "tcp://x", "node0": "tcp://y"}, clock=lambda: now[0],
+                    lease=3.0)
+    loop.turn(0)  # the view takes 10 s
+    assert loop.stopped is None
+    loop.turn(0)  # the beats that came meanwhile are read
+    assert loop.stopped is None
+    now[0] += 3.5
+    loop.turn(0)  # now the controller is really silent
+    assert loop.stopped and "lease" in loop.stopped

@@ -33,7 +33,7 @@ from flux.ingress import INGRESS
 from flux.machine import Machine
 from flux.runtime.metrics import Metrics
 from flux.runtime.sources import NOT_YET
-from flux.runtime.transport import ConnectionGap, Transport
+from flux.runtime.transport import DEFAULT_POLL_LIMIT, ConnectionGap, Transport
 from statemover.messages import SmReady, TransferFailed
 
 log = logging.getLogger(__name__)
@@ -115,10 +115,20 @@ class HostLoop:
                             f"#{g.expected}, got #{g.got})")
             log.warning("%s stops: %s", self.host.name, self.stopped)
             return False
+        # The lease is judged at the poll: a controller message in this batch proves it was
+        # alive then. Judged after handling the batch, a long step (building a big operator
+        # for a new replica, installing its state) would look like the controller's silence
+        # while its beats wait, unread, in the socket (a standby stopped so at 100 MB).
+        polled = self.clock()
+        if any(env.src == CONTROLLER for env in envelopes):
+            self._controller_seen = polled
+        if len(envelopes) < DEFAULT_POLL_LIMIT:  # else the controller's may be among the rest
+            self._check_lease(polled)
+        if self.stopped is not None:
+            return False
         for env in envelopes:
             self.receive(env)
         self.on_turn()
-        self._check_lease()  # after receiving: the controller's beats that waited count
         moved = bool(envelopes)
         deadline = self.clock() + self.max_turn
         while True:
@@ -136,9 +146,8 @@ class HostLoop:
             self.addresses[name] = address
             self.incarnations[name] = inc
 
-    def _check_lease(self) -> None:
+    def _check_lease(self, now: float) -> None:
         """A node that hears nothing from the controller for ``lease`` stops (DESIGN 6)."""
-        now = self.clock()
         if self.lease is not None and now - self._controller_seen > self.lease:
             self.stopped = f"lost the controller's lease ({now - self._controller_seen:.2f}s)"
             log.warning("%s stops: %s", self.host.name, self.stopped)
@@ -163,8 +172,6 @@ class HostLoop:
 
     def receive(self, env: Envelope) -> None:
         """Take one envelope off the wire: control for this process now, data in order."""
-        if env.src == CONTROLLER:
-            self._controller_seen = self.clock()
         if env.dst == self.me and isinstance(env.msg, View):
             self._apply_view(env.msg)  # views come in order on the controller's connection
         elif env.dst == self.me and isinstance(env.msg, Members):

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 #: frames at least this long are handed to ZeroMQ without a copy (pyzmq's advice: 64 KiB)
 ZERO_COPY_FROM = 1 << 16
 
+#: messages one ``poll`` takes at most (more wait for the next)
+DEFAULT_POLL_LIMIT = 10_000
+
 #: messages a peer's outbox may hold before ``send`` reports back-pressure
 DEFAULT_OUTBOX = 100_000
 
@@ -178,7 +181,8 @@ class Transport:
             box.popleft()
 
     # -- receiving ----------------------------------------------------------------
-    def poll(self, timeout_ms: int, limit: int = 10_000) -> Tuple[List[Envelope], list]:
+    def poll(self, timeout_ms: int, limit: int = DEFAULT_POLL_LIMIT
+             ) -> Tuple[List[Envelope], list]:
         """Wait up to ``timeout_ms`` for messages; returns the envelopes in arrival order
         and the connection failures seen (``ConnectionGap``, ``ConnectionLost``).
         Malformed frames are logged and dropped."""
