@@ -8,7 +8,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from flux.buffer import PRIM, Buffer
-from flux.segment import PROCESSING, Event, Segment
+from flux.segment import Segment
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -42,12 +42,10 @@ class BufferInstalledWithoutReversal(Buffer):
 
 
 class SegmentWithoutDrain(Segment):
-    """Moves state at sm_ready without pausing the sources and draining (5.3.1 broken)."""
+    """Moves the final state once the bulk is handed over without pausing the sources
+    and draining (5.3.1 broken)."""
 
-    def sm_ready(self):
-        if self.mode is not PROCESSING:
-            return []
-        self.mode = self._next(Event.SM_READY)
+    def _pause_sources(self):
         return self._checkpoint()
 
 
