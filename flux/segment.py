@@ -315,6 +315,8 @@ class Segment:
         return [SendState(self.catchup.transfer(self.addr), data)]
 
     def _moving_state(self) -> dict:
+        if not self._tracked:
+            return self.get_state()  # no keyed store: today's single whole movement
         keyed = sorted(self._tracked)
         state = self.get_state(skip=keyed)
         state["deltas"] = [[i, self._tracked[i].delta()] for i in keyed]
@@ -405,6 +407,9 @@ class Segment:
         changes, install the rest whole (a state without deltas is a whole segment)."""
         deltas = state.get("deltas")
         if deltas is None:
+            if self.parts_received:
+                raise RemoteProtocolError(f"{self.addr}: a whole state after {self.parts_received} "
+                                          f"bulk parts")
             self.install_state(state)
             self.installed = {"parts": 0, "deltas": 0}
             return

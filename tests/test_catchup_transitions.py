@@ -26,7 +26,7 @@ from flux.host import Host
 from flux.ingress import INGRESS, Ingress
 from flux.operator import wire_form
 from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND, STDBY
-from flux.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, CatchUp, Segment
+from flux.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, STREAMING, CatchUp, Segment
 from flux.sequence import NO_SN
 from statemover.messages import CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendState
 
@@ -864,7 +864,9 @@ def test_the_mode_table_lists_every_mode_and_lets_views_in_everywhere():
     # only these events move a segment to another mode
     moves = {k: v for k, v in TRANSITIONS.items() if k[0] is not v}
     assert moves == {
-        (PROCESSING, Event.SM_READY): DRAINING,
+        (PROCESSING, Event.SM_READY): STREAMING,
+        (STREAMING, Event.BULK_SENT): DRAINING,
+        (STREAMING, Event.ABORT): PROCESSING,
         (DRAINING, Event.DRAINED): MOVING,
         (MOVING, Event.STATE_SENT): PROCESSING,
         (AWAITING_STATE, Event.STATE_RECEIVED): PROCESSING,
