@@ -28,7 +28,8 @@ from flux.operator import wire_form
 from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND, STDBY
 from flux.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, STREAMING, CatchUp, Segment
 from flux.sequence import NO_SN
-from statemover.messages import CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendState
+from statemover.messages import (CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendPart,
+                                 SendState)
 
 
 # -- views of the per-connection records, for assertions ---------------------------
@@ -895,6 +896,10 @@ class MoverRecorder:
         self.calls.append(("send", transfer, state))
         return []
 
+    def send_part(self, transfer, part):
+        self.calls.append(("send_part", transfer, part))
+        return []
+
     def cancel(self, transfer, reason):
         self.calls.append(("cancel", transfer, reason))
         return []
@@ -904,6 +909,8 @@ def test_the_host_dispatches_mover_calls_by_type():
     h = Host("node0", {}, inc=1, segment_factory=Stub)
     h.mover = MoverRecorder()
     assert h.run_local([RequestSend(TRANSFER, "sm@sb"), RequestRecv(TRANSFER, "sm@a"),
-                        SendState(TRANSFER, b"st"), CancelTransfer(TRANSFER, "gone")]) == ([], [])
+                        SendPart(TRANSFER, b"bulk"), SendState(TRANSFER, b"st"),
+                        CancelTransfer(TRANSFER, "gone")]) == ([], [])
     assert h.mover.calls == [("request_send", TRANSFER, "sm@sb"), ("request_recv", TRANSFER, "sm@a"),
-                             ("send", TRANSFER, b"st"), ("cancel", TRANSFER, "gone")]
+                             ("send_part", TRANSFER, b"bulk"), ("send", TRANSFER, b"st"),
+                             ("cancel", TRANSFER, "gone")]
