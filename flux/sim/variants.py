@@ -49,6 +49,17 @@ class SegmentWithoutDrain(Segment):
         return self._checkpoint()
 
 
+class SegmentWithoutDelta(Segment):
+    """Two-phase catch-up that forgets phase 2's delta: the new replica keeps the
+    keyed snapshot of sm_ready, missing what changed while the bulk moved."""
+
+    def _moving_state(self):
+        state = super()._moving_state()
+        if "deltas" in state:
+            state["deltas"] = [[i, {"set": [], "deleted": []}] for i, _ in state["deltas"]]
+        return state
+
+
 #: name -> (buffer class, segment class)
 VARIANTS = {
     "none": (Buffer, Segment),
@@ -56,4 +67,5 @@ VARIANTS = {
     "early-evict": (BufferEvictingBeforeDualAck, Segment),
     "no-reversal": (BufferInstalledWithoutReversal, Segment),
     "no-drain": (Buffer, SegmentWithoutDrain),
+    "no-delta": (Buffer, SegmentWithoutDelta),
 }
