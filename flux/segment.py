@@ -471,6 +471,10 @@ class Segment:
 
     def check_invariants(self) -> None:
         self.fprod.check_invariants()
+        if self.mode in (PROCESSING, AWAITING_STATE):  # no attempt of ours is moving state
+            assert not self._tracked and self._bulk is None, f"{self.addr}: bulk kept after the attempt"
+            tracking = [i for i, st in enumerate(self._stores()) if st is not None and st.tracking]
+            assert not tracking, f"{self.addr}: operators {tracking} still track changes"
 
 
 def _tagged(i: int, slices) -> Iterator[tuple]:

@@ -149,6 +149,7 @@ def test_phase_one_streams_the_snapshot_part_by_part_while_processing():
     assert store(seg).tracking  # until the attempt ends
     effects = seg.state_sent()
     assert seg.mode == PROCESSING and not store(seg).tracking
+    seg.check_invariants()
     assert Send(M, A0P, CSync(5)) in effects
 
 
@@ -251,6 +252,11 @@ def test_abort_while_streaming_cancels_only_and_stops_tracking():
     assert seg.on_fail({MX}) == [CancelTransfer(TRANSFER, "the standby is gone")]
     assert seg.mode == PROCESSING and seg.catchup is None
     assert not seg.has_part() and not store(seg).tracking  # no memory kept for it
+    seg.check_invariants()
+    store(seg).clear_dirty()  # as if an attempt had forgotten to stop tracking
+    with pytest.raises(AssertionError, match="still track changes"):
+        seg.check_invariants()  # the simulator checks this of every live segment at the end
+    store(seg).stop_tracking()
     feed(seg, nxt, ["a"])  # processing goes on
     # the next attempt takes a fresh snapshot
     assert seg.on_avail(Avail(MX, 31, 6, "standby1", "node0"), "sm@sb1") == [
@@ -275,6 +281,7 @@ def test_abort_in_phase_two_stops_tracking(pause_acks):
     assert effects[0] == CancelTransfer(TRANSFER, "the standby is gone")
     assert Send(M, A0P, CSync(5)) in effects  # resumes its sources, as before
     assert seg.mode == PROCESSING and not store(seg).tracking
+    seg.check_invariants()
 
 
 def test_a_failed_transfer_at_the_new_replica_drops_the_parts_it_holds():
