@@ -30,7 +30,7 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, Role, Trailer, TransferFailed
+from statemover.messages import Abort, Chunk, Handshake, PartTrailer, Role, Trailer, TransferFailed
 
 VERSION = 1
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)
@@ -165,6 +165,10 @@ CODECS: Dict[str, _Codec] = {
     "sm_trailer": (Trailer, lambda m: [list(m.transfer), m.count, m.length, m.crc],
                    _arity(4, lambda t, n, ln, crc: Trailer(_transfer(t), _int(n, "count"),
                                                            _int(ln, "length"), _int(crc, "crc")))),
+    "sm_part_trailer": (PartTrailer, lambda m: [list(m.transfer), m.part, m.count, m.length, m.crc],
+                        _arity(5, lambda t, p, n, ln, crc: PartTrailer(
+                            _transfer(t), _int(p, "part"), _int(n, "count"), _int(ln, "length"),
+                            _int(crc, "crc")))),
     "sm_abort": (Abort, lambda m: [list(m.transfer), m.reason],
                  _arity(2, lambda t, r: Abort(_transfer(t), _str(r, "reason")))),
     "transfer_failed": (TransferFailed, lambda m: [list(m.transfer), m.reason],

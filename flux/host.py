@@ -24,8 +24,10 @@ from statemover.messages import (
     CancelTransfer,
     RequestRecv,
     RequestSend,
+    SendPart,
     SendState,
     SmReady,
+    StatePart,
     StateReceived,
     StateSent,
     TransferFailed,
@@ -134,7 +136,8 @@ class Host:
         return self._run(effects)
 
     def run_local(self, effects) -> Tuple[List[Envelope], List]:
-        """Carry out effects of a local step (a process or flush)."""
+        """Carry out effects of a local step (a process, a flush, or a segment's
+        ``send_part`` in phase 1 of catch-up)."""
         return self._run(effects)
 
     def _run(self, effects) -> Tuple[List[Envelope], List]:
@@ -148,13 +151,15 @@ class Host:
                                       self.peer_incs.get(e.dst)))
             elif isinstance(e, MOVER_CALLS):
                 pending.extend(self._call_mover(e))
-            elif isinstance(e, (SmReady, StateSent, StateReceived, TransferFailed)):
+            elif isinstance(e, (SmReady, StatePart, StateSent, StateReceived, TransferFailed)):
                 seg = self.segment_of(e.transfer)
                 if seg is None or not seg.in_transfer(e.transfer):
                     continue  # about an attempt this host already gave up
                 elif isinstance(e, SmReady):
                     others.append(e)  # the movement starts (the runtime times it)
                     pending.extend(seg.sm_ready())
+                elif isinstance(e, StatePart):
+                    pending.extend(seg.state_part(e.part, e.data))  # phase 1 at the standby
                 elif isinstance(e, StateSent):
                     pending.extend(seg.state_sent())
                 elif isinstance(e, StateReceived):
@@ -173,6 +178,8 @@ class Host:
             return self.mover.request_send(call.transfer, call.peer)
         if isinstance(call, RequestRecv):
             return self.mover.request_recv(call.transfer, call.peer)
+        if isinstance(call, SendPart):
+            return self.mover.send_part(call.transfer, call.data)
         if isinstance(call, SendState):
             return self.mover.send(call.transfer, call.data)
         if isinstance(call, CancelTransfer):

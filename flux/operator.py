@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkabl
 import msgpack
 
 from flux.errors import DataflowError, OperatorError  # noqa: F401 (raised by the chain)
-from flux.keyed_state import KeyedOperator, KeyedState, sorted_keys, tuplify
+from flux.keyed_state import KeyedOperator, KeyedState, keyed_state_of, sorted_keys, tuplify
 
 @runtime_checkable
 class Operator(Protocol):
@@ -185,6 +185,15 @@ class KeyedAggregate(KeyedOperator):
 
 # --- chains ---------------------------------------------------------------
 
+def _whole_store(op: Any):
+    store = keyed_state_of(op)
+    cls = type(op)
+    if store is None or cls.get_state is not KeyedOperator.get_state or (
+            cls.install_state is not KeyedOperator.install_state):
+        return None  # no store, or state beyond it: moved whole
+    return store
+
+
 def _apply(op: Any, record: Any) -> list:
     """``op``'s outputs for ``record``; what user code raises comes out as ``OperatorRaised``."""
     try:
@@ -222,16 +231,28 @@ class OperatorChain:
         for produced in _apply(self.operators[i], record):
             self._run(i + 1, produced, out)
 
-    def get_state(self) -> list:
-        return [op.get_state() for op in self.operators]
+    def get_state(self, skip: Iterable[int] = ()) -> list:
+        """Every operator's state; ``None`` for the operators whose index is in ``skip``
+        (their keyed state moves in pieces, two-phase catch-up)."""
+        skip = set(skip)
+        return [None if i in skip else op.get_state() for i, op in enumerate(self.operators)]
 
-    def install_state(self, states: Sequence[Any]) -> None:
+    def install_state(self, states: Sequence[Any], skip: Iterable[int] = ()) -> None:
+        """Install ``get_state(skip)``; the operators in ``skip`` are left as they are."""
         if len(states) != len(self.operators):
             raise DataflowError(
                 f"chain of {len(self.operators)} operators got {len(states)} states"
             )
-        for op, state in zip(self.operators, states):
-            op.install_state(state)
+        skip = set(skip)
+        for i, (op, state) in enumerate(zip(self.operators, states)):
+            if i not in skip:
+                op.install_state(state)
+
+    def keyed_stores(self) -> list:
+        """Per operator, the ``KeyedState`` that is its whole state (``KeyedOperator``'s own
+        ``get_state``/``install_state``), or None: such a store can move as a snapshot
+        plus the changes since it (two-phase catch-up); any other state moves whole."""
+        return [_whole_store(op) for op in self.operators]
 
     def init_trans(self) -> None:
         self._call_hook("init_trans")

@@ -5,12 +5,23 @@ One replica of one partition of one stage. The segment numbers outputs
 its consumer partition, computes the progress bound it may promise
 downstream (DESIGN 4.3), and runs its side of catch-up (3.3, 5.3, Figure 5).
 Its mode is in ``TRANSITIONS`` below; see docs/catchup.md.
+
+Catch-up moves the state in two phases (DESIGN 9: pause only for what
+changed). Phase 1 (STREAMING): at ``sm_ready`` the active, still processing,
+takes a snapshot of every operator whose state is a ``KeyedState``, starts
+dirty tracking, and hands the snapshot to the mover in parts (``SendPart``)
+while it goes on processing; the new replica installs each part as it
+arrives (``StatePart``). Phase 2: the distributed pause and drain of 5.3.1,
+quiesce, and ``SendState`` with only the changes of those stores since the
+snapshot, plus everything else whole (other operators, F-Prod buffers,
+F-Cons merge), installed as before. Operators without a ``KeyedState``
+simply move whole in phase 2 (their bulk is empty).
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Set
+from typing import Any, Callable, Iterator, List, Optional, Set
 
 from flux.addresses import Addr, other
 from flux.control_messages import Avail
@@ -21,18 +32,20 @@ from flux.flux_producer import FluxProducer
 from flux.operator import OperatorRaised, describe
 from flux.sequence import output_sn
 from flux.state_codec import pack_state, paused_gc, unpack_state
-from statemover.messages import CancelTransfer, RequestRecv, RequestSend, SendState
+from statemover.messages import CancelTransfer, RequestRecv, RequestSend, SendPart, SendState
 
 
 class SegmentMode(enum.Enum):
     PROCESSING = "processing"  # normal processing (and take-over)
     AWAITING_STATE = "awaiting state"  # a new replica on a standby, waiting for its state
+    STREAMING = "streaming"  # phase 1: the active sends its keyed snapshot while it processes
     DRAINING = "draining"  # the active paused its sources and drains to the pause-acks (5.3.1)
     MOVING = "moving"  # quiesced (initTrans): the state is with the StateMover
 
 
 PROCESSING = SegmentMode.PROCESSING
 AWAITING_STATE = SegmentMode.AWAITING_STATE
+STREAMING = SegmentMode.STREAMING
 DRAINING = SegmentMode.DRAINING
 MOVING = SegmentMode.MOVING
 
@@ -45,7 +58,10 @@ class Event(enum.Enum):
     PROCESS = "process"  # local work: one input through the operators
     FLUSH = "flush"  # local work: one batch out
     EXPECT_STATE = "expect state"  # Figure 5 action 1 at the new replica
-    SM_READY = "sm_ready"  # Figure 5 action 2
+    SM_READY = "sm_ready"  # Figure 5 action 2: phase 1 starts
+    SEND_PART = "send part"  # local work in phase 1: one bulk part to the mover
+    BULK_SENT = "bulk sent"  # the last bulk part is with the mover: phase 2 (pause, drain)
+    STATE_PART = "state part"  # a bulk part arrived at the new replica
     DRAINED = "drained"  # the last pause-ack: checkpoint (actions 2-4)
     STATE_SENT = "state sent"  # action 5 at the active
     STATE_RECEIVED = "state received"  # actions 4-5 at the new replica
@@ -58,18 +74,24 @@ class Event(enum.Enum):
 #: listed on purpose: a pause-ack while PROCESSING is that of an aborted attempt (our
 #: csync already resumed the source), as is one of another version while DRAINING;
 #: sm_ready and a failed transfer at a new replica change nothing (it waits for its
-#: state, or for the view that discards it).
+#: state, or for the view that discards it). Two phases: PROCESSING -> STREAMING
+#: (sm_ready: snapshot, bulk parts while processing) -> DRAINING (bulk handed over:
+#: pause and drain) -> MOVING (the delta and the rest) -> PROCESSING.
 TRANSITIONS = {
-    **{(m, e): m for m in (PROCESSING, DRAINING)
+    **{(m, e): m for m in (PROCESSING, STREAMING, DRAINING)
        for e in (Event.MESSAGE, Event.PAUSE_ACK, Event.PROCESS, Event.FLUSH)},
     **{(m, e): m for m in SegmentMode for e in (Event.FAIL, Event.AVAIL)},
     (AWAITING_STATE, Event.EXPECT_STATE): AWAITING_STATE,
-    (PROCESSING, Event.SM_READY): DRAINING,
+    (PROCESSING, Event.SM_READY): STREAMING,
     (AWAITING_STATE, Event.SM_READY): AWAITING_STATE,
+    (STREAMING, Event.SEND_PART): STREAMING,
+    (STREAMING, Event.BULK_SENT): DRAINING,
+    (AWAITING_STATE, Event.STATE_PART): AWAITING_STATE,
     (DRAINING, Event.DRAINED): MOVING,
     (MOVING, Event.STATE_SENT): PROCESSING,
     (AWAITING_STATE, Event.STATE_RECEIVED): PROCESSING,
     (PROCESSING, Event.ABORT): PROCESSING,  # started, nothing paused yet: cancel only
+    (STREAMING, Event.ABORT): PROCESSING,  # nothing paused yet: cancel, stop tracking
     (DRAINING, Event.ABORT): PROCESSING,
     (MOVING, Event.ABORT): PROCESSING,
     (AWAITING_STATE, Event.TRANSFER_FAILED): AWAITING_STATE,
@@ -91,6 +113,13 @@ class CatchUp:
 class Segment:
     """The machines and operators of one partition replica of one stage."""
 
+    #: ``[key, value]`` pairs of keyed state per bulk part (phase 1)
+    bulk_pairs: int = 8192
+    #: False: ``sm_ready`` hands the whole bulk to the mover at once, for a driver
+    #: without the local step; True: one part per ``send_part`` step (``has_part``),
+    #: interleaved with processing, as the runtime should drive it
+    bulk_per_step: bool = False
+
     def __init__(
         self,
         addr: Addr,
@@ -110,6 +139,16 @@ class Segment:
         self.catchup: Optional[CatchUp] = None
         #: views applied while AWAITING_STATE, replayed over the installed state (it may be older)
         self.missed: List[tuple] = []
+        # phase 1 at the active: the stores tracked since the snapshot (operator index ->
+        # store), the parts not yet handed over, the next one (peeked), how many went out
+        self._tracked: dict = {}
+        self._bulk: Optional[Iterator[tuple]] = None
+        self._bulk_next: Optional[tuple] = None
+        self._parts_sent = 0
+        #: at the new replica: bulk parts installed so far
+        self.parts_received = 0
+        #: what the last install took (for counters): bulk parts, keyed deltas, delta keys
+        self.installed: Optional[dict] = None
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""
@@ -166,7 +205,7 @@ class Segment:
             self.fcons.mark_dead(dead)
             self.missed.append(("fail", set(dead)))
             return []
-        effects = self.fcons.on_fail(dead) + self.fprod.on_fail(dead)
+        effects = self.fcons.on_fail(dead) + self.fprod.on_fail(dead)  # as in PROCESSING
         if self.catchup is not None and self.dual in dead:
             effects += self.abort_catchup()
         return effects + self._maybe_start()
@@ -180,9 +219,10 @@ class Segment:
         if not c.started:
             return []  # never asked the mover: nothing to cancel, nothing paused
         self.mode = nxt
+        self._end_tracking()
         cancel = [CancelTransfer(c.transfer(self.addr), "the standby is gone")]
-        if mode is PROCESSING:
-            return cancel
+        if mode in (PROCESSING, STREAMING):
+            return cancel  # nothing paused yet
         if mode is MOVING:
             self.chain.end_trans()
         self.fcons.cancel_pause()
@@ -191,6 +231,7 @@ class Segment:
     def transfer_failed(self) -> List:
         if self.mode is AWAITING_STATE:
             self._next(Event.TRANSFER_FAILED)
+            self._drop_parts()  # never keep a part of a failed attempt (the view discards us)
             return []
         return self.abort_catchup()
 
@@ -216,26 +257,89 @@ class Segment:
         return [RequestSend(c.transfer(self.addr), c.peer_mover)]
 
     def sm_ready(self) -> List:
-        """Action 2, distributed (5.3.1): pause the data sources, drain to their pause-acks."""
+        """Action 2, phase 1: snapshot every keyed store, track its changes from here,
+        and stream the snapshot while processing goes on; then phase 2 (``_pause_sources``)."""
         self.mode = self._next(Event.SM_READY)
         if self.mode is AWAITING_STATE:
-            return []  # the standby just waits for the state
+            return []  # the standby just waits for the state (and its parts)
+        self._parts_sent = 0
+        parts = []
+        for i, store in enumerate(self._stores()):
+            if store is not None:
+                parts.append(_tagged(i, store.chunks(self.bulk_pairs)))  # the snapshot, now
+                store.clear_dirty()  # the baseline of phase 2's delta
+                self._tracked[i] = store
+        self._bulk = (part for tagged in parts for part in tagged)
+        self._bulk_next = next(self._bulk, None)
+        return self._stream(0 if self.bulk_per_step else None)
+
+    def has_part(self) -> bool:
+        """Is a bulk part waiting for a ``send_part`` step (phase 1, ``bulk_per_step``)?"""
+        return self.mode is STREAMING and self._bulk_next is not None
+
+    def send_part(self) -> List:
+        """Local work in phase 1: hand the next bulk part to the mover; after the last,
+        phase 2 begins."""
+        self._next(Event.SEND_PART)
+        if self._bulk_next is None:
+            raise LocalProtocolError(f"{self.addr}: send part with no part left")
+        return self._stream(1)
+
+    def _stream(self, limit: Optional[int]) -> List:
+        """Hand over up to ``limit`` parts (all if None); the bulk done, pause the sources."""
+        effects: List = []
+        transfer = self.catchup.transfer(self.addr)
+        while self._bulk_next is not None and (limit is None or len(effects) < limit):
+            with paused_gc():  # see _checkpoint
+                effects.append(SendPart(transfer, pack_state(list(self._bulk_next))))
+            self._parts_sent += 1
+            self._bulk_next = next(self._bulk, None)
+        if self._bulk_next is None:
+            self.mode = self._next(Event.BULK_SENT)
+            self._bulk = None
+            effects += self._pause_sources()
+        return effects
+
+    def _pause_sources(self) -> List:
+        """Phase 2, distributed (5.3.1): pause the data sources, drain to their pause-acks."""
         effects = self.fcons.pause(self.catchup.version)
         return effects if self.fcons.awaiting_pause_acks() else effects + self._checkpoint()
 
     def _checkpoint(self) -> List:
-        """Actions 2-4: quiesce (initTrans) and hand the whole segment to the mover."""
+        """Actions 2-4: quiesce (initTrans) and hand the mover what phase 1 did not move:
+        the keyed stores' changes since the snapshot, everything else whole."""
         self.mode = self._next(Event.DRAINED)
         self.chain.init_trans()
         with paused_gc():  # in slices, no collector pauses: liveness goes on (issue 11)
-            data = pack_state(self.get_state())
+            data = pack_state(self._moving_state())
         return [SendState(self.catchup.transfer(self.addr), data)]
+
+    def _moving_state(self) -> dict:
+        if not self._tracked:
+            return self.get_state()  # no keyed store: today's single whole movement
+        keyed = sorted(self._tracked)
+        state = self.get_state(skip=keyed)
+        state["deltas"] = [[i, self._tracked[i].delta()] for i in keyed]
+        state["parts"] = self._parts_sent
+        return state
+
+    def _end_tracking(self) -> None:
+        """The attempt is over (sent or aborted): stop recording changes, forget the bulk."""
+        for store in self._tracked.values():
+            store.stop_tracking()
+        self._tracked = {}
+        self._bulk = self._bulk_next = None
+
+    def _stores(self) -> list:
+        stores = getattr(self.chain, "keyed_stores", None)
+        return stores() if callable(stores) else []
 
     def state_sent(self) -> List:
         """Action 5 at the active: endTrans, then csync below and psync above (5.3.2)."""
         self.mode = self._next(Event.STATE_SENT)
         v = self.catchup.version
         self.chain.end_trans()
+        self._end_tracking()
         self.catchup = None
         self.fcons.end_catchup()
         return self.fcons.csyncs(v) + self.fprod.end_catchup(v)
@@ -247,11 +351,31 @@ class Segment:
         self.catchup = catchup
         return [RequestRecv(catchup.transfer(self.addr), catchup.peer_mover)]
 
+    def state_part(self, part: int, data: bytes) -> List:
+        """Phase 1 at the new replica: install one bulk part; go on waiting."""
+        self._next(Event.STATE_PART)
+        if part != self.parts_received:
+            raise RemoteProtocolError(f"{self.addr}: bulk part {part}, expected {self.parts_received}")
+        with paused_gc():
+            i, pairs = unpack_state(data)
+        stores = self._stores()
+        if not (type(i) is int and 0 <= i < len(stores) and stores[i] is not None):
+            raise RemoteProtocolError(f"{self.addr}: bulk part for operator {i!r}, which has no keyed store")
+        stores[i].install_chunk(pairs)
+        self.parts_received += 1
+        return []
+
+    def _drop_parts(self) -> None:
+        for store in self._stores():
+            if store is not None:
+                store.restore(None)
+        self.parts_received = 0
+
     def state_received(self, data: bytes) -> List:
         """Actions 4-5 at the standby: install with the buffers reversed, then sync."""
         nxt = self._next(Event.STATE_RECEIVED)
         with paused_gc():  # see _checkpoint
-            self.install_state(unpack_state(data))
+            self._install_moved(unpack_state(data))
         for kind, what in self.missed:  # what happened since the snapshot was taken
             if kind == "fail":
                 self.fprod.replay_fail(what)
@@ -264,19 +388,49 @@ class Segment:
         return self.fcons.csyncs(v) + self.fcons.reverse_dead_sources() + self.fprod.psyncs(v)
 
     # -- the whole segment's state (DESIGN 4.6) --------------------------------------
-    def get_state(self) -> dict:
-        return {"operators": self.chain.get_state(), "fcons": self.fcons.get_state(),
-                "fprod": self.fprod.get_state()}
+    def get_state(self, skip=()) -> dict:
+        """The whole segment; the operators in ``skip`` have ``None`` (moved in pieces)."""
+        ops = self.chain.get_state(skip) if skip else self.chain.get_state()
+        return {"operators": ops, "fcons": self.fcons.get_state(), "fprod": self.fprod.get_state()}
 
-    def install_state(self, state: dict) -> None:
-        self.chain.install_state(state["operators"])
+    def install_state(self, state: dict, skip=()) -> None:
+        """Install ``get_state(skip)`` with the buffers reversed; ``skip`` operators stay."""
+        if skip:
+            self.chain.install_state(state["operators"], skip)
+        else:
+            self.chain.install_state(state["operators"])
         self.fcons.install_state(state["fcons"])
         self.fprod.install_state(state["fprod"], reverse=True)
+
+    def _install_moved(self, state: dict) -> None:
+        """Phase 2 at the new replica: the bulk parts are in; apply each keyed store's
+        changes, install the rest whole (a state without deltas is a whole segment)."""
+        deltas = state.get("deltas")
+        if deltas is None:
+            if self.parts_received:
+                raise RemoteProtocolError(f"{self.addr}: a whole state after {self.parts_received} "
+                                          f"bulk parts")
+            self.install_state(state)
+            self.installed = {"parts": 0, "deltas": 0}
+            return
+        if state.get("parts") != self.parts_received:
+            raise RemoteProtocolError(f"{self.addr}: {self.parts_received} bulk parts installed, "
+                                      f"the active sent {state.get('parts')!r}")
+        stores = self._stores()
+        keyed = [i for i, _ in deltas]
+        if any(not (type(i) is int and 0 <= i < len(stores) and stores[i] is not None) for i in keyed):
+            raise RemoteProtocolError(f"{self.addr}: deltas for operators {keyed} without a keyed store")
+        self.install_state(state, skip=keyed)
+        for i, delta in deltas:
+            stores[i].apply_delta(delta)
+        self.installed = {"parts": self.parts_received, "deltas": len(deltas),
+                          "delta_keys": sum(len(d["set"]) + len(d["deleted"]) for _, d in deltas)}
+        self.parts_received = 0
 
     # -- local work ------------------------------------------------------------
     def can_process(self) -> bool:
         """Figure 3 action 1's guard: running, room in the buffers, and an input to release."""
-        return (self.mode in (PROCESSING, DRAINING) and not self.fprod.full()
+        return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.full()
                 and self.fcons.can_release())
 
     def process(self) -> int:
@@ -303,7 +457,7 @@ class Segment:
         return len(outputs)
 
     def flushable(self):
-        if self.mode not in (PROCESSING, DRAINING):
+        if self.mode not in (PROCESSING, STREAMING, DRAINING):
             return []
         return self.fprod.flushable(self.fcons.frontier())
 
@@ -317,3 +471,13 @@ class Segment:
 
     def check_invariants(self) -> None:
         self.fprod.check_invariants()
+        if self.mode in (PROCESSING, AWAITING_STATE):  # no attempt of ours is moving state
+            assert not self._tracked and self._bulk is None, f"{self.addr}: bulk kept after the attempt"
+            tracking = [i for i, st in enumerate(self._stores()) if st is not None and st.tracking]
+            assert not tracking, f"{self.addr}: operators {tracking} still track changes"
+
+
+def _tagged(i: int, slices) -> Iterator[tuple]:
+    """Operator ``i``'s snapshot slices as bulk parts ``(i, pairs)``."""
+    for pairs in slices:
+        yield (i, pairs)

@@ -54,6 +54,19 @@ class SendState:
         return f"SendState({self.transfer!r}, <{len(self.data)} bytes>)"
 
 
+@dataclass(frozen=True, slots=True, repr=False)
+class SendPart:
+    """The active's bulk, one part at a time, while it goes on processing (two-phase
+    catch-up, phase 1): the mover sends its chunks and a ``PartTrailer``; the transfer
+    stays open for more parts and, at the end, the ``SendState`` of phase 2."""
+
+    transfer: Hashable
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"SendPart({self.transfer!r}, <{len(self.data)} bytes>)"
+
+
 @dataclass(frozen=True, slots=True)
 class CancelTransfer:
     """The segment gave up on this attempt (3.4): tell the peer mover."""
@@ -62,7 +75,7 @@ class CancelTransfer:
     reason: str
 
 
-MOVER_CALLS = (RequestSend, RequestRecv, SendState, CancelTransfer)
+MOVER_CALLS = (RequestSend, RequestRecv, SendPart, SendState, CancelTransfer)
 
 # -- messages between movers ---------------------------------------------------
 
@@ -91,6 +104,18 @@ class Trailer:
     """End of the state: what the receiver must have got, to check it whole."""
 
     transfer: Hashable
+    count: int
+    length: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartTrailer:
+    """End of bulk part number ``part`` (from 0): checked like the final ``Trailer``;
+    the chunks after it belong to the next part (their indices start again at 0)."""
+
+    transfer: Hashable
+    part: int
     count: int
     length: int
     crc: int
@@ -129,6 +154,19 @@ class StateReceived:
 
     def __repr__(self) -> str:
         return f"StateReceived({self.transfer!r}, <{len(self.data)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class StatePart:
+    """Bulk part number ``part`` arrived whole and checked out: the standby installs it
+    and goes on waiting (two-phase catch-up, phase 1)."""
+
+    transfer: Hashable
+    part: int
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"StatePart({self.transfer!r}, {self.part}, <{len(self.data)} bytes>)"
 
 
 @dataclass(frozen=True, slots=True)

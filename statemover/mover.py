@@ -16,6 +16,13 @@ thread and the sockets. Everything that affects a transfer lives here:
 - The receiver checks each chunk's index as it arrives and the trailer at the
   end; only then ``StateReceived`` (installState, then sm_done). Any mismatch
   is ``TransferFailed``: corrupt state is never delivered.
+- Two-phase catch-up (docs/catchup.md): before ``send``, the active may call
+  ``send_part(part)`` any number of times while it goes on processing. Each
+  part is its chunks (indices from 0) and a ``PartTrailer`` (part number,
+  count, length, CRC), checked like the final trailer; the receiver emits
+  ``StatePart`` per part and stays open for more. Parts and the final state
+  belong to one transfer id, so a part of an aborted attempt never mixes
+  into a newer one, and a receiver that fails keeps no part.
 - Transfer ids are unique per catch-up attempt (3.4, DESIGN 4.6) and all
   state is keyed by id, so messages of an older attempt never mix into a
   newer one.
@@ -42,8 +49,10 @@ from statemover.messages import (
     Abort,
     Chunk,
     Handshake,
+    PartTrailer,
     Role,
     SmReady,
+    StatePart,
     StateReceived,
     StateSent,
     Trailer,
@@ -75,9 +84,12 @@ SEND, RECV = Role.SEND, Role.RECV
 TRANSITIONS = {
     (SEND, Mode.REQUESTED, "handshake"): Mode.READY,
     (RECV, Mode.REQUESTED, "handshake"): Mode.READY,
+    (SEND, Mode.READY, "part"): Mode.READY,  # send_part(): a bulk part, more may follow
     (SEND, Mode.READY, "send"): Mode.DONE,  # send() hands out every chunk at once
     (RECV, Mode.READY, "chunk"): Mode.RECEIVING,
     (RECV, Mode.RECEIVING, "chunk"): Mode.RECEIVING,
+    (RECV, Mode.READY, "part trailer"): Mode.READY,  # an empty part
+    (RECV, Mode.RECEIVING, "part trailer"): Mode.READY,  # a part whole: StatePart
     (RECV, Mode.READY, "trailer"): Mode.DONE,  # the empty state has no chunks
     (RECV, Mode.RECEIVING, "trailer"): Mode.DONE,
 }
@@ -92,6 +104,7 @@ class _Transfer:
     chunks: List[Any] = field(default_factory=list)
     length: int = 0
     crc: int = 0
+    parts: int = 0  # bulk parts sent (sender) or received whole (receiver)
 
 
 class StateMover:
@@ -128,14 +141,31 @@ class StateMover:
             return []
         self._step(transfer, t, "send", LocalProtocolError)
         data = state if type(state) is bytes else bytes(state)  # snapshot, never aliased
-        view, n = memoryview(data), self.chunk_size
-        effects: list = [
-            Send(self.me, t.peer, Chunk(transfer, i, view[off:off + n]))
-            for i, off in enumerate(range(0, len(data), n))
-        ]
+        effects = self._chunks(transfer, t, data)
         effects.append(Send(self.me, t.peer, Trailer(transfer, len(effects), len(data), zlib.crc32(data))))
         effects.append(StateSent(transfer))
         return effects
+
+    def send_part(self, transfer: Hashable, part) -> list:
+        """One bulk part of a two-phase catch-up: its chunks and a ``PartTrailer``.
+
+        The transfer stays READY: more parts, or ``send`` of the final state, follow.
+        A no-op after an abort, like ``send``."""
+        t = self._known(transfer)
+        if t.mode is Mode.ABORTED:
+            return []
+        self._step(transfer, t, "part", LocalProtocolError)
+        data = part if type(part) is bytes else bytes(part)
+        effects = self._chunks(transfer, t, data)
+        effects.append(Send(self.me, t.peer, PartTrailer(transfer, t.parts, len(effects), len(data),
+                                                         zlib.crc32(data))))
+        t.parts += 1
+        return effects
+
+    def _chunks(self, transfer, t: _Transfer, data: bytes) -> list:
+        view, n = memoryview(data), self.chunk_size
+        return [Send(self.me, t.peer, Chunk(transfer, i, view[off:off + n]))
+                for i, off in enumerate(range(0, len(data), n))]
 
     def cancel(self, transfer: Hashable, reason: str = CANCELLED) -> list:
         """Give up on ``transfer`` here and tell the peer; finished ones are left alone.
@@ -206,23 +236,44 @@ class StateMover:
 
     def _on_trailer(self, transfer, t: _Transfer, msg: Trailer) -> list:
         self._step(transfer, t, "trailer")
-        got = len(t.chunks)
-        if got < msg.count:
-            return self._abort(transfer, t, f"missing chunk {got}")
-        if got > msg.count:
-            return self._abort(transfer, t, f"{got} chunks, trailer says {msg.count}")
-        if t.length != msg.length:
-            return self._abort(transfer, t, f"length {t.length}, trailer says {msg.length}")
-        if t.crc != msg.crc:
-            return self._abort(transfer, t, CHECKSUM_MISMATCH)
+        problem = self._check(t, msg)
+        if problem is not None:
+            return self._abort(transfer, t, problem)
         data = b"".join(t.chunks)  # the one copy of the whole state
         t.chunks, t.length, t.crc = [], 0, 0
         return [StateReceived(transfer, data)]
 
+    def _on_part_trailer(self, transfer, t: _Transfer, msg: PartTrailer) -> list:
+        self._step(transfer, t, "part trailer")
+        if msg.part != t.parts:  # FIFO links: a whole part lost or repeated
+            return self._abort(transfer, t, f"part {msg.part}, expected part {t.parts}")
+        problem = self._check(t, msg)
+        if problem is not None:
+            return self._abort(transfer, t, problem)
+        data = b"".join(t.chunks)
+        t.chunks, t.length, t.crc = [], 0, 0
+        t.parts += 1
+        return [StatePart(transfer, msg.part, data)]
+
+    @staticmethod
+    def _check(t: _Transfer, msg) -> Optional[str]:
+        """What is wrong with the chunks received, given their (part) trailer; None if whole."""
+        got = len(t.chunks)
+        if got < msg.count:
+            return f"missing chunk {got}"
+        if got > msg.count:
+            return f"{got} chunks, trailer says {msg.count}"
+        if t.length != msg.length:
+            return f"length {t.length}, trailer says {msg.length}"
+        if t.crc != msg.crc:
+            return CHECKSUM_MISMATCH
+        return None
+
     def _on_abort(self, transfer, t: _Transfer, msg: Abort) -> list:
         return self._abort(transfer, t, f"peer aborted: {msg.reason}")
 
-    _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer, Abort: _on_abort}
+    _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer,
+                 PartTrailer: _on_part_trailer, Abort: _on_abort}
 
     # -- helpers -----------------------------------------------------------------
     def _request(self, transfer, peer, role: Role) -> list:

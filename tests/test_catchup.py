@@ -133,3 +133,12 @@ def test_500_schedules_with_crashes_and_standbys():
     bad = [r for r in results if r.status != OK]
     assert not bad, "\n".join(f"seed {r.seed}: {r.reason}" for r in bad)
     assert sum(len(r.catchups) for r in results) > 500
+
+
+def test_a_two_phase_catch_up_that_forgets_the_delta_is_caught():
+    # Phase 1 moves the keyed snapshot of sm_ready while the active processes; without
+    # phase 2's delta the new replica misses what changed meanwhile.
+    params = SimParams(variant="no-delta", crashes=1, standbys=1)
+    seed, r = first_violation(params)
+    correct = SimParams(crashes=1, standbys=1)
+    assert run_schedule(seed, correct, crash_window(correct)).status == OK, f"seed {seed}"

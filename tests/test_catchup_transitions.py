@@ -26,9 +26,10 @@ from flux.host import Host
 from flux.ingress import INGRESS, Ingress
 from flux.operator import wire_form
 from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND, STDBY
-from flux.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, CatchUp, Segment
+from flux.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, STREAMING, CatchUp, Segment
 from flux.sequence import NO_SN
-from statemover.messages import CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendState
+from statemover.messages import (CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendPart,
+                                 SendState)
 
 
 # -- views of the per-connection records, for assertions ---------------------------
@@ -864,7 +865,9 @@ def test_the_mode_table_lists_every_mode_and_lets_views_in_everywhere():
     # only these events move a segment to another mode
     moves = {k: v for k, v in TRANSITIONS.items() if k[0] is not v}
     assert moves == {
-        (PROCESSING, Event.SM_READY): DRAINING,
+        (PROCESSING, Event.SM_READY): STREAMING,
+        (STREAMING, Event.BULK_SENT): DRAINING,
+        (STREAMING, Event.ABORT): PROCESSING,
         (DRAINING, Event.DRAINED): MOVING,
         (MOVING, Event.STATE_SENT): PROCESSING,
         (AWAITING_STATE, Event.STATE_RECEIVED): PROCESSING,
@@ -893,6 +896,10 @@ class MoverRecorder:
         self.calls.append(("send", transfer, state))
         return []
 
+    def send_part(self, transfer, part):
+        self.calls.append(("send_part", transfer, part))
+        return []
+
     def cancel(self, transfer, reason):
         self.calls.append(("cancel", transfer, reason))
         return []
@@ -902,6 +909,8 @@ def test_the_host_dispatches_mover_calls_by_type():
     h = Host("node0", {}, inc=1, segment_factory=Stub)
     h.mover = MoverRecorder()
     assert h.run_local([RequestSend(TRANSFER, "sm@sb"), RequestRecv(TRANSFER, "sm@a"),
-                        SendState(TRANSFER, b"st"), CancelTransfer(TRANSFER, "gone")]) == ([], [])
+                        SendPart(TRANSFER, b"bulk"), SendState(TRANSFER, b"st"),
+                        CancelTransfer(TRANSFER, "gone")]) == ([], [])
     assert h.mover.calls == [("request_send", TRANSFER, "sm@sb"), ("request_recv", TRANSFER, "sm@a"),
-                             ("send", TRANSFER, b"st"), ("cancel", TRANSFER, "gone")]
+                             ("send_part", TRANSFER, b"bulk"), ("send", TRANSFER, b"st"),
+                             ("cancel", TRANSFER, "gone")]

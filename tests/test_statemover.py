@@ -18,8 +18,10 @@ from statemover.messages import (
     Abort,
     Chunk,
     Handshake,
+    PartTrailer,
     Role,
     SmReady,
+    StatePart,
     StateReceived,
     StateSent,
     Trailer,
@@ -455,3 +457,132 @@ def test_chunk_size_must_be_positive():
 
 def test_chunk_repr_shows_the_size_not_the_bytes():
     assert repr(Chunk(T, 3, b"x" * 1000)) == "Chunk((1, 0, 1, 7), 3, <1000 bytes>)"
+
+
+# --- bulk parts of a two-phase catch-up (docs/catchup.md) ------------------------------
+
+def test_exact_effects_of_a_part_then_the_final_state():
+    a, b = ready_pair()
+    part = b"abcdef"
+    effects = a.send_part(T, part)
+    assert effects == [
+        Send(A, B, Chunk(T, 0, b"abcd")),
+        Send(A, B, Chunk(T, 1, b"ef")),
+        Send(A, B, PartTrailer(T, 0, 2, 6, zlib.crc32(part))),
+    ]
+    assert a.mode(T) is Mode.READY  # more parts, or the final state, may follow
+    msgs = chunks_of(effects)
+    assert b.on_message(A, msgs[0]) == [] and b.mode(T) is Mode.RECEIVING
+    assert b.on_message(A, msgs[1]) == []
+    [got] = b.on_message(A, msgs[2])
+    assert got == StatePart(T, 0, part) and type(got.data) is bytes
+    assert b.mode(T) is Mode.READY
+    b.check_invariants()
+    # an empty part: a trailer alone; chunk indices start again at 0 in every part
+    assert a.send_part(T, b"") == [Send(A, B, PartTrailer(T, 1, 0, 0, zlib.crc32(b"")))]
+    assert b.on_message(A, PartTrailer(T, 1, 0, 0, zlib.crc32(b""))) == [StatePart(T, 1, b"")]
+    final = chunks_of(a.send(T, b"xyz"))
+    assert final == [Chunk(T, 0, b"xyz"), Trailer(T, 1, 3, zlib.crc32(b"xyz"))]
+    assert [e for m in final for e in b.on_message(A, m)] == [StateReceived(T, b"xyz")]
+    assert a.mode(T) is b.mode(T) is Mode.DONE
+    a.check_invariants()
+    b.check_invariants()
+
+
+def test_parts_and_state_round_trip_through_two_movers():
+    pair = MoverPair()
+    pair.call(A, "request_send", T, B)
+    pair.call(B, "request_recv", T, A)
+    pair.pump()
+    parts = [pattern(n) for n in (0, 1, C, 3 * C + 1)]
+    for p in parts:
+        pair.call(A, "send_part", T, p)
+    pair.pump()
+    pair.call(A, "send", T, b"delta")
+    pair.pump()
+    assert pair.local[B] == [SmReady(T)] + [StatePart(T, i, p) for i, p in enumerate(parts)] + [
+        StateReceived(T, b"delta")]
+    assert pair.local[A] == [SmReady(T), StateSent(T)]
+
+
+def test_a_corrupted_part_fails_the_transfer_and_nothing_after_it_is_delivered():
+    a, b = ready_pair()
+    msgs = chunks_of(a.send_part(T, b"abcdefgh")) + chunks_of(a.send(T, b"final"))
+    msgs[1] = replace(msgs[1], data=b"eXgh")
+    out = [e for m in msgs for e in b.on_message(A, m)]
+    assert out == [TransferFailed(T, CHECKSUM_MISMATCH)]
+    assert b.mode(T) is Mode.ABORTED
+    b.check_invariants()  # no chunk kept
+
+
+@pytest.mark.parametrize("tamper,reason", [
+    (lambda msgs: msgs[:1] + msgs[2:], "missing chunk 1"),  # a chunk lost inside a part
+    (lambda msgs: msgs[:3] + msgs[6:], "part 2, expected part 1"),  # a whole part lost
+    (lambda msgs: msgs[:3] + msgs[:3], "part 0, expected part 1"),  # a part repeated
+])
+def test_lost_or_repeated_parts_fail_the_transfer(tamper, reason):
+    a, b = ready_pair()
+    msgs = [m for p in (b"abcdef", b"ghijkl", b"mn") for m in chunks_of(a.send_part(T, p))]
+    assert [type(m) for m in msgs[:3]] == [Chunk, Chunk, PartTrailer]
+    out = [e for m in tamper(msgs) for e in b.on_message(A, m)]
+    assert out[-1] == TransferFailed(T, reason)
+    assert b.mode(T) is Mode.ABORTED
+
+
+def test_a_part_trailer_counting_other_chunks_fails():
+    a, b = ready_pair()
+    c0, c1, trailer = chunks_of(a.send_part(T, b"abcdef"))
+    b.on_message(A, c0)
+    assert b.on_message(A, trailer) == [TransferFailed(T, "missing chunk 1")]
+
+
+def test_send_part_out_of_turn_is_a_local_error_and_a_no_op_after_abort():
+    a = StateMover(A)
+    with pytest.raises(LocalProtocolError):
+        a.send_part(T, b"x")  # never requested
+    a.request_send(T, B)
+    with pytest.raises(LocalProtocolError):
+        a.send_part(T, b"x")  # not ready yet
+    a, b = ready_pair()
+    a.send(T, b"done")
+    with pytest.raises(LocalProtocolError):
+        a.send_part(T, b"x")  # after the final state
+    a, b = ready_pair()
+    with pytest.raises(LocalProtocolError):
+        b.send_part(T, b"x")  # the receiver sends nothing
+    assert a.cancel(T) == [Send(A, B, Abort(T, CANCELLED)), TransferFailed(T, CANCELLED)]
+    assert a.send_part(T, b"x") == []  # the segment had not seen the abort yet
+
+
+def test_a_part_trailer_the_sender_never_made_is_a_remote_error():
+    a, b = ready_pair()
+    with pytest.raises(RemoteProtocolError):
+        a.on_message(B, PartTrailer(T, 0, 0, 0, 0))  # to the sender
+    b2 = StateMover(B)
+    b2.request_recv(T, A)  # REQUESTED: no handshake yet
+    with pytest.raises(RemoteProtocolError):
+        b2.on_message(A, PartTrailer(T, 0, 0, 0, 0))
+
+
+def test_parts_of_an_aborted_attempt_never_reach_the_next():
+    a, b = ready_pair(T_OLD)
+    old = chunks_of(a.send_part(T_OLD, b"OLD PART"))
+    assert b.on_message(A, old[0]) == []
+    assert b.on_fail({"someone else"}) == []
+    b.cancel(T_OLD)
+    b.check_invariants()  # the partial part is gone
+    b.request_recv(T_NEW, A)
+    a.on_message(B, Handshake(T_NEW, Role.RECV))
+    a.request_send(T_NEW, B)
+    b.on_message(A, Handshake(T_NEW, Role.SEND))
+    new = chunks_of(a.send_part(T_NEW, b"new"))
+    out = [e for m in old[1:] + new for e in b.on_message(A, m)]
+    assert out == [StatePart(T_NEW, 0, b"new")]
+
+
+def test_the_receiver_dies_between_parts():
+    a, b = ready_pair()
+    for m in chunks_of(a.send_part(T, b"abcdef")):
+        b.on_message(A, m)
+    assert a.on_fail({B}) == [TransferFailed(T, PEER_FAILED)]
+    assert a.send_part(T, b"more") == [] and a.send(T, b"final") == []

@@ -25,7 +25,7 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, Role, Trailer, TransferFailed
+from statemover.messages import Abort, Chunk, Handshake, PartTrailer, Role, Trailer, TransferFailed
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
 
@@ -34,7 +34,8 @@ MESSAGES = [
     Batch((), (0,)),
     Ack((7, 1)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
-    Trailer((1, 2, 3), 1, 7, 123456), Abort((1, 2, 3), "peer failed"),
+    Trailer((1, 2, 3), 1, 7, 123456), PartTrailer((1, 2, 3), 2, 1, 7, 123456),
+    Abort((1, 2, 3), "peer failed"),
     TransferFailed((1, 2, 3), "checksum mismatch"), Heartbeat(0.25),
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
@@ -107,6 +108,10 @@ GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
      "batch: a batch item must be [sn, record]"),
     (frame(wire.VERSION, "sm_chunk", *GOOD[2:7], [1, 2, 3], 0, "not bytes"),
      "sm_chunk: chunk data must be bytes"),
+    (frame(wire.VERSION, "sm_part_trailer", *GOOD[2:7], [1, 2, 3], "0", 1, 7, 9),
+     "sm_part_trailer: part must be an int"),
+    (frame(wire.VERSION, "sm_part_trailer", *GOOD[2:7], [1, 2, 3], 0, 1, 7),
+     "sm_part_trailer: expected 5 fields, got 4"),
     (frame(wire.VERSION, "sm_hello", *GOOD[2:7], [1, 2, 3], "steal"),
      "sm_hello: mover role must be 'send' or 'recv'"),
     ("text", "a frame must be bytes"),

@@ -67,12 +67,15 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     window = crash_window(params)
-    violations = pair_lost = steps = catchups = 0
+    violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
         steps += result.steps
         catchups += len(result.catchups)
+        bulk_parts += result.bulk_parts
+        deltas += result.deltas
+        part_steps += result.part_steps
         if result.status == PAIR_LOST:
             pair_lost += 1
         elif result.status == VIOLATION:
@@ -85,7 +88,9 @@ def main(argv=None) -> int:
                 print_shrunk(result, params)
     elapsed = time.perf_counter() - started
     print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s, "
-          f"pair_lost={pair_lost}, catch-ups={catchups}, crash_window={window} steps", file=sys.stderr)
+          f"pair_lost={pair_lost}, catch-ups={catchups}, bulk parts installed={bulk_parts} "
+          f"(part steps={part_steps}), deltas installed={deltas}, crash_window={window} steps",
+          file=sys.stderr)
     print(f"schedules={args.schedules} violations={violations}")
     return 1 if violations else 0
 

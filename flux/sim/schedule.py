@@ -78,6 +78,10 @@ class ScheduleResult:
     expected: int = 0
     takeovers: List = field(default_factory=list)
     catchups: List = field(default_factory=list)
+    #: two-phase catch-up: bulk parts and keyed deltas installed, "part" steps taken
+    bulk_parts: int = 0
+    deltas: int = 0
+    part_steps: int = 0
 
 
 def build_dataflow(params: SimParams, seed: int):
@@ -107,6 +111,10 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         segment_class=VARIANTS[params.variant][1],
         standbys=params.standbys,
         chunk_size=rng.choice((16, 64, 1 << 20)),
+        # two-phase catch-up: bulk parts of 1 to 3 keyed pairs (or one part), handed out
+        # one per "part" step while the active processes, or all at once at sm_ready
+        bulk_pairs=rng.choice((1, 2, 3, 1 << 13)),
+        bulk_per_step=rng.random() < 0.75,
     )
     return World(dataflow, inputs, params.partitions, placement, config, rng), reference, states
 
@@ -208,6 +216,9 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.delivered = len(world.outcome.delivered)
     result.takeovers = list(world.outcome.takeovers)
     result.catchups = list(world.outcome.catchups)
+    result.bulk_parts = world.outcome.bulk_parts
+    result.deltas = world.outcome.deltas
+    result.part_steps = world.outcome.part_steps
     return result
 
 
@@ -260,6 +271,8 @@ def format_step(step: tuple, payload: Any) -> str:
         return f"flush {step[1]}->[{step[2]}]{'PS'[step[3]]}"
     if kind == "process":
         return f"process {step[1]}"
+    if kind == "part":
+        return f"part {step[1]}"
     if kind == "crash":
         return f"CRASH {step[1]}"
     if kind == "detect":

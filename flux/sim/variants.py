@@ -8,7 +8,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from flux.buffer import PRIM, Buffer
-from flux.segment import PROCESSING, Event, Segment
+from flux.segment import Segment
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -42,13 +42,22 @@ class BufferInstalledWithoutReversal(Buffer):
 
 
 class SegmentWithoutDrain(Segment):
-    """Moves state at sm_ready without pausing the sources and draining (5.3.1 broken)."""
+    """Moves the final state once the bulk is handed over without pausing the sources
+    and draining (5.3.1 broken)."""
 
-    def sm_ready(self):
-        if self.mode is not PROCESSING:
-            return []
-        self.mode = self._next(Event.SM_READY)
+    def _pause_sources(self):
         return self._checkpoint()
+
+
+class SegmentWithoutDelta(Segment):
+    """Two-phase catch-up that forgets phase 2's delta: the new replica keeps the
+    keyed snapshot of sm_ready, missing what changed while the bulk moved."""
+
+    def _moving_state(self):
+        state = super()._moving_state()
+        if "deltas" in state:
+            state["deltas"] = [[i, {"set": [], "deleted": []}] for i, _ in state["deltas"]]
+        return state
 
 
 #: name -> (buffer class, segment class)
@@ -58,4 +67,5 @@ VARIANTS = {
     "early-evict": (BufferEvictingBeforeDualAck, Segment),
     "no-reversal": (BufferInstalledWithoutReversal, Segment),
     "no-drain": (Buffer, SegmentWithoutDrain),
+    "no-delta": (Buffer, SegmentWithoutDelta),
 }

@@ -45,6 +45,10 @@ class WorldConfig:
     segment_class: type = Segment
     standbys: int = 0
     chunk_size: int = 64
+    #: two-phase catch-up: keyed pairs per bulk part, and whether the active hands
+    #: out one part per local "part" step (else all of them at sm_ready)
+    bulk_pairs: int = 2
+    bulk_per_step: bool = True
 
 
 @dataclass
@@ -54,6 +58,12 @@ class Outcome:
     pair_lost: List[Addr] = field(default_factory=list)
     catchups: List[Addr] = field(default_factory=list)
     failed_transfers: List[Any] = field(default_factory=list)
+    #: two-phase catch-up, counted at installs: bulk parts, keyed deltas, keys in them
+    bulk_parts: int = 0
+    deltas: int = 0
+    delta_keys: int = 0
+    #: bulk parts handed to a mover by "part" steps (phase 1 interleaved with processing)
+    part_steps: int = 0
 
 
 class World:
@@ -69,9 +79,12 @@ class World:
         self.inputs = list(inputs)
         self.next_input = 0
         self.outcome = Outcome()
+        segment_class = type(config.segment_class.__name__, (config.segment_class,),
+                             {"bulk_pairs": config.bulk_pairs,
+                              "bulk_per_step": config.bulk_per_step})
         self.builder = MachineBuilder(dataflow, partitions, config.capacity, config.batch_size,
                                       config.ingress_capacity, config.buffer_factory,
-                                      config.segment_class)
+                                      segment_class)
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
         topology = self.topology = Topology.numbered(placement, self.stages, partitions,
@@ -142,6 +155,8 @@ class World:
         steps = [("flush", addr, i, d) for i, d in seg.flushable()]
         if seg.can_process():
             steps.append(("process", addr))
+        if seg.has_part():
+            steps.append(("part", addr))  # phase 1 of catch-up: one bulk part out
         return steps
 
     def host_of_step(self, step: tuple) -> str:
@@ -168,7 +183,7 @@ class World:
             self._dirty.add(env.dst)
             if isinstance(env.dst, MoverAddr):
                 self._dirty.update(host.machines)  # mover signals reach its segments
-            self._effects(*host.on_envelope(env))
+            self._effects(*host.on_envelope(env), host=host)
         elif kind == "view":
             view = self.views[step[1]].popleft()
             host = self.hosts[step[1]]
@@ -187,6 +202,11 @@ class World:
         elif kind == "process":
             self.machine(step[1]).process()
             self._dirty.add(step[1])
+        elif kind == "part":
+            host = self.hosts[self.host_of[step[1]]]
+            self._dirty.add(step[1])
+            self.outcome.part_steps += 1
+            self._effects(*host.run_local(self.machine(step[1]).send_part()))
         elif kind == "flush":
             addr, i, d = step[1:]
             host = self.hosts[self.host_of[addr]]
@@ -198,7 +218,7 @@ class World:
     def machine(self, addr: Addr):
         return self.hosts[self.host_of[addr]].machines[addr]
 
-    def _effects(self, envelopes: List[Envelope], others: List) -> None:
+    def _effects(self, envelopes: List[Envelope], others: List, host: Optional[Host] = None) -> None:
         for env in envelopes:
             dst_host = self.host_of.get(env.dst)
             if dst_host is None or not self.alive[dst_host]:
@@ -216,7 +236,13 @@ class World:
             elif isinstance(e, TransferFailed):
                 self.outcome.failed_transfers.append(e)
                 self._broadcast(self.recovery.transfer_failed(*e.transfer))
-            elif isinstance(e, (SmReady, StateInstalled)):
+            elif isinstance(e, StateInstalled):
+                seg = host.segment_of(e.transfer) if host is not None else None
+                installed = getattr(seg, "installed", None) or {}
+                self.outcome.bulk_parts += installed.get("parts", 0)
+                self.outcome.deltas += installed.get("deltas", 0)
+                self.outcome.delta_keys += installed.get("delta_keys", 0)
+            elif isinstance(e, SmReady):
                 pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")
