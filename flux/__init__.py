@@ -22,8 +22,16 @@ from flux.dataflow import Dataflow, Stage
 from flux.errors import DataflowError, OperatorError, PairLost
 from flux.examples import paper_dataflow
 from flux.keyed_state import KeyedOperator, KeyedState
-from flux.operator import (FlatMap, Filter, KeyedAggregate, Map, Operator, keyed_state,
-                           keyed_table, tuplify)
+from flux.operator import (
+    Filter,
+    FlatMap,
+    KeyedAggregate,
+    Map,
+    Operator,
+    keyed_state,
+    keyed_table,
+    tuplify,
+)
 from flux.operators.sessions import SessionReconstruction, session_key
 from flux.operators.stats import WindowedDurationStats, stats_key
 from flux.reference import reference_output

@@ -30,8 +30,10 @@ class Deliver:
 
 @dataclass(frozen=True, slots=True)
 class StateInstalled:
-    """The state of a catch-up ``transfer`` arrived (``nbytes``) and is installed. The
-    runtime times the movement; the protocol does not need it."""
+    """State of a catch-up ``transfer`` arrived (``nbytes``) and is installed: a bulk part,
+    or the rest. The runtime times the movement; the protocol does not need it."""
 
     transfer: Hashable
     nbytes: int
+    #: False for a bulk part (phase 1): more of the same transfer follows
+    complete: bool = True

@@ -74,6 +74,12 @@ class Egress:
         self.fcons.on_avail(avail.addr, avail.version)
         return []
 
+    def has_part(self) -> bool:
+        return False  # the egress has no state to move
+
+    def send_part(self) -> List:
+        raise LocalProtocolError("the egress moves no state")
+
     def idle(self) -> bool:
         return self.fcons.idle()
 

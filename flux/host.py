@@ -160,6 +160,7 @@ class Host:
                     pending.extend(seg.sm_ready())
                 elif isinstance(e, StatePart):
                     pending.extend(seg.state_part(e.part, e.data))  # phase 1 at the standby
+                    others.append(StateInstalled(e.transfer, len(e.data), complete=False))
                 elif isinstance(e, StateSent):
                     pending.extend(seg.state_sent())
                 elif isinstance(e, StateReceived):

@@ -97,6 +97,12 @@ class Ingress:
         self.out.on_avail(avail.addr, avail.version)
         return []
 
+    def has_part(self) -> bool:
+        return False  # the ingress has no state to move
+
+    def send_part(self) -> List:
+        raise LocalProtocolError("the ingress moves no state")
+
     def idle(self) -> bool:
         return self.out.idle()
 

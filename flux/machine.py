@@ -44,6 +44,12 @@ class Machine(Protocol):
     def flush(self, i: int, d: int) -> List:
         """The next batch on connection ``(i, d)``, as effects."""
 
+    def has_part(self) -> bool:
+        """Is a bulk part of a catch-up waiting to go out (phase 1, issue 11)?"""
+
+    def send_part(self) -> List:
+        """Hand the next bulk part to the StateMover, as effects."""
+
     def idle(self) -> bool:
         """Nothing is waiting in this machine's buffers or merge."""
 

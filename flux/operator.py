@@ -22,7 +22,14 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkabl
 import msgpack
 
 from flux.errors import DataflowError, OperatorError  # noqa: F401 (raised by the chain)
-from flux.keyed_state import KeyedOperator, KeyedState, keyed_state_of, sorted_keys, tuplify
+from flux.keyed_state import (
+    KeyedOperator,
+    KeyedState,
+    keyed_state_of,
+    sorted_keys,
+    tuplify,
+)
+
 
 @runtime_checkable
 class Operator(Protocol):

@@ -32,7 +32,13 @@ from flux.flux_producer import FluxProducer
 from flux.operator import OperatorRaised, describe
 from flux.sequence import output_sn
 from flux.state_codec import pack_state, paused_gc, unpack_state
-from statemover.messages import CancelTransfer, RequestRecv, RequestSend, SendPart, SendState
+from statemover.messages import (
+    CancelTransfer,
+    RequestRecv,
+    RequestSend,
+    SendPart,
+    SendState,
+)
 
 
 class SegmentMode(enum.Enum):
@@ -481,3 +487,10 @@ def _tagged(i: int, slices) -> Iterator[tuple]:
     """Operator ``i``'s snapshot slices as bulk parts ``(i, pairs)``."""
     for pairs in slices:
         yield (i, pairs)
+
+
+class StreamedSegment(Segment):
+    """A segment whose phase-1 bulk goes out one part per local step (``send_part``),
+    interleaved with processing: what the runtime drives (the simulator draws either)."""
+
+    bulk_per_step = True

@@ -170,6 +170,9 @@ class EndlessWork:
     def flushable(self):
         return []
 
+    def has_part(self):
+        return False
+
 
 def test_a_busy_loop_reports_every_bounded_turn():
     """The liveness thread beats for the node (issue 11); the loop tells it at every turn,
@@ -254,3 +257,23 @@ def test_a_long_step_is_not_taken_for_the_controllers_silence():
     now[0] += 3.5
     loop.turn(0)  # now the controller is really silent
     assert loop.stopped and "lease" in loop.stopped
+
+
+def test_a_movement_is_reported_once_with_the_bytes_of_its_parts():
+    from flux.addresses import Addr
+    from flux.control_messages import StateMoved
+    from flux.effects import StateInstalled
+    from statemover.messages import SmReady
+
+    now = [0.0]
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+    seg = builder.segment(Addr(1, 0, 1))
+    transport = RecordingTransport()
+    loop = HostLoop(Host("standby0", {seg.addr: seg}, 5), transport, {},
+                    {"controller": "tcp://x"}, clock=lambda: now[0])
+    t = (1, 0, 3)
+    loop._emit([], [SmReady(t), StateInstalled(t, 100, complete=False)])
+    now[0] = 2.5
+    loop._emit([], [StateInstalled(t, 50, complete=False), StateInstalled(t, 7)])
+    reports = [env.msg for _, env in transport.sent if isinstance(env.msg, StateMoved)]
+    assert reports == [StateMoved(seg.addr, 157, 2.5)]

@@ -4,7 +4,8 @@ The paper's failover experiment moves 8.5 MB per partition (5.4). ``Ballast``
 passes every record on unchanged and keeps ``mb`` megabytes of keyed state
 (about 83 bytes of msgpack per key, like the paper's session table), built the
 same way in every replica; each record rewrites one key, so the state keeps
-changing while it moves. Its state is a sorted list of ``[key, value]`` pairs.
+changing while it moves. Its state is a ``KeyedState`` (so catch-up streams its bulk
+and pauses only for the keys changed meanwhile).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, List
 
 import msgpack
 
-from flux.operator import keyed_state
+from flux.keyed_state import KeyedOperator, KeyedState
 
 #: msgpack bytes of one key and its value in ``get_state`` (checked by the tests)
 BYTES_PER_KEY = 83
@@ -23,21 +24,15 @@ def _value(key: int, version: int) -> str:
     return f"{key:012d}-{version:010d}-" + "x" * 52
 
 
-class Ballast:
+class Ballast(KeyedOperator):
     def __init__(self, mb: float = 8.5):
         if mb < 0:
             raise ValueError(f"mb must be >= 0, got {mb}")
         self.keys = int(mb * 1_000_000 / BYTES_PER_KEY)
-        self.table = {k: _value(k, 0) for k in range(self.keys)}
+        self.state = KeyedState((k, _value(k, 0)) for k in range(self.keys))
 
     def process(self, record: Any) -> List[Any]:
         if self.keys:
             key = zlib.crc32(msgpack.packb(record, use_bin_type=True)) % self.keys
-            self.table[key] = _value(key, int(self.table[key][13:23]) + 1)
+            self.state[key] = _value(key, int(self.state[key][13:23]) + 1)
         return [record]
-
-    def get_state(self) -> list:
-        return keyed_state(self.table)
-
-    def install_state(self, state: list) -> None:
-        self.table = {k: v for k, v in state}

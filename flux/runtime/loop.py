@@ -87,6 +87,7 @@ class HostLoop:
         self.flush_delay = flush_delay
         self._flush_wait: Dict[Tuple[Any, int, int], float] = {}  # since when flushable
         self._moves: Dict[tuple, float] = {}  # transfer -> when both movers were ready
+        self._moved_bytes: Dict[tuple, int] = {}  # transfer -> bytes of its parts so far
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         #: envelopes the transport refused (outbox full): local work waits for them
         self.overflow: Deque[Tuple[str, Envelope]] = deque()
@@ -233,6 +234,9 @@ class HostLoop:
                 machine.process()
                 moved = True
             moved |= self._flush(addr, machine)
+            if machine.has_part():  # catch-up's bulk, a part at a time between inputs
+                self._emit(*self.host.run_local(machine.send_part()))
+                moved = True
         return moved
 
     def _flush(self, addr, machine: Machine) -> bool:
@@ -261,13 +265,21 @@ class HostLoop:
             if isinstance(e, SmReady):
                 self._moves[e.transfer] = self.clock()
             elif isinstance(e, StateInstalled):
-                started = self._moves.pop(e.transfer, None)
-                seg = self.host.segment_of(e.transfer)
-                if started is not None and seg is not None:
-                    self._report(StateMoved(seg.addr, e.nbytes, self.clock() - started))
+                self._installed(e)
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
                 self._report(e)  # the controller retries a failed transfer (3.4, issue 11)
             self.on_effect(e)
+
+    def _installed(self, e: StateInstalled) -> None:
+        """Count a transfer's bytes, bulk parts included; report the movement when whole."""
+        nbytes = self._moved_bytes.pop(e.transfer, 0) + e.nbytes
+        if not e.complete:  # a bulk part: the rest follows
+            self._moved_bytes[e.transfer] = nbytes
+            return
+        started = self._moves.pop(e.transfer, None)
+        seg = self.host.segment_of(e.transfer)
+        if started is not None and seg is not None:
+            self._report(StateMoved(seg.addr, nbytes, self.clock() - started))
 
     def _report(self, msg) -> None:
         self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, msg,

@@ -25,6 +25,7 @@ from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport, job_keys
+from flux.segment import StreamedSegment
 from flux.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, Topology
 
 
@@ -38,7 +39,8 @@ class ThreadCluster:
         # every node shares this process and its GIL: kills are detected by the dropped
         # connection, the heartbeat timeout (detect_after) only catches hangs: it is generous
         self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
-                                                replication=replication)
+                                                replication=replication,
+                                                segment_class=StreamedSegment)
         placement = placement_for(replication, len(dataflow.stages), partitions)
         self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
                                                      standbys)

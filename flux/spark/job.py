@@ -41,7 +41,6 @@ from flux.topology import (
     standby_name,
 )
 
-
 log = logging.getLogger(__name__)
 
 

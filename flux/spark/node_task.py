@@ -42,6 +42,7 @@ from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport
+from flux.segment import StreamedSegment
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,8 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     incs = {n: i for n, _, i in members.addresses}
     topology = config.topology(incs)
     builder = MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
-                             replication=config.replication)
+                             replication=config.replication,
+                             segment_class=StreamedSegment)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     where = dict(topology.where)
     where.update(dict(welcome.where))
