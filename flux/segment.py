@@ -337,8 +337,8 @@ class Segment:
         self._bulk = self._bulk_next = None
 
     def _stores(self) -> list:
-        stores = getattr(self.chain, "keyed_stores", None)
-        return stores() if callable(stores) else []
+        """Per operator of the chain, its ``KeyedState`` or None (``OperatorChain``)."""
+        return self.chain.keyed_stores()
 
     def state_sent(self) -> List:
         """Action 5 at the active: endTrans, then csync below and psync above (5.3.2)."""

@@ -509,6 +509,9 @@ DOWN = [(D0P, D0S), (D1P, D1S)]
 class Chain:
     """Passes records through and counts them; records its quiesce hooks."""
 
+    def keyed_stores(self):
+        return []  # no KeyedState: state moves whole
+
     def __init__(self):
         self.count = 0
         self.calls = []

@@ -19,6 +19,9 @@ from flux.segment import Segment
 class Chain:
     """Emits, for a record r: nothing if r < 0, else [r, r + 1] (or [r] when single)."""
 
+    def keyed_stores(self):
+        return []  # no KeyedState: state moves whole
+
     def __init__(self, single=False):
         self.single = single
         self.seen = []
