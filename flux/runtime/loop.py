@@ -112,9 +112,8 @@ class HostLoop:
             # Messages from a live peer vanished in transit (DESIGN 4.4): this process's
             # state no longer matches its twin's. It stops, fail-stop, and its pair masks it.
             g = lost[0]
-            self.stopped = (f"messages from {g.peer} were lost in transit (expected "
-                            f"#{g.expected}, got #{g.got})")
-            log.warning("%s stops: %s", self.host.name, self.stopped)
+            self._stop(f"messages from {g.peer} were lost in transit (expected "
+                       f"#{g.expected}, got #{g.got})")
             return False
         # The lease is judged at the poll: a controller message in this batch proves it was
         # alive then. Judged after handling the batch, a long step (building a big operator
@@ -150,8 +149,12 @@ class HostLoop:
     def _check_lease(self, now: float) -> None:
         """A node that hears nothing from the controller for ``lease`` stops (DESIGN 6)."""
         if self.lease is not None and now - self._controller_seen > self.lease:
-            self.stopped = f"lost the controller's lease ({now - self._controller_seen:.2f}s)"
-            log.warning("%s stops: %s", self.host.name, self.stopped)
+            self._stop(f"lost the controller's lease ({now - self._controller_seen:.2f}s)")
+
+    def _stop(self, reason: str) -> None:
+        """This process ends on its own (it says why; the job goes on without it)."""
+        self.stopped = reason
+        log.warning("%s stops: %s", self.host.name, reason)
 
     def _apply_view(self, view: View) -> None:
         for avail in view.avail:
