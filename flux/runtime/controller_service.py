@@ -1,11 +1,14 @@
 """The controller service: failure detection and totally ordered views (paper 3.2.1).
 
-It listens for heartbeats (any message counts) from every process it
-watches; one that stays silent longer than ``timeout`` is declared dead, and
+It listens for heartbeats (any message counts; nodes beat from a thread of
+their own and say how long ago their loop last turned, so a busy loop is
+reported as stuck, not taken for a death) from every process it watches; one
+that stays silent longer than ``timeout`` is declared dead, and
 so is one whose connection shows a gap (DESIGN 4.4), and so, at once, is
 one whose TCP connection drops (its process died: the kernel closed it).
-The pure ``Recovery`` turns failures and fold-in reports into views, which go to every live process
-in order over its FIFO connection. The ingress and the egress are assumed
+The pure ``Recovery`` turns failures, fold-in reports and failed or overdue
+catch-up attempts into views, which go to every live process in order over
+its FIFO connection. The ingress and the egress are assumed
 always available (paper 3.1.1) and are never declared dead.
 """
 from __future__ import annotations
