@@ -16,11 +16,13 @@ import msgpack
 from flux.addresses import Addr, MoverAddr, ProcAddr
 from flux.control_messages import (
     Avail,
+    CatchUpPaused,
     Failed,
     FoldedIn,
     Heartbeat,
     Members,
     OperatorFailed,
+    Ready,
     Register,
     StateMoved,
     Stop,
@@ -187,6 +189,10 @@ CODECS: Dict[str, _Codec] = {
     "state_moved": (StateMoved, lambda m: [list(m.addr), m.nbytes, m.seconds],
                     _arity(3, lambda a, n, t: StateMoved(_addr(a, "addr"), _int(n, "nbytes"),
                                                          _seconds(t, "seconds")))),
+    "catchup_paused": (CatchUpPaused, lambda m: [list(m.addr), m.seconds],
+                       _arity(2, lambda a, t: CatchUpPaused(_addr(a, "addr"),
+                                                            _seconds(t, "seconds")))),
+    "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address],
                  _arity(7, lambda t, i, a, p, e, s, ma: Register(

@@ -27,7 +27,7 @@ class MachineBuilder:
 
     def __init__(self, dataflow, partitions: int, capacity: int, batch_size: int,
                  ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
-                 replication: str = "flux"):
+                 replication: str = "flux", spare_chains: dict = None):
         if replication not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
         self.replication = replication
@@ -40,6 +40,10 @@ class MachineBuilder:
         self.buffer_factory = buffer_factory
         self.segment_class = segment_class
         self.part = HashPartitioner(partitions)
+        #: stage -> operator chains built ahead (fresh, never used): a segment takes one
+        #: before building its own, so a standby does not build its operators (maybe big,
+        #: a model loaded, a table filled) while its catch-up waits
+        self.spare_chains = {s: list(chains) for s, chains in (spare_chains or {}).items()}
 
     def segment(self, a: Addr, mode: SegmentMode = PROCESSING) -> Segment:
         s, K, n = a.stage, self.stages, self.partitions
@@ -66,7 +70,8 @@ class MachineBuilder:
             route = lambda rec: 0  # noqa: E731
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
                              self.buffer_factory)
-        chain = self.dataflow.stages[s - 1].build_chain()
+        spares = self.spare_chains.get(s)
+        chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         return self.segment_class(a, FluxConsumer(a, producers, absent_in), chain, fprod, route,
                                   mode)
 

@@ -36,6 +36,13 @@ class Register:
 
 
 @dataclass(frozen=True, slots=True)
+class Ready:
+    """A node built what its placement gives it (its operators, maybe big) and its loop
+    turns: the job starts its data once every node is ready, not while operators are
+    still being built (their inputs would queue, and a failure then finds no pair)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Welcome:
     """The controller's answer: the name this incarnation runs as (node or standby), and,
     for a process joining a running job, the current view, where every segment lives
@@ -86,6 +93,15 @@ class StateMoved:
 
     addr: Addr
     nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUpPaused:
+    """A node tells the controller (for metrics): the active of ``addr``'s catch-up held
+    its sources paused for ``seconds`` (phase 2: drain, the delta, resume; issue 11)."""
+
+    addr: Addr
     seconds: float
 
 

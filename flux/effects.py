@@ -37,3 +37,20 @@ class StateInstalled:
     nbytes: int
     #: False for a bulk part (phase 1): more of the same transfer follows
     complete: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SourcesPaused:
+    """The active of catch-up ``transfer`` paused its sources (phase 2, 5.3.1): its
+    partition's output waits from here until ``SourcesResumed``. The runtime times
+    the pause; the protocol does not need it."""
+
+    transfer: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class SourcesResumed:
+    """The active of catch-up ``transfer`` resumed its sources (the state sent, or the
+    attempt aborted): its partition's pause is over."""
+
+    transfer: Hashable

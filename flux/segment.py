@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, List, Optional, Set
 from flux.addresses import Addr, other
 from flux.control_messages import Avail
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.effects import SourcesPaused, SourcesResumed
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
@@ -232,7 +233,7 @@ class Segment:
         if mode is MOVING:
             self.chain.end_trans()
         self.fcons.cancel_pause()
-        return cancel + self.fcons.csyncs(c.version)
+        return cancel + self.fcons.csyncs(c.version) + [SourcesResumed(c.transfer(self.addr))]
 
     def transfer_failed(self) -> List:
         if self.mode is AWAITING_STATE:
@@ -309,6 +310,7 @@ class Segment:
     def _pause_sources(self) -> List:
         """Phase 2, distributed (5.3.1): pause the data sources, drain to their pause-acks."""
         effects = self.fcons.pause(self.catchup.version)
+        effects.append(SourcesPaused(self.catchup.transfer(self.addr)))
         return effects if self.fcons.awaiting_pause_acks() else effects + self._checkpoint()
 
     def _checkpoint(self) -> List:
@@ -343,12 +345,12 @@ class Segment:
     def state_sent(self) -> List:
         """Action 5 at the active: endTrans, then csync below and psync above (5.3.2)."""
         self.mode = self._next(Event.STATE_SENT)
-        v = self.catchup.version
+        v, transfer = self.catchup.version, self.catchup.transfer(self.addr)
         self.chain.end_trans()
         self._end_tracking()
         self.catchup = None
         self.fcons.end_catchup()
-        return self.fcons.csyncs(v) + self.fprod.end_catchup(v)
+        return self.fcons.csyncs(v) + self.fprod.end_catchup(v) + [SourcesResumed(transfer)]
 
     # -- catch-up, standby side ----------------------------------------------------
     def expect_state(self, catchup: CatchUp) -> List:

@@ -17,7 +17,7 @@ from flux.addresses import Addr, MoverAddr, P, S
 from flux.buffer import PRIM, SEC
 from flux.control_messages import Avail, FoldedIn, TakeoverDone, View
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
-from flux.effects import Send
+from flux.effects import Send, SourcesPaused, SourcesResumed
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
@@ -585,7 +585,8 @@ def test_maybe_start_waits_for_avail_of_its_dual_after_takeover():
 
 def test_sm_ready_drains_to_the_last_pause_ack_then_moves_the_state():
     seg = started()
-    assert seg.sm_ready() == [Send(M, A0P, Pause(5)), Send(M, A1P, Pause(5))]
+    assert seg.sm_ready() == [Send(M, A0P, Pause(5)), Send(M, A1P, Pause(5)),
+                              SourcesPaused(TRANSFER)]
     assert seg.mode == DRAINING
     # draining: data is taken, acked and processed as usual
     assert seg.ready_for(A0P, Batch(items((3, 1)), (3,)))
@@ -621,7 +622,8 @@ def test_state_sent_resumes_with_csyncs_then_psyncs():
     assert effects == [Send(M, A0P, CSync(5)), Send(M, A0S, CSync(5)),
                        Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5)),
                        Send(M, D0P, PSync(5)), Send(M, D0S, PSync(5)),
-                       Send(M, D1P, PSync(5)), Send(M, D1S, PSync(5))]
+                       Send(M, D1P, PSync(5)), Send(M, D1S, PSync(5)),
+                       SourcesResumed(TRANSFER)]
     assert seg.mode == PROCESSING and seg.catchup is None
     assert seg.chain.calls == ["init_trans", "end_trans"]
     assert modes(seg.fprod.out) == [[SEND, ACK], [SEND, ACK]]
@@ -670,7 +672,8 @@ def test_abort_in_draining_resumes_with_csyncs_and_cancels_the_transfer():
     effects = seg.on_fail({MX})
     assert effects == [CancelTransfer(TRANSFER, "the standby is gone"),
                        Send(M, A0P, CSync(5)), Send(M, A0S, CSync(5)),
-                       Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5))]
+                       Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5)),
+                       SourcesResumed(TRANSFER)]
     assert seg.mode == PROCESSING and seg.catchup is None
     assert awaiting(seg.fcons) == set()
     assert seg.chain.calls == []  # never quiesced
@@ -685,7 +688,8 @@ def test_abort_in_moving_ends_the_transaction():
     seg, _ = checkpoint_bytes()
     assert seg.abort_catchup() == [CancelTransfer(TRANSFER, "the standby is gone"),
                                    Send(M, A0P, CSync(5)), Send(M, A0S, CSync(5)),
-                                   Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5))]
+                                   Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5)),
+                                   SourcesResumed(TRANSFER)]
     assert seg.mode == PROCESSING and seg.chain.calls == ["init_trans", "end_trans"]
 
 
@@ -705,7 +709,8 @@ def test_a_pause_ack_of_an_aborted_attempt_is_ignored_by_the_next():
     seg.abort_catchup()
     assert seg.on_avail(Avail(MX, 31, 6, "standby1", "node0"), "sm@sb1") == [
         RequestSend((2, 0, 6), "sm@sb1")]
-    assert seg.sm_ready() == [Send(M, A0P, Pause(6)), Send(M, A1P, Pause(6))]
+    assert seg.sm_ready() == [Send(M, A0P, Pause(6)), Send(M, A1P, Pause(6)),
+                              SourcesPaused((2, 0, 6))]
     assert seg.on_message(A0P, PauseAck(5)) == []
     assert seg.on_message(A1P, PauseAck(5)) == []
     assert awaiting(seg.fcons) == {0, 1} and seg.mode == DRAINING

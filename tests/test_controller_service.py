@@ -8,7 +8,15 @@ import pytest
 import zmq
 
 from flux.addresses import CONTROLLER, ProcAddr
-from flux.control_messages import Failed, OperatorFailed, Register, Stop, Welcome
+from flux.control_messages import (
+    Failed,
+    Heartbeat,
+    OperatorFailed,
+    Ready,
+    Register,
+    Stop,
+    Welcome,
+)
 from flux.envelope import Envelope
 from flux.errors import OperatorError
 from flux.runtime.controller_service import START_FAILURES, ControllerService
@@ -33,10 +41,22 @@ def wires():
     ctx.term()
 
 
-def say(service, task, msg, turns=20):
-    task.send("controller", Envelope(ProcAddr("w7"), CONTROLLER, 0, msg, 7, None))
+def say(service, task, msg, turns=20, sender="w7"):
+    task.send("controller", Envelope(ProcAddr(sender), CONTROLLER, 0, msg, 7, None))
     for _ in range(turns):
         service.turn(10)
+
+
+def heard(task, count, seconds=5.0):
+    """What the controller told ``task``, beats (the lease) apart: (messages, beats)."""
+    got, beats, deadline = [], 0, time.monotonic() + seconds
+    while len(got) < count and time.monotonic() < deadline:
+        for env in task.poll(50)[0]:
+            if isinstance(env.msg, Heartbeat):
+                beats += 1
+            else:
+                got.append(env.msg)
+    return got, beats
 
 
 def test_a_registration_with_the_wrong_secret_is_refused(wires):
@@ -49,11 +69,25 @@ def test_a_registration_with_the_secret_is_welcomed_under_its_name(wires):
     service, task = wires
     say(service, task, Register(0, 7, task.address, 1, 2, SECRET))
     assert service.registered == {"node0": (0, 7, 1, 2)}
-    deadline = time.monotonic() + 5
-    got = []
-    while not got and time.monotonic() < deadline:
-        got, _ = task.poll(50)
-    assert [env.msg for env in got] == [Welcome("node0")]
+    assert heard(task, 1)[0] == [Welcome("node0")]
+
+
+def test_a_registered_task_holds_the_lease_and_says_when_it_is_built_before_the_start(wires):
+    """Nodes build their operators (maybe for seconds) before the job starts: the
+    controller beats to them meanwhile, or their lease would run out while they wait
+    for the others; a node's Ready is what the job waits for."""
+    service, task = wires
+    say(service, task, Register(0, 7, task.address, 1, 2, SECRET))
+    assert not service.started and service.ready == set()
+    got, beats = heard(task, 1)
+    while beats < 2:
+        service.turn(60)
+        beats += heard(task, 0, 0.05)[1]
+    assert got == [Welcome("node0")] and beats >= 2
+    say(service, task, Ready(), sender="node0")
+    assert service.ready == {"node0"}
+    say(service, task, Ready(), sender="node9")  # not registered: nobody
+    assert service.ready == {"node0"}
 
 
 def test_a_task_failing_again_and_again_before_registering_stops_the_job_with_its_error(wires):
@@ -87,10 +121,7 @@ def test_a_task_registering_twice_is_welcomed_twice_under_one_name(wires):
     say(service, task, Register(0, 7, task.address, 1, 2, SECRET))
     say(service, task, Register(0, 7, task.address, 1, 2, SECRET))  # it heard nothing yet
     assert service.registered == {"node0": (0, 7, 1, 2)}
-    got, deadline = [], time.monotonic() + 5
-    while len(got) < 2 and time.monotonic() < deadline:
-        got += task.poll(50)[0]
-    assert [env.msg for env in got] == [Welcome("node0"), Welcome("node0")]
+    assert heard(task, 2)[0] == [Welcome("node0"), Welcome("node0")]
 
 
 def test_a_task_registers_again_until_the_controller_answers():
@@ -179,11 +210,7 @@ def test_a_task_registering_after_the_job_stopped_is_told_to_stop(wires):
     service, task = wires
     service.stop_all("job stopped")
     say(service, task, Register(1, 7, task.address, 1, 2, SECRET))
-    deadline = time.monotonic() + 5
-    got = []
-    while not got and time.monotonic() < deadline:
-        got, _ = task.poll(50)
-    assert [env.msg for env in got] == [Stop("job stopped")]
+    assert heard(task, 1)[0] == [Stop("job stopped")]
 
 
 def stalled_catchup(catchup_timeout=120.0):

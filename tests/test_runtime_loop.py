@@ -277,3 +277,26 @@ def test_a_movement_is_reported_once_with_the_bytes_of_its_parts():
     loop._emit([], [StateInstalled(t, 50, complete=False), StateInstalled(t, 7)])
     reports = [env.msg for _, env in transport.sent if isinstance(env.msg, StateMoved)]
     assert reports == [StateMoved(seg.addr, 157, 2.5)]
+
+
+def test_the_pause_of_a_catch_up_is_reported_from_pause_to_resume():
+    """The recovering partition's pause (issue 11: bounded by the delta, not the state)
+    is timed where its active pauses and resumes its sources."""
+    from flux.addresses import Addr
+    from flux.control_messages import CatchUpPaused
+    from flux.effects import SourcesPaused, SourcesResumed
+
+    now = [10.0]
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+    seg = builder.segment(Addr(1, 0, 0))
+    transport = RecordingTransport()
+    loop = HostLoop(Host("node0", {seg.addr: seg}, 5), transport, {},
+                    {"controller": "tcp://x"}, clock=lambda: now[0])
+    t = (1, 0, 3)
+    loop._emit([], [SourcesResumed((1, 0, 2))])  # an attempt paused before this loop: no report
+    loop._emit([], [SourcesPaused(t)])
+    now[0] = 10.04
+    loop._emit([], [SourcesResumed(t)])
+    reports = [env.msg for _, env in transport.sent if isinstance(env.msg, CatchUpPaused)]
+    assert reports == [CatchUpPaused(seg.addr, reports[0].seconds)]
+    assert abs(reports[0].seconds - 0.04) < 1e-9

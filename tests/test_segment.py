@@ -228,3 +228,26 @@ def test_a_partition_key_that_raises_is_reported_as_such():
                                             r"number \(7,\): TypeError: unhashable type"):
         seg.process()
     assert all(len(b) == 0 for b in seg.fprod.out.buffers)  # nothing half-put
+
+
+def test_segments_take_the_chains_built_ahead_before_building_their_own():
+    """A standby builds its operators while it waits (the check when it loads the
+    dataflow), not while a catch-up waits for it."""
+    from flux.builder import MachineBuilder
+    from flux.dataflow import Dataflow, Stage
+
+    built = []
+
+    class Counted(Map):
+        def __init__(self):
+            super().__init__(lambda r: r)
+            built.append(self)
+
+    dataflow = Dataflow([Stage("one", key=lambda r: r, operators=(Counted,))])
+    ahead = dataflow.stages[0].build_chain()
+    builder = MachineBuilder(dataflow, 2, capacity=8, batch_size=4, spare_chains={1: [ahead]})
+    before = len(built)
+    first = builder.standby_segment(Addr(1, 0, S))
+    assert first.chain is ahead and len(built) == before  # nothing built while catch-up waits
+    second = builder.segment(Addr(1, 1, P))
+    assert second.chain is not ahead and len(built) == before + 1  # spares used up: fresh

@@ -7,15 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exchange import wire
-from exchange.wire import WireError, decode, encode
+from exchange.wire import CODECS, WireError, decode, encode
 from flux.addresses import Addr, MoverAddr, ProcAddr
 from flux.control_messages import (
     Avail,
+    CatchUpPaused,
     Failed,
     FoldedIn,
     Heartbeat,
     Members,
     OperatorFailed,
+    Ready,
     Register,
     StateMoved,
     Stop,
@@ -44,7 +46,7 @@ MESSAGES = [
     Welcome("standby41", 3, ((Addr(1, 0, 0), "node1"),), (7, 8)),
     Members((("node0", "tcp://127.0.0.1:5001", 40),)),
     Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),
-    StateMoved(Addr(1, 2, 1), 1 << 20, 0.125),
+    StateMoved(Addr(1, 2, 1), 1 << 20, 0.125), CatchUpPaused(Addr(1, 0, 0), 0.031), Ready(),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
 ]
 
@@ -53,6 +55,10 @@ MESSAGES = [
 def test_every_message_round_trips(msg):
     env = Envelope(A, B, 5, msg, 11, 12)
     assert decode(encode(env)) == env
+
+
+def test_every_kind_on_the_wire_is_round_tripped_above():
+    assert {codec[0] for codec in CODECS.values()} == {type(m) for m in MESSAGES}
 
 
 def test_process_endpoints_round_trip():

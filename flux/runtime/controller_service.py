@@ -20,11 +20,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
+    CatchUpPaused,
     Failed,
     FoldedIn,
     Heartbeat,
     Members,
     OperatorFailed,
+    Ready,
     Register,
     StateMoved,
     Stop,
@@ -67,6 +69,8 @@ class ControllerService:
         #: registrations (task, inc) -> (name, pid, executor pid), for kill_node and logs
         self.registered: Dict[str, tuple] = {}
         self.started = False
+        #: registered processes that said they are built and their loop turns (``Ready``)
+        self.ready: set = set()
         self.start_failures: Dict[int, List[str]] = {}
         self.incarnations: Dict[str, int] = {CONTROLLER.name: transport.incarnation}
         self.addresses: Dict[str, str] = {CONTROLLER.name: transport.address}
@@ -138,6 +142,10 @@ class ControllerService:
             elif isinstance(env.msg, StateMoved):
                 self.events.append((now, "state moved",
                                     (env.msg.addr, env.msg.nbytes, env.msg.seconds)))
+            elif isinstance(env.msg, CatchUpPaused):
+                self.events.append((now, "paused", (env.msg.addr, env.msg.seconds)))
+            elif isinstance(env.msg, Ready) and name in self.registered:
+                self.ready.add(name)
             elif isinstance(env.msg, Heartbeat) and name in self.last_seen:
                 self.on_heartbeat(name, env.msg.lag)
             elif isinstance(env.msg, TransferFailed) and self.started:
@@ -149,6 +157,10 @@ class ControllerService:
             else:  # from the process's own socket or its liveness thread's ("name/liveness")
                 self.fail(gap.peer.split("#")[0].split("/")[0],
                           f"connection gap {gap.expected}->{gap.got}")
+        if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6),
+            self._last_beat = now               # from registration: nodes wait for the start
+            for name in self._live():
+                self._send(name, Heartbeat(), 0)
         if not self.started:
             return
         self._expire_attempts(now)
@@ -157,16 +169,12 @@ class ControllerService:
             if silent > self.timeout and (silent > self.last_replica_timeout
                                           or not self.recovery.holds_last_replica(name)):
                 self.fail(name, f"silent for {silent:.3f}s")
-        if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6)
-            self._last_beat = now
-            for name in self._live():
-                self._send(name, Heartbeat(), 0)
 
     def on_heartbeat(self, name: str, lag: float) -> None:
         """A watched process is alive; its loop last turned ``lag`` seconds ago."""
         if lag > self.stuck_timeout and self.started:
             self.fail(name, f"its loop has not turned for {lag:.1f}s")
-        elif lag > self.stuck_after:
+        elif lag > self.stuck_after and self.started:  # before: building its operators
             if name not in self.stuck:
                 log.warning("%s is alive but its loop has not turned for %.2fs", name, lag)
                 self.events.append((self.clock(), "stuck", f"{name} ({lag:.2f}s)"))

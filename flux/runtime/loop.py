@@ -18,6 +18,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from flux.addresses import CONTROLLER, MoverAddr, ProcAddr
 from flux.control_messages import (
+    CatchUpPaused,
     FoldedIn,
     Heartbeat,
     Members,
@@ -26,7 +27,7 @@ from flux.control_messages import (
     TakeoverDone,
     View,
 )
-from flux.effects import Deliver, StateInstalled
+from flux.effects import Deliver, SourcesPaused, SourcesResumed, StateInstalled
 from flux.envelope import Envelope
 from flux.host import Host
 from flux.ingress import INGRESS
@@ -88,6 +89,7 @@ class HostLoop:
         self._flush_wait: Dict[Tuple[Any, int, int], float] = {}  # since when flushable
         self._moves: Dict[tuple, float] = {}  # transfer -> when both movers were ready
         self._moved_bytes: Dict[tuple, int] = {}  # transfer -> bytes of its parts so far
+        self._paused: Dict[tuple, float] = {}  # transfer -> when its active paused its sources
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         #: envelopes the transport refused (outbox full): local work waits for them
         self.overflow: Deque[Tuple[str, Envelope]] = deque()
@@ -269,8 +271,12 @@ class HostLoop:
                 self._moves[e.transfer] = self.clock()
             elif isinstance(e, StateInstalled):
                 self._installed(e)
+            elif isinstance(e, SourcesPaused):
+                self._paused[e.transfer] = self.clock()
+            elif isinstance(e, SourcesResumed):
+                self._resumed(e)
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
-                self._report(e)  # the controller retries a failed transfer (3.4, issue 11)
+                self.report(e)  # the controller retries a failed transfer (3.4, issue 11)
             self.on_effect(e)
 
     def _installed(self, e: StateInstalled) -> None:
@@ -282,9 +288,17 @@ class HostLoop:
         started = self._moves.pop(e.transfer, None)
         seg = self.host.segment_of(e.transfer)
         if started is not None and seg is not None:
-            self._report(StateMoved(seg.addr, nbytes, self.clock() - started))
+            self.report(StateMoved(seg.addr, nbytes, self.clock() - started))
 
-    def _report(self, msg) -> None:
+    def _resumed(self, e: SourcesResumed) -> None:
+        """Report how long the active held its partition's sources paused (issue 11)."""
+        paused = self._paused.pop(e.transfer, None)
+        seg = self.host.segment_of(e.transfer)
+        if paused is not None and seg is not None:
+            self.report(CatchUpPaused(seg.addr, self.clock() - paused))
+
+    def report(self, msg) -> None:
+        """Tell the controller ``msg`` (a report, on this process's own connection)."""
         self._send_to("controller", Envelope(self.me, CONTROLLER, self.host.view, msg,
                                              self.host.inc, None))
 

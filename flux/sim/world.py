@@ -23,7 +23,7 @@ from flux.addresses import Addr, MoverAddr, P
 from flux.buffer import Buffer
 from flux.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
-from flux.effects import Deliver, StateInstalled
+from flux.effects import Deliver, SourcesPaused, SourcesResumed, StateInstalled
 from flux.envelope import Envelope
 from flux.errors import PairLost
 from flux.host import Host
@@ -242,7 +242,7 @@ class World:
                 self.outcome.bulk_parts += installed.get("parts", 0)
                 self.outcome.deltas += installed.get("deltas", 0)
                 self.outcome.delta_keys += installed.get("delta_keys", 0)
-            elif isinstance(e, SmReady):
+            elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed)):
                 pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")

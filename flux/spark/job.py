@@ -107,7 +107,8 @@ class FluxJob:
 
     # -- life cycle ----------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":
-        """Launch the nodes and return once every node registered and data flows."""
+        """Launch the nodes and return once every node registered, built its operators,
+        and the data flows."""
         self.ctx = zmq.Context()
         keys = self.config.keys
         self.transports = {n: Transport(self.ctx, n, inc, keys=keys)
@@ -126,8 +127,14 @@ class FluxJob:
             self.stop()
             raise
         if not started:
+            c = self.controller
+            missing = [n for n in self.topology.nodes if n not in c.registered]
+            building = [n for n in self.topology.nodes if n in c.registered and n not in c.ready]
             self.stop()
-            raise TimeoutError(f"the {self.nodes} nodes did not all register within {timeout}s")
+            raise TimeoutError(
+                f"the {self.nodes} nodes were not all running within {timeout}s: "
+                f"{', '.join(missing) or 'none'} not registered (too few Spark task slots?), "
+                f"{', '.join(building) or 'none'} still building their operators")
         return self
 
     def _spawn(self, target) -> None:
@@ -169,18 +176,19 @@ class FluxJob:
                 c.started = False  # stopped workers fall silent on purpose: no detection
                 told = True
             elif not told and not c.started and all(
-                    n in c.registered for n in self.topology.nodes):
+                    n in c.ready for n in self.topology.nodes):
                 self._begin()
             if c.error is not None:
                 raise c.error
 
     def _begin(self) -> None:
-        """Every node registered: the topology is known; start recovery and the data."""
+        """Every node registered and built its operators: the topology is known; start
+        recovery and the data."""
         c = self.controller
         standbys = [n for n in c.registered if n not in self.topology.index_of]
         self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
         c.begin(Recovery(topology))
-        log.info("every node registered (%s; standbys %s): the data starts",
+        log.info("every node is built (%s; standbys %s): the data starts",
                  ", ".join(topology.nodes), ", ".join(standbys) or "none")
         self.metrics.begin()
         ingress, egress = self.builder.ingress(), self.builder.egress()

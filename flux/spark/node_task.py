@@ -30,6 +30,7 @@ from flux.control_messages import (
     Failed,
     Members,
     OperatorFailed,
+    Ready,
     Register,
     Stop,
     Welcome,
@@ -68,7 +69,7 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
         transport.connect(CONTROLLER.name, config.controller)
         me0 = ProcAddr(f"w{inc}")
         try:  # a deterministic error shows here, on every attempt, before registering
-            dataflow = load_dataflow(config.dataflow)
+            dataflow, spares = load_dataflow(config.dataflow)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             transport.send(CONTROLLER.name, Envelope(me0, CONTROLLER, 0, Failed(
@@ -77,7 +78,7 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
             raise
         mover = StateMoverService(ctx, f"w{inc}", inc, keys)  # its socket exists from now on
         try:
-            return run_node(task, inc, config, dataflow, transport, mover, me0)
+            return run_node(task, inc, config, dataflow, transport, mover, me0, spares)
         finally:
             mover.stop()
     finally:
@@ -86,7 +87,7 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
 
 
 def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Transport,
-             mover: StateMoverService, me0: ProcAddr) -> Iterator[tuple]:
+             mover: StateMoverService, me0: ProcAddr, spares=None) -> Iterator[tuple]:
     """Register, build the node, start its StateMover service, run until told to stop."""
     register = Envelope(me0, CONTROLLER, 0, Register(
         task, inc, transport.address, os.getpid(), executor_pid(), config.secret,
@@ -104,7 +105,8 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     liveness.start(lambda: built[0].host.view if built else welcome.view)
     try:
         built.append(build_loop(welcome, inc, members, transport, config, dataflow,
-                                mover_relay=mover_peer(name), on_turn=liveness.loop_turned))
+                                mover_relay=mover_peer(name), on_turn=liveness.loop_turned,
+                                spares=spares))
         return run_loop(task, inc, name, built[0], mover, liveness, early, config)
     finally:
         liveness.stop()
@@ -120,6 +122,7 @@ def run_loop(task: int, inc: int, name: str, loop: HostLoop, mover: StateMoverSe
                 lambda process: process in loop.dead_processes)
     for env in early:
         loop.receive(env)
+    loop.report(Ready())  # built: the job may start its data
     try:
         while loop.stopped is None:
             loop.turn(5)
@@ -201,16 +204,16 @@ def join(transport: Transport, register: Envelope, timeout: float):
 
 def load_dataflow(blob: bytes):
     """Unpickle the dataflow here (an operator module missing on this executor fails
-    here, not in Spark's closure loading) and build every stage's chain once."""
+    here, not in Spark's closure loading) and build every stage's chain once: the
+    check, and the chains the first segments of each stage start with (``spares``)."""
     dataflow = cloudpickle.loads(blob)
-    for stage in dataflow.stages:
-        stage.build_chain()
-    return dataflow
+    spares = {s: [stage.build_chain()] for s, stage in enumerate(dataflow.stages, 1)}
+    return dataflow, spares
 
 
 def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,
                config: NodeConfig, dataflow, mover_relay: Optional[str] = None,
-               on_turn: Callable[[], None] = lambda: None) -> HostLoop:
+               on_turn: Callable[[], None] = lambda: None, spares=None) -> HostLoop:
     """This process's host and loop, from the job's topology and what the controller said:
     a node hosts what the placement gives it, a standby starts empty; a late joiner
     starts from the current view and where segments live by now."""
@@ -219,7 +222,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     topology = config.topology(incs)
     builder = MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
                              replication=config.replication,
-                             segment_class=StreamedSegment)
+                             segment_class=StreamedSegment, spare_chains=spares)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     where = dict(topology.where)
     where.update(dict(welcome.where))
