@@ -6,7 +6,8 @@ per partition, about 83 bytes a key, every record rewriting one) on an
 embedded local-cluster, at a modest steady rate, and kills one node. Per N it
 records: time to full redundancy (kill to catch-up done), the longest wait
 between two outputs (the recovering partition's pause holds the ordered
-output back), detection and take-over, bytes moved and the rate of the
+output back), the pause itself (the active's sources paused to resumed:
+phase 2 of the movement, the delta), detection and take-over, bytes moved and the rate of the
 movement (bytes over the time from both StateMovers ready to the state
 installed, which includes the pause and drain of the sources), and false
 detections (live processes declared dead: must be none). The paper moved
@@ -57,6 +58,7 @@ def row(mb: float, s: Dict[str, Any]) -> Dict[str, Any]:
         "takeover_after_kill_s": s["takeover_after_kill_s"],
         "redundancy_after_kill_s": s["catchup_after_kill_s"],
         "max_output_gap_s": s["max_output_gap_s"],
+        "pause_s": s["max_catchup_pause_s"],
         "state_mb_moved": round(moved / 1e6, 2),
         "movement_s": seconds,
         "movement_mb_per_s": round(moved / 1e6 / seconds, 1) if seconds else None,
@@ -66,7 +68,8 @@ def row(mb: float, s: Dict[str, Any]) -> Dict[str, Any]:
 
 
 COLUMNS = [("state_mb_per_partition", "MB / partition"), ("redundancy_after_kill_s", "kill to redundancy (s)"),
-           ("max_output_gap_s", "longest output gap (s)"), ("detect_after_kill_s", "detection (s)"),
+           ("max_output_gap_s", "longest output gap (s)"), ("pause_s", "pause (s)"),
+           ("detect_after_kill_s", "detection (s)"),
            ("state_mb_moved", "MB moved"), ("movement_s", "movement (s)"),
            ("movement_mb_per_s", "MB/s"), ("false_detections", "false detections"),
            ("dropped_inputs", "dropped"), ("output_matches_reference", "output = reference")]
@@ -90,6 +93,8 @@ def plot(rows: List[Dict[str, Any]], path: pathlib.Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(mb, [r["redundancy_after_kill_s"] for r in rows], "o-", label="kill to redundancy")
     ax.plot(mb, [r["max_output_gap_s"] for r in rows], "s-", label="longest output gap")
+    if all(r["pause_s"] is not None for r in rows):
+        ax.plot(mb, [r["pause_s"] for r in rows], "^-", label="pause of the recovering partition")
     ax.plot([8.5], [PAPER_8_5_MB_S], "r*", ms=12, label="paper: 8.5 MB moved in 941 ms (a stall)")
     ax.set_xlabel("state per partition (MB)")
     ax.set_ylabel("seconds")

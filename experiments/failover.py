@@ -137,6 +137,8 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "catchup_after_kill_s": rel(catchup),
         "state_bytes_moved": base["state_bytes_moved"], "state_move_s": base["state_move_s"],
         "state_mb_per_partition": args.state_mb,
+        # the longest the active of a catch-up held its sources paused (phase 2)
+        "max_catchup_pause_s": base["max_catchup_pause_s"],
         # live processes declared dead: every detection but the victim's (issue 11)
         "false_detections": [d for _, what, d in base["events"]
                              if what == "detected" and not str(d).startswith(f"{args.victim} ")],
@@ -197,8 +199,8 @@ def main(argv=None) -> int:
     summary = run(args)
     keys = ("input_rate_tps", "output_rate_tps", "dropped_inputs", "output_matches_reference",
             "kill_at_s", "detect_after_kill_s", "takeover_after_kill_s", "catchup_after_kill_s",
-            "state_bytes_moved", "state_move_s", "false_detections", "stuck_reports",
-            "max_output_gap_s", "median_interval_latency_ms")
+            "state_bytes_moved", "state_move_s", "max_catchup_pause_s", "false_detections",
+            "stuck_reports", "max_output_gap_s", "median_interval_latency_ms")
     for k in keys:
         print(f"{k:28s} {summary[k]}")
     print(f"wrote {args.out}/timeline.csv, summary.json, failover.png")

@@ -32,7 +32,7 @@ from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.operator import OperatorRaised, describe
 from flux.sequence import output_sn
-from flux.state_codec import pack_state, paused_gc, unpack_state
+from flux.state_codec import StateCodecError, pack_part, pack_state, paused_gc, unpack_part, unpack_state
 from statemover.messages import (
     CancelTransfer,
     RequestRecv,
@@ -120,7 +120,7 @@ class CatchUp:
 class Segment:
     """The machines and operators of one partition replica of one stage."""
 
-    #: ``[key, value]`` pairs of keyed state per bulk part (phase 1)
+    #: keys (with their values) of keyed state per bulk part (phase 1)
     bulk_pairs: int = 8192
     #: False: ``sm_ready`` hands the whole bulk to the mover at once, for a driver
     #: without the local step; True: one part per ``send_part`` step (``has_part``),
@@ -273,8 +273,8 @@ class Segment:
         parts = []
         for i, store in enumerate(self._stores()):
             if store is not None:
-                parts.append(_tagged(i, store.chunks(self.bulk_pairs)))  # the snapshot, now
-                store.clear_dirty()  # the baseline of phase 2's delta
+                parts.append(_tagged(i, store.parts(self.bulk_pairs)))  # the keys, now
+                store.clear_dirty()  # the baseline of phase 2's delta: it fixes the rest
                 self._tracked[i] = store
         self._bulk = (part for tagged in parts for part in tagged)
         self._bulk_next = next(self._bulk, None)
@@ -297,8 +297,8 @@ class Segment:
         effects: List = []
         transfer = self.catchup.transfer(self.addr)
         while self._bulk_next is not None and (limit is None or len(effects) < limit):
-            with paused_gc():  # see _checkpoint
-                effects.append(SendPart(transfer, pack_state(list(self._bulk_next))))
+            i, (keys, values) = self._bulk_next
+            effects.append(SendPart(transfer, pack_part(i, keys, values)))
             self._parts_sent += 1
             self._bulk_next = next(self._bulk, None)
         if self._bulk_next is None:
@@ -364,12 +364,15 @@ class Segment:
         self._next(Event.STATE_PART)
         if part != self.parts_received:
             raise RemoteProtocolError(f"{self.addr}: bulk part {part}, expected {self.parts_received}")
-        with paused_gc():
-            i, pairs = unpack_state(data)
+        try:
+            with paused_gc():  # see _checkpoint
+                i, keys, values = unpack_part(data)
+        except StateCodecError as exc:
+            raise RemoteProtocolError(f"{self.addr}: bulk part {part}: {exc}") from None
         stores = self._stores()
-        if not (type(i) is int and 0 <= i < len(stores) and stores[i] is not None):
+        if not (0 <= i < len(stores) and stores[i] is not None):
             raise RemoteProtocolError(f"{self.addr}: bulk part for operator {i!r}, which has no keyed store")
-        stores[i].install_chunk(pairs)
+        stores[i].install_part(keys, values)
         self.parts_received += 1
         return []
 
@@ -486,9 +489,9 @@ class Segment:
 
 
 def _tagged(i: int, slices) -> Iterator[tuple]:
-    """Operator ``i``'s snapshot slices as bulk parts ``(i, pairs)``."""
-    for pairs in slices:
-        yield (i, pairs)
+    """Operator ``i``'s slices as bulk parts ``(i, (keys, values))``."""
+    for part in slices:
+        yield (i, part)
 
 
 class StreamedSegment(Segment):

@@ -1,6 +1,7 @@
 """KeyedState (DESIGN 5): key order, normalised keys, dirty keys, snapshots, chunks and deltas."""
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -223,3 +224,43 @@ def test_matches_a_dict_and_snapshot_plus_delta_rebuilds_the_state(before, after
         streamed.install_chunk(piece)
     streamed.apply_delta(delta)
     assert streamed == store
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=OPS, during=st.lists(OPS, max_size=4), as_lists=st.booleans(),
+       size=st.integers(1, 8))
+def test_parts_read_while_the_store_changes_plus_the_delta_rebuild_it(before, during, as_lists,
+                                                                       size):
+    """Catch-up's phase 1 (issue 11): parts are not a snapshot, the partition goes on
+    changing the store between them; the delta of everything since the call fixes it."""
+    from flux.state_codec import pack_part, unpack_part
+
+    store, table = KeyedState(), {}
+    apply_ops(store, table, before)
+    pieces = store.parts(size)
+    store.clear_dirty()  # t0, with the call
+    received = KeyedState()
+    for ops in during + [[]] * 20:  # keeps changing while parts go, then drains the rest
+        piece = next(pieces, None)
+        if piece is not None:
+            received.install_part(*unpack_part(pack_part(0, *piece))[1:])
+        apply_ops(store, table, ops, as_lists)
+    received.apply_delta(wire_form(store.delta()))
+    assert received == store and wire_form(received.snapshot()) == wire_form(keyed_state(table))
+
+
+def test_a_part_is_keys_then_values_and_its_keys_come_back_hashable():
+    from flux.state_codec import StateCodecError, pack_part, unpack_part
+
+    index, keys, values = unpack_part(pack_part(3, [("a", 1), 7], [[1, (2, 3)], "x"]))
+    assert (index, keys, values) == (3, (("a", 1), 7), [[1, [2, 3]], "x"])
+    s = KeyedState()
+    s.install_part(keys, values)
+    assert s[("a", 1)] == [1, [2, 3]] and s[7] == "x"
+    s.install_part([["b", 2]], [0])  # lists as keys still work (the slow path)
+    assert s[("b", 2)] == 0
+    with pytest.raises(ValueError):
+        s.install_part([1, 2], [1])
+    for bad in (b"", b"\x93\x01\x02\x03", msgpack.packb([1, b"\x91\x01", b"\x90"])):
+        with pytest.raises(StateCodecError):
+            unpack_part(bad)

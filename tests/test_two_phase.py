@@ -14,7 +14,7 @@ import pytest
 from flux.addresses import Addr, P, S
 from flux.control_messages import Avail, TakeoverDone
 from flux.data_messages import Batch, CSync, Pause, PauseAck, Reverse
-from flux.effects import Send, StateInstalled
+from flux.effects import Send, SourcesPaused, StateInstalled
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
@@ -32,7 +32,7 @@ from flux.segment import (
     Segment,
 )
 from flux.sequence import NO_SN
-from flux.state_codec import pack_state, unpack_state
+from flux.state_codec import pack_part, unpack_state
 from statemover.messages import (
     CancelTransfer,
     RequestRecv,
@@ -107,11 +107,11 @@ def started(**kw):
     return seg, nxt
 
 
-def part(i, pairs):
-    return SendPart(TRANSFER, pack_state([i, pairs]))
+def part(i, pairs, transfer=TRANSFER):
+    return SendPart(transfer, pack_part(i, [k for k, _ in pairs], [v for _, v in pairs]))
 
 
-PAUSES = [Send(M, A0P, Pause(5)), Send(M, A1P, Pause(5))]
+PAUSES = [Send(M, A0P, Pause(5)), Send(M, A1P, Pause(5)), SourcesPaused(TRANSFER)]
 
 
 def test_phase_one_streams_the_snapshot_part_by_part_while_processing():
@@ -125,7 +125,7 @@ def test_phase_one_streams_the_snapshot_part_by_part_while_processing():
     nxt = feed(seg, nxt, ["a", "f"])
     assert store(seg).dirty_keys() == ["a", "f"]
     assert seg.flushable() != []
-    # the snapshot is as of sm_ready: the later a=3 and f=1 are not in it
+    # the keys are those of sm_ready: f=1 is not among them (a=3 went before: the delta)
     assert seg.send_part() == [part(0, [["c", 1], ["d", 1]])]
     assert seg.mode == STREAMING
     # the last part: phase 2 begins, the distributed pause of 5.3.1
@@ -237,7 +237,7 @@ def test_parts_out_of_order_or_missing_are_protocol_errors():
     with pytest.raises(RemoteProtocolError):  # the active sent 3 parts, 1 arrived
         x.state_received(calls[-1].data)
     with pytest.raises(RemoteProtocolError):
-        x.state_part(1, pack_state([1, [["k", 1]]]))  # operator 1 has no keyed store
+        x.state_part(1, pack_part(1, ["k"], [1]))  # operator 1 has no keyed store
     with pytest.raises(LocalProtocolError):
         seg.state_part(0, parts[0].data)  # the active receives no parts
 
@@ -260,9 +260,9 @@ def test_abort_while_streaming_cancels_only_and_stops_tracking():
         RequestSend((2, 0, 6), "sm@sb1")]
     seg.bulk_pairs = 10
     assert seg.sm_ready() == []
-    assert seg.send_part() == [SendPart((2, 0, 6), pack_state(
-        [0, [["a", 3], ["b", 1], ["c", 1], ["d", 1], ["e", 1]]]))] + [
-        Send(M, A0P, Pause(6)), Send(M, A1P, Pause(6))]
+    assert seg.send_part() == [part(0, [["a", 3], ["b", 1], ["c", 1], ["d", 1], ["e", 1]],
+                                    (2, 0, 6))] + [
+        Send(M, A0P, Pause(6)), Send(M, A1P, Pause(6)), SourcesPaused((2, 0, 6))]
 
 
 @pytest.mark.parametrize("pause_acks", [0, 1, 2])
@@ -346,7 +346,7 @@ def test_the_host_carries_parts_from_one_mover_to_the_other_segment():
 def test_the_host_drops_a_part_of_another_attempt():
     x = standby()
     h = Host("standby0", {MX: x}, inc=2, segment_factory=lambda addr: None)
-    data = pack_state([0, [["a", 1]]])
+    data = pack_part(0, ["a"], [1])
     assert h.run_local([StatePart((2, 0, 4), 0, data)]) == ([], [])  # an older version
     assert x.parts_received == 0 and len(store(x)) == 0
     # the current attempt's part is installed; its bytes are reported for the metrics

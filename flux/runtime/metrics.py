@@ -98,8 +98,13 @@ class Metrics:
         """(addr, bytes, seconds) of every completed state movement."""
         return [detail for _, what, detail in list(self.events) if what == "state moved"]
 
+    def catchup_pauses(self) -> List[float]:
+        """Seconds each catch-up's active held its sources paused (phase 2; issue 11)."""
+        return [detail[1] for _, what, detail in list(self.events) if what == "paused"]
+
     def summary(self) -> Dict[str, Any]:
         moves = self.state_moves()
+        pauses = self.catchup_pauses()
         rows = self.timeline()
         busy = [r for r in rows if r["inputs"]]
         span = len(busy) * self.interval
@@ -117,6 +122,7 @@ class Metrics:
             "events": [list(e) for e in self.relative_events()],
             "state_bytes_moved": sum(m[1] for m in moves),
             "state_move_s": round(sum(m[2] for m in moves), 6),
+            "max_catchup_pause_s": round(max(pauses), 6) if pauses else None,
         }
 
     def write_csv(self, path: str) -> None:

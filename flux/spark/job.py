@@ -168,16 +168,22 @@ class FluxJob:
     def _run_controller(self) -> None:
         """The only thread that touches the controller's socket."""
         c = self.controller
-        told = False
+        told = announced = False
+        nodes = self.topology.nodes
         while not self._stop.is_set():
             c.turn(5)
             if self._stopping.is_set() and not told:
                 c.stop_all(JOB_STOPPED)
                 c.started = False  # stopped workers fall silent on purpose: no detection
                 told = True
-            elif not told and not c.started and all(
-                    n in c.ready for n in self.topology.nodes):
-                self._begin()
+            elif not told and not c.started:
+                # two steps: every node registered -> where everyone listens (a node builds
+                # its operators once it knows); every node built (Ready) -> the data starts
+                if not announced and all(n in c.registered for n in nodes):
+                    c.announce()
+                    announced = True
+                if announced and all(n in c.ready for n in nodes):
+                    self._begin()
             if c.error is not None:
                 raise c.error
 
