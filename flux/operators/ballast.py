@@ -24,12 +24,19 @@ def _value(key: int, version: int) -> str:
     return f"{key:012d}-{version:010d}-" + "x" * 52
 
 
+#: ``_value(key, 0) == _FIRST % key``: the first values, made by one C loop (a 100 MB
+#: Ballast is built by every replica, and by a re-run task while a catch-up goes on)
+_FIRST = "%012d-0000000000-" + "x" * 52
+
+
 class Ballast(KeyedOperator):
     def __init__(self, mb: float = 8.5):
         if mb < 0:
             raise ValueError(f"mb must be >= 0, got {mb}")
         self.keys = int(mb * 1_000_000 / BYTES_PER_KEY)
-        self.state = KeyedState((k, _value(k, 0)) for k in range(self.keys))
+        self.state = KeyedState()
+        keys = range(self.keys)
+        self.state.install_part(keys, list(map(_FIRST.__mod__, keys)))
 
     def process(self, record: Any) -> List[Any]:
         if self.keys:
