@@ -357,6 +357,7 @@ class Segment:
         """The new replica asks its mover to receive (Figure 5 action 1, STDBY)."""
         self._next(Event.EXPECT_STATE)
         self.catchup = catchup
+        self._drop_parts()  # a store its constructor filled: all of it comes from the active
         return [RequestRecv(catchup.transfer(self.addr), catchup.peer_mover)]
 
     def state_part(self, part: int, data: bytes) -> List:

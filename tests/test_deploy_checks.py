@@ -87,3 +87,22 @@ def test_the_checks_do_not_make_a_rate_limited_feed_arrive_early():
     j = job(source=feed)
     assert j.source is feed and feed.read == 0 and feed.start is None
     assert list(feed) == RECORDS
+
+
+def test_a_node_builds_ahead_the_chains_its_placement_gives_one_node():
+    """Before it registers, every task (standbys too) builds the operator chains a node
+    hosts per stage: a catch-up never waits for a standby to build big operators."""
+    from pyspark import cloudpickle
+
+    from flux.examples import paper_dataflow
+    from flux.runtime.config import NodeConfig
+    from flux.spark.node_task import load_dataflow
+
+    df = paper_dataflow()
+    for replication, per_stage in (("flux", 2), ("none", 1)):
+        config = NodeConfig(dataflow=cloudpickle.dumps(df), stages=len(df.stages), partitions=4,
+                            replication=replication)
+        dataflow, spares = load_dataflow(config)
+        assert {s: len(chains) for s, chains in spares.items()} == {1: per_stage, 2: per_stage}
+        chains = [c for cs in spares.values() for c in cs]
+        assert len({id(c) for c in chains}) == len(chains)  # fresh, never shared

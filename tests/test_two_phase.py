@@ -226,6 +226,21 @@ def test_a_deleted_key_is_deleted_at_the_new_replica():
     assert "b" not in store(x) and store(x).items() == store(seg).items()
 
 
+def test_the_new_replica_drops_what_its_constructor_put_in_its_stores():
+    """An operator may fill its store when it is built (a reference table, Ballast); the
+    active may have deleted some of it long before the catch-up: the new replica's state
+    is the active's, not a merge with a fresh operator's."""
+    seg, _ = started()
+    calls = move(seg)
+    x = segment(MX, AWAITING_STATE)
+    store(x)["built-in"] = 1  # what a constructor put there; the active has no such key
+    x.expect_state(CatchUp(5, "sm@node0"))
+    for i, c in enumerate(c for c in calls if isinstance(c, SendPart)):
+        x.state_part(i, c.data)
+    x.state_received([c for c in calls if isinstance(c, SendState)][0].data)
+    assert "built-in" not in store(x) and store(x).items() == store(seg).items()
+
+
 def test_parts_out_of_order_or_missing_are_protocol_errors():
     seg, _ = started()
     calls = move(seg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import zmq
@@ -69,7 +70,7 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
         transport.connect(CONTROLLER.name, config.controller)
         me0 = ProcAddr(f"w{inc}")
         try:  # a deterministic error shows here, on every attempt, before registering
-            dataflow, spares = load_dataflow(config.dataflow)
+            dataflow, spares = load_dataflow(config)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             transport.send(CONTROLLER.name, Envelope(me0, CONTROLLER, 0, Failed(
@@ -202,12 +203,18 @@ def join(transport: Transport, register: Envelope, timeout: float):
     return got[Welcome], got[Members], early
 
 
-def load_dataflow(blob: bytes):
+def load_dataflow(config: NodeConfig):
     """Unpickle the dataflow here (an operator module missing on this executor fails
-    here, not in Spark's closure loading) and build every stage's chain once: the
-    check, and the chains the first segments of each stage start with (``spares``)."""
-    dataflow = cloudpickle.loads(blob)
-    spares = {s: [stage.build_chain()] for s, stage in enumerate(dataflow.stages, 1)}
+    here, not in Spark's closure loading) and build the operator chains a node hosts
+    (per stage, as many as the placement gives one node): the check, and ``spares``,
+    the chains its segments start with. A standby too, before it registers: a
+    catch-up then never waits for its operators to be built (maybe big: a table
+    filled, a model loaded)."""
+    dataflow = cloudpickle.loads(config.dataflow)
+    topology = config.topology()
+    hosted = [Counter(a.stage for a in topology.endpoints_of(n)) for n in topology.nodes]
+    spares = {s: [stage.build_chain() for _ in range(max([1] + [c[s] for c in hosted]))]
+              for s, stage in enumerate(dataflow.stages, 1)}
     return dataflow, spares
 
 
