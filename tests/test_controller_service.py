@@ -192,14 +192,48 @@ def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_
     for n in nodes:  # nobody listens: sends never block
         service.add_member(n, incs[n], "tcp://127.0.0.1:9")
     service.begin(recovery)
+    def until(t):  # the controller turns every few milliseconds; nobody beats
+        while now[0] < t:
+            now[0] = round(now[0] + 0.05, 3)
+            service.turn(0)
+
     try:
         service.fail("node1", "killed")
-        now[0] = 0.6  # nobody beat: node3 is declared; node0 and node2 hold last replicas
-        service.turn(0)
+        until(0.6)  # node3 is declared; node0 and node2 hold last replicas
         assert service.dead == {"node1", "node3"} and service.error is None
-        now[0] = 2.1
-        service.turn(0)
+        until(2.1)
         assert "node0" in service.dead and service.error is not None  # then the pair is lost
+    finally:
+        ctl.close()
+        ctx.term()
+
+
+def test_the_controllers_own_stall_is_not_taken_for_the_silence_of_the_nodes():
+    """If the controller's thread does not run for a second (the driver's GC, a starved
+    core), it heard nobody in that time; nobody is declared dead for it."""
+    from controller.placement import ChainedDeclustering
+    from controller.recovery import Recovery
+    from flux.topology import Topology
+
+    ctx = zmq.Context()
+    ctl = Transport(ctx, "controller", -3)
+    nodes = [f"node{k}" for k in range(4)]
+    incs = {n: 10 + k for k, n in enumerate(nodes)}
+    now = [0.0]
+    service = ControllerService(ctl, timeout=0.5, clock=lambda: now[0])
+    for n in nodes:  # nobody listens: sends never block
+        service.add_member(n, incs[n], "tcp://127.0.0.1:9")
+    service.begin(Recovery(Topology(ChainedDeclustering(2, 4), 2, 4, incs)))
+    try:
+        service.turn(0)
+        now[0] = 1.2  # the controller's thread was stalled for 1.2 s
+        service.turn(0)
+        assert service.dead == set()
+        assert [e[1:] for e in service.events] == [("controller stalled", 1.2)]
+        for _ in range(12):  # then it turns, and the nodes really are silent
+            now[0] = round(now[0] + 0.05, 3)
+            service.turn(0)
+        assert "node0" in service.dead and "silent" in service.why_dead["node0"]
     finally:
         ctl.close()
         ctx.term()

@@ -64,6 +64,7 @@ class ControllerService:
         self.secret = secret
         self.beat = beat
         self._last_beat = float("-inf")
+        self._last_turn: Optional[float] = None  # when the last turn's poll returned
         #: decides the name of a registering task, or None to refuse it
         self.name_for = name_for
         #: registrations (task, inc) -> (name, pid, executor pid), for kill_node and logs
@@ -122,6 +123,7 @@ class ControllerService:
     def turn(self, timeout_ms: int) -> None:
         envelopes, gaps = self.transport.poll(timeout_ms)
         now = self.clock()
+        self._discount_own_stall(now, timeout_ms / 1000)
         for env in envelopes:
             name = env.src.name if isinstance(env.src, ProcAddr) else None
             if name in self.last_seen:
@@ -169,6 +171,22 @@ class ControllerService:
             if silent > self.timeout and (silent > self.last_replica_timeout
                                           or not self.recovery.holds_last_replica(name)):
                 self.fail(name, f"silent for {silent:.3f}s")
+
+    def _discount_own_stall(self, now: float, waited: float) -> None:
+        """Silence is judged from the controller's side: while its own thread did not run
+        (a GC pause of the driver, a starved core) it heard no one, and no one is to blame
+        for that. Every watched process gets the time of the stall back; a process that
+        died meanwhile is found a stall later (or at once: its connection drops)."""
+        last, self._last_turn = self._last_turn, now
+        if last is None:
+            return
+        stalled = now - last - waited
+        if stalled > self.timeout / 4:
+            log.warning("the controller did not turn for %.2fs: silence in that time "
+                        "is not counted", stalled)
+            self.events.append((now, "controller stalled", round(stalled, 3)))
+            for name in self.last_seen:
+                self.last_seen[name] += stalled
 
     def on_heartbeat(self, name: str, lag: float) -> None:
         """A watched process is alive; its loop last turned ``lag`` seconds ago."""
