@@ -26,6 +26,7 @@ from flux.control_messages import (
     Register,
     StateMoved,
     Stop,
+    Stopping,
     TakeoverDone,
     View,
     Welcome,
@@ -209,6 +210,8 @@ CODECS: Dict[str, _Codec] = {
     "members": (Members, lambda m: [[list(x) for x in m.addresses]],
                 _arity(1, lambda xs: Members(tuple(_member(x) for x in _list(xs, "members"))))),
     "stop": (Stop, lambda m: [m.reason], _arity(1, lambda r: Stop(_str(r, "reason")))),
+    "stopping": (Stopping, lambda m: [m.reason],
+                 _arity(1, lambda r: Stopping(_str(r, "reason")))),
     "operator_failed": (
         OperatorFailed, lambda m: [m.what, m.stage, m.partition, list(m.sn), m.error, m.secret],
         _arity(6, lambda w, st, p, sn, e, s: OperatorFailed(

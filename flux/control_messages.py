@@ -124,6 +124,15 @@ class TakeoverDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Stopping:
+    """A node ends while the job goes on (its lease ran out, messages from a peer were
+    lost in transit, it was fenced): why. Said before its task fails, so the reason is
+    in the driver's log, not only in an executor's; the controller fails it at once."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The job is over (or failed): stop and close every socket."""
 

@@ -312,3 +312,34 @@ def test_a_transfer_failure_reported_by_a_node_aborts_its_attempt():
         node.close()
         ctl.close()
         ctx.term()
+
+
+def test_a_node_that_stops_on_its_own_says_why_and_is_failed_at_once():
+    from controller.placement import ChainedDeclustering
+    from controller.recovery import Recovery
+    from flux.control_messages import Stopping
+    from flux.topology import Topology
+
+    ctx = zmq.Context()
+    ctl = Transport(ctx, "controller", -3)
+    node = Transport(ctx, "node2", 12)
+    node.connect("controller", ctl.address)
+    nodes = [f"node{k}" for k in range(4)]
+    incs = {n: 10 + k for k, n in enumerate(nodes)}
+    service = ControllerService(ctl, timeout=5.0)
+    for n in nodes:
+        service.add_member(n, incs[n], "tcp://127.0.0.1:9")
+        service.registered[n] = (int(n[-1]), incs[n], 0, 0)
+    service.begin(Recovery(Topology(ChainedDeclustering(2, 4), 2, 4, incs)))
+    try:
+        node.send("controller", Envelope(ProcAddr("node2"), CONTROLLER, 0,
+                                         Stopping("lost the controller's lease (3.10s)"), 12))
+        deadline = time.monotonic() + 5
+        while "node2" not in service.dead and time.monotonic() < deadline:
+            service.turn(20)
+        assert service.why_dead["node2"] == "it stopped: lost the controller's lease (3.10s)"
+        assert service.dead == {"node2"} and service.error is None
+    finally:
+        node.close()
+        ctl.close()
+        ctx.term()

@@ -21,6 +21,7 @@ from flux.control_messages import (
     Register,
     StateMoved,
     Stop,
+    Stopping,
     TakeoverDone,
     View,
     Welcome,
@@ -46,6 +47,7 @@ MESSAGES = [
     Welcome("standby41", 3, ((Addr(1, 0, 0), "node1"),), (7, 8)),
     Members((("node0", "tcp://127.0.0.1:5001", 40),)),
     Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),
+    Stopping("lost the controller's lease (3.10s)"),
     StateMoved(Addr(1, 2, 1), 1 << 20, 0.125), CatchUpPaused(Addr(1, 0, 0), 0.031), Ready(),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
 ]

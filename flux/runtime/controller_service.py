@@ -30,6 +30,7 @@ from flux.control_messages import (
     Register,
     StateMoved,
     Stop,
+    Stopping,
     TakeoverDone,
     View,
     Welcome,
@@ -144,6 +145,8 @@ class ControllerService:
             elif isinstance(env.msg, StateMoved):
                 self.events.append((now, "state moved",
                                     (env.msg.addr, env.msg.nbytes, env.msg.seconds)))
+            elif isinstance(env.msg, Stopping) and name in self.registered:
+                self.on_stopping(name, env.msg.reason)
             elif isinstance(env.msg, CatchUpPaused):
                 self.events.append((now, "paused", (env.msg.addr, env.msg.seconds)))
             elif isinstance(env.msg, Ready) and name in self.registered:
@@ -171,6 +174,15 @@ class ControllerService:
             if silent > self.timeout and (silent > self.last_replica_timeout
                                           or not self.recovery.holds_last_replica(name)):
                 self.fail(name, f"silent for {silent:.3f}s")
+
+    def on_stopping(self, name: str, reason: str) -> None:
+        """A node says it ends on its own: its reason goes in the driver's log, and it is
+        failed now rather than when its connection drops."""
+        if name in self.dead or not self.started:
+            log.info("%s stopped: %s", name, reason)
+            return
+        log.warning("%s stops on its own: %s", name, reason)
+        self.fail(name, f"it stopped: {reason}")
 
     def _discount_own_stall(self, now: float, waited: float) -> None:
         """Silence is judged from the controller's side: while its own thread did not run

@@ -34,6 +34,7 @@ from flux.control_messages import (
     Ready,
     Register,
     Stop,
+    Stopping,
     Welcome,
 )
 from flux.envelope import Envelope
@@ -142,6 +143,8 @@ def run_loop(task: int, inc: int, name: str, loop: HostLoop, mover: StateMoverSe
         # this incarnation may never act again, but the process can serve. A failed task is
         # re-run by Spark and its new attempt registers as a fresh standby (DESIGN 6).
         log.warning("%s (attempt %d) stopped: %s", name, inc, loop.stopped)
+        loop.report(Stopping(loop.stopped))  # the driver's log says why, too
+        transport.close(linger_ms=500)
         raise NodeEnded(f"{name} (attempt {inc}) stopped: {loop.stopped}; "
                         f"a new attempt will join as a standby")
     return iter([(task, inc, name, loop.stopped)])
