@@ -33,7 +33,16 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, PartTrailer, Role, Trailer, TransferFailed
+from statemover.messages import (
+    Abort,
+    Chunk,
+    Handshake,
+    PartAck,
+    PartTrailer,
+    Role,
+    Trailer,
+    TransferFailed,
+)
 
 VERSION = 1
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)
@@ -172,6 +181,8 @@ CODECS: Dict[str, _Codec] = {
                         _arity(5, lambda t, p, n, ln, crc: PartTrailer(
                             _transfer(t), _int(p, "part"), _int(n, "count"), _int(ln, "length"),
                             _int(crc, "crc")))),
+    "sm_part_ack": (PartAck, lambda m: [list(m.transfer), m.part],
+                    _arity(2, lambda t, p: PartAck(_transfer(t), _int(p, "part")))),
     "sm_abort": (Abort, lambda m: [list(m.transfer), m.reason],
                  _arity(2, lambda t, r: Abort(_transfer(t), _str(r, "reason")))),
     "transfer_failed": (TransferFailed, lambda m: [list(m.transfer), m.reason],

@@ -22,6 +22,7 @@ from flux.segment import CatchUp
 from statemover.messages import (
     MOVER_CALLS,
     CancelTransfer,
+    PartAcked,
     RequestRecv,
     RequestSend,
     SendPart,
@@ -151,7 +152,8 @@ class Host:
                                       self.peer_incs.get(e.dst)))
             elif isinstance(e, MOVER_CALLS):
                 pending.extend(self._call_mover(e))
-            elif isinstance(e, (SmReady, StatePart, StateSent, StateReceived, TransferFailed)):
+            elif isinstance(e, (SmReady, StatePart, PartAcked, StateSent, StateReceived,
+                                TransferFailed)):
                 seg = self.segment_of(e.transfer)
                 if seg is None or not seg.in_transfer(e.transfer):
                     continue  # about an attempt this host already gave up
@@ -161,6 +163,8 @@ class Host:
                 elif isinstance(e, StatePart):
                     pending.extend(seg.state_part(e.part, e.data))  # phase 1 at the standby
                     others.append(StateInstalled(e.transfer, len(e.data), complete=False))
+                elif isinstance(e, PartAcked):
+                    pending.extend(seg.part_acked(e.part))  # phase 1 at the active
                 elif isinstance(e, StateSent):
                     pending.extend(seg.state_sent())
                 elif isinstance(e, StateReceived):

@@ -67,7 +67,8 @@ class Event(enum.Enum):
     EXPECT_STATE = "expect state"  # Figure 5 action 1 at the new replica
     SM_READY = "sm_ready"  # Figure 5 action 2: phase 1 starts
     SEND_PART = "send part"  # local work in phase 1: one bulk part to the mover
-    BULK_SENT = "bulk sent"  # the last bulk part is with the mover: phase 2 (pause, drain)
+    PART_ACKED = "part acked"  # the new replica has one more part
+    BULK_SENT = "bulk sent"  # the new replica has every bulk part: phase 2 (pause, drain)
     STATE_PART = "state part"  # a bulk part arrived at the new replica
     DRAINED = "drained"  # the last pause-ack: checkpoint (actions 2-4)
     STATE_SENT = "state sent"  # action 5 at the active
@@ -92,6 +93,7 @@ TRANSITIONS = {
     (PROCESSING, Event.SM_READY): STREAMING,
     (AWAITING_STATE, Event.SM_READY): AWAITING_STATE,
     (STREAMING, Event.SEND_PART): STREAMING,
+    (STREAMING, Event.PART_ACKED): STREAMING,
     (STREAMING, Event.BULK_SENT): DRAINING,
     (AWAITING_STATE, Event.STATE_PART): AWAITING_STATE,
     (DRAINING, Event.DRAINED): MOVING,
@@ -122,6 +124,10 @@ class Segment:
 
     #: keys (with their values) of keyed state per bulk part (phase 1)
     bulk_pairs: int = 8192
+    #: bulk parts in flight (sent, not yet acknowledged by the new replica): the active
+    #: never runs ahead of what the new replica installs, so phase 2's pause does not
+    #: wait behind a backlog, and no more than this many parts are buffered on the way
+    part_window: int = 4
     #: False: ``sm_ready`` hands the whole bulk to the mover at once, for a driver
     #: without the local step; True: one part per ``send_part`` step (``has_part``),
     #: interleaved with processing, as the runtime should drive it
@@ -151,7 +157,7 @@ class Segment:
         self._tracked: dict = {}
         self._bulk: Optional[Iterator[tuple]] = None
         self._bulk_next: Optional[tuple] = None
-        self._parts_sent = 0
+        self._parts_sent = self._parts_acked = 0  # and how many the new replica has
         #: at the new replica: bulk parts installed so far
         self.parts_received = 0
         #: what the last install took (for counters): bulk parts, keyed deltas, delta keys
@@ -269,7 +275,7 @@ class Segment:
         self.mode = self._next(Event.SM_READY)
         if self.mode is AWAITING_STATE:
             return []  # the standby just waits for the state (and its parts)
-        self._parts_sent = 0
+        self._parts_sent = self._parts_acked = 0
         parts = []
         for i, store in enumerate(self._stores()):
             if store is not None:
@@ -281,8 +287,10 @@ class Segment:
         return self._stream(0 if self.bulk_per_step else None)
 
     def has_part(self) -> bool:
-        """Is a bulk part waiting for a ``send_part`` step (phase 1, ``bulk_per_step``)?"""
-        return self.mode is STREAMING and self._bulk_next is not None
+        """May a bulk part go in a ``send_part`` step (phase 1, ``bulk_per_step``): one is
+        waiting and the window has room?"""
+        return (self.mode is STREAMING and self._bulk_next is not None
+                and self._parts_sent - self._parts_acked < self.part_window)
 
     def send_part(self) -> List:
         """Local work in phase 1: hand the next bulk part to the mover; after the last,
@@ -293,7 +301,8 @@ class Segment:
         return self._stream(1)
 
     def _stream(self, limit: Optional[int]) -> List:
-        """Hand over up to ``limit`` parts (all if None); the bulk done, pause the sources."""
+        """Hand over up to ``limit`` parts (all if None); once the new replica has every
+        part, pause the sources."""
         effects: List = []
         transfer = self.catchup.transfer(self.addr)
         while self._bulk_next is not None and (limit is None or len(effects) < limit):
@@ -301,11 +310,21 @@ class Segment:
             effects.append(SendPart(transfer, pack_part(i, keys, values)))
             self._parts_sent += 1
             self._bulk_next = next(self._bulk, None)
-        if self._bulk_next is None:
-            self.mode = self._next(Event.BULK_SENT)
-            self._bulk = None
-            effects += self._pause_sources()
-        return effects
+        return effects + self._maybe_pause()
+
+    def part_acked(self, part: int) -> List:
+        """Phase 1: the new replica has part ``part`` (the mover checked the order)."""
+        self._next(Event.PART_ACKED)
+        self._parts_acked += 1
+        return self._maybe_pause()
+
+    def _maybe_pause(self) -> List:
+        """Every part handed over and acknowledged: phase 2."""
+        if self._bulk_next is not None or self._parts_acked < self._parts_sent:
+            return []
+        self.mode = self._next(Event.BULK_SENT)
+        self._bulk = None
+        return self._pause_sources()
 
     def _pause_sources(self) -> List:
         """Phase 2, distributed (5.3.1): pause the data sources, drain to their pause-acks."""

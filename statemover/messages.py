@@ -122,6 +122,16 @@ class PartTrailer:
 
 
 @dataclass(frozen=True, slots=True)
+class PartAck:
+    """Bulk part number ``part`` arrived whole and was handed to the new replica (which
+    installs it in the same step): the sender's window moves on, and phase 2 waits for
+    the last one, so the pause never waits behind a backlog of parts (issue 11)."""
+
+    transfer: Hashable
+    part: int
+
+
+@dataclass(frozen=True, slots=True)
 class Abort:
     """The peer gave up on ``transfer``: stop waiting for it."""
 
@@ -154,6 +164,15 @@ class StateReceived:
 
     def __repr__(self) -> str:
         return f"StateReceived({self.transfer!r}, <{len(self.data)} bytes>)"
+
+
+@dataclass(frozen=True, slots=True)
+class PartAcked:
+    """The new replica has bulk part ``part``: the active may send one more, and after the
+    last, pause (two-phase catch-up)."""
+
+    transfer: Hashable
+    part: int
 
 
 @dataclass(frozen=True, slots=True, repr=False)

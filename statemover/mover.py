@@ -20,7 +20,9 @@ thread and the sockets. Everything that affects a transfer lives here:
   ``send_part(part)`` any number of times while it goes on processing. Each
   part is its chunks (indices from 0) and a ``PartTrailer`` (part number,
   count, length, CRC), checked like the final trailer; the receiver emits
-  ``StatePart`` per part and stays open for more. Parts and the final state
+  ``StatePart`` per part, answers with a ``PartAck`` (the sender signals
+  ``PartAcked``: the active keeps a window of parts in flight and pauses only
+  once every part is acknowledged), and stays open for more. Parts and the final state
   belong to one transfer id, so a part of an aborted attempt never mixes
   into a newer one, and a receiver that fails keeps no part.
 - Transfer ids are unique per catch-up attempt (3.4, DESIGN 4.6) and all
@@ -49,6 +51,8 @@ from statemover.messages import (
     Abort,
     Chunk,
     Handshake,
+    PartAck,
+    PartAcked,
     PartTrailer,
     Role,
     SmReady,
@@ -86,6 +90,7 @@ TRANSITIONS = {
     (RECV, Mode.REQUESTED, "handshake"): Mode.READY,
     (SEND, Mode.READY, "part"): Mode.READY,  # send_part(): a bulk part, more may follow
     (SEND, Mode.READY, "send"): Mode.DONE,  # send() hands out every chunk at once
+    (SEND, Mode.READY, "part ack"): Mode.READY,  # the receiver has a part
     (RECV, Mode.READY, "chunk"): Mode.RECEIVING,
     (RECV, Mode.RECEIVING, "chunk"): Mode.RECEIVING,
     (RECV, Mode.READY, "part trailer"): Mode.READY,  # an empty part
@@ -105,6 +110,7 @@ class _Transfer:
     length: int = 0
     crc: int = 0
     parts: int = 0  # bulk parts sent (sender) or received whole (receiver)
+    acked: int = 0  # bulk parts the receiver acknowledged (sender)
 
 
 class StateMover:
@@ -253,7 +259,15 @@ class StateMover:
         data = b"".join(t.chunks)
         t.chunks, t.length, t.crc = [], 0, 0
         t.parts += 1
-        return [StatePart(transfer, msg.part, data)]
+        return [StatePart(transfer, msg.part, data), Send(self.me, t.peer, PartAck(transfer, msg.part))]
+
+    def _on_part_ack(self, transfer, t: _Transfer, msg: PartAck) -> list:
+        self._step(transfer, t, "part ack")
+        if msg.part != t.acked or msg.part >= t.parts:  # FIFO: acks come in order, once
+            raise RemoteProtocolError(f"{self.me!r}: ack of part {msg.part} of {transfer!r}, "
+                                      f"expected {t.acked} of {t.parts} sent")
+        t.acked += 1
+        return [PartAcked(transfer, msg.part)]
 
     @staticmethod
     def _check(t: _Transfer, msg) -> Optional[str]:
@@ -273,7 +287,7 @@ class StateMover:
         return self._abort(transfer, t, f"peer aborted: {msg.reason}")
 
     _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer,
-                 PartTrailer: _on_part_trailer, Abort: _on_abort}
+                 PartTrailer: _on_part_trailer, PartAck: _on_part_ack, Abort: _on_abort}
 
     # -- helpers -----------------------------------------------------------------
     def _request(self, transfer, peer, role: Role) -> list:

@@ -18,6 +18,8 @@ from statemover.messages import (
     Abort,
     Chunk,
     Handshake,
+    PartAck,
+    PartAcked,
     PartTrailer,
     Role,
     SmReady,
@@ -474,13 +476,18 @@ def test_exact_effects_of_a_part_then_the_final_state():
     msgs = chunks_of(effects)
     assert b.on_message(A, msgs[0]) == [] and b.mode(T) is Mode.RECEIVING
     assert b.on_message(A, msgs[1]) == []
-    [got] = b.on_message(A, msgs[2])
+    got, ack = b.on_message(A, msgs[2])
     assert got == StatePart(T, 0, part) and type(got.data) is bytes
+    assert ack == Send(B, A, PartAck(T, 0))  # the receiver has it: the sender's window moves
     assert b.mode(T) is Mode.READY
     b.check_invariants()
+    assert a.on_message(B, ack.msg) == [PartAcked(T, 0)]
+    with pytest.raises(RemoteProtocolError):
+        a.on_message(B, PartAck(T, 0))  # acked twice
     # an empty part: a trailer alone; chunk indices start again at 0 in every part
     assert a.send_part(T, b"") == [Send(A, B, PartTrailer(T, 1, 0, 0, zlib.crc32(b"")))]
-    assert b.on_message(A, PartTrailer(T, 1, 0, 0, zlib.crc32(b""))) == [StatePart(T, 1, b"")]
+    assert b.on_message(A, PartTrailer(T, 1, 0, 0, zlib.crc32(b""))) == [
+        StatePart(T, 1, b""), Send(B, A, PartAck(T, 1))]
     final = chunks_of(a.send(T, b"xyz"))
     assert final == [Chunk(T, 0, b"xyz"), Trailer(T, 1, 3, zlib.crc32(b"xyz"))]
     assert [e for m in final for e in b.on_message(A, m)] == [StateReceived(T, b"xyz")]
@@ -502,7 +509,8 @@ def test_parts_and_state_round_trip_through_two_movers():
     pair.pump()
     assert pair.local[B] == [SmReady(T)] + [StatePart(T, i, p) for i, p in enumerate(parts)] + [
         StateReceived(T, b"delta")]
-    assert pair.local[A] == [SmReady(T), StateSent(T)]
+    assert pair.local[A] == [SmReady(T)] + [PartAcked(T, i) for i in range(len(parts))] + [
+        StateSent(T)]
 
 
 def test_a_corrupted_part_fails_the_transfer_and_nothing_after_it_is_delivered():
@@ -577,7 +585,7 @@ def test_parts_of_an_aborted_attempt_never_reach_the_next():
     b.on_message(A, Handshake(T_NEW, Role.SEND))
     new = chunks_of(a.send_part(T_NEW, b"new"))
     out = [e for m in old[1:] + new for e in b.on_message(A, m)]
-    assert out == [StatePart(T_NEW, 0, b"new")]
+    assert out == [StatePart(T_NEW, 0, b"new"), Send(B, A, PartAck(T_NEW, 0))]
 
 
 def test_the_receiver_dies_between_parts():

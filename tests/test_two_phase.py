@@ -128,8 +128,11 @@ def test_phase_one_streams_the_snapshot_part_by_part_while_processing():
     # the keys are those of sm_ready: f=1 is not among them (a=3 went before: the delta)
     assert seg.send_part() == [part(0, [["c", 1], ["d", 1]])]
     assert seg.mode == STREAMING
-    # the last part: phase 2 begins, the distributed pause of 5.3.1
-    assert seg.send_part() == [part(0, [["e", 1]])] + PAUSES
+    assert seg.send_part() == [part(0, [["e", 1]])]  # the last part
+    assert seg.mode == STREAMING and not seg.has_part()
+    assert seg.part_acked(0) == [] and seg.part_acked(1) == []
+    # the new replica has every part: phase 2 begins, the distributed pause of 5.3.1
+    assert seg.part_acked(2) == PAUSES
     assert seg.mode == DRAINING and not seg.has_part()
     with pytest.raises(LocalProtocolError):
         seg.send_part()
@@ -153,8 +156,19 @@ def test_phase_one_streams_the_snapshot_part_by_part_while_processing():
 def test_without_the_part_step_sm_ready_hands_the_whole_bulk_over_at_once():
     seg, _ = started(per_step=False)
     assert seg.sm_ready() == [part(0, [["a", 2], ["b", 1]]), part(0, [["c", 1], ["d", 1]]),
-                              part(0, [["e", 1]])] + PAUSES
+                              part(0, [["e", 1]])]
+    assert seg.part_acked(0) == seg.part_acked(1) == [] and seg.part_acked(2) == PAUSES
     assert seg.mode == DRAINING
+
+
+def test_no_more_than_the_window_of_parts_is_in_flight():
+    """The active never runs ahead of what the new replica has installed."""
+    seg, _ = started()
+    seg.part_window = 2
+    seg.sm_ready()
+    assert len(seg.send_part() + seg.send_part()) == 2
+    assert not seg.has_part() and seg.mode == STREAMING  # a third part waits for an ack
+    assert seg.part_acked(0) == [] and seg.has_part()
 
 
 def test_an_empty_store_streams_nothing_and_pauses_at_once():
@@ -171,13 +185,29 @@ def test_an_empty_store_streams_nothing_and_pauses_at_once():
     assert state["parts"] == 0 and state["deltas"] == [[0, {"set": [], "deleted": []}]]
 
 
+def stream(seg, between=lambda: None):
+    """Phase 1 at the active, with a new replica that acknowledges each part as it
+    arrives; ``between`` runs after each part sent. The calls."""
+    calls, acked = [], 0
+    while seg.mode is STREAMING:
+        if seg.has_part():
+            calls += seg.send_part()
+            between()
+        else:
+            calls += seg.part_acked(acked)
+            acked += 1
+    return calls
+
+
 def move(seg):
     """Phase 1 and 2 at the active, with inputs processed between parts; the calls."""
     calls = list(seg.sm_ready())
-    nxt = 7
-    while seg.has_part():
-        calls += seg.send_part()
-        nxt = feed(seg, nxt, ["a", "z"])
+    nxt = [7]
+
+    def more():
+        nxt[0] = feed(seg, nxt[0], ["a", "z"])
+
+    calls += stream(seg, more)
     calls += seg.on_message(A0P, PauseAck(5)) + seg.on_message(A1P, PauseAck(5))
     return calls
 
@@ -215,8 +245,7 @@ def test_a_deleted_key_is_deleted_at_the_new_replica():
     seg, _ = started()
     calls = list(seg.sm_ready())
     del store(seg)["b"]  # e.g. expiry by event time
-    while seg.has_part():
-        calls += seg.send_part()
+    calls += stream(seg)
     calls += seg.on_message(A0P, PauseAck(5)) + seg.on_message(A1P, PauseAck(5))
     x = standby()
     for i, c in enumerate(c for c in calls if isinstance(c, SendPart)):
@@ -276,7 +305,8 @@ def test_abort_while_streaming_cancels_only_and_stops_tracking():
     seg.bulk_pairs = 10
     assert seg.sm_ready() == []
     assert seg.send_part() == [part(0, [["a", 3], ["b", 1], ["c", 1], ["d", 1], ["e", 1]],
-                                    (2, 0, 6))] + [
+                                    (2, 0, 6))]
+    assert seg.part_acked(0) == [
         Send(M, A0P, Pause(6)), Send(M, A1P, Pause(6)), SourcesPaused((2, 0, 6))]
 
 
@@ -284,8 +314,7 @@ def test_abort_while_streaming_cancels_only_and_stops_tracking():
 def test_abort_in_phase_two_stops_tracking(pause_acks):
     seg, _ = started()
     seg.sm_ready()
-    while seg.has_part():
-        seg.send_part()
+    stream(seg)
     for src in [A0P, A1P][:pause_acks]:
         seg.on_message(src, PauseAck(5))
     assert seg.mode == (MOVING if pause_acks == 2 else DRAINING)
@@ -311,9 +340,12 @@ def test_the_pause_moves_only_the_delta_of_a_big_store():
     for k in range(20000):
         big[f"key{k:06d}"] = k
     calls = list(seg.sm_ready())
-    while seg.has_part():
-        calls += seg.send_part()
-        nxt = feed(seg, nxt, ["key000001", "new"])
+    fed = [nxt]
+
+    def more():
+        fed[0] = feed(seg, fed[0], ["key000001", "new"])
+
+    calls += stream(seg, more)
     calls += seg.on_message(A0P, PauseAck(5)) + seg.on_message(A1P, PauseAck(5))
     bulk = sum(len(c.data) for c in calls if isinstance(c, SendPart))
     [final] = [c for c in calls if isinstance(c, SendState)]
@@ -342,20 +374,22 @@ def test_the_host_carries_parts_from_one_mover_to_the_other_segment():
     seg.catchup = CatchUp(5, b.mover_addr, started=True)
     run(a, a.run_local([RequestSend(TRANSFER, b.mover_addr)]))
     run(b, b.run_local(x.expect_state(CatchUp(5, a.mover_addr))))
-    others = []
+    others, in_flight = [], 0
     while pending or seg.has_part():
         if pending:
             env = pending.pop(0)
             others += run(hosts[env.dst], hosts[env.dst].on_envelope(env))
         else:
             run(a, a.run_local(seg.send_part()))
-            if seg.mode is DRAINING:  # the pause-acks of the paused sources
-                run(a, a.run_local(seg.on_message(A0P, PauseAck(5))))
-                run(a, a.run_local(seg.on_message(A1P, PauseAck(5))))
+        in_flight = max(in_flight, seg._parts_sent - seg._parts_acked)
+        if seg.mode is DRAINING:  # the pause-acks of the paused sources
+            run(a, a.run_local(seg.on_message(A0P, PauseAck(5))))
+            run(a, a.run_local(seg.on_message(A1P, PauseAck(5))))
     assert x.mode == PROCESSING and seg.mode == PROCESSING
     assert store(x).items() == store(seg).items()
     assert x.installed["parts"] == 3
     assert not any(isinstance(e, TransferFailed) for e in others)
+    assert 0 < in_flight <= seg.part_window
 
 
 def test_the_host_drops_a_part_of_another_attempt():

@@ -28,7 +28,16 @@ from flux.control_messages import (
 )
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
-from statemover.messages import Abort, Chunk, Handshake, PartTrailer, Role, Trailer, TransferFailed
+from statemover.messages import (
+    Abort,
+    Chunk,
+    Handshake,
+    PartAck,
+    PartTrailer,
+    Role,
+    Trailer,
+    TransferFailed,
+)
 
 A, B = Addr(1, 2, 0), Addr(2, 0, 1)
 
@@ -37,7 +46,7 @@ MESSAGES = [
     Batch((), (0,)),
     Ack((7, 1)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
-    Trailer((1, 2, 3), 1, 7, 123456), PartTrailer((1, 2, 3), 2, 1, 7, 123456),
+    Trailer((1, 2, 3), 1, 7, 123456), PartTrailer((1, 2, 3), 2, 1, 7, 123456), PartAck((1, 2, 3), 2),
     Abort((1, 2, 3), "peer failed"),
     TransferFailed((1, 2, 3), "checksum mismatch"), Heartbeat(0.25),
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
