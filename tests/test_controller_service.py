@@ -33,10 +33,18 @@ def wires():
     ctx.term()
 
 
-def say(service, task, msg, turns=20):
+def say(service, task, msg, seconds=5.0):
+    """Send ``msg`` and turn the controller until it has read it (a turn acts on every
+    message it reads) and handed its answers to ZeroMQ."""
     task.send("controller", Envelope(ProcAddr("w7"), CONTROLLER, 0, msg, 7, None))
-    for _ in range(turns):
+    sent, ctl = task.out_seq["controller"], service.transport
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        task.flush()
         service.turn(10)
+        if ctl.in_seq.get(task.identity, 0) >= sent and not ctl.pending():
+            return
+    raise AssertionError(f"the controller did not read {msg!r} within {seconds}s")
 
 
 def test_a_registration_with_the_wrong_secret_is_refused(wires):
@@ -240,8 +248,10 @@ def test_a_transfer_failure_reported_by_a_node_aborts_its_attempt():
         transfer = (addr.stage, addr.partition, attempt.version)
         node.send("controller", Envelope(ProcAddr("standby0"), CONTROLLER, 2, TransferFailed(
             transfer, "checksum mismatch"), 14))
-        for _ in range(10):
-            service.turn(20)
+        deadline = time.monotonic() + 5
+        while ctl.in_seq.get(node.identity, 0) < 1 and time.monotonic() < deadline:
+            node.flush()
+            service.turn(10)  # a turn acts on every message it reads
         assert [e[2] for e in service.events if e[1] == "catch-up aborted"] == [
             f"{addr.stage}.{addr.partition}: standby0: checksum mismatch"]
         retry = service.recovery.attempts.get(addr)  # retried once the rest of its wave ends
