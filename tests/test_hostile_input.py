@@ -144,7 +144,10 @@ def test_strangers_and_malformed_frames_on_every_socket_change_nothing(caplog):
 def test_a_message_from_a_fenced_incarnation_is_ignored():
     records = packet_workload(6000, seed=4, pairs=600, apps=4, sources=30)
     expected = reference_output(paper_dataflow(), records, 4)
-    cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1, secret=SECRET)
+    # node1 is found by its dropped connection; the heartbeat timeout only has to outlast
+    # a process-wide stall of this loaded test process (as in the test above)
+    cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1, secret=SECRET,
+                            detect_after=2.0)
     evil = zmq.Context()
     try:
         with cluster:
