@@ -155,6 +155,10 @@ def test_a_message_from_a_fenced_incarnation_is_ignored():
             dead_inc = cluster.incarnations["node1"]
             cluster.kill("node1")
             assert cluster.wait_until(lambda: "node1" in cluster.controller.dead, 30)
+            # ...and node0 knows it: until the view reaches node0, node1's incarnation is a
+            # live one there, and a forged batch in its name is taken like any other
+            assert cluster.wait_until(lambda: dead_inc in cluster.loops["node0"].host.dead_incs,
+                                      30)
             # node1 hosted 1.1P: a forged batch in its name, with its (now fenced) incarnation
             forged = Envelope(Addr(1, 1, P), Addr(2, 0, P), 0,
                               Batch((((999_999, 1), ["app0", 1, 5, 7]),), (999_999,)),
