@@ -41,16 +41,24 @@ def wires():
     ctx.term()
 
 
-def say(service, task, msg, turns=20, sender="w7"):
+def say(service, task, msg, seconds=5.0, sender="w7"):
+    """Send ``msg`` and turn the controller until it has read it (a turn acts on every
+    message it reads) and handed its answers to ZeroMQ."""
     task.send("controller", Envelope(ProcAddr(sender), CONTROLLER, 0, msg, 7, None))
-    for _ in range(turns):
+    sent, ctl = task.out_seq["controller"], service.transport
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        task.flush()
         service.turn(10)
+        if ctl.in_seq.get(task.identity, 0) >= sent and not ctl.pending():
+            return
+    raise AssertionError(f"the controller did not read {msg!r} within {seconds}s")
 
 
 def heard(task, count, seconds=5.0):
     """What the controller told ``task``, beats (the lease) apart: (messages, beats)."""
     got, beats, deadline = [], 0, time.monotonic() + seconds
-    while len(got) < count and time.monotonic() < deadline:
+    while (len(got) < count or not count) and time.monotonic() < deadline:
         for env in task.poll(50)[0]:
             if isinstance(env.msg, Heartbeat):
                 beats += 1
@@ -301,8 +309,10 @@ def test_a_transfer_failure_reported_by_a_node_aborts_its_attempt():
         transfer = (addr.stage, addr.partition, attempt.version)
         node.send("controller", Envelope(ProcAddr("standby0"), CONTROLLER, 2, TransferFailed(
             transfer, "checksum mismatch"), 14))
-        for _ in range(10):
-            service.turn(20)
+        deadline = time.monotonic() + 5
+        while ctl.in_seq.get(node.identity, 0) < 1 and time.monotonic() < deadline:
+            node.flush()
+            service.turn(10)  # a turn acts on every message it reads
         assert [e[2] for e in service.events if e[1] == "catch-up aborted"] == [
             f"{addr.stage}.{addr.partition}: standby0: checksum mismatch"]
         retry = service.recovery.attempts.get(addr)  # retried once the rest of its wave ends

@@ -144,7 +144,10 @@ def test_strangers_and_malformed_frames_on_every_socket_change_nothing(caplog):
 def test_a_message_from_a_fenced_incarnation_is_ignored():
     records = packet_workload(6000, seed=4, pairs=600, apps=4, sources=30)
     expected = reference_output(paper_dataflow(), records, 4)
-    cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1, secret=SECRET)
+    # node1 is found by its dropped connection; the heartbeat timeout only has to outlast
+    # a process-wide stall of this loaded test process (as in the test above)
+    cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1, secret=SECRET,
+                            detect_after=2.0)
     evil = zmq.Context()
     try:
         with cluster:
@@ -152,6 +155,10 @@ def test_a_message_from_a_fenced_incarnation_is_ignored():
             dead_inc = cluster.incarnations["node1"]
             cluster.kill("node1")
             assert cluster.wait_until(lambda: "node1" in cluster.controller.dead, 30)
+            # ...and node0 knows it: until the view reaches node0, node1's incarnation is a
+            # live one there, and a forged batch in its name is taken like any other
+            assert cluster.wait_until(lambda: dead_inc in cluster.loops["node0"].host.dead_incs,
+                                      30)
             # node1 hosted 1.1P: a forged batch in its name, with its (now fenced) incarnation
             forged = Envelope(Addr(1, 1, P), Addr(2, 0, P), 0,
                               Batch((((999_999, 1), ["app0", 1, 5, 7]),), (999_999,)),
