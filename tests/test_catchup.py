@@ -127,9 +127,13 @@ def test_installing_a_buffer_without_reversing_its_marks_is_caught():
 def test_moving_state_without_draining_in_flight_tuples_is_caught():
     # Without the drain the sources' reset credits the new replica with tuples that
     # were still in flight to the active; a later failure turns that into a loss.
-    params = SimParams(variant="no-drain", crashes=3, standbys=2, triggers=("any", "after", "after"))
+    # A crash during the catch-up: since the new replica acknowledges bulk parts, the
+    # active checkpoints later, and crashes only after catch-ups rarely meet the window
+    # (seed 406 with "after", "after"; 5 of 1500 random schedules of the CLI).
+    params = SimParams(variant="no-drain", crashes=3, standbys=2,
+                       triggers=("any", "during", "after"))
     seed, r = first_violation(params)
-    correct = SimParams(crashes=3, standbys=2, triggers=("any", "after", "after"))
+    correct = SimParams(crashes=3, standbys=2, triggers=("any", "during", "after"))
     assert run_schedule(seed, correct, crash_window(correct)).status == OK, f"seed {seed}"
 
 
