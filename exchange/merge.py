@@ -77,16 +77,24 @@ class OrderedMerge:
         return producer
 
     def pop(self) -> Item:
+        return self.pop_from()[1]
+
+    def pop_from(self) -> Tuple[Hashable, Item]:
+        """The next tuple in SN order, with the producer it came from."""
         producer = self._releasable()
         if producer is None:
             raise LookupError("no tuple can be released yet")
-        return self.queues[producer].popleft()
+        return producer, self.queues[producer].popleft()
 
     def pop_ready(self) -> List[Item]:
         """Release everything that can be released now."""
+        return [item for _, item in self.pop_ready_from()]
+
+    def pop_ready_from(self) -> List[Tuple[Hashable, Item]]:
+        """Release everything that can be released now, each with its producer."""
         out = []
         while (producer := self._releasable()) is not None:
-            out.append(self.queues[producer].popleft())
+            out.append((producer, self.queues[producer].popleft()))
         return out
 
     def frontier(self) -> SN:
@@ -114,6 +122,9 @@ class OrderedMerge:
 
     def queued(self) -> int:
         return sum(len(q) for q in self.queues.values())
+
+    def queued_from(self, producer: Hashable) -> int:
+        return len(self.queues[producer])
 
     def __repr__(self) -> str:
         parts = ", ".join(

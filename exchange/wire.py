@@ -31,7 +31,7 @@ from flux.control_messages import (
     View,
     Welcome,
 )
-from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
 from statemover.messages import (
     Abort,
@@ -163,6 +163,7 @@ CODECS: Dict[str, _Codec] = {
     "batch": (Batch, lambda m: [[[list(sn), rec] for sn, rec in m.items], list(m.bound)],
               _arity(2, lambda items, bound: Batch(_batch_items(items), _sn(bound, "bound")))),
     "ack": (Ack, lambda m: [list(m.hwm)], _arity(1, lambda h: Ack(_sn(h, "hwm")))),
+    "credit": (Credit, lambda m: [list(m.sn)], _arity(1, lambda sn: Credit(_sn(sn, "sn")))),
     "reverse": (Reverse, lambda m: [list(m.hwm)], _arity(1, lambda h: Reverse(_sn(h, "hwm")))),
     "pause": (Pause, lambda m: [m.version], _arity(1, lambda v: Pause(_int(v, "version")))),
     "pause_ack": (PauseAck, lambda m: [m.version],

@@ -27,7 +27,10 @@ class MachineBuilder:
 
     def __init__(self, dataflow, partitions: int, capacity: int, batch_size: int,
                  ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
-                 replication: str = "flux", spare_chains: dict = None):
+                 replication: str = "flux", spare_chains: dict = None,
+                 window: int = None):
+        """``window``: tuples a consumer may hold untaken per connection (back-pressure,
+        docs/backpressure.md); None is no limit (the protocol without credits)."""
         if replication not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
         self.replication = replication
@@ -37,6 +40,11 @@ class MachineBuilder:
         self.capacity = capacity
         self.ingress_capacity = ingress_capacity or capacity
         self.batch_size = batch_size
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 tuple, got {window}")
+        self.window = window
+        #: a credit per half window: the producer never idles while a credit is on its way
+        self.credit_every = max(1, window // 2) if window else 1
         self.buffer_factory = buffer_factory
         self.segment_class = segment_class
         self.part = HashPartitioner(partitions)
@@ -69,11 +77,11 @@ class MachineBuilder:
             absent = frozenset({ghost})
             route = lambda rec: 0  # noqa: E731
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
-                             self.buffer_factory)
+                             self.buffer_factory, self.window)
         spares = self.spare_chains.get(s)
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
-        return self.segment_class(a, FluxConsumer(a, producers, absent_in), chain, fprod, route,
-                                  mode)
+        fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
+        return self.segment_class(a, fcons, chain, fprod, route, mode)
 
     def standby_segment(self, a: Addr) -> Segment:
         return self.segment(a, AWAITING_STATE)
@@ -87,10 +95,12 @@ class MachineBuilder:
     def ingress(self) -> Ingress:
         key, part = self.dataflow.stages[0].key, self.part
         return Ingress(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
-                       self.batch_size, self.buffer_factory, absent=self.absent_replicas(1))
+                       self.batch_size, self.buffer_factory, absent=self.absent_replicas(1),
+                       window=self.window)
 
     def egress(self) -> Egress:
-        return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages))
+        return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),
+                      credit_every=self.credit_every)
 
     @property
     def egress_addr(self) -> Any:

@@ -1,6 +1,6 @@
 """The data plane: what producers and consumers say to each other (paper 3.1, 3.3, 5).
 
-Data and acks, the take-over's reverse, and the catch-up's in-band control
+Data, acks and credits, the take-over's reverse, and the catch-up's in-band control
 (pause, pause-ack, csync, psync), which travel on the same FIFO connections
 as the data they must follow (DESIGN 4.4).
 """
@@ -27,6 +27,14 @@ class Ack:
     """Cumulative ack: the consumer holds every SN <= ``hwm`` of this connection (3.1.3)."""
 
     hwm: SN
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Consumer to its data source: I took (released from my merge, to process) every
+    tuple <= ``sn`` you sent me; that many more may come (back-pressure, docs/backpressure.md)."""
+
+    sn: SN
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,12 +24,13 @@ def egress_addr(stages: int) -> Addr:
 class Egress:
     """Ordered output of a dataflow with ``stages`` stages of ``partitions`` partitions."""
 
-    def __init__(self, stages: int, partitions: int, absent: Iterable[Addr] = ()):
+    def __init__(self, stages: int, partitions: int, absent: Iterable[Addr] = (),
+                 credit_every: int = 1):
         """``absent``: last-stage replicas that never exist (replication "none", DESIGN 7);
-        the egress acks nobody where they would be."""
+        the egress acks nobody where they would be. ``credit_every``: see FluxConsumer."""
         self.addr = egress_addr(stages)
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in range(partitions)]
-        self.fcons = FluxConsumer(self.addr, producers, frozenset(absent))
+        self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every)
         self.delivered = 0
 
     def finished(self, accepted: int) -> bool:
@@ -53,6 +54,9 @@ class Egress:
         if out:
             self.delivered += len(out)
             effects.append(Deliver(tuple(out)))
+            # credited as handed to the sink: the runtime takes the next message only
+            # once the sink returned, so a slow sink slows the last stage (back-pressure)
+            effects.extend(self.fcons.credits())
         return effects
 
     def can_process(self) -> bool:
@@ -73,6 +77,12 @@ class Egress:
     def on_avail(self, avail, peer_mover=None) -> List:
         self.fcons.on_avail(avail.addr, avail.version)
         return []
+
+    def credits_due(self) -> bool:
+        return False  # credits leave with the deliveries, in on_message
+
+    def send_credits(self) -> List:
+        raise LocalProtocolError("the egress credits as it delivers")
 
     def has_part(self) -> bool:
         return False  # the egress has no state to move

@@ -13,6 +13,13 @@ ack dies, stop acking. The death of our own dual only matters for catch-up
 
 The ingress is a producer partition whose two replicas are one process: we
 take data from it and ack to it.
+
+Back-pressure (docs/backpressure.md): acks say what we *hold*, credits what we
+*took* from the merge to process. A credit goes to the data source of that
+feed once ``credit_every`` tuples were taken since the last one, or once the
+feed's queue is empty (so a full window never waits on a feed the merge does
+not need). Credits are cumulative SNs: one lost in a change of roles costs
+nothing, the next one covers it.
 """
 from __future__ import annotations
 
@@ -22,11 +29,11 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from exchange.merge import OrderedMerge
 from flux.addresses import Addr, other
 from flux.control_messages import FoldedIn
-from flux.data_messages import Ack, Batch, CSync, Item, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import Ack, Batch, Credit, CSync, Item, Pause, PauseAck, PSync, Reverse
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.producer import ACTIVE, DEAD, STDBY, Status
-from flux.sequence import SN
+from flux.sequence import NO_SN, SN
 
 
 @dataclass(slots=True)
@@ -49,6 +56,9 @@ class Feed:
     data_from: Optional[int]
     ack_to: Optional[int]
     awaiting_pause_ack: bool = False
+    #: back-pressure: tuples taken from the merge since the last credit, the last one's SN
+    owed: int = 0
+    taken: SN = NO_SN
 
     def single(self) -> bool:
         """Both replicas are one process (the ingress): it never fails over."""
@@ -61,11 +71,16 @@ class Feed:
 class FluxConsumer:
     """Receives, acks and merges the streams of every producer partition."""
 
-    def __init__(self, addr: Addr, producers: Sequence[Sequence[Addr]], absent: Set[Addr] = frozenset()):
+    def __init__(self, addr: Addr, producers: Sequence[Sequence[Addr]], absent: Set[Addr] = frozenset(),
+                 credit_every: int = 1):
         """``producers[j]`` is (replica P, replica S) of producer partition j; ``absent``
-        lists producer replicas that never exist (the baselines of DESIGN 7)."""
+        lists producer replicas that never exist (the baselines of DESIGN 7);
+        ``credit_every``: tuples taken before a credit goes out (a fraction of the window)."""
+        if credit_every < 1:
+            raise ValueError(f"credit_every must be >= 1, got {credit_every}")
         r = addr.replica
         self.addr = addr
+        self.credit_every = credit_every
         self.dual = Addr(addr.stage, addr.partition, other(r))
         #: feeds[j]: producer partition j; data from replica r, acks to replica 1-r (5.1)
         self.feeds: List[Feed] = [
@@ -128,11 +143,39 @@ class FluxConsumer:
 
     def release(self) -> Item:
         """The next input in SN order; call only when ``can_release``."""
-        return self.merge.pop()
+        j, item = self.merge.pop_from()
+        feed = self.feeds[j]
+        feed.owed += 1
+        feed.taken = item[0]
+        return item
 
     def release_ready(self) -> List[Item]:
         """Every input that may leave the merge now, in SN order."""
-        return self.merge.pop_ready()
+        out = []
+        for j, item in self.merge.pop_ready_from():
+            feed = self.feeds[j]
+            feed.owed += 1
+            feed.taken = item[0]
+            out.append(item)
+        return out
+
+    # -- back-pressure ---------------------------------------------------------
+    def _credit_due(self, j: int) -> bool:
+        feed = self.feeds[j]
+        return feed.owed > 0 and feed.data_from is not None and (
+            feed.owed >= self.credit_every or self.merge.queued_from(j) == 0)
+
+    def credits_due(self) -> bool:
+        return any(self._credit_due(j) for j in range(len(self.feeds)))
+
+    def credits(self) -> List[Send]:
+        """A credit to each data source owed one (see the module's docstring)."""
+        effects = []
+        for j, feed in enumerate(self.feeds):
+            if self._credit_due(j):
+                effects.append(Send(self.addr, feed.data_source(), Credit(feed.taken)))
+                feed.owed = 0
+        return effects
 
     def frontier(self) -> SN:
         """A bound on every SN the merge will still release (DESIGN 4.3)."""

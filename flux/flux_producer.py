@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Set, Tuple
 from flux.addresses import Addr, other
 from flux.buffer import SEC, Buffer
 from flux.control_messages import Avail, TakeoverDone
-from flux.data_messages import Ack, CSync, Pause, Reverse
+from flux.data_messages import Ack, Credit, CSync, Pause, Reverse
 from flux.effects import Send
 from flux.producer import ACK, DEAD, SEND, BufferFactory, Producer
 from flux.sequence import SN
@@ -40,16 +40,18 @@ class FluxProducer:
         batch_size: int,
         absent: Set[Addr] = frozenset(),
         buffer_factory: BufferFactory = Buffer,
+        window: Optional[int] = None,
     ):
         """``consumers[i]`` is (replica P, replica S) of consumer partition i;
-        ``absent`` lists consumer replicas that never exist (the egress's S)."""
+        ``absent`` lists consumer replicas that never exist (the egress's S);
+        ``window``: tuples each consumer may hold untaken (back-pressure)."""
         r = addr.replica
         peers = [(pair[r], pair[other(r)]) for pair in consumers]
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(r))
         # 5.1: data only to the primary consumer, acks only from the secondary consumer
         self.out = Producer(addr, peers, capacity, batch_size, buffer_factory,
-                            normal_modes=(SEND, ACK), absent=absent)
+                            normal_modes=(SEND, ACK), absent=absent, window=window)
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False
@@ -57,6 +59,9 @@ class FluxProducer:
     # -- events ------------------------------------------------------------
     def on_ack(self, src: Addr, msg: Ack) -> None:
         self.out.on_ack(src, msg)
+
+    def on_credit(self, src: Addr, msg: Credit) -> None:
+        self.out.on_credit(src, msg)
 
     def on_reverse(self, src: Addr, msg: Reverse) -> List:
         """5.2 (replaces Figure 4-(2)): conn_i[SEC] := {SEND}; r_done_i; del_i += {SEC}."""

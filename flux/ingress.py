@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, List, Optional, Set
 
 from flux.addresses import Addr, P, S
 from flux.buffer import Buffer
-from flux.data_messages import Ack, CSync, Pause
+from flux.data_messages import Ack, Credit, CSync, Pause
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.producer import ACK, SEND, BufferFactory, Producer
@@ -32,14 +32,16 @@ class Ingress:
         batch_size: int,
         buffer_factory: BufferFactory = Buffer,
         absent: Iterable[Addr] = (),
+        window: Optional[int] = None,
     ):
-        """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7)."""
+        """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
+        ``window``: tuples each stage-1 replica may hold untaken (back-pressure)."""
         self.addr = INGRESS
         self.route = route
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         # 3.1.3: sends to and acks from both replicas
         self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
-                            normal_modes=(SEND | ACK, SEND | ACK), absent=absent)
+                            normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window)
         self.accepted = 0
 
     # -- the source side ---------------------------------------------------
@@ -78,6 +80,9 @@ class Ingress:
         if isinstance(msg, Ack):
             self.out.on_ack(src, msg)
             return []
+        if isinstance(msg, Credit):
+            self.out.on_credit(src, msg)
+            return []
         if isinstance(msg, Pause):
             return self.out.on_pause(src, msg)
         if isinstance(msg, CSync):
@@ -102,6 +107,12 @@ class Ingress:
 
     def send_part(self) -> List:
         raise LocalProtocolError("the ingress moves no state")
+
+    def credits_due(self) -> bool:
+        return False  # the ingress consumes nothing
+
+    def send_credits(self) -> List:
+        raise LocalProtocolError("the ingress consumes nothing")
 
     def idle(self) -> bool:
         return self.out.idle()

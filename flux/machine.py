@@ -44,6 +44,12 @@ class Machine(Protocol):
     def flush(self, i: int, d: int) -> List:
         """The next batch on connection ``(i, d)``, as effects."""
 
+    def credits_due(self) -> bool:
+        """Did it take inputs whose credits should go to their producers (back-pressure)?"""
+
+    def send_credits(self) -> List:
+        """Those credits, as effects."""
+
     def has_part(self) -> bool:
         """Is a bulk part of a catch-up waiting to go out (phase 1, issue 11)?"""
 

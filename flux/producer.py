@@ -11,17 +11,23 @@ Actions (Figure 3):
 2. ``flush``: send the next tuples to an ACTIVE destination with SEND;
    2a. on a connection without ACK, sending marks the tuples as held.
 3. ``on_ack``: a cumulative ack from an ACTIVE destination with ACK.
+
+Back-pressure (docs/backpressure.md): a connection with SEND carries at most
+``window`` tuples its consumer has not taken from its merge yet; the consumer's
+cumulative ``Credit`` frees them. The window bounds data only: bounds, acks and
+the catch-up's control messages are never held back by it.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr
 from flux.buffer import DESTS, SEC, Buffer
 from flux.control_messages import FoldedIn
-from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync
+from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.sequence import NO_PROGRESS, SN, before, bound_key, weakest
@@ -68,6 +74,21 @@ class Link:
     paused: bool = False
     ver: int = 0
     expected: int = 0
+    #: back-pressure: the batches sent and not yet credited, as (last SN, tuples), and
+    #: their tuples in all; a new sending episode starts from nothing (``reset_window``)
+    in_flight: deque = field(default_factory=deque)
+    in_flight_tuples: int = 0
+
+    def reset_window(self) -> None:
+        """The consumer's merge holds nothing of ours that it still owes a credit for."""
+        self.in_flight.clear()
+        self.in_flight_tuples = 0
+
+    def credit(self, sn: SN) -> None:
+        """The consumer took every tuple <= ``sn``: free the batches that ends."""
+        q = self.in_flight
+        while q and q[0][0] <= sn:
+            self.in_flight_tuples -= q.popleft()[1]
 
 
 class Producer:
@@ -82,13 +103,18 @@ class Producer:
         buffer_factory: BufferFactory = Buffer,
         normal_modes: Tuple[ConnMode, ConnMode] = (NONE, NONE),
         absent: Iterable[Addr] = (),
+        window: Optional[int] = None,
     ):
         """``normal_modes[d]``: the modes of destination d in the normal case, restored at
-        fold-in; ``absent``: consumer replicas that never exist (dead from the start)."""
+        fold-in; ``absent``: consumer replicas that never exist (dead from the start);
+        ``window``: tuples a consumer may hold untaken per connection (None: no limit)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 tuple, got {window}")
         self.addr = addr
         self.batch_size = batch_size
+        self.window = window
         self.capacity = capacity
         self.buffer_factory = buffer_factory
         self.normal_modes = tuple(normal_modes)
@@ -133,11 +159,17 @@ class Producer:
         first = self.buffers[i].first_unsent(d)
         return frontier if first is None else weakest((before(first), frontier))
 
+    def room(self, link: Link) -> int:
+        """How many more tuples ``link``'s window lets out now."""
+        if self.window is None:
+            return self.batch_size
+        return max(0, self.window - link.in_flight_tuples)
+
     def can_flush(self, i: int, d: int, frontier: SN) -> bool:
         link = self.links[i][d]
         if link.status is not ACTIVE or SEND not in link.modes or link.paused:
             return False
-        if self.buffers[i].first_unsent(d) is not None:
+        if self.buffers[i].first_unsent(d) is not None and self.room(link):
             return True
         return bound_key(self.bound_for(i, d, frontier)) > bound_key(link.sent_bound)
 
@@ -159,9 +191,12 @@ class Producer:
         if not self.can_flush(i, d, frontier):
             return None
         link, buffer = self.links[i][d], self.buffers[i]
-        items = buffer.take(d, self.batch_size)
-        if items and ACK not in link.modes:
-            buffer.ack(items[-1][0], d)  # 2a: no acks on this connection
+        items = buffer.take(d, min(self.batch_size, self.room(link)))
+        if items:
+            link.in_flight.append((items[-1][0], len(items)))
+            link.in_flight_tuples += len(items)
+            if ACK not in link.modes:
+                buffer.ack(items[-1][0], d)  # 2a: no acks on this connection
         bound = self.bound_for(i, d, frontier)
         if bound_key(bound) > bound_key(link.sent_bound):
             link.sent_bound = bound
@@ -174,10 +209,19 @@ class Producer:
         i, d = self.locate(src, ACK)
         self.buffers[i].ack(msg.hwm, d)
 
+    def on_credit(self, src: Addr, msg: Credit) -> None:
+        """The consumer ``src`` took tuples from its merge. A credit that crossed a change
+        of roles (we no longer send to ``src``) frees nothing and is dropped."""
+        for i, d in self._where.get(src, ()):
+            link = self.links[i][d]
+            if link.status is ACTIVE and SEND in link.modes:
+                link.credit(msg.sn)
+
     def fail_destination(self, i: int, d: int) -> None:
         """Figure 4 action 3: forget a dead consumer replica and stop waiting for it."""
         link = self.links[i][d]
         link.status, link.modes, link.paused = DEAD, NONE, False
+        link.reset_window()
         buffer = self.buffers[i]
         buffer.ack_all(d)
         buffer.set_delete(buffer.delete - {d})
@@ -203,6 +247,7 @@ class Producer:
         buffer.ack(hwm, SEC)  # the hwm travels inside reverse (DESIGN 4.2)
         buffer.rewind(SEC)  # start after what SEC holds, whatever an old cursor said
         self.links[i][SEC].modes = SEND
+        self.links[i][SEC].reset_window()
         buffer.set_delete(buffer.delete | {SEC})
         return i
 
@@ -211,6 +256,7 @@ class Producer:
         for row in self.links:
             if SEND in row[SEC].modes:
                 row[SEC].modes = self.normal_modes[SEC]
+                row[SEC].reset_window()
 
     # -- catch-up (3.3, 5.3) ------------------------------------------------
     def on_avail(self, addr: Addr, version: int, only_if_dead: bool = False) -> None:
@@ -264,6 +310,7 @@ class Producer:
                                      "the active's (its guard, DESIGN 4.4)")
         link.status, link.modes, link.ver = ACTIVE, self.normal_modes[d], v
         link.sent_bound = NO_PROGRESS
+        link.reset_window()
         return [FoldedIn(self.addr, src, v)]
 
     def psyncs(self, version: int) -> List[Send]:
@@ -295,6 +342,7 @@ class Producer:
                 link = self.links[i][d]
                 link.status = Status(statuses[d])
                 link.modes = self.normal_modes[d] if link.status is ACTIVE else NONE
+                link.reset_window()
 
     def check_invariants(self) -> None:
         for buffer, row in zip(self.buffers, self.links):

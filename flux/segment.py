@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, List, Optional, Set
 
 from flux.addresses import Addr, other
 from flux.control_messages import Avail
-from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.effects import SourcesPaused, SourcesResumed
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
@@ -194,6 +194,9 @@ class Segment:
             return self.fcons.on_batch(src, msg)
         if isinstance(msg, Ack):
             self.fprod.on_ack(src, msg)
+            return []
+        if isinstance(msg, Credit):
+            self.fprod.on_credit(src, msg)
             return []
         if isinstance(msg, Reverse):
             return self.fprod.on_reverse(src, msg) + self._maybe_start()
@@ -496,6 +499,14 @@ class Segment:
         self._next(Event.FLUSH)
         send = self.fprod.flush(i, d, self.fcons.frontier())
         return [send] if send else []
+
+    def credits_due(self) -> bool:
+        """Back-pressure: we took inputs our data sources may now replace."""
+        return self.mode in (PROCESSING, STREAMING, DRAINING) and self.fcons.credits_due()
+
+    def send_credits(self) -> List:
+        self._next(Event.FLUSH)
+        return self.fcons.credits()
 
     def idle(self) -> bool:
         return self.fcons.idle() and self.fprod.idle()

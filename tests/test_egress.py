@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from flux.addresses import Addr, P, S
-from flux.data_messages import Ack, Batch, Reverse
+from flux.data_messages import Ack, Batch, Credit, Reverse
 from flux.effects import Deliver, Send
 from flux.egress import Egress, egress_addr
 from flux.errors import RemoteProtocolError
@@ -52,10 +52,13 @@ def test_delivers_in_global_sn_order_across_partitions():
     ]
     assert eg.delivered == 0
     assert not eg.idle()
-    # Partition 1's (2,1) and bound (3,) release everything: ack first, then deliver.
+    # Partition 1's (2,1) and bound (3,) release everything: ack first, then deliver,
+    # then credit each data source with what was taken from it (back-pressure).
     assert eg.on_message(L1P, b(((2, 1), "b"), bound=(3,))) == [
         Send(EG, L1S, Ack((2, 1))),
         Deliver((((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c"))),
+        Send(EG, L0P, Credit((3, 1))),
+        Send(EG, L1P, Credit((2, 1))),
     ]
     assert eg.delivered == 3
     assert eg.idle()
@@ -67,7 +70,8 @@ def test_holds_output_until_the_other_partitions_bound_covers_it():
     # A bound (1,) from partition 0 covers nothing at (2, 1).
     assert eg.on_message(L0P, Batch((), (1,))) == []
     # Bound (2,): no SN with prefix <= (2,) will come from partition 0.
-    assert eg.on_message(L0P, Batch((), (2,))) == [Deliver((((2, 1), "b"),))]
+    assert eg.on_message(L0P, Batch((), (2,))) == [Deliver((((2, 1), "b"),)),
+                                                    Send(EG, L1P, Credit((2, 1)))]
     assert eg.on_message(L0P, Batch((), (3,))) == []
     assert eg.delivered == 1
 
@@ -75,7 +79,8 @@ def test_holds_output_until_the_other_partitions_bound_covers_it():
 def test_bound_only_batch_releases_earlier_output():
     eg = Egress(1, 2)
     eg.on_message(L0P, b(((1, 1), "a"), ((1, 2), "a2"), bound=(1,)))
-    assert eg.on_message(L1P, Batch((), (1,))) == [Deliver((((1, 1), "a"), ((1, 2), "a2")))]
+    assert eg.on_message(L1P, Batch((), (1,))) == [Deliver((((1, 1), "a"), ((1, 2), "a2"))),
+                                                    Send(EG, L0P, Credit((1, 2)))]
     assert eg.delivered == 2
 
 
@@ -87,12 +92,15 @@ def test_reverse_on_failure_of_a_p_replica():
     assert data_from(eg.fcons) == [S, P] and ack_to(eg.fcons) == [None, S]
     # The survivor's data is delivered, and not acked.
     assert eg.on_message(L0S, b(((2, 1), "b"), bound=(2,))) == []
-    assert eg.on_message(L1P, Batch((), (2,))) == [Deliver((((2, 1), "b"),))]
+    # ... and credited to the survivor, its data source now
+    assert eg.on_message(L1P, Batch((), (2,))) == [Deliver((((2, 1), "b"),)),
+                                                    Send(EG, L0S, Credit((2, 1)))]
     with pytest.raises(RemoteProtocolError):
         eg.on_message(L0P, b(((3, 1), "c"), bound=(3,)))
     # Partition 1 still takes data from P and acks to S.
     assert eg.on_message(L1P, b(((4, 1), "d"), bound=(4,))) == [Send(EG, L1S, Ack((4, 1)))]
-    assert eg.on_message(L0S, Batch((), (4,))) == [Deliver((((4, 1), "d"),))]
+    assert eg.on_message(L0S, Batch((), (4,))) == [Deliver((((4, 1), "d"),)),
+                                                    Send(EG, L1P, Credit((4, 1)))]
     assert eg.delivered == 3
 
 
@@ -105,7 +113,8 @@ def test_failure_of_an_s_replica_stops_acks_only():
     eg = Egress(1, 2)
     assert eg.on_fail({L1S}) == []
     eg.on_message(L0P, b(((1, 1), "a"), bound=(1,)))
-    assert eg.on_message(L1P, b(((2, 1), "b"), bound=(2,))) == [Deliver((((1, 1), "a"),))]
+    assert eg.on_message(L1P, b(((2, 1), "b"), bound=(2,))) == [Deliver((((1, 1), "a"),)),
+                                                                 Send(EG, L0P, Credit((1, 1)))]
 
 
 @pytest.mark.parametrize("msg", [Ack((1, 1)), Reverse((1, 1)), None])

@@ -5,7 +5,7 @@ import pytest
 
 from flux.addresses import Addr, P, S
 from flux.control_messages import TakeoverDone, View
-from flux.data_messages import Ack, Batch, Reverse
+from flux.data_messages import Ack, Batch, Credit, Reverse
 from flux.effects import Deliver, Send
 from flux.egress import Egress
 from flux.envelope import Envelope
@@ -189,7 +189,8 @@ def test_hosting_the_egress():
     L0P, L0S = Addr(1, 0, P), Addr(1, 0, S)
     h = Host("egress", {eg.addr: eg})
     sends, others = h.on_envelope(env(L0P, eg.addr, 0, Batch((((1, 1), "a"),), (1,))))
-    assert sends == [Envelope(eg.addr, L0S, 0, Ack((1, 1)))]
+    # acked to the dual, credited to the data source (back-pressure)
+    assert sends == [Envelope(eg.addr, L0S, 0, Ack((1, 1))), Envelope(eg.addr, L0P, 0, Credit((1, 1)))]
     assert others == [Deliver((((1, 1), "a"),))]
     # The view that kills L0P makes the egress reverse, stamped with that view.
     assert h.on_view(View(1, frozenset({L0P}), frozenset({PEER_INC}))) == (
@@ -200,6 +201,6 @@ def test_hosting_the_egress():
     late = env(L0P, eg.addr, 0, Batch((((2, 1), "b"),), (2,)), PEER_INC)
     assert h.on_envelope(late) == ([], [])
     assert h.on_envelope(env(L0S, eg.addr, 1, Batch((((2, 1), "b"),), (2,)))) == (
-        [],
+        [Envelope(eg.addr, L0S, 1, Credit((2, 1)))],  # the survivor is the data source now
         [Deliver((((2, 1), "b"),))],
     )

@@ -170,6 +170,9 @@ class EndlessWork:
     def flushable(self):
         return []
 
+    def credits_due(self):
+        return False
+
     def has_part(self):
         return False
 

@@ -26,7 +26,7 @@ from flux.control_messages import (
     View,
     Welcome,
 )
-from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
 from statemover.messages import (
     Abort,
@@ -44,7 +44,7 @@ A, B = Addr(1, 2, 0), Addr(2, 0, 1)
 MESSAGES = [
     Batch((((3, 1), ["k", 1, 2.5]), ((4, 2), None)), (4,)),
     Batch((), (0,)),
-    Ack((7, 1)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
+    Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
     Trailer((1, 2, 3), 1, 7, 123456), PartTrailer((1, 2, 3), 2, 1, 7, 123456), PartAck((1, 2, 3), 2),
     Abort((1, 2, 3), "peer failed"),

@@ -25,6 +25,8 @@ class NodeConfig:
     replication: str = "flux"
     capacity: int = 1024
     batch_size: int = 256
+    #: back-pressure: tuples a consumer may hold untaken per connection (credits)
+    window: int = 1024
     #: seconds between a node's heartbeats, and without the controller's before it stops
     heartbeat: float = 0.05
     lease: float = 3.0
@@ -41,7 +43,7 @@ class NodeConfig:
         for name in ("heartbeat", "lease", "flush_delay", "register_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("capacity", "batch_size", "chunk_size", "partitions", "stages"):
+        for name in ("capacity", "batch_size", "window", "chunk_size", "partitions", "stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

@@ -238,6 +238,8 @@ class HostLoop:
                     break
                 machine.process()
                 moved = True
+            if machine.credits_due():  # back-pressure: what it took may be replaced
+                self._emit(*self.host.run_local(machine.send_credits()))
             moved |= self._flush(addr, machine)
             if machine.has_part():  # catch-up's bulk, a part at a time between inputs
                 self._emit(*self.host.run_local(machine.send_part()))

@@ -20,6 +20,8 @@ from flux.topology import node_name
 SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)
 
 TRIGGERS = ("any", "during", "after")
+#: tuples a consumer may hold untaken per connection, for one schedule (None: no credits)
+WINDOWS = (1, 2, 3, 4, 5, 8, None)
 #: the chance, at each step of a catch-up, that a "during" crash strikes
 DURING_RATE = 0.05
 
@@ -115,6 +117,9 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # one per "part" step while the active processes, or all at once at sm_ready
         bulk_pairs=rng.choice((1, 2, 3, 1 << 13)),
         bulk_per_step=rng.random() < 0.75,
+        # back-pressure: small windows, so credits decide when data moves; drawn from a
+        # stream of their own, so a seed's other draws are what they were before credits
+        window=random.Random(f"window {seed}").choice(WINDOWS),
     )
     return World(dataflow, inputs, params.partitions, placement, config, rng), reference, states
 
@@ -253,6 +258,8 @@ def format_step(step: tuple, payload: Any) -> str:
             body = f"Batch[{sns}] bound={_sn(msg.bound)}"
         elif hasattr(msg, "hwm"):
             body = f"{type(msg).__name__}({_sn(msg.hwm)})"
+        elif hasattr(msg, "sn"):
+            body = f"{type(msg).__name__}({_sn(msg.sn)})"
         elif hasattr(msg, "version"):
             body = f"{type(msg).__name__}(v{msg.version})"
         elif hasattr(msg, "transfer"):
@@ -273,6 +280,8 @@ def format_step(step: tuple, payload: Any) -> str:
         return f"process {step[1]}"
     if kind == "part":
         return f"part {step[1]}"
+    if kind == "credit":
+        return f"credit {step[1]}"
     if kind == "crash":
         return f"CRASH {step[1]}"
     if kind == "detect":

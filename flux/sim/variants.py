@@ -8,7 +8,9 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from flux.buffer import PRIM, Buffer
-from flux.segment import Segment
+from flux.data_messages import Credit
+from flux.effects import Send
+from flux.segment import DRAINING, PROCESSING, STREAMING, Segment
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -60,6 +62,25 @@ class SegmentWithoutDelta(Segment):
         return state
 
 
+class SegmentWithLazyCredits(Segment):
+    """Credits only every ``credit_every`` tuples taken, never when a feed's queue
+    empties (the rule that keeps a full window from waiting for ever is gone)."""
+
+    def _lazy(self):
+        return [feed for feed in self.fcons.feeds
+                if feed.data_from is not None and feed.owed >= self.fcons.credit_every]
+
+    def credits_due(self) -> bool:
+        return self.mode in (PROCESSING, STREAMING, DRAINING) and bool(self._lazy())
+
+    def send_credits(self):
+        effects = []
+        for feed in self._lazy():
+            effects.append(Send(self.addr, feed.data_source(), Credit(feed.taken)))
+            feed.owed = 0
+        return effects
+
+
 #: name -> (buffer class, segment class)
 VARIANTS = {
     "none": (Buffer, Segment),
@@ -68,4 +89,5 @@ VARIANTS = {
     "no-reversal": (BufferInstalledWithoutReversal, Segment),
     "no-drain": (Buffer, SegmentWithoutDrain),
     "no-delta": (Buffer, SegmentWithoutDelta),
+    "lazy-credit": (Buffer, SegmentWithLazyCredits),
 }

@@ -49,6 +49,8 @@ class WorldConfig:
     #: out one part per local "part" step (else all of them at sm_ready)
     bulk_pairs: int = 2
     bulk_per_step: bool = True
+    #: back-pressure: tuples a consumer may hold untaken per connection (None: no credits)
+    window: Optional[int] = None
 
 
 @dataclass
@@ -84,7 +86,7 @@ class World:
                               "bulk_per_step": config.bulk_per_step})
         self.builder = MachineBuilder(dataflow, partitions, config.capacity, config.batch_size,
                                       config.ingress_capacity, config.buffer_factory,
-                                      segment_class)
+                                      segment_class, window=config.window)
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
         topology = self.topology = Topology.numbered(placement, self.stages, partitions,
@@ -155,6 +157,8 @@ class World:
         steps = [("flush", addr, i, d) for i, d in seg.flushable()]
         if seg.can_process():
             steps.append(("process", addr))
+        if seg.credits_due():
+            steps.append(("credit", addr))  # back-pressure: what it took may be replaced
         if seg.has_part():
             steps.append(("part", addr))  # phase 1 of catch-up: one bulk part out
         return steps
@@ -207,6 +211,10 @@ class World:
             self._dirty.add(step[1])
             self.outcome.part_steps += 1
             self._effects(*host.run_local(self.machine(step[1]).send_part()))
+        elif kind == "credit":
+            host = self.hosts[self.host_of[step[1]]]
+            self._dirty.add(step[1])
+            self._effects(*host.run_local(self.machine(step[1]).send_credits()))
         elif kind == "flush":
             addr, i, d = step[1:]
             host = self.hosts[self.host_of[addr]]

@@ -72,7 +72,7 @@ class FluxJob:
                  heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
                  sink: Optional[Callable[[Any], None]] = None, replication: str = "flux",
                  metrics_interval: float = 0.1, flush_delay: float = 0.002,
-                 check_records: int = 200, authenticate: bool = True):
+                 check_records: int = 200, authenticate: bool = True, window: int = 1024):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -83,7 +83,8 @@ class FluxJob:
         check_before_deploy(dataflow, sample, nodes)
         self.spark, self.dataflow, self.source = spark, dataflow, source
         self.nodes, self.standbys = nodes, standbys
-        self.builder = MachineBuilder(dataflow, nodes, capacity, batch_size, replication=replication)
+        self.builder = MachineBuilder(dataflow, nodes, capacity, batch_size,
+                                      replication=replication, window=window)
         self.secret = secrets.token_hex(16)
         self.sink = sink
         self.metrics = Metrics(metrics_interval)
@@ -91,7 +92,7 @@ class FluxJob:
         self.errors: List[BaseException] = []
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
-            replication=replication, capacity=capacity, batch_size=batch_size,
+            replication=replication, capacity=capacity, batch_size=batch_size, window=window,
             heartbeat=heartbeat, lease=lease, chunk_size=chunk_size, flush_delay=flush_delay,
             secret=self.secret, curve=authenticate)
         #: the placement's nodes by name; incarnations are added as tasks register

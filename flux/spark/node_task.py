@@ -231,7 +231,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     incs = {n: i for n, _, i in members.addresses}
     topology = config.topology(incs)
     builder = MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
-                             replication=config.replication,
+                             replication=config.replication, window=config.window,
                              segment_class=StreamedSegment, spare_chains=spares)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     where = dict(topology.where)
