@@ -21,9 +21,11 @@ from flux.control_messages import (
     FoldedIn,
     Heartbeat,
     Members,
+    NodeStats,
     OperatorFailed,
     Ready,
     Register,
+    SegmentStats,
     StateMoved,
     Stop,
     Stopping,
@@ -146,6 +148,17 @@ def _batch_items(v) -> tuple:
     return tuple(items)
 
 
+def _segment_stats(v) -> tuple:
+    if not isinstance(v, list):
+        raise WireError(f"node stats must be a list, got {type(v).__name__}")
+    out = []
+    for row in v:
+        if not isinstance(row, list) or len(row) != 7:
+            raise WireError(f"a segment's stats must be 7 fields, got {row!r:.60}")
+        out.append(SegmentStats(_addr(row[0], "addr"), *(_int(x, "counter") for x in row[1:])))
+    return tuple(out)
+
+
 # -- the message table: kind -> (class, encode fields, decode fields) ----------------
 
 _Codec = Tuple[type, Callable[[Any], List], Callable[[List], Any]]
@@ -193,6 +206,9 @@ CODECS: Dict[str, _Codec] = {
                               [[list(a.addr), a.inc, a.version, a.node, a.active_node]
                                for a in m.avail]],
              _arity(4, _view)),
+    "node_stats": (NodeStats, lambda m: [[[list(x.addr), x.taken, x.emitted, x.queued, x.buffered,
+                                           x.in_flight, x.blocked] for x in m.segments]],
+                   _arity(1, lambda segs: NodeStats(_segment_stats(segs)))),
     "heartbeat": (Heartbeat, lambda m: [m.lag], _arity(1, lambda lag: Heartbeat(_seconds(lag, "lag")))),
     "folded_in": (FoldedIn, lambda m: [list(m.reporter), list(m.addr), m.version],
                   _arity(3, lambda r, a, v: FoldedIn(_addr(r, "reporter"), _addr(a, "addr"),

@@ -106,6 +106,30 @@ class CatchUpPaused:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentStats:
+    """One segment replica's counters, as its node last saw them (for monitoring: issue 12).
+    ``taken``/``emitted``: inputs taken from its merge, outputs it produced, since it was
+    built; ``queued``: tuples in its merge; ``buffered``: tuples in its buffers;
+    ``in_flight``: tuples sent and not yet credited, over every connection it sends on;
+    ``blocked``: those connections whose window is full."""
+
+    addr: Addr
+    taken: int
+    emitted: int
+    queued: int
+    buffered: int
+    in_flight: int
+    blocked: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """A node's report of every segment it hosts, every second or so (issue 12)."""
+
+    segments: tuple = ()  # SegmentStats, ...
+
+
+@dataclass(frozen=True, slots=True)
 class FoldedIn:
     """``reporter`` processed both syncs of ``addr``'s catch-up ``version`` (DESIGN 4.6).
     A machine returns it as an effect; its node reports it to the controller."""

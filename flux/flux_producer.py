@@ -152,5 +152,11 @@ class FluxProducer:
     def idle(self) -> bool:
         return self.out.idle()
 
+    def buffered(self) -> int:
+        return self.out.buffered()
+
+    def window_use(self) -> Tuple[int, int]:
+        return self.out.window_use()
+
     def check_invariants(self) -> None:
         self.out.check_invariants()

@@ -352,6 +352,17 @@ class Producer:
                     assert d not in buffer.delete, f"{self.addr}: dead destination {row[d].peer} in delete"
                     assert row[d].modes == NONE, f"{self.addr}: dead destination {row[d].peer} connected"
 
+    def buffered(self) -> int:
+        """Tuples in every buffer (monitoring)."""
+        return sum(len(b) for b in self.buffers)
+
+    def window_use(self) -> Tuple[int, int]:
+        """Tuples sent and not credited over every link, and the links with a full window."""
+        links = [link for row in self.links for link in row]
+        full = 0 if self.window is None else sum(
+            1 for link in links if link.in_flight_tuples >= self.window)
+        return sum(link.in_flight_tuples for link in links), full
+
     def idle(self) -> bool:
         """No tuple is waiting in any buffer."""
         return all(len(b) == 0 for b in self.buffers)

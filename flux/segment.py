@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Set
 
 from flux.addresses import Addr, other
-from flux.control_messages import Avail
+from flux.control_messages import Avail, SegmentStats
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.effects import SourcesPaused, SourcesResumed
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
@@ -162,6 +162,8 @@ class Segment:
         self.parts_received = 0
         #: what the last install took (for counters): bulk parts, keyed deltas, delta keys
         self.installed: Optional[dict] = None
+        #: monitoring (issue 12): inputs taken from the merge and outputs produced here
+        self.taken = self.emitted = 0
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""
@@ -488,6 +490,8 @@ class Segment:
                                 describe(exc)) from exc
         for k, (out, route) in enumerate(zip(outputs, routes), 1):
             self.fprod.put(route, output_sn(sn, k), out)
+        self.taken += 1
+        self.emitted += len(outputs)
         return len(outputs)
 
     def flushable(self):
@@ -510,6 +514,12 @@ class Segment:
 
     def idle(self) -> bool:
         return self.fcons.idle() and self.fprod.idle()
+
+    def stats(self) -> SegmentStats:
+        """Counters for monitoring (issue 12)."""
+        in_flight, blocked = self.fprod.window_use()
+        return SegmentStats(self.addr, self.taken, self.emitted, self.fcons.queued(),
+                            self.fprod.buffered(), in_flight, blocked)
 
     def check_invariants(self) -> None:
         self.fprod.check_invariants()

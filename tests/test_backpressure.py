@@ -156,6 +156,12 @@ def stalled_run(window, inputs=300, partitions=2):
                   WorldConfig(capacity=8, ingress_capacity=8, batch_size=3, window=window), rng)
     while steps := [s for s in world.enabled() if s != ("process", stuck)]:
         world.apply(rng.choice(steps))
+    if window is not None:  # what monitoring sees (issue 12): the full windows upstream
+        feeding = [world.machine(Addr(1, j, P)).stats() for j in range(partitions)]
+        assert all(st.blocked >= 1 and st.in_flight >= window for st in feeding)
+        assert world.machine(stuck).stats().taken == 0
+        assert world.machine(stuck).stats().queued == world.machine(stuck).fcons.queued()
+        assert world.machine(Addr(2, 1, P)).stats().taken > 0  # the other one works
     return world.machine(stuck).fcons.queued(), world.next_input
 
 

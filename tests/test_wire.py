@@ -22,6 +22,8 @@ from flux.control_messages import (
     StateMoved,
     Stop,
     Stopping,
+    NodeStats,
+    SegmentStats,
     TakeoverDone,
     View,
     Welcome,
@@ -59,6 +61,8 @@ MESSAGES = [
     Stopping("lost the controller's lease (3.10s)"),
     StateMoved(Addr(1, 2, 1), 1 << 20, 0.125), CatchUpPaused(Addr(1, 0, 0), 0.031), Ready(),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
+    NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0),
+               SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1))), NodeStats(),
 ]
 
 

@@ -32,6 +32,8 @@ class NodeConfig:
     lease: float = 3.0
     chunk_size: int = 1 << 20
     flush_delay: float = 0.002
+    #: seconds between a node's reports of its segments' counters (monitoring)
+    stats_every: float = 1.0
     register_timeout: float = 60.0
     #: the job's secret: authenticates registrations and derives the CURVE keys
     secret: str = ""
@@ -40,7 +42,7 @@ class NodeConfig:
     controller: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("heartbeat", "lease", "flush_delay", "register_timeout"):
+        for name in ("heartbeat", "lease", "flush_delay", "register_timeout", "stats_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("capacity", "batch_size", "window", "chunk_size", "partitions", "stages"):

@@ -22,6 +22,7 @@ from flux.control_messages import (
     FoldedIn,
     Heartbeat,
     Members,
+    NodeStats,
     StateMoved,
     Stop,
     TakeoverDone,
@@ -52,7 +53,7 @@ class HostLoop:
                  on_turn: Callable[[], None] = lambda: None, clock=time.monotonic,
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
-                 max_turn: float = 0.02):
+                 max_turn: float = 0.02, stats_every: Optional[float] = None):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -95,6 +96,9 @@ class HostLoop:
         self.overflow: Deque[Tuple[str, Envelope]] = deque()
         self.gaps: List[ConnectionGap] = []
         self.source_done = source is None
+        #: a node reports its segments' counters this often (monitoring; None: never)
+        self.stats_every = stats_every
+        self._stats_sent = clock()
 
     # -- one turn of the poller loop ------------------------------------------------
     def turn(self, timeout_ms: int) -> bool:
@@ -131,6 +135,9 @@ class HostLoop:
         for env in envelopes:
             self.receive(env)
         self.on_turn()
+        if self.stats_every is not None and polled - self._stats_sent >= self.stats_every:
+            self._stats_sent = polled
+            self.report(NodeStats(tuple(m.stats() for m in self.host.machines.values())))
         moved = bool(envelopes)
         deadline = self.clock() + self.max_turn
         while True:

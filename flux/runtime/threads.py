@@ -83,7 +83,8 @@ class ThreadCluster:
                 host, self.transports[name], topology.where, addresses, self._on_effect,
                 iter(records) if name == INGRESS_PROCESS else None, self.incarnations,
                 on_turn=self.liveness[name].loop_turned if worker else lambda: None,
-                mover_relay=mover_peer(name) if worker else None)
+                mover_relay=mover_peer(name) if worker else None,
+                stats_every=1.0 if worker else None)
         self.controller.begin(self.recovery)
         self._stop: Dict[str, threading.Event] = {n: threading.Event() for n in self.topology.processes}
         self._threads: Dict[str, threading.Thread] = {}

@@ -240,5 +240,6 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                 topology.peer_incs(where), view=welcome.view, dead_incs=welcome.dead_incs)
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
                     incarnations=incs, on_turn=on_turn, lease=config.lease,
-                    flush_delay=config.flush_delay, mover_relay=mover_relay)
+                    flush_delay=config.flush_delay, mover_relay=mover_relay,
+                    stats_every=config.stats_every)
     return loop
