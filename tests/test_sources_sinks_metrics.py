@@ -46,6 +46,20 @@ def test_a_rate_limited_source_drops_what_waits_beyond_its_backlog_and_counts_it
     assert next(src) is NOT_YET
 
 
+def test_a_rate_limited_source_counts_drops_while_nobody_reads_it():
+    """Back-pressure keeps the ingress from reading; it calls ``arrive`` meanwhile, so the
+    drops show when they happen, not in one jump when reading resumes."""
+    clock = FakeClock()
+    src = RateLimited(range(100), rate=1000, backlog=5, clock=clock)
+    src.arrive()
+    assert src.dropped == 0 and src.read == 0  # nothing arrives before the first pull
+    assert next(src) == 0
+    clock.t += 0.0195
+    src.arrive()
+    assert src.dropped == 14 and len(src.waiting) == 5
+    assert next(src) == 15
+
+
 def test_a_rate_limited_source_ends_even_when_the_feed_ends_behind():
     clock = FakeClock()
     src = RateLimited(range(4), rate=1000, backlog=1, clock=clock)

@@ -226,6 +226,9 @@ class HostLoop:
                 self._next_record = record
                 self._next_arrival = getattr(self.source, "arrival", None)
             if ingress.accept(self._next_record) is None:
+                arrive = getattr(self.source, "arrive", None)
+                if arrive is not None:
+                    arrive()  # a feed that cannot wait drops meanwhile: count it now
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
             if self.metrics is not None:

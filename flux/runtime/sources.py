@@ -51,11 +51,13 @@ class RateLimited:
     def __iter__(self) -> "RateLimited":
         return self
 
-    def __next__(self) -> Any:
-        now = self.clock()
+    def arrive(self) -> None:
+        """Take in what has arrived by now, dropping what overflows the backlog: called by
+        ``__next__``, and by the ingress while back-pressure keeps it from reading, so the
+        drops are counted when they happen."""
         if self.start is None:
-            self.start = now
-        arrived = int((now - self.start) * self.rate) + 1  # record 0 arrives at once
+            return  # the feed starts at the first pull
+        arrived = int((self.clock() - self.start) * self.rate) + 1  # record 0 at once
         while self.read < arrived and not self.ended:
             record = next(self.records, _END)
             if record is _END:
@@ -66,6 +68,11 @@ class RateLimited:
                 self.dropped += 1
             self.waiting.append((self.read, record))
             self.read += 1
+
+    def __next__(self) -> Any:
+        if self.start is None:
+            self.start = self.clock()
+        self.arrive()
         if not self.waiting:
             if self.ended:
                 raise StopIteration
