@@ -184,7 +184,7 @@ def sample(job, sink: CheckingSink, gcp: GcPauses, t: float, last: Dict[str, Any
     lat = sink.take_latencies()
     longest, total, collections = gcp.take()
     dt = t - last["t"]
-    inputs, outputs = m.summary_inputs() if hasattr(m, "summary_inputs") else len(m.arrivals), sink.count
+    inputs, outputs = m.input_total, sink.count
     row = {
         "t_s": round(t, 3),
         "inputs": inputs, "outputs": outputs, "dropped": m.dropped_total,
@@ -197,6 +197,7 @@ def sample(job, sink: CheckingSink, gcp: GcPauses, t: float, last: Dict[str, Any
         "egress_queued": job._egress.fcons.queued(),
         "feed_backlog": len(job.source.waiting),
         "unchecked_inputs": len(job.source.taken),
+        "arrivals_kept": m.arrivals_kept,
         "gc_longest_ms": round(1000 * longest, 2), "gc_total_ms": round(1000 * total, 2),
         "gc_collections": collections,
         "detections": sum(1 for _, what, _ in list(m.events) if what == "detected"),

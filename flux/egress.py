@@ -14,7 +14,7 @@ from flux.data_messages import Batch, PSync
 from flux.effects import Deliver
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
-from flux.sequence import covers, input_sn
+from flux.sequence import INF, covers, input_sn
 
 
 def egress_addr(stages: int) -> Addr:
@@ -32,6 +32,7 @@ class Egress:
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in range(partitions)]
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every)
         self.delivered = 0
+        self.last_delivered_input = 0  # the input number of the last output delivered
 
     def finished(self, accepted: int) -> bool:
         """Every output of the first ``accepted`` inputs was delivered: nothing is queued
@@ -39,6 +40,17 @@ class Egress:
         (DESIGN 4.3)."""
         return accepted == 0 or (self.fcons.queued() == 0
                                  and covers(self.fcons.frontier(), input_sn(accepted)))
+
+    def settled(self) -> int:
+        """The largest n such that every output of inputs 1..n was delivered: outputs
+        leave in SN order, so every input before the last one delivered; with nothing
+        queued, every input before the progress bound (DESIGN 4.3)."""
+        n = self.last_delivered_input - 1
+        if not self.fcons.queued():
+            bound = self.fcons.frontier()
+            if bound and bound[0] != INF:
+                n = max(n, bound[0] - 1)
+        return max(n, 0)
 
     def ready_for(self, src: Addr, msg) -> bool:
         return self.fcons.ready_for(src, msg)
@@ -53,6 +65,7 @@ class Egress:
         out = self.fcons.release_ready()
         if out:
             self.delivered += len(out)
+            self.last_delivered_input = out[-1][0][0]
             effects.append(Deliver(tuple(out)))
             # credited as handed to the sink: the runtime takes the next message only
             # once the sink returned, so a slow sink slows the last stage (back-pressure)

@@ -149,3 +149,18 @@ def test_finished_once_the_bound_covers_the_last_input_and_nothing_is_queued():
     eg.on_message(L0P, Batch((), (2,)))
     assert eg.delivered == 2 and eg.finished(2)
     assert not eg.finished(3)
+
+
+def test_settled_names_the_inputs_whose_outputs_were_all_delivered():
+    """What lets the driver forget their arrival times (issue 12): inputs before the last
+    one delivered, or with nothing queued, before the progress bound."""
+    eg = Egress(1, 2)
+    assert eg.settled() == 0
+    eg.on_message(L0P, b(((1, 1), "a"), ((3, 1), "c"), bound=(3,)))
+    assert eg.settled() == 0  # (1, 1) waits for partition 1's bound
+    eg.on_message(L1P, b(((2, 1), "b"), bound=(3,)))
+    assert eg.settled() == 2  # input 3 may still have outputs for all the bound (3,) says
+    eg.on_message(L0P, b(bound=(10,)))
+    assert eg.settled() == 2  # partition 1 may still send outputs of inputs 3..9
+    eg.on_message(L1P, b(((7, 1), "d"), bound=(12,)))
+    assert eg.settled() == 9  # (7, 1) delivered, nothing queued, both bounds past 9

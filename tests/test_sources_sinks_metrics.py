@@ -137,3 +137,68 @@ def test_metrics_sum_state_movements_and_give_events_relative_times(tmp_path):
     m.write_csv(str(tmp_path / "t.csv"))
     rows = list(csv.DictReader(open(tmp_path / "t.csv")))
     assert tuple(rows[0]) == TIMELINE_COLUMNS and rows[0]["inputs"] == "1"
+
+
+def run_metrics(m: Metrics, clock: FakeClock, inputs: int, start: int = 1, lag: int = 50) -> None:
+    """``inputs`` inputs at 10K/s, each output ``lag`` inputs later, settled as the egress does."""
+    for n in range(start, start + inputs):
+        clock.t += 1e-4
+        m.input_taken(None)
+        if n > lag:
+            m.output((n - lag, 1))
+            m.settled(n - lag - 1)
+
+
+def test_metrics_hold_no_object_per_input_or_output():
+    """Issue 12: what a job measures does not grow with its length (the arrivals array and
+    the per-interval dicts grew ~40 bytes per input before)."""
+    import tracemalloc
+
+    clock = FakeClock(0.0)
+    m = Metrics(interval=0.1, clock=clock, span=5.0)
+    m.begin()
+    tracemalloc.start()
+    try:
+        run_metrics(m, clock, 70_000)
+        held = tracemalloc.get_traced_memory()[0]
+        run_metrics(m, clock, 200_000, start=70_001)  # 20 s more, four spans
+        grown = tracemalloc.get_traced_memory()[0] - held
+    finally:
+        tracemalloc.stop()
+    assert grown < 128 * 1024, f"{grown} bytes more after 200K more outputs"
+    assert m.arrivals_kept < 2 ** 16 + 50
+    assert len(m.timeline()) == 50  # the last 5 s
+    s = m.summary()
+    assert (s["inputs"], s["outputs"]) == (270_000, 270_000 - 50)
+    assert s["latency_p50_ms"] == pytest.approx(5.0, rel=0.2)  # 50 inputs at 10K/s
+
+
+def test_the_latency_histogram_gives_quantiles_within_a_bucket():
+    import random
+
+    clock = FakeClock(0.0)
+    m = Metrics(clock=clock)
+    m.begin()
+    rnd = random.Random(3)
+    latencies = sorted(rnd.expovariate(1 / 0.05) for _ in range(20_000))
+    for n, lat in enumerate(latencies, start=1):
+        clock.t = n * 10.0
+        m.input_taken(arrival=clock.t - lat)
+        m.output((n,))
+    for q in (0.5, 0.9, 0.99):
+        exact = latencies[int(q * len(latencies))]
+        assert m.latency_quantile(q) == pytest.approx(exact, rel=0.19)
+    assert m.latency_quantile(0.5, counts=[0] * len(m.latency_counts)) is None
+
+
+def test_the_event_log_keeps_the_last_events_and_totals_of_all():
+    from flux.runtime.metrics import EventLog
+
+    log = EventLog(keep=3)
+    for k in range(10):
+        log.append((float(k), "state moved", (f"A{k}", 100, 0.5)))
+        log.append((k + 0.5, "paused", (f"A{k}", 0.01 * k)))
+    assert [e[0] for e in log] == [8.5, 9.0, 9.5]
+    assert log.counts == {"state moved": 10, "paused": 10}
+    assert (log.moved_bytes, log.moved_seconds) == (1000, 5.0)
+    assert log.max_pause == pytest.approx(0.09)

@@ -33,7 +33,7 @@ def test_a_failure_free_run_on_spark_equals_the_reference(spark, tmp_path):
     job = FluxJob(spark, paper_dataflow(), source, nodes=4, standbys=1, sink=JsonLinesSink(out))
     with job:
         job.wait(timeout=240)
-    assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
+    assert job.delivered == []  # with a sink the job keeps no output (issue 12)
     assert read_json_lines(out) == [(sn, wire_form(r)) for sn, r in expected]
     summary = job.metrics.summary()
     assert (summary["inputs"], summary["dropped_inputs"]) == (len(records), 0)

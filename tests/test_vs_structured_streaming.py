@@ -124,7 +124,7 @@ def test_the_feed_writes_every_record_once_in_files_and_counts_arrivals(tmp_path
     lines = [line for f in sorted(folder.iterdir()) for line in f.read_text().splitlines()]
     assert [int(line.split(",")[0]) for line in lines] == list(range(1, 301))
     assert lines[0].split(",")[1:] == [str(x) for x in records[0]]
-    assert len(m.arrivals) == 300 and len(list(folder.iterdir())) > 1
+    assert m.input_total == 300 and len(list(folder.iterdir())) > 1
 
 
 def _timeline(outputs, latencies, interval=0.1):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
@@ -37,12 +38,15 @@ from flux.control_messages import (
 )
 from flux.envelope import Envelope
 from flux.errors import OperatorError, PairLost
+from flux.runtime.metrics import MAX_EVENTS
 from flux.runtime.mover_service import mover_peer
 from flux.runtime.transport import ConnectionLost, Transport
 from statemover.messages import TransferFailed
 
 #: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
 START_FAILURES = 3
+#: views kept in ``views`` (what every process was told, for debugging; issue 12: bounded)
+VIEWS_KEPT = 64
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class ControllerService:
                  secret: Optional[str] = None, beat: float = 0.05,
                  last_replica_timeout: float = 2.0,
                  name_for: Optional[Callable[[Register], Optional[str]]] = None,
-                 events: Optional[List[tuple]] = None, stuck_after: float = 1.0,
+                 events=None, stuck_after: float = 1.0,
                  stuck_timeout: float = 30.0, catchup_timeout: float = 120.0):
         self.transport = transport
         self.recovery: Optional[Recovery] = None
@@ -94,8 +98,9 @@ class ControllerService:
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
-        self.views: List[View] = []
-        self.events: List[tuple] = events if events is not None else []  # (time, what, detail)
+        self.views: Deque[View] = deque(maxlen=VIEWS_KEPT)  # the last views, for debugging
+        #: (time, what, detail); a job passes its metrics' EventLog
+        self.events = events if events is not None else deque(maxlen=MAX_EVENTS)
         self.error: Optional[Exception] = None
         #: set by ``stop_all``: why the job stops (a task that registers later is told so)
         self.stopping: Optional[str] = None

@@ -1,5 +1,6 @@
 """What a running job measures: per interval, inputs taken and dropped, outputs and their
-average end-to-end latency; failure, take-over, catch-up and state-movement events.
+average end-to-end latency; a latency histogram; failure, take-over, catch-up and
+state-movement events.
 
 Latency is the time from an input's arrival (at the source: queueing in front
 of the ingress counts) to the egress handing an output derived from it to the
@@ -7,40 +8,128 @@ sink; an output's SN starts with its input's number (DESIGN 4.1), so no
 timestamp travels with the data. The ingress and the egress run in the driver
 and share its clock. Each counter has one writer thread (ingress, egress,
 controller); readers take copies.
+
+Nothing here grows with the length of a run (issue 12): the timeline is a ring
+of the last ``span`` seconds, arrival times are kept only for inputs whose
+outputs may still come (the egress retires them as outputs leave in SN order),
+the histogram has fixed buckets and the event log keeps the last ``MAX_EVENTS``
+events beside running totals.
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import time
 from array import array
-from typing import Any, Callable, Dict, List, Optional
+from collections import deque
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 #: the columns of ``timeline()`` rows, in order (also the CSV header)
 TIMELINE_COLUMNS = ("t_s", "inputs", "dropped", "outputs", "avg_latency_ms")
 
+#: events kept for ``relative_events()``; older ones are only counted
+MAX_EVENTS = 10_000
+
+#: arrival times are dropped in blocks of this many inputs (a block move is a memmove)
+RETIRE_BLOCK = 1 << 16
+
+#: upper edges of the latency histogram's buckets, seconds: 2^(k/4) ms from 0.25 ms to
+#: about 137 s (the last bucket, +inf, takes the rest); quantiles are exact to 19%
+LATENCY_EDGES = tuple(0.001 * 2 ** (k / 4) for k in range(-8, 70))
+
+
+class Ring:
+    """Per-interval counters of the last ``slots`` intervals: bucket ``b`` lives in slot
+    ``b % slots`` and a slot is reset when a newer bucket takes it. One writer thread."""
+
+    def __init__(self, slots: int, fields: Sequence[str], typecodes: Sequence[str]):
+        self.slots = slots
+        self.stamp = array("q", [-1]) * slots
+        self.fields = {f: array(t, [0]) * slots for f, t in zip(fields, typecodes)}
+        self.last = -1
+
+    def add(self, b: int, **amounts: float) -> None:
+        i = b % self.slots
+        stamp = self.stamp[i]
+        if stamp != b:
+            if stamp > b:
+                return  # older than the ring's span: forgotten
+            for values in self.fields.values():
+                values[i] = 0
+            self.stamp[i] = b
+            if b > self.last:
+                self.last = b
+        for f, v in amounts.items():
+            self.fields[f][i] += v
+
+    def get(self, b: int, field: str) -> float:
+        i = b % self.slots
+        return self.fields[field][i] if self.stamp[i] == b else 0
+
+
+class EventLog:
+    """``(time, what, detail)`` events, appended by the controller and ``kill_node``: the
+    last ``keep`` of them, and per kind a count; the state moved (bytes, seconds) and the
+    longest catch-up pause are summed as they come, so they survive the log's end."""
+
+    def __init__(self, keep: int = MAX_EVENTS):
+        self._events: deque = deque(maxlen=keep)
+        self.counts: Dict[str, int] = {}
+        self.moved_bytes = 0
+        self.moved_seconds = 0.0
+        self.max_pause: Optional[float] = None
+
+    def append(self, event: tuple) -> None:
+        _, what, detail = event
+        self._events.append(event)
+        self.counts[what] = self.counts.get(what, 0) + 1
+        if what == "state moved":
+            self.moved_bytes += detail[1]
+            self.moved_seconds += detail[2]
+        elif what == "paused":
+            self.max_pause = detail[1] if self.max_pause is None else max(self.max_pause,
+                                                                          detail[1])
+
+    def extend(self, events: Iterable[tuple]) -> None:
+        for e in events:
+            self.append(e)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(list(self._events))
+
+    def __len__(self) -> int:
+        return len(self._events)
+
 
 class Metrics:
-    def __init__(self, interval: float = 0.1, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, interval: float = 0.1, clock: Callable[[], float] = time.monotonic,
+                 span: float = 3600.0):
+        """``span``: seconds of timeline kept (the last ``span`` seconds of the run)."""
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        if not span >= interval:
+            raise ValueError(f"span must be at least one interval, got {span!r}")
         self.interval = interval
         self.clock = clock
         self.t0: Optional[float] = None
-        self.arrivals = array("d")  # arrival time of input n at index n - 1
-        self.inputs: Dict[int, int] = {}
-        self.drops: Dict[int, int] = {}
+        slots = int(round(span / interval))
+        self._taken = Ring(slots, ("inputs", "dropped"), "qq")  # the ingress writes
+        self._given = Ring(slots, ("outputs", "latency"), "qd")  # the egress writes
+        self.input_total = 0
+        #: arrival time of input n at index n - 1 - ``_retired``
+        self._arrivals = array("d")
+        self._retired = 0
         self.dropped_total = 0
-        self.outputs: Dict[int, int] = {}
-        self.latency_sum: Dict[int, float] = {}
         self.output_total = 0
+        self.latency_counts = array("q", [0]) * (len(LATENCY_EDGES) + 1)
+        self.latency_sum = 0.0
         self.last_output: Optional[float] = None
         self.max_output_gap = 0.0  # the longest wait between two outputs, in seconds
         self.max_output_gap_at: Optional[float] = None  # when that wait ended
-        #: (time, what, detail), appended by the controller: "detected", "take-over done",
-        #: "state moved" (detail: (addr, bytes, seconds)), "catch-up done"; and by
-        #: ``kill_node``: "killed"
-        self.events: List[tuple] = []
+        #: "detected", "take-over done", "state moved" (detail: (addr, bytes, seconds)),
+        #: "paused", "catch-up done", ... (see the README); and "killed" by ``kill_node``
+        self.events = EventLog()
 
     def begin(self) -> None:
         """Time zero of the timeline: data starts to flow."""
@@ -52,15 +141,14 @@ class Metrics:
     # -- writers: ingress ---------------------------------------------------------------
     def input_taken(self, arrival: Optional[float]) -> None:
         now = self.clock()
-        self.arrivals.append(now if arrival is None else arrival)
-        b = self._bucket(now)
-        self.inputs[b] = self.inputs.get(b, 0) + 1
+        self._arrivals.append(now if arrival is None else arrival)
+        self.input_total += 1
+        self._taken.add(self._bucket(now), inputs=1)
 
     def inputs_dropped(self, total: int) -> None:
         """The source's running count of dropped inputs."""
         if total > self.dropped_total:
-            b = self._bucket(self.clock())
-            self.drops[b] = self.drops.get(b, 0) + total - self.dropped_total
+            self._taken.add(self._bucket(self.clock()), dropped=total - self.dropped_total)
             self.dropped_total = total
 
     # -- writers: egress ----------------------------------------------------------------
@@ -69,60 +157,102 @@ class Metrics:
         if self.last_output is not None and now - self.last_output > self.max_output_gap:
             self.max_output_gap, self.max_output_gap_at = now - self.last_output, now
         self.last_output = now
-        b = self._bucket(now)
-        self.outputs[b] = self.outputs.get(b, 0) + 1
-        self.latency_sum[b] = self.latency_sum.get(b, 0.0) + now - self.arrivals[sn[0] - 1]
+        latency = now - self._arrivals[sn[0] - 1 - self._retired]
+        self._given.add(self._bucket(now), outputs=1, latency=latency)
+        self.latency_counts[bisect.bisect_left(LATENCY_EDGES, latency)] += 1
+        self.latency_sum += latency
         self.output_total += 1
 
+    def settled(self, n: int) -> None:
+        """Every output of inputs 1..n was delivered: their arrival times can go. Called by
+        the egress's thread as outputs leave (in SN order) and between them from its
+        progress bound, so a dataflow that seldom outputs keeps no more than one that
+        often does."""
+        if n - self._retired >= RETIRE_BLOCK:
+            k = n - self._retired
+            del self._arrivals[:k]  # only the egress's thread moves _retired
+            self._retired = n
+
     # -- readers ------------------------------------------------------------------------
+    @property
+    def arrivals_kept(self) -> int:
+        """Arrival times held (inputs whose outputs may still come, plus up to a block)."""
+        return len(self._arrivals)
+
     def timeline(self) -> List[Dict[str, Any]]:
-        """One row per interval from time zero to the last interval with activity."""
-        inputs, drops = dict(self.inputs), dict(self.drops)
-        outputs, latency = dict(self.outputs), dict(self.latency_sum)
-        last = max([*inputs, *drops, *outputs, -1])
+        """One row per interval over the last ``span`` seconds, up to the last interval with
+        activity."""
+        taken, given = self._taken, self._given
+        last = max(taken.last, given.last)
+        first = max(0, last - taken.slots + 1)
         rows = []
-        for b in range(last + 1):
-            n = outputs.get(b, 0)
-            rows.append({"t_s": round(b * self.interval, 6), "inputs": inputs.get(b, 0),
-                         "dropped": drops.get(b, 0), "outputs": n,
-                         "avg_latency_ms": round(1000 * latency[b] / n, 3) if n else None})
+        for b in range(first, last + 1):
+            n = given.get(b, "outputs")
+            rows.append({"t_s": round(b * self.interval, 6), "inputs": taken.get(b, "inputs"),
+                         "dropped": taken.get(b, "dropped"), "outputs": n,
+                         "avg_latency_ms": (round(1000 * given.get(b, "latency") / n, 3)
+                                            if n else None)})
         return rows
 
+    def latency_quantile(self, q: float, counts: Optional[Sequence[int]] = None) -> Optional[float]:
+        """The ``q`` quantile of the latency (seconds) from the histogram (``counts``: a
+        difference of two ``latency_counts`` copies gives it over an interval), linear
+        within a bucket; None without outputs."""
+        counts = list(self.latency_counts if counts is None else counts)
+        total = sum(counts)
+        if not total:
+            return None
+        rank = q * total
+        seen = 0
+        for k, c in enumerate(counts):
+            if c and seen + c >= rank:
+                low = LATENCY_EDGES[k - 1] if k else 0.0
+                high = LATENCY_EDGES[k] if k < len(LATENCY_EDGES) else LATENCY_EDGES[-1]
+                return low + (high - low) * max(0.0, rank - seen) / c
+            seen += c
+        return LATENCY_EDGES[-1]
+
     def relative_events(self) -> List[tuple]:
-        """The events with their time in seconds since time zero."""
+        """The events kept with their time in seconds since time zero."""
         t0 = self.t0 or 0.0
-        return sorted(((round(t - t0, 6), what, detail) for t, what, detail in list(self.events)),
+        return sorted(((round(t - t0, 6), what, detail) for t, what, detail in self.events),
                       key=lambda e: e[0])
 
     def state_moves(self) -> List[tuple]:
-        """(addr, bytes, seconds) of every completed state movement."""
-        return [detail for _, what, detail in list(self.events) if what == "state moved"]
+        """(addr, bytes, seconds) of every state movement still in the event log."""
+        return [detail for _, what, detail in self.events if what == "state moved"]
 
     def catchup_pauses(self) -> List[float]:
-        """Seconds each catch-up's active held its sources paused (phase 2; issue 11)."""
-        return [detail[1] for _, what, detail in list(self.events) if what == "paused"]
+        """Seconds each catch-up's active held its sources paused (phase 2; issue 11), of
+        the catch-ups still in the event log."""
+        return [detail[1] for _, what, detail in self.events if what == "paused"]
 
     def summary(self) -> Dict[str, Any]:
-        moves = self.state_moves()
-        pauses = self.catchup_pauses()
         rows = self.timeline()
         busy = [r for r in rows if r["inputs"]]
         span = len(busy) * self.interval
+        busy_inputs = sum(r["inputs"] for r in busy)
         lat = [r["avg_latency_ms"] for r in rows if r["avg_latency_ms"] is not None]
+        ms = {q: self.latency_quantile(q) for q in (0.5, 0.9, 0.99)}
+        events = self.events
         return {
             "interval_s": self.interval,
-            "inputs": len(self.arrivals),
+            "inputs": self.input_total,
             "dropped_inputs": self.dropped_total,
             "outputs": self.output_total,
-            "input_rate_tps": round(len(self.arrivals) / span, 1) if span else 0.0,
+            "input_rate_tps": round(busy_inputs / span, 1) if span else 0.0,
             "median_interval_latency_ms": sorted(lat)[len(lat) // 2] if lat else None,
+            **{f"latency_p{round(q * 100)}_ms": (round(1000 * v, 3) if v is not None else None)
+               for q, v in ms.items()},
             "max_output_gap_s": round(self.max_output_gap, 6),
             "max_output_gap_end_s": (round(self.max_output_gap_at - (self.t0 or 0.0), 6)
                                      if self.max_output_gap_at is not None else None),
             "events": [list(e) for e in self.relative_events()],
-            "state_bytes_moved": sum(m[1] for m in moves),
-            "state_move_s": round(sum(m[2] for m in moves), 6),
-            "max_catchup_pause_s": round(max(pauses), 6) if pauses else None,
+            "event_counts": dict(events.counts),
+            "state_bytes_moved": events.moved_bytes,
+            "state_move_s": round(events.moved_seconds, 6),
+            "max_catchup_pause_s": (round(events.max_pause, 6)
+                                    if events.max_pause is not None else None),
         }
 
     def write_csv(self, path: str) -> None:

@@ -8,6 +8,7 @@ thread it started and closes every socket.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -72,7 +73,8 @@ class FluxJob:
                  heartbeat: float = 0.05, lease: float = 3.0, chunk_size: int = 1 << 20,
                  sink: Optional[Callable[[Any], None]] = None, replication: str = "flux",
                  metrics_interval: float = 0.1, flush_delay: float = 0.002,
-                 check_records: int = 200, authenticate: bool = True, window: int = 1024):
+                 check_records: int = 200, authenticate: bool = True, window: int = 1024,
+                 keep_output: Optional[bool] = None):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -88,6 +90,9 @@ class FluxJob:
         self.secret = secrets.token_hex(16)
         self.sink = sink
         self.metrics = Metrics(metrics_interval)
+        #: the outputs so far, in order, when kept: by default only without a sink, so an
+        #: endless job with a sink holds no object per output (issue 12)
+        self.keep_output = sink is None if keep_output is None else keep_output
         self.delivered: List[Any] = []
         self.errors: List[BaseException] = []
         self.config = NodeConfig(
@@ -197,6 +202,9 @@ class FluxJob:
         c.begin(Recovery(topology))
         log.info("every node is built (%s; standbys %s): the data starts",
                  ", ".join(topology.nodes), ", ".join(standbys) or "none")
+        # what the driver built so far (Spark's and py4j's objects, the dataflow) lives as
+        # long as the job: out of the collector's way, a full collection stays short
+        gc.freeze()
         self.metrics.begin()
         ingress, egress = self.builder.ingress(), self.builder.egress()
         self._ingress, self._egress = ingress, egress
@@ -227,10 +235,11 @@ class FluxJob:
             self._finished.set()
 
     def wait(self, timeout: float) -> List[Any]:
-        """Wait until every input's output was delivered; returns the output, in order."""
+        """Wait until every input's output was delivered; returns the output, in order
+        (when kept: ``keep_output``; else an empty list, the sink has it)."""
         if not self.wait_until(self.finished, timeout):
             raise TimeoutError(f"the job did not finish in {timeout}s "
-                               f"({len(self.delivered)} outputs so far)")
+                               f"({self.metrics.output_total} outputs so far)")
         return list(self.delivered)
 
     def _drive(self, loop: HostLoop) -> None:
@@ -239,12 +248,15 @@ class FluxJob:
             loop.turn(5)
             if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
                 raise RuntimeError(f"{loop.host.name}: {loop.stopped}")
-            if egress and not self._finished.is_set():
-                self._check_finished()
+            if egress:
+                self.metrics.settled(self._egress.settled())
+                if not self._finished.is_set():
+                    self._check_finished()
 
     def _on_effect(self, e) -> None:
         if isinstance(e, Deliver):
-            self.delivered.extend(e.items)
+            if self.keep_output:
+                self.delivered.extend(e.items)
             for sn, _ in e.items:
                 self.metrics.output(sn)
             if self.sink is not None:
