@@ -177,6 +177,22 @@ class Recovery:
         self.view += 1
         return View(self.view, **kw)
 
+    def pair_states(self) -> Dict[tuple, str]:
+        """Per ``(stage, partition)``: "whole" (both replicas live), "catching-up" (one is
+        being rebuilt), "degraded" (one is lost and waits for a standby) or "single" (the
+        placement never had a twin: replication "none"); for monitoring (issue 12)."""
+        missing, attempts = dict(self.missing), dict(self.attempts)
+        states = {}
+        for stage in range(1, self.stages + 1):
+            for partition in range(self.partitions):
+                lost = [a for a in (Addr(stage, partition, P), Addr(stage, partition, S))
+                        if a in missing]
+                states[stage, partition] = (
+                    "whole" if not lost
+                    else "single" if missing[lost[0]] == "absent"
+                    else "catching-up" if lost[0] in attempts else "degraded")
+        return states
+
     def pending(self) -> bool:
         """Replicas still missing or being rebuilt."""
         return bool(self.missing)

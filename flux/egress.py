@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, List, Set
 
 from flux.addresses import Addr, P, S
+from flux.control_messages import SegmentStats
 from flux.data_messages import Batch, PSync
 from flux.effects import Deliver
 from flux.errors import LocalProtocolError, RemoteProtocolError
@@ -51,6 +52,12 @@ class Egress:
             if bound and bound[0] != INF:
                 n = max(n, bound[0] - 1)
         return max(n, 0)
+
+    def stats(self) -> SegmentStats:
+        """Counters for monitoring, as a segment's (issue 12): outputs delivered and the
+        tuples its merge holds."""
+        return SegmentStats(self.addr, self.delivered, self.delivered, self.fcons.queued(),
+                            0, 0, 0)
 
     def ready_for(self, src: Addr, msg) -> bool:
         return self.fcons.ready_for(src, msg)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, List, Optional, Set
 
 from flux.addresses import Addr, P, S
 from flux.buffer import Buffer
+from flux.control_messages import SegmentStats
 from flux.data_messages import Ack, Credit, CSync, Pause
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
@@ -43,6 +44,13 @@ class Ingress:
         self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
                             normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window)
         self.accepted = 0
+
+    def stats(self) -> SegmentStats:
+        """Counters for monitoring, as a segment's (issue 12): inputs accepted, tuples
+        buffered (not yet held by both replicas), in flight and full windows."""
+        in_flight, blocked = self.out.window_use()
+        return SegmentStats(self.addr, self.accepted, self.accepted, 0, self.out.buffered(),
+                            in_flight, blocked)
 
     # -- the source side ---------------------------------------------------
     def frontier(self) -> SN:

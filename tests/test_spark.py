@@ -1,11 +1,14 @@
 """Flux on Spark: nodes as long-running tasks of an embedded local-cluster (slow)."""
 from __future__ import annotations
 
+import time
+import urllib.error
 from functools import partial
 
 import pytest
 
 from flux.examples import paper_dataflow
+from test_metrics_endpoint import scrape, series
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.runtime.sinks import JsonLinesSink, read_json_lines
@@ -30,9 +33,27 @@ def test_a_failure_free_run_on_spark_equals_the_reference(spark, tmp_path):
     expected = reference_output(paper_dataflow(), records, 4)
     out = str(tmp_path / "out.jsonl")
     source = RateLimited(records, rate=10_000)  # a feed that does not wait
-    job = FluxJob(spark, paper_dataflow(), source, nodes=4, standbys=1, sink=JsonLinesSink(out))
+    job = FluxJob(spark, paper_dataflow(), source, nodes=4, standbys=1, sink=JsonLinesSink(out),
+                  metrics_port=0, metrics_addr="127.0.0.1")
     with job:
         job.wait(timeout=240)
+        time.sleep(1.5)  # every node reports its segments each second
+        scraped = scrape(job.metrics_url)
+    with pytest.raises(urllib.error.URLError):  # stop() closed the endpoint
+        scrape(job.metrics_url or f"http://127.0.0.1:{job.endpoint.port}/metrics")
+    assert scraped[("flux_inputs_total", ())] == len(records)
+    assert scraped[("flux_outputs_total", ())] == len(expected)
+    assert scraped[("flux_latency_seconds_count", ())] == len(expected)
+    assert scraped[("flux_pairs", (("state", "whole"),))] == 8
+    replicas = series(scraped, "flux_segment_inputs_total")
+    nodes = {dict(k)["node"] for k in replicas}
+    assert nodes == {"driver", "node0", "node1", "node2", "node3"}
+    for stage in ("sessions", "stats"):  # a pair's replicas took the same tuples
+        for p in map(str, range(4)):
+            assert replicas[tuple(sorted({"stage": stage, "partition": p, "replica": "primary",
+                                          "node": f"node{p}"}.items()))] == replicas[
+                tuple(sorted({"stage": stage, "partition": p, "replica": "secondary",
+                              "node": f"node{(int(p) + 1) % 4}"}.items()))] > 0
     assert job.delivered == []  # with a sink the job keeps no output (issue 12)
     assert read_json_lines(out) == [(sn, wire_form(r)) for sn, r in expected]
     summary = job.metrics.summary()

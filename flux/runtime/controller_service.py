@@ -26,6 +26,7 @@ from flux.control_messages import (
     FoldedIn,
     Heartbeat,
     Members,
+    NodeStats,
     OperatorFailed,
     Ready,
     Register,
@@ -98,6 +99,8 @@ class ControllerService:
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
+        #: live node -> (when, its last NodeStats), for the metrics endpoint (issue 12)
+        self.node_stats: Dict[str, Tuple[float, NodeStats]] = {}
         self.views: Deque[View] = deque(maxlen=VIEWS_KEPT)  # the last views, for debugging
         #: (time, what, detail); a job passes its metrics' EventLog
         self.events = events if events is not None else deque(maxlen=MAX_EVENTS)
@@ -156,6 +159,8 @@ class ControllerService:
                 self.events.append((now, "paused", (env.msg.addr, env.msg.seconds)))
             elif isinstance(env.msg, Ready) and name in self.registered:
                 self.ready.add(name)
+            elif isinstance(env.msg, NodeStats) and name in self.last_seen:
+                self.node_stats[name] = (now, env.msg)
             elif isinstance(env.msg, Heartbeat) and name in self.last_seen:
                 self.on_heartbeat(name, env.msg.lag)
             elif isinstance(env.msg, TransferFailed) and self.started:
@@ -353,6 +358,7 @@ class ControllerService:
         self.dead.add(name)
         self.why_dead[name] = why
         self.last_seen.pop(name, None)
+        self.node_stats.pop(name, None)
         self.events.append((self.clock(), event, detail))
 
     def _broadcast(self, views: List[View]) -> None:

@@ -74,7 +74,8 @@ class FluxJob:
                  sink: Optional[Callable[[Any], None]] = None, replication: str = "flux",
                  metrics_interval: float = 0.1, flush_delay: float = 0.002,
                  check_records: int = 200, authenticate: bool = True, window: int = 1024,
-                 keep_output: Optional[bool] = None):
+                 keep_output: Optional[bool] = None, metrics_port: Optional[int] = None,
+                 metrics_addr: str = "0.0.0.0"):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -94,6 +95,10 @@ class FluxJob:
         #: endless job with a sink holds no object per output (issue 12)
         self.keep_output = sink is None if keep_output is None else keep_output
         self.delivered: List[Any] = []
+        #: a Prometheus endpoint on this port (0: any free one), when given (issue 12)
+        self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
+        self.endpoint = None
+        self._ingress = self._egress = None
         self.errors: List[BaseException] = []
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
@@ -125,6 +130,8 @@ class FluxJob:
         for name in (INGRESS_PROCESS, EGRESS_PROCESS):
             self.controller.add_member(name, DRIVER_INCS[name], self.transports[name].address)
         self.config = self.config.with_controller(self.transports[CONTROLLER_PROCESS].address)
+        if self.metrics_port is not None:
+            self.endpoint = self._endpoint()
         self._spawn(self._run_spark)
         self._spawn(self._run_controller)
         try:
@@ -142,6 +149,25 @@ class FluxJob:
                 f"{', '.join(missing) or 'none'} not registered (too few Spark task slots?), "
                 f"{', '.join(building) or 'none'} still building their operators")
         return self
+
+    def _endpoint(self):
+        from flux.runtime.metrics_endpoint import JobCollector, MetricsEndpoint
+
+        collector = JobCollector(
+            self.metrics, self.controller, [s.name for s in self.dataflow.stages],
+            lambda: [m.stats() for m in (self._ingress, self._egress) if m is not None])
+        try:
+            return MetricsEndpoint(collector, self.metrics_port, self.metrics_addr).start()
+        except BaseException:
+            for t in self.transports.values():
+                t.close()
+            self.ctx.term()
+            raise
+
+    @property
+    def metrics_url(self) -> Optional[str]:
+        """Where Prometheus scrapes this job (``metrics_port``), or None."""
+        return self.endpoint.url if self.endpoint is not None else None
 
     def _spawn(self, target) -> None:
         t = threading.Thread(target=self._guard, args=(target,), daemon=True)
@@ -300,6 +326,8 @@ class FluxJob:
         for t in self.transports.values():
             t.close()
         self.ctx.term()
+        if self.endpoint is not None:
+            self.endpoint.stop()
         close = getattr(self.sink, "close", None)
         if close is not None:
             close()
