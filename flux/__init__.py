@@ -21,6 +21,7 @@ from typing import Any
 from flux.dataflow import Dataflow, Stage
 from flux.errors import DataflowError, OperatorError, PairLost
 from flux.examples import paper_dataflow
+from flux.expiry import Expiry
 from flux.keyed_state import KeyedOperator, KeyedState
 from flux.operator import (
     Filter,
@@ -55,7 +56,7 @@ __all__ = [
     "Operator", "Map", "Filter", "FlatMap", "KeyedAggregate", "keyed_state", "keyed_table",
     "tuplify", "SessionReconstruction", "session_key", "WindowedDurationStats", "stats_key",
     "paper_dataflow",
-    "KeyedState", "KeyedOperator",
+    "KeyedState", "KeyedOperator", "Expiry",
     # sources, sinks, inputs and the failure-free reference
     "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",
     "reference_output",

@@ -15,7 +15,7 @@ Keys and factories are module-level functions, classes and
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from flux.dataflow import Dataflow, Stage
 from flux.operators.ballast import Ballast
@@ -30,20 +30,28 @@ def app_and_time(stats_record: Sequence[Any]) -> tuple:
     return (stats_record[0], stats_record[4])
 
 
-def _paper_stages(window: int, emit_every: int) -> list[Stage]:
+def _paper_stages(window: int, emit_every: int, session_ttl: Optional[int] = None,
+                  idle_ttl: Optional[int] = None) -> list[Stage]:
+    sessions = (partial(SessionReconstruction, ttl=session_ttl) if session_ttl is not None
+                else SessionReconstruction)
     return [
-        Stage("sessions", session_key, (SessionReconstruction,)),
+        Stage("sessions", session_key, (sessions,)),
         Stage(
             "stats",
             stats_key,
-            (partial(WindowedDurationStats, window=window, emit_every=emit_every),),
+            (partial(WindowedDurationStats, window=window, emit_every=emit_every,
+                     idle_ttl=idle_ttl),),
         ),
     ]
 
 
-def paper_dataflow(window: int = DEFAULT_WINDOW, emit_every: int = 2) -> Dataflow:
-    """The paper's dataflow: session reconstruction, then per-(app, src) windowed stats."""
-    return Dataflow(_paper_stages(window, emit_every))
+def paper_dataflow(window: int = DEFAULT_WINDOW, emit_every: int = 2,
+                   session_ttl: Optional[int] = None, idle_ttl: Optional[int] = None
+                   ) -> Dataflow:
+    """The paper's dataflow: session reconstruction, then per-(app, src) windowed stats.
+    ``session_ttl``/``idle_ttl``: event-time expiry of open sessions and of idle keys
+    (None: never; on an endless feed of ever new keys, set them)."""
+    return Dataflow(_paper_stages(window, emit_every, session_ttl, idle_ttl))
 
 
 def cpu_bound_paper_dataflow(rounds: int = 200, window: int = DEFAULT_WINDOW,

@@ -213,6 +213,15 @@ class KeyedState:
             self[key] = value = default
         return value
 
+    def expire(self, drop: Callable[[Any, Any], bool]) -> int:
+        """Delete every key for which ``drop(key, value)`` holds (changes, tracked as
+        ``pop``'s are) and return how many went; one pass, nothing sorted
+        (``flux.expiry``)."""
+        doomed = [key for key, value in self._data.items() if drop(key, value)]
+        for key in doomed:
+            self.pop(key)
+        return len(doomed)
+
     # --- key order ----------------------------------------------------------
 
     def keys(self) -> list:

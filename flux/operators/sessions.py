@@ -8,11 +8,17 @@ Output: on the "end" of an open session, ``(app, src, duration, ts_end)``
 with ``duration = ts_end - ts_start`` and ``app`` taken from the "start".
 The paper's output is ``(app, src, dur)``; ``ts_end`` is added so the next
 group-by can window on event time (DESIGN 4.8).
+
+With ``ttl``, a session whose start is more than ``ttl`` (event time) behind
+the largest ``ts`` seen has expired: its "end" emits nothing, and it is dropped
+from the state (``flux.expiry``), so sessions that never end do not pile up on
+an endless feed.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from flux.expiry import Expiry
 from flux.keyed_state import KeyedOperator, KeyedState
 
 
@@ -30,8 +36,10 @@ class SessionReconstruction(KeyedOperator):
     pairs.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ttl: Optional[int] = None) -> None:
+        """``ttl``: event-time units after which an open session expires (None: never)."""
         self.state = KeyedState(decode=tuple)
+        self.expiry = Expiry(self.state, ttl, _start_of) if ttl is not None else None
 
     @property
     def open(self) -> KeyedState:
@@ -41,6 +49,9 @@ class SessionReconstruction(KeyedOperator):
     def process(self, packet: Sequence[Any]) -> list:
         src, dst, app, kind, ts = packet
         key = (src, dst)
+        expiry = self.expiry
+        if expiry is not None:
+            expiry.advance(ts)
         if kind == "start":
             self.state[key] = (app, ts)
             return []
@@ -49,5 +60,12 @@ class SessionReconstruction(KeyedOperator):
             if session is None:
                 return []
             start_app, ts_start = session
+            if expiry is not None and expiry.expired(ts_start):
+                return []  # expired, not yet swept
             return [(start_app, src, ts - ts_start, ts)]
         raise ValueError(f"packet kind must be 'start' or 'end', got {kind!r}")
+
+
+def _start_of(key: Any, session: Sequence[Any]) -> Any:
+    """An open session's event time: its start."""
+    return session[1]
