@@ -67,8 +67,8 @@ class RecordedFeed(RateLimited):
     """The feed, remembering each record the ingress takes (with its arrival) until the
     sink has checked the outputs it caused."""
 
-    def __init__(self, records, rate: float):
-        super().__init__(records, rate)
+    def __init__(self, records, rate: float, backlog: int = 100_000):
+        super().__init__(records, rate, backlog)
         self.taken: Deque[Tuple[Any, float]] = deque()
 
     def __next__(self) -> Any:
@@ -185,6 +185,7 @@ def sample(job, sink: CheckingSink, gcp: GcPauses, t: float, last: Dict[str, Any
     longest, total, collections = gcp.take()
     dt = t - last["t"]
     inputs, outputs = m.input_total, sink.count
+    reports = list(dict(job.controller.node_stats).values())
     row = {
         "t_s": round(t, 3),
         "inputs": inputs, "outputs": outputs, "dropped": m.dropped_total,
@@ -198,6 +199,11 @@ def sample(job, sink: CheckingSink, gcp: GcPauses, t: float, last: Dict[str, Any
         "feed_backlog": len(job.source.waiting),
         "unchecked_inputs": len(job.source.taken),
         "arrivals_kept": m.arrivals_kept,
+        # what the nodes last reported (NodeStats, as the metrics endpoint shows them)
+        "max_segment_queued": max((seg.queued for _, st in reports for seg in st.segments),
+                                  default=0),
+        "max_segment_in_flight": max((seg.in_flight for _, st in reports
+                                      for seg in st.segments), default=0),
         "gc_longest_ms": round(1000 * longest, 2), "gc_total_ms": round(1000 * total, 2),
         "gc_collections": collections,
         "detections": sum(1 for _, what, _ in list(m.events) if what == "detected"),
@@ -246,14 +252,19 @@ def summarize(rows: List[Dict[str, Any]], args, sink: CheckingSink, names: List[
                                 for k in ["driver", *names]} if warm else {},
         "latency_p99_ms_median_first_half": first[len(first) // 2],
         "latency_p99_ms_median_second_half": second[len(second) // 2],
-        "latency_p50_ms_median": sorted(r["latency_p50_ms"] for r in warm
-                                        if r["latency_p50_ms"] is not None)[len(warm) // 2]
-        if any(r["latency_p50_ms"] is not None for r in warm) else None,
+        "latency_p50_ms_median": median([r["latency_p50_ms"] for r in warm]),
         "gc_longest_ms": max((r["gc_longest_ms"] for r in rows), default=None),
         "max_ingress_buffered": max((r["ingress_buffered"] for r in rows), default=None),
         "max_egress_queued": max((r["egress_queued"] for r in rows), default=None),
         "max_feed_backlog": max((r["feed_backlog"] for r in rows), default=None),
+        "max_segment_queued": max((r["max_segment_queued"] for r in rows), default=None),
+        "max_segment_in_flight": max((r["max_segment_in_flight"] for r in rows), default=None),
     }
+
+
+def median(values: List[Optional[float]]) -> Optional[float]:
+    known = sorted(v for v in values if v is not None)
+    return known[len(known) // 2] if known else None
 
 
 def write(rows: List[Dict[str, Any]], summary: Dict[str, Any], out: pathlib.Path,

@@ -100,16 +100,18 @@ def counting_dataflow(stages: int, fanout_every: int = 3) -> Dataflow:
 
 
 def packet_dataflow(stages: int, window: int = DEFAULT_WINDOW, emit_every: int = 2,
-                    fanout_every: int = 3) -> Dataflow:
+                    fanout_every: int = 3, session_ttl: Optional[int] = None,
+                    idle_ttl: Optional[int] = None) -> Dataflow:
     """The paper's dataflow cut or extended to ``stages`` stages, over ``packet_workload``.
 
     1: sessions by ``(src, dst)``; 2: stats by ``(app, src)``; 3: a
     KeyedCounter by ``(app, ts)`` counting per app (outputs
     ``(app, ±count, src)``); 4+: KeyedCounters by ``(app, count)``.
+    ``session_ttl``, ``idle_ttl``: as ``paper_dataflow``'s.
     """
     if stages < 1:
         raise ValueError(f"a packet dataflow needs >= 1 stage, got {stages}")
-    chosen = _paper_stages(window, emit_every)[:stages]
+    chosen = _paper_stages(window, emit_every, session_ttl, idle_ttl)[:stages]
     counter = partial(KeyedCounter, fanout_every=fanout_every)
     for s in range(3, stages + 1):
         chosen.append(Stage(f"count{s}", app_and_time if s == 3 else key_and_count, (counter,)))

@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_runtime_failover import paced
 
 from flux.examples import counting_dataflow
 from flux.reference import reference_output
@@ -19,13 +20,6 @@ from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS
 from flux.workload import keyed_workload
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def paced(records, every=50, pause=0.003):
-    for k, r in enumerate(records):
-        if k % every == 0:
-            time.sleep(pause)
-        yield r
 
 
 def scrape(url: str) -> dict:

@@ -124,6 +124,7 @@ def shape(stages, partitions, crashes, dataflow, seeds=range(1, 41), marks=()):
     shape(4, 2, 1, "counter", range(21, 41), pytest.mark.sim),
     shape(2, 4, 2, "packets"),
     shape(3, 2, 1, "packets"),
+    shape(2, 3, 2, "packets-ttl"),  # sessions and idle keys expire (flux/expiry.py)
 ])
 def test_any_number_of_stages_and_partitions(stages, partitions, crashes, dataflow, seeds):
     params = SimParams(stages=stages, partitions=partitions, crashes=crashes, dataflow=dataflow)

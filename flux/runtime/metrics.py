@@ -157,7 +157,10 @@ class Metrics:
         if self.last_output is not None and now - self.last_output > self.max_output_gap:
             self.max_output_gap, self.max_output_gap_at = now - self.last_output, now
         self.last_output = now
-        latency = now - self._arrivals[sn[0] - 1 - self._retired]
+        i = sn[0] - 1 - self._retired
+        if i < 0:  # its input was settled: cannot be (outputs leave in SN order)
+            raise ValueError(f"output {sn} after its input was settled ({self._retired})")
+        latency = now - self._arrivals[i]
         self._given.add(self._bucket(now), outputs=1, latency=latency)
         self.latency_counts[bisect.bisect_left(LATENCY_EDGES, latency)] += 1
         self.latency_sum += latency

@@ -11,6 +11,7 @@ import sys
 import time
 
 from flux.sim.schedule import (
+    DATAFLOWS,
     PAIR_LOST,
     VIOLATION,
     SimParams,
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--crashes", type=int, default=2)
     ap.add_argument("--standbys", type=int, default=0, help="standby nodes for catch-up")
     ap.add_argument("--inputs", type=int, default=24, help="input records per schedule")
-    ap.add_argument("--dataflow", choices=["counter", "packets"], default="counter")
+    ap.add_argument("--dataflow", choices=list(DATAFLOWS), default="counter")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="none",
                     help="run a deliberately broken protocol variant")
     ap.add_argument("--placement", choices=["chained", "single"], default="chained")

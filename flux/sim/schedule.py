@@ -60,8 +60,8 @@ class SimParams:
             raise ValueError(f"--inputs must be >= 1, got {self.inputs}")
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; one of {sorted(VARIANTS)}")
-        if self.dataflow not in ("counter", "packets"):
-            raise ValueError(f"unknown dataflow {self.dataflow!r}; one of counter, packets")
+        if self.dataflow not in DATAFLOWS:
+            raise ValueError(f"unknown dataflow {self.dataflow!r}; one of {', '.join(DATAFLOWS)}")
         if any(t not in TRIGGERS for t in self.triggers):
             raise ValueError(f"crash triggers must be among {TRIGGERS}, got {self.triggers}")
         if self.placement not in ("chained", "single"):
@@ -86,14 +86,25 @@ class ScheduleResult:
     part_steps: int = 0
 
 
+#: the dataflows a schedule can run
+DATAFLOWS = ("counter", "packets", "packets-ttl")
+
+
 def build_dataflow(params: SimParams, seed: int):
     from flux import examples, workload
 
     if params.dataflow == "counter":
         return (examples.counting_dataflow(params.stages),
                 workload.keyed_workload(params.inputs, seed, keys=6))
-    return (examples.packet_dataflow(params.stages),
-            workload.packet_workload(params.inputs, seed, pairs=6, apps=2, sources=3))
+    # packets-ttl: sessions and idle keys expire within a schedule (ts grows ~3 a packet),
+    # so expiries fall before, during and after catch-ups (flux/expiry.py)
+    ttl = {"session_ttl": 24, "idle_ttl": 45} if params.dataflow == "packets-ttl" else {}
+    return (examples.packet_dataflow(params.stages, **ttl),
+            # concurrent=3: about half the packets end a session, so the stats stage
+            # has input (with the workload's default of 1000 open sessions, 6 pairs
+            # never end one within a schedule and the packet dataflow had no output)
+            workload.packet_workload(params.inputs, seed, pairs=6, apps=2, sources=3,
+                                     concurrent=3))
 
 
 def make_world(params: SimParams, seed: int, rng: random.Random):

@@ -1,0 +1,67 @@
+"""A sink ten times slower than the feed (issue 12): back-pressure holds every queue to
+its window, the feed that cannot wait drops and counts, and what was accepted comes
+out exactly as the failure-free run of the accepted inputs (slow: Spark)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_metrics_endpoint import scrape, series
+
+from experiments.soak import CheckingSink, RecordedFeed, outputs_per_input
+from flux.examples import paper_dataflow
+from flux.workload import PacketWorkload
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+WINDOW, CAPACITY, NODES = 64, 128, 4
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from flux.spark.session import local_cluster
+
+    with local_cluster(NODES + 1) as session:
+        yield session
+
+
+def test_a_slow_sink_slows_the_source_and_queues_stay_bounded(spark):
+    from flux.spark.job import FluxJob
+
+    rate, seconds = 4000.0, 6
+    dataflow = paper_dataflow()
+    sink_rate = rate * outputs_per_input(dataflow, NODES, 3, n=40_000) / 10
+    feed = RecordedFeed(PacketWorkload(int(rate * seconds), 3, 20_000, 10, 500), rate,
+                        backlog=500)
+    sink = CheckingSink(dataflow, NODES, feed, sink_rate)
+    job = FluxJob(spark, dataflow, feed, nodes=NODES, standbys=0, sink=sink, window=WINDOW,
+                  capacity=CAPACITY, batch_size=32, metrics_port=0, metrics_addr="127.0.0.1")
+    most: dict = {}
+    with job:
+        deadline = time.monotonic() + 300
+        while not job.finished() and time.monotonic() < deadline:
+            for name in ("flux_segment_queued", "flux_segment_in_flight",
+                         "flux_segment_buffered"):
+                for labels, v in series(scrape(job.metrics_url), name).items():
+                    most[name, labels] = max(v, most.get((name, labels), 0))
+            time.sleep(0.3)
+        job.wait(timeout=10)
+        summary = job.metrics.summary()
+    assert sink.mismatches == 0, sink.first_mismatch
+    # every accepted input's outputs came: what is left of the feed's record made none
+    assert not sink.expected and all(not sink.reference.feed(r) for r, _ in feed.taken)
+    assert summary["dropped_inputs"] > rate * seconds / 3  # the feed could not wait
+    assert summary["inputs"] + summary["dropped_inputs"] == rate * seconds
+    segments = {labels for _, labels in most}
+    assert len(segments) == 2 + 2 * 2 * NODES  # ingress, egress, 2 stages x 4 pairs
+    for (name, labels), v in most.items():
+        where = dict(labels)
+        if name == "flux_segment_queued":  # a merge holds at most a window per feed
+            assert v <= 2 * WINDOW * NODES, (where, v)
+        elif name == "flux_segment_in_flight":  # a window per consumer replica
+            assert v <= WINDOW * 2 * NODES, (where, v)
+        elif where["stage"] != "egress":  # a buffer per consumer partition
+            assert v <= CAPACITY * NODES, (where, v)
+    # the sink set the pace: the last stage's windows toward the egress filled
+    assert max(v for (name, labels), v in most.items()
+               if name == "flux_segment_in_flight" and dict(labels)["stage"] == "stats") >= WINDOW
