@@ -50,6 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=5_000.0, help="input packets per second")
     ap.add_argument("--slow-sink", action="store_true",
                     help="the sink takes outputs at a tenth of the rate they are made")
+    ap.add_argument("--backlog", type=int, default=None,
+                    help="records the feed holds while the ingress does not read, beyond "
+                         "which it drops (default 100,000; with --slow-sink a second of "
+                         "input: a feed that buffers 20 s in front of a slow sink only "
+                         "adds its 200 s of waiting to every latency)")
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between samples")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--standbys", type=int, default=1)
@@ -58,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.minutes <= 0 or args.rate <= 0 or args.sample <= 0:
         ap.error("--minutes, --rate and --sample must be > 0")
+    if args.backlog is not None and args.backlog < 1:
+        ap.error("--backlog must be >= 1")
     if args.nodes < 2:
         ap.error("--nodes must be >= 2")
     return args
@@ -319,7 +326,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     sink_rate = None
     if args.slow_sink:
         sink_rate = round(args.rate * outputs_per_input(dataflow, args.nodes, args.seed) / 10, 1)
-    feed = RecordedFeed(PacketWorkload(ENDLESS, args.seed, PAIRS, APPS, SOURCES), args.rate)
+    backlog = args.backlog or (int(args.rate) if args.slow_sink else 100_000)
+    feed = RecordedFeed(PacketWorkload(ENDLESS, args.seed, PAIRS, APPS, SOURCES), args.rate,
+                        backlog)
     sink = CheckingSink(dataflow, args.nodes, feed, sink_rate)
     gcp = GcPauses()
     rows: List[Dict[str, Any]] = []
