@@ -11,6 +11,9 @@ and returns the totally ordered views to broadcast (paper 3.2.1, 3.3; DESIGN
 - Bottom-up (5.3): only the lowest stage with missing replicas catches up;
   the next stage starts once every catch-up below has folded in everywhere,
   i.e. every live producer and consumer of the pair reported both syncs.
+- A standby is taken on a host that holds none of the survivors of the node it
+  replaces (issue 13), when hosts are known; with none free there, the pair
+  stays vulnerable until one registers.
 - Each attempt has a fresh version. A standby that dies mid-attempt simply
   fails like any node; its replicas are missing again and go to the next
   standby (3.4).
@@ -18,8 +21,9 @@ and returns the totally ordered views to broadcast (paper 3.2.1, 3.3; DESIGN
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Mapping, Optional, Set
 
+from controller.hosts import standby_away_from
 from flux.addresses import Addr, MoverAddr, P, S
 from flux.control_messages import Avail, View
 from flux.errors import PairLost
@@ -37,8 +41,10 @@ class Attempt:
 class Recovery:
     """Membership and catch-up orchestration for one job."""
 
-    def __init__(self, topology: Topology):
+    def __init__(self, topology: Topology, hosts: Optional[Mapping[str, str]] = None):
         self.topology = topology
+        #: process -> its machine, when pairs must span machines (unknown: its own)
+        self.host_of: Dict[str, str] = dict(hosts or {})
         self.stages, self.partitions = topology.stages, topology.partitions
         self.placement = topology.placement
         self.inc = dict(topology.incarnations)
@@ -145,15 +151,26 @@ class Recovery:
         return any(self._twin(addr) in self.missing for addr in hosted)
 
     def _standby_for(self, lost_with: str) -> Optional[str]:
+        """The standby that replaces ``lost_with``: the same for all its replicas, chosen
+        once, away from the hosts of the replicas' survivors."""
         standby = self.replacement.get(lost_with)
-        if standby is None and self.free:
-            standby = self.replacement[lost_with] = self.free.pop(0)
+        if standby is None:
+            survivors = {self.node_of[self._twin(a)] for a, owner in self.missing.items()
+                         if owner == lost_with and self._twin(a) in self.node_of}
+            avoid = {self.host_of.get(n, n) for n in survivors}
+            standby = standby_away_from(self.free, avoid, self.host_of)
+            if standby is None:
+                return None
+            self.free.remove(standby)
+            self.replacement[lost_with] = standby
             self.hosted.setdefault(standby, set())
         return standby
 
-    def add_standby(self, node: str, inc: int) -> List[View]:
-        """A new standby registered (in Spark: a restarted task)."""
+    def add_standby(self, node: str, inc: int, host: Optional[str] = None) -> List[View]:
+        """A new standby registered (in Spark: a restarted task), on ``host`` if known."""
         self.inc[node] = inc
+        if host is not None:
+            self.host_of[node] = host
         self.free.append(node)
         return self._schedule()
 

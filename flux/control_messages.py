@@ -23,8 +23,9 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class Register:
     """A Spark task asks to join: its task index, incarnation (taskAttemptId), socket
-    address, process ids (for kill_node), the job's secret, and where its StateMover
-    listens (its own thread and socket; empty if it has none)."""
+    address, process ids (for kill_node), the job's secret, where its StateMover
+    listens (its own thread and socket; empty if it has none), and the machine and
+    executor it runs on (no pair on one host: issue 13)."""
 
     task: int
     inc: int
@@ -33,6 +34,8 @@ class Register:
     executor_pid: int
     secret: str
     mover_address: str = ""
+    host: str = ""
+    executor: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from flux.control_messages import (
 )
 from flux.envelope import Envelope
 from flux.errors import OperatorError
-from flux.runtime.controller_service import START_FAILURES, ControllerService
+from flux.runtime.controller_service import PENDING, START_FAILURES, ControllerService
 from flux.runtime.transport import Transport
 
 pytestmark = pytest.mark.timeout(30)
@@ -78,6 +78,20 @@ def test_a_registration_with_the_secret_is_welcomed_under_its_name(wires):
     say(service, task, Register(0, 7, task.address, 1, 2, SECRET))
     assert service.registered == {"node0": (0, 7, 1, 2)}
     assert heard(task, 1)[0] == [Welcome("node0")]
+
+
+def test_a_held_registration_is_welcomed_only_when_named_with_its_host(wires):
+    """A job names its tasks once it knows all their hosts (no pair on one host)."""
+    service, task = wires
+    service.name_for = lambda reg: PENDING
+    say(service, task, Register(0, 7, task.address, 1, 2, SECRET, "", "10.0.0.5", "exec3"))
+    assert service.registered == {} and heard(task, 0, 0.3)[0] == []
+    assert list(service.pending) == [(0, 7)]
+    service.admit(service.pending[0, 7], "node2")
+    assert service.registered == {"node2": (0, 7, 1, 2)} and service.pending == {}
+    assert service.hosts == {"node2": "10.0.0.5"}
+    service.turn(10)
+    assert heard(task, 1)[0] == [Welcome("node2")]
 
 
 def test_a_registered_task_holds_the_lease_and_says_when_it_is_built_before_the_start(wires):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from controller.placement import Placement, placement_for
+from flux.runtime.network import check_port_range, local_host
 from flux.runtime.transport import job_keys
 from flux.topology import Topology
 
@@ -40,8 +41,11 @@ class NodeConfig:
     curve: bool = True
     #: where the controller listens (known once the driver's sockets exist)
     controller: str = ""
+    #: the range (low, high) every socket's port is taken from, for firewalls; None: any
+    ports: Optional[Tuple[int, int]] = None
 
     def __post_init__(self) -> None:
+        check_port_range(self.ports)
         for name in ("heartbeat", "lease", "flush_delay", "register_timeout", "stats_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -53,6 +57,10 @@ class NodeConfig:
     def keys(self) -> Optional[Tuple[bytes, bytes]]:
         """The job's CURVE key pair, or None without authentication."""
         return job_keys(self.secret) if self.curve else None
+
+    def bind_host(self) -> str:
+        """The address this machine's sockets bind and advertise (issue 13)."""
+        return local_host("", self.controller)
 
     def placement(self) -> Placement:
         return placement_for(self.replication, self.stages, self.partitions)

@@ -46,6 +46,9 @@ from statemover.messages import TransferFailed
 
 #: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
 START_FAILURES = 3
+#: what ``name_for`` returns to hold a registration until the job names every task at
+#: once, knowing their hosts (no pair on one host: issue 13)
+PENDING = "<pending>"
 #: views kept in ``views`` (what every process was told, for debugging; issue 12: bounded)
 VIEWS_KEPT = 64
 
@@ -75,6 +78,10 @@ class ControllerService:
         self.name_for = name_for
         #: registrations (task, inc) -> (name, pid, executor pid), for kill_node and logs
         self.registered: Dict[str, tuple] = {}
+        #: registrations held (``PENDING``) until ``admit`` names them, by (task, inc)
+        self.pending: Dict[Tuple[int, int], Register] = {}
+        #: process -> the machine it runs on, as it registered
+        self.hosts: Dict[str, str] = {}
         self.started = False
         #: registered processes that said they are built and their loop turns (``Ready``)
         self.ready: set = set()
@@ -255,10 +262,19 @@ class ControllerService:
             self._send(again[0], self._welcome(again[0]), 0)
             return
         name = self.name_for(msg) if self.name_for else None
+        if name == PENDING:
+            self.pending[msg.task, msg.inc] = msg
+            return
         if name is None:
             log.warning("refused task %s attempt %s: no role for it", msg.task, msg.inc)
             return
+        self.admit(msg, name)
+
+    def admit(self, msg: Register, name: str) -> None:
+        """Task ``msg`` joins as process ``name``: welcomed, watched, announced."""
+        self.pending.pop((msg.task, msg.inc), None)
         self.registered[name] = (msg.task, msg.inc, msg.pid, msg.executor_pid)
+        self.hosts[name] = msg.host
         self.add_member(name, msg.inc, msg.address, msg.mover_address)
         if self.stopping is not None:  # a task retried as the job stops: it ends at once
             self._connect(name)
@@ -267,10 +283,12 @@ class ControllerService:
         self.last_seen[name] = self.clock()
         self._connect(name)
         self._send(name, self._welcome(name), 0)
-        log.info("%s joined: task %d, attempt %d", name, msg.task, msg.inc)
+        log.info("%s joined: task %d, attempt %d, on %s", name, msg.task, msg.inc,
+                 msg.host or "an unnamed host")
         if self.started:  # a late standby (a retried task): tell everyone where it is
             self.announce()
-            self._broadcast(self.recovery.add_standby(name, msg.inc))
+            host = msg.host if self.recovery.host_of else None
+            self._broadcast(self.recovery.add_standby(name, msg.inc, host))
 
     def _welcome(self, name: str) -> Welcome:
         """Before the start, just the name; for a process joining a running job, the

@@ -39,12 +39,14 @@ class Liveness:
 
     def __init__(self, ctx: zmq.Context, name: str, inc: int, controller_address: str,
                  interval: float, keys: Optional[Tuple[bytes, bytes]] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, host: str = "127.0.0.1",
+                 ports: Optional[Tuple[int, int]] = None):
         self.name, self.inc = name, inc
         self.interval = interval
         self.clock = clock
         self.controller_address = controller_address
-        self.transport = Transport(ctx, liveness_peer(name), inc, keys=keys)
+        self.transport = Transport(ctx, liveness_peer(name), inc, host=host, keys=keys,
+                                   ports=ports)
         self.last_turn = clock()
         #: the view the loop has applied, carried by each beat (read from the loop)
         self.view: Callable[[], int] = lambda: 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import zmq
 
@@ -41,11 +41,13 @@ def mover_peer(name: str) -> str:
 
 
 class StateMoverService:
-    def __init__(self, ctx: zmq.Context, name: str, inc: int, keys=None):
+    def __init__(self, ctx: zmq.Context, name: str, inc: int, keys=None,
+                 host: str = "127.0.0.1", ports: Optional[Tuple[int, int]] = None):
         self.name = name
         self.me = MoverAddr(name)
         # used by the thread only; ``keys``: the job's CURVE keys, as the node's own transport
-        self.transport = Transport(ctx, mover_peer(name), inc, keys=keys)
+        self.transport = Transport(ctx, mover_peer(name), inc, host=host, keys=keys,
+                                   ports=ports)
         self.address = self.transport.address
         self.addresses: Dict[str, str] = {}
         self.is_dead: Callable[[str], bool] = lambda name: False

@@ -78,7 +78,8 @@ class Transport:
     def __init__(self, ctx: zmq.Context, name: str, incarnation: int, host: str = "127.0.0.1",
                  outbox_limit: int = DEFAULT_OUTBOX, hwm: int = 10_000,
                  max_frame: int = MAX_FRAME + 1024,
-                 keys: Optional[Tuple[bytes, bytes]] = None):
+                 keys: Optional[Tuple[bytes, bytes]] = None,
+                 ports: Optional[Tuple[int, int]] = None):
         self.ctx = ctx
         self.keys = keys
         self.incarnation = incarnation
@@ -93,7 +94,14 @@ class Transport:
         if keys is not None:  # CURVE: encrypted, and only holders of the job's keys connect
             self.router.curve_server = True
             self.router.curve_publickey, self.router.curve_secretkey = keys
-        self.port = self.router.bind_to_random_port(f"tcp://{host}")
+        # on ``host``, the interface peers reach it by (issue 13; flux.runtime.network)
+        low, high = ports or (49152, 65536)
+        try:
+            self.port = self.router.bind_to_random_port(f"tcp://{host}", low, high)
+        except zmq.ZMQError as exc:
+            self.router.close()
+            raise OSError(f"{name}: cannot bind a socket on {host} in ports {low}-{high - 1}: "
+                          f"{exc}") from exc
         self.address = f"tcp://{host}:{self.port}"
         self.dealers: Dict[str, zmq.Socket] = {}
         self.monitors: Dict[zmq.Socket, str] = {}

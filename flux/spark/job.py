@@ -15,11 +15,12 @@ import secrets
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import zmq
 from pyspark import cloudpickle
 
+from controller.hosts import PlacementError, assign_hosts
 from controller.recovery import Recovery
 from flux.builder import REPLICATIONS, MachineBuilder
 from flux.control_messages import JOB_STOPPED, Register
@@ -29,12 +30,14 @@ from flux.errors import DataflowError
 from flux.host import Host
 from flux.operator import OperatorRaised, describe
 from flux.runtime.config import NodeConfig
-from flux.runtime.controller_service import ControllerService
+from flux.runtime.controller_service import PENDING, ControllerService
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
+from flux.runtime.network import local_host
 from flux.runtime.sources import peek
 from flux.runtime.transport import Transport
 from flux.spark.node_task import node_main
+from flux.spark.settings import check_settings, is_local
 from flux.topology import (
     CONTROLLER_PROCESS,
     EGRESS_PROCESS,
@@ -63,6 +66,8 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
                             f"{describe(exc)}") from exc
 
 
+#: seconds the job waits for standby tasks to register once every node task has
+STANDBY_GRACE = 3.0
 #: incarnations of the driver-side processes: never a Spark taskAttemptId (those are >= 0)
 DRIVER_INCS = {CONTROLLER_PROCESS: -3, INGRESS_PROCESS: -1, EGRESS_PROCESS: -2}
 
@@ -75,7 +80,9 @@ class FluxJob:
                  metrics_interval: float = 0.1, flush_delay: float = 0.002,
                  check_records: int = 200, authenticate: bool = True, window: int = 1024,
                  keep_output: Optional[bool] = None, metrics_port: Optional[int] = None,
-                 metrics_addr: str = "0.0.0.0"):
+                 metrics_addr: str = "0.0.0.0", driver_host: Optional[str] = None,
+                 ports: Optional[Tuple[int, int]] = None,
+                 distinct_hosts: Optional[bool] = None):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -104,7 +111,15 @@ class FluxJob:
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
             replication=replication, capacity=capacity, batch_size=batch_size, window=window,
             heartbeat=heartbeat, lease=lease, chunk_size=chunk_size, flush_delay=flush_delay,
-            secret=self.secret, curve=authenticate)
+            secret=self.secret, curve=authenticate, ports=ports)
+        #: no pair on one host (issue 13): by default, except on a local master (one
+        #: machine by construction); False allows it, for single-host development
+        self.distinct_hosts = distinct_hosts  # None: decided by ``start`` from the master
+        self._named = False  # every task named (nodes on distinct hosts), standbys after
+        self._enough_since: Optional[float] = None
+        #: where the driver's sockets (controller, ingress, egress) bind and are reached:
+        #: Spark's own driver address unless given (issue 13)
+        self.driver_host = driver_host
         #: the placement's nodes by name; incarnations are added as tasks register
         self.topology = self.config.topology()
         self.detect_after = detect_after
@@ -120,9 +135,15 @@ class FluxJob:
     def start(self, timeout: float = 120.0) -> "FluxJob":
         """Launch the nodes and return once every node registered, built its operators,
         and the data flows."""
+        check_settings(self.spark, self.nodes + self.standbys)
+        if self.distinct_hosts is None:
+            self.distinct_hosts = not is_local(self.spark.sparkContext.master)
+        self.driver_host = local_host(self.driver_host
+                                      or self.spark.conf.get("spark.driver.host", ""))
         self.ctx = zmq.Context()
         keys = self.config.keys
-        self.transports = {n: Transport(self.ctx, n, inc, keys=keys)
+        self.transports = {n: Transport(self.ctx, n, inc, host=self.driver_host, keys=keys,
+                                        ports=self.config.ports)
                            for n, inc in DRIVER_INCS.items()}
         self.controller = ControllerService(
             self.transports[CONTROLLER_PROCESS], self.detect_after, secret=self.secret,
@@ -190,12 +211,53 @@ class FluxJob:
             lambda index, _: node_main(index, config)).collect()
 
     def _name_for(self, reg: Register) -> Optional[str]:
-        """Task k's first attempt runs node k; every other attempt joins as a standby."""
+        """Until every task is named, a registration waits (``_name_tasks``); after, every
+        attempt joins as a standby. A retried task's earlier attempt is dead: forgotten."""
+        if self._named:
+            return standby_name(reg.inc)
+        pending = self.controller.pending
+        for key in [k for k in pending if k[0] == reg.task and k[1] < reg.inc]:
+            del pending[key]
+        if any(t == reg.task and i > reg.inc for t, i in pending):
+            return None  # a late message of an attempt already replaced
+        return PENDING
+
+    def _ready_to_name(self) -> bool:
+        """Every node and standby task registered, or every node and the standbys were
+        given ``STANDBY_GRACE`` seconds more (a standby's slot may come later)."""
+        waiting = len(self.controller.pending)
+        if waiting >= self.nodes + self.standbys:
+            return True
+        if waiting < self.nodes:
+            self._enough_since = None
+            return False
+        now = time.monotonic()
+        self._enough_since = self._enough_since or now
+        return now - self._enough_since >= STANDBY_GRACE
+
+    def _name_tasks(self) -> None:
+        """Name the registered tasks: the nodes such that no pair shares a host (when
+        ``distinct_hosts``; otherwise task k's attempt is node k), the others standbys."""
+        c = self.controller
+        regs = sorted(c.pending.values(), key=lambda r: (r.task, r.inc))
+        if self.distinct_hosts:
+            try:
+                chosen = assign_hosts(self.config.placement(),
+                                      [(i, r.host) for i, r in enumerate(regs)])
+            except PlacementError as exc:
+                c.error = exc
+                return
+        else:
+            chosen = dict(enumerate(range(self.nodes)))
         nodes = self.topology.nodes
-        if reg.task < len(nodes) and nodes[reg.task] not in self.controller.registered \
-                and nodes[reg.task] not in self.controller.dead:
-            return nodes[reg.task]
-        return standby_name(reg.inc)
+        for node, i in sorted(chosen.items()):
+            c.admit(regs[i], nodes[node])
+        for i in sorted(set(range(len(regs))) - set(chosen.values())):
+            c.admit(regs[i], standby_name(regs[i].inc))
+        self._named = True
+        if self.distinct_hosts:
+            log.info("nodes placed on hosts: %s", ", ".join(
+                f"{n} {c.hosts[n]}" for n in nodes))
 
     def _run_controller(self) -> None:
         """The only thread that touches the controller's socket."""
@@ -209,8 +271,11 @@ class FluxJob:
                 c.started = False  # stopped workers fall silent on purpose: no detection
                 told = True
             elif not told and not c.started:
-                # two steps: every node registered -> where everyone listens (a node builds
-                # its operators once it knows); every node built (Ready) -> the data starts
+                # three steps: every task registered -> named (no pair on a host); every
+                # node named -> where everyone listens (a node builds its operators once it
+                # knows); every node built (Ready) -> the data starts
+                if not self._named and self._ready_to_name():
+                    self._name_tasks()
                 if not announced and all(n in c.registered for n in nodes):
                     c.announce()
                     announced = True
@@ -225,7 +290,7 @@ class FluxJob:
         c = self.controller
         standbys = [n for n in c.registered if n not in self.topology.index_of]
         self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
-        c.begin(Recovery(topology))
+        c.begin(Recovery(topology, dict(c.hosts) if self.distinct_hosts else None))
         log.info("every node is built (%s; standbys %s): the data starts",
                  ", ".join(topology.nodes), ", ".join(standbys) or "none")
         # what the driver built so far (Spark's and py4j's objects, the dataflow) lives as

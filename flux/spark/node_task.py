@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -44,6 +45,7 @@ from flux.runtime.config import NodeConfig
 from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
+from flux.runtime.network import is_loopback, split_tcp
 from flux.runtime.transport import Transport
 from flux.segment import StreamedSegment
 
@@ -59,6 +61,19 @@ def executor_pid() -> int:
         return 0
 
 
+def machine_name(address: str) -> str:
+    """The machine a node runs on, as placement compares them: its advertised address
+    (two executors of one machine advertise the same one), or the machine's name when
+    that is loopback (one machine: the placement check then sees a single host)."""
+    host = split_tcp(address)[0]
+    return socket.gethostname() if is_loopback(host) else host
+
+
+def executor_id() -> str:
+    """The executor the task runs in (Spark's id where the worker sees it, else its JVM)."""
+    return os.environ.get("SPARK_EXECUTOR_ID") or f"jvm{executor_pid()}"
+
+
 def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
     from pyspark import TaskContext
 
@@ -66,7 +81,8 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
     inc = ctx_task.taskAttemptId() if ctx_task is not None else os.getpid()
     ctx = zmq.Context()
     keys = config.keys
-    transport = Transport(ctx, f"w{inc}", inc, keys=keys)
+    bind = dict(host=config.bind_host(), ports=config.ports)  # where peers reach us
+    transport = Transport(ctx, f"w{inc}", inc, keys=keys, **bind)
     try:
         transport.connect(CONTROLLER.name, config.controller)
         me0 = ProcAddr(f"w{inc}")
@@ -78,7 +94,7 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
                 task, inc, reason, config.secret), inc, None))
             transport.close(linger_ms=2000)  # the report leaves before Spark sees the error
             raise
-        mover = StateMoverService(ctx, f"w{inc}", inc, keys)  # its socket exists from now on
+        mover = StateMoverService(ctx, f"w{inc}", inc, keys, **bind)  # its socket exists now
         try:
             return run_node(task, inc, config, dataflow, transport, mover, me0, spares)
         finally:
@@ -93,7 +109,7 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     """Register, build the node, start its StateMover service, run until told to stop."""
     register = Envelope(me0, CONTROLLER, 0, Register(
         task, inc, transport.address, os.getpid(), executor_pid(), config.secret,
-        mover.address), inc, None)
+        mover.address, machine_name(transport.address), executor_id()), inc, None)
     joined = join(transport, register, config.register_timeout)
     if joined is None:
         return iter([(task, inc, "stopped before start")])
@@ -102,7 +118,8 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     # heartbeats from a thread of their own: a long step of the loop is not a death (issue 11)
     # it beats from now on: building the segments (big operators) takes time too
     liveness = Liveness(transport.ctx, name, inc, config.controller, config.heartbeat,
-                        config.keys)
+                        config.keys, host=split_tcp(transport.address)[0],
+                        ports=config.ports)
     built: List[HostLoop] = []
     liveness.start(lambda: built[0].host.view if built else welcome.view)
     try:

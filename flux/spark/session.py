@@ -1,4 +1,5 @@
-"""A SparkSession on an embedded local-cluster, set up for Flux nodes (SPARK_NOTES).
+"""SparkSessions set up for Flux nodes: an embedded local-cluster (SPARK_NOTES), or
+a cluster of your own (``cluster_session``: standalone, YARN, Kubernetes).
 
 Each executor is a separate JVM (a "machine" that can be killed); tasks are
 long-running nodes, retried forever (the library, not Spark, decides when a
@@ -16,7 +17,9 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Iterator
+from typing import Dict, Iterator, Optional
+
+from flux.spark.settings import REQUIRED_CONF
 
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -30,11 +33,10 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
     from pyspark.sql import SparkSession
 
     jvm = f"{JVM_OPTIONS} -Djava.io.tmpdir={tmp_dir}"
-    spark = (SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
-             .appName(app_name)
-             .config("spark.task.maxFailures", "1000")
-             .config("spark.excludeOnFailure.enabled", "false")
-             .config("spark.deploy.maxExecutorRetries", "-1")
+    builder = SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
+    for key, value in REQUIRED_CONF.items():
+        builder = builder.config(key, value)
+    spark = (builder.appName(app_name)
              .config("spark.executor.extraJavaOptions", jvm)
              .config("spark.driver.extraJavaOptions", jvm)
              .config("spark.local.dir", tmp_dir)
@@ -53,6 +55,25 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
         time.sleep(0.2)
     # Warm every executor's Python daemon so a retried task starts at once.
     sc.parallelize(range(executors * 2), executors * 2).map(lambda x: x).collect()
+    return spark
+
+
+def cluster_session(master: str, app_name: str = "flux", conf: Optional[Dict[str, str]] = None):
+    """A session on a cluster of your own (``spark://host:7077``, ``yarn``,
+    ``k8s://...``) with the settings a Flux job needs (``flux.spark.settings``): task
+    retries without end, no exclusion on failure, no dynamic allocation, no speculation.
+    ``conf`` adds or overrides settings (executors, cores, memory, where the operators'
+    code is: ``spark.submit.pyFiles``). Under ``spark-submit`` the master and most
+    settings come from its command line; this only adds what Flux needs."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {**REQUIRED_CONF, "spark.executorEnv.PYTHONHASHSEED": "0",
+                "spark.ui.showConsoleProgress": "false", **(conf or {})}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    quiet_task_failures(spark)
     return spark
 
 
