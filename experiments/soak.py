@@ -305,8 +305,8 @@ def plot(rows, summary, path, names) -> None:
     lat.legend(fontsize=7)
     for key in ("input_rate_tps", "output_rate_tps"):
         rate.plot(t, [r[key] for r in rows], lw=1, label=key.replace("_", " "))
-    drops = [b["dropped"] - a["dropped"] for a, b in zip(rows, rows[1:])]
-    rate.plot(t[1:], drops, lw=1, color="tab:red", label="dropped per sample")
+    drops = [(b["dropped"] - a["dropped"]) / (b["t_s"] - a["t_s"]) for a, b in zip(rows, rows[1:])]
+    rate.plot(t[1:], drops, lw=1, color="tab:red", label="dropped inputs/s")
     rate.set_ylabel("tuples/s")
     rate.set_xlabel("minutes")
     rate.legend(fontsize=7)
