@@ -7,7 +7,7 @@ import time
 import pytest
 import zmq
 
-from flux.addresses import CONTROLLER, ProcAddr
+from flux.addresses import CONTROLLER, Addr, ProcAddr
 from flux.control_messages import (
     Failed,
     Heartbeat,
@@ -365,5 +365,49 @@ def test_a_node_that_stops_on_its_own_says_why_and_is_failed_at_once():
         assert service.dead == {"node2"} and service.error is None
     finally:
         node.close()
+        ctl.close()
+        ctx.term()
+
+
+def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard():
+    """A cut link heals after the node was declared dead (issue 13): its reports are not
+    acted on, and it is told to stop, so that its task ends and rejoins as a standby."""
+    from controller.placement import ChainedDeclustering
+    from controller.recovery import Recovery
+    from flux.control_messages import FoldedIn
+    from flux.topology import Topology
+
+    ctx = zmq.Context()
+    ctl = Transport(ctx, "controller", -3)
+    zombie = Transport(ctx, "node2", 12)
+    others = Transport(ctx, "others", 1)  # listens for the live ones: no connection drops
+    zombie.connect("controller", ctl.address)
+    nodes = [f"node{k}" for k in range(4)]
+    incs = {**{n: 10 + k for k, n in enumerate(nodes)}, "standby0": 20}
+    service = ControllerService(ctl, timeout=5.0)
+    for n in nodes + ["standby0"]:
+        service.add_member(n, incs[n], zombie.address if n == "node2" else others.address)
+    service.begin(Recovery(Topology(ChainedDeclustering(2, 4), 2, 4, incs, ["standby0"])))
+    try:
+        service.fail("node2", "silent for 5.2s")
+        attempts = {a: at.version for a, at in service.recovery.attempts.items()}
+        views = len(service.views)
+        for msg in (Heartbeat(0.0), FoldedIn(Addr(1, 3, 0), Addr(1, 2, 0), 1), Heartbeat(0.0)):
+            zombie.send("controller", Envelope(ProcAddr("node2"), CONTROLLER, 0, msg, 12))
+        deadline = time.monotonic() + 5
+        stops = []
+        while not stops and time.monotonic() < deadline:
+            zombie.flush()
+            service.turn(10)
+            stops = [e.msg for e in zombie.poll(10)[0] if isinstance(e.msg, Stop)]
+        assert stops and stops[0].reason == "fenced: declared dead (silent for 5.2s)"
+        assert len(service.views) == views  # its report changed nothing
+        assert {a: at.version for a, at in service.recovery.attempts.items()} == attempts
+        assert "node2" not in service.last_seen
+        assert [e[2] for e in service.events if e[1] == "zombie told to stop"] == ["node2"]
+        assert service.error is None and service.dead == {"node2"}
+    finally:
+        others.close()
+        zombie.close()
         ctl.close()
         ctx.term()

@@ -106,6 +106,7 @@ class ControllerService:
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
+        self._told_fenced: Dict[str, float] = {}  # dead process -> when last told to stop
         #: live node -> (when, its last NodeStats), for the metrics endpoint (issue 12)
         self.node_stats: Dict[str, Tuple[float, NodeStats]] = {}
         self.views: Deque[View] = deque(maxlen=VIEWS_KEPT)  # the last views, for debugging
@@ -142,6 +143,9 @@ class ControllerService:
         self._discount_own_stall(now, timeout_ms / 1000)
         for env in envelopes:
             name = env.src.name if isinstance(env.src, ProcAddr) else None
+            if name in self.dead and not isinstance(env.msg, (Register, Failed, Stopping)):
+                self._tell_fenced(name, now)  # a zombie: cut off, declared dead, back
+                continue
             if name in self.last_seen:
                 self.last_seen[name] = now
             if isinstance(env.msg, Register):
@@ -191,6 +195,18 @@ class ControllerService:
             if silent > self.timeout and (silent > self.last_replica_timeout
                                           or not self.recovery.holds_last_replica(name)):
                 self.fail(name, f"silent for {silent:.3f}s")
+
+    def _tell_fenced(self, name: str, now: float) -> None:
+        """A process declared dead speaks again (its link was cut and healed, or it was
+        only slow): nothing it says is acted on, and it is told to stop (at most once a
+        second), so its task fails and Spark re-runs it as a fresh standby (DESIGN 6)."""
+        if now - self._told_fenced.get(name, float("-inf")) < 1.0:
+            return
+        self._told_fenced[name] = now
+        log.warning("%s, declared dead (%s), is alive: told to stop", name,
+                    self.why_dead.get(name, "?"))
+        self.events.append((now, "zombie told to stop", name))
+        self._send(name, Stop(f"fenced: declared dead ({self.why_dead.get(name, '?')})"), 0)
 
     def on_stopping(self, name: str, reason: str) -> None:
         """A node says it ends on its own: its reason goes in the driver's log, and it is
