@@ -223,11 +223,11 @@ CODECS: Dict[str, _Codec] = {
                                                             _seconds(t, "seconds")))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
-                                      m.mover_address, m.host, m.executor],
-                 _arity(9, lambda t, i, a, p, e, s, ma, h, x: Register(
+                                      m.mover_address, m.host, m.executor, m.boot],
+                 _arity(10, lambda t, i, a, p, e, s, ma, h, x, b: Register(
                      _int(t, "task"), _int(i, "inc"), _str(a, "address"), _int(p, "pid"),
                      _int(e, "executor pid"), _str(s, "secret"), _str(ma, "mover address"),
-                     _str(h, "host"), _str(x, "executor")))),
+                     _str(h, "host"), _str(x, "executor"), _str(b, "boot")))),
     "welcome": (Welcome, lambda m: [m.name, m.view, [[list(a), n] for a, n in m.where],
                                     list(m.dead_incs)],
                 _arity(4, lambda n, v, w, d: Welcome(

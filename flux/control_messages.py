@@ -24,8 +24,9 @@ class Heartbeat:
 class Register:
     """A Spark task asks to join: its task index, incarnation (taskAttemptId), socket
     address, process ids (for kill_node), the job's secret, where its StateMover
-    listens (its own thread and socket; empty if it has none), and the machine and
-    executor it runs on (no pair on one host: issue 13)."""
+    listens (its own thread and socket; empty if it has none), the machine and
+    executor it runs on (no pair on one host: issue 13), and its kernel's boot id (its
+    process ids mean something only to a process under the same kernel)."""
 
     task: int
     inc: int
@@ -36,6 +37,7 @@ class Register:
     mover_address: str = ""
     host: str = ""
     executor: str = ""
+    boot: str = ""
 
 
 @dataclass(frozen=True, slots=True)

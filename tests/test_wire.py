@@ -56,7 +56,7 @@ MESSAGES = [
     View(5), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),
     Register(2, 41, "tcp://127.0.0.1:5000", 123, 99, "s3cret", "tcp://127.0.0.1:5002"),
     Register(2, 41, "tcp://10.1.0.7:5000", 123, 99, "s3cret", "tcp://10.1.0.7:5002", "10.1.0.7",
-             "exec-3"),
+             "exec-3", "6c1c9a52-2d7e-4b0e-9a7e-1f0e2d3c4b5a"),
     Welcome("standby41", 3, ((Addr(1, 0, 0), "node1"),), (7, 8)),
     Members((("node0", "tcp://127.0.0.1:5001", 40),)),
     Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),

@@ -80,8 +80,9 @@ class ControllerService:
         self.registered: Dict[str, tuple] = {}
         #: registrations held (``PENDING``) until ``admit`` names them, by (task, inc)
         self.pending: Dict[Tuple[int, int], Register] = {}
-        #: process -> the machine it runs on, as it registered
+        #: process -> the machine it runs on, and its kernel's boot id, as it registered
         self.hosts: Dict[str, str] = {}
+        self.boots: Dict[str, str] = {}
         self.started = False
         #: registered processes that said they are built and their loop turns (``Ready``)
         self.ready: set = set()
@@ -291,6 +292,7 @@ class ControllerService:
         self.pending.pop((msg.task, msg.inc), None)
         self.registered[name] = (msg.task, msg.inc, msg.pid, msg.executor_pid)
         self.hosts[name] = msg.host
+        self.boots[name] = msg.boot
         self.add_member(name, msg.inc, msg.address, msg.mover_address)
         if self.stopping is not None:  # a task retried as the job stops: it ends at once
             self._connect(name)

@@ -75,6 +75,15 @@ def local_host(configured: str = "", controller: str = "") -> str:
     return LOOPBACK
 
 
+def boot_id() -> str:
+    """This kernel's boot id: process ids name the same processes only under one kernel."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def is_loopback(address: str) -> bool:
     try:
         return ipaddress.ip_address(address).is_loopback

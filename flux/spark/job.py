@@ -33,7 +33,7 @@ from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import PENDING, ControllerService
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
-from flux.runtime.network import local_host
+from flux.runtime.network import boot_id, local_host
 from flux.runtime.sources import peek
 from flux.runtime.transport import Transport
 from flux.spark.node_task import node_main
@@ -369,6 +369,10 @@ class FluxJob:
         (a machine crash)."""
         if how not in ("worker", "executor"):
             raise ValueError(f"how must be 'worker' or 'executor', got {how!r}")
+        boot = self.controller.boots.get(name, "")
+        if boot and boot != boot_id():
+            raise RuntimeError(f"{name} runs on {self.controller.hosts.get(name)}, under another "
+                               f"kernel: kill_node signals processes of this machine only")
         pid, jvm = self.controller.pids(name)
         log.warning("killing %s: SIGKILL to its %s (pid %d)", name,
                     "Python worker" if how == "worker" else "executor JVM",

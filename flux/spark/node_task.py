@@ -45,7 +45,7 @@ from flux.runtime.config import NodeConfig
 from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
-from flux.runtime.network import is_loopback, split_tcp
+from flux.runtime.network import boot_id, is_loopback, split_tcp
 from flux.runtime.transport import Transport
 from flux.segment import StreamedSegment
 
@@ -109,7 +109,7 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     """Register, build the node, start its StateMover service, run until told to stop."""
     register = Envelope(me0, CONTROLLER, 0, Register(
         task, inc, transport.address, os.getpid(), executor_pid(), config.secret,
-        mover.address, machine_name(transport.address), executor_id()), inc, None)
+        mover.address, machine_name(transport.address), executor_id(), boot_id()), inc, None)
     joined = join(transport, register, config.register_timeout)
     if joined is None:
         return iter([(task, inc, "stopped before start")])
