@@ -17,6 +17,7 @@ Times are seconds since the data started to flow.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import pathlib
@@ -49,8 +50,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=None, help="seconds of input (default 40)")
     ap.add_argument("--kill-at", type=float, default=None,
                     help="seconds after the start (default: half the duration)")
-    ap.add_argument("--kill", choices=("worker", "executor"), default="worker",
-                    help="kill the node's Python worker (process crash) or its executor JVM")
+    ap.add_argument("--kill", choices=("worker", "executor", "host", "cut"), default="worker",
+                    help="kill the node's Python worker (process crash) or its executor JVM; "
+                         "with --hosts also: every process of its host, or cut its host off "
+                         "silently (healed once the output is complete)")
+    ap.add_argument("--hosts", type=int, default=0,
+                    help="run on the multi-host rig (a Spark standalone cluster, a network "
+                         "namespace per host; needs root) instead of a local-cluster")
     ap.add_argument("--victim", default="node1")
     ap.add_argument("--rate", type=float, default=20_000.0, help="input packets per second")
     ap.add_argument("--max-rate", action="store_true",
@@ -73,12 +79,33 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--rate must be > 0")
     if args.state_mb < 0:
         ap.error("--state-mb must be >= 0")
+    if args.kill in ("host", "cut") and not args.hosts:
+        ap.error(f"--kill {args.kill} needs --hosts (the rig)")
+    if args.hosts and args.hosts < args.nodes + args.standbys:
+        ap.error(f"--hosts must be >= nodes + standbys ({args.nodes + args.standbys}): "
+                 f"one task slot per host")
     if args.victim not in {node_name(k) for k in range(args.nodes)}:
         ap.error(f"--victim must be one of node0..node{args.nodes - 1}")
     return args
 
 
-def _watch(job, args, expected: int) -> None:
+def fail_victim(job, args, rig) -> None:
+    """The fault: a process or executor killed, or (on the rig) the victim's host killed
+    whole or cut off silently."""
+    if args.kill in ("worker", "executor"):
+        job.kill_node(args.victim, args.kill)
+        return
+    host = next(i for i, h in enumerate(rig.hosts)
+                if h.address == job.controller.hosts.get(args.victim))
+    job.metrics.events.append((time.monotonic(), "killed",
+                               f"{args.victim} ({args.kill} {rig.hosts[host].name})"))
+    if args.kill == "host":
+        rig.kill_host(host)
+    else:
+        rig.cut(host)
+
+
+def _watch(job, args, expected: int, rig=None) -> None:
     """Show progress; kill the victim on time; return when the output is complete and
     the pair is rebuilt."""
     m, killed = job.metrics, False
@@ -91,7 +118,7 @@ def _watch(job, args, expected: int) -> None:
             bar.set_postfix_str(f"out={m.output_total}/{expected} "
                                 f"{'killed ' + args.victim if killed else ''}")
             if not killed and m.t0 is not None and now >= args.kill_at:
-                job.kill_node(args.victim, args.kill)
+                fail_victim(job, args, rig)
                 killed = True
             if killed and job.finished() and rec().completed and not rec().pending():
                 break
@@ -220,12 +247,26 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     records = packet_workload(n, seed=args.seed, pairs=PAIRS, apps=APPS, sources=SOURCES)
     dataflow = ballast_paper_dataflow(args.state_mb) if args.state_mb else paper_dataflow()
     expected = reference_output(dataflow, records, args.nodes)
-    print(f"starting a local-cluster of {args.nodes + args.standbys + 1} executors ...", flush=True)
-    with local_cluster(args.nodes + args.standbys + 1) as spark:
+    with contextlib.ExitStack() as stack:
+        rig = None
+        if args.hosts:
+            from flux.spark.rig import Rig
+
+            print(f"starting the rig: a standalone cluster of {args.hosts} hosts ...", flush=True)
+            rig = stack.enter_context(Rig(args.hosts))
+            spark = rig.session("flux-failover")
+        else:
+            print(f"starting a local-cluster of {args.nodes + args.standbys + 1} executors ...",
+                  flush=True)
+            spark = stack.enter_context(local_cluster(args.nodes + args.standbys + 1))
         source = records if args.max_rate else RateLimited(records, args.rate)
         job = FluxJob(spark, dataflow, source, nodes=args.nodes, standbys=args.standbys)
         with job:
-            _watch(job, args, len(expected))
+            _watch(job, args, len(expected), rig)
+            if rig is not None:
+                for i, h in enumerate(rig.hosts):
+                    if h.cut:
+                        rig.heal(i)
     same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
     summary = summarize(job, args, same, len(expected))
     write(job, summary, pathlib.Path(args.out))

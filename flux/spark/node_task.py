@@ -70,8 +70,12 @@ def machine_name(address: str) -> str:
 
 
 def executor_id() -> str:
-    """The executor the task runs in (Spark's id where the worker sees it, else its JVM)."""
-    return os.environ.get("SPARK_EXECUTOR_ID") or f"jvm{executor_pid()}"
+    """The executor the task runs in: Spark's id, which a Python worker sees only in its
+    log URL (SPARK_NOTES), else the executor JVM's process id."""
+    url = os.environ.get("SPARK_LOG_URL_STDERR", "")
+    if "executorId=" in url:
+        return url.split("executorId=", 1)[1].split("&", 1)[0]
+    return f"jvm{executor_pid()}"
 
 
 def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:

@@ -1,0 +1,312 @@
+"""A Spark standalone cluster of several "hosts" on one machine (issue 13, DESIGN 6).
+
+Each host is a Linux network namespace of its own with one address on a
+bridge the rig creates, and runs a standalone Worker, so its executors and
+their Python workers see only that host's network: a node binds and
+advertises that address, its pair partner lives behind another one, and a
+host can be cut off silently (its link set down: no FIN, no RST, its
+processes stay alive) or killed whole. The master and the driver run in the
+machine's own namespace, on the bridge's address. Everything the rig starts
+is stopped by process id, and every namespace and link it made is removed, on
+exit, when its body raised, or when the interpreter exits. Needs root and
+iproute2 (``RigUnavailable`` says which is missing).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from flux.spark.session import JVM_OPTIONS, driver_python_path, quiet_task_failures
+from flux.spark.settings import REQUIRED_CONF
+
+log = logging.getLogger(__name__)
+
+
+class RigUnavailable(RuntimeError):
+    """This machine cannot build a rig (not root, no iproute2, no Java)."""
+
+
+@dataclass
+class RigHost:
+    name: str
+    namespace: str
+    address: str
+    link: str  # the bridge's end of the host's cable (set down to cut it)
+    worker: Optional[subprocess.Popen] = None
+    cut: bool = False
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_rig_possible() -> None:
+    if os.geteuid() != 0:
+        raise RigUnavailable("the rig needs root (network namespaces)")
+    if shutil.which("ip") is None:
+        raise RigUnavailable("the rig needs iproute2's `ip`")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise RigUnavailable("the rig needs Java for Spark")
+
+
+class Rig:
+    """``with Rig(hosts=5) as rig: spark = rig.session("app")``; faults: ``kill_host``,
+    ``cut``, ``heal``, ``restart_worker``."""
+
+    def __init__(self, hosts: int, cores: int = 1, memory_mb: int = 768,
+                 ready_timeout: float = 120.0):
+        if hosts < 1:
+            raise ValueError(f"a rig needs at least one host, got {hosts}")
+        self.count, self.cores, self.memory_mb = hosts, cores, memory_mb
+        self.ready_timeout = ready_timeout
+        self.id = f"{os.getpid() % 10000:04d}{random.randrange(100):02d}"
+        self.hosts: List[RigHost] = []
+        self.bridge = f"flxbr{self.id}"
+        self.address = ""
+        self.master: Optional[subprocess.Popen] = None
+        self.master_url = ""
+        self.webui = 0
+        self.tmp = ""
+        self.spark = None
+        self._made_bridge = False
+        self._namespaces: List[str] = []
+
+    # -- life cycle ----------------------------------------------------------------
+    def __enter__(self) -> "Rig":
+        check_rig_possible()
+        atexit.register(self.close)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _subnet(self) -> str:
+        used = _ip("-4", "route").stdout + _ip("-4", "addr").stdout
+        for third in random.sample(range(1, 255), 254):
+            prefix = f"10.213.{third}."
+            if prefix not in used:
+                return prefix
+        raise RigUnavailable("no free 10.213.x.0/24 subnet for the rig's bridge")
+
+    def _build(self) -> None:
+        started = time.monotonic()
+        self.tmp = tempfile.mkdtemp(prefix=f"flux-rig-{self.id}-")
+        prefix = self._subnet()
+        self.address = prefix + "1"
+        _ip("link", "add", self.bridge, "type", "bridge")
+        self._made_bridge = True
+        _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i in range(self.count):
+            ns, link = f"flx{self.id}h{i}", f"flx{self.id}v{i}"
+            _ip("netns", "add", ns)
+            self._namespaces.append(ns)
+            host = RigHost(f"host{i}", ns, f"{prefix}{10 + i}", link)
+            _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", link, "master", self.bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "route", "add", "default", "via", self.address)
+            self.hosts.append(host)
+        port, self.webui = _free_port(), _free_port()
+        self.master_url = f"spark://{self.address}:{port}"
+        self.master = self._spark_class(
+            "master", ["org.apache.spark.deploy.master.Master", "--host", self.address,
+                       "--port", str(port), "--webui-port", str(self.webui)])
+        self._wait(lambda: self._master_state() is not None, "the master")
+        for i in range(self.count):
+            self.restart_worker(i, wait=False)
+        self._wait(lambda: self.alive_workers() >= self.count, f"{self.count} workers")
+        log.info("rig up: %d hosts on %s in %.1fs", self.count, self.bridge,
+                 time.monotonic() - started)
+
+    def _env(self, **extra: str) -> Dict[str, str]:
+        env = dict(os.environ)
+        env.update(SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS, SPARK_DAEMON_MEMORY="256m",
+                   PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=self.tmp,
+                   SPARK_LOCAL_DIRS=self.tmp, PYTHONHASHSEED="0", **extra)
+        return env
+
+    def _spark_class(self, what: str, args: List[str], namespace: str = "",
+                     **env: str) -> subprocess.Popen:
+        cmd = ["spark-class", *args]
+        if namespace:
+            cmd = ["ip", "netns", "exec", namespace, *cmd]
+        out = open(os.path.join(self.tmp, f"{what}.log"), "ab")
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env=self._env(**env), start_new_session=True)
+
+    def restart_worker(self, i: int, wait: bool = True) -> None:
+        """Start host ``i``'s Worker (again, after ``kill_host``: the machine rebooted)."""
+        host = self.hosts[i]
+        work = os.path.join(self.tmp, host.name)
+        os.makedirs(work, exist_ok=True)
+        before = self.alive_workers() if wait else 0
+        host.worker = self._spark_class(
+            f"worker-{host.name}",
+            ["org.apache.spark.deploy.worker.Worker", "--host", host.address,
+             "--cores", str(self.cores), "--memory", f"{self.memory_mb}m",
+             "--work-dir", work, self.master_url],
+            namespace=host.namespace, SPARK_LOCAL_IP=host.address, SPARK_WORKER_DIR=work)
+        if wait:
+            self._wait(lambda: self.alive_workers() > before, f"{host.name}'s worker")
+
+    def _master_state(self) -> Optional[dict]:
+        try:
+            with urllib.request.urlopen(f"http://{self.address}:{self.webui}/json/",
+                                        timeout=2) as r:
+                return json.load(r)
+        except (OSError, ValueError):
+            return None
+
+    def alive_workers(self) -> int:
+        state = self._master_state() or {}
+        return sum(w.get("state") == "ALIVE" for w in state.get("workers", []))
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while not ready():
+            if self.master is not None and self.master.poll() is not None:
+                raise RigUnavailable(f"the Spark master exited; see {self.tmp}/master.log")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not come up within {self.ready_timeout:.0f}s "
+                                   f"(logs in {self.tmp})")
+            time.sleep(0.2)
+
+    def session(self, app_name: str = "flux-rig", **conf: str):
+        """A SparkSession on the rig, one executor per host, set up for Flux nodes; it
+        returns once every host's executor has registered."""
+        from pyspark.sql import SparkSession
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        jvm = f"{JVM_OPTIONS} -Djava.io.tmpdir={self.tmp}"
+        settings = {**REQUIRED_CONF,
+                    "spark.driver.host": self.address, "spark.driver.bindAddress": self.address,
+                    "spark.executor.cores": str(self.cores),
+                    "spark.executor.memory": f"{self.memory_mb - 256}m",
+                    "spark.cores.max": str(self.cores * self.count),
+                    "spark.executor.extraJavaOptions": jvm,
+                    "spark.driver.extraJavaOptions": jvm,
+                    "spark.executorEnv.PYTHONHASHSEED": "0",
+                    "spark.executorEnv.PYTHONPATH": driver_python_path(),
+                    "spark.local.dir": self.tmp, "spark.ui.enabled": "false",
+                    "spark.ui.showConsoleProgress": "false", **conf}
+        builder = SparkSession.builder.master(self.master_url).appName(app_name)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        self.spark = builder.getOrCreate()
+        quiet_task_failures(self.spark)
+        sc = self.spark.sparkContext
+        self._wait(lambda: sc._jsc.sc().getExecutorMemoryStatus().size() - 1 >= self.count,
+                   f"{self.count} executors")
+        n = self.count * self.cores
+        sc.parallelize(range(n), n).map(lambda x: x).collect()  # warm the Python daemons
+        return self.spark
+
+    # -- faults --------------------------------------------------------------------
+    def pids(self, i: int) -> List[int]:
+        out = _ip("netns", "pids", self.hosts[i].namespace, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def kill_host(self, i: int) -> None:
+        """Every process of host ``i`` dies at once (a crashed machine whose kernel closes
+        its connections)."""
+        log.warning("rig: killing every process of %s", self.hosts[i].name)
+        for pid in self.pids(i):
+            _signal(pid, signal.SIGKILL)
+
+    def cut(self, i: int) -> None:
+        """Host ``i``'s cable is cut: nothing in or out, no FIN, its processes run on."""
+        log.warning("rig: cutting %s off", self.hosts[i].name)
+        _ip("link", "set", self.hosts[i].link, "down")
+        self.hosts[i].cut = True
+
+    def heal(self, i: int) -> None:
+        log.warning("rig: %s is back on the network", self.hosts[i].name)
+        _ip("link", "set", self.hosts[i].link, "up")
+        self.hosts[i].cut = False
+
+    def host_of_address(self, address: str) -> Optional[RigHost]:
+        host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+        return next((h for h in self.hosts if h.address == host), None)
+
+    # -- teardown ------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the session and every process, remove namespaces, links and files."""
+        if self.spark is not None:
+            try:
+                self.spark.stop()
+            except Exception:  # noqa: BLE001 - the rest must go whatever happened
+                log.exception("rig: stopping the session failed")
+            self.spark = None
+        procs = [h.worker for h in self.hosts if h.worker is not None] + \
+            ([self.master] if self.master is not None else [])
+        for p in procs:
+            _signal(p.pid, signal.SIGTERM)
+        for i in range(len(self.hosts)):
+            for pid in self.pids(i):
+                _signal(pid, signal.SIGKILL)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _signal(p.pid, signal.SIGKILL)
+                p.wait(timeout=5)
+        deadline = time.monotonic() + 10  # executors forked late: none may outlive the rig
+        while time.monotonic() < deadline:
+            left = [pid for i in range(len(self.hosts)) for pid in self.pids(i)]
+            if not left:
+                break
+            for pid in left:
+                _signal(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        self.master = None
+        for h in self.hosts:
+            h.worker = None
+        for ns in self._namespaces:
+            _ip("netns", "del", ns, check=False)
+        self._namespaces = []
+        deadline = time.monotonic() + 10  # a namespace's links go once its last process has
+        while any(h.link in _ip("link").stdout for h in self.hosts) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for h in self.hosts:
+            _ip("link", "del", h.link, check=False)
+        if self._made_bridge:
+            _ip("link", "del", self.bridge, check=False)
+            self._made_bridge = False
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = ""
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
