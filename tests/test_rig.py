@@ -1,0 +1,147 @@
+"""Across hosts (issue 13), on the rig: a Spark standalone cluster whose workers are
+hosts of their own (network namespaces on a bridge). A host cut off silently is
+detected and masked and, when it comes back, fenced; a host killed whole is masked;
+no pair ever shares a host; the rig leaves nothing behind (slow: Spark, root)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from flux.examples import paper_dataflow
+from flux.operator import wire_form
+from flux.reference import reference_output
+from flux.runtime.sources import RateLimited
+from flux.workload import packet_workload
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the rig needs root (namespaces)")]
+
+HOSTS, NODES, STANDBYS, RATE = 5, 4, 1, 2000.0
+
+
+@pytest.fixture(scope="module")
+def rig():
+    from flux.spark.rig import Rig
+
+    with Rig(HOSTS) as rig:
+        rig.session("flux-rig-tests")
+        yield rig
+
+
+def host_index(rig, job, name: str) -> int:
+    return next(i for i, h in enumerate(rig.hosts) if h.address == job.controller.hosts[name])
+
+
+def run_with_a_fault(rig, fault, seconds: float = 12.0, at: float = 5.0):
+    """A job of the paper's dataflow at RATE on the rig; ``fault(job)`` at ``at`` s; the
+    job's output, its reference and the job (stopped)."""
+    from flux.spark.job import FluxJob
+
+    records = packet_workload(int(RATE * seconds), seed=5, pairs=5000, apps=10, sources=200)
+    dataflow = paper_dataflow()
+    expected = reference_output(dataflow, records, NODES)
+    feed = RateLimited(records, RATE)
+    job = FluxJob(rig.spark, dataflow, feed, nodes=NODES, standbys=STANDBYS)
+    with job:
+        job.wait_until(lambda: job.metrics.t0 is not None
+                       and time.monotonic() - job.metrics.t0 >= at, 60)
+        after = fault(job)
+        output = job.wait(timeout=180)
+        rec = job.controller.recovery
+        assert job.wait_until(lambda: rec.completed and not rec.pending(), 60)
+        if after is not None:
+            after(job)
+    assert feed.dropped == 0
+    return output, expected, job
+
+
+def pairs_on_distinct_hosts(job) -> bool:
+    hosts = job.controller.hosts
+    nodes = job.topology.nodes
+    return all(hosts[nodes[k]] != hosts[nodes[(k + 1) % len(nodes)]] for k in range(len(nodes)))
+
+
+@pytest.mark.timeout(300)
+def test_every_host_is_a_machine_of_its_own_with_a_routable_address(rig):
+    def where(index, _):
+        import os
+
+        yield os.environ.get("SPARK_LOCAL_IP"), os.stat("/proc/self/ns/net").st_ino
+
+    seen = rig.spark.sparkContext.parallelize(range(HOSTS), HOSTS) \
+        .mapPartitionsWithIndex(where).collect()
+    addresses = {a for a, _ in seen}
+    assert addresses == {h.address for h in rig.hosts} and "127.0.0.1" not in addresses
+    assert len({ns for _, ns in seen}) == HOSTS
+    assert os.stat("/proc/self/ns/net").st_ino not in {ns for _, ns in seen}
+
+
+@pytest.mark.timeout(400)
+def test_a_host_cut_off_silently_is_masked_and_fenced_when_it_comes_back(rig):
+    victim: dict = {}
+
+    def cut(job):
+        assert pairs_on_distinct_hosts(job)
+        victim["i"] = host_index(rig, job, "node1")
+        rig.cut(victim["i"])
+        assert job.wait_until(lambda: "node1" in job.controller.dead, 10)
+        time.sleep(1.0)  # cut for longer than the detection, shorter than the lease
+        rig.heal(victim["i"])
+        return rejoined
+
+    def rejoined(job):
+        """The node heard it is dead, its task failed, and its retry joined as a standby
+        on the host it was on."""
+        host = rig.hosts[victim["i"]].address
+        c = job.controller
+        assert job.wait_until(lambda: any(
+            n.startswith("standby") and c.hosts.get(n) == host and n not in c.dead
+            for n in c.registered), 60)
+
+    output, expected, job = run_with_a_fault(rig, cut)
+    assert [wire_form(x) for x in output] == [wire_form(x) for x in expected]
+    events = job.metrics.events
+    assert [d for _, what, d in events if what == "detected"] == [
+        d for _, what, d in events if what == "detected" and d.startswith("node1 (silent")]
+    assert [d for _, what, d in events if what == "zombie told to stop"][:1] == ["node1"]
+    assert not any(h.cut for h in rig.hosts)
+
+
+@pytest.mark.timeout(400)
+def test_a_host_killed_whole_is_masked(rig):
+    killed: dict = {}
+
+    def kill(job):
+        killed["i"] = host_index(rig, job, "node2")
+        rig.kill_host(killed["i"])
+        return None
+
+    try:
+        output, expected, job = run_with_a_fault(rig, kill)
+        assert [wire_form(x) for x in output] == [wire_form(x) for x in expected]
+        assert [d for _, what, d in job.metrics.events if what == "detected"] == [
+            "node2 (its connection dropped)"]
+        assert rig.pids(killed["i"]) == []
+    finally:
+        if "i" in killed:
+            rig.restart_worker(killed["i"])
+
+
+@pytest.mark.timeout(200)
+def test_the_rig_leaves_nothing_behind_even_when_its_body_fails():
+    from flux.spark.rig import Rig
+
+    rig = Rig(1)
+    with pytest.raises(RuntimeError, match="the body failed"):
+        with rig:
+            namespace, bridge = rig.hosts[0].namespace, rig.bridge
+            pids = [rig.master.pid, rig.hosts[0].worker.pid]
+            raise RuntimeError("the body failed")
+    assert namespace not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                           text=True).stdout
+    assert bridge not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
