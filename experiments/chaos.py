@@ -12,7 +12,12 @@ runs, in one of these scenarios (drawn at random):
   while the state moves (catch-up starts again on the next standby);
 - ``double``: both replicas of a partition at once: the job must stop with an
   error naming the partition, and the output delivered until then must be a
-  prefix of the reference.
+  prefix of the reference;
+- with ``--hosts N`` (the multi-host rig, ``flux.spark.rig``; needs root), also
+  ``silent-host``: a node's host is cut off silently (no FIN; its processes run
+  on) until the output is complete, and ``partition-heal``: a node's host is cut
+  off for 0.2-2 s, shorter or longer than the detection, then healed (declared
+  dead or not, nothing it says after may count).
 
 The dataflow is the paper's (sessions, then windowed statistics) or a
 counting dataflow whose one-to-many operators expose their running count in
@@ -25,6 +30,7 @@ it with ``--run-seed``) and the run's event log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import random
@@ -40,7 +46,9 @@ from flux.runtime.sources import RateLimited
 from flux.topology import node_name
 from flux.workload import keyed_workload, packet_workload
 
-SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double")
+HOST_SCENARIOS = ("silent-host", "partition-heal")
+SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double",
+             *HOST_SCENARIOS)
 NODES, STANDBYS = 4, 1
 
 
@@ -69,6 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help=f"comma-separated subset of {', '.join(SCENARIOS)}")
     ap.add_argument("--state-mb", type=float, default=0.0,
                     help="extra keyed state per partition (MB, Ballast in the first stage)")
+    ap.add_argument("--hosts", type=int, default=0,
+                    help="run on the multi-host rig with this many hosts (needs root)")
     ap.add_argument("--out", default="results/chaos")
     args = ap.parse_args(argv)
     if args.runs < 1:
@@ -81,6 +91,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown or not args.scenarios:
         ap.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if set(args.scenarios) & set(HOST_SCENARIOS) and not args.hosts:
+        ap.error(f"{', '.join(HOST_SCENARIOS)} need --hosts (the rig)")
+    if args.hosts and args.hosts < NODES + STANDBYS:
+        ap.error(f"--hosts must be >= {NODES + STANDBYS} (a task slot per host)")
+    if not args.scenarios:
+        ap.error("no scenario given")
     return args
 
 
@@ -100,10 +116,10 @@ def workload(rng: random.Random, packets: int):
 class Chaos:
     """One run: a job, its kills, and the checks."""
 
-    def __init__(self, spark, run: Run, rng: random.Random, args):
+    def __init__(self, spark, run: Run, rng: random.Random, args, rig=None):
         from flux.spark.job import FluxJob
 
-        self.run, self.rng, self.args = run, rng, args
+        self.run, self.rng, self.args, self.rig = run, rng, args, rig
         name, dataflow, records = workload(rng, args.packets)
         if args.state_mb:
             dataflow = with_ballast(dataflow, args.state_mb)
@@ -149,10 +165,28 @@ class Chaos:
         at = self.rng.uniform(0.15, 0.45) * self.duration
         self.wait(lambda: self.now() >= at, "the first kill's moment")
 
+    def cut(self, name: str) -> int:
+        """Cut ``name``'s host off the rig's network, silently."""
+        rig = self.rig
+        i = next(k for k, h in enumerate(rig.hosts)
+                 if h.address == self.job.controller.hosts.get(name))
+        self.run.kills.append(f"{name}'s host {rig.hosts[i].name} cut at {self.now():.2f}s")
+        rig.cut(i)
+        return i
+
     def play(self) -> None:
         scenario = self.run.scenario
         first = self.rng.randrange(NODES)
         self.start_kill_at()
+        if scenario == "silent-host":
+            self.cut(node_name(first))  # healed once the run is over
+            return
+        if scenario == "partition-heal":
+            i = self.cut(node_name(first))
+            time.sleep(self.rng.uniform(0.2, 2.0))
+            self.run.kills.append(f"healed at {self.now():.2f}s")
+            self.rig.heal(i)
+            return
         if scenario == "double":
             partner = self.rng.choice(neighbours(first))
             self.kill(node_name(first))
@@ -194,7 +228,10 @@ class Chaos:
                 return
             raise AssertionError("the job went on after both replicas of a pair died")
         output = job.wait(timeout=240)
-        self.wait(lambda: self.rebuilt() and not self.catching_up(), "every pair to be rebuilt")
+        self.wait(lambda: not self.recovery().pending() and not self.catching_up(),
+                  "every pair to be rebuilt")
+        if self.job.controller.dead and not self.recovery().completed:
+            raise AssertionError("a node was declared dead and nothing was rebuilt")
         if [wire_form(x) for x in output] != [wire_form(x) for x in self.expected]:
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
                                  f"{len(self.expected)} expected)")
@@ -202,13 +239,19 @@ class Chaos:
             raise AssertionError(f"the feed dropped {self.feed.dropped} records")
 
 
-def run_one(spark, seed: int, args) -> Run:
+def heal_all(rig) -> None:
+    for i, h in enumerate(rig.hosts if rig is not None else ()):
+        if h.cut:
+            rig.heal(i)
+
+
+def run_one(spark, seed: int, args, rig=None) -> Run:
     rng = random.Random(seed)
     run = Run(seed, rng.choice(args.scenarios), "")
     started = time.monotonic()
     chaos = None
     try:
-        chaos = Chaos(spark, run, rng, args)
+        chaos = Chaos(spark, run, rng, args, rig)
         with chaos.job:
             try:
                 chaos.play()
@@ -216,12 +259,14 @@ def run_one(spark, seed: int, args) -> Run:
                 if run.scenario != "double":
                     raise
             chaos.check()
+            heal_all(rig)  # before the job stops: its tasks there must hear the stop
         run.ok = True
     except Exception as exc:  # noqa: BLE001 - every failure is reported with its seed
         run.why = f"{type(exc).__name__}: {exc}"
     finally:
         if chaos is not None:
             run.events = chaos.job.metrics.relative_events()
+        heal_all(rig)
         run.seconds = round(time.monotonic() - started, 1)
     return run
 
@@ -233,9 +278,17 @@ def main(argv=None) -> int:
     seeds = ([args.run_seed] if args.run_seed is not None
              else [random.Random(args.seed).randrange(1 << 30) + k for k in range(args.runs)])
     runs: List[Run] = []
-    with local_cluster(NODES + STANDBYS + 1) as spark:
+    with contextlib.ExitStack() as stack:
+        rig = None
+        if args.hosts:
+            from flux.spark.rig import Rig
+
+            rig = stack.enter_context(Rig(args.hosts))
+            spark = rig.session("flux-chaos")
+        else:
+            spark = stack.enter_context(local_cluster(NODES + STANDBYS + 1))
         for k, seed in enumerate(seeds, 1):
-            run = run_one(spark, seed, args)
+            run = run_one(spark, seed, args, rig)
             runs.append(run)
             status = "ok" if run.ok else "FAILED"
             print(f"run {k}/{len(seeds)} seed={seed} {run.scenario} {run.dataflow}: "
