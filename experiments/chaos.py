@@ -73,8 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="replay one run (its seed is printed when it fails)")
     ap.add_argument("--packets", type=int, default=60_000, help="input records per run")
     ap.add_argument("--rate", type=float, default=10_000.0, help="input records per second")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
-                    help=f"comma-separated subset of {', '.join(SCENARIOS)}")
+    ap.add_argument("--scenarios", default=None,
+                    help=f"comma-separated subset of {', '.join(SCENARIOS)} (default: all; "
+                         f"{', '.join(HOST_SCENARIOS)} only with --hosts)")
     ap.add_argument("--state-mb", type=float, default=0.0,
                     help="extra keyed state per partition (MB, Ballast in the first stage)")
     ap.add_argument("--hosts", type=int, default=0,
@@ -87,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--packets must be >= 1000 (a kill needs time to happen mid-stream)")
     if args.rate <= 0:
         ap.error("--rate must be > 0")
+    if args.scenarios is None:
+        args.scenarios = ",".join(s for s in SCENARIOS
+                                  if args.hosts or s not in HOST_SCENARIOS)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown or not args.scenarios:

@@ -89,6 +89,10 @@ class Transport:
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.RCVHWM, hwm)
+        # a peer that connects again under its identity (after ``disconnect``, or a link
+        # that was cut and its old connection never closed) takes the identity over; else
+        # its messages would vanish while the stale connection lingers (issue 13)
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         # a larger frame closes its connection inside ZeroMQ, before it is held in memory
         self.router.setsockopt(zmq.MAXMSGSIZE, max_frame)
         if keys is not None:  # CURVE: encrypted, and only holders of the job's keys connect
