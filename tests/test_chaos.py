@@ -1,9 +1,10 @@
-"""A short chaos run in CI: every scenario once, on one local-cluster (slow)."""
+"""A short chaos run in CI: every scenario once, on one local-cluster (slow); the
+scenarios of hosts run on the rig (tests/test_rig.py)."""
 from __future__ import annotations
 
 import pytest
 
-from experiments.chaos import SCENARIOS, parse_args, run_one
+from experiments.chaos import HOST_SCENARIOS, SCENARIOS, parse_args, run_one
 
 SLOW = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(900)]
 
@@ -16,7 +17,8 @@ def spark():
         yield session
 
 
-@pytest.mark.parametrize("scenario", [pytest.param(s, marks=SLOW) for s in SCENARIOS])
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=SLOW) for s in SCENARIOS
+                                      if s not in HOST_SCENARIOS])
 def test_a_chaos_run_of_each_scenario_changes_nothing_in_the_output(spark, scenario, tmp_path):
     args = parse_args(["--scenarios", scenario, "--packets", "40000", "--rate", "10000",
                        "--out", str(tmp_path)])
@@ -30,6 +32,8 @@ def test_a_chaos_run_of_each_scenario_changes_nothing_in_the_output(spark, scena
     (["--runs", "0"], "--runs must be >= 1"),
     (["--packets", "10"], "--packets must be >= 1000"),
     (["--scenarios", "meteor"], "unknown scenarios ['meteor']"),
+    (["--scenarios", "silent-host"], "silent-host, partition-heal need --hosts (the rig)"),
+    (["--hosts", "3"], "--hosts must be >= 5"),
 ])
 def test_bad_flags_are_refused_with_the_reason(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -130,6 +130,20 @@ def test_a_host_killed_whole_is_masked(rig):
             rig.restart_worker(killed["i"])
 
 
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("scenario", ["silent-host", "partition-heal"])
+def test_a_chaos_run_of_each_scenario_of_hosts_changes_nothing_in_the_output(rig, scenario,
+                                                                            tmp_path):
+    from experiments.chaos import parse_args, run_one
+
+    args = parse_args(["--hosts", str(HOSTS), "--scenarios", scenario, "--packets", "30000",
+                       "--rate", "5000", "--out", str(tmp_path)])
+    run = run_one(rig.spark, 8, args, rig)
+    log = "\n".join(f"{t:8.3f}s {what} {detail}" for t, what, detail in run.events)
+    assert run.ok, f"seed {run.seed} {run.scenario} {run.dataflow} {run.kills}: {run.why}\n{log}"
+    assert run.scenario == scenario and run.kills and not any(h.cut for h in rig.hosts)
+
+
 @pytest.mark.timeout(200)
 def test_the_rig_leaves_nothing_behind_even_when_its_body_fails():
     from flux.spark.rig import Rig

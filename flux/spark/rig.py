@@ -147,9 +147,14 @@ class Rig:
 
     def _env(self, **extra: str) -> Dict[str, str]:
         env = dict(os.environ)
+        # the master binds (its web UI too) on the bridge, whatever this process was given
+        # (local_cluster sets SPARK_LOCAL_IP=127.0.0.1 in the environment); a worker, on
+        # its host's address
         env.update(SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS, SPARK_DAEMON_MEMORY="256m",
                    PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=self.tmp,
-                   SPARK_LOCAL_DIRS=self.tmp, PYTHONHASHSEED="0", **extra)
+                   SPARK_LOCAL_DIRS=self.tmp, PYTHONHASHSEED="0",
+                   SPARK_LOCAL_IP=self.address)
+        env.update(extra)
         return env
 
     def _spark_class(self, what: str, args: List[str], namespace: str = "",
