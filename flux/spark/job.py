@@ -156,7 +156,10 @@ class FluxJob:
         self._spawn(self._run_spark)
         self._spawn(self._run_controller)
         try:
-            started = self.wait_until(lambda: "ingress" in self._loops, timeout)
+            # once the data flows, an error it meets (an operator raising on the first
+            # records) is ``wait``'s to raise, not ``start``'s, however soon it comes
+            started = self.wait_until(lambda: "ingress" in self._loops, timeout,
+                                      errors_first=False)
         except BaseException:
             self.stop()
             raise
@@ -354,9 +357,14 @@ class FluxJob:
                 for item in e.items:
                     self.sink(item)
 
-    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+    def wait_until(self, predicate: Callable[[], bool], timeout: float,
+                   errors_first: bool = True) -> bool:
+        """Wait until ``predicate`` holds; raises the job's error if it has one (before
+        the predicate is asked, unless ``errors_first`` is False)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if not errors_first and predicate():
+                return True
             if self.errors:
                 raise self.errors[0]
             if predicate():
