@@ -29,8 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from flux.spark.session import JVM_OPTIONS, driver_python_path, quiet_task_failures
-from flux.spark.settings import REQUIRED_CONF
+from flux.spark.session import JVM_OPTIONS, cluster_session, driver_python_path
 
 log = logging.getLogger(__name__)
 
@@ -206,26 +205,17 @@ class Rig:
     def session(self, app_name: str = "flux-rig", **conf: str):
         """A SparkSession on the rig, one executor per host, set up for Flux nodes; it
         returns once every host's executor has registered."""
-        from pyspark.sql import SparkSession
-
         os.environ["PYSPARK_PYTHON"] = sys.executable
         jvm = f"{JVM_OPTIONS} -Djava.io.tmpdir={self.tmp}"
-        settings = {**REQUIRED_CONF,
-                    "spark.driver.host": self.address, "spark.driver.bindAddress": self.address,
+        settings = {"spark.driver.host": self.address, "spark.driver.bindAddress": self.address,
                     "spark.executor.cores": str(self.cores),
                     "spark.executor.memory": f"{self.memory_mb - 256}m",
                     "spark.cores.max": str(self.cores * self.count),
                     "spark.executor.extraJavaOptions": jvm,
                     "spark.driver.extraJavaOptions": jvm,
-                    "spark.executorEnv.PYTHONHASHSEED": "0",
                     "spark.executorEnv.PYTHONPATH": driver_python_path(),
-                    "spark.local.dir": self.tmp, "spark.ui.enabled": "false",
-                    "spark.ui.showConsoleProgress": "false", **conf}
-        builder = SparkSession.builder.master(self.master_url).appName(app_name)
-        for key, value in settings.items():
-            builder = builder.config(key, value)
-        self.spark = builder.getOrCreate()
-        quiet_task_failures(self.spark)
+                    "spark.local.dir": self.tmp, "spark.ui.enabled": "false", **conf}
+        self.spark = cluster_session(self.master_url, app_name, settings)
         sc = self.spark.sparkContext
         self._wait(lambda: sc._jsc.sc().getExecutorMemoryStatus().size() - 1 >= self.count,
                    f"{self.count} executors")
