@@ -1,12 +1,11 @@
 """The controller service: failure detection and totally ordered views (paper 3.2.1).
 
 It listens for heartbeats (any message counts; nodes beat from a thread of
-their own and say how long ago their loop last turned, so a busy loop is
-reported as stuck, not taken for a death) from every process it watches; one
-that stays silent longer than ``timeout`` is declared dead, and
-so is one whose connection shows a gap (DESIGN 4.4), and so, at once, is
-one whose TCP connection drops (its process died: the kernel closed it).
-The pure ``Recovery`` turns failures, fold-in reports and failed or overdue
+their own and say how long ago their loop last turned) from every process it
+watches and tells the pure ``FailureDetector`` (controller/failure_detector.py)
+what it heard and when, and when a connection dropped or showed a gap; the
+detector's verdicts say who is dead, stuck or fine again. The pure
+``Recovery`` turns failures, fold-in reports and failed or overdue
 catch-up attempts into views, which go to every live process in order over
 its FIFO connection. The ingress and the egress are assumed
 always available (paper 3.1.1) and are never declared dead.
@@ -18,6 +17,15 @@ import time
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
+from controller.failure_detector import (
+    Declared,
+    FailureDetector,
+    Stalled,
+    Stuck,
+    Timings,
+    Unstuck,
+    Verdict,
+)
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
@@ -73,7 +81,6 @@ class ControllerService:
         self.secret = secret
         self.beat = beat
         self._last_beat = float("-inf")
-        self._last_turn: Optional[float] = None  # when the last turn's poll returned
         #: decides the name of a registering task, or None to refuse it
         self.name_for = name_for
         #: registrations (task, inc) -> (name, pid, executor pid), for kill_node and logs
@@ -89,21 +96,15 @@ class ControllerService:
         self.start_failures: Dict[int, List[str]] = {}
         self.incarnations: Dict[str, int] = {CONTROLLER.name: transport.incarnation}
         self.addresses: Dict[str, str] = {CONTROLLER.name: transport.address}
-        self.timeout = timeout
-        #: a silent node whose failure would lose a pair is given this long (a connection
-        #: that drops still counts at once): declaring it dead early stops the job anyway,
-        #: and on a loaded machine a live node can be silent for half a second
-        self.last_replica_timeout = last_replica_timeout
+        #: the policy: silence (``timeout``; ``last_replica_timeout`` for a node whose
+        #: failure would lose a pair), stuck loops (reported past ``stuck_after``, failed
+        #: past ``stuck_timeout``), dropped connections, gaps
+        self.detector = FailureDetector(Timings(timeout, last_replica_timeout, stuck_after,
+                                                stuck_timeout))
         self.clock = clock
-        #: a process beats from a thread of its own and says how long ago its loop turned
-        #: (issue 11): past ``stuck_after`` that is reported, past ``stuck_timeout`` the
-        #: process is declared failed (a loop that never turns again serves no one)
-        self.stuck_after, self.stuck_timeout = stuck_after, stuck_timeout
-        self.stuck: Dict[str, float] = {}
         #: a catch-up attempt not folded in after this long is aborted and retried (3.4)
         self.catchup_timeout = catchup_timeout
         self._attempt_started: Dict[tuple, float] = {}  # (addr, version) -> first seen
-        self.last_seen: Dict[str, float] = {}
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
@@ -124,12 +125,29 @@ class ControllerService:
         if mover_address:
             self.mover_addresses[name] = mover_address
 
+    @property
+    def timeout(self) -> float:
+        return self.detector.timings.timeout
+
+    @property
+    def last_seen(self) -> Dict[str, float]:
+        """Watched processes, and when each was last heard."""
+        return {n: self.detector.watched[n].seen for n in self.detector.live()}
+
+    @property
+    def stuck(self) -> Dict[str, float]:
+        """Processes whose loop does not turn, and the longest lag each reported."""
+        return self.detector.stuck()
+
     def begin(self, recovery: Recovery) -> None:
         """Every node is here: watch every worker from now, tell everyone where everyone
         listens, and let ``recovery`` turn failures into views."""
         self.recovery = recovery
         now = self.clock()
-        self.last_seen = {n: now for n in recovery.topology.workers}  # connections watch them
+        for name in recovery.topology.workers:  # the thread cluster's never registered
+            if name not in self.detector.watched and name not in self.dead:
+                self.detector.watch(name, now)
+        self.detector.arm(now)
         self.started = True
         self.announce()
 
@@ -141,14 +159,13 @@ class ControllerService:
     def turn(self, timeout_ms: int) -> None:
         envelopes, gaps = self.transport.poll(timeout_ms)
         now = self.clock()
-        self._discount_own_stall(now, timeout_ms / 1000)
+        self._act(self.detector.turned(now, timeout_ms / 1000))
         for env in envelopes:
             name = env.src.name if isinstance(env.src, ProcAddr) else None
             if name in self.dead and not isinstance(env.msg, (Register, Failed, Stopping)):
                 self._tell_fenced(name, now)  # a zombie: cut off, declared dead, back
                 continue
-            if name in self.last_seen:
-                self.last_seen[name] = now
+            self.detector.heard(name, now)
             if isinstance(env.msg, Register):
                 self.on_register(env.msg)
             elif isinstance(env.msg, Failed):
@@ -171,19 +188,18 @@ class ControllerService:
                 self.events.append((now, "paused", (env.msg.addr, env.msg.seconds)))
             elif isinstance(env.msg, Ready) and name in self.registered:
                 self.ready.add(name)
-            elif isinstance(env.msg, NodeStats) and name in self.last_seen:
+            elif isinstance(env.msg, NodeStats) and name in self.detector.watched:
                 self.node_stats[name] = (now, env.msg)
-            elif isinstance(env.msg, Heartbeat) and name in self.last_seen:
-                self.on_heartbeat(name, env.msg.lag)
+            elif isinstance(env.msg, Heartbeat):
+                self._act(self.detector.heartbeat(name, env.msg.lag, now))
             elif isinstance(env.msg, TransferFailed) and self.started:
                 self.abort_attempt(env.msg.transfer, f"{name}: {env.msg.reason}")
         for gap in gaps:
             if isinstance(gap, ConnectionLost):  # fast detection: its process is gone
-                if self.started and gap.peer in self.last_seen:
-                    self.fail(gap.peer, "its connection dropped")
+                self._act(self.detector.connection_dropped(gap.peer))
             else:  # from the process's own socket or its liveness thread's ("name/liveness")
-                self.fail(gap.peer.split("#")[0].split("/")[0],
-                          f"connection gap {gap.expected}->{gap.got}")
+                self._act(self.detector.connection_gap(gap.peer.split("#")[0].split("/")[0],
+                                                       gap.expected, gap.got))
         if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6),
             self._last_beat = now               # from registration: nodes wait for the start
             for name in self._live():
@@ -191,11 +207,24 @@ class ControllerService:
         if not self.started:
             return
         self._expire_attempts(now)
-        for name, seen in list(self.last_seen.items()):
-            silent = now - seen
-            if silent > self.timeout and (silent > self.last_replica_timeout
-                                          or not self.recovery.holds_last_replica(name)):
-                self.fail(name, f"silent for {silent:.3f}s")
+        self._act(self.detector.tick(now, self.recovery.holds_last_replica))
+
+    def _act(self, verdicts: List[Verdict]) -> None:
+        """Carry out the failure detector's verdicts."""
+        now = self.clock()
+        for v in verdicts:
+            if isinstance(v, Declared):
+                self.fail(v.name, v.why)
+            elif isinstance(v, Stuck):
+                log.warning("%s is alive but its loop has not turned for %.2fs", v.name, v.lag)
+                self.events.append((now, "stuck", f"{v.name} ({v.lag:.2f}s)"))
+            elif isinstance(v, Unstuck):
+                log.info("%s's loop turns again (it stopped for up to %.2fs)", v.name,
+                         v.longest)
+            elif isinstance(v, Stalled):
+                log.warning("the controller did not turn for %.2fs: silence in that time "
+                            "is not counted", v.seconds)
+                self.events.append((now, "controller stalled", round(v.seconds, 3)))
 
     def _tell_fenced(self, name: str, now: float) -> None:
         """A process declared dead speaks again (its link was cut and healed, or it was
@@ -217,35 +246,6 @@ class ControllerService:
             return
         log.warning("%s stops on its own: %s", name, reason)
         self.fail(name, f"it stopped: {reason}")
-
-    def _discount_own_stall(self, now: float, waited: float) -> None:
-        """Silence is judged from the controller's side: while its own thread did not run
-        (a GC pause of the driver, a starved core) it heard no one, and no one is to blame
-        for that. Every watched process gets the time of the stall back; a process that
-        died meanwhile is found a stall later (or at once: its connection drops)."""
-        last, self._last_turn = self._last_turn, now
-        if last is None:
-            return
-        stalled = now - last - waited
-        if stalled > self.timeout / 4:
-            log.warning("the controller did not turn for %.2fs: silence in that time "
-                        "is not counted", stalled)
-            self.events.append((now, "controller stalled", round(stalled, 3)))
-            for name in self.last_seen:
-                self.last_seen[name] += stalled
-
-    def on_heartbeat(self, name: str, lag: float) -> None:
-        """A watched process is alive; its loop last turned ``lag`` seconds ago."""
-        if lag > self.stuck_timeout and self.started:
-            self.fail(name, f"its loop has not turned for {lag:.1f}s")
-        elif lag > self.stuck_after and self.started:  # before: building its operators
-            if name not in self.stuck:
-                log.warning("%s is alive but its loop has not turned for %.2fs", name, lag)
-                self.events.append((self.clock(), "stuck", f"{name} ({lag:.2f}s)"))
-            self.stuck[name] = max(lag, self.stuck.get(name, 0.0))
-        elif name in self.stuck:
-            log.info("%s's loop turns again (it stopped for up to %.2fs)", name,
-                     self.stuck.pop(name))
 
     def abort_attempt(self, transfer: tuple, why: str) -> None:
         """A state transfer failed with both ends alive (e.g. a checksum mismatch), or its
@@ -298,7 +298,7 @@ class ControllerService:
             self._connect(name)
             self._send(name, Stop(self.stopping), 0)
             return
-        self.last_seen[name] = self.clock()
+        self.detector.watch(name, self.clock())
         self._connect(name)
         self._send(name, self._welcome(name), 0)
         log.info("%s joined: task %d, attempt %d, on %s", name, msg.task, msg.inc,
@@ -360,7 +360,7 @@ class ControllerService:
 
     def _connect(self, name: str) -> None:
         self.transport.connect(name, self.addresses[name])
-        if name in self.last_seen:  # a watched process: know at once when it dies
+        if name in self.detector.watched:  # a watched process: know at once when it dies
             self.transport.watch(name)
 
     def _send(self, name: str, msg, view: int) -> None:
@@ -393,7 +393,7 @@ class ControllerService:
     def _mark_dead(self, name: str, why: str, event: str, detail: str) -> None:
         self.dead.add(name)
         self.why_dead[name] = why
-        self.last_seen.pop(name, None)
+        self.detector.forget(name)
         self.node_stats.pop(name, None)
         self.events.append((self.clock(), event, detail))
 

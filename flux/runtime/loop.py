@@ -16,6 +16,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
+from controller.failure_detector import Lease
 from flux.addresses import CONTROLLER, MoverAddr, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
@@ -68,8 +69,7 @@ class HostLoop:
         self.on_turn = on_turn
         self.clock = clock
         #: a node that stops hearing from the controller stops itself (DESIGN 6)
-        self.lease = lease
-        self._controller_seen = clock()
+        self.lease = Lease(lease, clock()) if lease is not None else None
         self.stopped: Optional[str] = None
         self.on_effect = on_effect
         self.source = source
@@ -126,8 +126,8 @@ class HostLoop:
         # for a new replica, installing its state) would look like the controller's silence
         # while its beats wait, unread, in the socket (a standby stopped so at 100 MB).
         polled = self.clock()
-        if any(env.src == CONTROLLER for env in envelopes):
-            self._controller_seen = polled
+        if self.lease is not None and any(env.src == CONTROLLER for env in envelopes):
+            self.lease.heard(polled)
         if len(envelopes) < DEFAULT_POLL_LIMIT:  # else the controller's may be among the rest
             self._check_lease(polled)
         if self.stopped is not None:
@@ -157,8 +157,8 @@ class HostLoop:
 
     def _check_lease(self, now: float) -> None:
         """A node that hears nothing from the controller for ``lease`` stops (DESIGN 6)."""
-        if self.lease is not None and now - self._controller_seen > self.lease:
-            self._stop(f"lost the controller's lease ({now - self._controller_seen:.2f}s)")
+        if self.lease is not None and self.lease.expired(now):
+            self._stop(f"lost the controller's lease ({self.lease.silent_for(now):.2f}s)")
 
     def _stop(self, reason: str) -> None:
         """This process ends on its own (it says why; the job goes on without it)."""
