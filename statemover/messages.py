@@ -139,6 +139,16 @@ class Abort:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class LinkLost:
+    """Not a peer's message: this node's transport saw messages from that peer's mover
+    vanish in transit (connection numbers ``expected`` .. ``got``), and says so in that
+    link's FIFO order, before the message after the gap."""
+
+    expected: int
+    got: int
+
+
 # -- local effects ---------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from statemover.messages import (
     Abort,
     Chunk,
     Handshake,
+    LinkLost,
     PartAck,
     PartAcked,
     PartTrailer,
@@ -125,6 +126,10 @@ class StateMover:
         self.dead: set = set()
         #: A peer's Handshake or Abort that came before our own request: (src, msg).
         self._early: Dict[Hashable, Tuple[Any, Any]] = {}
+        #: peers whose link lost messages: a message out of turn from one of them may
+        #: follow a lost one (e.g. a chunk whose handshake was lost before this side
+        #: asked for the transfer), so it fails that transfer instead of the process
+        self.lossy: set = set()
 
     # -- local events ------------------------------------------------------------
     def request_send(self, transfer: Hashable, peer: Hashable) -> list:
@@ -202,8 +207,22 @@ class StateMover:
         return effects
 
     # -- messages from peer movers ---------------------------------------------
+    def link_lost(self, peer: Hashable, why: str) -> list:
+        """Messages from ``peer`` were lost in transit: every live transfer with it misses
+        something, so each fails (and its catch-up is retried, DESIGN 4.6), now rather than
+        at the catch-up's deadline. Later transfers with the peer are not affected."""
+        self.lossy.add(peer)
+        effects: list = []
+        for transfer, t in self.transfers.items():
+            if t.peer == peer and t.mode not in TERMINAL:
+                effects += self._abort(transfer, t, why)
+        return effects
+
     def on_message(self, src: Hashable, msg) -> list:
         """A message from mover ``src``; stale ones are dropped (crashes make them normal)."""
+        if isinstance(msg, LinkLost):
+            return self.link_lost(src, f"messages from {src} lost in transit "
+                                       f"(#{msg.expected} to #{msg.got - 1})")
         handler = self._HANDLERS.get(type(msg))
         if handler is None:
             raise RemoteProtocolError(f"{self.me!r}: unknown message {msg!r} from {src!r}")
@@ -220,7 +239,12 @@ class StateMover:
             return []  # late message of a finished or aborted attempt
         if src != t.peer:
             raise RemoteProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
-        return handler(self, msg.transfer, t, msg)
+        try:
+            return handler(self, msg.transfer, t, msg)
+        except RemoteProtocolError as exc:
+            if src not in self.lossy:
+                raise
+            return self._abort(msg.transfer, t, f"out of turn after lost messages ({exc})")
 
     def _on_handshake(self, transfer, t: _Transfer, msg: Handshake) -> list:
         if msg.role == t.role:

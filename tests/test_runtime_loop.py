@@ -219,6 +219,16 @@ def test_a_process_whose_incoming_connection_lost_messages_stops_fail_stop():
     assert loop.source_done is False  # it did nothing after the gap
 
 
+def test_lost_messages_from_a_process_declared_dead_are_nobodys_concern():
+    """A zombie back from a cut whose connection lost messages: they were to be dropped
+    anyway (its incarnation is fenced), so nothing stops for them."""
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
+    host = Host("ingress", {INGRESS: builder.ingress()}, 1, dead_incs={7})
+    loop = HostLoop(host, GapTransport(), {}, {}, source=iter([("a", 1)]))
+    loop.turn(0)
+    assert loop.stopped is None
+
+
 class ScriptedTransport(RecordingTransport):
     """Hands the loop the given batches, one per poll."""
 

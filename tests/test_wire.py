@@ -32,6 +32,7 @@ from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync
 from flux.envelope import Envelope
 from statemover.messages import (
     Abort,
+    LinkLost,
     Chunk,
     Handshake,
     PartAck,
@@ -50,6 +51,7 @@ MESSAGES = [
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
     Trailer((1, 2, 3), 1, 7, 123456), PartTrailer((1, 2, 3), 2, 1, 7, 123456), PartAck((1, 2, 3), 2),
     Abort((1, 2, 3), "peer failed"),
+    LinkLost(3, 7),
     TransferFailed((1, 2, 3), "checksum mismatch"), Heartbeat(0.25),
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),

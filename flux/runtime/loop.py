@@ -113,7 +113,7 @@ class HostLoop:
                 timeout_ms = max(0, min(timeout_ms, math.ceil(due * 1000)))
         envelopes, gaps = self.transport.poll(timeout_ms)
         self.gaps += gaps
-        lost = [g for g in gaps if isinstance(g, ConnectionGap)]
+        lost = [g for g in gaps if isinstance(g, ConnectionGap) and not self._from_dead(g)]
         if lost and self.stopped is None:
             # Messages from a live peer vanished in transit (DESIGN 4.4): this process's
             # state no longer matches its twin's. It stops, fail-stop, and its pair masks it.
@@ -149,6 +149,13 @@ class HostLoop:
             self._more = step
             if not step or self.clock() >= deadline:
                 return moved  # more to do: the next turn polls without waiting
+
+    def _from_dead(self, gap: ConnectionGap) -> bool:
+        """Did ``gap`` happen on a connection from an incarnation a view declared dead? Its
+        messages are dropped anyway (a zombie back from a cut, DESIGN 6): nothing it sent,
+        and nothing it failed to send, is acted on."""
+        inc = gap.peer.rpartition("#")[2]
+        return inc.isdigit() and int(inc) in self.host.dead_incs
 
     def _apply_members(self, msg: Members) -> None:
         for name, address, inc in msg.addresses:

@@ -13,7 +13,10 @@ service only carries its messages:
 - an envelope from another node's service goes on to the local node.
 
 Mover channels are FIFO per pair of movers, as in the simulator, where they
-were always channels of their own. Envelopes for a process declared dead
+were always channels of their own. Messages a link lost (a gap in its
+connection numbers) are reported to the local mover as a ``LinkLost`` from
+that peer, so the transfers with it fail and are retried at once instead of
+waiting for the catch-up's deadline. Envelopes for a process declared dead
 are dropped (as TCP to it would fail); hostile frames are dropped by the
 transport with a log line.
 """
@@ -27,7 +30,8 @@ import zmq
 
 from flux.addresses import MoverAddr
 from flux.envelope import Envelope
-from flux.runtime.transport import Transport
+from flux.runtime.transport import ConnectionGap, Transport
+from statemover.messages import LinkLost
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +90,25 @@ class StateMoverService:
             self.transport.close()
 
     def turn(self, timeout_ms: int) -> None:
-        envelopes, _ = self.transport.poll(timeout_ms)
+        envelopes, gaps = self.transport.poll(timeout_ms)
+        for gap in gaps:  # first: a transfer that lost a message fails, whatever follows
+            if isinstance(gap, ConnectionGap):
+                self.link_lost(gap)
         for env in envelopes:
             self.relay(env)
+
+    def link_lost(self, gap: ConnectionGap) -> None:
+        """Tell the local mover that messages from a peer's mover vanished in transit."""
+        peer, _, inc = gap.peer.partition("#")
+        if not peer.endswith("/mover") or not inc.isdigit():
+            log.warning("%s: lost messages from %s (not a mover): ignored",
+                        mover_peer(self.name), gap.peer)
+            return
+        src = MoverAddr(peer[:-len("/mover")])
+        log.warning("%s: messages from %s lost in transit (#%d to #%d): its transfers fail",
+                    mover_peer(self.name), gap.peer, gap.expected, gap.got - 1)
+        self.transport.send(LOCAL, Envelope(src, self.me, 0, LinkLost(gap.expected, gap.got),
+                                            int(inc), None))
 
     def relay(self, env: Envelope) -> None:
         dst, src = env.dst, env.src

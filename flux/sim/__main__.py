@@ -1,4 +1,5 @@
 """python -m flux.sim --schedules N --seed S [--stages K] [--partitions P] [--crashes C]
+[--cuts N] [--false-suspicions N] [--lossy-mover P]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
 violation with its seed and a short trace, and ends with the line
@@ -27,7 +28,8 @@ def crash_window(params: SimParams) -> int:
 
     Computed from a fixed seed so that ``--seed S --schedules 1`` replays
     schedule S of any longer run exactly."""
-    quiet = SimParams(**{**params.__dict__, "crashes": 0, "victims": ()})
+    quiet = SimParams(**{**params.__dict__, "crashes": 0, "victims": (), "cuts": 0,
+                         "false_suspicions": 0})
     return max(1, run_schedule(0, quiet, 1).steps)
 
 
@@ -54,6 +56,13 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="none",
                     help="run a deliberately broken protocol variant")
     ap.add_argument("--placement", choices=["chained", "single"], default="chained")
+    ap.add_argument("--cuts", type=int, default=0,
+                    help="cut every link of a live host this many times (it heals; crashes "
+                         "are then silent half of the time)")
+    ap.add_argument("--false-suspicions", type=int, default=0,
+                    help="a running process goes unheard by the controller this many times")
+    ap.add_argument("--lossy-mover", type=float, default=0.0, metavar="P",
+                    help="lose each envelope between StateMovers with probability P")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
     ap.add_argument("--shrink", action="store_true",
                     help="shrink each violation to a short script and print its trace")
@@ -62,13 +71,15 @@ def main(argv=None) -> int:
         ap.error("--schedules must be >= 1")
     params = SimParams(stages=args.stages, partitions=args.partitions, crashes=args.crashes,
                        inputs=args.inputs, dataflow=args.dataflow, variant=args.variant,
-                       placement=args.placement, standbys=args.standbys)
+                       placement=args.placement, standbys=args.standbys, cuts=args.cuts,
+                       false_suspicions=args.false_suspicions, lossy_mover=args.lossy_mover)
     try:
         params.validate()
     except ValueError as exc:
         ap.error(str(exc))
     window = crash_window(params)
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
+    zombies = mover_lost = deadlines = 0
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
@@ -77,6 +88,9 @@ def main(argv=None) -> int:
         bulk_parts += result.bulk_parts
         deltas += result.deltas
         part_steps += result.part_steps
+        zombies += len(result.zombies)
+        mover_lost += result.mover_lost
+        deadlines += result.deadlines
         if result.status == PAIR_LOST:
             pair_lost += 1
         elif result.status == VIOLATION:
@@ -90,7 +104,9 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - started
     print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s, "
           f"pair_lost={pair_lost}, catch-ups={catchups}, bulk parts installed={bulk_parts} "
-          f"(part steps={part_steps}), deltas installed={deltas}, crash_window={window} steps",
+          f"(part steps={part_steps}), deltas installed={deltas}, zombies={zombies}, "
+          f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
+          f"crash_window={window} steps",
           file=sys.stderr)
     print(f"schedules={args.schedules} violations={violations}")
     return 1 if violations else 0

@@ -11,8 +11,9 @@ from typing import Any, List, Optional, Tuple
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
 from flux.data_messages import Batch
+from flux.host import Host
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
-from flux.sim.variants import VARIANTS
+from flux.sim.variants import HOST_VARIANTS, VARIANTS
 from flux.sim.world import World, WorldConfig
 from flux.topology import node_name
 
@@ -24,6 +25,9 @@ TRIGGERS = ("any", "during", "after")
 WINDOWS = (1, 2, 3, 4, 5, 8, None)
 #: the chance, at each step of a catch-up, that a "during" crash strikes
 DURING_RATE = 0.05
+#: how long a cut or a starved process lasts, in ticks of the detector's clock: below the
+#: timeout (8), up to the grace of a last replica (32), past the lease (48)
+FAULT_TICKS = (1, 90)
 
 OK = "ok"
 VIOLATION = "violation"
@@ -45,6 +49,13 @@ class SimParams:
     #: when each planned crash may happen: "any" step, "during" a catch-up, or "after"
     #: every catch-up so far completed (sequences of failures separated by recoveries)
     triggers: Tuple[str, ...] = ()
+    #: links of a random live host cut this many times (each heals after 1 to 90 ticks of
+    #: the detector's clock; crashes are then silent half of the time, DESIGN 6)
+    cuts: int = 0
+    #: a random live process goes unheard this many times for 1 to 90 ticks while it runs
+    false_suspicions: int = 0
+    #: the chance that an envelope between StateMovers is lost
+    lossy_mover: float = 0.0
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -66,6 +77,11 @@ class SimParams:
             raise ValueError(f"crash triggers must be among {TRIGGERS}, got {self.triggers}")
         if self.placement not in ("chained", "single"):
             raise ValueError(f"unknown placement {self.placement!r}; one of chained, single")
+        if self.cuts < 0 or self.false_suspicions < 0:
+            raise ValueError(f"--cuts and --false-suspicions must be >= 0, got {self.cuts} "
+                             f"and {self.false_suspicions}")
+        if not 0.0 <= self.lossy_mover < 1.0:
+            raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
 
 
 @dataclass
@@ -84,6 +100,10 @@ class ScheduleResult:
     bulk_parts: int = 0
     deltas: int = 0
     part_steps: int = 0
+    #: processes declared dead while they ran, mover envelopes lost, deadlines hit
+    zombies: List[str] = field(default_factory=list)
+    mover_lost: int = 0
+    deadlines: int = 0
 
 
 #: the dataflows a schedule can run
@@ -131,8 +151,12 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # back-pressure: small windows, so credits decide when data moves; drawn from a
         # stream of their own, so a seed's other draws are what they were before credits
         window=random.Random(f"window {seed}").choice(WINDOWS),
+        mover_loss=params.lossy_mover,
+        host_class=HOST_VARIANTS.get(params.variant, Host),
     )
-    return World(dataflow, inputs, params.partitions, placement, config, rng), reference, states
+    world = World(dataflow, inputs, params.partitions, placement, config, rng,
+                  fault_rng=random.Random(f"faults {seed}"))
+    return world, reference, states
 
 
 def run_schedule(seed: int, params: SimParams, crash_window: int) -> ScheduleResult:
@@ -149,6 +173,13 @@ class RandomChooser:
         self.victims = [node_name(v) if isinstance(v, int) else v for v in params.victims]
         self.crash_at: Optional[List[int]] = None
         self.speed = None
+        # Timed faults are planned from a stream of their own: a seed without them runs
+        # exactly as it did before they existed.
+        self.plan = random.Random(f"fault plan {seed}")
+        self.faults = sorted(
+            (self.plan.randrange(max(1, crash_window)), kind, self.plan.randint(*FAULT_TICKS))
+            for kind, n in (("cut", params.cuts), ("starve", params.false_suspicions))
+            for _ in range(n))
 
     def __call__(self, world: World, rng: random.Random, t: int):
         if self.crash_at is None:  # drawn after the world, from the same stream
@@ -182,7 +213,15 @@ class RandomChooser:
             self.crash_at.pop(0)
             choices = [self.victims.pop(0)] if self.victims else world.safe_victims()
             if choices:
-                return ("crash", rng.choice(choices)), None
+                victim = rng.choice(choices)
+                if self.params.cuts and self.plan.random() < 0.5:
+                    return ("crash", victim, "silent"), None  # a machine dies: no FIN
+                return ("crash", victim), None
+        while self.faults and self.faults[0][0] <= t:
+            _, kind, ticks = self.faults.pop(0)
+            choices = world.faultable()
+            if choices:
+                return (kind, self.plan.choice(choices), ticks), None
         steps = steps if steps is not None else world.enabled()
         if not steps:
             return None
@@ -205,9 +244,14 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                 break
             step, how = chosen
             if step[0] == "crash":
-                kept = world.crash(step[1], how if isinstance(how, dict) else None)
+                kept = world.crash(step[1], how if isinstance(how, dict) else None,
+                                   silent="silent" in step)
                 result.crashed.append(step[1])
                 trace.append((step, kept))
+                continue
+            if step[0] in ("cut", "starve"):
+                (world.cut_host if step[0] == "cut" else world.starve)(step[1], step[2])
+                trace.append((step, None))
                 continue
             trace.append((step, _payload(world, step)))
             world.apply(step)
@@ -235,6 +279,9 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.bulk_parts = world.outcome.bulk_parts
     result.deltas = world.outcome.deltas
     result.part_steps = world.outcome.part_steps
+    result.zombies = list(world.outcome.zombies)
+    result.mover_lost = world.outcome.mover_lost
+    result.deadlines = world.outcome.deadlines
     return result
 
 
@@ -294,7 +341,13 @@ def format_step(step: tuple, payload: Any) -> str:
     if kind == "credit":
         return f"credit {step[1]}"
     if kind == "crash":
-        return f"CRASH {step[1]}"
+        return f"CRASH {step[1]}" + (" (silent)" if "silent" in step else "")
+    if kind == "cut":
+        return f"CUT {step[1]} for {step[2]} ticks"
+    if kind == "starve":
+        return f"UNHEARD {step[1]} for {step[2]} ticks"
+    if kind == "told":
+        return f"told {step[1]} to stop"
     if kind == "detect":
         return f"detect {step[1]}"
     return " ".join(map(str, step))

@@ -27,7 +27,7 @@ class ScriptedChooser:
         while self.pos < len(self.script):
             step, payload = self.script[self.pos]
             self.pos += 1
-            if step[0] == "crash":
+            if step[0] in ("crash", "cut", "starve"):
                 if world.alive[step[1]]:
                     return step, payload if isinstance(payload, dict) else {}
                 continue

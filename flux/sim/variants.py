@@ -1,6 +1,6 @@
 """Deliberately broken protocol variants: proof that the oracle can fail.
 
-Each is a one-rule change to the buffer or the segment. The simulator must
+Each is a one-rule change to the buffer, the segment or the host. The simulator must
 report a violation for each, with a seed that reproduces it.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from bisect import bisect_right
 from flux.buffer import PRIM, Buffer
 from flux.data_messages import Credit
 from flux.effects import Send
+from flux.host import Host
 from flux.segment import DRAINING, PROCESSING, STREAMING, Segment
 
 
@@ -81,6 +82,21 @@ class SegmentWithLazyCredits(Segment):
         return effects
 
 
+class HostHearingTheDead(Host):
+    """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
+    a zombie, declared dead while it runs, is heard by peers that applied that view."""
+
+    def fenced(self, env) -> bool:
+        dead, self.dead_incs = self.dead_incs, set()
+        try:
+            return super().fenced(env)
+        finally:
+            self.dead_incs = dead
+
+
+#: variants of the host, by name (the others use ``Host``)
+HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead}
+
 #: name -> (buffer class, segment class)
 VARIANTS = {
     "none": (Buffer, Segment),
@@ -90,4 +106,5 @@ VARIANTS = {
     "no-drain": (Buffer, SegmentWithoutDrain),
     "no-delta": (Buffer, SegmentWithoutDelta),
     "lazy-credit": (Buffer, SegmentWithLazyCredits),
+    "hear-the-dead": (Buffer, Segment),
 }

@@ -8,15 +8,33 @@ outgoing queues (TCP delivers some of it), and everything addressed to it is
 lost. The controller (``controller.recovery``) declares the crash in a
 totally ordered view, later, and rebuilds lost replicas on standbys.
 
+Who is declared dead, and when, is the failure detector's policy
+(``controller.failure_detector``, DESIGN 6), run on a simulated clock that
+ticks while anything is unheard:
+
+- a crash the kernel reports (its connection drops) is a ``detect`` step;
+  a *silent* crash (a machine that dies without a FIN) only stops being heard;
+- a *cut* freezes every link of a host (TCP retransmits: nothing is lost,
+  everything waits) until it heals; the host's processes keep running;
+- a *starved* process is not heard for a while but runs and hears everyone
+  (a false suspicion when it lasts past the timeout);
+- a process declared dead while it runs is a *zombie*: it gets no more views
+  and keeps stepping with whoever has not yet applied the view that fenced it,
+  until its lease runs out or, heard again, it is told to stop;
+- a lossy link between StateMovers drops envelopes; the mover's checks or the
+  catch-up deadline (a number of ticks) abort the attempt, which is retried.
+
 The world only says which steps are enabled and carries one out; the
 scheduler (``flux.sim.schedule``) chooses.
 """
 from __future__ import annotations
 
+import random
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from controller.failure_detector import Declared, FailureDetector, Lease, Timings
 from controller.placement import Placement
 from controller.recovery import Recovery
 from flux.addresses import Addr, MoverAddr, P
@@ -30,10 +48,25 @@ from flux.host import Host
 from flux.ingress import INGRESS
 from flux.segment import Segment
 from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS, Topology
-from statemover.messages import SmReady, TransferFailed
+from statemover.messages import LinkLost, SmReady, TransferFailed
 
 INGRESS_HOST = INGRESS_PROCESS
 EGRESS_HOST = EGRESS_PROCESS
+
+#: the detector's timings in ticks, in the runtime's proportions (0.5 s silence, 2 s for a
+#: last replica, a 3 s lease: README, failure timings)
+SIM_TIMINGS = Timings(timeout=8, last_replica_timeout=32, stuck_after=16, stuck_timeout=480)
+SIM_LEASE = 48
+#: ticks a catch-up attempt may take before the controller aborts and retries it
+SIM_CATCHUP_DEADLINE = 64
+
+
+class ZombieMachine(NamedTuple):
+    """The key of a zombie's machine: its address may already name a new replica
+    elsewhere, and both run until the zombie stops."""
+
+    name: str
+    addr: Addr
 
 
 @dataclass
@@ -51,6 +84,9 @@ class WorldConfig:
     bulk_per_step: bool = True
     #: back-pressure: tuples a consumer may hold untaken per connection (None: no credits)
     window: Optional[int] = None
+    #: the chance that an envelope between two StateMovers is lost (a lossy mover link)
+    mover_loss: float = 0.0
+    host_class: type = Host
 
 
 @dataclass
@@ -66,14 +102,23 @@ class Outcome:
     delta_keys: int = 0
     #: bulk parts handed to a mover by "part" steps (phase 1 interleaved with processing)
     part_steps: int = 0
+    #: live processes declared dead (false suspicions, cut hosts), and how they stopped
+    zombies: List[str] = field(default_factory=list)
+    zombie_stops: List[str] = field(default_factory=list)
+    #: mover envelopes lost, and catch-up attempts aborted by their deadline
+    mover_lost: int = 0
+    deadlines: int = 0
 
 
 class World:
     """Hosts running the protocol machines, connected by FIFO channels."""
 
     def __init__(self, dataflow, inputs: Sequence[Any], partitions: int, placement: Placement,
-                 config: WorldConfig, rng):
+                 config: WorldConfig, rng, fault_rng: Optional[random.Random] = None):
         self.rng = rng
+        #: draws for timed faults (truncations of a zombie's links, lost mover envelopes):
+        #: a stream of its own, so runs without them draw what they always drew
+        self.fault_rng = fault_rng or random.Random(0)
         self.dataflow = dataflow
         self.stages = len(dataflow.stages)
         self.partitions = partitions
@@ -94,13 +139,13 @@ class World:
         peer_incs = topology.peer_incs()
         for name in topology.workers:
             machines = {a: self.builder.segment(a) for a in topology.endpoints_of(name)}
-            self._add_host(Host(name, machines, topology.incarnations[name],
+            self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                 self.builder.standby_segment, config.chunk_size, peer_incs))
         self.ingress = self.builder.ingress()
         self.egress = self.builder.egress()
         for name, machine in ((INGRESS_HOST, self.ingress), (EGRESS_HOST, self.egress)):
-            self._add_host(Host(name, {machine.addr: machine}, topology.incarnations[name],
-                                peer_incs=peer_incs))
+            self._add_host(config.host_class(name, {machine.addr: machine},
+                                             topology.incarnations[name], peer_incs=peer_incs))
         self.recovery = Recovery(topology)
         self.alive: Dict[str, bool] = {h: True for h in self.hosts}
         self.channels: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
@@ -108,6 +153,23 @@ class World:
         self.crashed_undetected: List[str] = []
         self.crashed: List[str] = []
         self.stopped = False
+        # -- the failure detector and its clock --------------------------------------
+        self.now = 0.0
+        self.detector = FailureDetector(SIM_TIMINGS)
+        self.leases: Dict[str, Lease] = {}
+        for name in topology.workers:
+            self.detector.watch(name, 0.0)
+            self.leases[name] = Lease(SIM_LEASE, 0.0)
+        self.detector.arm(0.0)
+        self.host_by_inc = {h.inc: n for n, h in self.hosts.items()}
+        self.declared: set = set()
+        self.silent_crashes: set = set()  # crashed, no FIN: found by silence alone
+        self.starved: Dict[str, float] = {}  # live but unheard until this tick
+        self.cut: Dict[str, float] = {}  # host -> the tick its links heal
+        self.zombies: set = set()  # declared dead while running
+        self.told: set = set()  # zombies heard again: a Stop is on its way
+        self._attempt_started: Dict[tuple, float] = {}
+        self._mover_gaps: set = set()  # mover channels that lost an envelope since the last
         # Enabled local steps per machine, recomputed only for machines a step
         # touched: a machine's local steps depend on its own state alone.
         self._local: Dict[Addr, List[tuple]] = {}
@@ -124,36 +186,64 @@ class World:
         steps: List[tuple] = []
         if self.stopped:
             return steps
-        hosts, host_of, channels = self.hosts, self.host_of, self.channels
+        hosts, host_of, channels, cut = self.hosts, self.host_of, self.channels, self.cut
         for key in self._busy:
-            if hosts[host_of[key[1]]].accepts(channels[key][0]):
+            head = channels[key][0]
+            dst = self._route(head) if self.zombies else host_of[key[1]]
+            if cut and (self.host_by_inc.get(head.inc) in cut or dst in cut):
+                continue  # a cut link: TCP holds it until the cut heals
+            if hosts[dst].accepts(head):
                 steps.append(("deliver", key))
         for name, q in self.views.items():
-            if q:
+            if q and name not in cut:
                 steps.append(("view", name))
         for name in self.crashed_undetected:
             steps.append(("detect", name))
-        for addr in self._dirty:
-            if addr in self._local or self._is_live_worker(addr):
-                self._local[addr] = self._local_steps(addr)
+        for name in sorted(self.told):
+            if name not in cut:  # the controller's Stop waits for the link too
+                steps.append(("told", name))
+        if self._clock_runs():
+            steps.append(("tick",))
+        for key in self._dirty:
+            if isinstance(key, ZombieMachine):
+                zombie = self.hosts[key.name]
+                if key.name in self.zombies and key.addr in zombie.machines:
+                    self._local[key] = [("zombie", key.name, s) for s in
+                                        self._local_steps(key.addr, zombie.machines[key.addr])]
+                else:
+                    self._local.pop(key, None)
+            elif key in self._local or self._is_live_worker(key):
+                self._local[key] = self._local_steps(key)
         self._dirty.clear()
         for local in self._local.values():
             steps.extend(local)
-        return steps
+        if not steps and self.recovery.attempts and self.config.mover_loss:
+            steps.append(("tick",))  # a catch-up waits for what a lossy link lost: its
+        return steps                 # deadline is long next to a healthy transfer
+
+    def _route(self, env: Envelope) -> str:
+        """The process an envelope reaches: the incarnation it was meant for if that is a
+        zombie (TCP to it still works), else whoever hosts the address now."""
+        meant = self.host_by_inc.get(env.dst_inc)
+        return meant if meant in self.zombies else self.host_of[env.dst]
+
+    def _key(self, name: str, addr: Addr):
+        """The key of machine ``addr`` of process ``name`` among the local steps."""
+        return ZombieMachine(name, addr) if name in self.zombies else addr
 
     def _is_live_worker(self, addr: Addr) -> bool:
         name = self.host_of.get(addr)
         return (name is not None and self.alive[name] and name != EGRESS_HOST
                 and addr in self.hosts[name].machines)
 
-    def _local_steps(self, addr: Addr) -> List[tuple]:
+    def _local_steps(self, addr: Addr, seg=None) -> List[tuple]:
         if addr == INGRESS:
             steps = [("flush", INGRESS, i, d) for i, d in self.ingress.flushable()]
             if self.next_input < len(self.inputs) and self.ingress.can_accept(
                     self.inputs[self.next_input]):
                 steps.append(("accept",))
             return steps
-        seg = self.machine(addr)
+        seg = seg if seg is not None else self.machine(addr)
         steps = [("flush", addr, i, d) for i, d in seg.flushable()]
         if seg.can_process():
             steps.append(("process", addr))
@@ -167,11 +257,14 @@ class World:
         """The process whose speed decides how soon ``step`` happens."""
         kind = step[0]
         if kind == "deliver":
-            return self.host_of[step[1][1]]
+            return self._route(self.channels[step[1]][0]) if self.zombies else \
+                self.host_of[step[1][1]]
         if kind == "view":
             return step[1]
-        if kind == "detect":
+        if kind in ("detect", "tick"):
             return "controller"
+        if kind in ("told", "zombie"):
+            return step[1]
         if kind == "accept":
             return INGRESS_HOST
         return self.host_of[step[1]]
@@ -183,10 +276,13 @@ class World:
             env = q.popleft()
             if not q:
                 del self._busy[step[1]]
-            host = self.hosts[self.host_of[env.dst]]
-            self._dirty.add(env.dst)
-            if isinstance(env.dst, MoverAddr):
-                self._dirty.update(host.machines)  # mover signals reach its segments
+            host = self.hosts[self._route(env) if self.zombies else self.host_of[env.dst]]
+            if step[1] in self._mover_gaps:  # the transport sees the gap before this one
+                self._mover_gaps.discard(step[1])
+                self._effects(*host.on_envelope(replace(env, msg=LinkLost(0, 1))), host=host)
+            self._dirty.add(self._key(host.name, env.dst))
+            if isinstance(env.dst, MoverAddr):  # mover signals reach its segments
+                self._dirty.update(self._key(host.name, a) for a in host.machines)
             self._effects(*host.on_envelope(env), host=host)
         elif kind == "view":
             view = self.views[step[1]].popleft()
@@ -195,31 +291,36 @@ class World:
             for addr in [a for a in self._local if self.host_of.get(a) == host.name
                          and a not in host.machines]:
                 del self._local[addr]  # a discarded replica has no more steps
-            self._dirty.update(host.machines)
-            self._effects(*effects)
+            self._dirty.update(self._key(host.name, a) for a in host.machines)
+            self._effects(*effects, host=host)
         elif kind == "detect":
             self.detect(step[1])
+        elif kind == "tick":
+            self.tick()
+        elif kind == "told":
+            self._halt(step[1])  # a zombie heard again: the controller told it to stop
         elif kind == "accept":
             self.ingress.accept(self.inputs[self.next_input])
             self.next_input += 1
             self._dirty.add(INGRESS)
-        elif kind == "process":
-            self.machine(step[1]).process()
-            self._dirty.add(step[1])
+        elif kind == "zombie":  # a local step of a machine of a zombie
+            self._apply_local(step[2], self.hosts[step[1]])
+        else:
+            self._apply_local(step, self.hosts[self.host_of[step[1]]])
+
+    def _apply_local(self, step: tuple, host: Host) -> None:
+        kind, addr = step[0], step[1]
+        machine = host.machines[addr]
+        self._dirty.add(self._key(host.name, addr))
+        if kind == "process":
+            machine.process()
         elif kind == "part":
-            host = self.hosts[self.host_of[step[1]]]
-            self._dirty.add(step[1])
             self.outcome.part_steps += 1
-            self._effects(*host.run_local(self.machine(step[1]).send_part()))
+            self._effects(*host.run_local(machine.send_part()))
         elif kind == "credit":
-            host = self.hosts[self.host_of[step[1]]]
-            self._dirty.add(step[1])
-            self._effects(*host.run_local(self.machine(step[1]).send_credits()))
+            self._effects(*host.run_local(machine.send_credits()))
         elif kind == "flush":
-            addr, i, d = step[1:]
-            host = self.hosts[self.host_of[addr]]
-            self._dirty.add(addr)
-            self._effects(*host.run_local(self.machine(addr).flush(i, d)))
+            self._effects(*host.run_local(machine.flush(*step[2:])))
         else:
             raise ValueError(f"unknown step {step}")
 
@@ -227,10 +328,15 @@ class World:
         return self.hosts[self.host_of[addr]].machines[addr]
 
     def _effects(self, envelopes: List[Envelope], others: List, host: Optional[Host] = None) -> None:
+        loss = self.config.mover_loss
         for env in envelopes:
-            dst_host = self.host_of.get(env.dst)
+            dst_host = self._route(env) if self.zombies else self.host_of.get(env.dst)
             if dst_host is None or not self.alive[dst_host]:
                 continue  # the peer is gone: TCP would fail the send
+            if loss and isinstance(env.dst, MoverAddr) and self.fault_rng.random() < loss:
+                self.outcome.mover_lost += 1
+                self._mover_gaps.add((env.src, env.dst))  # the next one shows the gap
+                continue  # a lossy mover link
             key = (env.src, env.dst)
             self.channels.setdefault(key, deque()).append(env)
             self._busy[key] = None
@@ -260,58 +366,165 @@ class World:
             for avail in view.avail:
                 self.host_of[avail.addr] = avail.node  # where the new replica will live
             for h, q in self.views.items():
-                if self.alive[h]:
+                if self.alive[h] and h not in self.declared:
                     q.append(view)
         done = self.recovery.completed
         if len(done) > len(self.outcome.catchups):
             self.outcome.catchups.extend(done[len(self.outcome.catchups):])
 
     # -- failures -------------------------------------------------------------
-    def crash(self, name: str, keep: Optional[Dict] = None) -> Dict:
+    def crash(self, name: str, keep: Optional[Dict] = None, silent: bool = False) -> Dict:
         """Fail-stop: the process halts; a prefix of what it sent is still delivered.
+        Its connections drop (a ``detect`` step follows) unless the crash is ``silent``
+        (a machine that dies sends no FIN: only its silence tells).
 
         Returns how many messages each outgoing channel kept, so a replay
         (``keep``) truncates exactly as the original run did."""
+        kept = self._halt(name, keep, self.rng)
+        self.crashed.append(name)
+        if name in self.declared:
+            pass  # a zombie (declared already) crashed for real
+        elif silent:
+            self.silent_crashes.add(name)
+        else:
+            self.crashed_undetected.append(name)
+        return kept
+
+    def _halt(self, name: str, keep: Optional[Dict] = None,
+              rng: Optional[random.Random] = None) -> Dict:
+        """The process stops: nothing more from it, a prefix of its in-flight messages
+        survives, everything addressed to it is lost."""
+        rng = rng or self.fault_rng
         self.alive[name] = False
-        self.views[name].clear()
         mine = set(self.hosts[name].addresses())
-        for a in mine:
-            self._local.pop(a, None)
+        if name in self.zombies:
+            self.zombies.discard(name)
+            self.told.discard(name)
+            self.outcome.zombie_stops.append(name)
+            for a in mine:
+                self._local.pop(ZombieMachine(name, a), None)
+        else:
+            for a in mine:
+                self._local.pop(a, None)
+        self.views[name].clear()
         kept: Dict = {}
         for key in list(self._busy):
             src, dst = key
             q = self.channels[key]
             if dst in mine and self.host_of.get(dst) == name:
                 q.clear()
-            elif src in mine and q and q[0].inc == self.hosts[name].inc:
-                n = keep.get(key, len(q)) if keep is not None else self.rng.randint(0, len(q))
-                kept[key] = n
-                while len(q) > n:
-                    q.pop()
+            elif src in mine:  # its own messages: a prefix survives (others share the
+                inc = self.hosts[name].inc  # channel: a rebuilt replica of its address)
+                own = [e for e in q if e.inc == inc]
+                if own:
+                    n = keep.get(key, len(own)) if keep is not None else rng.randint(0, len(own))
+                    kept[key] = n
+                    lost = {id(e) for e in own[n:]}
+                    if lost:
+                        q = self.channels[key] = deque(e for e in q if id(e) not in lost)
             if not q:
                 del self._busy[key]
-        self.crashed_undetected.append(name)
-        self.crashed.append(name)
         return kept
 
     def detect(self, name: str) -> None:
-        """The controller declares a crashed process dead in the next view (3.2.1)."""
+        """A crashed process's connection dropped: the failure detector declares it dead
+        at once (3.2.1), in the next view."""
         self.crashed_undetected.remove(name)
+        self._act(self.detector.connection_dropped(name))
+
+    def _act(self, verdicts) -> None:
+        for v in verdicts:
+            if isinstance(v, Declared) and not self.stopped:
+                self.declare(v.name)
+
+    def declare(self, name: str) -> None:
+        """The controller declares ``name`` dead: views to everyone else. If it still runs
+        it is a zombie: it hears no more views and its lease is no longer renewed."""
+        if name in self.crashed_undetected:
+            self.crashed_undetected.remove(name)
+        self.silent_crashes.discard(name)
         try:
-            self._broadcast(self.recovery.node_failed(name))
+            views = self.recovery.node_failed(name)
         except PairLost as lost:
             self.outcome.pair_lost = [Addr(lost.stage, lost.partition, P)]
             self.stopped = True
+            return
+        for other in [name] + sorted(self.recovery.dead - self.declared - {name}):
+            self.declared.add(other)
+            self.detector.forget(other)
+            if self.alive[other]:
+                self.zombies.add(other)
+                self.outcome.zombies.append(other)
+                for a in self.hosts[other].machines:  # its steps go on under keys of its own
+                    if self.host_of.get(a) == other:
+                        self._local.pop(a, None)
+                        self._dirty.discard(a)
+                    self._dirty.add(ZombieMachine(other, a))
+                if other != name:
+                    self.told.add(other)  # failed with its replica set: told to stop (4.2)
+        self._broadcast(views)
+
+    # -- the failure detector's clock ---------------------------------------------
+    def _clock_runs(self) -> bool:
+        """Time matters while someone is unheard or a zombie runs."""
+        return bool(self.starved or self.cut or self.zombies or self.silent_crashes)
+
+    def starve(self, name: str, ticks: float) -> None:
+        """``name`` runs but is not heard for ``ticks`` (a false suspicion if that lasts)."""
+        self.starved[name] = self.now + ticks
+
+    def cut_host(self, name: str, ticks: float) -> None:
+        """Every link of ``name`` is down for ``ticks``; its processes keep running."""
+        self.cut[name] = self.now + ticks
+
+    def heard(self, name: str) -> bool:
+        """Do ``name``'s beats reach the controller now?"""
+        return self.alive[name] and name not in self.starved and name not in self.cut
+
+    def tick(self) -> None:
+        """One tick of the controller's clock: heal what is due, hear who can be heard,
+        renew leases, let the failure detector judge, expire leases and deadlines."""
+        now = self.now = self.now + 1
+        self.starved = {n: t for n, t in self.starved.items() if t > now and self.alive[n]}
+        self.cut = {n: t for n, t in self.cut.items() if t > now and self.alive[n]}
+        for name in self.detector.live():
+            if self.alive[name] and name not in self.cut:
+                self.leases[name].heard(now)  # the controller's beats reach it
+            if self.heard(name):
+                self.detector.heard(name, now)
+        for name in sorted(self.zombies):
+            if self.heard(name):
+                self.told.add(name)  # it speaks again: told to stop (DESIGN 6)
+        self._act(self.detector.tick(now, self.recovery.holds_last_replica))
+        for name, lease in sorted(self.leases.items()):
+            if self.alive[name] and lease.expired(now):  # it stops on its own
+                if name in self.declared:
+                    self._halt(name)
+                else:
+                    self.crash(name)  # it says so: the controller hears it stopped
+        self._expire_attempts(now)
+
+    def _expire_attempts(self, now: float) -> None:
+        live = {(addr, a.version) for addr, a in self.recovery.attempts.items()}
+        self._attempt_started = {k: t for k, t in self._attempt_started.items() if k in live}
+        for addr, version in sorted(live):
+            started = self._attempt_started.setdefault((addr, version), now)
+            if now - started > SIM_CATCHUP_DEADLINE:
+                self.outcome.deadlines += 1
+                self._broadcast(self.recovery.transfer_failed(addr.stage, addr.partition,
+                                                              version))
 
     def safe_victims(self) -> List[str]:
         """Live nodes and standbys whose crash leaves one replica of every pair alive."""
         rec = self.recovery
         gone = set(rec.missing)
-        for name in self.crashed_undetected:
+        for name in (self.crashed_undetected + sorted(self.silent_crashes)
+                     + sorted(self.starved) + sorted(self.cut)):
             gone |= rec.hosted.get(name, set())
         victims = []
         for name, host in self.hosts.items():
-            if not self.alive[name] or name in (INGRESS_HOST, EGRESS_HOST):
+            if (not self.alive[name] or name in (INGRESS_HOST, EGRESS_HOST)
+                    or name in self.declared):
                 continue
             if all(Addr(a.stage, a.partition, 1 - a.replica) not in gone
                    for a in rec.hosted.get(name, ())):
@@ -319,6 +532,11 @@ class World:
         return victims
 
     # -- the end of a run -----------------------------------------------------
+    def faultable(self) -> List[str]:
+        """Live workers not declared, cut or starved: who may be cut or starved next."""
+        return [n for n in self.detector.live() if self.alive[n] and n not in self.cut
+                and n not in self.starved]
+
     def live_machines(self):
         for name, host in self.hosts.items():
             if self.alive[name]:
