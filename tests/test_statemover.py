@@ -18,6 +18,7 @@ from statemover.messages import (
     Abort,
     Chunk,
     Handshake,
+    LinkLost,
     PartAck,
     PartAcked,
     PartTrailer,
@@ -594,3 +595,35 @@ def test_the_receiver_dies_between_parts():
         b.on_message(A, m)
     assert a.on_fail({B}) == [TransferFailed(T, PEER_FAILED)]
     assert a.send_part(T, b"more") == [] and a.send(T, b"final") == []
+
+
+# -- a link that lost messages (a lossy mover link, issue 13) -------------------------
+
+def test_lost_messages_from_a_peer_fail_its_live_transfers_and_no_others():
+    a, b = ready_pair()
+    other = StateMover("moverC", C)
+    b.request_recv(T_NEW, "moverC")
+    effects = b.on_message(A, LinkLost(3, 5))
+    assert effects == [TransferFailed(T, f"messages from {A} lost in transit (#3 to #4)")]
+    assert b.mode(T) is Mode.ABORTED and b.mode(T_NEW) is Mode.REQUESTED
+    assert b.on_message(A, Chunk(T, 0, b"abcd")) == []  # late, for a failed attempt
+    b.check_invariants()
+    assert other.transfers == {}
+
+
+def test_a_chunk_whose_handshake_was_lost_fails_the_transfer_not_the_process():
+    """The handshake of a transfer this side had not asked for yet was lost; the gap was
+    reported before the transfer existed here, so its first chunk comes out of turn."""
+    b = StateMover(B, C)
+    assert b.on_message(A, LinkLost(1, 2)) == []
+    b.request_recv(T, A)
+    effects = b.on_message(A, Chunk(T, 0, b"abcd"))
+    assert len(effects) == 1 and isinstance(effects[0], TransferFailed)
+    assert "out of turn after lost messages" in effects[0].reason
+
+
+def test_out_of_turn_from_a_peer_that_lost_nothing_is_still_a_protocol_error():
+    b = StateMover(B, C)
+    b.request_recv(T, A)
+    with pytest.raises(RemoteProtocolError, match="chunk in REQUESTED"):
+        b.on_message(A, Chunk(T, 0, b"abcd"))

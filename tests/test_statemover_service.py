@@ -74,3 +74,29 @@ def test_what_is_not_its_own_to_carry_is_dropped_with_a_log_line(two_nodes, env,
         time.sleep(0.02)
     assert "dropped" in caplog.text and movers["a"].relayed == 0
     assert receive(nodes["b"], timeout=0.3) == []
+
+
+def test_messages_a_peer_movers_link_lost_are_reported_to_the_node_in_order(two_nodes):
+    """A gap in the connection numbers from another node's mover (ZeroMQ lost what was in
+    flight across a reconnect) reaches the local mover as a LinkLost from that mover, so
+    its transfers fail at once rather than at the catch-up's deadline (issue 13)."""
+    from exchange.wire import encode
+    from statemover.messages import LinkLost
+
+    nodes, movers, _ = two_nodes
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.IDENTITY, b"c/mover#5")
+    raw.connect(movers["b"].address)
+    try:
+        after = Envelope(C, B, 3, Handshake((2, 1, 5), "send"), 5, None)
+        raw.send_multipart([b"1", encode(Envelope(C, B, 3, Handshake((2, 1, 4), "send"), 5,
+                                                  None))])
+        raw.send_multipart([b"3", encode(after)])  # #2 was lost: #3 shows the gap
+        raw.send_multipart([b"4", encode(after)])
+        got = receive(nodes["b"], 3)
+    finally:
+        raw.close()
+    assert [e.msg for e in got] == [Handshake((2, 1, 4), "send"), LinkLost(2, 3),
+                                    Handshake((2, 1, 5), "send")]
+    assert got[1].src == C and got[1].dst == B and got[1].inc == 5

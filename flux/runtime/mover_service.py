@@ -91,11 +91,13 @@ class StateMoverService:
 
     def turn(self, timeout_ms: int) -> None:
         envelopes, gaps = self.transport.poll(timeout_ms)
-        for gap in gaps:  # first: a transfer that lost a message fails, whatever follows
-            if isinstance(gap, ConnectionGap):
-                self.link_lost(gap)
-        for env in envelopes:
+        lost = [g for g in gaps if isinstance(g, ConnectionGap)]
+        for i, env in enumerate(envelopes):
+            while lost and lost[0].at <= i:  # in the link's order: before what followed it
+                self.link_lost(lost.pop(0))
             self.relay(env)
+        for gap in lost:
+            self.link_lost(gap)
 
     def link_lost(self, gap: ConnectionGap) -> None:
         """Tell the local mover that messages from a peer's mover vanished in transit."""

@@ -58,11 +58,13 @@ def job_keys(secret: str) -> Tuple[bytes, bytes]:
 
 @dataclass(frozen=True)
 class ConnectionGap:
-    """Messages from ``peer`` were lost between ``expected`` and ``got``: fail that link."""
+    """Messages from ``peer`` were lost between ``expected`` and ``got``: fail that link.
+    ``at``: how many of the envelopes ``poll`` returned with it came before the gap."""
 
     peer: str
     expected: int
     got: int
+    at: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ class Transport:
                 frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
-            env = self._accept(frames, gaps)
+            env = self._accept(frames, gaps, len(envelopes))
             if env is not None:
                 envelopes.append(env)
         return envelopes, gaps
@@ -226,7 +228,8 @@ class Transport:
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 lost.append(ConnectionLost(self.monitors[monitor]))
 
-    def _accept(self, frames: List[bytes], gaps: List[ConnectionGap]) -> Optional[Envelope]:
+    def _accept(self, frames: List[bytes], gaps: List[ConnectionGap],
+                at: int = 0) -> Optional[Envelope]:
         peer = frames[0] if frames else b"?"
         who = peer.decode("utf-8", "replace")
         if len(frames) != 3:
@@ -237,7 +240,7 @@ class Transport:
             return self._drop(who, "connection sequence number is not an int")
         expected = self.in_seq.get(peer, 0) + 1
         if seq != expected:
-            gaps.append(ConnectionGap(who, expected, seq))
+            gaps.append(ConnectionGap(who, expected, seq, at))
             log.warning("connection from %s skipped from %d to %d: treating it as failed",
                         who, expected, seq)
             self.in_seq[peer] = max(seq, expected - 1)
