@@ -227,6 +227,10 @@ class World:
         meant = self.host_by_inc.get(env.dst_inc)
         return meant if meant in self.zombies else self.host_of[env.dst]
 
+    @staticmethod
+    def _machine_of(key) -> Addr:
+        return key.addr if isinstance(key, ZombieMachine) else key
+
     def _key(self, name: str, addr: Addr):
         """The key of machine ``addr`` of process ``name`` among the local steps."""
         return ZombieMachine(name, addr) if name in self.zombies else addr
@@ -288,9 +292,10 @@ class World:
             view = self.views[step[1]].popleft()
             host = self.hosts[step[1]]
             effects = host.on_view(view)
-            for addr in [a for a in self._local if self.host_of.get(a) == host.name
-                         and a not in host.machines]:
-                del self._local[addr]  # a discarded replica has no more steps
+            for key in [k for k in self._local if self._machine_of(k) not in host.machines
+                        and (k.name if isinstance(k, ZombieMachine)
+                             else self.host_of.get(k)) == host.name]:
+                del self._local[key]  # a discarded replica has no more steps
             self._dirty.update(self._key(host.name, a) for a in host.machines)
             self._effects(*effects, host=host)
         elif kind == "detect":
