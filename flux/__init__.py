@@ -19,7 +19,8 @@ import importlib
 from typing import Any
 
 from flux.dataflow import Dataflow, Stage
-from flux.errors import DataflowError, OperatorError, PairLost
+from flux.connectors import Sink, Source
+from flux.errors import CheckpointMismatch, DataflowError, OperatorError, PairLost, SinkFenced
 from flux.examples import paper_dataflow
 from flux.expiry import Expiry
 from flux.keyed_state import KeyedOperator, KeyedState
@@ -44,6 +45,12 @@ _LAZY = {
     "RateLimited": "flux.runtime.sources",
     "JsonLinesSink": "flux.runtime.sinks",
     "read_json_lines": "flux.runtime.sinks",
+    "FileSource": "flux.runtime.file_source",
+    "FileSink": "flux.runtime.file_sink",
+    "read_file_sink": "flux.runtime.file_sink",
+    "DeltaSink": "flux.runtime.delta_sink",
+    "read_delta_sink": "flux.runtime.delta_sink",
+    "CheckpointStore": "flux.runtime.checkpoint_store",
     "ThreadCluster": "flux.runtime.threads",
     "packet_workload": "flux.workload",
     "keyed_workload": "flux.workload",
@@ -60,8 +67,11 @@ __all__ = [
     # sources, sinks, inputs and the failure-free reference
     "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",
     "reference_output",
+    # replayable sources, exactly-once sinks, checkpoints (issue 14)
+    "Source", "Sink", "FileSource", "FileSink", "read_file_sink", "DeltaSink",
+    "read_delta_sink", "CheckpointStore",
     # errors users catch
-    "DataflowError", "OperatorError", "PairLost",
+    "DataflowError", "OperatorError", "PairLost", "SinkFenced", "CheckpointMismatch",
 ]
 
 

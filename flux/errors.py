@@ -57,3 +57,12 @@ class PairLost(RuntimeError):
 
     def __reduce__(self):
         return (PairLost, (self.stage, self.partition))
+
+
+class SinkFenced(RuntimeError):
+    """Another writer committed to this exactly-once sink since it was opened (another
+    incarnation of the job took over): this one must stop, not write a duplicate."""
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint written by a job with another dataflow or partition count."""

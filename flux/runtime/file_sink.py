@@ -1,0 +1,165 @@
+"""An exactly-once sink of part files in a folder (DESIGN 10, issue 14).
+
+Outputs are written to a part file that stays hidden (``.part-N.tmp``) until
+``commit(sn)``: the part is renamed into place (``part-N.jsonl`` or
+``part-N.parquet``) and then the manifest ``_flux_sink.json``, naming every
+committed part and the last SN, is replaced atomically. The manifest is the
+truth: a reader reads the parts it names (``read_file_sink``), and a sink
+opened again deletes every part it does not name (what a crash left between
+rename and manifest) and drops every output whose SN is not above the
+committed one, which a restart's replay regenerates.
+
+Rows are ``{"sn": [...], "record": ...}``: one JSON object per line, or in
+Parquet two columns, ``sn`` (list of int64) and ``record`` (its JSON text).
+The folder is a local path or any ``fsspec`` URL (the manifest is then one
+object put, atomic on object stores).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any, Iterable, List, Optional, Tuple
+
+import fsspec
+
+from flux.operator import wire_form
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "_flux_sink.json"
+FORMATS = ("jsonl", "parquet")
+
+
+class FileSink:
+    """Exactly-once part files under ``path``. Also a plain callable sink (``sink(item)``),
+    committing every ``commit_every`` outputs and at ``close``."""
+
+    def __init__(self, path: str, format: str = "jsonl", commit_every: int = 10_000):
+        if format not in FORMATS:
+            raise ValueError(f"FileSink: format must be one of {FORMATS}, got {format!r}")
+        if commit_every < 1:
+            raise ValueError(f"FileSink: commit_every must be >= 1, got {commit_every!r}")
+        self.fs, self.root = fsspec.core.url_to_fs(path)
+        self.path, self.format, self.commit_every = path, format, commit_every
+        self.fs.makedirs(self.root, exist_ok=True)
+        manifest = read_manifest(self.fs, self.root)
+        if manifest is not None and manifest.get("format") != format:
+            raise ValueError(f"FileSink: {path!r} holds {manifest.get('format')} parts, "
+                             f"not {format}")
+        self.parts: List[str] = list(manifest["parts"]) if manifest else []
+        self._committed: Optional[Tuple[int, ...]] = (
+            tuple(manifest["sn"]) if manifest and manifest["sn"] is not None else None)
+        self._remove_leftovers()
+        self.pending: List[Tuple[tuple, Any]] = []
+        self.skipped = 0  # outputs dropped as already committed (a replay after a restart)
+
+    # -- the Sink protocol --------------------------------------------------------------
+    def committed(self) -> Optional[Tuple[int, ...]]:
+        return self._committed
+
+    def write(self, items: Iterable[Tuple[Any, Any]]) -> None:
+        last = self._committed
+        for sn, record in items:
+            sn = tuple(sn)
+            if last is not None and sn <= last:
+                self.skipped += 1
+                continue
+            self.pending.append((sn, wire_form(record)))
+
+    def commit(self, sn) -> None:
+        """Make every output written so far durable, with ``sn`` as the last committed."""
+        sn = tuple(sn)
+        if self._committed is not None and sn < self._committed:
+            raise ValueError(f"FileSink: commit of {sn} after {self._committed}")
+        if self.pending and self.pending[-1][0] > sn:
+            raise ValueError(f"FileSink: commit of {sn} with output {self.pending[-1][0]} "
+                             f"written")
+        parts = list(self.parts)
+        if self.pending:
+            name = f"part-{len(parts):08d}.{self.format}"
+            tmp = self._full(f".{name}.tmp")
+            with self.fs.open(tmp, "wb") as f:
+                f.write(self._encode(self.pending))
+            self.fs.mv(tmp, self._full(name))
+            parts.append(name)
+        self._write_manifest({"format": self.format, "sn": list(sn), "parts": parts})
+        self.parts, self._committed, self.pending = parts, sn, []
+
+    # -- as a plain callable sink ---------------------------------------------------------
+    def __call__(self, item: Tuple[Any, Any]) -> None:
+        self.write([item])
+        if len(self.pending) >= self.commit_every:
+            self.commit(self.pending[-1][0])
+
+    def close(self) -> None:
+        if self.pending:
+            self.commit(self.pending[-1][0])
+
+    def __enter__(self) -> "FileSink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- files ----------------------------------------------------------------------------
+    def _encode(self, rows) -> bytes:
+        if self.format == "jsonl":
+            return "".join(json.dumps({"sn": list(sn), "record": rec}) + "\n"
+                           for sn, rec in rows).encode()
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({"sn": pa.array([list(sn) for sn, _ in rows], pa.list_(pa.int64())),
+                          "record": pa.array([json.dumps(rec) for _, rec in rows], pa.string())})
+        out = io.BytesIO()
+        pq.write_table(table, out)
+        return out.getvalue()
+
+    def _write_manifest(self, manifest: dict) -> None:
+        data = json.dumps(manifest).encode()
+        if "file" in self.fs.protocol:  # a rename is atomic on a local file system
+            tmp = self._full(f".{MANIFEST}.tmp")
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, self._full(MANIFEST))
+        else:  # one object put is atomic on object stores
+            self.fs.pipe_file(self._full(MANIFEST), data)
+
+    def _remove_leftovers(self) -> None:
+        named = set(self.parts) | {MANIFEST}
+        for entry in self.fs.ls(self.root, detail=False):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if name not in named and (name.startswith("part-") or name.startswith(".part-")
+                                      or name == f".{MANIFEST}.tmp"):
+                log.info("FileSink %s: removing %s, never committed", self.path, name)
+                self.fs.rm(entry)
+
+    def _full(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
+
+
+def read_manifest(fs, root: str) -> Optional[dict]:
+    path = f"{root.rstrip('/')}/{MANIFEST}"
+    if not fs.exists(path):
+        return None
+    return json.loads(fs.cat_file(path))
+
+
+def read_file_sink(path: str) -> List[Tuple[tuple, Any]]:
+    """The committed ``(sn, record)`` outputs of a ``FileSink`` folder, in SN order."""
+    fs, root = fsspec.core.url_to_fs(path)
+    manifest = read_manifest(fs, root)
+    if manifest is None:
+        return []
+    rows: List[Tuple[tuple, Any]] = []
+    for name in manifest["parts"]:
+        data = fs.cat_file(f"{root.rstrip('/')}/{name}")
+        if manifest["format"] == "jsonl":
+            rows += [(tuple(r["sn"]), r["record"]) for r in map(json.loads, data.splitlines())]
+        else:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(io.BytesIO(data))
+            rows += [(tuple(sn), json.loads(rec)) for sn, rec in
+                     zip(table.column("sn").to_pylist(), table.column("record").to_pylist())]
+    return rows
