@@ -121,6 +121,11 @@ class FailureDetector:
         for record in self.watched.values():
             record.seen = now
 
+    def disarm(self) -> None:
+        """The job stops: its processes fall silent and close on purpose; nothing more is
+        judged."""
+        self.armed = False
+
     def live(self) -> List[str]:
         return [n for n, r in self.watched.items() if r.health is not Health.DEAD]
 

@@ -124,3 +124,9 @@ def test_a_lease_expires_after_its_length_of_silence():
     assert lease.expired(5.1) and lease.silent_for(5.1) == pytest.approx(3.1)
     with pytest.raises(ValueError):
         Lease(0.0, now=0.0)
+
+
+def test_nothing_is_judged_once_the_job_stops():
+    fd = armed("node0", "node1")
+    fd.disarm()  # every process was told to stop: they close their connections
+    assert fd.connection_dropped("node0") == [] and fd.tick(100.0, NOBODY) == []

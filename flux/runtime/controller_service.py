@@ -350,7 +350,10 @@ class ControllerService:
             self._send(name, members, 0)
 
     def stop_all(self, reason: str) -> None:
+        """Tell every live process to stop; from now on their silence and their closed
+        connections are expected, not failures."""
         self.stopping = reason
+        self.detector.disarm()
         for name in self._live():
             self._send(name, Stop(reason), 0)
         self.transport.flush()
