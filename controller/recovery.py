@@ -21,7 +21,7 @@ and returns the totally ordered views to broadcast (paper 3.2.1, 3.3; DESIGN
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Set
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from controller.hosts import standby_away_from
 from flux.addresses import Addr, MoverAddr, P, S
@@ -60,6 +60,7 @@ class Recovery:
         self.attempts: Dict[Addr, Attempt] = {}
         self.dead: Set[str] = set()
         self.completed: List[Addr] = []
+        self._first_seen: Dict[tuple, float] = {}  # (addr, version) -> for ``overdue``
         for addr in list(self.node_of):  # replicas a placement never has (replication "none")
             if self._twin(addr) not in self.node_of:
                 self.missing[self._twin(addr)] = "absent"
@@ -116,6 +117,19 @@ class Recovery:
         standby = self.node_of.pop(addr)
         self.hosted[standby].discard(addr)
         return [self._next_view(failed=frozenset({addr}))] + self._schedule()
+
+    def overdue(self, now: float, deadline: float) -> List[Tuple[Addr, int, float]]:
+        """Catch-up attempts not folded in ``deadline`` after ``overdue`` first saw them,
+        as ``(addr, version, age)``: the caller aborts them (``transfer_failed``) and they
+        are retried (3.4, issue 11). Time comes in as an argument."""
+        live = {(addr, a.version) for addr, a in self.attempts.items()}
+        self._first_seen = {k: t for k, t in self._first_seen.items() if k in live}
+        late = []
+        for addr, version in sorted(live):
+            age = now - self._first_seen.setdefault((addr, version), now)
+            if age > deadline:
+                late.append((addr, version, age))
+        return late
 
     # -- scheduling -----------------------------------------------------------------
     def _schedule(self) -> List[View]:

@@ -46,3 +46,64 @@ class Sink(Protocol):
 def is_exactly_once(sink: Any) -> bool:
     """Does ``sink`` commit by SN (else a restart may repeat outputs)?"""
     return isinstance(sink, Sink)
+
+
+class CommitsBySN:
+    """The part every exactly-once sink shares: outputs wait in ``pending`` until
+    ``commit(sn)`` hands them to ``_commit(rows, sn)`` (the sink's one atomic write), and
+    outputs whose SN is not above the committed one are dropped (counted in ``skipped``).
+    Called as a plain sink (``sink(item)``) it commits every ``commit_every`` outputs and
+    at ``close``."""
+
+    name = "sink"
+
+    def __init__(self, committed: Optional[SN], commit_every: int):
+        if commit_every < 1:
+            raise ValueError(f"{self.name}: commit_every must be >= 1, got {commit_every!r}")
+        self.commit_every = commit_every
+        self._committed = committed
+        self.pending: list = []
+        self.skipped = 0
+
+    def committed(self) -> Optional[SN]:
+        return self._committed
+
+    def write(self, items: Iterable[Tuple[SN, Any]]) -> None:
+        from flux.operator import wire_form
+
+        last = self._committed
+        for sn, record in items:
+            sn = tuple(sn)
+            if last is not None and sn <= last:
+                self.skipped += 1
+                continue
+            self.pending.append((sn, wire_form(record)))
+
+    def commit(self, sn: SN) -> None:
+        """Make every output written so far durable, with ``sn`` as the last committed."""
+        sn = tuple(sn)
+        if self._committed is not None and sn < self._committed:
+            raise ValueError(f"{self.name}: commit of {sn} after {self._committed}")
+        if self.pending and self.pending[-1][0] > sn:
+            raise ValueError(f"{self.name}: commit of {sn} with output {self.pending[-1][0]} "
+                             f"written")
+        self._commit(self.pending, sn)
+        self._committed, self.pending = sn, []
+
+    def _commit(self, rows: list, sn: SN) -> None:
+        raise NotImplementedError
+
+    def __call__(self, item: Tuple[SN, Any]) -> None:
+        self.write([item])
+        if len(self.pending) >= self.commit_every:
+            self.commit(self.pending[-1][0])
+
+    def close(self) -> None:
+        if self.pending:
+            self.commit(self.pending[-1][0])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -104,7 +104,6 @@ class ControllerService:
         self.clock = clock
         #: a catch-up attempt not folded in after this long is aborted and retried (3.4)
         self.catchup_timeout = catchup_timeout
-        self._attempt_started: Dict[tuple, float] = {}  # (addr, version) -> first seen
         self.dead: set = set()
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
@@ -259,13 +258,9 @@ class ControllerService:
             self._broadcast(views)
 
     def _expire_attempts(self, now: float) -> None:
-        live = {(addr, a.version) for addr, a in self.recovery.attempts.items()}
-        self._attempt_started = {k: t for k, t in self._attempt_started.items() if k in live}
-        for addr, version in sorted(live):
-            started = self._attempt_started.setdefault((addr, version), now)
-            if now - started > self.catchup_timeout:
-                self.abort_attempt((addr.stage, addr.partition, version),
-                                   f"not folded in after {now - started:.0f}s")
+        for addr, version, age in self.recovery.overdue(now, self.catchup_timeout):
+            self.abort_attempt((addr.stage, addr.partition, version),
+                               f"not folded in after {age:.0f}s")
 
     # -- membership --------------------------------------------------------------------
     def on_register(self, msg: Register) -> None:

@@ -16,40 +16,40 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
+from flux.connectors import CommitsBySN
 from flux.errors import SinkFenced
-from flux.operator import wire_form
 
 log = logging.getLogger(__name__)
 
 SN_KEY, APP_KEY = "flux.sn", "flux.app"
 
 
-class DeltaSink:
+class DeltaSink(CommitsBySN):
     """Exactly-once appends to the Delta table at ``table_uri`` (created if absent). Also a
     plain callable sink (``sink(item)``)."""
+
+    name = "DeltaSink"
 
     def __init__(self, table_uri: str, app_id: str = "flux", storage_options=None,
                  commit_every: int = 10_000, history_limit: int = 10_000):
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
-        if commit_every < 1:
-            raise ValueError(f"DeltaSink: commit_every must be >= 1, got {commit_every!r}")
-        self.uri, self.app_id, self.commit_every = table_uri, app_id, commit_every
+        self.uri, self.app_id = table_uri, app_id
         self.storage_options = storage_options
         self.version: Optional[int] = None  # this app's last transaction version
-        self._committed: Optional[Tuple[int, ...]] = None
+        committed = None
         try:
             table = DeltaTable(table_uri, storage_options=storage_options)
-        except Exception:  # deltalake raises TableNotFoundError: no table yet
+        except TableNotFoundError:  # no table yet: the first commit creates it
             table = None
         if table is not None:
             self.version = table.transaction_version(app_id)
             if self.version is not None:
-                self._committed = self._sn_of_last_commit(table, history_limit)
-        self.pending: List[Tuple[tuple, Any]] = []
-        self.skipped = 0
+                committed = self._sn_of_last_commit(table, history_limit)
+        super().__init__(committed, commit_every)
 
     def _sn_of_last_commit(self, table, limit: int) -> Tuple[int, ...]:
         for entry in table.history(limit):  # newest first
@@ -59,37 +59,22 @@ class DeltaSink:
                            f"for {self.app_id!r} but no commit in its last {limit} says "
                            f"which SN it committed")
 
-    # -- the Sink protocol --------------------------------------------------------------
-    def committed(self) -> Optional[Tuple[int, ...]]:
-        return self._committed
-
-    def write(self, items: Iterable[Tuple[Any, Any]]) -> None:
-        last = self._committed
-        for sn, record in items:
-            sn = tuple(sn)
-            if last is not None and sn <= last:
-                self.skipped += 1
-                continue
-            self.pending.append((sn, wire_form(record)))
-
-    def commit(self, sn) -> None:
+    def _commit(self, rows: list, sn: tuple) -> None:
+        """One Delta commit: the rows, the app transaction and the SN, together."""
         import pyarrow as pa
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        from deltalake.exceptions import TableNotFoundError
 
-        sn = tuple(sn)
-        if self._committed is not None and sn < self._committed:
-            raise ValueError(f"DeltaSink: commit of {sn} after {self._committed}")
         try:
             now = DeltaTable(self.uri, storage_options=self.storage_options
                              ).transaction_version(self.app_id)
-        except Exception:
+        except TableNotFoundError:
             now = None
         if now != self.version:
             raise SinkFenced(f"DeltaSink: {self.uri} has transaction version {now} for "
                              f"{self.app_id!r}, this sink wrote {self.version}: another "
                              f"writer took over")
         version = (self.version or 0) + 1
-        rows = self.pending
         table = pa.table({"sn": pa.array([list(s) for s, _ in rows], pa.list_(pa.int64())),
                           "record": pa.array([json.dumps(r) for _, r in rows], pa.string())})
         write_deltalake(self.uri, table, mode="append", storage_options=self.storage_options,
@@ -97,18 +82,7 @@ class DeltaSink:
                             custom_metadata={SN_KEY: json.dumps(list(sn)),
                                              APP_KEY: self.app_id},
                             app_transactions=[Transaction(self.app_id, version)]))
-        self.version, self._committed, self.pending = version, sn, []
-
-    # -- as a plain callable sink ---------------------------------------------------------
-    def __call__(self, item: Tuple[Any, Any]) -> None:
-        """As a plain callable sink: commits every ``commit_every`` outputs and at close."""
-        self.write([item])
-        if len(self.pending) >= self.commit_every:
-            self.commit(self.pending[-1][0])
-
-    def close(self) -> None:
-        if self.pending:
-            self.commit(self.pending[-1][0])
+        self.version = version
 
 
 def read_delta_sink(table_uri: str, storage_options=None) -> List[Tuple[tuple, Any]]:

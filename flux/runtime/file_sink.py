@@ -19,11 +19,11 @@ from __future__ import annotations
 import io
 import json
 import logging
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import fsspec
 
-from flux.operator import wire_form
+from flux.connectors import CommitsBySN
 
 log = logging.getLogger(__name__)
 
@@ -31,76 +31,39 @@ MANIFEST = "_flux_sink.json"
 FORMATS = ("jsonl", "parquet")
 
 
-class FileSink:
+class FileSink(CommitsBySN):
     """Exactly-once part files under ``path``. Also a plain callable sink (``sink(item)``),
     committing every ``commit_every`` outputs and at ``close``."""
+
+    name = "FileSink"
 
     def __init__(self, path: str, format: str = "jsonl", commit_every: int = 10_000):
         if format not in FORMATS:
             raise ValueError(f"FileSink: format must be one of {FORMATS}, got {format!r}")
-        if commit_every < 1:
-            raise ValueError(f"FileSink: commit_every must be >= 1, got {commit_every!r}")
         self.fs, self.root = fsspec.core.url_to_fs(path)
-        self.path, self.format, self.commit_every = path, format, commit_every
+        self.path, self.format = path, format
         self.fs.makedirs(self.root, exist_ok=True)
         manifest = read_manifest(self.fs, self.root)
         if manifest is not None and manifest.get("format") != format:
             raise ValueError(f"FileSink: {path!r} holds {manifest.get('format')} parts, "
                              f"not {format}")
         self.parts: List[str] = list(manifest["parts"]) if manifest else []
-        self._committed: Optional[Tuple[int, ...]] = (
-            tuple(manifest["sn"]) if manifest and manifest["sn"] is not None else None)
+        super().__init__(tuple(manifest["sn"]) if manifest and manifest["sn"] is not None
+                         else None, commit_every)
         self._remove_leftovers()
-        self.pending: List[Tuple[tuple, Any]] = []
-        self.skipped = 0  # outputs dropped as already committed (a replay after a restart)
 
-    # -- the Sink protocol --------------------------------------------------------------
-    def committed(self) -> Optional[Tuple[int, ...]]:
-        return self._committed
-
-    def write(self, items: Iterable[Tuple[Any, Any]]) -> None:
-        last = self._committed
-        for sn, record in items:
-            sn = tuple(sn)
-            if last is not None and sn <= last:
-                self.skipped += 1
-                continue
-            self.pending.append((sn, wire_form(record)))
-
-    def commit(self, sn) -> None:
-        """Make every output written so far durable, with ``sn`` as the last committed."""
-        sn = tuple(sn)
-        if self._committed is not None and sn < self._committed:
-            raise ValueError(f"FileSink: commit of {sn} after {self._committed}")
-        if self.pending and self.pending[-1][0] > sn:
-            raise ValueError(f"FileSink: commit of {sn} with output {self.pending[-1][0]} "
-                             f"written")
+    def _commit(self, rows: list, sn: tuple) -> None:
+        """The part renamed into place, then the manifest naming it replaced atomically."""
         parts = list(self.parts)
-        if self.pending:
+        if rows:
             name = f"part-{len(parts):08d}.{self.format}"
             tmp = self._full(f".{name}.tmp")
             with self.fs.open(tmp, "wb") as f:
-                f.write(self._encode(self.pending))
+                f.write(self._encode(rows))
             self.fs.mv(tmp, self._full(name))
             parts.append(name)
         self._write_manifest({"format": self.format, "sn": list(sn), "parts": parts})
-        self.parts, self._committed, self.pending = parts, sn, []
-
-    # -- as a plain callable sink ---------------------------------------------------------
-    def __call__(self, item: Tuple[Any, Any]) -> None:
-        self.write([item])
-        if len(self.pending) >= self.commit_every:
-            self.commit(self.pending[-1][0])
-
-    def close(self) -> None:
-        if self.pending:
-            self.commit(self.pending[-1][0])
-
-    def __enter__(self) -> "FileSink":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.parts = parts
 
     # -- files ----------------------------------------------------------------------------
     def _encode(self, rows) -> bytes:

@@ -168,7 +168,6 @@ class World:
         self.cut: Dict[str, float] = {}  # host -> the tick its links heal
         self.zombies: set = set()  # declared dead while running
         self.told: set = set()  # zombies heard again: a Stop is on its way
-        self._attempt_started: Dict[tuple, float] = {}
         self._mover_gaps: set = set()  # mover channels that lost an envelope since the last
         # Enabled local steps per machine, recomputed only for machines a step
         # touched: a machine's local steps depend on its own state alone.
@@ -510,14 +509,9 @@ class World:
         self._expire_attempts(now)
 
     def _expire_attempts(self, now: float) -> None:
-        live = {(addr, a.version) for addr, a in self.recovery.attempts.items()}
-        self._attempt_started = {k: t for k, t in self._attempt_started.items() if k in live}
-        for addr, version in sorted(live):
-            started = self._attempt_started.setdefault((addr, version), now)
-            if now - started > SIM_CATCHUP_DEADLINE:
-                self.outcome.deadlines += 1
-                self._broadcast(self.recovery.transfer_failed(addr.stage, addr.partition,
-                                                              version))
+        for addr, version, _ in self.recovery.overdue(now, SIM_CATCHUP_DEADLINE):
+            self.outcome.deadlines += 1
+            self._broadcast(self.recovery.transfer_failed(addr.stage, addr.partition, version))
 
     def safe_victims(self) -> List[str]:
         """Live nodes and standbys whose crash leaves one replica of every pair alive."""
