@@ -1,0 +1,134 @@
+"""Checkpoint coordination: when is checkpoint ``k`` complete, and what its manifest says.
+
+Pure (DESIGN 2, 10). The ingress chooses a cut ``n`` for checkpoint ``k`` (the
+last input it sent) and records the source position after input ``n``; every
+partition of every stage snapshots when its merge has released every tuple
+derived from inputs up to ``n`` and none beyond, and one of its replicas
+writes that snapshot; the sink commits every output derived from inputs up to
+``n``. This machine hears those reports in any order and says when ``k`` is
+complete: only then may its manifest be written, and only complete checkpoints
+are ever read. A later checkpoint completing first makes every earlier
+incomplete one useless (``abandoned``): a restart always takes the newest.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from flux.dataflow import Dataflow, factory_name
+
+
+def fingerprint(dataflow: Dataflow, partitions: int) -> str:
+    """What a checkpoint must match to be restored: stage names, partition keys and the
+    operator factories, in order, and the partition count."""
+    shape = [[s.name, factory_name(s.key), [factory_name(f) for f in s.operators]]
+             for s in dataflow.stages]
+    text = json.dumps({"stages": shape, "partitions": partitions}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Phase(enum.Enum):
+    OPEN = "open"  # reports still missing
+    COMPLETE = "complete"  # every report in: the manifest may be written
+    ABANDONED = "abandoned"  # a later checkpoint completed first
+
+
+@dataclass
+class Checkpoint:
+    """What is known of one checkpoint."""
+
+    number: int
+    cut: int  # the last input number it covers
+    phase: Phase = Phase.OPEN
+    position: Any = None  # the source position after input ``cut``
+    has_position: bool = False
+    parts: Dict[Tuple[int, int], str] = field(default_factory=dict)  # (stage, p) -> file
+    sink: Optional[Tuple[int, ...]] = None  # the last SN the sink committed at the cut
+    has_sink: bool = False
+
+
+class CheckpointCoordinator:
+    """Hears the reports of every checkpoint; returns manifests of complete ones."""
+
+    def __init__(self, stages: int, partitions: int, fingerprint: str):
+        self.stages, self.partitions, self.fingerprint = stages, partitions, fingerprint
+        self.checkpoints: Dict[int, Checkpoint] = {}
+        self.latest_complete: Optional[int] = None
+
+    # -- events --------------------------------------------------------------------------
+    def begin(self, number: int, cut: int) -> None:
+        """The ingress chose cut ``cut`` for checkpoint ``number``."""
+        if number in self.checkpoints:
+            raise ValueError(f"checkpoint {number} was begun already")
+        if self.checkpoints and number < max(self.checkpoints):
+            raise ValueError(f"checkpoint {number} after checkpoint {max(self.checkpoints)}")
+        last = self.checkpoints.get(max(self.checkpoints)) if self.checkpoints else None
+        if last is not None and cut < last.cut:
+            raise ValueError(f"checkpoint {number}'s cut {cut} is before {last.cut}")
+        self.checkpoints[number] = Checkpoint(number, cut)
+
+    def source_recorded(self, number: int, position: Any) -> Optional[dict]:
+        c = self._open(number)
+        if c is None:
+            return None
+        c.position, c.has_position = position, True
+        return self._maybe_complete(c)
+
+    def part_written(self, number: int, stage: int, partition: int, name: str) -> Optional[dict]:
+        """A replica of ``stage``'s ``partition`` wrote its snapshot as ``name`` (its twin
+        may write too: the first one counts)."""
+        if not (1 <= stage <= self.stages and 0 <= partition < self.partitions):
+            raise ValueError(f"no stage {stage} partition {partition} in this job")
+        c = self._open(number)
+        if c is None:
+            return None
+        c.parts.setdefault((stage, partition), name)
+        return self._maybe_complete(c)
+
+    def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]]) -> Optional[dict]:
+        """The sink committed every output derived from inputs up to the cut; ``sn`` the
+        last (None: no output yet)."""
+        c = self._open(number)
+        if c is None:
+            return None
+        c.sink, c.has_sink = (tuple(sn) if sn is not None else None), True
+        return self._maybe_complete(c)
+
+    # -- queries -------------------------------------------------------------------------
+    def abandoned(self) -> List[int]:
+        return sorted(k for k, c in self.checkpoints.items() if c.phase is Phase.ABANDONED)
+
+    def missing(self, number: int) -> List[str]:
+        """What checkpoint ``number`` still waits for, for a log line."""
+        c = self.checkpoints[number]
+        want = [f"stage {s} partition {p}" for s in range(1, self.stages + 1)
+                for p in range(self.partitions) if (s, p) not in c.parts]
+        if not c.has_position:
+            want.append("the source position")
+        if not c.has_sink:
+            want.append("the sink's commit")
+        return want
+
+    # -- rules ---------------------------------------------------------------------------
+    def _open(self, number: int) -> Optional[Checkpoint]:
+        c = self.checkpoints.get(number)
+        if c is None:
+            raise ValueError(f"a report for checkpoint {number}, which was never begun")
+        return c if c.phase is Phase.OPEN else None  # late reports of a settled one
+
+    def _maybe_complete(self, c: Checkpoint) -> Optional[dict]:
+        if len(c.parts) < self.stages * self.partitions or not (c.has_position and c.has_sink):
+            return None
+        c.phase = Phase.COMPLETE
+        for older in self.checkpoints.values():
+            if older.number < c.number and older.phase is Phase.OPEN:
+                older.phase = Phase.ABANDONED
+        self.latest_complete = c.number
+        return {"fingerprint": self.fingerprint, "partitions": self.partitions,
+                "stages": self.stages, "cut": c.cut, "source": c.position,
+                "sink": list(c.sink) if c.sink is not None else None,
+                "files": [c.parts[s, p] for s in range(1, self.stages + 1)
+                          for p in range(self.partitions)]}

@@ -1,0 +1,81 @@
+"""Checkpoint coordination (controller/checkpoints.py): complete only with every report."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.checkpoints import CheckpointCoordinator, Phase, fingerprint
+from flux.examples import counting_dataflow, paper_dataflow
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def reports(k, stages=2, partitions=2):
+    out = [("part", k, s, p, f"s{s}p{p}-{k}") for s in range(1, stages + 1)
+           for p in range(partitions)]
+    return out + [("source", k, ["a.jsonl", 100 * k]), ("sink", k, (10 * k, 1))]
+
+
+def apply(coord, report):
+    kind, k, *rest = report
+    if kind == "part":
+        return coord.part_written(k, *rest)
+    if kind == "source":
+        return coord.source_recorded(k, *rest)
+    return coord.sink_committed(k, *rest)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.permutations(reports(1)))
+def test_a_checkpoint_completes_with_its_last_report_whatever_the_order(order):
+    coord = CheckpointCoordinator(2, 2, "f")
+    coord.begin(1, cut=40)
+    manifests = [apply(coord, r) for r in order]
+    assert manifests[:-1] == [None] * (len(order) - 1)
+    assert manifests[-1] == {"fingerprint": "f", "partitions": 2, "stages": 2, "cut": 40,
+                             "source": ["a.jsonl", 100], "sink": [10, 1],
+                             "files": ["s1p0-1", "s1p1-1", "s2p0-1", "s2p1-1"]}
+    assert coord.latest_complete == 1
+
+
+def test_the_twin_of_a_partition_that_wrote_changes_nothing_and_missing_is_named():
+    coord = CheckpointCoordinator(2, 2, "f")
+    coord.begin(1, cut=40)
+    coord.part_written(1, 1, 0, "first")
+    coord.part_written(1, 1, 0, "twin")
+    assert coord.checkpoints[1].parts[1, 0] == "first"
+    assert coord.missing(1) == ["stage 1 partition 1", "stage 2 partition 0",
+                                "stage 2 partition 1", "the source position",
+                                "the sink's commit"]
+
+
+def test_a_later_checkpoint_completing_first_abandons_the_earlier_one():
+    coord = CheckpointCoordinator(2, 2, "f")
+    coord.begin(1, cut=40)
+    coord.begin(2, cut=80)
+    for r in reports(1)[:-1]:
+        apply(coord, r)  # checkpoint 1 waits for the sink
+    for r in reports(2):
+        apply(coord, r)
+    assert coord.latest_complete == 2 and coord.abandoned() == [1]
+    assert apply(coord, reports(1)[-1]) is None  # too late: a settled checkpoint
+    assert coord.checkpoints[1].phase is Phase.ABANDONED
+
+
+def test_bad_reports_are_refused_clearly():
+    coord = CheckpointCoordinator(2, 2, "f")
+    with pytest.raises(ValueError, match="never begun"):
+        coord.sink_committed(3, None)
+    coord.begin(2, cut=50)
+    with pytest.raises(ValueError, match="after checkpoint 2"):
+        coord.begin(1, cut=60)
+    with pytest.raises(ValueError, match="before 50"):
+        coord.begin(3, cut=40)
+    with pytest.raises(ValueError, match="no stage 3 partition 0"):
+        coord.part_written(2, 3, 0, "x")
+
+
+def test_the_fingerprint_tells_dataflows_and_partition_counts_apart():
+    a = fingerprint(counting_dataflow(2), 4)
+    assert a == fingerprint(counting_dataflow(2), 4)
+    assert len({a, fingerprint(counting_dataflow(2), 8), fingerprint(counting_dataflow(3), 4),
+                fingerprint(paper_dataflow(), 4)}) == 4
