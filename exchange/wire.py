@@ -76,6 +76,15 @@ def _sn(v, what: str = "SN") -> Tuple[int, ...]:
     return tuple(v)
 
 
+def _cut(v):
+    """A checkpoint cut ``[k, n]``, or None."""
+    if v is None:
+        return None
+    if not (isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)):
+        raise WireError(f"a checkpoint cut must be [checkpoint, input], got {v!r:.60}")
+    return (v[0], v[1])
+
+
 def _endpoint(v, what: str):
     if isinstance(v, list) and len(v) == 2 and v[0] in ("sm", "proc") and isinstance(v[1], str):
         return MoverAddr(v[1]) if v[0] == "sm" else ProcAddr(v[1])
@@ -174,8 +183,10 @@ def _arity(n: int, f: Callable[..., Any]) -> Callable[[List], Any]:
 
 
 CODECS: Dict[str, _Codec] = {
-    "batch": (Batch, lambda m: [[[list(sn), rec] for sn, rec in m.items], list(m.bound)],
-              _arity(2, lambda items, bound: Batch(_batch_items(items), _sn(bound, "bound")))),
+    "batch": (Batch, lambda m: [[[list(sn), rec] for sn, rec in m.items], list(m.bound),
+                                None if m.cut is None else list(m.cut)],
+              _arity(3, lambda items, bound, cut: Batch(_batch_items(items), _sn(bound, "bound"),
+                                                        _cut(cut)))),
     "ack": (Ack, lambda m: [list(m.hwm)], _arity(1, lambda h: Ack(_sn(h, "hwm")))),
     "credit": (Credit, lambda m: [list(m.sn)], _arity(1, lambda sn: Credit(_sn(sn, "sn")))),
     "reverse": (Reverse, lambda m: [list(m.hwm)], _arity(1, lambda h: Reverse(_sn(h, "hwm")))),

@@ -7,7 +7,7 @@ as the data they must follow (DESIGN 4.4).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from flux.sequence import SN
 
@@ -16,10 +16,12 @@ Item = Tuple[SN, Any]
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Data from a producer: tuples in SN order, then a progress bound (DESIGN 4.3)."""
+    """Data from a producer: tuples in SN order, then a progress bound (DESIGN 4.3), and
+    the newest checkpoint cut ``(k, n)`` the producer knows (DESIGN 10; None: none yet)."""
 
     items: Tuple[Item, ...]
     bound: SN
+    cut: Optional[Tuple[int, int]] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,3 +54,34 @@ class SourcesResumed:
     attempt aborted): its partition's pause is over."""
 
     transfer: Hashable
+
+
+# -- checkpoints (DESIGN 10, docs/checkpoints.md) ------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CutChosen:
+    """The ingress chose the cut of checkpoint ``number``: inputs 1..``cut``. The runtime
+    records the source position after input ``cut`` for it."""
+
+    number: int
+    cut: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Replica ``addr`` crossed the cut of checkpoint ``number``: ``data`` is its
+    operators' state after every input up to ``cut`` and none beyond (packed)."""
+
+    number: int
+    cut: int
+    addr: Hashable
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommit:
+    """The egress delivered every output of inputs up to ``cut`` (and maybe more): the
+    sink commits what it has, for checkpoint ``number``."""
+
+    number: int
+    cut: int

@@ -12,7 +12,8 @@ from typing import Iterable, List, Set
 from flux.addresses import Addr, P, S
 from flux.control_messages import SegmentStats
 from flux.data_messages import Batch, PSync
-from flux.effects import Deliver
+from flux.cuts import Cuts
+from flux.effects import Deliver, SinkCommit
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.sequence import INF, covers, input_sn
@@ -34,6 +35,7 @@ class Egress:
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every)
         self.delivered = 0
         self.last_delivered_input = 0  # the input number of the last output delivered
+        self.cuts = Cuts()  # checkpoints whose cut the output has not passed yet
 
     def finished(self, accepted: int) -> bool:
         """Every output of the first ``accepted`` inputs was delivered: nothing is queued
@@ -67,6 +69,7 @@ class Egress:
             effects = self.fcons.on_psync(src, msg)
         elif isinstance(msg, Batch):
             effects = self.fcons.on_batch(src, msg)
+            self.cuts.learn(msg.cut)
         else:
             raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
         out = self.fcons.release_ready()
@@ -77,6 +80,9 @@ class Egress:
             # credited as handed to the sink: the runtime takes the next message only
             # once the sink returned, so a slow sink slows the last stage (back-pressure)
             effects.extend(self.fcons.credits())
+        while (due := self.cuts.due(self.fcons.frontier())) is not None:
+            self.cuts.crossed(due[0])  # every output of inputs up to the cut is out
+            effects.append(SinkCommit(*due))
         return effects
 
     def can_process(self) -> bool:
@@ -103,6 +109,12 @@ class Egress:
 
     def send_credits(self) -> List:
         raise LocalProtocolError("the egress credits as it delivers")
+
+    def snapshot_due(self) -> bool:
+        return False  # the egress runs no operators: nothing to snapshot
+
+    def snapshot(self) -> List:
+        raise LocalProtocolError("the egress runs no operators")
 
     def has_part(self) -> bool:
         return False  # the egress has no state to move

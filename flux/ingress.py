@@ -14,7 +14,7 @@ from flux.addresses import Addr, P, S
 from flux.buffer import Buffer
 from flux.control_messages import SegmentStats
 from flux.data_messages import Ack, Credit, CSync, Pause
-from flux.effects import Send
+from flux.effects import CutChosen, Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
@@ -70,6 +70,14 @@ class Ingress:
         self.out.put(i, sn, record)
         return sn
 
+    def choose_cut(self, number: int) -> List:
+        """Checkpoint ``number`` covers every input accepted so far (DESIGN 10): the cut
+        travels on every batch from here on."""
+        if self.out.cut is not None and number <= self.out.cut[0]:
+            raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
+        self.out.cut = (number, self.accepted)
+        return [CutChosen(number, self.accepted)]
+
     # -- the dataflow side -------------------------------------------------
     def can_process(self) -> bool:
         return False  # inputs enter by ``accept``; there are no operators here
@@ -109,6 +117,12 @@ class Ingress:
     def on_avail(self, avail, peer_mover=None) -> List:
         self.out.on_avail(avail.addr, avail.version)
         return []
+
+    def snapshot_due(self) -> bool:
+        return False  # the ingress runs no operators: nothing to snapshot
+
+    def snapshot(self) -> List:
+        raise LocalProtocolError("the ingress runs no operators")
 
     def has_part(self) -> bool:
         return False  # the ingress has no state to move

@@ -56,6 +56,12 @@ class Machine(Protocol):
     def send_part(self) -> List:
         """Hand the next bulk part to the StateMover, as effects."""
 
+    def snapshot_due(self) -> bool:
+        """Has it crossed a checkpoint's cut it has not snapshotted (DESIGN 10)?"""
+
+    def snapshot(self) -> List:
+        """Snapshot its operators for that checkpoint, as effects."""
+
     def idle(self) -> bool:
         """Nothing is waiting in this machine's buffers or merge."""
 

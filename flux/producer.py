@@ -78,6 +78,8 @@ class Link:
     #: their tuples in all; a new sending episode starts from nothing (``reset_window``)
     in_flight: deque = field(default_factory=deque)
     in_flight_tuples: int = 0
+    #: the newest checkpoint cut stamped on a batch of this connection (DESIGN 10)
+    told_cut: Optional[Tuple[int, int]] = None
 
     def reset_window(self) -> None:
         """The consumer's merge holds nothing of ours that it still owes a credit for."""
@@ -114,6 +116,8 @@ class Producer:
             raise ValueError(f"window must be >= 1 tuple, got {window}")
         self.addr = addr
         self.batch_size = batch_size
+        #: the newest checkpoint cut this producer's side knows, stamped on every batch
+        self.cut = None
         self.window = window
         self.capacity = capacity
         self.buffer_factory = buffer_factory
@@ -171,6 +175,8 @@ class Producer:
             return False
         if self.buffers[i].first_unsent(d) is not None and self.room(link):
             return True
+        if self.cut != link.told_cut:
+            return True  # a new checkpoint cut travels even when no data does
         return bound_key(self.bound_for(i, d, frontier)) > bound_key(link.sent_bound)
 
     def flushable(self, frontier: SN) -> List[Tuple[int, int]]:
@@ -202,7 +208,8 @@ class Producer:
             link.sent_bound = bound
         else:
             bound = link.sent_bound
-        return Send(self.addr, link.peer, Batch(tuple(items), bound))
+        link.told_cut = self.cut
+        return Send(self.addr, link.peer, Batch(tuple(items), bound, self.cut))
 
     def on_ack(self, src: Addr, msg: Ack) -> None:
         """Action 3: a cumulative ack from an ACTIVE destination with ACK."""

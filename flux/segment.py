@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator, List, Optional, Set
 from flux.addresses import Addr, other
 from flux.control_messages import Avail, SegmentStats
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
-from flux.effects import SourcesPaused, SourcesResumed
+from flux.cuts import Cuts
+from flux.effects import Snapshot, SourcesPaused, SourcesResumed
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
@@ -164,6 +165,8 @@ class Segment:
         self.installed: Optional[dict] = None
         #: monitoring (issue 12): inputs taken from the merge and outputs produced here
         self.taken = self.emitted = 0
+        #: checkpoint cuts learnt from the batches and not crossed yet (DESIGN 10)
+        self.cuts = Cuts()
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""
@@ -193,7 +196,10 @@ class Segment:
             return self.on_pause_ack(src, msg)
         self._next(Event.MESSAGE)
         if isinstance(msg, Batch):
-            return self.fcons.on_batch(src, msg)
+            effects = self.fcons.on_batch(src, msg)
+            self.cuts.learn(msg.cut)
+            self.fprod.out.cut = self.cuts.latest  # downstream learns it with our next batch
+            return effects
         if isinstance(msg, Ack):
             self.fprod.on_ack(src, msg)
             return []
@@ -427,7 +433,11 @@ class Segment:
     def get_state(self, skip=()) -> dict:
         """The whole segment; the operators in ``skip`` have ``None`` (moved in pieces)."""
         ops = self.chain.get_state(skip) if skip else self.chain.get_state()
-        return {"operators": ops, "fcons": self.fcons.get_state(), "fprod": self.fprod.get_state()}
+        state = {"operators": ops, "fcons": self.fcons.get_state(),
+                 "fprod": self.fprod.get_state()}
+        if self.cuts.latest is not None:  # checkpoints are taken (DESIGN 10)
+            state["cuts"] = self.cuts.to_state()
+        return state
 
     def install_state(self, state: dict, skip=()) -> None:
         """Install ``get_state(skip)`` with the buffers reversed; ``skip`` operators stay."""
@@ -437,6 +447,9 @@ class Segment:
             self.chain.install_state(state["operators"])
         self.fcons.install_state(state["fcons"])
         self.fprod.install_state(state["fprod"], reverse=True)
+        if "cuts" in state:  # a cut the active has not crossed yet
+            self.cuts.install_state(state["cuts"])
+            self.fprod.out.cut = self.cuts.latest
 
     def _install_moved(self, state: dict) -> None:
         """Phase 2 at the new replica: the bulk parts are in; apply each keyed store's
@@ -465,9 +478,29 @@ class Segment:
 
     # -- local work ------------------------------------------------------------
     def can_process(self) -> bool:
-        """Figure 3 action 1's guard: running, room in the buffers, and an input to release."""
+        """Figure 3 action 1's guard: running, room in the buffers, an input to release,
+        and no checkpoint cut crossed but not yet snapshotted."""
         return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.full()
-                and self.fcons.can_release())
+                and self.fcons.can_release() and not self.snapshot_due())
+
+    # -- checkpoints (DESIGN 10, docs/checkpoints.md) ----------------------------------
+    def snapshot_due(self) -> bool:
+        """Has the merge passed a checkpoint's cut (nothing of inputs up to it can be
+        released any more) that this replica has not snapshotted?"""
+        return (self.mode in (PROCESSING, STREAMING, DRAINING)
+                and self.cuts.due(self.fcons.frontier()) is not None)
+
+    def snapshot(self) -> List:
+        """Local work: the operators' state after every input up to the cut, none beyond."""
+        self._next(Event.PROCESS)
+        due = self.cuts.due(self.fcons.frontier())
+        if due is None:
+            raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
+        k, n = due
+        self.cuts.crossed(k)
+        with paused_gc():
+            data = pack_state({"operators": self.chain.get_state()})
+        return [Snapshot(k, n, self.addr, data)]
 
     def process(self) -> int:
         """Run the next input through the operators; returns how many outputs it made."""

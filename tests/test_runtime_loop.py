@@ -163,6 +163,9 @@ class EndlessWork:
     def can_process(self):
         return True
 
+    def snapshot_due(self):
+        return False
+
     def process(self):
         self.now[0] += 0.0001
         self.processed += 1

@@ -47,6 +47,7 @@ A, B = Addr(1, 2, 0), Addr(2, 0, 1)
 MESSAGES = [
     Batch((((3, 1), ["k", 1, 2.5]), ((4, 2), None)), (4,)),
     Batch((), (0,)),
+    Batch((((7, 1), "x"),), (7,), (3, 6)),  # with a checkpoint cut
     Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate"),
     Trailer((1, 2, 3), 1, 7, 123456), PartTrailer((1, 2, 3), 2, 1, 7, 123456), PartAck((1, 2, 3), 2),
@@ -129,8 +130,10 @@ GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
     (frame(*GOOD[:2], [1, 0, 2], *GOOD[3:]), "src: replica must be 0 or 1"),
     (frame(*GOOD[:2], {"a": 1}, *GOOD[3:]), "src must be [stage, partition, replica]"),
     (frame(*GOOD[:4], "0", *GOOD[5:]), "view must be an int"),
-    (frame(wire.VERSION, "batch", *GOOD[2:7], [[[1], "r", "extra"]], [1]),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], [[[1], "r", "extra"]], [1], None),
      "batch: a batch item must be [sn, record]"),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], [], [1], [1, -2]),
+     "batch: a checkpoint cut must be [checkpoint, input]"),
     (frame(wire.VERSION, "sm_chunk", *GOOD[2:7], [1, 2, 3], 0, "not bytes"),
      "sm_chunk: chunk data must be bytes"),
     (frame(wire.VERSION, "sm_part_trailer", *GOOD[2:7], [1, 2, 3], "0", 1, 7, 9),

@@ -251,6 +251,8 @@ class HostLoop:
             del self._flush_wait[key]  # a segment this process no longer hosts
         for addr, machine in list(self.host.machines.items()):
             for _ in range(PROCESS_PER_STEP):
+                if machine.snapshot_due():  # a checkpoint's cut: before the next input
+                    self._emit(*self.host.run_local(machine.snapshot()))
                 if not machine.can_process():
                     break
                 machine.process()

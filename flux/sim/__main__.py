@@ -1,5 +1,5 @@
 """python -m flux.sim --schedules N --seed S [--stages K] [--partitions P] [--crashes C]
-[--cuts N] [--false-suspicions N] [--lossy-mover P]
+[--cuts N] [--false-suspicions N] [--lossy-mover P] [--checkpoints N]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
 violation with its seed and a short trace, and ends with the line
@@ -63,6 +63,8 @@ def main(argv=None) -> int:
                     help="a running process goes unheard by the controller this many times")
     ap.add_argument("--lossy-mover", type=float, default=0.0, metavar="P",
                     help="lose each envelope between StateMovers with probability P")
+    ap.add_argument("--checkpoints", type=int, default=0,
+                    help="checkpoints the ingress takes per schedule (DESIGN 10)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
     ap.add_argument("--shrink", action="store_true",
                     help="shrink each violation to a short script and print its trace")
@@ -72,14 +74,15 @@ def main(argv=None) -> int:
     params = SimParams(stages=args.stages, partitions=args.partitions, crashes=args.crashes,
                        inputs=args.inputs, dataflow=args.dataflow, variant=args.variant,
                        placement=args.placement, standbys=args.standbys, cuts=args.cuts,
-                       false_suspicions=args.false_suspicions, lossy_mover=args.lossy_mover)
+                       false_suspicions=args.false_suspicions, lossy_mover=args.lossy_mover,
+                       checkpoints=args.checkpoints)
     try:
         params.validate()
     except ValueError as exc:
         ap.error(str(exc))
     window = crash_window(params)
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
-    zombies = mover_lost = deadlines = 0
+    zombies = mover_lost = deadlines = cuts = snapshots = complete = 0
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
@@ -91,6 +94,9 @@ def main(argv=None) -> int:
         zombies += len(result.zombies)
         mover_lost += result.mover_lost
         deadlines += result.deadlines
+        cuts += len(result.cuts)
+        snapshots += result.snapshots
+        complete += len(result.complete)
         if result.status == PAIR_LOST:
             pair_lost += 1
         elif result.status == VIOLATION:
@@ -106,6 +112,7 @@ def main(argv=None) -> int:
           f"pair_lost={pair_lost}, catch-ups={catchups}, bulk parts installed={bulk_parts} "
           f"(part steps={part_steps}), deltas installed={deltas}, zombies={zombies}, "
           f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
+          f"checkpoints={cuts} (snapshots={snapshots}, complete={complete}), "
           f"crash_window={window} steps",
           file=sys.stderr)
     print(f"schedules={args.schedules} violations={violations}")

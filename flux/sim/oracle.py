@@ -45,6 +45,12 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
     problems: List[str] = []
     if len(delivered) != expected:
         problems.append(f"stalled: delivered {len(delivered)} of {expected} outputs")
+    cuts = world.outcome.cuts
+    unfinished = [k for k, _ in cuts if k not in world.outcome.complete
+                  and k not in world.coordinator.abandoned()]
+    if unfinished:
+        problems.append(f"checkpoints {unfinished} never completed: " + "; ".join(
+            f"{k} waits for {', '.join(world.coordinator.missing(k))}" for k in unfinished))
     rec = world.recovery
     if rec.missing and (rec.free or rec.attempts):
         problems.append(f"catch-up stalled: {sorted(map(str, rec.missing))} still missing "

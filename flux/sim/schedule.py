@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, List, Optional, Tuple
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
 from flux.data_messages import Batch
 from flux.host import Host
+from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.sim.variants import HOST_VARIANTS, VARIANTS
 from flux.sim.world import World, WorldConfig
+from flux.state_codec import unpack_state
 from flux.topology import node_name
 
 #: relative speeds a process may get for one schedule
@@ -56,6 +59,8 @@ class SimParams:
     false_suspicions: int = 0
     #: the chance that an envelope between StateMovers is lost
     lossy_mover: float = 0.0
+    #: checkpoints the ingress takes, each at a moment the scheduler picks (DESIGN 10)
+    checkpoints: int = 0
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -80,6 +85,8 @@ class SimParams:
         if self.cuts < 0 or self.false_suspicions < 0:
             raise ValueError(f"--cuts and --false-suspicions must be >= 0, got {self.cuts} "
                              f"and {self.false_suspicions}")
+        if self.checkpoints < 0:
+            raise ValueError(f"--checkpoints must be >= 0, got {self.checkpoints}")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
 
@@ -104,6 +111,10 @@ class ScheduleResult:
     zombies: List[str] = field(default_factory=list)
     mover_lost: int = 0
     deadlines: int = 0
+    #: checkpoints chosen (number, cut), snapshots taken, checkpoints complete
+    cuts: List[Tuple[int, int]] = field(default_factory=list)
+    snapshots: int = 0
+    complete: List[int] = field(default_factory=list)
 
 
 #: the dataflows a schedule can run
@@ -132,7 +143,18 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
 
     dataflow, inputs = build_dataflow(params, seed)
     run = ReferenceRun(dataflow, params.partitions)
-    reference = [out for record in inputs for out in run.feed(record)]
+    reference: list = []
+    outputs_upto = [0]  # [n]: how many reference outputs the first n inputs make
+
+    def operator_states():
+        return [[wire_form(c.get_state()) for c in stage] for stage in run.chains]
+
+    states_after = [operator_states()] if params.checkpoints else []  # [n]: after n inputs
+    for record in inputs:
+        reference += run.feed(record)
+        outputs_upto.append(len(reference))
+        if params.checkpoints:
+            states_after.append(operator_states())
     states = [[chain.get_state() for chain in stage] for stage in run.chains]
     placement = (ChainedDeclustering if params.placement == "chained" else OneSegmentPerNode)(
         params.stages, params.partitions)
@@ -152,11 +174,32 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # stream of their own, so a seed's other draws are what they were before credits
         window=random.Random(f"window {seed}").choice(WINDOWS),
         mover_loss=params.lossy_mover,
+        checkpoints=params.checkpoints,
         host_class=HOST_VARIANTS.get(params.variant, Host),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
                   fault_rng=random.Random(f"faults {seed}"))
+    if params.checkpoints:
+        world.judge_snapshot = partial(judge_snapshot, states_after)
+        world.judge_commit = partial(judge_commit, outputs_upto)
     return world, reference, states
+
+
+def judge_snapshot(states_after, snap) -> None:
+    """A checkpoint's snapshot is the failure-free state of its partition after exactly
+    the inputs up to its cut (DESIGN 10)."""
+    got = wire_form(unpack_state(snap.data)["operators"])
+    want = states_after[snap.cut][snap.addr.stage - 1][snap.addr.partition]
+    if got != want:
+        raise Violation(f"checkpoint {snap.number} (cut {snap.cut}): {snap.addr}'s snapshot "
+                        f"{got!r} is not the state after input {snap.cut}: {want!r}")
+
+
+def judge_commit(outputs_upto, commit, delivered: int) -> None:
+    """When the egress passes a cut, every output of the inputs up to it is delivered."""
+    if delivered < outputs_upto[commit.cut]:
+        raise Violation(f"checkpoint {commit.number}: the sink commits at cut {commit.cut} "
+                        f"with {delivered} outputs, {outputs_upto[commit.cut]} are due")
 
 
 def run_schedule(seed: int, params: SimParams, crash_window: int) -> ScheduleResult:
@@ -282,6 +325,9 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.zombies = list(world.outcome.zombies)
     result.mover_lost = world.outcome.mover_lost
     result.deadlines = world.outcome.deadlines
+    result.cuts = list(world.outcome.cuts)
+    result.snapshots = world.outcome.snapshots
+    result.complete = list(world.outcome.complete)
     return result
 
 
@@ -348,6 +394,10 @@ def format_step(step: tuple, payload: Any) -> str:
         return f"UNHEARD {step[1]} for {step[2]} ticks"
     if kind == "told":
         return f"told {step[1]} to stop"
+    if kind == "checkpoint":
+        return "CHECKPOINT (ingress cut)"
+    if kind == "snapshot":
+        return f"snapshot {step[1]}"
     if kind == "detect":
         return f"detect {step[1]}"
     return " ".join(map(str, step))

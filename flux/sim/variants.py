@@ -82,6 +82,15 @@ class SegmentWithLazyCredits(Segment):
         return effects
 
 
+class SegmentSnapshottingLate(Segment):
+    """Goes on processing past a checkpoint's cut before it snapshots (DESIGN 10 broken):
+    the snapshot may hold inputs the restart will replay."""
+
+    def can_process(self) -> bool:
+        return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.full()
+                and self.fcons.can_release())
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -107,4 +116,5 @@ VARIANTS = {
     "no-delta": (Buffer, SegmentWithoutDelta),
     "lazy-credit": (Buffer, SegmentWithLazyCredits),
     "hear-the-dead": (Buffer, Segment),
+    "late-snapshot": (Buffer, SegmentSnapshottingLate),
 }

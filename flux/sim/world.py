@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from controller.checkpoints import CheckpointCoordinator
 from controller.failure_detector import Declared, FailureDetector, Lease, Timings
 from controller.placement import Placement
 from controller.recovery import Recovery
@@ -41,7 +42,15 @@ from flux.addresses import Addr, MoverAddr, P
 from flux.buffer import Buffer
 from flux.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
-from flux.effects import Deliver, SourcesPaused, SourcesResumed, StateInstalled
+from flux.effects import (
+    CutChosen,
+    Deliver,
+    SinkCommit,
+    Snapshot,
+    SourcesPaused,
+    SourcesResumed,
+    StateInstalled,
+)
 from flux.envelope import Envelope
 from flux.errors import PairLost
 from flux.host import Host
@@ -87,6 +96,8 @@ class WorldConfig:
     #: the chance that an envelope between two StateMovers is lost (a lossy mover link)
     mover_loss: float = 0.0
     host_class: type = Host
+    #: checkpoints the ingress takes at moments of the scheduler's choosing (DESIGN 10)
+    checkpoints: int = 0
 
 
 @dataclass
@@ -108,6 +119,10 @@ class Outcome:
     #: mover envelopes lost, and catch-up attempts aborted by their deadline
     mover_lost: int = 0
     deadlines: int = 0
+    #: checkpoints: cuts chosen, snapshots taken, those complete (every report in)
+    cuts: List[Tuple[int, int]] = field(default_factory=list)
+    snapshots: int = 0
+    complete: List[int] = field(default_factory=list)
 
 
 class World:
@@ -147,6 +162,12 @@ class World:
             self._add_host(config.host_class(name, {machine.addr: machine},
                                              topology.incarnations[name], peer_incs=peer_incs))
         self.recovery = Recovery(topology)
+        self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim")
+        self.checkpoints_left = config.checkpoints
+        #: the oracle's view of a snapshot: (checkpoint, cut, address, packed state) ->
+        #: None if right, else what is wrong (set by ``make_world``)
+        self.judge_snapshot: Callable = lambda *a: None
+        self.judge_commit: Callable = lambda *a: None
         self.alive: Dict[str, bool] = {h: True for h in self.hosts}
         self.channels: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         self.views: Dict[str, Deque[View]] = {h: deque() for h in self.hosts}
@@ -245,6 +266,9 @@ class World:
             if self.next_input < len(self.inputs) and self.ingress.can_accept(
                     self.inputs[self.next_input]):
                 steps.append(("accept",))
+            last = self.outcome.cuts[-1][1] if self.outcome.cuts else 0
+            if self.checkpoints_left and self.ingress.accepted > last:
+                steps.append(("checkpoint",))
             return steps
         seg = seg if seg is not None else self.machine(addr)
         steps = [("flush", addr, i, d) for i, d in seg.flushable()]
@@ -254,6 +278,8 @@ class World:
             steps.append(("credit", addr))  # back-pressure: what it took may be replaced
         if seg.has_part():
             steps.append(("part", addr))  # phase 1 of catch-up: one bulk part out
+        if seg.snapshot_due():
+            steps.append(("snapshot", addr))  # a checkpoint's cut crossed
         return steps
 
     def host_of_step(self, step: tuple) -> str:
@@ -268,7 +294,7 @@ class World:
             return "controller"
         if kind in ("told", "zombie"):
             return step[1]
-        if kind == "accept":
+        if kind in ("accept", "checkpoint"):
             return INGRESS_HOST
         return self.host_of[step[1]]
 
@@ -307,6 +333,11 @@ class World:
             self.ingress.accept(self.inputs[self.next_input])
             self.next_input += 1
             self._dirty.add(INGRESS)
+        elif kind == "checkpoint":
+            self.checkpoints_left -= 1
+            self._dirty.add(INGRESS)
+            self._effects(*self.hosts[INGRESS_HOST].run_local(
+                self.ingress.choose_cut(len(self.outcome.cuts) + 1)))
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], self.hosts[step[1]])
         else:
@@ -325,6 +356,8 @@ class World:
             self._effects(*host.run_local(machine.send_credits()))
         elif kind == "flush":
             self._effects(*host.run_local(machine.flush(*step[2:])))
+        elif kind == "snapshot":
+            self._effects(*host.run_local(machine.snapshot()))
         else:
             raise ValueError(f"unknown step {step}")
 
@@ -360,6 +393,20 @@ class World:
                 self.outcome.bulk_parts += installed.get("parts", 0)
                 self.outcome.deltas += installed.get("deltas", 0)
                 self.outcome.delta_keys += installed.get("delta_keys", 0)
+            elif isinstance(e, CutChosen):
+                self.outcome.cuts.append((e.number, e.cut))
+                self.coordinator.begin(e.number, e.cut)
+                self._checkpoint_report(self.coordinator.source_recorded(e.number, e.cut))
+            elif isinstance(e, Snapshot):
+                self.outcome.snapshots += 1
+                self.judge_snapshot(e)
+                self._checkpoint_report(self.coordinator.part_written(
+                    e.number, e.addr.stage, e.addr.partition, str(e.addr)))
+            elif isinstance(e, SinkCommit):
+                delivered = self.outcome.delivered
+                self.judge_commit(e, len(delivered))
+                last = delivered[-1][0] if delivered else None
+                self._checkpoint_report(self.coordinator.sink_committed(e.number, last))
             elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed)):
                 pass  # for the runtime's metrics
             else:
@@ -375,6 +422,10 @@ class World:
         done = self.recovery.completed
         if len(done) > len(self.outcome.catchups):
             self.outcome.catchups.extend(done[len(self.outcome.catchups):])
+
+    def _checkpoint_report(self, manifest: Optional[dict]) -> None:
+        if manifest is not None:
+            self.outcome.complete.append(self.coordinator.latest_complete)
 
     # -- failures -------------------------------------------------------------
     def crash(self, name: str, keep: Optional[Dict] = None, silent: bool = False) -> Dict:

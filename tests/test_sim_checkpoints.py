@@ -1,0 +1,66 @@
+"""Checkpoint cuts in the protocol and the simulator (DESIGN 10, docs/checkpoints.md):
+every snapshot is the failure-free state after exactly the inputs up to its cut, the sink
+commits at a cut only with every output of those inputs, and every checkpoint the ingress
+takes completes (or a later one does first)."""
+from __future__ import annotations
+
+import pytest
+
+from flux.cuts import Cuts
+from flux.errors import LocalProtocolError
+from flux.examples import counting_dataflow
+from flux.builder import MachineBuilder
+from flux.sim.__main__ import crash_window
+from flux.sim.schedule import OK, VIOLATION, SimParams, format_trace, run_schedule
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_cut_is_due_once_the_frontier_passes_it_and_in_order():
+    cuts = Cuts()
+    cuts.learn((1, 5))
+    cuts.learn((1, 5))  # every batch says it again
+    cuts.learn((2, 9))
+    assert cuts.due((5, 3)) is None  # outputs of input 5 may still come
+    assert cuts.due((5,)) == (1, 5)
+    cuts.crossed(1)
+    assert cuts.due((8,)) is None and cuts.due((9, 0)) is None and cuts.due((10,)) == (2, 9)
+    again = Cuts()
+    again.install_state(cuts.to_state())
+    assert again.pending == {2: 9} and again.latest == (2, 9)
+
+
+def test_the_ingress_stamps_its_cut_on_every_batch_from_then_on():
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+    ingress = builder.ingress()
+    for record in [("a", 1), ("b", 2), ("c", 3)]:
+        ingress.accept(record)
+    effects = ingress.choose_cut(1)
+    assert [(e.number, e.cut) for e in effects] == [(1, 3)]
+    sends = [s for i, d in ingress.flushable() for s in ingress.flush(i, d)]
+    assert sends and all(s.msg.cut == (1, 3) for s in sends)
+    assert not ingress.flushable()  # told on every connection: nothing more to say
+    with pytest.raises(LocalProtocolError, match="after checkpoint 1"):
+        ingress.choose_cut(1)
+
+
+@pytest.mark.parametrize("params", [
+    SimParams(checkpoints=3),
+    SimParams(checkpoints=3, crashes=2, standbys=2),
+    SimParams(checkpoints=2, stages=3, partitions=3, crashes=2, standbys=2,
+              dataflow="packets-ttl"),
+], ids=["no-failure", "crashes-and-catch-up", "3x3-packets-ttl"])
+def test_checkpoints_are_exact_and_complete_through_failures(params):
+    window = crash_window(params)
+    results = [run_schedule(seed, params, window) for seed in range(1, 31)]
+    bad = [r for r in results if r.status != OK]
+    assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
+                              for r in bad[:3])
+    assert sum(r.snapshots for r in results) > 30 * params.checkpoints
+    assert sum(len(r.complete) for r in results) >= 30
+
+
+def test_a_snapshot_taken_after_processing_past_the_cut_is_caught():
+    params = SimParams(checkpoints=3, variant="late-snapshot")
+    window = crash_window(params)
+    assert any(run_schedule(seed, params, window).status == VIOLATION for seed in range(1, 11))
