@@ -65,7 +65,8 @@ class CheckpointCoordinator:
             raise ValueError(f"checkpoint {number} was begun already")
         if self.checkpoints and number < max(self.checkpoints):
             raise ValueError(f"checkpoint {number} after checkpoint {max(self.checkpoints)}")
-        last = self.checkpoints.get(max(self.checkpoints)) if self.checkpoints else None
+        live = [c for c in self.checkpoints.values() if c.phase is not Phase.ABANDONED]
+        last = max(live, key=lambda c: c.number) if live else None
         if last is not None and cut < last.cut:
             raise ValueError(f"checkpoint {number}'s cut {cut} is before {last.cut}")
         self.checkpoints[number] = Checkpoint(number, cut)
@@ -96,6 +97,13 @@ class CheckpointCoordinator:
             return None
         c.sink, c.has_sink = (tuple(sn) if sn is not None else None), True
         return self._maybe_complete(c)
+
+    def restarted(self) -> None:
+        """The job restarts from the last complete checkpoint: what was still open will
+        never complete (its cut may even lie beyond the restart's)."""
+        for c in self.checkpoints.values():
+            if c.phase is Phase.OPEN:
+                c.phase = Phase.ABANDONED
 
     # -- queries -------------------------------------------------------------------------
     def abandoned(self) -> List[int]:

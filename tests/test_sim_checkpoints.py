@@ -44,6 +44,7 @@ def test_the_ingress_stamps_its_cut_on_every_batch_from_then_on():
         ingress.choose_cut(1)
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("params", [
     SimParams(checkpoints=3),
     SimParams(checkpoints=3, crashes=2, standbys=2),
@@ -64,3 +65,32 @@ def test_a_snapshot_taken_after_processing_past_the_cut_is_caught():
     params = SimParams(checkpoints=3, variant="late-snapshot")
     window = crash_window(params)
     assert any(run_schedule(seed, params, window).status == VIOLATION for seed in range(1, 11))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("params", [
+    SimParams(checkpoints=3, restarts=1),
+    SimParams(checkpoints=2, crashes=3),  # double failures: a lost pair restarts the job
+    SimParams(checkpoints=3, crashes=3, standbys=2, restarts=1),
+    SimParams(restarts=1),  # no checkpoint: the job starts over, the sink drops repeats
+], ids=["driver-kill", "double-failure", "all-together", "from-the-beginning"])
+def test_a_restarted_job_gives_the_sink_exactly_the_failure_free_output(params):
+    window = crash_window(params)
+    results = [run_schedule(seed, params, window) for seed in range(1, 41)]
+    bad = [r for r in results if r.status != OK]
+    assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
+                              for r in bad[:3])
+    restarts = [k for r in results for k in r.restarts]
+    assert len(restarts) >= 15
+    if params.checkpoints:
+        assert sum(k is not None for k in restarts) >= 5  # from a checkpoint, not the start
+
+
+def test_quick_checkpoints_and_restarts_through_crashes():
+    """The two runs above in small, for the quick suite."""
+    for params in (SimParams(checkpoints=2, crashes=2, standbys=1, restarts=1),
+                   SimParams(checkpoints=2, crashes=3)):
+        window = crash_window(params)
+        for seed in range(1, 9):
+            r = run_schedule(seed, params, window)
+            assert r.status == OK, f"seed {seed}: {r.reason}\n{format_trace(r, last=20)}"

@@ -1,5 +1,5 @@
 """python -m flux.sim --schedules N --seed S [--stages K] [--partitions P] [--crashes C]
-[--cuts N] [--false-suspicions N] [--lossy-mover P] [--checkpoints N]
+[--cuts N] [--false-suspicions N] [--lossy-mover P] [--checkpoints N] [--restarts N]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
 violation with its seed and a short trace, and ends with the line
@@ -29,7 +29,7 @@ def crash_window(params: SimParams) -> int:
     Computed from a fixed seed so that ``--seed S --schedules 1`` replays
     schedule S of any longer run exactly."""
     quiet = SimParams(**{**params.__dict__, "crashes": 0, "victims": (), "cuts": 0,
-                         "false_suspicions": 0})
+                         "false_suspicions": 0, "restarts": 0})
     return max(1, run_schedule(0, quiet, 1).steps)
 
 
@@ -64,7 +64,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lossy-mover", type=float, default=0.0, metavar="P",
                     help="lose each envelope between StateMovers with probability P")
     ap.add_argument("--checkpoints", type=int, default=0,
-                    help="checkpoints the ingress takes per schedule (DESIGN 10)")
+                    help="checkpoints the ingress takes per schedule (DESIGN 10); a lost "
+                         "pair then restarts the job from the last complete one")
+    ap.add_argument("--restarts", type=int, default=0,
+                    help="whole-job restarts (everything stops at once) per schedule")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
     ap.add_argument("--shrink", action="store_true",
                     help="shrink each violation to a short script and print its trace")
@@ -75,14 +78,14 @@ def main(argv=None) -> int:
                        inputs=args.inputs, dataflow=args.dataflow, variant=args.variant,
                        placement=args.placement, standbys=args.standbys, cuts=args.cuts,
                        false_suspicions=args.false_suspicions, lossy_mover=args.lossy_mover,
-                       checkpoints=args.checkpoints)
+                       checkpoints=args.checkpoints, restarts=args.restarts)
     try:
         params.validate()
     except ValueError as exc:
         ap.error(str(exc))
     window = crash_window(params)
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
-    zombies = mover_lost = deadlines = cuts = snapshots = complete = 0
+    zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
@@ -97,6 +100,7 @@ def main(argv=None) -> int:
         cuts += len(result.cuts)
         snapshots += result.snapshots
         complete += len(result.complete)
+        restarts += len(result.restarts)
         if result.status == PAIR_LOST:
             pair_lost += 1
         elif result.status == VIOLATION:
@@ -113,6 +117,7 @@ def main(argv=None) -> int:
           f"(part steps={part_steps}), deltas installed={deltas}, zombies={zombies}, "
           f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
           f"checkpoints={cuts} (snapshots={snapshots}, complete={complete}), "
+          f"restarts={restarts}, "
           f"crash_window={window} steps",
           file=sys.stderr)
     print(f"schedules={args.schedules} violations={violations}")

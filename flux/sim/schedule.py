@@ -61,6 +61,9 @@ class SimParams:
     lossy_mover: float = 0.0
     #: checkpoints the ingress takes, each at a moment the scheduler picks (DESIGN 10)
     checkpoints: int = 0
+    #: whole-job restarts (the driver killed: everything stops at once) at random steps;
+    #: with checkpoints, a lost pair also restarts the job (up to 3 times)
+    restarts: int = 0
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -85,8 +88,9 @@ class SimParams:
         if self.cuts < 0 or self.false_suspicions < 0:
             raise ValueError(f"--cuts and --false-suspicions must be >= 0, got {self.cuts} "
                              f"and {self.false_suspicions}")
-        if self.checkpoints < 0:
-            raise ValueError(f"--checkpoints must be >= 0, got {self.checkpoints}")
+        if self.checkpoints < 0 or self.restarts < 0:
+            raise ValueError(f"--checkpoints and --restarts must be >= 0, got "
+                             f"{self.checkpoints} and {self.restarts}")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
 
@@ -115,6 +119,8 @@ class ScheduleResult:
     cuts: List[Tuple[int, int]] = field(default_factory=list)
     snapshots: int = 0
     complete: List[int] = field(default_factory=list)
+    #: whole-job restarts, each with the checkpoint it started from (None: the beginning)
+    restarts: List[Optional[int]] = field(default_factory=list)
 
 
 #: the dataflows a schedule can run
@@ -175,6 +181,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         window=random.Random(f"window {seed}").choice(WINDOWS),
         mover_loss=params.lossy_mover,
         checkpoints=params.checkpoints,
+        restarts_on_pair_lost=3 if params.checkpoints else 0,
         host_class=HOST_VARIANTS.get(params.variant, Host),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
@@ -221,7 +228,8 @@ class RandomChooser:
         self.plan = random.Random(f"fault plan {seed}")
         self.faults = sorted(
             (self.plan.randrange(max(1, crash_window)), kind, self.plan.randint(*FAULT_TICKS))
-            for kind, n in (("cut", params.cuts), ("starve", params.false_suspicions))
+            for kind, n in (("cut", params.cuts), ("starve", params.false_suspicions),
+                            ("restart", params.restarts))
             for _ in range(n))
 
     def __call__(self, world: World, rng: random.Random, t: int):
@@ -255,6 +263,9 @@ class RandomChooser:
                 self.triggers.pop(0)
             self.crash_at.pop(0)
             choices = [self.victims.pop(0)] if self.victims else world.safe_victims()
+            if self.params.checkpoints and self.plan.random() < 0.5:
+                # with checkpoints a lost pair restarts the job: double failures too
+                choices = [n for n in world.faultable() if n not in choices] or choices
             if choices:
                 victim = rng.choice(choices)
                 if self.params.cuts and self.plan.random() < 0.5:
@@ -262,6 +273,8 @@ class RandomChooser:
                 return ("crash", victim), None
         while self.faults and self.faults[0][0] <= t:
             _, kind, ticks = self.faults.pop(0)
+            if kind == "restart":
+                return ("restart",), None  # the driver dies: the whole job restarts
             choices = world.faultable()
             if choices:
                 return (kind, self.plan.choice(choices), ticks), None
@@ -296,8 +309,16 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                 (world.cut_host if step[0] == "cut" else world.starve)(step[1], step[2])
                 trace.append((step, None))
                 continue
+            if step[0] == "restart":
+                world.restart()
+                oracle.checked = min(oracle.checked, len(world.outcome.delivered))
+                trace.append((step, None))
+                continue
             trace.append((step, _payload(world, step)))
+            restarts = len(world.outcome.restarts)
             world.apply(step)
+            if len(world.outcome.restarts) > restarts:  # the sink dropped what it had not
+                oracle.checked = min(oracle.checked, len(world.outcome.delivered))
             oracle.check(world.outcome.delivered)
             if world.outcome.pair_lost:
                 result.status = PAIR_LOST
@@ -328,6 +349,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.cuts = list(world.outcome.cuts)
     result.snapshots = world.outcome.snapshots
     result.complete = list(world.outcome.complete)
+    result.restarts = list(world.outcome.restarts)
     return result
 
 
@@ -396,6 +418,8 @@ def format_step(step: tuple, payload: Any) -> str:
         return f"told {step[1]} to stop"
     if kind == "checkpoint":
         return "CHECKPOINT (ingress cut)"
+    if kind == "restart":
+        return "RESTART (everything stops at once)"
     if kind == "snapshot":
         return f"snapshot {step[1]}"
     if kind == "detect":

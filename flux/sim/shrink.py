@@ -27,6 +27,8 @@ class ScriptedChooser:
         while self.pos < len(self.script):
             step, payload = self.script[self.pos]
             self.pos += 1
+            if step[0] == "restart":
+                return step, None
             if step[0] in ("crash", "cut", "starve"):
                 if world.alive[step[1]]:
                     return step, payload if isinstance(payload, dict) else {}

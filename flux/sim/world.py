@@ -56,6 +56,7 @@ from flux.errors import PairLost
 from flux.host import Host
 from flux.ingress import INGRESS
 from flux.segment import Segment
+from flux.state_codec import unpack_state
 from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS, Topology
 from statemover.messages import LinkLost, SmReady, TransferFailed
 
@@ -98,6 +99,9 @@ class WorldConfig:
     host_class: type = Host
     #: checkpoints the ingress takes at moments of the scheduler's choosing (DESIGN 10)
     checkpoints: int = 0
+    #: a lost pair restarts the whole job from its last complete checkpoint, this many
+    #: times at most (0: the run ends as pair-lost)
+    restarts_on_pair_lost: int = 0
 
 
 @dataclass
@@ -123,6 +127,8 @@ class Outcome:
     cuts: List[Tuple[int, int]] = field(default_factory=list)
     snapshots: int = 0
     complete: List[int] = field(default_factory=list)
+    #: whole-job restarts, and the checkpoint each started from (None: the beginning)
+    restarts: List[Optional[int]] = field(default_factory=list)
 
 
 class World:
@@ -141,38 +147,56 @@ class World:
         self.inputs = list(inputs)
         self.next_input = 0
         self.outcome = Outcome()
+        self.crashed: List[str] = []
         segment_class = type(config.segment_class.__name__, (config.segment_class,),
                              {"bulk_pairs": config.bulk_pairs,
                               "bulk_per_step": config.bulk_per_step})
         self.builder = MachineBuilder(dataflow, partitions, config.capacity, config.batch_size,
                                       config.ingress_capacity, config.buffer_factory,
                                       segment_class, window=config.window)
+        self.placement = placement
+        self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim")
+        self.checkpoints_left = config.checkpoints
+        #: the oracle's view of a snapshot and of a sink commit (set by ``make_world``)
+        self.judge_snapshot: Callable = lambda *a: None
+        self.judge_commit: Callable = lambda *a: None
+        #: the checkpoint store: (checkpoint, stage, partition) -> the first snapshot
+        self.store: Dict[Tuple[int, int, int], bytes] = {}
+        #: the sink: ``outcome.delivered`` is what it holds; this much of it is committed
+        self.sink_committed = 0
+        self.restart_due = False
+        self._build()
+
+    def _build(self, restored: Optional[Tuple[int, int]] = None) -> None:
+        """Every process of the job, fresh; ``restored``: ``(checkpoint, cut)`` whose
+        snapshots the segments start from, the inputs numbered from ``cut + 1``."""
+        config, partitions = self.config, self.partitions
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
-        topology = self.topology = Topology.numbered(placement, self.stages, partitions,
+        topology = self.topology = Topology.numbered(self.placement, self.stages, partitions,
                                                      config.standbys)
         peer_incs = topology.peer_incs()
         for name in topology.workers:
             machines = {a: self.builder.segment(a) for a in topology.endpoints_of(name)}
+            if restored is not None:
+                for a, seg in machines.items():
+                    data = self.store[restored[0], a.stage, a.partition]
+                    seg.chain.install_state(unpack_state(data)["operators"])
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
-                                self.builder.standby_segment, config.chunk_size, peer_incs))
+                                             self.builder.standby_segment, config.chunk_size,
+                                             peer_incs))
         self.ingress = self.builder.ingress()
+        if restored is not None:
+            self.ingress.accepted = self.next_input = restored[1]  # numbered from cut + 1
         self.egress = self.builder.egress()
         for name, machine in ((INGRESS_HOST, self.ingress), (EGRESS_HOST, self.egress)):
             self._add_host(config.host_class(name, {machine.addr: machine},
                                              topology.incarnations[name], peer_incs=peer_incs))
         self.recovery = Recovery(topology)
-        self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim")
-        self.checkpoints_left = config.checkpoints
-        #: the oracle's view of a snapshot: (checkpoint, cut, address, packed state) ->
-        #: None if right, else what is wrong (set by ``make_world``)
-        self.judge_snapshot: Callable = lambda *a: None
-        self.judge_commit: Callable = lambda *a: None
         self.alive: Dict[str, bool] = {h: True for h in self.hosts}
         self.channels: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         self.views: Dict[str, Deque[View]] = {h: deque() for h in self.hosts}
         self.crashed_undetected: List[str] = []
-        self.crashed: List[str] = []
         self.stopped = False
         # -- the failure detector and its clock --------------------------------------
         self.now = 0.0
@@ -299,6 +323,11 @@ class World:
         return self.host_of[step[1]]
 
     def apply(self, step: tuple) -> None:
+        self._apply(step)
+        if self.restart_due:  # a pair was lost in this step: the job restarts
+            self.restart()
+
+    def _apply(self, step: tuple) -> None:
         kind = step[0]
         if kind == "deliver":
             q = self.channels[step[1]]
@@ -378,8 +407,10 @@ class World:
             self.channels.setdefault(key, deque()).append(env)
             self._busy[key] = None
         for e in others:
-            if isinstance(e, Deliver):
-                self.outcome.delivered.extend(e.items)
+            if isinstance(e, Deliver):  # into the sink, which drops what it committed
+                held, done = self.outcome.delivered, self.sink_committed
+                floor = held[done - 1][0] if done else None
+                held.extend(item for item in e.items if floor is None or item[0] > floor)
             elif isinstance(e, TakeoverDone):
                 self.outcome.takeovers.append(e.addr)
             elif isinstance(e, FoldedIn):
@@ -400,11 +431,13 @@ class World:
             elif isinstance(e, Snapshot):
                 self.outcome.snapshots += 1
                 self.judge_snapshot(e)
+                self.store.setdefault((e.number, e.addr.stage, e.addr.partition), e.data)
                 self._checkpoint_report(self.coordinator.part_written(
                     e.number, e.addr.stage, e.addr.partition, str(e.addr)))
             elif isinstance(e, SinkCommit):
                 delivered = self.outcome.delivered
                 self.judge_commit(e, len(delivered))
+                self.sink_committed = len(delivered)
                 last = delivered[-1][0] if delivered else None
                 self._checkpoint_report(self.coordinator.sink_committed(e.number, last))
             elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed)):
@@ -422,6 +455,20 @@ class World:
         done = self.recovery.completed
         if len(done) > len(self.outcome.catchups):
             self.outcome.catchups.extend(done[len(self.outcome.catchups):])
+
+    def restart(self) -> None:
+        """Everything stops at once (the driver died, or a pair was lost): the job starts
+        again from its last complete checkpoint, or from the beginning without one. The
+        sink keeps what it committed and drops what it had not (DESIGN 10)."""
+        k = self.coordinator.latest_complete
+        restored = None if k is None else (k, self.coordinator.checkpoints[k].cut)
+        self.coordinator.restarted()
+        del self.outcome.delivered[self.sink_committed:]
+        self.outcome.restarts.append(k)
+        self.restart_due = False
+        if restored is None:
+            self.next_input = 0
+        self._build(restored)
 
     def _checkpoint_report(self, manifest: Optional[dict]) -> None:
         if manifest is not None:
@@ -501,6 +548,9 @@ class World:
         try:
             views = self.recovery.node_failed(name)
         except PairLost as lost:
+            if len(self.outcome.restarts) < self.config.restarts_on_pair_lost:
+                self.restart_due = True  # at the end of this step (DESIGN 10)
+                return
             self.outcome.pair_lost = [Addr(lost.stage, lost.partition, P)]
             self.stopped = True
             return
