@@ -54,10 +54,12 @@ def test_a_slow_sink_slows_the_source_and_queues_stay_bounded(spark):
     assert not sink.expected and all(not sink.reference.feed(r) for r, _ in feed.taken)
     assert summary["inputs"] + summary["dropped_inputs"] == rate * seconds
     # once the queues filled, the sink set the pace: in the feed's last 3 s the ingress
-    # took about a tenth of what was offered (the sink's share) and the feed dropped the rest
+    # took a fraction of what was offered and the feed dropped the rest. The fraction is the
+    # sink's tenth scaled by how many outputs the inputs of those seconds make (sessions end
+    # in bursts): 11% to 32% measured; without back-pressure it is all of it.
     late = [(o, t) for o, t in progress if rate * (seconds - 3) <= o < rate * seconds]
     offered, took = late[-1][0] - late[0][0], late[-1][1] - late[0][1]
-    assert offered > rate and took < offered / 4, (offered, took)
+    assert offered > rate and took < offered / 2, (offered, took)
     segments = {labels for _, labels in most}
     assert len(segments) == 2 + 2 * 2 * NODES  # ingress, egress, 2 stages x 4 pairs
     for (name, labels), v in most.items():
