@@ -26,6 +26,7 @@ from flux.control_messages import (
     Ready,
     Register,
     SegmentStats,
+    SnapshotWritten,
     StateMoved,
     Stop,
     Stopping,
@@ -235,6 +236,11 @@ CODECS: Dict[str, _Codec] = {
     "catchup_paused": (CatchUpPaused, lambda m: [list(m.addr), m.seconds],
                        _arity(2, lambda a, t: CatchUpPaused(_addr(a, "addr"),
                                                             _seconds(t, "seconds")))),
+    "snapshot_written": (
+        SnapshotWritten, lambda m: [m.number, list(m.addr), m.name, m.nbytes, m.seconds, m.error],
+        _arity(6, lambda k, a, n, b, t, e: SnapshotWritten(
+            _int(k, "checkpoint"), _addr(a, "addr"), _str(n, "name"), _int(b, "nbytes"),
+            _seconds(t, "seconds"), _str(e, "error")))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address, m.host, m.executor, m.boot],

@@ -52,8 +52,9 @@ class CommitsBySN:
     """The part every exactly-once sink shares: outputs wait in ``pending`` until
     ``commit(sn)`` hands them to ``_commit(rows, sn)`` (the sink's one atomic write), and
     outputs whose SN is not above the committed one are dropped (counted in ``skipped``).
-    Called as a plain sink (``sink(item)``) it commits every ``commit_every`` outputs and
-    at ``close``."""
+    It commits by itself every ``commit_every`` outputs (committing more often than asked
+    is always safe: a replay regenerates the same SNs), and at ``close``; it is also a
+    plain sink (``sink(item)``)."""
 
     name = "sink"
 
@@ -78,6 +79,8 @@ class CommitsBySN:
                 self.skipped += 1
                 continue
             self.pending.append((sn, wire_form(record)))
+        if len(self.pending) >= self.commit_every:  # memory stays bounded between cuts
+            self.commit(self.pending[-1][0])
 
     def commit(self, sn: SN) -> None:
         """Make every output written so far durable, with ``sn`` as the last committed."""
@@ -95,8 +98,6 @@ class CommitsBySN:
 
     def __call__(self, item: Tuple[SN, Any]) -> None:
         self.write([item])
-        if len(self.pending) >= self.commit_every:
-            self.commit(self.pending[-1][0])
 
     def close(self) -> None:
         if self.pending:

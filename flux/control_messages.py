@@ -111,6 +111,20 @@ class CatchUpPaused:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotWritten:
+    """A node tells the controller: replica ``addr``'s snapshot for checkpoint ``number``
+    is in the checkpoint store as ``name`` (``nbytes``, written in ``seconds``), or could
+    not be written (``error``: then the checkpoint never completes; DESIGN 10)."""
+
+    number: int
+    addr: Addr
+    name: str
+    nbytes: int
+    seconds: float
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentStats:
     """One segment replica's counters, as its node last saw them (for monitoring: issue 12).
     ``taken``/``emitted``: inputs taken from its merge, outputs it produced, since it was

@@ -7,7 +7,7 @@ are effects too; they live with the control messages they become.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable, Tuple
+from typing import Any, Hashable, Optional, Tuple
 
 from flux.data_messages import Item
 
@@ -70,12 +70,13 @@ class CutChosen:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Replica ``addr`` crossed the cut of checkpoint ``number``: ``data`` is its
-    operators' state after every input up to ``cut`` and none beyond (packed)."""
+    operators' state after every input up to ``cut`` and none beyond (packed; None when
+    this replica was told not to keep it: its twin writes it)."""
 
     number: int
     cut: int
     addr: Hashable
-    data: bytes
+    data: Optional[bytes]
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,7 +113,7 @@ class Egress:
     def snapshot_due(self) -> bool:
         return False  # the egress runs no operators: nothing to snapshot
 
-    def snapshot(self) -> List:
+    def snapshot(self, keep: bool = True) -> List:
         raise LocalProtocolError("the egress runs no operators")
 
     def has_part(self) -> bool:

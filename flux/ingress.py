@@ -121,7 +121,7 @@ class Ingress:
     def snapshot_due(self) -> bool:
         return False  # the ingress runs no operators: nothing to snapshot
 
-    def snapshot(self) -> List:
+    def snapshot(self, keep: bool = True) -> List:
         raise LocalProtocolError("the ingress runs no operators")
 
     def has_part(self) -> bool:

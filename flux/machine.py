@@ -59,8 +59,9 @@ class Machine(Protocol):
     def snapshot_due(self) -> bool:
         """Has it crossed a checkpoint's cut it has not snapshotted (DESIGN 10)?"""
 
-    def snapshot(self) -> List:
-        """Snapshot its operators for that checkpoint, as effects."""
+    def snapshot(self, keep: bool = True) -> List:
+        """Snapshot its operators for that checkpoint, as effects (``keep`` False: cross
+        the cut without packing the state)."""
 
     def idle(self) -> bool:
         """Nothing is waiting in this machine's buffers or merge."""

@@ -490,14 +490,18 @@ class Segment:
         return (self.mode in (PROCESSING, STREAMING, DRAINING)
                 and self.cuts.due(self.fcons.frontier()) is not None)
 
-    def snapshot(self) -> List:
-        """Local work: the operators' state after every input up to the cut, none beyond."""
+    def snapshot(self, keep: bool = True) -> List:
+        """Local work: the operators' state after every input up to the cut, none beyond.
+        ``keep`` False: cross the cut without packing it (its twin writes the checkpoint
+        and this replica keeps the output flowing, DESIGN 10); ``data`` is then None."""
         self._next(Event.PROCESS)
         due = self.cuts.due(self.fcons.frontier())
         if due is None:
             raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
         k, n = due
         self.cuts.crossed(k)
+        if not keep:
+            return [Snapshot(k, n, self.addr, None)]
         with paused_gc():
             data = pack_state({"operators": self.chain.get_state()})
         return [Snapshot(k, n, self.addr, data)]

@@ -12,6 +12,7 @@ from flux.addresses import Addr, MoverAddr, ProcAddr
 from flux.control_messages import (
     Avail,
     CatchUpPaused,
+    SnapshotWritten,
     Failed,
     FoldedIn,
     Heartbeat,
@@ -65,6 +66,8 @@ MESSAGES = [
     Failed(2, 41, "ImportError: no module named ops", "s3cret"), Stop("job stopped"),
     Stopping("lost the controller's lease (3.10s)"),
     StateMoved(Addr(1, 2, 1), 1 << 20, 0.125), CatchUpPaused(Addr(1, 0, 0), 0.031), Ready(),
+    SnapshotWritten(3, Addr(2, 1, 0), "stage2-part1-P.state", 8 << 20, 0.25),
+    SnapshotWritten(4, Addr(1, 0, 1), "", 0, 0.0, "OSError: disk full"),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
     NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0),
                SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1))), NodeStats(),

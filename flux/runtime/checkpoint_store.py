@@ -66,14 +66,14 @@ class CheckpointStore:
         if len(done) <= self.keep:
             return
         oldest_kept = done[-self.keep]
-        for k in self._ids():
+        for k in self.ids():
             if k < oldest_kept:
                 log.info("removing checkpoint %d of %s", k, self.url)
                 self.fs.rm(self._dir(k), recursive=True)
 
     # -- reading --------------------------------------------------------------------------
     def complete_ids(self) -> List[int]:
-        return [k for k in self._ids() if self.fs.exists(self._path(k, MANIFEST))]
+        return [k for k in self.ids() if self.fs.exists(self._path(k, MANIFEST))]
 
     def latest(self, fingerprint: Optional[str] = None,
                partitions: Optional[int] = None) -> Optional[dict]:
@@ -91,11 +91,21 @@ class CheckpointStore:
                     f"another checkpoint location, or the dataflow that wrote it")
         return manifest
 
+    def manifest(self, checkpoint: int) -> dict:
+        """The manifest of complete checkpoint ``checkpoint``."""
+        return json.loads(self.fs.cat_file(self._path(checkpoint, MANIFEST)))
+
+    def read_part(self, manifest: dict, stage: int, partition: int) -> bytes:
+        """The snapshot of ``stage``'s ``partition`` a complete checkpoint holds (its
+        manifest lists them stage by stage, partition by partition)."""
+        index = (stage - 1) * manifest["partitions"] + partition
+        return self.read(manifest["checkpoint"], manifest["files"][index])
+
     def read(self, checkpoint: int, name: str) -> bytes:
         return self.fs.cat_file(self._path(checkpoint, name))
 
     # -- paths ----------------------------------------------------------------------------
-    def _ids(self) -> List[int]:
+    def ids(self) -> List[int]:
         ids = []
         for entry in self.fs.ls(self.root, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]

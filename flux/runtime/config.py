@@ -43,6 +43,10 @@ class NodeConfig:
     controller: str = ""
     #: the range (low, high) every socket's port is taken from, for firewalls; None: any
     ports: Optional[Tuple[int, int]] = None
+    #: the checkpoint store's URL ("": no checkpoints), and the complete checkpoint the
+    #: nodes start from (-1: none, the operators start empty; DESIGN 10)
+    checkpoint: str = ""
+    restore: int = -1
 
     def __post_init__(self) -> None:
         check_port_range(self.ports)
@@ -72,3 +76,6 @@ class NodeConfig:
 
     def with_controller(self, address: str) -> "NodeConfig":
         return replace(self, controller=address)
+
+    def restoring(self, checkpoint: int) -> "NodeConfig":
+        return replace(self, restore=checkpoint)

@@ -30,6 +30,7 @@ from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
+    SnapshotWritten,
     Failed,
     FoldedIn,
     Heartbeat,
@@ -75,8 +76,11 @@ class ControllerService:
                  last_replica_timeout: float = 2.0,
                  name_for: Optional[Callable[[Register], Optional[str]]] = None,
                  events=None, stuck_after: float = 1.0,
-                 stuck_timeout: float = 30.0, catchup_timeout: float = 120.0):
+                 stuck_timeout: float = 30.0, catchup_timeout: float = 120.0,
+                 on_snapshot: Optional[Callable[[SnapshotWritten], None]] = None):
         self.transport = transport
+        #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints
+        self.on_snapshot = on_snapshot
         self.recovery: Optional[Recovery] = None
         self.secret = secret
         self.beat = beat
@@ -183,6 +187,8 @@ class ControllerService:
                                     (env.msg.addr, env.msg.nbytes, env.msg.seconds)))
             elif isinstance(env.msg, Stopping) and name in self.registered:
                 self.on_stopping(name, env.msg.reason)
+            elif isinstance(env.msg, SnapshotWritten) and self.on_snapshot is not None:
+                self.on_snapshot(env.msg)
             elif isinstance(env.msg, CatchUpPaused):
                 self.events.append((now, "paused", (env.msg.addr, env.msg.seconds)))
             elif isinstance(env.msg, Ready) and name in self.registered:

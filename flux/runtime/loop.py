@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from controller.failure_detector import Lease
-from flux.addresses import CONTROLLER, MoverAddr, ProcAddr
+from flux.addresses import CONTROLLER, P, MoverAddr, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
     FoldedIn,
@@ -29,7 +29,7 @@ from flux.control_messages import (
     TakeoverDone,
     View,
 )
-from flux.effects import Deliver, SourcesPaused, SourcesResumed, StateInstalled
+from flux.effects import Deliver, Snapshot, SourcesPaused, SourcesResumed, StateInstalled
 from flux.envelope import Envelope
 from flux.host import Host
 from flux.ingress import INGRESS
@@ -54,7 +54,8 @@ class HostLoop:
                  on_turn: Callable[[], None] = lambda: None, clock=time.monotonic,
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
-                 max_turn: float = 0.02, stats_every: Optional[float] = None):
+                 max_turn: float = 0.02, stats_every: Optional[float] = None,
+                 snapshots=None):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -73,6 +74,10 @@ class HostLoop:
         self.stopped: Optional[str] = None
         self.on_effect = on_effect
         self.source = source
+        #: the source's position after the last input the ingress accepted (a replayable
+        #: source's; what a checkpoint records, DESIGN 10)
+        self.accepted_position: Any = getattr(source, "position", None)
+        self._next_position: Any = None
         self._next_record: Any = None
         self._next_arrival: Optional[float] = None
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
@@ -99,6 +104,8 @@ class HostLoop:
         #: a node reports its segments' counters this often (monitoring; None: never)
         self.stats_every = stats_every
         self._stats_sent = clock()
+        #: where this node's checkpoint snapshots go (a SnapshotWriter); None: nowhere
+        self.snapshots = snapshots
 
     # -- one turn of the poller loop ------------------------------------------------
     def turn(self, timeout_ms: int) -> bool:
@@ -135,6 +142,9 @@ class HostLoop:
         for env in envelopes:
             self.receive(env)
         self.on_turn()
+        if self.snapshots is not None:
+            for written in self.snapshots.done():
+                self.report(written)
         if self.stats_every is not None and polled - self._stats_sent >= self.stats_every:
             self._stats_sent = polled
             self.report(NodeStats(tuple(m.stats() for m in self.host.machines.values())))
@@ -232,18 +242,28 @@ class HostLoop:
                     break
                 self._next_record = record
                 self._next_arrival = getattr(self.source, "arrival", None)
+                self._next_position = getattr(self.source, "position", None)
             if ingress.accept(self._next_record) is None:
                 arrive = getattr(self.source, "arrive", None)
                 if arrive is not None:
                     arrive()  # a feed that cannot wait drops meanwhile: count it now
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
+            self.accepted_position = self._next_position
             if self.metrics is not None:
                 self.metrics.input_taken(self._next_arrival)
             moved = True
         if self.metrics is not None:
             self.metrics.inputs_dropped(getattr(self.source, "dropped", 0))
         return moved
+
+    def choose_cut(self, number: int) -> Tuple[int, Any]:
+        """The ingress's process: checkpoint ``number`` covers every input accepted so far;
+        returns its cut and the source's position after it (DESIGN 10). The cut leaves
+        with the next batches, after this returns."""
+        ingress = self.host.machines[INGRESS]
+        self._emit(*self.host.run_local(ingress.choose_cut(number)))
+        return ingress.accepted, self.accepted_position
 
     def _work(self) -> bool:
         moved = False
@@ -252,7 +272,8 @@ class HostLoop:
         for addr, machine in list(self.host.machines.items()):
             for _ in range(PROCESS_PER_STEP):
                 if machine.snapshot_due():  # a checkpoint's cut: before the next input
-                    self._emit(*self.host.run_local(machine.snapshot()))
+                    keep = self.snapshots is not None and self._writes_snapshot(addr)
+                    self._emit(*self.host.run_local(machine.snapshot(keep)))
                 if not machine.can_process():
                     break
                 machine.process()
@@ -264,6 +285,15 @@ class HostLoop:
                 self._emit(*self.host.run_local(machine.send_part()))
                 moved = True
         return moved
+
+    def _writes_snapshot(self, addr) -> bool:
+        """One replica of a pair writes its checkpoint snapshot, so that its twin keeps the
+        output flowing (DESIGN 10): the P replica, or the S one while P's process is dead
+        (or it never exists)."""
+        if addr.replica == P:
+            return True
+        twin = addr._replace(replica=P)
+        return twin not in self.where or self.where[twin] in self.dead_processes
 
     def _flush(self, addr, machine: Machine) -> bool:
         """Send each connection's batch once it has waited ``flush_delay`` (a connection
@@ -296,6 +326,8 @@ class HostLoop:
                 self._paused[e.transfer] = self.clock()
             elif isinstance(e, SourcesResumed):
                 self._resumed(e)
+            elif isinstance(e, Snapshot) and e.data is not None and self.snapshots:
+                self.snapshots.write(e)  # to the store, off this thread
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
                 self.report(e)  # the controller retries a failed transfer (3.4, issue 11)
             self.on_effect(e)

@@ -138,6 +138,12 @@ class Metrics:
     def _bucket(self, now: float) -> int:
         return int((now - self.t0) // self.interval) if self.t0 is not None else 0
 
+    def renumber(self, cut: int) -> None:
+        """The job restarted at a checkpoint (DESIGN 10): the next input taken is input
+        ``cut + 1`` (inputs after the cut are taken again, and timed again)."""
+        self._arrivals = array("d")
+        self._retired = cut
+
     # -- writers: ingress ---------------------------------------------------------------
     def input_taken(self, arrival: Optional[float]) -> None:
         now = self.clock()

@@ -171,6 +171,7 @@ class MetricsEndpoint:
     def __init__(self, collector: JobCollector, port: int, addr: str = "0.0.0.0"):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
+        self.collector = collector  # a restarted job points it at its new controller
         self.port, self.addr = port, addr
         self._server = None
         self._thread = None

@@ -95,11 +95,108 @@ class RateLimited:
         return max(0.0, due - self.clock())
 
 
+class SequenceSource:
+    """A sequence as a replayable ``Source`` (flux.connectors): its position is the
+    number of records read, so a restart goes on at the same record (DESIGN 10)."""
+
+    def __init__(self, records: Sequence[Any]):
+        self.records = records
+        self.index = 0
+
+    @property
+    def position(self) -> int:
+        return self.index
+
+    def open(self, position: Any) -> None:
+        if not isinstance(position, int) or not 0 <= position <= len(self.records):
+            raise ValueError(f"not a position of a sequence of {len(self.records)} records: "
+                             f"{position!r}")
+        self.index = position
+
+    def __iter__(self) -> "SequenceSource":
+        return self
+
+    def __next__(self) -> Any:
+        if self.index >= len(self.records):
+            raise StopIteration
+        record = self.records[self.index]
+        self.index += 1
+        return record
+
+
+class Paced:
+    """A replayable ``Source`` read no faster than ``rate`` records per second (a steady
+    feed that, unlike ``RateLimited``, waits and can be read again: what an experiment
+    of restarts needs). Its position is the wrapped source's."""
+
+    def __init__(self, source: Any, rate: float, clock: Callable[[], float] = time.monotonic):
+        if not rate > 0:
+            raise ValueError(f"rate must be > 0 records per second, got {rate!r}")
+        self.source = replayable(source)
+        if self.source is None:
+            raise ValueError(f"Paced needs a replayable source, got {type(source).__name__}")
+        self.rate, self.clock = float(rate), clock
+        self.start: Optional[float] = None
+        self.read = 0
+
+    @property
+    def position(self) -> Any:
+        return self.source.position
+
+    def open(self, position: Any) -> None:
+        self.source.open(position)
+        self.start, self.read = None, 0  # the pace starts again at the next read
+
+    def __iter__(self) -> "Paced":
+        return self
+
+    def __next__(self) -> Any:
+        if self.start is None:
+            self.start = self.clock()
+        if self.due_in() > 0:
+            return NOT_YET
+        record = next(self.source)
+        if record is not NOT_YET:
+            self.read += 1
+        return record
+
+    def due_in(self) -> float:
+        if self.start is None:
+            return 0.0
+        return max(0.0, self.start + self.read / self.rate - self.clock())
+
+
+def replayable(source: Any) -> Any:
+    """``source`` as a ``Source`` that can be opened at a position (a sequence is wrapped),
+    or None if it cannot be replayed (an iterator, a feed without positions)."""
+    from flux.connectors import Source
+
+    if isinstance(source, Sequence):
+        return SequenceSource(source)
+    return source if isinstance(source, Source) else None
+
+
 def peek(source: Any, n: int) -> Tuple[list, Any]:
     """Up to ``n`` first records of ``source`` (for the checks before deploying), and the
-    source to use from now on: a sequence is sliced, an iterator read ahead and chained back."""
+    source to use from now on: a sequence is sliced, a ``Source`` read and opened again
+    where it was, an iterator read ahead and chained back."""
+    from flux.connectors import Source
+
     if isinstance(source, Sequence):
         return list(source[:n]), source
+    if isinstance(source, SequenceSource):
+        return list(source.records[source.index:source.index + n]), source
+    if isinstance(source, Source):
+        start = source.position
+        ahead = []
+        for record in source:
+            if record is NOT_YET:
+                break  # nothing more has arrived: check what has
+            ahead.append(record)
+            if len(ahead) >= n:
+                break
+        source.open(start)
+        return ahead, source
     if isinstance(source, RateLimited):
         return source.peek(n), source
     it = iter(source)

@@ -15,26 +15,31 @@ import secrets
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import zmq
 from pyspark import cloudpickle
 
+from controller.checkpoints import CheckpointCoordinator, fingerprint
 from controller.hosts import PlacementError, assign_hosts
 from controller.recovery import Recovery
 from flux.builder import REPLICATIONS, MachineBuilder
 from flux.control_messages import JOB_STOPPED, Register
 from flux.dataflow import check_state_round_trip
-from flux.effects import Deliver
-from flux.errors import DataflowError
+from flux.effects import Deliver, SinkCommit
+from flux.errors import DataflowError, PairLost
 from flux.host import Host
 from flux.operator import OperatorRaised, describe
+from flux.connectors import is_exactly_once
+from flux.runtime.checkpoint_service import CheckpointService
+from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import PENDING, ControllerService
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
 from flux.runtime.network import boot_id, local_host
-from flux.runtime.sources import peek
+from flux.runtime.sources import peek, replayable
 from flux.runtime.transport import Transport
 from flux.spark.node_task import node_main
 from flux.spark.settings import check_settings, is_local
@@ -82,13 +87,28 @@ class FluxJob:
                  keep_output: Optional[bool] = None, metrics_port: Optional[int] = None,
                  metrics_addr: str = "0.0.0.0", driver_host: Optional[str] = None,
                  ports: Optional[Tuple[int, int]] = None,
-                 distinct_hosts: Optional[bool] = None):
+                 distinct_hosts: Optional[bool] = None, checkpoint: Optional[str] = None,
+                 checkpoint_interval: float = 10.0, checkpoint_keep: int = 3,
+                 restarts: int = 3):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
             raise ValueError(f"standbys must be >= 0, got {standbys}")
         if replication not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
+        if checkpoint is not None:
+            replay = replayable(source)
+            if replay is None:
+                raise ValueError(
+                    f"checkpoint= needs a source that can be read again from a position (a "
+                    f"flux.Source such as FileSource, or a sequence), got "
+                    f"{type(source).__name__}: after a restart its inputs must come again")
+            source = replay
+            if not checkpoint_interval > 0:
+                raise ValueError(f"checkpoint_interval must be > 0 seconds, "
+                                 f"got {checkpoint_interval!r}")
+        if restarts < 0:
+            raise ValueError(f"restarts must be >= 0, got {restarts}")
         sample, source = peek(source, check_records)
         check_before_deploy(dataflow, sample, nodes)
         self.spark, self.dataflow, self.source = spark, dataflow, source
@@ -124,44 +144,70 @@ class FluxJob:
         self.topology = self.config.topology()
         self.detect_after = detect_after
         self._stop = threading.Event()
+        self._ending = threading.Event()
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._threads: List[threading.Thread] = []
         self.task_results: List[Any] = []
         self._loops: Dict[str, HostLoop] = {}
         self.group = f"flux-{self.secret[:8]}"
+        self.restarts_left = restarts
+        #: (when, the checkpoint restored or None, why) for every restart of the job
+        self.restart_log: List[Tuple[float, Optional[int], str]] = []
+        self._restart_due: Optional[BaseException] = None
+        self._supervisor: Optional[threading.Thread] = None
+        #: the last output handed to the sink by this driver: a restart's replay of what
+        #: came after the checkpoint's cut is not handed again (DESIGN 10)
+        self._last_sn: Optional[tuple] = None
+        self._exactly_once = is_exactly_once(sink)
+        if self._exactly_once:
+            self._last_sn = sink.committed()
+        self.checkpoints: Optional[CheckpointService] = None
+        self._restore: Optional[dict] = None
+        self.checkpoint_interval = checkpoint_interval
+        if checkpoint is not None:
+            self._setup_checkpoints(checkpoint, checkpoint_keep)
+
+    def _setup_checkpoints(self, url: str, keep: int) -> None:
+        """The store (a local folder made absolute: executors run elsewhere), the last
+        complete checkpoint of this dataflow if any (another dataflow's is refused), and
+        the service that completes new ones (DESIGN 10)."""
+        if "://" not in url:
+            url = os.path.abspath(url)
+        store = CheckpointStore(url, keep=keep)
+        print_ = fingerprint(self.dataflow, self.nodes)
+        self._restore = store.latest(print_, self.nodes)
+        self._start_position = self.source.position  # a restart with no checkpoint yet
+        coordinator = CheckpointCoordinator(len(self.dataflow.stages), self.nodes, print_)
+        self.checkpoints = CheckpointService(store, coordinator, events=self.metrics.events)
+        self._next_checkpoint = max(store.ids(), default=0) + 1
+        self.config = replace(self.config, checkpoint=url)
+        if self._restore is not None:
+            log.info("resuming from checkpoint %d of %s (cut at input %d)",
+                     self._restore["checkpoint"], url, self._restore["cut"])
 
     # -- life cycle ----------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":
         """Launch the nodes and return once every node registered, built its operators,
-        and the data flows."""
+        and the data flows (from the last complete checkpoint, when there is one)."""
         check_settings(self.spark, self.nodes + self.standbys)
         if self.distinct_hosts is None:
             self.distinct_hosts = not is_local(self.spark.sparkContext.master)
         self.driver_host = local_host(self.driver_host
                                       or self.spark.conf.get("spark.driver.host", ""))
-        self.ctx = zmq.Context()
-        keys = self.config.keys
-        self.transports = {n: Transport(self.ctx, n, inc, host=self.driver_host, keys=keys,
-                                        ports=self.config.ports)
-                           for n, inc in DRIVER_INCS.items()}
-        self.controller = ControllerService(
-            self.transports[CONTROLLER_PROCESS], self.detect_after, secret=self.secret,
-            name_for=self._name_for, events=self.metrics.events)
-        for name in (INGRESS_PROCESS, EGRESS_PROCESS):
-            self.controller.add_member(name, DRIVER_INCS[name], self.transports[name].address)
-        self.config = self.config.with_controller(self.transports[CONTROLLER_PROCESS].address)
-        if self.metrics_port is not None:
-            self.endpoint = self._endpoint()
-        self._spawn(self._run_spark)
-        self._spawn(self._run_controller)
+        self._launch(self._restore)
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+                                            name="flux-supervisor")
+        self._supervisor.start()
         try:
             # once the data flows, an error it meets (an operator raising on the first
             # records) is ``wait``'s to raise, not ``start``'s, however soon it comes
             started = self.wait_until(lambda: "ingress" in self._loops, timeout,
                                       errors_first=False)
         except BaseException:
-            self.stop()
+            for t in self.transports.values():
+                t.close()
+            self.ctx.term()
             raise
         if not started:
             c = self.controller
@@ -173,6 +219,39 @@ class FluxJob:
                 f"{', '.join(missing) or 'none'} not registered (too few Spark task slots?), "
                 f"{', '.join(building) or 'none'} still building their operators")
         return self
+
+    def _launch(self, restore: Optional[dict]) -> None:
+        """One attempt of the job: the driver's sockets, the controller, the Spark tasks;
+        ``restore``: the manifest of the checkpoint the nodes and the ingress start from."""
+        self._stop = threading.Event()
+        self._ending = threading.Event()  # set once a restart ends this attempt
+        self._threads = []
+        self._loops = {}
+        self._ingress = self._egress = None
+        self._named, self._enough_since = False, None
+        self._restored = restore
+        self.group = f"flux-{self.secret[:8]}-{len(self.restart_log)}"
+        self.ctx = zmq.Context()
+        keys = self.config.keys
+        self.transports = {n: Transport(self.ctx, n, inc, host=self.driver_host, keys=keys,
+                                        ports=self.config.ports)
+                           for n, inc in DRIVER_INCS.items()}
+        self.controller = ControllerService(
+            self.transports[CONTROLLER_PROCESS], self.detect_after, secret=self.secret,
+            name_for=self._name_for, events=self.metrics.events,
+            on_snapshot=self.checkpoints.snapshot_written if self.checkpoints else None)
+        for name in (INGRESS_PROCESS, EGRESS_PROCESS):
+            self.controller.add_member(name, DRIVER_INCS[name], self.transports[name].address)
+        self.config = replace(self.config.with_controller(
+            self.transports[CONTROLLER_PROCESS].address),
+            restore=restore["checkpoint"] if restore else -1)
+        self.topology = self.config.topology()
+        if self.endpoint is not None:
+            self.endpoint.collector.controller = self.controller
+        elif self.metrics_port is not None:
+            self.endpoint = self._endpoint()
+        self._spawn(self._run_spark)
+        self._spawn(self._run_controller)
 
     def _endpoint(self):
         from flux.runtime.metrics_endpoint import JobCollector, MetricsEndpoint
@@ -194,16 +273,87 @@ class FluxJob:
         return self.endpoint.url if self.endpoint is not None else None
 
     def _spawn(self, target) -> None:
-        t = threading.Thread(target=self._guard, args=(target,), daemon=True)
+        t = threading.Thread(target=self._guard, args=(target, self._ending), daemon=True)
         self._threads.append(t)
         t.start()
 
-    def _guard(self, target) -> None:
+    def _guard(self, target, ending: threading.Event) -> None:
         try:
             target()
-        except BaseException as exc:  # surfaced by wait_until and stop
-            self.errors.append(exc)
+        except BaseException as exc:  # surfaced by wait_until and stop, or a restart
+            if ending.is_set():  # an attempt ended for a restart: its Spark job cancelled
+                log.info("an ended attempt's thread stopped: %s", describe(exc))
+                return
+            if self._restartable(exc):
+                self._restart_due = exc
+            else:
+                self.errors.append(exc)
             self._stop.set()
+
+    def _restartable(self, exc: BaseException) -> bool:
+        """A lost pair restarts the job from its last checkpoint (DESIGN 10), a bounded
+        number of times; nothing else does (an operator's error would come again)."""
+        return (isinstance(exc, PairLost) and self.checkpoints is not None
+                and self.restarts_left > 0 and not self._stopping.is_set()
+                and self._restart_due is None)
+
+    def _supervise(self) -> None:
+        """Restart the job when an attempt ended on a lost pair, until it is stopped."""
+        while not self._stopping.is_set():
+            if self._restart_due is None:
+                time.sleep(0.01)
+                continue
+            try:
+                self._restart(self._restart_due)
+            except BaseException as exc:
+                log.exception("the restart failed")
+                self.errors.append(exc)
+                return
+            finally:
+                self._restart_due = None
+
+    def _restart(self, why: BaseException) -> None:
+        """Stop this attempt (its tasks, threads and sockets) and launch the next one from
+        the last complete checkpoint, or from the first input without one (DESIGN 10).
+        What the sink holds stays: outputs after the cut come again with the same SNs and
+        are dropped up to the last one handed to it."""
+        self.restarts_left -= 1
+        now = time.monotonic()
+        log.warning("restarting the job (%d restarts left): %s", self.restarts_left, why)
+        self._end_attempt(JOB_STOPPED, timeout=0.5)
+        log.info("the old attempt ended in %.2fs", time.monotonic() - now)
+        if self._exactly_once and self._last_sn is not None and (
+                self.sink.committed() is None or self._last_sn > self.sink.committed()):
+            self.sink.commit(self._last_sn)  # what it has is the failure-free prefix
+        self.checkpoints.settle()
+        self.checkpoints.coordinator.restarted()
+        latest = self.checkpoints.coordinator.latest_complete
+        restore = self.checkpoints.store.manifest(latest) if latest is not None else None
+        self.restart_log.append((now, latest, str(why)))
+        self.metrics.events.append((now, "restart", latest))
+        self._launch(restore)
+
+    def _end_attempt(self, reason: str, timeout: float) -> None:
+        """Tell the attempt's nodes to stop, end its Spark tasks and threads, close its
+        sockets."""
+        self._ending.set()
+        self._stop.set()
+        for t in self._threads[1:]:
+            t.join(timeout=10)
+        c = self.controller
+        c.stop_all(reason)
+        c.started = False
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            c.turn(20)  # the stops leave
+        spark_thread = self._threads[0]
+        spark_thread.join(timeout=timeout)
+        if spark_thread.is_alive():
+            self.spark.sparkContext.cancelJobGroup(self.group)
+            spark_thread.join(timeout=30)
+        for t in self.transports.values():
+            t.close()
+        self.ctx.term()
 
     def _run_spark(self) -> None:
         sc = self.spark.sparkContext
@@ -236,7 +386,9 @@ class FluxJob:
             return False
         now = time.monotonic()
         self._enough_since = self._enough_since or now
-        return now - self._enough_since >= STANDBY_GRACE
+        # a restart does not wait for its standbys: they join the running job as they come
+        grace = 0.0 if self.restart_log else STANDBY_GRACE
+        return now - self._enough_since >= grace
 
     def _name_tasks(self) -> None:
         """Name the registered tasks: the nodes such that no pair shares a host (when
@@ -294,19 +446,31 @@ class FluxJob:
         standbys = [n for n in c.registered if n not in self.topology.index_of]
         self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
         c.begin(Recovery(topology, dict(c.hosts) if self.distinct_hosts else None))
-        log.info("every node is built (%s; standbys %s): the data starts",
+        log.info("every node is built (%s; standbys %s): the data starts" + (
+            f" (restart {len(self.restart_log)}, from checkpoint "
+            f"{self._restored['checkpoint'] if self._restored else None})"
+            if self.restart_log else ""),
                  ", ".join(topology.nodes), ", ".join(standbys) or "none")
         # what the driver built so far (Spark's and py4j's objects, the dataflow) lives as
         # long as the job: out of the collector's way, a full collection stays short
         gc.freeze()
-        self.metrics.begin()
+        if self.metrics.t0 is None:
+            self.metrics.begin()
         ingress, egress = self.builder.ingress(), self.builder.egress()
         self._ingress, self._egress = ingress, egress
+        source = self.source
+        if self.checkpoints is not None:
+            # the inputs after the checkpoint's cut come again, numbered as before
+            restore = self._restored
+            source.open(restore["source"] if restore else self._start_position)
+            ingress.accepted = restore["cut"] if restore else 0
+            self.metrics.renumber(ingress.accepted)
+            self._cut_at = time.monotonic() + self.checkpoint_interval
         for name, machine in ((INGRESS_PROCESS, ingress), (EGRESS_PROCESS, egress)):
             host = Host(name, {machine.addr: machine}, DRIVER_INCS[name],
                         peer_incs=topology.peer_incs())
             loop = HostLoop(host, self.transports[name], topology.where, dict(c.addresses),
-                            self._on_effect, iter(self.source) if machine is ingress else None,
+                            self._on_effect, iter(source) if machine is ingress else None,
                             dict(c.incarnations), metrics=self.metrics,
                             flush_delay=self.config.flush_delay)
             self._loops[name] = loop
@@ -338,24 +502,65 @@ class FluxJob:
 
     def _drive(self, loop: HostLoop) -> None:
         egress = loop is self._loops.get(EGRESS_PROCESS)
-        while not self._stop.is_set():
+        cuts = loop is self._loops.get(INGRESS_PROCESS) and self.checkpoints is not None
+        stop = self._stop
+        while not stop.is_set():
             loop.turn(5)
             if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
                 raise RuntimeError(f"{loop.host.name}: {loop.stopped}")
+            if cuts:
+                self._maybe_cut(loop)
             if egress:
                 self.metrics.settled(self._egress.settled())
                 if not self._finished.is_set():
                     self._check_finished()
 
+    def _maybe_cut(self, loop: HostLoop) -> None:
+        """The ingress's thread: every ``checkpoint_interval`` seconds (when inputs came
+        since the last), checkpoint the job at a cut after the last input accepted."""
+        now = time.monotonic()
+        if now < self._cut_at:
+            return
+        self._cut_at = now + self.checkpoint_interval
+        last = self._ingress.out.cut
+        if self._ingress.accepted == (last[1] if last else -1):
+            return  # nothing new since the last cut
+        number = self._next_checkpoint
+        self._next_checkpoint += 1
+        cut, position = loop.choose_cut(number)
+        self.checkpoints.cut_chosen(number, cut, position)
+
     def _on_effect(self, e) -> None:
         if isinstance(e, Deliver):
+            items = e.items
+            if self._last_sn is not None and tuple(items[0][0]) <= self._last_sn:
+                last = self._last_sn  # after a restart: given to the sink already
+                items = tuple(it for it in items if tuple(it[0]) > last)
+                if not items:
+                    return
+            self._last_sn = tuple(items[-1][0])
             if self.keep_output:
-                self.delivered.extend(e.items)
-            for sn, _ in e.items:
+                self.delivered.extend(items)
+            for sn, _ in items:
                 self.metrics.output(sn)
-            if self.sink is not None:
-                for item in e.items:
+            if self._exactly_once:
+                self.sink.write(items)
+            elif self.sink is not None:
+                for item in items:
                     self.sink(item)
+        elif isinstance(e, SinkCommit) and self.checkpoints is not None:
+            self._commit_at_cut(e.number)
+
+    def _commit_at_cut(self, number: int) -> None:
+        """The egress passed checkpoint ``number``'s cut: the sink makes durable what it
+        has (an exactly-once sink commits; a callable has it already) and says so."""
+        if self._exactly_once:
+            committed = self.sink.committed()
+            if self._last_sn is not None and (committed is None or self._last_sn > committed):
+                self.sink.commit(self._last_sn)
+            self.checkpoints.sink_committed(number, self.sink.committed())
+        else:
+            self.checkpoints.sink_committed(number, self._last_sn)
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float,
                    errors_first: bool = True) -> bool:
@@ -391,6 +596,8 @@ class FluxJob:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every task and thread this job started, then close every socket."""
         self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=120)  # a restart under way ends first
         spark_thread = self._threads[0]
         # a failed job's controller tells no one to stop: cancel the tasks at once
         spark_thread.join(timeout=0.0 if self.errors else timeout)
@@ -408,6 +615,8 @@ class FluxJob:
         close = getattr(self.sink, "close", None)
         if close is not None:
             close()
+        if self.checkpoints is not None:
+            self.checkpoints.stop()
 
     def __enter__(self) -> "FluxJob":
         return self.start()

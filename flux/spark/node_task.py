@@ -41,13 +41,16 @@ from flux.control_messages import (
 from flux.envelope import Envelope
 from flux.errors import OperatorError
 from flux.host import Host
+from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
 from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.network import boot_id, is_loopback, split_tcp
+from flux.runtime.snapshot_writer import SnapshotWriter
 from flux.runtime.transport import Transport
 from flux.segment import StreamedSegment
+from flux.state_codec import unpack_state
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +129,18 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
                         ports=config.ports)
     built: List[HostLoop] = []
     liveness.start(lambda: built[0].host.view if built else welcome.view)
+    writer = None
     try:
+        if config.checkpoint:
+            writer = SnapshotWriter(CheckpointStore(config.checkpoint))
         built.append(build_loop(welcome, inc, members, transport, config, dataflow,
                                 mover_relay=mover_peer(name), on_turn=liveness.loop_turned,
-                                spares=spares))
+                                spares=spares, snapshots=writer))
         return run_loop(task, inc, name, built[0], mover, liveness, early, config)
     finally:
         liveness.stop()
+        if writer is not None:
+            writer.stop()
 
 
 def run_loop(task: int, inc: int, name: str, loop: HostLoop, mover: StateMoverService,
@@ -244,7 +252,8 @@ def load_dataflow(config: NodeConfig):
 
 def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,
                config: NodeConfig, dataflow, mover_relay: Optional[str] = None,
-               on_turn: Callable[[], None] = lambda: None, spares=None) -> HostLoop:
+               on_turn: Callable[[], None] = lambda: None, spares=None,
+               snapshots: Optional[SnapshotWriter] = None) -> HostLoop:
     """This process's host and loop, from the job's topology and what the controller said:
     a node hosts what the placement gives it, a standby starts empty; a late joiner
     starts from the current view and where segments live by now."""
@@ -255,6 +264,8 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              replication=config.replication, window=config.window,
                              segment_class=StreamedSegment, spare_chains=spares)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
+    if config.restore >= 0 and machines:
+        restore_operators(snapshots.store, config.restore, machines)
     where = dict(topology.where)
     where.update(dict(welcome.where))
     host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,
@@ -262,5 +273,17 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
                     incarnations=incs, on_turn=on_turn, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay,
-                    stats_every=config.stats_every)
+                    stats_every=config.stats_every, snapshots=snapshots)
     return loop
+
+
+def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict) -> None:
+    """Every segment starts from its partition's snapshot in complete checkpoint
+    ``checkpoint`` (a job restarted, DESIGN 10): its operators' state after exactly the
+    inputs up to the checkpoint's cut."""
+    manifest = store.manifest(checkpoint)
+    for addr, segment in machines.items():
+        state = unpack_state(store.read_part(manifest, addr.stage, addr.partition))
+        segment.chain.install_state(state["operators"])
+    log.info("restored %d segments from checkpoint %d (cut %d) of %s", len(machines),
+             checkpoint, manifest["cut"], store.url)

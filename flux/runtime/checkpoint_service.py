@@ -1,0 +1,132 @@
+"""The driver's side of checkpoints: reports in, manifests out (DESIGN 10, issue 14).
+
+The ingress's thread says when it chose a cut and where the source was; the
+controller's thread passes on what the nodes wrote; the egress's thread says
+when the sink committed at a cut. Each report goes on one queue, in the order
+it was made (a node can write a checkpoint only after the ingress chose it),
+and one thread of this service hands them to the pure
+``CheckpointCoordinator`` and writes the manifest of every checkpoint that
+completes (then the store drops the oldest). Nothing here runs on a data
+thread, so a slow store holds up no output.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+from controller.checkpoints import CheckpointCoordinator
+from flux.control_messages import SnapshotWritten
+from flux.runtime.checkpoint_store import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A checkpoint whose manifest was written."""
+
+    number: int
+    cut: int
+    nbytes: int  # the snapshots' bytes
+    seconds: float  # from the cut's choice to the manifest
+    at: float  # when (the service's clock)
+
+
+class CheckpointService:
+    def __init__(self, store: CheckpointStore, coordinator: CheckpointCoordinator,
+                 clock: Callable[[], float] = time.monotonic, events=None):
+        self.store, self.coordinator, self.clock = store, coordinator, clock
+        self.events = events  # the job's event log, or None
+        self.completed: List[Completed] = []
+        self.errors: List[str] = []  # snapshots or manifests that could not be written
+        self._begun: dict = {}  # checkpoint -> when its cut was chosen
+        self._bytes: dict = {}  # checkpoint -> snapshot bytes so far
+        self._reports: "queue.Queue" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="flux-checkpoints",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- reports (any thread) -------------------------------------------------------------
+    def cut_chosen(self, number: int, cut: int, position: Any) -> None:
+        self._reports.put(("cut", number, cut, position, self.clock()))
+
+    def snapshot_written(self, msg: SnapshotWritten) -> None:
+        self._reports.put(("part", msg))
+
+    def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]]) -> None:
+        self._reports.put(("sink", number, sn))
+
+    @property
+    def latest(self) -> Optional[Completed]:
+        return self.completed[-1] if self.completed else None
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every report made so far was handled."""
+        done = threading.Event()
+        self._reports.put(("settle", done))
+        done.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._reports.put(_STOP)
+        self._thread.join(timeout)
+
+    # -- the service's thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            report = self._reports.get()
+            if report is _STOP:
+                return
+            try:
+                self._handle(report)
+            except Exception as exc:  # a store that fails: this checkpoint is lost, not the job
+                log.exception("checkpoint report %r failed", report[:2])
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _handle(self, report) -> None:
+        kind = report[0]
+        c = self.coordinator
+        if kind == "settle":
+            report[1].set()
+            return
+        if kind == "cut":
+            _, number, cut, position, at = report
+            c.begin(number, cut)
+            self._begun[number] = at
+            self._complete(number, c.source_recorded(number, position))
+        elif kind == "part":
+            msg: SnapshotWritten = report[1]
+            if msg.error:
+                self.errors.append(f"checkpoint {msg.number}: {msg.name}: {msg.error}")
+                log.warning("checkpoint %d will not complete: stage %d partition %d: %s",
+                            msg.number, msg.addr.stage, msg.addr.partition, msg.error)
+                return
+            self._bytes[msg.number] = self._bytes.get(msg.number, 0) + msg.nbytes
+            self._complete(msg.number, c.part_written(msg.number, msg.addr.stage,
+                                                      msg.addr.partition, msg.name))
+        elif kind == "sink":
+            _, number, sn = report
+            self._complete(number, c.sink_committed(number, sn))
+
+    def _complete(self, number: int, manifest: Optional[dict]) -> None:
+        if manifest is None:
+            return
+        self.store.complete(number, manifest)
+        now = self.clock()
+        done = Completed(number, manifest["cut"], self._bytes.pop(number, 0),
+                         now - self._begun.pop(number, now), now)
+        self.completed.append(done)
+        del self.completed[:-64]  # the last few are enough for metrics
+        for k in [k for k in self._begun if k < number]:  # abandoned: never completes
+            del self._begun[k]
+            self._bytes.pop(k, None)
+        log.info("checkpoint %d complete: cut at input %d, %.1f MB of snapshots, %.2fs",
+                 number, done.cut, done.nbytes / 1e6, done.seconds)
+        if self.events is not None:
+            self.events.append((now, "checkpoint", (number, done.cut, done.nbytes,
+                                                    round(done.seconds, 3))))
