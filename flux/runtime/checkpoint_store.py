@@ -83,11 +83,13 @@ class CheckpointStore:
         if not done:
             return None
         manifest = json.loads(self.fs.cat_file(self._path(done[-1], MANIFEST)))
-        for key, want in (("fingerprint", fingerprint), ("partitions", partitions)):
+        for key, want, what in (("partitions", partitions, "partitions"),
+                                ("fingerprint", fingerprint, "a dataflow of fingerprint")):
             if want is not None and manifest.get(key) != want:
                 raise CheckpointMismatch(
                     f"the checkpoint at {self.url} (checkpoint {done[-1]}) was written by a "
-                    f"job with {key} {manifest.get(key)!r}, this job has {want!r}: use "
+                    f"job with {what} {manifest.get(key)!r}, this job has {want!r} (stage "
+                    f"names, keys, operators and partitions must all be the same): use "
                     f"another checkpoint location, or the dataflow that wrote it")
         return manifest
 

@@ -168,6 +168,12 @@ class FluxJob:
         if checkpoint is not None:
             self._setup_checkpoints(checkpoint, checkpoint_keep)
 
+    @property
+    def resumed_from(self) -> Optional[dict]:
+        """The manifest of the checkpoint this job started from (it found one at its
+        checkpoint location), or None: it started from the source's first input."""
+        return self._restore
+
     def _setup_checkpoints(self, url: str, keep: int) -> None:
         """The store (a local folder made absolute: executors run elsewhere), the last
         complete checkpoint of this dataflow if any (another dataflow's is refused), and

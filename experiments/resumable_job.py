@@ -1,0 +1,88 @@
+"""A user's program that survives its driver's death (issue 14): run it, kill it, run it again.
+
+``python -m experiments.resumable_job --input DIR --sink DIR --checkpoint DIR`` reads
+the JSON-lines files of ``--input`` (at ``--rate`` records per second), counts per key
+(``counting_dataflow``), writes to an exactly-once sink (``--sink-format jsonl``,
+``parquet`` or ``delta``) and checkpoints every ``--interval`` seconds. Run again with
+the same checkpoint location after the driver was killed, it resumes from the last
+complete checkpoint, as Structured Streaming does with its ``checkpointLocation``.
+It prints one JSON line per second (``started``, then ``progress``, then ``done``) for
+whoever watches it (``tests/test_driver_kill.py``, ``experiments.restart``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+
+def make_sink(fmt: str, path: str, commit_every: int = 100_000):
+    if fmt == "delta":
+        from flux.runtime.delta_sink import DeltaSink
+
+        return DeltaSink(path, commit_every=commit_every)
+    from flux.runtime.file_sink import FileSink
+
+    return FileSink(path, format=fmt, commit_every=commit_every)
+
+
+def read_sink(fmt: str, path: str) -> list:
+    if fmt == "delta":
+        from flux.runtime.delta_sink import read_delta_sink
+
+        return read_delta_sink(path)
+    from flux.runtime.file_sink import read_file_sink
+
+    return read_file_sink(path)
+
+
+def say(kind: str, **fields) -> None:
+    print(json.dumps({"kind": kind, "t": time.time(), **fields}), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", required=True)
+    p.add_argument("--sink", required=True)
+    p.add_argument("--sink-format", default="jsonl", choices=["jsonl", "parquet", "delta"])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
+    p.add_argument("--rate", type=float, default=4000.0, help="input records per second")
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--standbys", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=300.0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+
+    from flux.examples import counting_dataflow
+    from flux.runtime.file_source import FileSource
+    from flux.runtime.sources import Paced
+    from flux.spark.job import FluxJob
+    from flux.spark.session import local_cluster
+
+    sink = make_sink(args.sink_format, args.sink)
+    with local_cluster(args.nodes + args.standbys) as spark:
+        job = FluxJob(spark, counting_dataflow(2), Paced(FileSource(args.input), args.rate),
+                      nodes=args.nodes, standbys=args.standbys, sink=sink,
+                      checkpoint=args.checkpoint, checkpoint_interval=args.interval)
+        restored = job.resumed_from
+        with job:
+            say("started", checkpoint=restored["checkpoint"] if restored else None,
+                cut=restored["cut"] if restored else 0,
+                committed=list(sink.committed() or ()) or None)
+            deadline = time.monotonic() + args.timeout
+            while not job.finished() and time.monotonic() < deadline:
+                job.wait_until(job.finished, 1.0)
+                done = job.checkpoints.latest
+                say("progress", inputs=job.metrics.input_total, outputs=job.metrics.output_total,
+                    checkpoint=done.number if done else None, cut=done.cut if done else None,
+                    committed=list(sink.committed() or ()) or None)
+            job.wait(timeout=10)
+        say("done", outputs=job.metrics.output_total, restarts=len(job.restart_log))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

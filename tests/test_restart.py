@@ -1,0 +1,81 @@
+"""Both replicas of a partition die: the job restarts by itself from its last checkpoint,
+and the sink's committed content is the failure-free output, no gap, no duplicate
+(issue 14; slow: Spark)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from restart_inputs import write_inputs
+
+from experiments.resumable_job import make_sink, read_sink
+from flux.addresses import Addr, P, S
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from flux.spark.session import local_cluster
+
+    with local_cluster(5) as session:
+        yield session
+
+
+@pytest.mark.parametrize("fmt,stage,partition", [("jsonl", 1, 0), ("delta", 2, 3)])
+def test_a_double_failure_restarts_from_the_last_checkpoint(spark, tmp_path, fmt, stage,
+                                                            partition):
+    from flux.examples import counting_dataflow
+    from flux.runtime.file_source import FileSource
+    from flux.runtime.sources import Paced
+    from flux.spark.job import FluxJob
+
+    expected = write_inputs(tmp_path / "in", 24_000)
+    out = str(tmp_path / "out")
+    sink = make_sink(fmt, out)
+    job = FluxJob(spark, counting_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=1, sink=sink, checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0)
+    assert job.resumed_from is None
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
+        where = job.topology.where
+        for replica in (P, S):
+            job.kill_node(where[Addr(stage, partition, replica)])
+        killed = time.monotonic()
+        job.wait(timeout=240)
+    assert len(job.restart_log) == 1
+    when, restored, why = job.restart_log[0]
+    assert restored is not None and restored >= 2 and "both replicas" in why
+    assert when - killed < 5
+    assert read_sink(fmt, out) == expected
+
+
+def test_a_job_without_a_replayable_source_cannot_checkpoint(spark, tmp_path):
+    from flux.examples import counting_dataflow
+    from flux.spark.job import FluxJob
+
+    with pytest.raises(ValueError, match="read again from a position"):
+        FluxJob(spark, counting_dataflow(2), iter(range(10)), nodes=4,
+                checkpoint=str(tmp_path / "ckpt"))
+
+
+def test_a_checkpoint_of_another_dataflow_is_refused(spark, tmp_path):
+    """Checkpoints written by one dataflow are never restored into another (or into other
+    partition counts): the job refuses to start and says why."""
+    from flux.errors import CheckpointMismatch
+    from flux.examples import counting_dataflow, paper_dataflow
+    from flux.spark.job import FluxJob
+
+    from flux.workload import keyed_workload
+
+    records = keyed_workload(3000, seed=1, keys=7)
+    with FluxJob(spark, counting_dataflow(2), records, nodes=4, standbys=0,
+                 checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=0.2) as job:
+        job.wait(timeout=120)
+        assert job.wait_until(lambda: job.checkpoints.completed, 10)
+    with pytest.raises(CheckpointMismatch, match="another checkpoint location"):
+        FluxJob(spark, paper_dataflow(), [], nodes=4, checkpoint=str(tmp_path / "ckpt"))
+    with pytest.raises(CheckpointMismatch, match="partitions 4, this job has 2"):
+        FluxJob(spark, counting_dataflow(2), records, nodes=2,
+                checkpoint=str(tmp_path / "ckpt"))
