@@ -13,6 +13,14 @@ runs, in one of these scenarios (drawn at random):
 - ``double``: both replicas of a partition at once: the job must stop with an
   error naming the partition, and the output delivered until then must be a
   prefix of the reference;
+- ``double-restart``: both replicas of a partition at once, in a job that
+  checkpoints (every 0.5-2 s, to a fresh folder, into a ``FileSink`` or kept in
+  memory): it must restart by itself from its last checkpoint (or from the first
+  input, if none was complete yet), and the output must be the reference;
+- ``driver-kill``: the driver of ``experiments.resumable_job`` (its own Spark,
+  in a process group of its own) is SIGKILLed at a random moment, once or
+  twice, and the program run again with the same checkpoint location: the
+  sink (JSON lines, Parquet or Delta, drawn) must hold the reference;
 - with ``--hosts N`` (the multi-host rig, ``flux.spark.rig``; needs root), also
   ``silent-host``: a node's host is cut off silently (no FIN; its processes run
   on) until the output is complete, and ``partition-heal``: a node's host is cut
@@ -34,6 +42,8 @@ import contextlib
 import json
 import pathlib
 import random
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -42,13 +52,16 @@ from flux.errors import PairLost
 from flux.examples import counting_dataflow, paper_dataflow, with_ballast
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.runtime.sources import RateLimited
+from flux.runtime.file_sink import FileSink, read_file_sink
+from flux.runtime.sources import Paced, RateLimited
 from flux.topology import node_name
 from flux.workload import keyed_workload, packet_workload
 
 HOST_SCENARIOS = ("silent-host", "partition-heal")
+#: scenarios that restart the job (issue 14); driver-kill runs a Spark of its own
+RESTART_SCENARIOS = ("double-restart", "driver-kill")
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double",
-             *HOST_SCENARIOS)
+             *RESTART_SCENARIOS, *HOST_SCENARIOS)
 NODES, STANDBYS = 4, 1
 
 
@@ -90,13 +103,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--rate must be > 0")
     if args.scenarios is None:
         args.scenarios = ",".join(s for s in SCENARIOS
-                                  if args.hosts or s not in HOST_SCENARIOS)
+                                  if (s not in HOST_SCENARIOS) != bool(args.hosts)
+                                  or args.hosts and s != "driver-kill")
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown or not args.scenarios:
         ap.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     if set(args.scenarios) & set(HOST_SCENARIOS) and not args.hosts:
         ap.error(f"{', '.join(HOST_SCENARIOS)} need --hosts (the rig)")
+    if args.hosts and "driver-kill" in args.scenarios:
+        ap.error("driver-kill runs an embedded cluster of its own: not with --hosts")
     if args.hosts and args.hosts < NODES + STANDBYS:
         ap.error(f"--hosts must be >= {NODES + STANDBYS} (a task slot per host)")
     if not args.scenarios:
@@ -129,9 +145,22 @@ class Chaos:
             dataflow = with_ballast(dataflow, args.state_mb)
         run.dataflow = name
         self.expected = reference_output(dataflow, records, NODES)
+        self.duration = args.packets / args.rate
+        self.sink = None
+        if run.scenario == "double-restart":  # a replayable feed, checkpoints, maybe a sink
+            self.folder = tempfile.mkdtemp(prefix="flux-chaos-")
+            self.feed = Paced(records, args.rate)
+            interval = rng.choice((0.5, 1.0, 2.0))
+            if rng.random() < 0.5:
+                self.sink = FileSink(f"{self.folder}/out", commit_every=50_000)
+            run.kills.append(f"checkpoints every {interval}s"
+                             + (", FileSink" if self.sink else ""))
+            self.job = FluxJob(spark, dataflow, self.feed, nodes=NODES, standbys=STANDBYS,
+                               sink=self.sink, keep_output=True,
+                               checkpoint=f"{self.folder}/ckpt", checkpoint_interval=interval)
+            return
         self.feed = RateLimited(records, args.rate)
         self.job = FluxJob(spark, dataflow, self.feed, nodes=NODES, standbys=STANDBYS)
-        self.duration = args.packets / args.rate
 
     # -- helpers -----------------------------------------------------------------------
     def recovery(self):
@@ -191,7 +220,7 @@ class Chaos:
             self.run.kills.append(f"healed at {self.now():.2f}s")
             self.rig.heal(i)
             return
-        if scenario == "double":
+        if scenario in ("double", "double-restart"):
             partner = self.rng.choice(neighbours(first))
             self.kill(node_name(first))
             self.kill(node_name(partner))
@@ -232,6 +261,9 @@ class Chaos:
                 return
             raise AssertionError("the job went on after both replicas of a pair died")
         output = job.wait(timeout=240)
+        if run.scenario == "double-restart":
+            self.check_restarted(output)
+            return
         self.wait(lambda: not self.recovery().pending() and not self.catching_up(),
                   "every pair to be rebuilt")
         if self.job.controller.dead and not self.recovery().completed:
@@ -241,6 +273,70 @@ class Chaos:
                                  f"{len(self.expected)} expected)")
         if self.feed.dropped:
             raise AssertionError(f"the feed dropped {self.feed.dropped} records")
+
+
+    def check_restarted(self, output) -> None:
+        job, run = self.job, self.run
+        if not job.restart_log:
+            raise AssertionError("both replicas of a pair died and the job did not restart")
+        for when, restored, why in job.restart_log:
+            run.kills.append(f"restarted from checkpoint {restored} "
+                             f"at {when - job.metrics.t0:.2f}s")
+        want = [wire_form(x) for x in self.expected]
+        if [wire_form(x) for x in output] != want:
+            raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
+                                 f"{len(self.expected)} expected)")
+        if self.sink is not None:
+            self.sink.close()
+            if read_file_sink(f"{self.folder}/out") != [(tuple(sn), wire_form(r))
+                                                         for sn, r in self.expected]:
+                raise AssertionError("the FileSink's committed content is not the reference")
+
+    def close(self) -> None:
+        if self.run.scenario == "double-restart":
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def play_driver_kill(run: Run, rng: random.Random, args) -> None:
+    """Run ``experiments.resumable_job``, SIGKILL its driver at a random moment (once or
+    twice), run it again with the same checkpoint location until it is done; its sink
+    must hold the failure-free output. Its Spark is its own: no other runs meanwhile."""
+    from experiments.resumable_job import Program, read_sink, write_inputs
+
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="flux-chaos-"))
+    try:
+        fmt = rng.choice(("jsonl", "parquet", "delta"))
+        interval = rng.choice((0.5, 1.0, 2.0))
+        run.dataflow = f"counting from files into {fmt}"
+        expected = write_inputs(folder / "in", args.packets, seed=rng.randrange(1 << 30))
+        cli = ["--input", str(folder / "in"), "--sink", str(folder / "out"), "--sink-format",
+               fmt, "--checkpoint", str(folder / "ckpt"), "--interval", str(interval),
+               "--rate", str(args.rate)]
+        run.kills.append(f"checkpoints every {interval}s")
+        for attempt in range(rng.choice((1, 1, 2))):
+            program = Program(cli, folder / f"driver{attempt}.log")
+            try:
+                started = program.wait_for(lambda x: x["kind"] == "started", 180)
+                at = started["cut"] + rng.uniform(0.1, 0.6) * (args.packets - started["cut"])
+                program.wait_for(lambda x: x["kind"] == "done" or x.get("inputs", 0) >= at, 300)
+            finally:
+                program.kill()
+            run.kills.append(f"driver killed (run {attempt + 1}, started at checkpoint "
+                             f"{started['checkpoint']})")
+        program = Program(cli, folder / "driver-last.log")
+        try:
+            started = program.wait_for(lambda x: x["kind"] == "started", 180)
+            program.wait_for(lambda x: x["kind"] == "done", 300)
+        finally:
+            program.kill()
+        run.kills.append(f"run again from checkpoint {started['checkpoint']} "
+                         f"(cut {started['cut']})")
+        got = read_sink(fmt, str(folder / "out"))
+        if got != expected:
+            raise AssertionError(f"the sink holds {len(got)} outputs, not the "
+                                 f"{len(expected)} of the reference (or not in order)")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def heal_all(rig) -> None:
@@ -254,8 +350,16 @@ def run_one(spark, seed: int, args, rig=None) -> Run:
     run = Run(seed, rng.choice(args.scenarios), "")
     started = time.monotonic()
     chaos = None
+    if run.scenario == "driver-kill":
+        try:
+            play_driver_kill(run, rng, args)
+            run.ok = True
+        except Exception as exc:  # noqa: BLE001 - every failure is reported with its seed
+            run.why = f"{type(exc).__name__}: {exc}"
+        run.seconds = round(time.monotonic() - started, 1)
+        return run
     try:
-        chaos = Chaos(spark, run, rng, args, rig)
+        chaos = Chaos(spark() if callable(spark) else spark, run, rng, args, rig)
         with chaos.job:
             try:
                 chaos.play()
@@ -270,9 +374,29 @@ def run_one(spark, seed: int, args, rig=None) -> Run:
     finally:
         if chaos is not None:
             run.events = chaos.job.metrics.relative_events()
+            chaos.close()
         heal_all(rig)
         run.seconds = round(time.monotonic() - started, 1)
     return run
+
+
+class LazyCluster:
+    """The embedded cluster the runs share, started when a run needs it and released
+    before a run that starts a Spark of its own."""
+
+    def __init__(self, make):
+        self.make, self._cm, self.session = make, None, None
+
+    def __call__(self):
+        if self.session is None:
+            self._cm = self.make()
+            self.session = self._cm.__enter__()
+        return self.session
+
+    def release(self) -> None:
+        if self._cm is not None:
+            cm, self._cm, self.session = self._cm, None, None
+            cm.__exit__(None, None, None)
 
 
 def main(argv=None) -> int:
@@ -288,10 +412,15 @@ def main(argv=None) -> int:
             from flux.spark.rig import Rig
 
             rig = stack.enter_context(Rig(args.hosts))
-            spark = rig.session("flux-chaos")
+            session = rig.session("flux-chaos")
+            spark = lambda: session  # noqa: E731
         else:
-            spark = stack.enter_context(local_cluster(NODES + STANDBYS + 1))
+            spark = LazyCluster(lambda: local_cluster(NODES + STANDBYS + 1))
+            stack.callback(spark.release)
         for k, seed in enumerate(seeds, 1):
+            if isinstance(spark, LazyCluster) and random.Random(seed).choice(
+                    args.scenarios) == "driver-kill":
+                spark.release()  # its program runs a Spark of its own: never two at once
             run = run_one(spark, seed, args, rig)
             runs.append(run)
             status = "ok" if run.ok else "FAILED"

@@ -14,8 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import queue
+import signal
+import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_sink(fmt: str, path: str, commit_every: int = 100_000):
@@ -38,8 +46,68 @@ def read_sink(fmt: str, path: str) -> list:
     return read_file_sink(path)
 
 
+def write_inputs(folder: Path, n: int, files: int = 4, seed: int = 5) -> list:
+    """``n`` keyed records in ``files`` JSON-lines files of ``folder``; returns the
+    failure-free output of this program's dataflow over its 4 partitions, as its sink reads
+    it back: what every run, killed or not, must end with."""
+    from flux.examples import counting_dataflow
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+    from flux.runtime.file_source import FileSource
+    from flux.workload import keyed_workload
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    records = keyed_workload(n, seed=seed, keys=50)
+    per = -(-n // files)
+    for i in range(files):
+        with open(folder / f"part-{i:03d}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records[i * per:(i + 1) * per])
+    as_read = list(FileSource(str(folder)))
+    return [(sn, wire_form(r)) for sn, r in reference_output(counting_dataflow(2), as_read, 4)]
+
+
 def say(kind: str, **fields) -> None:
     print(json.dumps({"kind": kind, "t": time.time(), **fields}), flush=True)
+
+
+class Program:
+    """``experiments.resumable_job`` in a process group of its own (its JVMs included),
+    its JSON lines read by a thread."""
+
+    def __init__(self, args, log: Path):
+        self.log = open(log, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "experiments.resumable_job", *args], cwd=ROOT, text=True,
+            stdout=subprocess.PIPE, stderr=self.log, start_new_session=True)
+        self.lines: "queue.Queue[dict]" = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+
+    def next_line(self, timeout: float) -> dict:
+        return self.lines.get(timeout=timeout)
+
+    def wait_for(self, predicate, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next_line(max(0.1, deadline - time.monotonic()))
+            if predicate(line):
+                return line
+
+    def kill(self) -> None:
+        """SIGKILL the driver, then everything it started (its process group)."""
+        for how in (lambda: os.kill(self.proc.pid, signal.SIGKILL),
+                    lambda: os.killpg(self.proc.pid, signal.SIGKILL)):
+            try:
+                how()
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=30)
+        self.log.close()
 
 
 def main(argv=None) -> int:

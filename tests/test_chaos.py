@@ -18,7 +18,7 @@ def spark():
 
 
 @pytest.mark.parametrize("scenario", [pytest.param(s, marks=SLOW) for s in SCENARIOS
-                                      if s not in HOST_SCENARIOS])
+                                      if s not in HOST_SCENARIOS and s != "driver-kill"])
 def test_a_chaos_run_of_each_scenario_changes_nothing_in_the_output(spark, scenario, tmp_path):
     args = parse_args(["--scenarios", scenario, "--packets", "40000", "--rate", "10000",
                        "--out", str(tmp_path)])
@@ -34,6 +34,7 @@ def test_a_chaos_run_of_each_scenario_changes_nothing_in_the_output(spark, scena
     (["--scenarios", "meteor"], "unknown scenarios ['meteor']"),
     (["--scenarios", "silent-host"], "silent-host, partition-heal need --hosts (the rig)"),
     (["--hosts", "3"], "--hosts must be >= 5"),
+    (["--hosts", "5", "--scenarios", "driver-kill"], "driver-kill runs an embedded cluster"),
 ])
 def test_bad_flags_are_refused_with_the_reason(argv, message, capsys):
     with pytest.raises(SystemExit):

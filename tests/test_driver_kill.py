@@ -4,63 +4,11 @@ is the failure-free output, no gap, no duplicate (issue 14; slow: Spark in a pro
 its own, one at a time)."""
 from __future__ import annotations
 
-import json
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
-
 import pytest
-from restart_inputs import write_inputs
 
-from experiments.resumable_job import read_sink
+from experiments.resumable_job import Program, read_sink, write_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Program:
-    """``experiments.resumable_job`` in a process group of its own (its JVMs included),
-    its JSON lines read by a thread."""
-
-    def __init__(self, args, log: Path):
-        self.log = open(log, "a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "experiments.resumable_job", *args], cwd=ROOT, text=True,
-            stdout=subprocess.PIPE, stderr=self.log, start_new_session=True)
-        self.lines: "queue.Queue[dict]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-
-    def next_line(self, timeout: float) -> dict:
-        return self.lines.get(timeout=timeout)
-
-    def wait_for(self, predicate, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self.next_line(max(0.1, deadline - time.monotonic()))
-            if predicate(line):
-                return line
-
-    def kill(self) -> None:
-        """SIGKILL the driver, then everything it started (its process group)."""
-        for how in (lambda: os.kill(self.proc.pid, signal.SIGKILL),
-                    lambda: os.killpg(self.proc.pid, signal.SIGKILL)):
-            try:
-                how()
-            except ProcessLookupError:
-                pass
-        self.proc.wait(timeout=30)
-        self.log.close()
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "delta"])
@@ -89,3 +37,15 @@ def test_a_killed_driver_run_again_resumes_from_its_checkpoint(tmp_path, fmt):
     assert started["cut"] > 0
     assert done["restarts"] == 0
     assert read_sink(fmt, str(tmp_path / "out")) == expected
+
+
+def test_a_chaos_run_of_driver_kill_changes_nothing_in_the_output(tmp_path):
+    """experiments.chaos's driver-kill scenario (its program runs its own Spark: this
+    module holds none)."""
+    from experiments.chaos import parse_args, run_one
+
+    args = parse_args(["--scenarios", "driver-kill", "--packets", "30000", "--rate", "6000",
+                       "--out", str(tmp_path)])
+    run = run_one(None, 11, args)
+    assert run.ok, f"seed {run.seed} {run.dataflow} {run.kills}: {run.why}"
+    assert any("driver killed" in k for k in run.kills)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from restart_inputs import write_inputs
 
-from experiments.resumable_job import make_sink, read_sink
+from experiments.resumable_job import make_sink, read_sink, write_inputs
 from flux.addresses import Addr, P, S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
