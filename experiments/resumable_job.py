@@ -121,10 +121,12 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--standbys", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--state-mb", type=float, default=0.0,
+                   help="extra keyed state per partition (MB, Ballast in the first stage)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
-    from flux.examples import counting_dataflow
+    from flux.examples import counting_dataflow, with_ballast
     from flux.runtime.file_source import FileSource
     from flux.runtime.sources import Paced
     from flux.spark.job import FluxJob
@@ -132,7 +134,10 @@ def main(argv=None) -> int:
 
     sink = make_sink(args.sink_format, args.sink)
     with local_cluster(args.nodes + args.standbys) as spark:
-        job = FluxJob(spark, counting_dataflow(2), Paced(FileSource(args.input), args.rate),
+        dataflow = counting_dataflow(2)
+        if args.state_mb:
+            dataflow = with_ballast(dataflow, args.state_mb)
+        job = FluxJob(spark, dataflow, Paced(FileSource(args.input), args.rate),
                       nodes=args.nodes, standbys=args.standbys, sink=sink,
                       checkpoint=args.checkpoint, checkpoint_interval=args.interval)
         restored = job.resumed_from
@@ -141,6 +146,8 @@ def main(argv=None) -> int:
                 cut=restored["cut"] if restored else 0,
                 committed=list(sink.committed() or ()) or None)
             deadline = time.monotonic() + args.timeout
+            if job.wait_until(lambda: job.metrics.output_total > 0 or job.finished(), 60):
+                say("first_output", outputs=job.metrics.output_total)
             while not job.finished() and time.monotonic() < deadline:
                 job.wait_until(job.finished, 1.0)
                 done = job.checkpoints.latest

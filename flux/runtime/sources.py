@@ -127,7 +127,10 @@ class SequenceSource:
 class Paced:
     """A replayable ``Source`` read no faster than ``rate`` records per second (a steady
     feed that, unlike ``RateLimited``, waits and can be read again: what an experiment
-    of restarts needs). Its position is the wrapped source's."""
+    of restarts needs). Its position is the wrapped source's. Over a sequence, record
+    ``i`` arrives at ``i / rate`` seconds after the first read whatever happens later:
+    opened again at an earlier position (a restart), it reads what arrived meanwhile as
+    fast as it is taken, and ``arrival`` (for latency) is when the record first arrived."""
 
     def __init__(self, source: Any, rate: float, clock: Callable[[], float] = time.monotonic):
         if not rate > 0:
@@ -145,7 +148,15 @@ class Paced:
 
     def open(self, position: Any) -> None:
         self.source.open(position)
-        self.start, self.read = None, 0  # the pace starts again at the next read
+        if isinstance(self.source, SequenceSource) and self.start is not None:
+            self.read = position  # the schedule stands: record i arrives at start + i/rate
+        else:
+            self.start, self.read = None, 0  # the pace starts again at the next read
+
+    @property
+    def arrival(self) -> Optional[float]:
+        """When the record returned last arrived."""
+        return None if self.start is None else self.start + (self.read - 1) / self.rate
 
     def __iter__(self) -> "Paced":
         return self

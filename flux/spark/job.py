@@ -462,6 +462,9 @@ class FluxJob:
         gc.freeze()
         if self.metrics.t0 is None:
             self.metrics.begin()
+        else:  # a restart: when its data starts again
+            self.metrics.events.append((time.monotonic(), "data starts",
+                                        self._restored["checkpoint"] if self._restored else None))
         ingress, egress = self.builder.ingress(), self.builder.egress()
         self._ingress, self._egress = ingress, egress
         source = self.source
