@@ -53,8 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of input")
     ap.add_argument("--kill-at", type=float, default=25.0, help="seconds after the start")
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between checkpoints")
-    ap.add_argument("--cost-runs", type=int, default=3, help="runs with and without, each")
-    ap.add_argument("--cost-inputs", type=int, default=300_000)
+    ap.add_argument("--cost-runs", type=int, default=5, help="runs with and without, each")
+    ap.add_argument("--cost-inputs", type=int, default=500_000)
     ap.add_argument("--quick", action="store_true", help="small and short (a smoke run)")
     ap.add_argument("--out", default="results/restart")
     args = ap.parse_args(argv)
@@ -143,6 +143,7 @@ def run_driver(args, folder: pathlib.Path) -> Dict[str, Any]:
         first.kill()
     second = Program(cli, folder / "second.log")
     try:
+        spark_up = second.wait_for(lambda x: x["kind"] == "spark", 300)
         resumed = second.wait_for(lambda x: x["kind"] == "started", 300)
         output = second.wait_for(lambda x: x["kind"] in ("first_output", "done"), 300)
         second.wait_for(lambda x: x["kind"] == "done", args.duration * 10)
@@ -152,7 +153,9 @@ def run_driver(args, folder: pathlib.Path) -> Dict[str, Any]:
         "kill_after_start_s": round(killed - started["t"], 3),
         "resumed_from_checkpoint": resumed["checkpoint"],
         "resumed_at_cut": resumed["cut"],
+        "spark_up_after_kill_s": round(spark_up["t"] - killed, 3),
         "data_again_after_kill_s": round(resumed["t"] - killed, 3),
+        "flux_start_s": round(resumed["t"] - spark_up["t"], 3),
         "first_output_after_kill_s": round(output["t"] - killed, 3),
         "sink_matches_reference": read_sink("jsonl", str(folder / "out")) == expected,
     }
@@ -226,11 +229,13 @@ def plot_recovery(bars: Dict[str, Dict[str, Any]], path: pathlib.Path) -> None:
 
     names = list(bars)
     first = [bars[n].get("first_output_after_kill_s") or 0 for n in names]
-    normal = [bars[n].get("recovered_after_kill_s") or 0 for n in names]
+    normal = [bars[n].get("recovered_after_kill_s") or 0 for n in names]  # 0: not measured
     fig, ax = plt.subplots(figsize=(9, 4))
     y = range(len(names))
     ax.barh([i + 0.2 for i in y], first, height=0.4, label="to the first new output")
     ax.barh([i - 0.2 for i in y], normal, height=0.4, label="to normal latency")
+    for container in ax.containers:
+        ax.bar_label(container, fmt="%.2f s", fontsize=7, padding=2)
     ax.set_yticks(list(y))
     ax.set_yticklabels(names, fontsize=8)
     ax.set_xlabel("seconds after the failure")
@@ -254,7 +259,7 @@ def main(argv=None) -> int:
             with local_cluster(NODES + STANDBYS + 1) as spark:
                 if "double" in args.parts:
                     print("double failure ...", flush=True)
-                    double = run_double(spark, args, folder)
+                    double = run_double(spark, args, folder / "double")
                     rows = double.pop("rows")
                     summary["double"] = double
                     with open(out / "timeline_double.csv", "w", newline="") as f:
@@ -267,7 +272,7 @@ def main(argv=None) -> int:
                     print(json.dumps(double, indent=1), flush=True)
                 if "cost" in args.parts:
                     print("checkpointing cost ...", flush=True)
-                    summary["cost"] = cost = run_cost(spark, args, folder)
+                    summary["cost"] = cost = run_cost(spark, args, folder / "cost")
                     with open(out / "cost.csv", "w", newline="") as f:
                         w = csv.DictWriter(f, fieldnames=list(cost["runs"][0]))
                         w.writeheader()
@@ -275,7 +280,7 @@ def main(argv=None) -> int:
                     print(json.dumps({k: v for k, v in cost.items() if k != "runs"}), flush=True)
         if "driver" in args.parts:
             print("driver killed and run again ...", flush=True)
-            summary["driver"] = run_driver(args, folder)
+            summary["driver"] = run_driver(args, folder / "driver")
             print(json.dumps(summary["driver"], indent=1), flush=True)
     bars: Dict[str, Dict[str, Any]] = {}
     if SS_SUMMARY.exists():

@@ -92,11 +92,21 @@ class Program:
         return self.lines.get(timeout=timeout)
 
     def wait_for(self, predicate, timeout: float) -> dict:
+        """The first line that satisfies ``predicate``; a clear error if the program ends
+        first or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
-        while True:
-            line = self.next_line(max(0.1, deadline - time.monotonic()))
+        while time.monotonic() < deadline:
+            try:
+                line = self.next_line(min(1.0, max(0.05, deadline - time.monotonic())))
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    raise RuntimeError(f"the program ended (exit {self.proc.returncode}) "
+                                       f"before the line awaited: see {self.log.name}")
+                continue
             if predicate(line):
                 return line
+        raise TimeoutError(f"no line awaited from the program within {timeout:.0f}s: "
+                           f"see {self.log.name}")
 
     def kill(self) -> None:
         """SIGKILL the driver, then everything it started (its process group)."""
@@ -134,6 +144,7 @@ def main(argv=None) -> int:
 
     sink = make_sink(args.sink_format, args.sink)
     with local_cluster(args.nodes + args.standbys) as spark:
+        say("spark")  # Spark is up: what follows is Flux's own start
         dataflow = counting_dataflow(2)
         if args.state_mb:
             dataflow = with_ballast(dataflow, args.state_mb)

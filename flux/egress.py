@@ -80,7 +80,7 @@ class Egress:
             # credited as handed to the sink: the runtime takes the next message only
             # once the sink returned, so a slow sink slows the last stage (back-pressure)
             effects.extend(self.fcons.credits())
-        while (due := self.cuts.due(self.fcons.frontier())) is not None:
+        while self.cuts.pending and (due := self.cuts.due(self.fcons.frontier())) is not None:
             self.cuts.crossed(due[0])  # every output of inputs up to the cut is out
             effects.append(SinkCommit(*due))
         return effects

@@ -487,13 +487,13 @@ class Segment:
     def snapshot_due(self) -> bool:
         """Has the merge passed a checkpoint's cut (nothing of inputs up to it can be
         released any more) that this replica has not snapshotted?"""
-        return (self.mode in (PROCESSING, STREAMING, DRAINING)
+        return (bool(self.cuts.pending) and self.mode in (PROCESSING, STREAMING, DRAINING)
                 and self.cuts.due(self.fcons.frontier()) is not None)
 
     def snapshot(self, keep: bool = True) -> List:
         """Local work: the operators' state after every input up to the cut, none beyond.
-        ``keep`` False: cross the cut without packing it (its twin writes the checkpoint
-        and this replica keeps the output flowing, DESIGN 10); ``data`` is then None."""
+        ``keep`` False: cross the cut without packing it (its twin writes the checkpoint,
+        DESIGN 10); ``data`` is then None."""
         self._next(Event.PROCESS)
         due = self.cuts.due(self.fcons.frontier())
         if due is None:

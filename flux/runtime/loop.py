@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from controller.failure_detector import Lease
-from flux.addresses import CONTROLLER, P, MoverAddr, ProcAddr
+from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
     FoldedIn,
@@ -287,12 +287,13 @@ class HostLoop:
         return moved
 
     def _writes_snapshot(self, addr) -> bool:
-        """One replica of a pair writes its checkpoint snapshot, so that its twin keeps the
-        output flowing (DESIGN 10): the P replica, or the S one while P's process is dead
-        (or it never exists)."""
-        if addr.replica == P:
+        """One replica of a pair writes its checkpoint snapshot (DESIGN 10): the S one, whose
+        data its consumers only ack (they take the P replica's), so the time it spends
+        packing holds up no output; the P one while S's process is dead (or it never
+        exists)."""
+        if addr.replica == S:
             return True
-        twin = addr._replace(replica=P)
+        twin = addr._replace(replica=S)
         return twin not in self.where or self.where[twin] in self.dead_processes
 
     def _flush(self, addr, machine: Machine) -> bool:

@@ -153,6 +153,10 @@ class Paced:
         else:
             self.start, self.read = None, 0  # the pace starts again at the next read
 
+    def peek(self, n: int) -> list:
+        """The next ``n`` records, without taking them or starting the pace."""
+        return peek(self.source, n)[0]
+
     @property
     def arrival(self) -> Optional[float]:
         """When the record returned last arrived."""
@@ -195,6 +199,8 @@ def peek(source: Any, n: int) -> Tuple[list, Any]:
 
     if isinstance(source, Sequence):
         return list(source[:n]), source
+    if isinstance(source, (RateLimited, Paced)):
+        return source.peek(n), source
     if isinstance(source, SequenceSource):
         return list(source.records[source.index:source.index + n]), source
     if isinstance(source, Source):
@@ -208,8 +214,6 @@ def peek(source: Any, n: int) -> Tuple[list, Any]:
                 break
         source.open(start)
         return ahead, source
-    if isinstance(source, RateLimited):
-        return source.peek(n), source
     it = iter(source)
     ahead = list(itertools.islice(it, n))
     return [r for r in ahead if r is not NOT_YET], itertools.chain(ahead, it)

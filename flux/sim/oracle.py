@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-from flux.addresses import P, Addr
+from flux.addresses import S, Addr
 from flux.operator import wire_form
 
 
@@ -43,14 +43,14 @@ class PrefixOracle:
 def writer_lost(world, k: int) -> bool:
     """Checkpoint ``k`` may stay incomplete only because a partition's writer halted
     before writing: every partition it waits for was crossed by the replica that does
-    not write, and the P replica (the writer) was on a process that halted."""
+    not write, and the S replica (the writer) was on a process that halted."""
     c = world.coordinator.checkpoints.get(k)
     if c is None:
         return False
     waiting = [(s, p) for s in range(1, world.coordinator.stages + 1)
                for p in range(world.coordinator.partitions) if (s, p) not in c.parts]
     return bool(waiting) and c.has_position and c.has_sink and all(
-        (k, s, p) in world.skipped and Addr(s, p, P) in world.halted_replicas
+        (k, s, p) in world.skipped and Addr(s, p, S) in world.halted_replicas
         for s, p in waiting)
 
 

@@ -38,7 +38,7 @@ from controller.checkpoints import CheckpointCoordinator
 from controller.failure_detector import Declared, FailureDetector, Lease, Timings
 from controller.placement import Placement
 from controller.recovery import Recovery
-from flux.addresses import Addr, MoverAddr, P
+from flux.addresses import Addr, MoverAddr, P, S
 from flux.buffer import Buffer
 from flux.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
@@ -405,11 +405,11 @@ class World:
             raise ValueError(f"unknown step {step}")
 
     def _keeps_snapshot(self, host: Host, addr: Addr) -> bool:
-        """The runtime's rule (HostLoop._writes_snapshot): the P replica writes; the S one
-        only once its host knows P's process dead (or P never exists)."""
-        if addr.replica == P:
+        """The runtime's rule (HostLoop._writes_snapshot): the S replica writes; the P one
+        only once its host knows S's process dead (or S never exists)."""
+        if addr.replica == S:
             return True
-        twin = self.host_of.get(addr._replace(replica=P))
+        twin = self.host_of.get(addr._replace(replica=S))
         return twin is None or self.hosts[twin].inc in host.dead_incs
 
     def machine(self, addr: Addr):

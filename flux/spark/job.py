@@ -392,8 +392,9 @@ class FluxJob:
             return False
         now = time.monotonic()
         self._enough_since = self._enough_since or now
-        # a restart does not wait for its standbys: they join the running job as they come
-        grace = 0.0 if self.restart_log else STANDBY_GRACE
+        # a restart or a resumed job does not wait for its standbys: they join the running
+        # job as they come (its output has waited long enough)
+        grace = 0.0 if self.restart_log or self._restore else STANDBY_GRACE
         return now - self._enough_since >= grace
 
     def _name_tasks(self) -> None:
