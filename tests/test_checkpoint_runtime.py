@@ -52,7 +52,7 @@ def test_paced_keeps_its_schedule_across_a_restart():
 
 def test_the_writer_writes_off_the_caller_thread_and_reports_each_snapshot(tmp_path):
     store = CheckpointStore(str(tmp_path))
-    writer = SnapshotWriter(store)
+    writer = SnapshotWriter(store, "run7")
     try:
         writer.write(Snapshot(1, 40, Addr(2, 3, P), b"state"))
         with pytest.raises(ValueError, match="without its state"):
@@ -60,7 +60,7 @@ def test_the_writer_writes_off_the_caller_thread_and_reports_each_snapshot(tmp_p
     finally:
         writer.stop()
     (done,) = writer.done()
-    assert done.name == snapshot_name(Addr(2, 3, P)) == "stage2-part3-P.state"
+    assert done.name == snapshot_name(Addr(2, 3, P), "run7") == "stage2-part3-P-run7.state"
     assert (done.number, done.nbytes, done.error) == (1, 5, "")
     assert store.read(1, done.name) == b"state"
 

@@ -24,17 +24,20 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
-def snapshot_name(addr: Addr) -> str:
-    """The file of replica ``addr``'s snapshot in a checkpoint's folder (both replicas of a
-    partition may write one, never the same file)."""
-    return f"stage{addr.stage}-part{addr.partition}-{'P' if addr.replica == P else 'S'}.state"
+def snapshot_name(addr: Addr, job: str = "") -> str:
+    """The file of replica ``addr``'s snapshot in a checkpoint's folder: both replicas of a
+    partition may write one, and a node of an earlier run of the job (its driver died, it
+    has not noticed yet) may still write into a folder this run numbers alike: never the
+    same file (``job`` tells the runs apart)."""
+    replica = "P" if addr.replica == P else "S"
+    return f"stage{addr.stage}-part{addr.partition}-{replica}{'-' + job if job else ''}.state"
 
 
 class SnapshotWriter:
     """One thread that writes snapshots to ``store`` in the order they come."""
 
-    def __init__(self, store: CheckpointStore, clock=time.monotonic):
-        self.store = store
+    def __init__(self, store: CheckpointStore, job: str = "", clock=time.monotonic):
+        self.store, self.job = store, job
         self.clock = clock
         self._todo: "queue.Queue" = queue.Queue()
         self._done: "queue.Queue[SnapshotWritten]" = queue.Queue()
@@ -62,7 +65,7 @@ class SnapshotWriter:
             snap = self._todo.get()
             if snap is _STOP:
                 return
-            name = snapshot_name(snap.addr)
+            name = snapshot_name(snap.addr, self.job)
             started = self.clock()
             try:
                 self.store.write(snap.number, name, snap.data)

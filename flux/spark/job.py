@@ -157,11 +157,10 @@ class FluxJob:
         self._restart_due: Optional[BaseException] = None
         self._supervisor: Optional[threading.Thread] = None
         #: the last output handed to the sink by this driver: a restart's replay of what
-        #: came after the checkpoint's cut is not handed again (DESIGN 10)
+        #: came after the checkpoint's cut is not handed again (DESIGN 10); what an
+        #: exactly-once sink committed before this driver started, it drops itself
         self._last_sn: Optional[tuple] = None
         self._exactly_once = is_exactly_once(sink)
-        if self._exactly_once:
-            self._last_sn = sink.committed()
         self.checkpoints: Optional[CheckpointService] = None
         self._restore: Optional[dict] = None
         self.checkpoint_interval = checkpoint_interval

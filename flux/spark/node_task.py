@@ -132,7 +132,7 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     writer = None
     try:
         if config.checkpoint:
-            writer = SnapshotWriter(CheckpointStore(config.checkpoint))
+            writer = SnapshotWriter(CheckpointStore(config.checkpoint), config.secret[:8])
         built.append(build_loop(welcome, inc, members, transport, config, dataflow,
                                 mover_relay=mover_peer(name), on_turn=liveness.loop_turned,
                                 spares=spares, snapshots=writer))
