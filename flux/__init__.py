@@ -43,6 +43,7 @@ _LAZY = {
     "FluxJob": "flux.spark.job",
     "local_cluster": "flux.spark.session",
     "RateLimited": "flux.runtime.sources",
+    "Paced": "flux.runtime.sources",
     "JsonLinesSink": "flux.runtime.sinks",
     "read_json_lines": "flux.runtime.sinks",
     "FileSource": "flux.runtime.file_source",
@@ -69,7 +70,7 @@ __all__ = [
     "reference_output",
     # replayable sources, exactly-once sinks, checkpoints (issue 14)
     "Source", "Sink", "FileSource", "FileSink", "read_file_sink", "DeltaSink",
-    "read_delta_sink", "CheckpointStore",
+    "read_delta_sink", "CheckpointStore", "Paced",
     # errors users catch
     "DataflowError", "OperatorError", "PairLost", "SinkFenced", "CheckpointMismatch",
 ]
