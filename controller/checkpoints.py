@@ -16,7 +16,7 @@ import enum
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from flux.dataflow import Dataflow, factory_name
 
@@ -46,6 +46,9 @@ class Checkpoint:
     position: Any = None  # the source position after input ``cut``
     has_position: bool = False
     parts: Dict[Tuple[int, int], str] = field(default_factory=dict)  # (stage, p) -> file
+    #: (stage, p) -> the files that rebuild its state: ``(checkpoint, name)`` from a whole
+    #: snapshot through the deltas to ``parts``' file (flux.snapshot_chain)
+    chains: Dict[Tuple[int, int], Tuple[Tuple[int, str], ...]] = field(default_factory=dict)
     sink: Optional[Tuple[int, ...]] = None  # the last SN the sink committed at the cut
     has_sink: bool = False
 
@@ -78,15 +81,22 @@ class CheckpointCoordinator:
         c.position, c.has_position = position, True
         return self._maybe_complete(c)
 
-    def part_written(self, number: int, stage: int, partition: int, name: str) -> Optional[dict]:
+    def part_written(self, number: int, stage: int, partition: int, name: str,
+                     chain: Sequence[Tuple[int, str]] = ()) -> Optional[dict]:
         """A replica of ``stage``'s ``partition`` wrote its snapshot as ``name`` (its twin
-        may write too: the first one counts)."""
+        may write too: the first one counts); ``chain``: the files that rebuild it, ending
+        with this one (empty: a whole snapshot, ``name`` alone)."""
         if not (1 <= stage <= self.stages and 0 <= partition < self.partitions):
             raise ValueError(f"no stage {stage} partition {partition} in this job")
+        chain = tuple((k, n) for k, n in chain) or ((number, name),)
+        if chain[-1] != (number, name) or any(k >= j for (k, _), (j, _) in zip(chain, chain[1:])):
+            raise ValueError(f"checkpoint {number}: stage {stage} partition {partition}'s "
+                             f"chain {list(chain)} does not end with {name} in order")
         c = self._open(number)
         if c is None:
             return None
-        c.parts.setdefault((stage, partition), name)
+        if (stage, partition) not in c.parts:
+            c.parts[stage, partition], c.chains[stage, partition] = name, chain
         return self._maybe_complete(c)
 
     def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]]) -> Optional[dict]:
@@ -139,4 +149,6 @@ class CheckpointCoordinator:
                 "stages": self.stages, "cut": c.cut, "source": c.position,
                 "sink": list(c.sink) if c.sink is not None else None,
                 "files": [c.parts[s, p] for s in range(1, self.stages + 1)
-                          for p in range(self.partitions)]}
+                          for p in range(self.partitions)],
+                "chains": [[list(f) for f in c.chains[s, p]] for s in range(1, self.stages + 1)
+                           for p in range(self.partitions)]}

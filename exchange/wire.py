@@ -86,6 +86,15 @@ def _cut(v):
     return (v[0], v[1])
 
 
+def _chain(v) -> tuple:
+    """A snapshot's chain: ``[[checkpoint, file name], ...]``."""
+    if not (isinstance(v, list) and all(
+            isinstance(c, list) and len(c) == 2 and type(c[0]) is int and c[0] >= 0
+            and isinstance(c[1], str) for c in v)):
+        raise WireError(f"a snapshot chain must be [[checkpoint, name], ...], got {v!r:.60}")
+    return tuple((k, name) for k, name in v)
+
+
 def _endpoint(v, what: str):
     if isinstance(v, list) and len(v) == 2 and v[0] in ("sm", "proc") and isinstance(v[1], str):
         return MoverAddr(v[1]) if v[0] == "sm" else ProcAddr(v[1])
@@ -237,10 +246,11 @@ CODECS: Dict[str, _Codec] = {
                        _arity(2, lambda a, t: CatchUpPaused(_addr(a, "addr"),
                                                             _seconds(t, "seconds")))),
     "snapshot_written": (
-        SnapshotWritten, lambda m: [m.number, list(m.addr), m.name, m.nbytes, m.seconds, m.error],
-        _arity(6, lambda k, a, n, b, t, e: SnapshotWritten(
+        SnapshotWritten, lambda m: [m.number, list(m.addr), m.name, m.nbytes, m.seconds, m.error,
+                                    [list(c) for c in m.chain]],
+        _arity(7, lambda k, a, n, b, t, e, c: SnapshotWritten(
             _int(k, "checkpoint"), _addr(a, "addr"), _str(n, "name"), _int(b, "nbytes"),
-            _seconds(t, "seconds"), _str(e, "error")))),
+            _seconds(t, "seconds"), _str(e, "error"), _chain(c)))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address, m.host, m.executor, m.boot],

@@ -28,9 +28,11 @@ class MachineBuilder:
     def __init__(self, dataflow, partitions: int, capacity: int, batch_size: int,
                  ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
                  replication: str = "flux", spare_chains: dict = None,
-                 window: int = None):
+                 window: int = None, full_every: int = 1):
         """``window``: tuples a consumer may hold untaken per connection (back-pressure,
-        docs/backpressure.md); None is no limit (the protocol without credits)."""
+        docs/backpressure.md); None is no limit (the protocol without credits).
+        ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
+        others the changes of its keyed stores since its last one (DESIGN 10)."""
         if replication not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
         self.replication = replication
@@ -43,6 +45,9 @@ class MachineBuilder:
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 tuple, got {window}")
         self.window = window
+        if full_every < 1:
+            raise ValueError(f"full_every must be >= 1 snapshot, got {full_every}")
+        self.full_every = full_every
         #: a credit per half window: the producer never idles while a credit is on its way
         self.credit_every = max(1, window // 2) if window else 1
         self.buffer_factory = buffer_factory
@@ -81,7 +86,8 @@ class MachineBuilder:
         spares = self.spare_chains.get(s)
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
-        return self.segment_class(a, fcons, chain, fprod, route, mode)
+        return self.segment_class(a, fcons, chain, fprod, route, mode,
+                                  full_every=self.full_every)
 
     def standby_segment(self, a: Addr) -> Segment:
         return self.segment(a, AWAITING_STATE)

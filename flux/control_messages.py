@@ -7,6 +7,7 @@ fold-in done, state moved, a failure to start, an operator that raised).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 from flux.addresses import Addr
 
@@ -114,7 +115,9 @@ class CatchUpPaused:
 class SnapshotWritten:
     """A node tells the controller: replica ``addr``'s snapshot for checkpoint ``number``
     is in the checkpoint store as ``name`` (``nbytes``, written in ``seconds``), or could
-    not be written (``error``: then the checkpoint never completes; DESIGN 10)."""
+    not be written (``error``: then the checkpoint never completes; DESIGN 10).
+    ``chain``: the files that rebuild the state, ``[checkpoint, name]`` pairs from a whole
+    snapshot through the deltas to this one (flux.snapshot_chain); empty: ``name`` alone."""
 
     number: int
     addr: Addr
@@ -122,6 +125,7 @@ class SnapshotWritten:
     nbytes: int
     seconds: float
     error: str = ""
+    chain: Tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

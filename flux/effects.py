@@ -71,12 +71,14 @@ class CutChosen:
 class Snapshot:
     """Replica ``addr`` crossed the cut of checkpoint ``number``: ``data`` is its
     operators' state after every input up to ``cut`` and none beyond (packed; None when
-    this replica was told not to keep it: its twin writes it)."""
+    this replica was told not to keep it: its twin writes it), whole, or, with ``base``,
+    the changes since the snapshot it made at checkpoint ``base`` (flux.snapshot_chain)."""
 
     number: int
     cut: int
     addr: Hashable
     data: Optional[bytes]
+    base: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,13 @@ snapshot instead (a copy and a sort: for checkpoints and tests).
 
 ``snapshot()`` + ``delta()`` since it, applied to an empty store, give the
 final state; incremental checkpoints (DESIGN 10) are the same two pieces
-with a full snapshot every few checkpoints.
+with a full snapshot every few checkpoints. They keep a second record of
+their own (``start_changes``, ``changes``, ``stop_changes``), with the same
+meaning as the dirty keys: a catch-up and a checkpoint overlap (the replica
+that writes checkpoints is often the one that sends a catch-up), and each
+needs its own baseline. Installing anything (``restore``, ``install_chunk``,
+``install_part``, ``apply_delta``) ends that record: the state then came
+from elsewhere, so the next checkpoint of this store must be whole.
 
 Pure: no I/O, no clock, no randomness.
 """
@@ -127,7 +133,7 @@ class KeyedState:
     ``track_dirty=True``) until ``stop_tracking()``; see the module's docstring.
     """
 
-    __slots__ = ("_data", "_dirty", "_order", "decode")
+    __slots__ = ("_data", "_dirty", "_since", "_order", "decode")
 
     def __init__(self, pairs: Iterable | None = None,
                  decode: Callable[[Any], Any] | None = None, track_dirty: bool = False):
@@ -135,6 +141,8 @@ class KeyedState:
         # None when not tracking; else key -> True if the key was present at
         # the baseline (its deletion must be reported), False if created since.
         self._dirty: Optional[dict] = {} if track_dirty else None
+        # The same, since this replica's last checkpoint snapshot (None: not recorded).
+        self._since: Optional[dict] = None
         self._order: Optional[list] = None  # the sorted keys, None when stale
         self.decode = decode
         if pairs is not None:
@@ -167,7 +175,7 @@ class KeyedState:
         return bool(self._data)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if self._order is None and self._dirty is None:
+        if self._order is None and self._dirty is None and self._since is None:
             # The hot path: no cached order to invalidate, no changes to record.
             try:
                 self._data[key] = value
@@ -183,6 +191,8 @@ class KeyedState:
             self._order = None
         if self._dirty is not None:
             self._dirty.setdefault(key, not new)
+        if self._since is not None:
+            self._since.setdefault(key, not new)
         self._data[key] = value
 
     def __delitem__(self, key: Any) -> None:
@@ -201,9 +211,9 @@ class KeyedState:
                 raise KeyError(key)
             return default
         self._order = None
-        dirty = self._dirty
-        if dirty is not None and dirty.setdefault(key, True) is False:
-            del dirty[key]  # created and deleted since the baseline: no net change
+        for record in (self._dirty, self._since):
+            if record is not None and record.setdefault(key, True) is False:
+                del record[key]  # created and deleted since the baseline: no net change
         return value
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
@@ -308,15 +318,29 @@ class KeyedState:
     def delta(self) -> dict:
         """The changes since the baseline: ``{"set": [[key, value], ...], "deleted": [key, ...]}``,
         both in key order (msgpack-safe)."""
-        data = self._data
-        changed, deleted = [], []
-        for key in sorted_keys(self._tracked()):
-            value = data.get(key, _MISSING)
-            if value is _MISSING:
-                deleted.append(key)
-            else:
-                changed.append([key, value])
-        return {"set": changed, "deleted": deleted}
+        return _delta(self._data, self._tracked())
+
+    # --- changes since the last checkpoint snapshot (DESIGN 10) ------------------------
+
+    @property
+    def records_changes(self) -> bool:
+        """Whether the changes since a checkpoint's baseline are being recorded."""
+        return self._since is not None
+
+    def start_changes(self) -> None:
+        """The current state is a checkpoint's baseline: record the changes from here."""
+        self._since = {}
+
+    def changes(self) -> dict:
+        """The net changes since ``start_changes``, in ``delta()``'s form."""
+        if self._since is None:
+            raise RuntimeError("KeyedState records no changes for a checkpoint: call "
+                               "start_changes() at a full snapshot first")
+        return _delta(self._data, self._since)
+
+    def stop_changes(self) -> None:
+        """Stop recording the changes since a checkpoint (the next one must be whole)."""
+        self._since = None
 
     def restore(self, pairs: Iterable | None) -> None:
         """Replace the whole state by ``pairs`` (a snapshot, possibly after msgpack)."""
@@ -329,6 +353,7 @@ class KeyedState:
     def install_chunk(self, pairs: Iterable | None) -> None:
         """Add the ``[key, value]`` pairs of one slice of a snapshot; they are not dirty."""
         data, dirty, decode = self._data, self._dirty, self.decode
+        self._since = None  # the state came from elsewhere: no checkpoint baseline holds
         for key, value in pairs or ():
             key = tuplify(key)
             data[key] = decode(value) if decode is not None else value
@@ -343,7 +368,7 @@ class KeyedState:
         if self.decode is None and not self._dirty:
             try:
                 self._data.update(zip(keys, values))  # one C call
-                self._order = None
+                self._order = self._since = None
                 return
             except TypeError:  # unhashable: keys with lists in them (they crossed msgpack)
                 pass
@@ -368,7 +393,20 @@ class KeyedState:
 
     def __repr__(self) -> str:
         dirty = "not tracking" if self._dirty is None else f"{len(self._dirty)} dirty"
+        if self._since is not None:
+            dirty += f", {len(self._since)} changed since a checkpoint"
         return f"KeyedState({len(self._data)} keys, {dirty})"
+
+
+def _delta(data: dict, record: dict) -> dict:
+    changed, deleted = [], []
+    for key in sorted_keys(record):
+        value = data.get(key, _MISSING)
+        if value is _MISSING:
+            deleted.append(key)
+        else:
+            changed.append([key, value])
+    return {"set": changed, "deleted": deleted}
 
 
 def _slices(order: List[Any], data: dict, size: int) -> Iterator[list]:

@@ -33,6 +33,7 @@ from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.operator import OperatorRaised, describe
 from flux.sequence import output_sn
+from flux.snapshot_chain import delta_snapshot, full_snapshot
 from flux.state_codec import StateCodecError, pack_part, pack_state, paused_gc, unpack_part, unpack_state
 from statemover.messages import (
     CancelTransfer,
@@ -142,6 +143,7 @@ class Segment:
         producer: FluxProducer,
         route: Callable[[Any], int],
         mode: SegmentMode = PROCESSING,
+        full_every: int = 1,
     ):
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(addr.replica))
@@ -167,6 +169,12 @@ class Segment:
         self.taken = self.emitted = 0
         #: checkpoint cuts learnt from the batches and not crossed yet (DESIGN 10)
         self.cuts = Cuts()
+        #: one snapshot in ``full_every`` is whole, the others deltas (flux.snapshot_chain)
+        self.full_every = full_every
+        #: the checkpoint of this replica's last snapshot a delta may build on (None: the
+        #: next one is whole), and how many deltas followed the last whole one
+        self.chain_base: Optional[int] = None
+        self.deltas_since_full = 0
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""
@@ -493,18 +501,48 @@ class Segment:
     def snapshot(self, keep: bool = True) -> List:
         """Local work: the operators' state after every input up to the cut, none beyond.
         ``keep`` False: cross the cut without packing it (its twin writes the checkpoint,
-        DESIGN 10); ``data`` is then None."""
+        DESIGN 10); ``data`` is then None. The state is whole, or the keyed stores' changes
+        since this replica's last snapshot (``base``): whole the first time, once in
+        ``full_every``, and after a crossing without packing or a lost write."""
         self._next(Event.PROCESS)
         due = self.cuts.due(self.fcons.frontier())
         if due is None:
             raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
         k, n = due
         self.cuts.crossed(k)
+        stores = self._stores()
+        keyed = [i for i, store in enumerate(stores) if store is not None]
         if not keep:
+            self.snapshot_lost()
             return [Snapshot(k, n, self.addr, None)]
+        base = self.chain_base
+        incremental = (base is not None and keyed and self.deltas_since_full + 1 < self.full_every
+                       and all(stores[i].records_changes for i in keyed))
         with paused_gc():
-            data = pack_state({"operators": self.chain.get_state()})
-        return [Snapshot(k, n, self.addr, data)]
+            if incremental:
+                state = delta_snapshot(k, base, self.chain.get_state(skip=keyed),
+                                       self._changes(stores, keyed))
+            else:
+                state = full_snapshot(k, self.chain.get_state())
+            data = pack_state(state)
+        self.deltas_since_full = self.deltas_since_full + 1 if incremental else 0
+        if keyed and self.full_every > 1:  # the baseline of the next delta
+            for i in keyed:
+                stores[i].start_changes()
+            self.chain_base = k
+        return [Snapshot(k, n, self.addr, data, base if incremental else None)]
+
+    def _changes(self, stores: list, keyed: List[int]) -> list:
+        """A delta's part: each keyed store's net changes since the last snapshot."""
+        return [[i, stores[i].changes()] for i in keyed]
+
+    def snapshot_lost(self) -> None:
+        """Local event: a snapshot of this replica may not be in the store (its write
+        failed, or it crossed a cut without packing): the next one is whole."""
+        self.chain_base = None
+        for store in self._stores():
+            if store is not None:
+                store.stop_changes()
 
     def process(self) -> int:
         """Run the next input through the operators; returns how many outputs it made."""

@@ -33,7 +33,9 @@ def test_a_checkpoint_completes_with_its_last_report_whatever_the_order(order):
     assert manifests[:-1] == [None] * (len(order) - 1)
     assert manifests[-1] == {"fingerprint": "f", "partitions": 2, "stages": 2, "cut": 40,
                              "source": ["a.jsonl", 100], "sink": [10, 1],
-                             "files": ["s1p0-1", "s1p1-1", "s2p0-1", "s2p1-1"]}
+                             "files": ["s1p0-1", "s1p1-1", "s2p0-1", "s2p1-1"],
+                             "chains": [[[1, "s1p0-1"]], [[1, "s1p1-1"]], [[1, "s2p0-1"]],
+                                        [[1, "s2p1-1"]]]}
     assert coord.latest_complete == 1
 
 

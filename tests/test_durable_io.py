@@ -164,7 +164,7 @@ def test_only_complete_checkpoints_are_read_and_old_ones_are_removed(tmp_path):
     latest = store.latest("abc", 2)
     assert latest["checkpoint"] == 3 and latest["source"] == ["a.jsonl", 30]
     assert store.read(3, "stage1-p0") == b"state 3"
-    with pytest.raises(FileNotFoundError, match="never written"):
+    with pytest.raises(FileNotFoundError, match="is not in the store"):
         store.complete(5, {"files": ["stage1-p0"]})
 
 

@@ -47,6 +47,7 @@ class CheckpointService:
         self.errors: List[str] = []  # snapshots or manifests that could not be written
         self._begun: dict = {}  # checkpoint -> when its cut was chosen
         self._bytes: dict = {}  # checkpoint -> snapshot bytes so far
+        self._chains: dict = {}  # replica -> the chain of its last snapshot written
         self._reports: "queue.Queue" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="flux-checkpoints",
                                         daemon=True)
@@ -107,8 +108,10 @@ class CheckpointService:
                             msg.number, msg.addr.stage, msg.addr.partition, msg.error)
                 return
             self._bytes[msg.number] = self._bytes.get(msg.number, 0) + msg.nbytes
+            if msg.chain:
+                self._chains[msg.addr] = msg.chain
             self._complete(msg.number, c.part_written(msg.number, msg.addr.stage,
-                                                      msg.addr.partition, msg.name))
+                                                      msg.addr.partition, msg.name, msg.chain))
         elif kind == "sink":
             _, number, sn = report
             self._complete(number, c.sink_committed(number, sn))
@@ -116,7 +119,15 @@ class CheckpointService:
     def _complete(self, number: int, manifest: Optional[dict]) -> None:
         if manifest is None:
             return
-        self.store.complete(number, manifest)
+        # a replica's next delta builds on its last chain, even where this manifest took
+        # its twin's snapshot: pruning keeps those folders too, for replicas still writing
+        # (a chain older than every kept checkpoint is a replica's that stopped: if it
+        # writes again after all, its writer finds the base gone and writes whole)
+        kept = self.store.complete_ids()[-self.store.keep:] or [number]
+        for addr in [a for a, chain in self._chains.items() if chain[-1][0] < kept[0]]:
+            del self._chains[addr]
+        self.store.complete(number, manifest,
+                            protect={k for chain in self._chains.values() for k, _ in chain})
         now = self.clock()
         done = Completed(number, manifest["cut"], self._bytes.pop(number, 0),
                          now - self._begun.pop(number, now), now)

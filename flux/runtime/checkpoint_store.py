@@ -7,13 +7,16 @@ coordinator writes it last, atomically (a rename on a local disk, one object
 put on an object store), so a reader never sees half a checkpoint. The
 manifest names the job's dataflow fingerprint and partition count, and a
 checkpoint of another dataflow is refused (``CheckpointMismatch``). Older
-checkpoints are removed, keeping the last ``keep``.
+checkpoints are removed, keeping the last ``keep`` and every folder a kept
+manifest's chains reach into (an incremental snapshot is read with the whole
+one and the deltas before it, flux.snapshot_chain), and any folder the caller
+says a snapshot still being written builds on.
 """
 from __future__ import annotations
 
 import json
 import logging
-from typing import List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 import fsspec
 
@@ -43,12 +46,13 @@ class CheckpointStore:
         self.fs.pipe_file(path, data)
         return path
 
-    def complete(self, checkpoint: int, manifest: dict) -> None:
+    def complete(self, checkpoint: int, manifest: dict, protect: Iterable[int] = ()) -> None:
         """Checkpoint ``checkpoint`` is whole: write its manifest last, atomically, then
-        remove checkpoints older than the last ``keep``."""
-        for name in manifest.get("files", ()):
-            if not self.fs.exists(self._path(checkpoint, name)):
-                raise FileNotFoundError(f"checkpoint {checkpoint}: {name} was never written")
+        remove checkpoints older than the last ``keep`` (``prune``)."""
+        for k, name in self._files(checkpoint, manifest):
+            if not self.fs.exists(self._path(k, name)):
+                raise FileNotFoundError(f"checkpoint {checkpoint}: {name} of checkpoint {k} "
+                                        f"is not in the store")
         data = json.dumps({**manifest, "checkpoint": checkpoint}).encode()
         self.fs.makedirs(self._dir(checkpoint), exist_ok=True)
         if "file" in self.fs.protocol:
@@ -57,17 +61,21 @@ class CheckpointStore:
             self.fs.mv(tmp, self._path(checkpoint, MANIFEST))
         else:
             self.fs.pipe_file(self._path(checkpoint, MANIFEST), data)
-        self.prune()
+        self.prune(protect)
 
-    def prune(self) -> None:
+    def prune(self, protect: Iterable[int] = ()) -> None:
         """Remove every checkpoint older than the last ``keep`` complete ones (and any
-        incomplete one older than those)."""
+        incomplete one older than those), but for the folders their chains read and the
+        ones in ``protect`` (what snapshots being written build on)."""
         done = self.complete_ids()
         if len(done) <= self.keep:
             return
         oldest_kept = done[-self.keep]
+        needed = set(protect)
+        for k in done[-self.keep:]:
+            needed.update(j for j, _ in self._files(k, self.manifest(k)))
         for k in self.ids():
-            if k < oldest_kept:
+            if k < oldest_kept and k not in needed:
                 log.info("removing checkpoint %d of %s", k, self.url)
                 self.fs.rm(self._dir(k), recursive=True)
 
@@ -97,14 +105,23 @@ class CheckpointStore:
         """The manifest of complete checkpoint ``checkpoint``."""
         return json.loads(self.fs.cat_file(self._path(checkpoint, MANIFEST)))
 
-    def read_part(self, manifest: dict, stage: int, partition: int) -> bytes:
-        """The snapshot of ``stage``'s ``partition`` a complete checkpoint holds (its
-        manifest lists them stage by stage, partition by partition)."""
+    def read_part(self, manifest: dict, stage: int, partition: int) -> List[bytes]:
+        """The snapshots that rebuild ``stage``'s ``partition`` in a complete checkpoint: a
+        whole one, then the deltas up to the checkpoint (flux.snapshot_chain.rebuild). The
+        manifest lists them stage by stage, partition by partition."""
         index = (stage - 1) * manifest["partitions"] + partition
-        return self.read(manifest["checkpoint"], manifest["files"][index])
+        return [self.read(k, name) for k, name in _chain(manifest, index)]
+
+    def exists(self, checkpoint: int, name: str) -> bool:
+        return self.fs.exists(self._path(checkpoint, name))
 
     def read(self, checkpoint: int, name: str) -> bytes:
         return self.fs.cat_file(self._path(checkpoint, name))
+
+    def _files(self, checkpoint: int, manifest: dict) -> List[Tuple[int, str]]:
+        """Every ``(checkpoint, name)`` a manifest's partitions read."""
+        manifest = {**manifest, "checkpoint": checkpoint}
+        return [f for i in range(len(manifest.get("files", ()))) for f in _chain(manifest, i)]
 
     # -- paths ----------------------------------------------------------------------------
     def ids(self) -> List[int]:
@@ -120,3 +137,12 @@ class CheckpointStore:
 
     def _path(self, checkpoint: int, name: str) -> str:
         return f"{self._dir(checkpoint)}/{name}"
+
+
+def _chain(manifest: dict, index: int) -> List[Tuple[int, str]]:
+    """The files of the manifest's ``index``-th partition (a manifest written before
+    incremental checkpoints names one whole file per partition)."""
+    chains = manifest.get("chains")
+    if chains is None:
+        return [(manifest["checkpoint"], manifest["files"][index])]
+    return [(k, name) for k, name in chains[index]]

@@ -47,13 +47,16 @@ class NodeConfig:
     #: nodes start from (-1: none, the operators start empty; DESIGN 10)
     checkpoint: str = ""
     restore: int = -1
+    #: a replica's snapshots are whole once in this many, else its keyed stores' changes
+    checkpoint_full_every: int = 10
 
     def __post_init__(self) -> None:
         check_port_range(self.ports)
         for name in ("heartbeat", "lease", "flush_delay", "register_timeout", "stats_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("capacity", "batch_size", "window", "chunk_size", "partitions", "stages"):
+        for name in ("capacity", "batch_size", "window", "chunk_size", "partitions", "stages",
+                     "checkpoint_full_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

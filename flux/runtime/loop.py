@@ -144,6 +144,9 @@ class HostLoop:
         self.on_turn()
         if self.snapshots is not None:
             for written in self.snapshots.done():
+                machine = self.host.machines.get(written.addr)
+                if written.error and machine is not None:
+                    machine.snapshot_lost()  # its next snapshot is whole (no chain on a gap)
                 self.report(written)
         if self.stats_every is not None and polled - self._stats_sent >= self.stats_every:
             self._stats_sent = polled

@@ -5,6 +5,13 @@ what makes the snapshot consistent); the bytes go to the checkpoint store from
 this thread, so a slow disk or object store never holds up the output. The
 node's loop collects what was written (``done``) and reports it to the
 controller, which completes the checkpoint once every partition is in.
+
+A delta (``Snapshot.base``) builds on the file this writer wrote for the
+same replica at checkpoint ``base``: the writer keeps each replica's chain
+(flux.snapshot_chain) and reports it with the file, so the manifest names
+every file a restore reads. A delta whose base it did not write (that write
+failed) is not written: it is reported as an error, and the loop tells the
+segment its next snapshot must be whole.
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from flux.addresses import Addr, P
 from flux.control_messages import SnapshotWritten
@@ -41,6 +48,8 @@ class SnapshotWriter:
         self.clock = clock
         self._todo: "queue.Queue" = queue.Queue()
         self._done: "queue.Queue[SnapshotWritten]" = queue.Queue()
+        #: per replica, the files of its last snapshot's chain (writer thread only)
+        self._chains: Dict[Addr, Tuple[Tuple[int, str], ...]] = {}
         self._thread = threading.Thread(target=self._run, name="flux-snapshot-writer",
                                         daemon=True)
         self._thread.start()
@@ -65,19 +74,31 @@ class SnapshotWriter:
             snap = self._todo.get()
             if snap is _STOP:
                 return
-            name = snapshot_name(snap.addr, self.job)
-            started = self.clock()
-            try:
-                self.store.write(snap.number, name, snap.data)
-            except Exception as exc:  # the checkpoint stays incomplete; the job goes on
-                log.error("checkpoint %d: could not write %s to %s: %s", snap.number, name,
-                          self.store.url, exc)
-                self._done.put(SnapshotWritten(snap.number, snap.addr, name, 0,
-                                               self.clock() - started,
-                                               f"{type(exc).__name__}: {exc}"[:500]))
-                continue
-            self._done.put(SnapshotWritten(snap.number, snap.addr, name, len(snap.data),
-                                           self.clock() - started))
+            self._done.put(self._write(snap))
+
+    def _write(self, snap: Snapshot) -> SnapshotWritten:
+        name = snapshot_name(snap.addr, self.job)
+        started = self.clock()
+        chain = self._chains.pop(snap.addr, ())
+        try:
+            if snap.base is not None and (not chain or chain[-1][0] != snap.base):
+                raise ValueError(f"a delta over checkpoint {snap.base}, whose snapshot this "
+                                 f"node did not write")
+            missing = [k for k, file in chain if not self.store.exists(k, file)] \
+                if snap.base is not None else []
+            if missing:  # pruned: this replica had stopped writing for a while
+                raise FileNotFoundError(f"a delta over checkpoint {snap.base}, whose chain "
+                                        f"lost the files of checkpoints {missing}")
+            chain = (chain if snap.base is not None else ()) + ((snap.number, name),)
+            self.store.write(snap.number, name, snap.data)
+        except Exception as exc:  # the checkpoint stays incomplete; the job goes on
+            log.error("checkpoint %d: could not write %s to %s: %s", snap.number, name,
+                      self.store.url, exc)
+            return SnapshotWritten(snap.number, snap.addr, name, 0, self.clock() - started,
+                                   f"{type(exc).__name__}: {exc}"[:500])
+        self._chains[snap.addr] = chain
+        return SnapshotWritten(snap.number, snap.addr, name, len(snap.data),
+                               self.clock() - started, chain=chain)
 
     def stop(self, timeout: Optional[float] = 10.0) -> None:
         """Finish what is queued, then end the thread."""

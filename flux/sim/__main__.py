@@ -1,5 +1,6 @@
 """python -m flux.sim --schedules N --seed S [--stages K] [--partitions P] [--crashes C]
 [--cuts N] [--false-suspicions N] [--lossy-mover P] [--checkpoints N] [--restarts N]
+[--full-every N]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
 violation with its seed and a short trace, and ends with the line
@@ -68,6 +69,9 @@ def main(argv=None) -> int:
                          "pair then restarts the job from the last complete one")
     ap.add_argument("--restarts", type=int, default=0,
                     help="whole-job restarts (everything stops at once) per schedule")
+    ap.add_argument("--full-every", type=int, default=0, metavar="N",
+                    help="a replica's checkpoint snapshots are whole once in N, else the "
+                         "changes of its keyed stores (0: N drawn per schedule, 1 to 4)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
     ap.add_argument("--shrink", action="store_true",
                     help="shrink each violation to a short script and print its trace")
@@ -78,7 +82,8 @@ def main(argv=None) -> int:
                        inputs=args.inputs, dataflow=args.dataflow, variant=args.variant,
                        placement=args.placement, standbys=args.standbys, cuts=args.cuts,
                        false_suspicions=args.false_suspicions, lossy_mover=args.lossy_mover,
-                       checkpoints=args.checkpoints, restarts=args.restarts)
+                       checkpoints=args.checkpoints, restarts=args.restarts,
+                       full_every=args.full_every)
     try:
         params.validate()
     except ValueError as exc:
@@ -86,6 +91,7 @@ def main(argv=None) -> int:
     window = crash_window(params)
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
+    snapshot_deltas = 0
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
@@ -99,6 +105,7 @@ def main(argv=None) -> int:
         deadlines += result.deadlines
         cuts += len(result.cuts)
         snapshots += result.snapshots
+        snapshot_deltas += result.snapshot_deltas
         complete += len(result.complete)
         restarts += len(result.restarts)
         if result.status == PAIR_LOST:
@@ -116,7 +123,8 @@ def main(argv=None) -> int:
           f"pair_lost={pair_lost}, catch-ups={catchups}, bulk parts installed={bulk_parts} "
           f"(part steps={part_steps}), deltas installed={deltas}, zombies={zombies}, "
           f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
-          f"checkpoints={cuts} (snapshots={snapshots}, complete={complete}), "
+          f"checkpoints={cuts} (snapshots={snapshots}, of them deltas={snapshot_deltas}, "
+          f"complete={complete}), "
           f"restarts={restarts}, "
           f"crash_window={window} steps",
           file=sys.stderr)

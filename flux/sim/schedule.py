@@ -64,6 +64,8 @@ class SimParams:
     #: whole-job restarts (the driver killed: everything stops at once) at random steps;
     #: with checkpoints, a lost pair also restarts the job (up to 3 times)
     restarts: int = 0
+    #: a replica's snapshots are whole once in this many (0: drawn per seed, 1 to 4)
+    full_every: int = 0
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -91,6 +93,8 @@ class SimParams:
         if self.checkpoints < 0 or self.restarts < 0:
             raise ValueError(f"--checkpoints and --restarts must be >= 0, got "
                              f"{self.checkpoints} and {self.restarts}")
+        if self.full_every < 0:
+            raise ValueError(f"--full-every must be >= 0, got {self.full_every}")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
 
@@ -118,6 +122,7 @@ class ScheduleResult:
     #: checkpoints chosen (number, cut), snapshots taken, checkpoints complete
     cuts: List[Tuple[int, int]] = field(default_factory=list)
     snapshots: int = 0
+    snapshot_deltas: int = 0
     complete: List[int] = field(default_factory=list)
     #: whole-job restarts, each with the checkpoint it started from (None: the beginning)
     restarts: List[Optional[int]] = field(default_factory=list)
@@ -182,6 +187,9 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         mover_loss=params.lossy_mover,
         checkpoints=params.checkpoints,
         restarts_on_pair_lost=3 if params.checkpoints else 0,
+        # incremental snapshots: drawn from a stream of their own, so a seed's other draws
+        # are what they were before them
+        full_every=params.full_every or random.Random(f"full {seed}").randint(1, 4),
         host_class=HOST_VARIANTS.get(params.variant, Host),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
@@ -348,6 +356,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.deadlines = world.outcome.deadlines
     result.cuts = list(world.outcome.cuts)
     result.snapshots = world.outcome.snapshots
+    result.snapshot_deltas = world.outcome.snapshot_deltas
     result.complete = list(world.outcome.complete)
     result.restarts = list(world.outcome.restarts)
     return result

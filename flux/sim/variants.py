@@ -91,6 +91,22 @@ class SegmentSnapshottingLate(Segment):
                 and self.fcons.can_release())
 
 
+class SegmentForgettingAChange(Segment):
+    """Leaves the first changed key out of every incremental snapshot (DESIGN 10 broken):
+    the chain rebuilds a state that never was."""
+
+    def _changes(self, stores, keyed):
+        changes = super()._changes(stores, keyed)
+        for _, delta in changes:
+            if delta["set"]:
+                del delta["set"][0]
+                break
+            if delta["deleted"]:
+                del delta["deleted"][0]
+                break
+        return changes
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -117,4 +133,5 @@ VARIANTS = {
     "lazy-credit": (Buffer, SegmentWithLazyCredits),
     "hear-the-dead": (Buffer, Segment),
     "late-snapshot": (Buffer, SegmentSnapshottingLate),
+    "forgotten-change": (Buffer, SegmentForgettingAChange),
 }

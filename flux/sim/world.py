@@ -56,6 +56,8 @@ from flux.errors import PairLost
 from flux.host import Host
 from flux.ingress import INGRESS
 from flux.segment import Segment
+from flux.sim.oracle import Violation
+from flux.snapshot_chain import BrokenChain, rebuild
 from flux.state_codec import pack_state, unpack_state
 from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS, Topology
 from statemover.messages import LinkLost, SmReady, TransferFailed
@@ -102,6 +104,8 @@ class WorldConfig:
     #: a lost pair restarts the whole job from its last complete checkpoint, this many
     #: times at most (0: the run ends as pair-lost)
     restarts_on_pair_lost: int = 0
+    #: a replica's snapshots are whole once in this many, else its keyed stores' changes
+    full_every: int = 1
 
 
 @dataclass
@@ -127,6 +131,7 @@ class Outcome:
     cuts: List[Tuple[int, int]] = field(default_factory=list)
     snapshots: int = 0
     snapshots_skipped: int = 0  # crossed by the replica that does not write
+    snapshot_deltas: int = 0  # snapshots written as changes over the writer's last one
     complete: List[int] = field(default_factory=list)
     #: whole-job restarts, and the checkpoint each started from (None: the beginning)
     restarts: List[Optional[int]] = field(default_factory=list)
@@ -154,7 +159,8 @@ class World:
                               "bulk_per_step": config.bulk_per_step})
         self.builder = MachineBuilder(dataflow, partitions, config.capacity, config.batch_size,
                                       config.ingress_capacity, config.buffer_factory,
-                                      segment_class, window=config.window)
+                                      segment_class, window=config.window,
+                                      full_every=config.full_every)
         self.placement = placement
         self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim")
         self.checkpoints_left = config.checkpoints
@@ -162,7 +168,10 @@ class World:
         self.judge_snapshot: Callable = lambda *a: None
         self.judge_commit: Callable = lambda *a: None
         #: the checkpoint store: (checkpoint, stage, partition) -> the first snapshot
-        self.store: Dict[Tuple[int, int, int], bytes] = {}
+        #: written, as the chain that rebuilds it (a whole snapshot, then deltas)
+        self.store: Dict[Tuple[int, int, int], List[dict]] = {}
+        #: per writing replica, the chain of its last snapshot (a delta builds on it)
+        self.chains: Dict[Addr, List[dict]] = {}
         #: the sink: ``outcome.delivered`` is what it holds; this much of it is committed
         self.sink_committed = 0
         self.restart_due = False
@@ -186,8 +195,8 @@ class World:
             machines = {a: self.builder.segment(a) for a in topology.endpoints_of(name)}
             if restored is not None:
                 for a, seg in machines.items():
-                    data = self.store[restored[0], a.stage, a.partition]
-                    seg.chain.install_state(unpack_state(data)["operators"])
+                    seg.chain.install_state(rebuild(self.store[restored[0], a.stage,
+                                                               a.partition]))
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              self.builder.standby_segment, config.chunk_size,
                                              peer_incs))
@@ -404,6 +413,23 @@ class World:
         else:
             raise ValueError(f"unknown step {step}")
 
+    def _chain(self, snap: Snapshot) -> List[dict]:
+        """The chain a written snapshot ends (the runtime's SnapshotWriter): a whole one
+        starts one, a delta extends its replica's last; writes never fail here, so a
+        delta over anything else is the protocol's error."""
+        state = unpack_state(snap.data)
+        if snap.base is None:
+            chain = [state]
+        else:
+            chain = self.chains.get(snap.addr)
+            if not chain or chain[-1].get("checkpoint") != snap.base:
+                raise Violation(f"checkpoint {snap.number}: {snap.addr} wrote a delta over "
+                                f"checkpoint {snap.base}, its last snapshot written is "
+                                f"{chain[-1].get('checkpoint') if chain else None}")
+            chain = chain + [state]
+        self.chains[snap.addr] = chain
+        return chain
+
     def _keeps_snapshot(self, host: Host, addr: Addr) -> bool:
         """The runtime's rule (HostLoop._writes_snapshot): the S replica writes; the P one
         only once its host knows S's process dead (or S never exists)."""
@@ -455,8 +481,14 @@ class World:
                 self.skipped.add((e.number, e.addr.stage, e.addr.partition))
             elif isinstance(e, Snapshot):
                 self.outcome.snapshots += 1
-                self.judge_snapshot(e)
-                self.store.setdefault((e.number, e.addr.stage, e.addr.partition), e.data)
+                self.outcome.snapshot_deltas += e.base is not None
+                chain = self._chain(e)
+                try:
+                    state = rebuild(chain)
+                except BrokenChain as exc:
+                    raise Violation(f"checkpoint {e.number}: {e.addr}'s chain: {exc}") from None
+                self.judge_snapshot(replace(e, data=pack_state({"operators": state})))
+                self.store.setdefault((e.number, e.addr.stage, e.addr.partition), chain)
                 self._checkpoint_report(self.coordinator.part_written(
                     e.number, e.addr.stage, e.addr.partition, str(e.addr)))
             elif isinstance(e, SinkCommit):
@@ -491,6 +523,7 @@ class World:
         del self.outcome.delivered[self.sink_committed:]
         self.outcome.restarts.append(k)
         self.restart_due = False
+        self.chains = {}  # every replica starts anew: its first snapshot is whole
         if restored is None:
             self.next_input = 0
         self._build(restored)

@@ -89,7 +89,7 @@ class FluxJob:
                  ports: Optional[Tuple[int, int]] = None,
                  distinct_hosts: Optional[bool] = None, checkpoint: Optional[str] = None,
                  checkpoint_interval: float = 10.0, checkpoint_keep: int = 3,
-                 restarts: int = 3):
+                 checkpoint_full_every: int = 10, restarts: int = 3):
         if nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), got {nodes}")
         if standbys < 0:
@@ -131,7 +131,8 @@ class FluxJob:
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
             replication=replication, capacity=capacity, batch_size=batch_size, window=window,
             heartbeat=heartbeat, lease=lease, chunk_size=chunk_size, flush_delay=flush_delay,
-            secret=self.secret, curve=authenticate, ports=ports)
+            secret=self.secret, curve=authenticate, ports=ports,
+            checkpoint_full_every=checkpoint_full_every)
         #: no pair on one host (issue 13): by default, except on a local master (one
         #: machine by construction); False allows it, for single-host development
         self.distinct_hosts = distinct_hosts  # None: decided by ``start`` from the master
@@ -332,8 +333,10 @@ class FluxJob:
             self.sink.commit(self._last_sn)  # what it has is the failure-free prefix
         self.checkpoints.settle()
         self.checkpoints.coordinator.restarted()
-        latest = self.checkpoints.coordinator.latest_complete
-        restore = self.checkpoints.store.manifest(latest) if latest is not None else None
+        # the store is the truth: a checkpoint the coordinator completed may have failed
+        # to get its manifest written
+        restore = self.checkpoints.store.latest()
+        latest = restore["checkpoint"] if restore is not None else None
         self.restart_log.append((now, latest, str(why)))
         self.metrics.events.append((now, "restart", latest))
         self._launch(restore)

@@ -50,6 +50,7 @@ from flux.runtime.network import boot_id, is_loopback, split_tcp
 from flux.runtime.snapshot_writer import SnapshotWriter
 from flux.runtime.transport import Transport
 from flux.segment import StreamedSegment
+from flux.snapshot_chain import rebuild
 from flux.state_codec import unpack_state
 
 log = logging.getLogger(__name__)
@@ -262,7 +263,8 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     topology = config.topology(incs)
     builder = MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
                              replication=config.replication, window=config.window,
-                             segment_class=StreamedSegment, spare_chains=spares)
+                             segment_class=StreamedSegment, spare_chains=spares,
+                             full_every=config.checkpoint_full_every)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     if config.restore >= 0 and machines:
         restore_operators(snapshots.store, config.restore, machines)
@@ -280,10 +282,12 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
 def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict) -> None:
     """Every segment starts from its partition's snapshot in complete checkpoint
     ``checkpoint`` (a job restarted, DESIGN 10): its operators' state after exactly the
-    inputs up to the checkpoint's cut."""
+    inputs up to the checkpoint's cut, rebuilt from a whole snapshot and the deltas after
+    it (flux.snapshot_chain)."""
     manifest = store.manifest(checkpoint)
     for addr, segment in machines.items():
-        state = unpack_state(store.read_part(manifest, addr.stage, addr.partition))
-        segment.chain.install_state(state["operators"])
+        chain = [unpack_state(data) for data in store.read_part(manifest, addr.stage,
+                                                                 addr.partition)]
+        segment.chain.install_state(rebuild(chain))
     log.info("restored %d segments from checkpoint %d (cut %d) of %s", len(machines),
              checkpoint, manifest["cut"], store.url)
