@@ -21,9 +21,11 @@ def spark():
         yield session
 
 
-@pytest.mark.parametrize("fmt,stage,partition", [("jsonl", 1, 0), ("delta", 2, 3)])
+@pytest.mark.parametrize("fmt,stage,partition,keep", [("jsonl", 1, 0, 50), ("delta", 2, 3, 3)])
 def test_a_double_failure_restarts_from_the_last_checkpoint(spark, tmp_path, fmt, stage,
-                                                            partition):
+                                                            partition, keep):
+    """``keep`` 50: nothing is pruned, so the test can see that the checkpoint restored
+    was incremental (a whole snapshot and deltas after it, rebuilt by the nodes)."""
     from flux.examples import counting_dataflow
     from flux.runtime.file_source import FileSource
     from flux.runtime.sources import Paced
@@ -34,7 +36,7 @@ def test_a_double_failure_restarts_from_the_last_checkpoint(spark, tmp_path, fmt
     sink = make_sink(fmt, out)
     job = FluxJob(spark, counting_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
                   nodes=4, standbys=1, sink=sink, checkpoint=str(tmp_path / "ckpt"),
-                  checkpoint_interval=1.0)
+                  checkpoint_interval=1.0, checkpoint_keep=keep)
     assert job.resumed_from is None
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
@@ -48,6 +50,11 @@ def test_a_double_failure_restarts_from_the_last_checkpoint(spark, tmp_path, fmt
     assert restored is not None and restored >= 2 and "both replicas" in why
     assert when - killed < 5
     assert read_sink(fmt, out) == expected
+    if keep == 50:
+        from flux.runtime.checkpoint_store import CheckpointStore
+
+        chains = CheckpointStore(str(tmp_path / "ckpt")).manifest(restored)["chains"]
+        assert max(len(chain) for chain in chains) > 1, chains
 
 
 def test_a_job_without_a_replayable_source_cannot_checkpoint(spark, tmp_path):
