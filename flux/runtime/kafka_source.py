@@ -1,0 +1,230 @@
+"""A replayable source over the partitions of a Kafka topic (DESIGN 10, issue 15).
+
+It reads every partition the topic has when it is opened, assigned by hand
+(``assign``, no consumer-group rebalancing: the checkpoint, not the group,
+says where reading starts), with ``read_committed`` isolation, so records of
+aborted transactions are never read. Its position is a JSON object
+``{"<partition>": next offset}`` after the records returned so far, every
+partition named; ``open(position)`` seeks each partition there. A partition
+added to the topic later is refused with ``PartitionsChanged`` instead of
+being silently left unread. An offset that retention already deleted is
+refused too (``auto.offset.reset`` is ``error``).
+
+The order in which records of different partitions interleave is not
+repeatable: for a replay to give every input the same SN, the ingress must log
+which partition and offset each input came from (DESIGN 10, the input log).
+``last`` is ``(partition, offset)`` of the record returned last, for that.
+
+``commit_offsets(position)`` stores a position in the consumer group, for lag
+monitoring only: reading never starts from there.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
+
+from flux.runtime.sources import NOT_YET
+
+log = logging.getLogger(__name__)
+
+STARTS = ("earliest", "latest")
+
+
+class PartitionsChanged(RuntimeError):
+    """The topic's partitions are not the ones the source (or its position) reads."""
+
+
+class KafkaSourceError(RuntimeError):
+    """Reading the topic failed in a way that retrying would not mend."""
+
+
+class KafkaSource:
+    """Records of every partition of ``topic``, decoded by ``decode`` (the value's bytes;
+    JSON by default). Tombstones (no value) are skipped and counted in ``tombstones``.
+
+    ``start``: where partitions start when ``open`` is not called, ``earliest`` or
+    ``latest`` (turned into offsets at once, so the position replays exactly).
+    ``group``: the consumer group ``commit_offsets`` reports to. ``config``: more
+    librdkafka settings. ``batch``: records fetched per call; ``poll_timeout``: seconds
+    to wait for one before saying ``NOT_YET``. The partition count is checked every
+    ``check_every`` seconds; ``timeout`` bounds every other call to the broker."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str = "flux",
+                 decode: Callable[[bytes], Any] = json.loads, start: str = "earliest",
+                 config: Optional[Dict[str, Any]] = None, batch: int = 500,
+                 poll_timeout: float = 0.0, check_every: float = 5.0, timeout: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
+        from confluent_kafka import Consumer
+
+        if start not in STARTS:
+            raise ValueError(f"KafkaSource: start must be one of {STARTS}, got {start!r}")
+        if batch < 1:
+            raise ValueError(f"KafkaSource: batch must be >= 1, got {batch!r}")
+        self.bootstrap, self.topic, self.group = bootstrap, topic, group
+        self.decode, self.start = decode, start
+        self.batch, self.poll_timeout = batch, poll_timeout
+        self.check_every, self.timeout, self.clock = check_every, timeout, clock
+        settings = {"bootstrap.servers": bootstrap, "group.id": group,
+                    "isolation.level": "read_committed", "enable.auto.commit": False,
+                    "enable.auto.offset.store": False, "auto.offset.reset": "error",
+                    "session.timeout.ms": 6000, "on_commit": self._committed_offsets,
+                    "logger": log}
+        settings.update(config or {})
+        self.consumer = Consumer(settings)
+        self._next: Optional[Dict[int, int]] = None  # partition -> next offset; None: not open
+        self._fetched: Deque[Any] = deque()
+        self._checked_at = float("-inf")
+        #: (partition, offset) of the record returned last
+        self.last: Optional[Tuple[int, int]] = None
+        self.records = self.tombstones = 0
+
+    # -- the Source protocol ----------------------------------------------------------------
+    @property
+    def position(self) -> Dict[str, int]:
+        if self._next is None:
+            self._open(None)
+        return {str(p): o for p, o in sorted(self._next.items())}
+
+    def open(self, position: Any) -> None:
+        """Go on from ``position`` (``{"<partition>": next offset}``, every partition)."""
+        try:
+            wanted = {int(p): int(o) for p, o in dict(position).items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"KafkaSource: not a position: {position!r}") from None
+        if any(o < 0 for o in wanted.values()):
+            raise ValueError(f"KafkaSource: not a position: {position!r}")
+        self._open(wanted)
+
+    def __iter__(self) -> "KafkaSource":
+        return self
+
+    def __next__(self) -> Any:
+        if self._next is None:
+            self._open(None)
+        while True:
+            if not self._fetched:
+                self._check_partitions()
+                self._fetch()
+                if not self._fetched:
+                    return NOT_YET
+            message = self._fetched.popleft()
+            partition, offset = message.partition(), message.offset()
+            self._next[partition] = offset + 1
+            self.last = (partition, offset)
+            value = message.value()
+            if value is None:
+                self.tombstones += 1
+                continue
+            self.records += 1
+            try:
+                return self.decode(value)
+            except ValueError as exc:
+                raise ValueError(f"KafkaSource: {self.topic} partition {partition} offset "
+                                 f"{offset} cannot be decoded: {exc}") from None
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+
+    def __enter__(self) -> "KafkaSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the consumer group (monitoring only) ---------------------------------------------------
+    def commit_offsets(self, position: Dict[str, int], wait: bool = False) -> None:
+        """Report ``position`` (a checkpoint's, once complete) to the consumer group, so
+        the usual tools show the lag. Without ``wait`` a failure is only logged."""
+        from confluent_kafka import TopicPartition
+
+        offsets = [TopicPartition(self.topic, int(p), int(o)) for p, o in position.items()]
+        self.consumer.commit(offsets=offsets, asynchronous=not wait)
+
+    def committed_offsets(self) -> Dict[str, Optional[int]]:
+        """What the consumer group holds, per partition of the position (None: nothing)."""
+        from confluent_kafka import TopicPartition
+
+        asked = [TopicPartition(self.topic, int(p)) for p in self.position]
+        return {str(tp.partition): (tp.offset if tp.offset >= 0 else None)
+                for tp in self.consumer.committed(asked, timeout=self.timeout)}
+
+    def _committed_offsets(self, error, partitions) -> None:
+        if error is not None:
+            log.warning("KafkaSource %s: committing offsets to group %r failed: %s",
+                        self.topic, self.group, error)
+
+    # -- reading ------------------------------------------------------------------------------
+    def _open(self, wanted: Optional[Dict[int, int]]) -> None:
+        """Assign every partition the topic has now, at ``wanted`` or at ``start``."""
+        from confluent_kafka import TopicPartition
+
+        count = self._partition_count()
+        if count is None:
+            raise KafkaSourceError(f"KafkaSource: no topic {self.topic!r} at {self.bootstrap}")
+        if wanted is not None and sorted(wanted) != list(range(count)):
+            raise PartitionsChanged(
+                f"KafkaSource: topic {self.topic!r} has {count} partitions but the position "
+                f"names partitions {sorted(wanted)}: a replay would not read the same records "
+                f"(changing a source's partitions needs a fresh start, without checkpoint)")
+        if wanted is None:
+            end = 0 if self.start == "earliest" else 1
+            wanted = {p: self.consumer.get_watermark_offsets(
+                TopicPartition(self.topic, p), timeout=self.timeout, cached=False)[end]
+                for p in range(count)}
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in wanted.items()])
+        self._next, self._fetched = dict(wanted), deque()
+        self._checked_at = self.clock()
+        log.info("KafkaSource %s: reading %d partitions from %s", self.topic, count, wanted)
+
+    def _fetch(self) -> None:
+        from confluent_kafka import KafkaError
+
+        for message in self.consumer.consume(self.batch, self.poll_timeout):
+            error = message.error()
+            if error is None:
+                self._fetched.append(message)
+            elif error.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise KafkaSourceError(
+                    f"KafkaSource: {self.topic} partition {message.partition()} no longer has "
+                    f"offset {self._next.get(message.partition())}, where reading must go on "
+                    f"(deleted by retention?): {error.str()}")
+            elif error.fatal() or error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise KafkaSourceError(f"KafkaSource: reading {self.topic} failed: {error}")
+            else:  # the client retries by itself (a broker away for a while)
+                log.warning("KafkaSource %s: %s", self.topic, error)
+
+    def _check_partitions(self) -> None:
+        now = self.clock()
+        if now - self._checked_at < self.check_every:
+            return
+        self._checked_at = now
+        try:
+            count = self._partition_count(timeout=min(self.timeout, 1.0))
+        except Exception as exc:  # the broker did not answer in time: look again later
+            log.warning("KafkaSource %s: could not check its partitions: %s", self.topic, exc)
+            return
+        if count is not None and count != len(self._next):
+            raise PartitionsChanged(
+                f"KafkaSource: topic {self.topic!r} now has {count} partitions, it had "
+                f"{len(self._next)} when the source was opened; the new ones would not be "
+                f"read (changing a source's partitions needs a fresh start, without "
+                f"checkpoint)")
+
+    def _partition_count(self, timeout: Optional[float] = None) -> Optional[int]:
+        """The topic's partition count now (None: no such topic). Asked through the
+        consumer, which never creates a topic by asking."""
+        from confluent_kafka import KafkaError
+
+        metadata = self.consumer.list_topics(self.topic, timeout=timeout or self.timeout)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or (topic.error is not None
+                             and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        if topic.error is not None:
+            raise KafkaSourceError(f"KafkaSource: topic {self.topic!r}: {topic.error}")
+        return len(topic.partitions)
