@@ -98,11 +98,13 @@ class MachineBuilder:
             return set()
         return {Addr(stage, i, S) for i in range(self.partitions)}
 
-    def ingress(self) -> Ingress:
+    def ingress(self, log_inputs: bool = False, ingress_class: type = Ingress) -> Ingress:
+        """``log_inputs``: the source interleaves partitions of its own, inputs leave
+        once their SNs are in the input log (DESIGN 10)."""
         key, part = self.dataflow.stages[0].key, self.part
-        return Ingress(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
+        return ingress_class(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
                        self.batch_size, self.buffer_factory, absent=self.absent_replicas(1),
-                       window=self.window)
+                       window=self.window, log_inputs=log_inputs)
 
     def egress(self) -> Egress:
         return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),

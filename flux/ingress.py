@@ -5,10 +5,19 @@ sends it to *both* replicas of that partition; each replica acks it back.
 A tuple leaves the buffer once both replicas hold it, so the buffer bounds
 how far the two replicas may drift apart. One bounded buffer per partition:
 a full one stops the source (back-pressure), it never drops an input.
+
+A source that interleaves several partitions of its own (Kafka's) may
+interleave them otherwise after a restart; every input that may have
+influenced a committed output must get its SN again (DESIGN 10). With
+``log_inputs`` the ingress holds each accepted input until the runtime says
+the assignment of SNs up to it is durable (``inputs_logged``): nothing
+leaves before it is in the input log, so the sink can only ever see outputs
+of logged inputs, and a restart replays the log's order.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Optional, Set
+from collections import deque
+from typing import Any, Callable, Deque, Iterable, List, Optional, Set, Tuple
 
 from flux.addresses import Addr, P, S
 from flux.buffer import Buffer
@@ -34,9 +43,11 @@ class Ingress:
         buffer_factory: BufferFactory = Buffer,
         absent: Iterable[Addr] = (),
         window: Optional[int] = None,
+        log_inputs: bool = False,
     ):
         """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
-        ``window``: tuples each stage-1 replica may hold untaken (back-pressure)."""
+        ``window``: tuples each stage-1 replica may hold untaken (back-pressure);
+        ``log_inputs``: inputs leave only once logged (``inputs_logged``)."""
         self.addr = INGRESS
         self.route = route
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
@@ -44,6 +55,13 @@ class Ingress:
         self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
                             normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window)
         self.accepted = 0
+        self.capacity = capacity
+        self.log_inputs = log_inputs
+        #: inputs whose SN assignment is durable (all of them without an input log)
+        self.logged = 0
+        #: accepted inputs waiting for the log: (partition, SN, record), and per partition
+        self.held: Deque[Tuple[int, SN, Any]] = deque()
+        self.held_for = [0] * partitions
 
     def stats(self) -> SegmentStats:
         """Counters for monitoring, as a segment's (issue 12): inputs accepted, tuples
@@ -54,21 +72,50 @@ class Ingress:
 
     # -- the source side ---------------------------------------------------
     def frontier(self) -> SN:
-        """Every input not accepted yet will get an SN above this."""
-        return input_sn(self.accepted) if self.accepted else NO_PROGRESS
+        """Every input not sent yet will get an SN above this: with an input log, inputs
+        held for it are not sent yet."""
+        last = min(self.accepted, self.logged) if self.log_inputs else self.accepted
+        return input_sn(last) if last else NO_PROGRESS
 
     def can_accept(self, record: Any) -> bool:
-        return not self.out.full_for(self.route(record))
+        return not self._full_for(self.route(record))
+
+    def _full_for(self, i: int) -> bool:
+        held = self.held_for[i]
+        return self.out.full_for(i) or (held and len(self.out.buffers[i]) + held >= self.capacity)
 
     def accept(self, record: Any) -> Optional[SN]:
         """Figure 3 action 1; None (back-pressure) when the partition's buffer is full."""
         i = self.route(record)
-        if self.out.full_for(i):
+        if self._full_for(i):
             return None
         self.accepted += 1
         sn = input_sn(self.accepted)
-        self.out.put(i, sn, record)
+        if self.log_inputs:
+            self.held.append((i, sn, record))
+            self.held_for[i] += 1
+        else:
+            self.out.put(i, sn, record)
         return sn
+
+    def log_due(self) -> bool:
+        """Are inputs waiting for the input log?"""
+        return self.log_inputs and self.logged < self.accepted
+
+    def inputs_logged(self, n: int) -> List:
+        """The SNs of inputs 1..n and their source positions are durable: they may leave."""
+        if not self.log_inputs:
+            raise LocalProtocolError("inputs logged by an ingress without an input log")
+        if not self.logged <= n <= self.accepted:
+            raise LocalProtocolError(f"inputs logged up to {n}: {self.logged} were logged, "
+                                     f"{self.accepted} accepted")
+        held = self.held
+        while held and held[0][1][0] <= n:
+            i, sn, record = held.popleft()
+            self.held_for[i] -= 1
+            self.out.put(i, sn, record)
+        self.logged = n
+        return []
 
     def choose_cut(self, number: int) -> List:
         """Checkpoint ``number`` covers every input accepted so far (DESIGN 10): the cut

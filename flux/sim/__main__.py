@@ -1,6 +1,6 @@
 """python -m flux.sim --schedules N --seed S [--stages K] [--partitions P] [--crashes C]
 [--cuts N] [--false-suspicions N] [--lossy-mover P] [--checkpoints N] [--restarts N]
-[--full-every N]
+[--full-every N] [--source-partitions K]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
 violation with its seed and a short trace, and ends with the line
@@ -69,6 +69,10 @@ def main(argv=None) -> int:
                          "pair then restarts the job from the last complete one")
     ap.add_argument("--restarts", type=int, default=0,
                     help="whole-job restarts (everything stops at once) per schedule")
+    ap.add_argument("--source-partitions", type=int, default=1, metavar="K",
+                    help="the source's own partitions: with K > 1 the ingress logs the SNs "
+                         "it gives before inputs leave, and a restart reads what the log "
+                         "does not cover in another interleaving (DESIGN 10)")
     ap.add_argument("--full-every", type=int, default=0, metavar="N",
                     help="a replica's checkpoint snapshots are whole once in N, else the "
                          "changes of its keyed stores (0: N drawn per schedule, 1 to 4)")
@@ -83,7 +87,8 @@ def main(argv=None) -> int:
                        placement=args.placement, standbys=args.standbys, cuts=args.cuts,
                        false_suspicions=args.false_suspicions, lossy_mover=args.lossy_mover,
                        checkpoints=args.checkpoints, restarts=args.restarts,
-                       full_every=args.full_every)
+                       full_every=args.full_every,
+                       source_partitions=args.source_partitions)
     try:
         params.validate()
     except ValueError as exc:

@@ -15,13 +15,16 @@ from flux.data_messages import Batch
 from flux.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
-from flux.sim.variants import HOST_VARIANTS, VARIANTS
-from flux.sim.world import World, WorldConfig
+from flux.ingress import Ingress
+from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS
+from flux.sim.world import INPUT_LOG, World, WorldConfig
 from flux.state_codec import unpack_state
 from flux.topology import node_name
 
 #: relative speeds a process may get for one schedule
 SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)
+#: the same for the input log's writes: a slow store lags the pipeline by whole outputs
+LOG_SPEEDS = (0.001, 0.01, 0.2, 1.0)
 
 TRIGGERS = ("any", "during", "after")
 #: tuples a consumer may hold untaken per connection, for one schedule (None: no credits)
@@ -66,6 +69,9 @@ class SimParams:
     restarts: int = 0
     #: a replica's snapshots are whole once in this many (0: drawn per seed, 1 to 4)
     full_every: int = 0
+    #: the source's own partitions: with more than one, the ingress logs the SNs it gives
+    #: and a restart reads the inputs the log does not cover in another interleaving
+    source_partitions: int = 1
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -93,6 +99,8 @@ class SimParams:
         if self.checkpoints < 0 or self.restarts < 0:
             raise ValueError(f"--checkpoints and --restarts must be >= 0, got "
                              f"{self.checkpoints} and {self.restarts}")
+        if self.source_partitions < 1:
+            raise ValueError(f"--source-partitions must be >= 1, got {self.source_partitions}")
         if self.full_every < 0:
             raise ValueError(f"--full-every must be >= 0, got {self.full_every}")
         if not 0.0 <= self.lossy_mover < 1.0:
@@ -150,23 +158,8 @@ def build_dataflow(params: SimParams, seed: int):
 
 
 def make_world(params: SimParams, seed: int, rng: random.Random):
-    from flux.reference import ReferenceRun
-
     dataflow, inputs = build_dataflow(params, seed)
-    run = ReferenceRun(dataflow, params.partitions)
-    reference: list = []
-    outputs_upto = [0]  # [n]: how many reference outputs the first n inputs make
-
-    def operator_states():
-        return [[wire_form(c.get_state()) for c in stage] for stage in run.chains]
-
-    states_after = [operator_states()] if params.checkpoints else []  # [n]: after n inputs
-    for record in inputs:
-        reference += run.feed(record)
-        outputs_upto.append(len(reference))
-        if params.checkpoints:
-            states_after.append(operator_states())
-    states = [[chain.get_state() for chain in stage] for stage in run.chains]
+    reference, outputs_upto, states_after, states = reference_run(dataflow, inputs, params)
     placement = (ChainedDeclustering if params.placement == "chained" else OneSegmentPerNode)(
         params.stages, params.partitions)
     config = WorldConfig(
@@ -191,13 +184,48 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # are what they were before them
         full_every=params.full_every or random.Random(f"full {seed}").randint(1, 4),
         host_class=HOST_VARIANTS.get(params.variant, Host),
+        ingress_class=INGRESS_VARIANTS.get(params.variant, Ingress),
+        sink_commits=bool(params.checkpoints or params.restarts),
+        source_parts=[parts.randrange(params.source_partitions) for parts in
+                      [random.Random(f"source {seed}")] for _ in inputs]
+        if params.source_partitions > 1 else None,
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
                   fault_rng=random.Random(f"faults {seed}"))
     if params.checkpoints:
         world.judge_snapshot = partial(judge_snapshot, states_after)
         world.judge_commit = partial(judge_commit, outputs_upto)
+
+    def reorder(new_inputs):
+        """The failure-free run of the inputs' new order (its lists changed in place)."""
+        for old, new in zip((reference, outputs_upto, states_after, states),
+                            reference_run(dataflow, new_inputs, params)):
+            old[:] = new
+
+    world.on_reorder = reorder
     return world, reference, states
+
+
+def reference_run(dataflow, inputs, params: SimParams):
+    """The failure-free run of ``inputs``: its outputs, how many the first n inputs make,
+    the operators' states after n inputs (with checkpoints) and at the end."""
+    from flux.reference import ReferenceRun
+
+    run = ReferenceRun(dataflow, params.partitions)
+    reference: list = []
+    outputs_upto = [0]  # [n]: how many reference outputs the first n inputs make
+
+    def operator_states():
+        return [[wire_form(c.get_state()) for c in stage] for stage in run.chains]
+
+    states_after = [operator_states()] if params.checkpoints else []  # [n]: after n inputs
+    for record in inputs:
+        reference += run.feed(record)
+        outputs_upto.append(len(reference))
+        if params.checkpoints:
+            states_after.append(operator_states())
+    states = [[chain.get_state() for chain in stage] for stage in run.chains]
+    return reference, outputs_upto, states_after, states
 
 
 def judge_snapshot(states_after, snap) -> None:
@@ -234,6 +262,7 @@ class RandomChooser:
         # Timed faults are planned from a stream of their own: a seed without them runs
         # exactly as it did before they existed.
         self.plan = random.Random(f"fault plan {seed}")
+        self.log_speed = random.Random(f"input log {seed}")
         self.faults = sorted(
             (self.plan.randrange(max(1, crash_window)), kind, self.plan.randint(*FAULT_TICKS))
             for kind, n in (("cut", params.cuts), ("starve", params.false_suspicions),
@@ -246,6 +275,9 @@ class RandomChooser:
                                    for _ in range(self.params.crashes))
             # Unequal speeds make replicas drift apart, the case the buffers exist for.
             self.speed = {h: rng.choice(SPEEDS) for h in list(world.hosts) + ["controller"]}
+            # the input log's writes have a speed of their own (a slow store lags), drawn
+            # from a stream of its own so a seed's other draws stay what they were
+            self.speed[INPUT_LOG] = self.log_speed.choice(LOG_SPEEDS)
             self.triggers = list(self.params.triggers)
             if not self.triggers and self.params.standbys:
                 # Later crashes strike at any step, inside a catch-up, or once every
@@ -298,6 +330,14 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     rng = random.Random(seed)
     world, reference, states = make_world(params, seed, rng)
     oracle = PrefixOracle(reference)
+    reorder = world.on_reorder
+
+    def on_reorder(new_inputs):
+        reorder(new_inputs)
+        oracle.reference = [wire_form(item) for item in reference]
+        oracle.checked = 0  # what the sink holds is judged again, against the new order
+
+    world.on_reorder = on_reorder
     result = ScheduleResult(seed, OK, expected=len(reference))
     trace = result.trace
     t = 0
@@ -337,6 +377,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
             if t >= params.max_steps:
                 raise Violation(f"no quiescence after {t} steps (livelock)")
         if result.status == OK:
+            result.expected = len(reference)  # a restart may have changed the inputs' order
             problem = final_checks(world, len(reference), states)
             if problem:
                 result.status, result.reason = VIOLATION, problem

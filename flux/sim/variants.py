@@ -11,7 +11,9 @@ from flux.buffer import PRIM, Buffer
 from flux.data_messages import Credit
 from flux.effects import Send
 from flux.host import Host
+from flux.ingress import Ingress
 from flux.segment import DRAINING, PROCESSING, STREAMING, Segment
+from flux.sequence import NO_PROGRESS, input_sn
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -107,6 +109,23 @@ class SegmentForgettingAChange(Segment):
         return changes
 
 
+class IngressSendingBeforeTheLog(Ingress):
+    """Sends inputs before their SNs are in the input log (DESIGN 10 broken): a restart
+    may number them otherwise though outputs of theirs were committed."""
+
+    def accept(self, record):
+        i = self.route(record)
+        if self._full_for(i):
+            return None
+        self.accepted += 1
+        sn = input_sn(self.accepted)
+        self.out.put(i, sn, record)
+        return sn
+
+    def frontier(self):
+        return input_sn(self.accepted) if self.accepted else NO_PROGRESS
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -121,6 +140,7 @@ class HostHearingTheDead(Host):
 
 #: variants of the host, by name (the others use ``Host``)
 HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead}
+INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog}
 
 #: name -> (buffer class, segment class)
 VARIANTS = {
@@ -134,4 +154,5 @@ VARIANTS = {
     "hear-the-dead": (Buffer, Segment),
     "late-snapshot": (Buffer, SegmentSnapshottingLate),
     "forgotten-change": (Buffer, SegmentForgettingAChange),
+    "unlogged-send": (Buffer, Segment),
 }

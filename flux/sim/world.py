@@ -54,7 +54,7 @@ from flux.effects import (
 from flux.envelope import Envelope
 from flux.errors import PairLost
 from flux.host import Host
-from flux.ingress import INGRESS
+from flux.ingress import INGRESS, Ingress
 from flux.segment import Segment
 from flux.sim.oracle import Violation
 from flux.snapshot_chain import BrokenChain, rebuild
@@ -79,6 +79,10 @@ class ZombieMachine(NamedTuple):
 
     name: str
     addr: Addr
+
+
+#: who takes the "log" steps: the durable input log's writes (DESIGN 10)
+INPUT_LOG = "input-log"
 
 
 @dataclass
@@ -106,6 +110,15 @@ class WorldConfig:
     restarts_on_pair_lost: int = 0
     #: a replica's snapshots are whole once in this many, else its keyed stores' changes
     full_every: int = 1
+    #: the source's own partitions (each input's, by position): with more than one, the
+    #: ingress logs the SNs it gives before inputs leave, and after a restart the inputs
+    #: the log does not cover come in another interleaving (DESIGN 10)
+    source_parts: Optional[List[int]] = None
+    ingress_class: type = Ingress
+    #: the sink also commits between cuts (an exactly-once sink's ``commit_every``): what
+    #: it holds then may lie beyond the last checkpoint, and a restart must give those
+    #: outputs' inputs the same SNs again
+    sink_commits: bool = False
 
 
 @dataclass
@@ -152,6 +165,11 @@ class World:
         self.config = config
         self.inputs = list(inputs)
         self.next_input = 0
+        #: the input log: how many inputs' SNs are durable (kept across restarts)
+        self.logged_inputs = 0
+        self.source_parts = list(config.source_parts) if config.source_parts else None
+        #: told the inputs' new order after a restart interleaved the unlogged ones anew
+        self.on_reorder: Callable[[List[Any]], None] = lambda inputs: None
         self.outcome = Outcome()
         self.crashed: List[str] = []
         segment_class = type(config.segment_class.__name__, (config.segment_class,),
@@ -200,9 +218,11 @@ class World:
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              self.builder.standby_segment, config.chunk_size,
                                              peer_incs))
-        self.ingress = self.builder.ingress()
+        self.ingress = self.builder.ingress(log_inputs=self.source_parts is not None,
+                                            ingress_class=config.ingress_class)
         if restored is not None:
             self.ingress.accepted = self.next_input = restored[1]  # numbered from cut + 1
+            self.ingress.logged = restored[1]
         self.egress = self.builder.egress()
         for name, machine in ((INGRESS_HOST, self.ingress), (EGRESS_HOST, self.egress)):
             self._add_host(config.host_class(name, {machine.addr: machine},
@@ -276,6 +296,8 @@ class World:
         self._dirty.clear()
         for local in self._local.values():
             steps.extend(local)
+        if self.config.sink_commits and len(self.outcome.delivered) > self.sink_committed:
+            steps.append(("sink-commit",))  # an exactly-once sink's own commit_every
         if not steps and self.recovery.attempts and self.config.mover_loss:
             steps.append(("tick",))  # a catch-up waits for what a lossy link lost: its
         return steps                 # deadline is long next to a healthy transfer
@@ -308,6 +330,8 @@ class World:
             last = self.outcome.cuts[-1][1] if self.outcome.cuts else 0
             if self.checkpoints_left and self.ingress.accepted > last:
                 steps.append(("checkpoint",))
+            if self.ingress.log_due():
+                steps.append(("log",))  # the input log made durable up to here
             return steps
         seg = seg if seg is not None else self.machine(addr)
         steps = [("flush", addr, i, d) for i, d in seg.flushable()]
@@ -333,6 +357,10 @@ class World:
             return "controller"
         if kind in ("told", "zombie"):
             return step[1]
+        if kind == "log":
+            return INPUT_LOG
+        if kind == "sink-commit":
+            return EGRESS_HOST
         if kind in ("accept", "checkpoint"):
             return INGRESS_HOST
         return self.host_of[step[1]]
@@ -340,7 +368,7 @@ class World:
     def apply(self, step: tuple) -> None:
         self._apply(step)
         if self.restart_due:  # a pair was lost in this step: the job restarts
-            self.restart()
+            self.restart(driver_lives=True)
 
     def _apply(self, step: tuple) -> None:
         kind = step[0]
@@ -376,6 +404,13 @@ class World:
         elif kind == "accept":
             self.ingress.accept(self.inputs[self.next_input])
             self.next_input += 1
+            self._dirty.add(INGRESS)
+        elif kind == "sink-commit":
+            self.sink_committed = len(self.outcome.delivered)
+        elif kind == "log":
+            n = self.ingress.accepted
+            self.logged_inputs = max(self.logged_inputs, n)
+            self._effects(*self.hosts[INGRESS_HOST].run_local(self.ingress.inputs_logged(n)))
             self._dirty.add(INGRESS)
         elif kind == "checkpoint":
             self.checkpoints_left -= 1
@@ -513,20 +548,46 @@ class World:
         if len(done) > len(self.outcome.catchups):
             self.outcome.catchups.extend(done[len(self.outcome.catchups):])
 
-    def restart(self) -> None:
+    def restart(self, driver_lives: bool = False) -> None:
         """Everything stops at once (the driver died, or a pair was lost): the job starts
         again from its last complete checkpoint, or from the beginning without one. The
-        sink keeps what it committed and drops what it had not (DESIGN 10)."""
+        sink keeps what it committed and drops what it had not (DESIGN 10); when a pair was
+        lost the driver lives on and first commits what the sink was handed, as the
+        runtime's supervisor does (it is the failure-free prefix: its inputs' SNs are in
+        the input log)."""
         k = self.coordinator.latest_complete
         restored = None if k is None else (k, self.coordinator.checkpoints[k].cut)
         self.coordinator.restarted()
+        if driver_lives:
+            self.sink_committed = len(self.outcome.delivered)
         del self.outcome.delivered[self.sink_committed:]
         self.outcome.restarts.append(k)
         self.restart_due = False
         self.chains = {}  # every replica starts anew: its first snapshot is whole
+        if self.source_parts is not None:
+            self._interleave_anew(self.logged_inputs)
         if restored is None:
             self.next_input = 0
         self._build(restored)
+
+    def _interleave_anew(self, logged: int) -> None:
+        """A source of several partitions read again from a checkpoint's position: the
+        log fixes the order of the first ``logged`` inputs, the rest may come in any
+        interleaving that keeps each partition's own order."""
+        rest = list(zip(self.inputs[logged:], self.source_parts[logged:]))
+        queues: Dict[int, Deque] = {}
+        for item in rest:
+            queues.setdefault(item[1], deque()).append(item)
+        merged = []
+        while queues:
+            part = self.rng.choice(sorted(queues))
+            merged.append(queues[part].popleft())
+            if not queues[part]:
+                del queues[part]
+        if merged != rest:
+            self.inputs[logged:] = [record for record, _ in merged]
+            self.source_parts[logged:] = [part for _, part in merged]
+            self.on_reorder(self.inputs)
 
     def _checkpoint_report(self, manifest: Optional[dict]) -> None:
         if manifest is not None:
