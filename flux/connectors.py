@@ -15,7 +15,8 @@ so the sink's content has no gap and no duplicate. A plain callable sink
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Optional, Protocol, Tuple, runtime_checkable
+from typing import (Any, Iterable, Iterator, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
 SN = Tuple[int, ...]
 
@@ -32,6 +33,20 @@ class Source(Protocol):
 
     def open(self, position: Any) -> None:
         """Go on from ``position`` (one ``position`` returned earlier)."""
+
+
+@runtime_checkable
+class PartitionedSource(Source, Protocol):
+    """A source that interleaves partitions of its own (Kafka's): its order is not
+    repeatable, so the ingress logs which partition each input came from before the
+    input leaves, and a restart hands that order back (DESIGN 10, the input log)."""
+
+    @property
+    def last(self) -> Tuple[Any, int]:
+        """``(partition, offset)`` of the record returned last."""
+
+    def replay(self, partitions: Sequence[Any]) -> None:
+        """After ``open``: the next records come from ``partitions``, in this order."""
 
 
 @runtime_checkable

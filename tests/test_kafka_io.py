@@ -132,6 +132,29 @@ def test_the_source_reads_every_partition_and_resumes_right_after_its_position(b
         assert (partition, offset) == (record % 3, record // 3)
 
 
+def test_a_replay_gives_the_logged_interleaving_whatever_arrives_first(broker):
+    """After a restart the input log says which partition each input came from: the
+    source gives them in that order, then reads on freely, each partition in its order."""
+    topic = fresh(broker, 3)
+    produce(broker, topic, list(range(30)), 3)
+    order = [2, 2, 2, 0, 1, 2, 2, 0]  # an interleaving Kafka itself would hardly give
+    with KafkaSource(broker.bootstrap, topic) as src:
+        src.open({"0": 1, "1": 0, "2": 1})
+        src.replay(order)
+        replayed = take(src, len(order))
+        assert [part for _, (part, _) in replayed] == order
+        assert [r for r, _ in replayed] == [5, 8, 11, 3, 1, 14, 17, 6]
+        assert src.position == {"0": 3, "1": 1, "2": 6}  # held-back records not counted
+        rest = take(src, 30 - 2 - len(order))
+        with pytest.raises(PartitionsChanged, match="partitions \\[7\\]"):
+            src.replay([7])
+    records = [r for r, _ in replayed + rest]
+    assert sorted(records) == sorted(set(range(30)) - {0, 2})  # nothing lost or twice
+    for p in range(3):
+        mine = [r for r in records if r % 3 == p]
+        assert mine == sorted(mine)  # each partition in its own order
+
+
 def test_the_source_skips_aborted_transactions_and_can_start_at_the_end(broker):
     topic = fresh(broker, 2)
     produce(broker, topic, ["old", "old"], 2)

@@ -36,12 +36,16 @@ class Completed:
     nbytes: int  # the snapshots' bytes
     seconds: float  # from the cut's choice to the manifest
     at: float  # when (the service's clock)
+    source: Any = None  # the source's position after the cut
 
 
 class CheckpointService:
     def __init__(self, store: CheckpointStore, coordinator: CheckpointCoordinator,
-                 clock: Callable[[], float] = time.monotonic, events=None):
+                 clock: Callable[[], float] = time.monotonic, events=None, input_log=None):
         self.store, self.coordinator, self.clock = store, coordinator, clock
+        #: the ingress's input log (a source of several partitions): what a kept checkpoint
+        #: covers is removed from it
+        self.input_log = input_log
         self.events = events  # the job's event log, or None
         self.completed: List[Completed] = []
         self.errors: List[str] = []  # snapshots or manifests that could not be written
@@ -130,7 +134,10 @@ class CheckpointService:
                             protect={k for chain in self._chains.values() for k, _ in chain})
         now = self.clock()
         done = Completed(number, manifest["cut"], self._bytes.pop(number, 0),
-                         now - self._begun.pop(number, now), now)
+                         now - self._begun.pop(number, now), now, manifest["source"])
+        if self.input_log is not None:  # the oldest checkpoint kept covers what goes
+            oldest = self.store.complete_ids()[-self.store.keep:][0]
+            self.input_log.truncate(self.store.manifest(oldest)["cut"])
         self.completed.append(done)
         del self.completed[:-64]  # the last few are enough for metrics
         for k in [k for k in self._begun if k < number]:  # abandoned: never completes

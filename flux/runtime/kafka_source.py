@@ -11,9 +11,11 @@ being silently left unread. An offset that retention already deleted is
 refused too (``auto.offset.reset`` is ``error``).
 
 The order in which records of different partitions interleave is not
-repeatable: for a replay to give every input the same SN, the ingress must log
-which partition and offset each input came from (DESIGN 10, the input log).
-``last`` is ``(partition, offset)`` of the record returned last, for that.
+repeatable: for a replay to give every input the same SN, the ingress logs
+which partition each input came from (DESIGN 10, the input log; ``last`` is
+``(partition, offset)`` of the record returned last), and after a restart
+``replay(partitions)`` makes the next records come from those partitions in
+that order, whatever arrives first (records read ahead of their turn wait).
 
 ``commit_offsets(position)`` stores a position in the consumer group, for lag
 monitoring only: reading never starts from there.
@@ -76,6 +78,11 @@ class KafkaSource:
         self.consumer = Consumer(settings)
         self._next: Optional[Dict[int, int]] = None  # partition -> next offset; None: not open
         self._fetched: Deque[Any] = deque()
+        #: a restart's replay: the partitions of the next records, in the input log's order,
+        #: and the records read ahead of their turn (partition -> messages)
+        self._replay: Deque[int] = deque()
+        self._held: Dict[int, Deque[Any]] = {}
+        self._held_count = 0
         self._checked_at = float("-inf")
         #: (partition, offset) of the record returned last
         self.last: Optional[Tuple[int, int]] = None
@@ -101,16 +108,24 @@ class KafkaSource:
     def __iter__(self) -> "KafkaSource":
         return self
 
+    def replay(self, partitions) -> None:
+        """The next records come from ``partitions``, in this order (after ``open``: the
+        input log's record of how they interleaved before a restart)."""
+        if self._next is None:
+            self._open(None)
+        unknown = sorted(set(partitions) - set(self._next))
+        if unknown:
+            raise PartitionsChanged(f"KafkaSource: the input log names partitions {unknown} "
+                                    f"of topic {self.topic!r}, which has {len(self._next)}")
+        self._replay = deque(partitions)
+
     def __next__(self) -> Any:
         if self._next is None:
             self._open(None)
         while True:
-            if not self._fetched:
-                self._check_partitions()
-                self._fetch()
-                if not self._fetched:
-                    return NOT_YET
-            message = self._fetched.popleft()
+            message = self._take()
+            if message is None:
+                return NOT_YET
             partition, offset = message.partition(), message.offset()
             self._next[partition] = offset + 1
             self.last = (partition, offset)
@@ -118,6 +133,8 @@ class KafkaSource:
             if value is None:
                 self.tombstones += 1
                 continue
+            if self._replay:
+                self._replay.popleft()
             self.records += 1
             try:
                 return self.decode(value)
@@ -159,6 +176,33 @@ class KafkaSource:
                         self.topic, self.group, error)
 
     # -- reading ------------------------------------------------------------------------------
+    def _take(self):
+        """The next message: of the partition whose turn it is in a replay, else what came
+        (records held back by a replay first: each partition's own order is kept)."""
+        if self._replay:
+            want, held = self._replay[0], self._held
+            while not held.get(want):
+                if not self._fetched and not self._refill():
+                    return None
+                message = self._fetched.popleft()
+                held.setdefault(message.partition(), deque()).append(message)
+                self._held_count += 1
+            self._held_count -= 1
+            return held[want].popleft()
+        if self._held_count:
+            for queue in self._held.values():
+                if queue:
+                    self._held_count -= 1
+                    return queue.popleft()
+        if not self._fetched and not self._refill():
+            return None
+        return self._fetched.popleft()
+
+    def _refill(self) -> bool:
+        self._check_partitions()
+        self._fetch()
+        return bool(self._fetched)
+
     def _open(self, wanted: Optional[Dict[int, int]]) -> None:
         """Assign every partition the topic has now, at ``wanted`` or at ``start``."""
         from confluent_kafka import TopicPartition
@@ -178,6 +222,7 @@ class KafkaSource:
                 for p in range(count)}
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in wanted.items()])
         self._next, self._fetched = dict(wanted), deque()
+        self._replay, self._held, self._held_count = deque(), {}, 0
         self._checked_at = self.clock()
         log.info("KafkaSource %s: reading %d partitions from %s", self.topic, count, wanted)
 

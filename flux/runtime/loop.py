@@ -55,7 +55,7 @@ class HostLoop:
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
                  max_turn: float = 0.02, stats_every: Optional[float] = None,
-                 snapshots=None):
+                 snapshots=None, input_log=None, logged_before: int = 0):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -106,6 +106,13 @@ class HostLoop:
         self._stats_sent = clock()
         #: where this node's checkpoint snapshots go (a SnapshotWriter); None: nowhere
         self.snapshots = snapshots
+        #: the ingress's input log (an InputLogWriter; DESIGN 10), for a source with
+        #: partitions of its own: the partitions of the inputs accepted and not yet logged,
+        #: and how far an earlier run of the job logged already (what this one replays)
+        self.input_log = input_log
+        self.logged_before = logged_before
+        self._unlogged: List[Any] = []
+        self._next_part: Any = None
 
     # -- one turn of the poller loop ------------------------------------------------
     def turn(self, timeout_ms: int) -> bool:
@@ -113,6 +120,8 @@ class HostLoop:
         if self._busy():
             timeout_ms = 0
         else:
+            if self.input_log is not None and self.input_log.busy:
+                timeout_ms = min(timeout_ms, 1)  # an append under way: inputs wait for it
             if self._source_waits and hasattr(self.source, "due_in"):
                 timeout_ms = min(timeout_ms, math.ceil(self.source.due_in() * 1000))
             if self._flush_wait:
@@ -157,7 +166,7 @@ class HostLoop:
             if not self._drain_overflow():
                 self._more = False  # wait for the peers a little, do not spin
                 return moved  # back-pressure: nothing new until the outboxes empty
-            step = self._deliver() | self._accept_input() | self._work()
+            step = self._deliver() | self._accept_input() | self._log_inputs() | self._work()
             moved |= step
             self._more = step
             if not step or self.clock() >= deadline:
@@ -246,6 +255,8 @@ class HostLoop:
                 self._next_record = record
                 self._next_arrival = getattr(self.source, "arrival", None)
                 self._next_position = getattr(self.source, "position", None)
+                if self.input_log is not None:
+                    self._next_part = self.source.last[0]
             if ingress.accept(self._next_record) is None:
                 arrive = getattr(self.source, "arrive", None)
                 if arrive is not None:
@@ -253,12 +264,38 @@ class HostLoop:
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
             self.accepted_position = self._next_position
+            if self.input_log is not None:
+                self._unlogged.append(self._next_part)
             if self.metrics is not None:
                 self.metrics.input_taken(self._next_arrival)
             moved = True
         if self.metrics is not None:
             self.metrics.inputs_dropped(getattr(self.source, "dropped", 0))
         return moved
+
+    def _log_inputs(self) -> bool:
+        """The input log (DESIGN 10): what the writer made durable may leave; what was
+        accepted since goes to the writer (one append at a time). Inputs an earlier run
+        logged (a restart replays them in the log's order) leave at once."""
+        writer = self.input_log
+        if writer is None:
+            return False
+        ingress = self.host.machines[INGRESS]
+        moved = False
+        last = writer.done()
+        if last is not None and last > ingress.logged:
+            self._release_logged(ingress, last)
+            moved = True
+        if ingress.logged < min(ingress.accepted, self.logged_before):
+            self._release_logged(ingress, min(ingress.accepted, self.logged_before))
+            moved = True
+        if ingress.log_due() and not writer.busy:
+            writer.submit(ingress.logged + 1, self._unlogged)
+        return moved
+
+    def _release_logged(self, ingress, n: int) -> None:
+        del self._unlogged[:n - ingress.logged]
+        self._emit(*self.host.run_local(ingress.inputs_logged(n)))
 
     def choose_cut(self, number: int) -> Tuple[int, Any]:
         """The ingress's process: checkpoint ``number`` covers every input accepted so far;

@@ -31,10 +31,11 @@ from flux.effects import Deliver, SinkCommit
 from flux.errors import DataflowError, PairLost
 from flux.host import Host
 from flux.operator import OperatorRaised, describe
-from flux.connectors import is_exactly_once
+from flux.connectors import PartitionedSource, is_exactly_once
 from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
+from flux.runtime.input_log import InputLog, InputLogWriter
 from flux.runtime.controller_service import PENDING, ControllerService
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
@@ -164,6 +165,13 @@ class FluxJob:
         self._exactly_once = is_exactly_once(sink)
         self.checkpoints: Optional[CheckpointService] = None
         self._restore: Optional[dict] = None
+        #: a source with partitions of its own interleaves them differently on every read:
+        #: with checkpoints, the ingress logs each input's partition before it leaves
+        #: (DESIGN 10), and a restart replays that order
+        self.input_log: Optional[InputLog] = None
+        self._log_writer: Optional[InputLogWriter] = None
+        self._offsets_reported: Optional[int] = None  # the checkpoint whose source position
+        #                                                 went to the source (commit_offsets)
         self.checkpoint_interval = checkpoint_interval
         if checkpoint is not None:
             self._setup_checkpoints(checkpoint, checkpoint_keep)
@@ -185,7 +193,10 @@ class FluxJob:
         self._restore = store.latest(print_, self.nodes)
         self._start_position = self.source.position  # a restart with no checkpoint yet
         coordinator = CheckpointCoordinator(len(self.dataflow.stages), self.nodes, print_)
-        self.checkpoints = CheckpointService(store, coordinator, events=self.metrics.events)
+        if isinstance(self.source, PartitionedSource):
+            self.input_log = InputLog(store)
+        self.checkpoints = CheckpointService(store, coordinator, events=self.metrics.events,
+                                             input_log=self.input_log)
         self._next_checkpoint = max(store.ids(), default=0) + 1
         self.config = replace(self.config, checkpoint=url)
         if self._restore is not None:
@@ -468,23 +479,37 @@ class FluxJob:
         else:  # a restart: when its data starts again
             self.metrics.events.append((time.monotonic(), "data starts",
                                         self._restored["checkpoint"] if self._restored else None))
-        ingress, egress = self.builder.ingress(), self.builder.egress()
+        ingress = self.builder.ingress(log_inputs=self.input_log is not None)
+        egress = self.builder.egress()
         self._ingress, self._egress = ingress, egress
         source = self.source
+        logged_before = 0
         if self.checkpoints is not None:
             # the inputs after the checkpoint's cut come again, numbered as before
             restore = self._restored
             source.open(restore["source"] if restore else self._start_position)
-            ingress.accepted = restore["cut"] if restore else 0
+            ingress.accepted = ingress.logged = restore["cut"] if restore else 0
             self.metrics.renumber(ingress.accepted)
             self._cut_at = time.monotonic() + self.checkpoint_interval
+            if self.input_log is not None:  # in the order they had (DESIGN 10)
+                order = self.input_log.read(after=ingress.accepted)
+                source.replay(order)
+                logged_before = ingress.accepted + len(order)
+                if self._log_writer is not None:
+                    self._log_writer.stop()
+                self._log_writer = InputLogWriter(self.input_log)
+                log.info("the input log replays inputs %d to %d in their logged order",
+                         ingress.accepted + 1, logged_before)
         for name, machine in ((INGRESS_PROCESS, ingress), (EGRESS_PROCESS, egress)):
             host = Host(name, {machine.addr: machine}, DRIVER_INCS[name],
                         peer_incs=topology.peer_incs())
+            ingress_side = machine is ingress
             loop = HostLoop(host, self.transports[name], topology.where, dict(c.addresses),
-                            self._on_effect, iter(source) if machine is ingress else None,
+                            self._on_effect, iter(source) if ingress_side else None,
                             dict(c.incarnations), metrics=self.metrics,
-                            flush_delay=self.config.flush_delay)
+                            flush_delay=self.config.flush_delay,
+                            input_log=self._log_writer if ingress_side else None,
+                            logged_before=logged_before if ingress_side else 0)
             self._loops[name] = loop
             self._spawn(lambda loop=loop: self._drive(loop))
 
@@ -522,6 +547,7 @@ class FluxJob:
                 raise RuntimeError(f"{loop.host.name}: {loop.stopped}")
             if cuts:
                 self._maybe_cut(loop)
+                self._report_offsets()
             if egress:
                 self.metrics.settled(self._egress.settled())
                 if not self._finished.is_set():
@@ -541,6 +567,21 @@ class FluxJob:
         self._next_checkpoint += 1
         cut, position = loop.choose_cut(number)
         self.checkpoints.cut_chosen(number, cut, position)
+
+    def _report_offsets(self) -> None:
+        """The ingress's thread (the source is its own): a source that reports positions
+        elsewhere (Kafka's consumer group, for lag monitoring) hears each complete
+        checkpoint's, never one of inputs not yet covered by a checkpoint."""
+        latest = self.checkpoints.latest
+        report = getattr(self.source, "commit_offsets", None)
+        if latest is None or report is None or latest.number == self._offsets_reported:
+            return
+        self._offsets_reported = latest.number
+        try:
+            report(latest.source)
+        except Exception as exc:  # monitoring only: the checkpoint is the truth
+            log.warning("could not report checkpoint %d's source position: %s",
+                        latest.number, exc)
 
     def _on_effect(self, e) -> None:
         if isinstance(e, Deliver):
@@ -629,6 +670,8 @@ class FluxJob:
             close()
         if self.checkpoints is not None:
             self.checkpoints.stop()
+        if self._log_writer is not None:
+            self._log_writer.stop()
 
     def __enter__(self) -> "FluxJob":
         return self.start()

@@ -1,0 +1,142 @@
+"""The durable input log of a source with partitions of its own (DESIGN 10, issue 15).
+
+A Kafka topic's partitions interleave differently on every read, so a restart
+would number the inputs after a checkpoint's cut otherwise, and outputs the
+sink committed would belong to other inputs. The ingress (``log_inputs``)
+holds every input until the partition it came from is in this log; a restart
+reads the log past the checkpoint's cut and has the source replay that order
+(``PartitionedSource.replay``). What a complete checkpoint covers is removed.
+
+The log lives beside the checkpoints (``<checkpoint>/inputs/``), one small
+object per append, named by the SNs it covers: the same on a local disk and
+on an object store, where nothing can be appended to. An entry is the
+partitions of inputs ``first..last`` in order, run-length encoded.
+
+``InputLogWriter`` writes off the ingress's thread, one append at a time:
+the ingress takes what comes while one is written, and sends once it is done.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from typing import Any, List, Optional, Sequence
+
+from flux.runtime.checkpoint_store import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+FOLDER = "inputs"
+
+
+class InputLog:
+    def __init__(self, store: CheckpointStore):
+        self.store = store
+        self.fs = store.fs
+        self.dir = f"{store.root.rstrip('/')}/{FOLDER}"
+        self.fs.makedirs(self.dir, exist_ok=True)
+
+    def append(self, first: int, partitions: Sequence[Any]) -> int:
+        """Inputs ``first``, ``first + 1``, ... came from ``partitions``; durable when this
+        returns. Returns the last input it covers."""
+        last = first + len(partitions) - 1
+        runs: List[list] = []
+        for p in partitions:
+            if runs and runs[-1][0] == p:
+                runs[-1][1] += 1
+            else:
+                runs.append([p, 1])
+        self.fs.pipe_file(self._path(first, last), json.dumps(runs).encode())
+        return last
+
+    def read(self, after: int) -> List[Any]:
+        """The partitions of inputs ``after + 1``, ``after + 2``, ... as far as the log goes
+        without a gap (entries may overlap: a restart logs again what it replays)."""
+        order: List[Any] = []
+        for first, last in self._entries():
+            if last <= after + len(order):
+                continue
+            if first > after + len(order) + 1:
+                log.warning("the input log has a gap after input %d (next entry starts at %d)",
+                            after + len(order), first)
+                break
+            parts = [p for p, n in json.loads(self.fs.cat_file(self._path(first, last)))
+                     for _ in range(n)]
+            order.extend(parts[after + len(order) + 1 - first:])
+        return order
+
+    def truncate(self, upto: int) -> None:
+        """Remove what only covers inputs up to ``upto`` (a complete checkpoint has them)."""
+        for first, last in self._entries():
+            if last <= upto:
+                self.fs.rm(self._path(first, last))
+
+    def _entries(self) -> List[tuple]:
+        entries = []
+        for entry in self.fs.ls(self.dir, detail=False):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            stem = name[:-len(".json")] if name.endswith(".json") else ""
+            first, _, last = stem.partition("-")
+            if first.isdigit() and last.isdigit():
+                entries.append((int(first), int(last)))
+        return sorted(entries)
+
+    def _path(self, first: int, last: int) -> str:
+        return f"{self.dir}/{first:012d}-{last:012d}.json"
+
+
+_STOP = object()
+
+
+class InputLogWriter:
+    """One append at a time, off the ingress's thread; ``done()`` says how far the log
+    is durable. A write that fails is retried (inputs wait meanwhile: none may leave
+    unlogged), and the failure is kept in ``errors``."""
+
+    def __init__(self, input_log: InputLog, retry_after: float = 0.5):
+        self.log, self.retry_after = input_log, retry_after
+        self.busy = False
+        self.errors: List[str] = []
+        self._todo: "queue.Queue" = queue.Queue()
+        self._done: "queue.Queue[int]" = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flux-input-log", daemon=True)
+        self._thread.start()
+
+    def submit(self, first: int, partitions: Sequence[Any]) -> None:
+        if self.busy:
+            raise RuntimeError("an append of the input log is under way")
+        self.busy = True
+        self._todo.put((first, list(partitions)))
+
+    def done(self) -> Optional[int]:
+        """The last input the log covers once the append under way is durable, else None."""
+        try:
+            last = self._done.get_nowait()
+        except queue.Empty:
+            return None
+        self.busy = False
+        return last
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._todo.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is _STOP:
+                return
+            first, partitions = item
+            while not self._stop.is_set():
+                try:
+                    self._done.put(self.log.append(first, partitions))
+                    break
+                except Exception as exc:
+                    log.error("the input log could not be written (inputs %d-%d wait): %s",
+                              first, first + len(partitions) - 1, exc)
+                    self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                    del self.errors[:-16]
+                    self._stop.wait(self.retry_after)
