@@ -19,7 +19,7 @@ import importlib
 from typing import Any
 
 from flux.dataflow import Dataflow, Stage
-from flux.connectors import Sink, Source
+from flux.connectors import PartitionedSource, Sink, Source
 from flux.errors import CheckpointMismatch, DataflowError, OperatorError, PairLost, SinkFenced
 from flux.examples import paper_dataflow
 from flux.expiry import Expiry
@@ -52,6 +52,9 @@ _LAZY = {
     "DeltaSink": "flux.runtime.delta_sink",
     "read_delta_sink": "flux.runtime.delta_sink",
     "CheckpointStore": "flux.runtime.checkpoint_store",
+    "KafkaSource": "flux.runtime.kafka_source",
+    "KafkaSink": "flux.runtime.kafka_sink",
+    "PartitionsChanged": "flux.runtime.kafka_source",
     "ThreadCluster": "flux.runtime.threads",
     "packet_workload": "flux.workload",
     "keyed_workload": "flux.workload",
@@ -70,7 +73,9 @@ __all__ = [
     "reference_output",
     # replayable sources, exactly-once sinks, checkpoints (issue 14)
     "Source", "Sink", "FileSource", "FileSink", "read_file_sink", "DeltaSink",
-    "read_delta_sink", "CheckpointStore", "Paced",
+    "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource",
+    # Kafka in and out (issue 15)
+    "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch
     "DataflowError", "OperatorError", "PairLost", "SinkFenced", "CheckpointMismatch",
 ]

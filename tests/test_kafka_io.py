@@ -155,6 +155,20 @@ def test_a_replay_gives_the_logged_interleaving_whatever_arrives_first(broker):
         assert mine == sorted(mine)  # each partition in its own order
 
 
+def test_a_source_bounded_at_the_latest_offsets_ends_there(broker):
+    topic = fresh(broker, 2)
+    produce(broker, topic, list(range(10)), 2)
+    with KafkaSource(broker.bootstrap, topic, ending="latest") as src:
+        got = take(src, 10)
+        produce(broker, topic, [99], 2)  # after the source was opened: not read
+        with pytest.raises(StopIteration):
+            while True:
+                assert next(src) in (NOT_YET,), "a record past the end was read"
+    assert sorted(r for r, _ in got) == list(range(10))
+    with pytest.raises(ValueError, match="ending must be"):
+        KafkaSource(broker.bootstrap, topic, ending="soon")
+
+
 def test_the_source_skips_aborted_transactions_and_can_start_at_the_end(broker):
     topic = fresh(broker, 2)
     produce(broker, topic, ["old", "old"], 2)

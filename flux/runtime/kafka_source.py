@@ -19,6 +19,11 @@ that order, whatever arrives first (records read ahead of their turn wait).
 
 ``commit_offsets(position)`` stores a position in the consumer group, for lag
 monitoring only: reading never starts from there.
+
+A stream never ends; ``ending="latest"`` (or a position) bounds it, as
+Structured Streaming's ``endingOffsets``: the source ends once every
+partition is read up to the end it had when the source was first opened (for
+a batch over a topic, tests and experiments).
 """
 from __future__ import annotations
 
@@ -58,11 +63,14 @@ class KafkaSource:
                  decode: Callable[[bytes], Any] = json.loads, start: str = "earliest",
                  config: Optional[Dict[str, Any]] = None, batch: int = 500,
                  poll_timeout: float = 0.0, check_every: float = 5.0, timeout: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, ending: Any = None):
         from confluent_kafka import Consumer
 
         if start not in STARTS:
             raise ValueError(f"KafkaSource: start must be one of {STARTS}, got {start!r}")
+        if ending is not None and ending != "latest" and not isinstance(ending, dict):
+            raise ValueError(f"KafkaSource: ending must be None, 'latest' or a position, "
+                             f"got {ending!r}")
         if batch < 1:
             raise ValueError(f"KafkaSource: batch must be >= 1, got {batch!r}")
         self.bootstrap, self.topic, self.group = bootstrap, topic, group
@@ -83,6 +91,8 @@ class KafkaSource:
         self._replay: Deque[int] = deque()
         self._held: Dict[int, Deque[Any]] = {}
         self._held_count = 0
+        self.ending = ending
+        self._end: Optional[Dict[int, int]] = None  # partition -> the offset reading ends at
         self._checked_at = float("-inf")
         #: (partition, offset) of the record returned last
         self.last: Optional[Tuple[int, int]] = None
@@ -125,6 +135,8 @@ class KafkaSource:
         while True:
             message = self._take()
             if message is None:
+                if self._end is not None and self._at_end():
+                    raise StopIteration
                 return NOT_YET
             partition, offset = message.partition(), message.offset()
             self._next[partition] = offset + 1
@@ -198,6 +210,19 @@ class KafkaSource:
             return None
         return self._fetched.popleft()
 
+    def _at_end(self) -> bool:
+        """Every partition read up to its end (past transaction markers too: the consumer's
+        own position says so)."""
+        from confluent_kafka import TopicPartition
+
+        if self._held_count or self._fetched:
+            return False
+        behind = [p for p, o in self._next.items() if o < self._end[p]]
+        if not behind:
+            return True
+        at = self.consumer.position([TopicPartition(self.topic, p) for p in behind])
+        return all(tp.offset >= self._end[tp.partition] for tp in at)
+
     def _refill(self) -> bool:
         self._check_partitions()
         self._fetch()
@@ -220,6 +245,12 @@ class KafkaSource:
             wanted = {p: self.consumer.get_watermark_offsets(
                 TopicPartition(self.topic, p), timeout=self.timeout, cached=False)[end]
                 for p in range(count)}
+        if self.ending is not None and self._end is None:  # fixed once: a replay ends alike
+            self._end = ({int(p): int(o) for p, o in self.ending.items()}
+                         if isinstance(self.ending, dict) else
+                         {p: self.consumer.get_watermark_offsets(
+                             TopicPartition(self.topic, p), timeout=self.timeout,
+                             cached=False)[1] for p in range(count)})
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in wanted.items()])
         self._next, self._fetched = dict(wanted), deque()
         self._replay, self._held, self._held_count = deque(), {}, 0
