@@ -27,15 +27,6 @@ from flux.runtime.sources import NOT_YET  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(scope="module")
-def broker():
-    b = KafkaBroker().start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
 def fresh(broker, partitions):
     name = f"t-{uuid.uuid4().hex[:8]}"
     broker.create_topic(name, partitions)

@@ -17,6 +17,16 @@ from flux.sim.schedule import OK, VIOLATION, SimParams, format_trace, run_schedu
 pytestmark = pytest.mark.timeout(300)
 
 
+def all_ok(params, seeds):
+    """Run ``seeds``; every schedule must end OK (the first bad ones' traces otherwise)."""
+    window = crash_window(params)
+    results = [run_schedule(seed, params, window) for seed in seeds]
+    bad = [r for r in results if r.status != OK]
+    assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
+                              for r in bad[:3])
+    return results
+
+
 def test_a_cut_is_due_once_the_frontier_passes_it_and_in_order():
     cuts = Cuts()
     cuts.learn((1, 5))
@@ -53,11 +63,7 @@ def test_the_ingress_stamps_its_cut_on_every_batch_from_then_on():
               dataflow="packets-ttl"),
 ], ids=["no-failure", "crashes-and-catch-up", "3x3-packets-ttl"])
 def test_checkpoints_are_exact_and_complete_through_failures(params):
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in range(1, 31)]
-    bad = [r for r in results if r.status != OK]
-    assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
-                              for r in bad[:3])
+    results = all_ok(params, range(1, 31))
     assert sum(r.snapshots for r in results) > 30 * params.checkpoints
     assert sum(len(r.complete) for r in results) >= 30
 
@@ -76,11 +82,7 @@ def test_a_snapshot_taken_after_processing_past_the_cut_is_caught():
     SimParams(restarts=1),  # no checkpoint: the job starts over, the sink drops repeats
 ], ids=["driver-kill", "double-failure", "all-together", "from-the-beginning"])
 def test_a_restarted_job_gives_the_sink_exactly_the_failure_free_output(params):
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in range(1, 41)]
-    bad = [r for r in results if r.status != OK]
-    assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
-                              for r in bad[:3])
+    results = all_ok(params, range(1, 41))
     restarts = [k for r in results for k in r.restarts]
     assert len(restarts) >= 15
     if params.checkpoints:
@@ -125,11 +127,7 @@ def test_an_ingress_with_an_input_log_sends_nothing_before_it_is_logged():
     SimParams(restarts=2, crashes=0, source_partitions=3),
 ], ids=["all-together", "double-failure", "driver-kill-no-checkpoint"])
 def test_a_partitioned_source_replays_every_committed_input_under_its_sn(params):
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in range(1, 41)]
-    bad = [r for r in results if r.status != OK]
-    assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
-                              for r in bad[:3])
+    results = all_ok(params, range(1, 41))
     assert sum(len(r.restarts) for r in results) >= 15
 
 

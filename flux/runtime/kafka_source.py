@@ -139,6 +139,8 @@ class KafkaSource:
                     raise StopIteration
                 return NOT_YET
             partition, offset = message.partition(), message.offset()
+            if self._end is not None and offset >= self._end[partition]:
+                continue  # past where this bounded source ends: never read
             self._next[partition] = offset + 1
             self.last = (partition, offset)
             value = message.value()
