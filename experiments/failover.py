@@ -12,6 +12,15 @@ half-way. The run computes the failure-free reference itself and writes
   the times of the kill, its detection, the end of take-over and of catch-up;
 - ``failover.png``: output rate and latency over time, like the paper's Figure 8.
 
+With ``--kafka`` the packets come from a Kafka topic of ``--topic-partitions``
+partitions (a real Kafka-protocol broker, noida-db, started and stopped by the
+run; a producer feeds it at ``--rate``, or fills it before the job with
+``--max-rate``) and the output goes to a transactional ``KafkaSink``; the job
+checkpoints (the input log keeps the partitions' interleaving), and with
+``--double`` both replicas of a partition die, so the job restarts from its
+checkpoint. The output read back with ``read_committed`` must equal the
+failure-free output of the inputs in the order the job numbered them.
+
 Times are seconds since the data started to flow.
 """
 from __future__ import annotations
@@ -65,6 +74,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--state-mb", type=float, default=0.0,
                     help="extra keyed state per partition (MB, Ballast in the first stage): "
                          "the paper moved 8.5 MB")
+    ap.add_argument("--kafka", action="store_true",
+                    help="read the packets from a Kafka topic and write the output to one, "
+                         "exactly once (a broker is started for the run)")
+    ap.add_argument("--topic-partitions", type=int, default=4,
+                    help="partitions of the input topic (--kafka)")
+    ap.add_argument("--double", action="store_true",
+                    help="--kafka: kill both replicas of a partition of the victim (the job "
+                         "restarts from its last checkpoint)")
     ap.add_argument("--out", default="results/failover")
     args = ap.parse_args(argv)
     if args.duration is None:
@@ -84,6 +101,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.hosts and args.hosts < args.nodes + args.standbys:
         ap.error(f"--hosts must be >= nodes + standbys ({args.nodes + args.standbys}): "
                  f"one task slot per host")
+    if args.double and not args.kafka:
+        ap.error("--double needs --kafka (a double failure restarts from a checkpoint)")
+    if args.kafka and args.hosts:
+        ap.error("--kafka runs on the embedded local-cluster (the broker is on this machine)")
+    if args.topic_partitions < 1:
+        ap.error("--topic-partitions must be >= 1")
     if args.victim not in {node_name(k) for k in range(args.nodes)}:
         ap.error(f"--victim must be one of node0..node{args.nodes - 1}")
     return args
@@ -94,6 +117,11 @@ def fail_victim(job, args, rig) -> None:
     whole or cut off silently."""
     if args.kill in ("worker", "executor"):
         job.kill_node(args.victim, args.kill)
+        if args.double:  # and the twin of one of its segments: that pair is lost
+            where = job.topology.where
+            mine = sorted(a for a, n in where.items() if n == args.victim)
+            twin = mine[0]._replace(replica=1 - mine[0].replica)
+            job.kill_node(where[twin], args.kill)
         return
     host = next(i for i, h in enumerate(rig.hosts)
                 if h.address == job.controller.hosts.get(args.victim))
@@ -120,7 +148,8 @@ def _watch(job, args, expected: int, rig=None) -> None:
             if not killed and m.t0 is not None and now >= args.kill_at:
                 fail_victim(job, args, rig)
                 killed = True
-            if killed and job.finished() and rec().completed and not rec().pending():
+            recovered = args.double or (rec().completed and not rec().pending())
+            if killed and job.finished() and recovered:
                 break
             if now > args.duration * 4 + 120:
                 raise TimeoutError(f"the run did not finish: {m.output_total}/{expected} outputs, "
@@ -143,6 +172,7 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
     base = m.summary()
     events = m.relative_events()
     kill = _first(events, "killed", 0.0)
+    killed = {str(d).split(" ")[0] for _, what, d in events if what == "killed"}
     detected = _first(events, "detected", kill)
     takeover = _last(events, "take-over done", detected) if detected is not None else None
     catchup = _first(events, "catch-up done", detected) if detected is not None else None
@@ -166,9 +196,9 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "state_mb_per_partition": args.state_mb,
         # the longest the active of a catch-up held its sources paused (phase 2)
         "max_catchup_pause_s": base["max_catchup_pause_s"],
-        # live processes declared dead: every detection but the victim's (issue 11)
-        "false_detections": [d for _, what, d in base["events"]
-                             if what == "detected" and not str(d).startswith(f"{args.victim} ")],
+        # live processes declared dead: every detection but the killed ones' (issue 11)
+        "false_detections": [d for _, what, d in base["events"] if what == "detected"
+                             and str(d).split(" ")[0] not in killed],
         "stuck_reports": [d for _, what, d in base["events"] if what == "stuck"],
         "max_output_gap_s": base["max_output_gap_s"],
         "max_output_gap_end_s": base["max_output_gap_end_s"],
@@ -248,7 +278,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     dataflow = ballast_paper_dataflow(args.state_mb) if args.state_mb else paper_dataflow()
     expected = reference_output(dataflow, records, args.nodes)
     with contextlib.ExitStack() as stack:
-        rig = None
+        rig = kafka = None
         if args.hosts:
             from flux.spark.rig import Rig
 
@@ -259,18 +289,91 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             print(f"starting a local-cluster of {args.nodes + args.standbys + 1} executors ...",
                   flush=True)
             spark = stack.enter_context(local_cluster(args.nodes + args.standbys + 1))
-        source = records if args.max_rate else RateLimited(records, args.rate)
-        job = FluxJob(spark, dataflow, source, nodes=args.nodes, standbys=args.standbys)
+        if args.kafka:
+            kafka = stack.enter_context(KafkaRun(args, records))
+            source, sink, extra = kafka.source, kafka.sink, kafka.job_settings()
+        else:
+            source = records if args.max_rate else RateLimited(records, args.rate)
+            sink, extra = None, {}
+        job = FluxJob(spark, dataflow, source, nodes=args.nodes, standbys=args.standbys,
+                      sink=sink, **extra)
         with job:
             _watch(job, args, len(expected), rig)
             if rig is not None:
                 for i, h in enumerate(rig.hosts):
                     if h.cut:
                         rig.heal(i)
-    same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
+        if kafka is not None:  # the reference of the order the job numbered the inputs
+            expected = reference_output(dataflow, kafka.source.inputs, args.nodes)
+            got = kafka.output()
+            same = got == [wire_form(r) for _, r in expected]
+        else:
+            same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
     summary = summarize(job, args, same, len(expected))
+    if kafka is not None:
+        summary.update(kafka.summary(job))
     write(job, summary, pathlib.Path(args.out))
     return summary
+
+
+class KafkaRun:
+    """``--kafka``: a broker, an input topic fed with the packets, an output topic behind a
+    transactional sink, a checkpoint folder; all removed at the end."""
+
+    def __init__(self, args, records):
+        self.args, self.records = args, records
+
+    def __enter__(self) -> "KafkaRun":
+        import tempfile
+
+        from experiments.kafka_io import Feed, RecordedOrder
+        from flux.operators.sessions import session_key
+        from flux.runtime.kafka_broker import KafkaBroker
+        from flux.runtime.kafka_sink import KafkaSink
+        from flux.runtime.kafka_source import KafkaSource
+
+        args = self.args
+        self.folder = tempfile.TemporaryDirectory(prefix="flux-failover-kafka-")
+        print("starting a Kafka-protocol broker (noida-db) ...", flush=True)
+        self.broker = KafkaBroker().start()
+        self.broker.create_topic("packets", args.topic_partitions)
+        self.broker.create_topic("stats", 1)
+        # every (src, dst) pair's packets in one partition, in order (a keyed producer)
+        self.feed = Feed(self.broker.bootstrap, "packets", self.records, args.topic_partitions,
+                         float("inf") if args.max_rate else args.rate, key=session_key)
+        self.feed.start()
+        if args.max_rate:  # the topic full before the job reads: the rate is the job's
+            self.feed._thread.join()
+        self.source = RecordedOrder(KafkaSource(self.broker.bootstrap, "packets",
+                                                group="flux-failover",
+                                                ending=self.feed.ending))
+        self.sink = KafkaSink(self.broker.bootstrap, "stats", "flux-failover")
+        return self
+
+    def job_settings(self) -> dict:
+        return {"checkpoint": self.folder.name, "checkpoint_interval": 2.0}
+
+    def output(self) -> list:
+        from experiments.kafka_io import read_output
+
+        self.sink.close()
+        return read_output(self.broker.bootstrap, "stats")
+
+    def summary(self, job) -> dict:
+        return {"kafka_topic_partitions": self.args.topic_partitions,
+                "double_failure": self.args.double,
+                "restarts": [[round(t - job.metrics.t0, 3), k, why]
+                             for t, k, why in job.restart_log],
+                "checkpoints_complete": len(job.checkpoints.completed),
+                "kafka_sink_commits": self.sink.commits,
+                "feed_errors": [str(e) for e in self.feed.error]}
+
+    def __exit__(self, *exc) -> None:
+        self.feed.stop()
+        self.source.close()
+        self.sink.close()
+        self.broker.stop()
+        self.folder.cleanup()
 
 
 if __name__ == "__main__":

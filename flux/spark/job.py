@@ -500,6 +500,8 @@ class FluxJob:
                 self._log_writer = InputLogWriter(self.input_log)
                 log.info("the input log replays inputs %d to %d in their logged order",
                          ingress.accepted + 1, logged_before)
+                self.metrics.events.append((time.monotonic(), "input log replay",
+                                            (ingress.accepted + 1, logged_before)))
         for name, machine in ((INGRESS_PROCESS, ingress), (EGRESS_PROCESS, egress)):
             host = Host(name, {machine.addr: machine}, DRIVER_INCS[name],
                         peer_incs=topology.peer_incs())

@@ -1,0 +1,164 @@
+"""Records into a Kafka topic at a steady rate, the job's SN order, and its output read back
+(issue 15): what ``experiments.failover --kafka`` and the Spark tests over Kafka share.
+
+The partitions of a topic interleave differently on every read, so "the failure-free
+output" means the failure-free run over the inputs *in the order this job numbered
+them*. ``RecordedOrder`` wraps the job's source and remembers that order, through
+restarts: a restart reopens the source at a checkpoint's position, and what was read
+before the position stays, what came after is read again (in the input log's order, as
+far as the log goes). The reference is then ``reference_output`` over that order, and
+the sink's content, read back with ``read_committed``, must equal it exactly.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import zlib
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+from flux.runtime.sources import NOT_YET
+
+
+def partition_of(key: Any, partitions: int) -> int:
+    """A record's topic partition, by its key: every key's records stay in one partition,
+    in order (as a keyed producer does)."""
+    return zlib.crc32(json.dumps(key).encode()) % partitions
+
+
+class Feed:
+    """``records`` produced into ``topic`` at ``rate`` per second, by a thread; ``ending``
+    is the position after the last of them (a KafkaSource bounded there ends with them)."""
+
+    def __init__(self, bootstrap: str, topic: str, records: Sequence[Any], partitions: int,
+                 rate: float, key: Callable[[Any], Any] = lambda r: r[0]):
+        self.bootstrap, self.topic, self.records, self.rate = bootstrap, topic, records, rate
+        self.parts = [partition_of(key(r), partitions) for r in records]
+        self.ending = {str(p): self.parts.count(p) for p in range(partitions)}
+        self.error: List[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kafka-feed", daemon=True)
+
+    def start(self) -> "Feed":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        from confluent_kafka import Producer
+
+        try:
+            producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+            start = time.monotonic()
+            for i, (record, part) in enumerate(zip(self.records, self.parts)):
+                due = start + i / self.rate
+                while not self._stop.is_set() and time.monotonic() < due:
+                    producer.poll(0)
+                    time.sleep(min(0.005, max(0.0, due - time.monotonic())))
+                if self._stop.is_set():
+                    break
+                while True:
+                    try:
+                        producer.produce(self.topic, json.dumps(record).encode(), partition=part)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            if producer.flush(30):
+                raise RuntimeError(f"{self.topic}: records still unsent after 30 s")
+        except BaseException as exc:  # seen by the caller: a feed that failed is no test
+            self.error.append(exc)
+
+
+class RecordedOrder:
+    """A ``PartitionedSource`` that remembers what it gave, in order: the job's SN order.
+    ``inputs`` is the records as the job numbered them (input SN i is ``inputs[i - 1]``)."""
+
+    def __init__(self, source):
+        self.source = source
+        self._order: List[Tuple[int, int, Any]] = []  # (partition, offset, record)
+
+    @property
+    def inputs(self) -> List[Any]:
+        return [record for _, _, record in self._order]
+
+    # -- the source, passed through -----------------------------------------------------------
+    @property
+    def position(self) -> Any:
+        return self.source.position
+
+    @property
+    def last(self) -> Tuple[int, int]:
+        return self.source.last
+
+    def open(self, position: Dict[str, int]) -> None:
+        """What was read before ``position`` stays (a prefix of the order: a checkpoint's
+        cut); the rest will be read again."""
+        self.source.open(position)
+        before = [o < position[str(p)] for p, o, _ in self._order]
+        kept = before.index(False) if False in before else len(before)
+        if any(before[kept:]):
+            raise AssertionError(f"the position {position} is not after a prefix of the "
+                                 f"inputs read: no cut of this run")
+        del self._order[kept:]
+
+    def replay(self, partitions: Sequence[int]) -> None:
+        self.source.replay(partitions)
+
+    def commit_offsets(self, position, wait: bool = False) -> None:
+        self.source.commit_offsets(position, wait)
+
+    def __iter__(self) -> "RecordedOrder":
+        return self
+
+    def __next__(self) -> Any:
+        record = next(self.source)
+        if record is not NOT_YET:
+            partition, offset = self.source.last
+            self._order.append((partition, offset, record))
+        return record
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def read_output(bootstrap: str, topic: str, timeout: float = 60.0) -> List[Any]:
+    """Everything a ``read_committed`` consumer reads in ``topic`` (a KafkaSink's), in SN
+    order; each partition's records must come in increasing SN order, and no SN twice."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from flux.runtime.kafka_sink import SN_HEADER
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "flux-read-output",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False, "session.timeout.ms": 6000})
+    try:
+        count = len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(count)])
+        rows: Dict[int, List[Tuple[tuple, Any]]] = {p: [] for p in range(count)}
+        ended, deadline = set(), time.monotonic() + timeout
+        while len(ended) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: only partitions {sorted(ended)} read to the end")
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(message.partition())
+                    continue
+                raise RuntimeError(f"reading {topic}: {message.error()}")
+            sn = tuple(json.loads(dict(message.headers())[SN_HEADER]))
+            rows[message.partition()].append((sn, json.loads(message.value())))
+    finally:
+        consumer.close()
+    for p, part in rows.items():
+        sns = [sn for sn, _ in part]
+        if sns != sorted(set(sns)):
+            raise AssertionError(f"{topic} partition {p}: SNs out of order or twice")
+    merged = sorted((row for part in rows.values() for row in part), key=lambda r: r[0])
+    if len({sn for sn, _ in merged}) != len(merged):
+        raise AssertionError(f"{topic}: an SN in two partitions")
+    return [record for _, record in merged]
