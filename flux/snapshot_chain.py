@@ -45,16 +45,14 @@ def is_delta(snapshot: dict) -> bool:
     return "changes" in snapshot
 
 
-def rebuild(snapshots: Sequence[dict]) -> List[Any]:
-    """The operators' state at the last snapshot of a chain (full first, then deltas)."""
+def check(snapshots: Sequence[dict]) -> None:
+    """A whole snapshot, then deltas, each over the one before: or ``BrokenChain``."""
     if not snapshots:
         raise BrokenChain("an empty chain of snapshots")
     first = snapshots[0]
     if is_delta(first):
         raise BrokenChain(f"the chain starts with a delta (checkpoint "
                           f"{first.get('checkpoint')}, over {first.get('base')})")
-    ops = list(first["operators"])
-    stores: Dict[int, KeyedState] = {}  # operators whose deltas were applied so far
     previous: Optional[int] = first.get("checkpoint")
     for snap in snapshots[1:]:
         if not is_delta(snap):
@@ -63,9 +61,36 @@ def rebuild(snapshots: Sequence[dict]) -> List[Any]:
         if previous is not None and snap.get("base") != previous:
             raise BrokenChain(f"the delta of checkpoint {snap.get('checkpoint')} is over "
                               f"checkpoint {snap.get('base')}, the chain is at {previous}")
-        if len(snap["operators"]) != len(ops):
+        if len(snap["operators"]) != len(first["operators"]):
             raise BrokenChain(f"a delta of {len(snap['operators'])} operators in a chain of "
-                              f"{len(ops)}")
+                              f"{len(first['operators'])}")
+        previous = snap.get("checkpoint")
+
+
+def install(chain: Any, snapshots: Sequence[dict]) -> None:
+    """Install a chain of snapshots into an operator chain (``OperatorChain``): the whole
+    one, then each delta's changes applied to the keyed stores in place, the other
+    operators' states installed whole: no second copy of a big state is built (a
+    restart's restore; ``rebuild`` gives the same state as data)."""
+    check(snapshots)
+    chain.install_state(snapshots[0]["operators"])
+    stores = chain.keyed_stores()
+    for snap in snapshots[1:]:
+        changed = {i: delta for i, delta in snap["changes"]}
+        if any(not (0 <= i < len(stores)) or stores[i] is None for i in changed):
+            raise BrokenChain(f"the delta of checkpoint {snap.get('checkpoint')} changes "
+                              f"operators {sorted(changed)}, not all of them keyed")
+        chain.install_state(snap["operators"], skip=changed.keys())
+        for i, delta in changed.items():
+            stores[i].apply_delta(delta)
+
+
+def rebuild(snapshots: Sequence[dict]) -> List[Any]:
+    """The operators' state at the last snapshot of a chain (full first, then deltas)."""
+    check(snapshots)
+    ops = list(snapshots[0]["operators"])
+    stores: Dict[int, KeyedState] = {}  # operators whose deltas were applied so far
+    for snap in snapshots[1:]:
         changed = {i: delta for i, delta in snap["changes"]}
         for i, state in enumerate(snap["operators"]):
             if i in changed:
@@ -76,7 +101,6 @@ def rebuild(snapshots: Sequence[dict]) -> List[Any]:
             else:
                 ops[i] = state
                 stores.pop(i, None)
-        previous = snap.get("checkpoint")
     for i, store in stores.items():
         ops[i] = store.snapshot()
     return ops

@@ -57,7 +57,7 @@ from flux.host import Host
 from flux.ingress import INGRESS, Ingress
 from flux.segment import Segment
 from flux.sim.oracle import Violation
-from flux.snapshot_chain import BrokenChain, rebuild
+from flux.snapshot_chain import BrokenChain, install, rebuild
 from flux.state_codec import pack_state, unpack_state
 from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS, Topology
 from statemover.messages import LinkLost, SmReady, TransferFailed
@@ -212,9 +212,8 @@ class World:
         for name in topology.workers:
             machines = {a: self.builder.segment(a) for a in topology.endpoints_of(name)}
             if restored is not None:
-                for a, seg in machines.items():
-                    seg.chain.install_state(rebuild(self.store[restored[0], a.stage,
-                                                               a.partition]))
+                for a, seg in machines.items():  # as the runtime's restore_operators
+                    install(seg.chain, self.store[restored[0], a.stage, a.partition])
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              self.builder.standby_segment, config.chunk_size,
                                              peer_incs))

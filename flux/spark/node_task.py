@@ -50,7 +50,7 @@ from flux.runtime.network import boot_id, is_loopback, split_tcp
 from flux.runtime.snapshot_writer import SnapshotWriter
 from flux.runtime.transport import Transport
 from flux.segment import StreamedSegment
-from flux.snapshot_chain import rebuild
+from flux.snapshot_chain import install
 from flux.state_codec import unpack_state
 
 log = logging.getLogger(__name__)
@@ -286,8 +286,8 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict) -
     it (flux.snapshot_chain)."""
     manifest = store.manifest(checkpoint)
     for addr, segment in machines.items():
-        chain = [unpack_state(data) for data in store.read_part(manifest, addr.stage,
-                                                                 addr.partition)]
-        segment.chain.install_state(rebuild(chain))
+        snapshots = [unpack_state(data) for data in store.read_part(manifest, addr.stage,
+                                                                     addr.partition)]
+        install(segment.chain, snapshots)
     log.info("restored %d segments from checkpoint %d (cut %d) of %s", len(machines),
              checkpoint, manifest["cut"], store.url)
