@@ -127,6 +127,9 @@ def main(argv=None) -> int:
     p.add_argument("--sink-format", default="jsonl", choices=["jsonl", "parquet", "delta"])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
+    p.add_argument("--full-every", type=int, default=10,
+                   help="a whole snapshot once in this many checkpoints, else the keyed "
+                        "stores' changes (1: every checkpoint whole)")
     p.add_argument("--rate", type=float, default=4000.0, help="input records per second")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--standbys", type=int, default=1)
@@ -150,7 +153,8 @@ def main(argv=None) -> int:
             dataflow = with_ballast(dataflow, args.state_mb)
         job = FluxJob(spark, dataflow, Paced(FileSource(args.input), args.rate),
                       nodes=args.nodes, standbys=args.standbys, sink=sink,
-                      checkpoint=args.checkpoint, checkpoint_interval=args.interval)
+                      checkpoint=args.checkpoint, checkpoint_interval=args.interval,
+                      checkpoint_full_every=args.full_every)
         restored = job.resumed_from
         with job:
             say("started", checkpoint=restored["checkpoint"] if restored else None,
