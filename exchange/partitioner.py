@@ -19,18 +19,24 @@ class UnhashableKey(TypeError):
 
 
 class HashPartitioner:
-    """Routes a key to one of ``partitions`` by a stable hash of its msgpack bytes."""
+    """Routes a key to one of ``partitions`` by a stable hash of its msgpack bytes.
 
-    __slots__ = ("partitions",)
+    One ``Packer`` serves every call: ``msgpack.packb`` builds a packer per call, which
+    cost routing 0.7 us a key against 0.3 us (issue 16). A call packs under the GIL from
+    start to end (built-in types only, no ``default`` hook), and a packer that raised is
+    reset, so calls from several threads and after a refused key stay exact."""
+
+    __slots__ = ("partitions", "_pack")
 
     def __init__(self, partitions: int):
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise ValueError(f"partitions must be a positive int, got {partitions!r}")
         self.partitions = partitions
+        self._pack = msgpack.Packer(use_bin_type=True).pack
 
     def __call__(self, key: Any) -> int:
         try:
-            data = msgpack.packb(key, use_bin_type=True)
+            data = self._pack(key)
         except (TypeError, ValueError, OverflowError) as exc:
             raise UnhashableKey(
                 f"partition key {key!r} of type {type(key).__name__} cannot be "

@@ -123,3 +123,30 @@ def test_repr():
 def test_a_bool_is_not_a_partition_count():
     with pytest.raises(ValueError):
         HashPartitioner(True)
+
+
+def test_routing_stays_exact_after_a_refused_key_and_from_several_threads():
+    """One packer serves every call (issue 16): a key it refused leaves nothing behind,
+    and threads routing at once route as one thread does."""
+    import threading
+    import zlib
+
+    import msgpack
+
+    part = HashPartitioner(7)
+    keys = [("k%d" % i, i, [i % 3]) for i in range(2000)]
+    want = [zlib.crc32(msgpack.packb(k, use_bin_type=True)) % 7 for k in keys]
+    with pytest.raises(UnhashableKey):
+        part(("half", object()))
+    assert [part(k) for k in keys] == want
+    got = {}
+
+    def route(n):
+        got[n] = [part(k) for k in keys]
+
+    threads = [threading.Thread(target=route, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(g == want for g in got.values())
