@@ -52,6 +52,7 @@ class CheckpointService:
         self._begun: dict = {}  # checkpoint -> when its cut was chosen
         self._bytes: dict = {}  # checkpoint -> snapshot bytes so far
         self._chains: dict = {}  # replica -> the chain of its last snapshot written
+        self._kept: List[int] = []  # the complete checkpoints the store kept at the last one
         self._reports: "queue.Queue" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="flux-checkpoints",
                                         daemon=True)
@@ -127,17 +128,18 @@ class CheckpointService:
         # its twin's snapshot: pruning keeps those folders too, for replicas still writing
         # (a chain older than every kept checkpoint is a replica's that stopped: if it
         # writes again after all, its writer finds the base gone and writes whole)
-        kept = self.store.complete_ids()[-self.store.keep:] or [number]
-        for addr in [a for a, chain in self._chains.items() if chain[-1][0] < kept[0]]:
+        oldest = self._kept[0] if self._kept else number
+        for addr in [a for a, chain in self._chains.items() if chain[-1][0] < oldest]:
             del self._chains[addr]
-        self.store.complete(number, manifest,
-                            protect={k for chain in self._chains.values() for k, _ in chain})
+        self._kept = self.store.complete(
+            number, manifest, protect={k for chain in self._chains.values() for k, _ in chain})
         now = self.clock()
         done = Completed(number, manifest["cut"], self._bytes.pop(number, 0),
                          now - self._begun.pop(number, now), now, manifest["source"])
         if self.input_log is not None:  # the oldest checkpoint kept covers what goes
-            oldest = self.store.complete_ids()[-self.store.keep:][0]
-            self.input_log.truncate(self.store.manifest(oldest)["cut"])
+            oldest = self._kept[0]
+            cut = manifest["cut"] if oldest == number else self.store.manifest(oldest)["cut"]
+            self.input_log.truncate(cut)
         self.completed.append(done)
         del self.completed[:-64]  # the last few are enough for metrics
         for k in [k for k in self._begun if k < number]:  # abandoned: never completes

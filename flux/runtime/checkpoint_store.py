@@ -46,11 +46,13 @@ class CheckpointStore:
         self.fs.pipe_file(path, data)
         return path
 
-    def complete(self, checkpoint: int, manifest: dict, protect: Iterable[int] = ()) -> None:
+    def complete(self, checkpoint: int, manifest: dict,
+                 protect: Iterable[int] = ()) -> List[int]:
         """Checkpoint ``checkpoint`` is whole: write its manifest last, atomically, then
-        remove checkpoints older than the last ``keep`` (``prune``)."""
+        remove checkpoints older than the last ``keep`` (``prune``); returns the complete
+        checkpoints kept."""
         for k, name in self._files(checkpoint, manifest):
-            if not self.fs.exists(self._path(k, name)):
+            if not self.exists(k, name):
                 raise FileNotFoundError(f"checkpoint {checkpoint}: {name} of checkpoint {k} "
                                         f"is not in the store")
         data = json.dumps({**manifest, "checkpoint": checkpoint}).encode()
@@ -61,15 +63,16 @@ class CheckpointStore:
             self.fs.mv(tmp, self._path(checkpoint, MANIFEST))
         else:
             self.fs.pipe_file(self._path(checkpoint, MANIFEST), data)
-        self.prune(protect)
+        return self.prune(protect)
 
-    def prune(self, protect: Iterable[int] = ()) -> None:
+    def prune(self, protect: Iterable[int] = ()) -> List[int]:
         """Remove every checkpoint older than the last ``keep`` complete ones (and any
         incomplete one older than those), but for the folders their chains read and the
-        ones in ``protect`` (what snapshots being written build on)."""
+        ones in ``protect`` (what snapshots being written build on); returns the last
+        ``keep`` complete checkpoints."""
         done = self.complete_ids()
         if len(done) <= self.keep:
-            return
+            return done
         oldest_kept = done[-self.keep]
         needed = set(protect)
         for k in done[-self.keep:]:
@@ -78,6 +81,7 @@ class CheckpointStore:
             if k < oldest_kept and k not in needed:
                 log.info("removing checkpoint %d of %s", k, self.url)
                 self.fs.rm(self._dir(k), recursive=True)
+        return done[-self.keep:]
 
     # -- reading --------------------------------------------------------------------------
     def complete_ids(self) -> List[int]:
