@@ -1,72 +1,243 @@
-"""python -m experiments.throughput: sustained input rate of the paper's dataflow on Spark.
+"""python -m experiments.throughput: how close the replicated data path comes to the operators.
 
-Runs the two group-bys of the paper (sessions, then per-(app, src) statistics)
-with replication "flux" on an embedded local-cluster (4 nodes + 1 standby +
-1 spare), feeds N synthetic packets as fast as the ingress takes them, checks
-the output against the failure-free reference, and prints and writes the
-figures (results/throughput/summary.json). No failure is injected.
-``--curve-cost`` measures the cost of authenticated, encrypted connections
-(ZeroMQ CURVE, on by default): runs without and with it, alternating, twice
-each, on one cluster.
+Measures in one run, on one machine (DESIGN 9, issue 16):
+
+1. **operators alone**: the paper's two operators (sessions, then windowed stats),
+   one instance each, every packet straight through both on one core: no
+   partitioner, no SNs, no protocol. The ceiling of a Python data path.
+2. **reference**: the single-process failure-free run (``flux.reference``):
+   partitioner and SNs included, no replication, no sockets.
+3. **replicated rates** on an embedded local-cluster (``--nodes`` nodes, fed as
+   fast as the ingress takes input): ``none``, ``cluster-pairs`` and ``flux``,
+   ``--runs`` times each in rotating order, every output checked against the
+   reference; medians with their spread (min-max).
+4. **steady-rate search** (``flux``): a feed at a fixed rate for ``--probe-seconds``;
+   a rate is *steady* when nothing is dropped and the median end-to-end latency
+   (from the packet's arrival in the feed) is at most ``--latency-ms``. A
+   bisection finds the highest steady rate; the latency at 0.8 of the
+   operators-alone rate (the issue's target) is probed as well.
+
+Prints the figures and writes ``summary.json`` and ``runs.csv`` under ``--out``.
+Replication on two cores doubles the work on twice the cores, so 1.0 of the
+operators-alone rate is the limit of ``flux``; the target is 0.5.
+``--curve-cost`` instead measures the cost of CURVE-encrypted connections
+(without and with, alternating, on one cluster).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import pathlib
+import statistics
 import time
+from typing import Any, Callable, Dict, List
 
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.workload import packet_workload
 
+MODES = ("none", "cluster-pairs", "flux")
+
+
+def spread(values: List[float]) -> Dict[str, float]:
+    """Median, min and max of repeated measurements (never one run alone)."""
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
+            "max": round(max(values), 1), "n": len(values)}
+
+
+def best_of_core(work: Callable[[], Any], repeats: int) -> List[float]:
+    """Seconds of ``work`` run ``repeats`` times in this process (one core)."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def operators_alone(dataflow, records: List[Any]) -> Callable[[], int]:
+    """The dataflow's operators, one instance per stage, each record straight through."""
+    def run() -> int:
+        batch = records
+        for stage in dataflow.stages:
+            for op in [factory() for factory in stage.operators]:
+                nxt: List[Any] = []
+                for record in batch:
+                    nxt.extend(op.process(record))
+                batch = nxt
+        return len(batch)
+    return run
+
+
+def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
+                   args) -> Dict[str, Any]:
+    """One run of ``mode`` fed as fast as the ingress takes input."""
+    from flux.spark.job import FluxJob
+
+    job = FluxJob(spark, paper_dataflow(), records, nodes=args.nodes, standbys=0,
+                  replication=mode)
+    with job:
+        job.wait_until(lambda: job.controller.started, 120)
+        started = time.perf_counter()
+        output = job.wait(3600)
+        elapsed = time.perf_counter() - started
+        summary = job.metrics.summary()
+    same = [wire_form(x) for x in output] == expected
+    return {"mode": mode, "inputs": len(records), "seconds": round(elapsed, 3),
+            "input_rate_tps": round(len(records) / elapsed, 1),
+            "latency_p50_ms": summary["latency_p50_ms"],
+            "output_matches_reference": same}
+
+
+def probe(spark, rate: float, args, records: List[Any]) -> Dict[str, Any]:
+    """``flux`` fed at ``rate`` for ``--probe-seconds``: drops and median latency."""
+    from flux.runtime.sources import RateLimited
+    from flux.spark.job import FluxJob
+
+    feed = records[:max(1000, int(rate * args.probe_seconds))]
+    want = expected_for(feed, args)
+    job = FluxJob(spark, paper_dataflow(), RateLimited(feed, rate), nodes=args.nodes,
+                  standbys=0, replication="flux")
+    with job:
+        output = job.wait(600)
+        summary = job.metrics.summary()
+    lat = summary["latency_p50_ms"]
+    row = {"rate_asked_tps": round(rate), "inputs": len(feed), "dropped": summary["dropped_inputs"],
+           "input_rate_tps": summary["input_rate_tps"], "latency_p50_ms": lat,
+           "latency_p90_ms": summary["latency_p90_ms"],
+           "output_matches_reference": [wire_form(x) for x in output] == want}
+    row["steady"] = (row["dropped"] == 0 and lat is not None and lat <= args.latency_ms
+                     and row["output_matches_reference"])
+    return row
+
+
+def expected_for(records: List[Any], args) -> List[str]:
+    return [wire_form(x) for x in reference_output(paper_dataflow(), records, args.nodes)]
+
+
+def search(spark, args, records, hi: float) -> Dict[str, Any]:
+    """Bisect the highest steady rate in [lo, hi] with ``--probes`` probes."""
+    lo, probes, best = args.min_rate, [], None
+    for _ in range(args.probes):
+        rate = (lo + hi) / 2 if best is not None or probes else lo
+        row = probe(spark, rate, args, records)
+        probes.append(row)
+        print("probe", row, flush=True)
+        if row["steady"]:
+            best = max(best or 0, rate)
+            lo = rate
+        else:
+            hi = rate
+            if best is None and rate <= args.min_rate:
+                break  # not even the lowest rate is steady
+    return {"highest_steady_tps": round(best) if best else None, "probes": probes}
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.throughput", description=__doc__)
-    ap.add_argument("--inputs", type=int, default=200_000)
+    ap = argparse.ArgumentParser(prog="python -m experiments.throughput", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--inputs", type=int, default=200_000, help="packets per replicated run")
+    ap.add_argument("--runs", type=int, default=5, help="runs per replication mode")
+    ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--standbys", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5, help="single-process measurements")
+    ap.add_argument("--probes", type=int, default=6, help="steps of the steady-rate search")
+    ap.add_argument("--probe-seconds", type=float, default=8.0)
+    ap.add_argument("--min-rate", type=float, default=5_000.0)
+    ap.add_argument("--latency-ms", type=float, default=50.0)
+    ap.add_argument("--no-search", action="store_true")
     ap.add_argument("--out", default="results/throughput")
     ap.add_argument("--curve-cost", action="store_true",
-                    help="run without and with CURVE, alternating (2 runs each)")
+                    help="only the cost of CURVE: flux without and with it, alternating")
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if any(m not in MODES for m in modes) or args.runs < 1 or args.inputs < 1000:
+        ap.error(f"--modes from {MODES}, --runs >= 1, --inputs >= 1000")
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.curve_cost:
+        return curve_cost(args, out)
+
+    records = packet_workload(args.inputs, seed=1, pairs=100_000, apps=10, sources=1_000)
+    dataflow = paper_dataflow()
+    alone = [args.inputs / s for s in best_of_core(operators_alone(dataflow, records), args.repeats)]
+    ref = [args.inputs / s for s in best_of_core(
+        lambda: reference_output(dataflow, records, args.nodes), args.repeats)]
+    expected = [wire_form(x) for x in reference_output(dataflow, records, args.nodes)]
+    summary: Dict[str, Any] = {
+        "inputs": args.inputs, "nodes": args.nodes, "runs_per_mode": args.runs,
+        "operators_alone_tps": spread(alone), "reference_tps": spread(ref)}
+    print("operators alone", summary["operators_alone_tps"], "reference", summary["reference_tps"],
+          flush=True)
+    from flux.spark.session import local_cluster
+
+    rows: List[Dict[str, Any]] = []
+    with local_cluster(args.nodes + 1) as spark:
+        for r in range(args.runs):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # rotate the order
+                row = replicated_run(spark, mode, records, expected, args)
+                row["round"] = r
+                rows.append(row)
+                print(row, flush=True)
+        rates = {m: [r["input_rate_tps"] for r in rows if r["mode"] == m] for m in modes}
+        summary["modes"] = {m: spread(v) for m, v in rates.items()}
+        base = summary["operators_alone_tps"]["median"]
+        summary["vs_operators_alone"] = {m: round(s["median"] / base, 3)
+                                         for m, s in summary["modes"].items()}
+        if "flux" in modes and "cluster-pairs" in modes:
+            ratios = [f / c for f, c in zip(rates["flux"], rates["cluster-pairs"])]
+            summary["flux_vs_cluster_pairs"] = {  # per round: the two ran side by side
+                "median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
+                "max": round(max(ratios), 3), "n": len(ratios)}
+        if not args.no_search:
+            hi = 1.2 * max(rates.get("flux") or [args.min_rate * 4])
+            summary["steady"] = search(spark, args, records, hi)
+            target = 0.8 * base
+            summary["at_0.8_operators_alone"] = probe(spark, target, args, records)
+            print("at 0.8 x operators alone", summary["at_0.8_operators_alone"], flush=True)
+    summary["output_matches_reference"] = all(r["output_matches_reference"] for r in rows) and all(
+        p["output_matches_reference"] for p in summary.get("steady", {}).get("probes", []))
+    with open(out / "runs.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0 if summary["output_matches_reference"] else 1
+
+
+def curve_cost(args, out: pathlib.Path) -> int:
+    """flux without and with CURVE, alternating, ``--runs`` times each, on one cluster."""
     from flux.spark.job import FluxJob
     from flux.spark.session import local_cluster
 
     records = packet_workload(args.inputs, seed=1, pairs=100_000, apps=10, sources=1_000)
-    expected = reference_output(paper_dataflow(), records, args.nodes)
-    modes = [False, True, False, True] if args.curve_cost else [True]
+    expected = [wire_form(x) for x in reference_output(paper_dataflow(), records, args.nodes)]
     runs = []
-    with local_cluster(args.nodes + args.standbys + 1) as spark:
-        for curve in modes:
-            job = FluxJob(spark, paper_dataflow(), records, nodes=args.nodes,
-                          standbys=args.standbys, authenticate=curve)
-            with job:
-                job.wait_until(lambda: job.controller.started, 120)
-                started = time.perf_counter()
-                job.wait(3600)
-                elapsed = time.perf_counter() - started
-            same = [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
-            runs.append({"curve": curve, "seconds": round(elapsed, 3),
-                         "input_rate_tps": round(args.inputs / elapsed),
-                         "output_matches_reference": same})
-            print(runs[-1], flush=True)
-    same = all(r["output_matches_reference"] for r in runs)
-    summary = {"inputs": args.inputs, "outputs": len(expected), "nodes": args.nodes,
-               "standbys": args.standbys, "seconds": runs[-1]["seconds"],
-               "input_rate_tps": runs[-1]["input_rate_tps"], "output_matches_reference": same,
-               "runs": runs}
-    if args.curve_cost:
-        rate = {c: sum(r["input_rate_tps"] for r in runs if r["curve"] == c) / 2
-                for c in (False, True)}
-        summary["curve_cost"] = {"without_tps": rate[False], "with_tps": rate[True],
-                                 "ratio": round(rate[True] / rate[False], 3)}
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    with local_cluster(args.nodes + 1) as spark:
+        for r in range(args.runs):
+            for curve in ((False, True) if r % 2 == 0 else (True, False)):
+                job = FluxJob(spark, paper_dataflow(), records, nodes=args.nodes, standbys=0,
+                              authenticate=curve)
+                with job:
+                    job.wait_until(lambda: job.controller.started, 120)
+                    started = time.perf_counter()
+                    output = job.wait(3600)
+                    elapsed = time.perf_counter() - started
+                runs.append({"curve": curve, "input_rate_tps": round(args.inputs / elapsed),
+                             "output_matches_reference":
+                                 [wire_form(x) for x in output] == expected})
+                print(runs[-1], flush=True)
+    rate = {c: [r["input_rate_tps"] for r in runs if r["curve"] == c] for c in (False, True)}
+    summary = {"inputs": args.inputs, "runs": runs, "without_tps": spread(rate[False]),
+               "with_tps": spread(rate[True]),
+               "ratio": round(statistics.median(rate[True]) / statistics.median(rate[False]), 3),
+               "output_matches_reference": all(r["output_matches_reference"] for r in runs)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
-    return 0 if same else 1
+    return 0 if summary["output_matches_reference"] else 1
 
 
 if __name__ == "__main__":

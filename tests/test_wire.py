@@ -104,8 +104,15 @@ records = st.recursive(st.none() | st.integers(-2**31, 2**31) | st.text(max_size
                        lambda inner: st.lists(inner, max_size=3), max_leaves=6)
 
 
+def batch_items(width):
+    """Tuples of one stage: every SN of a batch has the same length (DESIGN 4.1)."""
+    sn = st.lists(st.integers(min_value=0, max_value=2**40), min_size=width,
+                  max_size=width).map(tuple)
+    return st.lists(st.tuples(sn, records), max_size=6)
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(sns, records), max_size=6), sns, st.integers(0, 2**31))
+@given(st.integers(1, 4).flatmap(batch_items), sns, st.integers(0, 2**31))
 def test_batches_round_trip(items, bound, view):
     env = Envelope(A, B, view, Batch(tuple(items), bound), 3, 9)
     assert decode(encode(env)) == Envelope(A, B, view, Batch(tuple(
@@ -133,9 +140,13 @@ GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
     (frame(*GOOD[:2], [1, 0, 2], *GOOD[3:]), "src: replica must be 0 or 1"),
     (frame(*GOOD[:2], {"a": 1}, *GOOD[3:]), "src must be [stage, partition, replica]"),
     (frame(*GOOD[:4], "0", *GOOD[5:]), "view must be an int"),
-    (frame(wire.VERSION, "batch", *GOOD[2:7], [[[1], "r", "extra"]], [1], None),
-     "batch: a batch item must be [sn, record]"),
-    (frame(wire.VERSION, "batch", *GOOD[2:7], [], [1], [1, -2]),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], 1, b"\x01" * 8, ["r", "extra"], [1], None),
+     "batch: batch of 2 records has 8 bytes of SNs of length 1"),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], [[[1], "r"]], [1], None),
+     "batch: expected 5 fields, got 3"),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], 1, [1], ["r"], [1], None),
+     "batch: batch items must be SN bytes and a list of records"),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], 0, b"", [], [1], [1, -2]),
      "batch: a checkpoint cut must be [checkpoint, input]"),
     (frame(wire.VERSION, "sm_chunk", *GOOD[2:7], [1, 2, 3], 0, "not bytes"),
      "sm_chunk: chunk data must be bytes"),
@@ -160,6 +171,11 @@ def test_an_oversized_frame_is_refused_before_decoding(monkeypatch):
 
 def test_the_reference_frame_of_these_tests_is_itself_valid():
     assert decode(frame(*GOOD)) == Envelope(Addr(1, 0, 0), Addr(2, 0, 1), 0, Ack((3,)), 1, None)
+
+
+def test_a_batch_mixing_sn_lengths_is_a_local_error():
+    with pytest.raises(ValueError, match="one length"):
+        encode(Envelope(A, B, 0, Batch((((1,), "a"), ((1, 2), "b")), (1,)), 1))
 
 
 def test_a_message_without_a_wire_form_is_a_local_error():
