@@ -16,7 +16,7 @@ from typing import Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from flux.data_messages import Item
 from flux.errors import RemoteProtocolError
-from flux.sequence import NO_PROGRESS, NO_SN, SN, before, covers, strongest, weakest
+from flux.sequence import NO_PROGRESS, NO_SN, SN, before, bound_key, covers, strongest, weakest
 
 
 class OrderedMerge:
@@ -90,12 +90,43 @@ class OrderedMerge:
         """Release everything that can be released now."""
         return [item for _, item in self.pop_ready_from()]
 
-    def pop_ready_from(self) -> List[Tuple[Hashable, Item]]:
-        """Release everything that can be released now, each with its producer."""
-        out = []
-        while (producer := self._releasable()) is not None:
-            out.append((producer, self.queues[producer].popleft()))
+    def pop_ready_from(self, limit: Optional[int] = None) -> List[Tuple[Hashable, Item]]:
+        """Release everything that can be released now (at most ``limit`` tuples), each
+        with its producer.
+
+        By runs (issue 16): the producer with the smallest head may release every queued
+        tuple below the *others'* limit (their heads, or their bounds when they are
+        empty), and that limit stays put while only this producer's queue moves, so it
+        is computed once per run instead of once per tuple. Releasing tuple by tuple
+        with ``pop_from`` gives the same sequence."""
+        out: List[Tuple[Hashable, Item]] = []
+        queues = self.queues
+        room = float("inf") if limit is None else limit
+        while len(out) < room:
+            best, head = None, None
+            for producer, queue in queues.items():
+                if queue and (best is None or queue[0][0] < head):
+                    best, head = producer, queue[0][0]
+            if best is None:
+                break
+            below = None  # the smallest SN point another producer may still deliver
+            for producer, queue in queues.items():
+                if producer != best:
+                    point = queue[0][0] if queue else bound_key(self._idle_bound(producer))
+                    if below is None or point < below:
+                        below = point
+            if below is not None and not head < below:
+                break
+            queue = queues[best]
+            while queue and len(out) < room and (below is None or queue[0][0] < below):
+                out.append((best, queue.popleft()))
         return out
+
+    def unpop(self, released: List[Tuple[Hashable, Item]]) -> None:
+        """Give back tuples just released (the last ``pop_ready_from``'s tail, none
+        pushed since): they are the heads of their queues again, in their order."""
+        for producer, item in reversed(released):
+            self.queues[producer].appendleft(item)
 
     def frontier(self) -> SN:
         """A bound on every SN the merge will still release (DESIGN 4.3)."""

@@ -91,6 +91,9 @@ class Egress:
     def process(self) -> int:
         raise LocalProtocolError("the egress runs no operators")
 
+    def process_ready(self, limit: int) -> int:
+        return 0  # never an input to process (see ``can_process``)
+
     def flushable(self) -> List:
         return []  # it sends acks only, at once
 

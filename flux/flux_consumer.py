@@ -149,6 +149,23 @@ class FluxConsumer:
         feed.taken = item[0]
         return item
 
+    def release_run(self, limit: int) -> List[Tuple[int, Item]]:
+        """Up to ``limit`` inputs that may leave the merge now, in SN order, each with its
+        feed (issue 16). The caller says which it ``took`` and may ``put_back`` the rest."""
+        return self.merge.pop_ready_from(limit)
+
+    def took(self, released: List[Tuple[int, Item]]) -> None:
+        """Inputs of ``release_run`` were taken: count them for the credits."""
+        feeds = self.feeds
+        for j, item in released:
+            feed = feeds[j]
+            feed.owed += 1
+            feed.taken = item[0]
+
+    def put_back(self, released: List[Tuple[int, Item]]) -> None:
+        """Inputs of ``release_run`` that were not taken: the merge's heads again."""
+        self.merge.unpop(released)
+
     def release_ready(self) -> List[Item]:
         """Every input that may leave the merge now, in SN order."""
         out = []

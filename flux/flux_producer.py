@@ -143,6 +143,9 @@ class FluxProducer:
     def full(self) -> bool:
         return self.out.full()
 
+    def input_room(self) -> int:
+        return self.out.input_room()
+
     def flushable(self, frontier: SN):
         return self.out.flushable(frontier)
 

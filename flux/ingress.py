@@ -132,6 +132,9 @@ class Ingress:
     def process(self) -> int:
         raise LocalProtocolError("the ingress runs no operators")
 
+    def process_ready(self, limit: int) -> int:
+        return 0  # never an input to process (see ``can_process``)
+
     def flushable(self):
         return self.out.flushable(self.frontier())
 

@@ -38,6 +38,10 @@ class Machine(Protocol):
     def process(self) -> int:
         """Run the next input; returns how many outputs it made."""
 
+    def process_ready(self, limit: int) -> int:
+        """``process`` while ``can_process`` holds, up to ``limit`` inputs, in one step;
+        returns how many inputs it took."""
+
     def flushable(self) -> Iterable[Tuple[int, int]]:
         """The connections ``(partition, destination)`` with something to send."""
 

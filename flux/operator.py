@@ -9,7 +9,14 @@ An operator is any object with
   (it must not alias structures that ``process`` later mutates);
 - ``install_state(state)``: replace the operator's state by one produced by
   ``get_state()`` and sent through msgpack (so tuples come back as lists);
-- optional ``init_trans()`` / ``end_trans()`` quiesce hooks.
+- optional ``init_trans()`` / ``end_trans()`` quiesce hooks;
+- optional ``process_batch(records) -> iterable of (index, output)``: the
+  outputs of several records at once, for operators that can vectorize
+  (issue 16). ``index`` is the position in ``records`` of the record that
+  produced ``output``; the pairs come in input order, and one record's
+  outputs in the order ``process`` would emit them, so the SNs are those of
+  the per-record API. It must give exactly what ``process`` called on each
+  record in turn gives (checked when the dataflow is built).
 
 Records and state cross the wire as msgpack: records may arrive as lists
 where they were emitted as tuples, so operators index records, never test
@@ -201,6 +208,32 @@ def _whole_store(op: Any):
     return store
 
 
+def _apply_batch(op: Any, records: list) -> list:
+    """``op``'s outputs for ``records`` as ``(index, output)`` pairs in input order: its
+    ``process_batch`` if it has one, else ``process`` record by record."""
+    batch = getattr(op, "process_batch", None)
+    if batch is None:
+        pairs = []
+        for i, record in enumerate(records):
+            pairs.extend((i, out) for out in _apply(op, record))
+        return pairs
+    try:
+        pairs = list(batch(records))
+    except DataflowError:
+        raise
+    except Exception as exc:
+        raise OperatorRaised(op, exc) from exc
+    last = 0
+    for pair in pairs:  # the SNs depend on it: refuse what would misnumber them
+        if not (isinstance(pair, tuple) and len(pair) == 2 and type(pair[0]) is int
+                and last <= pair[0] < len(records)):
+            raise OperatorRaised(op, ValueError(
+                f"process_batch must return (index, output) pairs with indices in input "
+                f"order, within 0..{len(records) - 1}; got {pair!r:.80}"))
+        last = pair[0]
+    return pairs
+
+
 def _apply(op: Any, record: Any) -> list:
     """``op``'s outputs for ``record``; what user code raises comes out as ``OperatorRaised``."""
     try:
@@ -230,6 +263,24 @@ class OperatorChain:
         out: list = []
         self._run(0, record, out)
         return out
+
+    def process_many(self, records: list) -> list:
+        """Per record of ``records``, its outputs (what ``process`` would give each in
+        turn). Each operator takes the whole batch, through its ``process_batch`` when it
+        has one: every operator still sees the same inputs in the same order, so the
+        outputs are the same as record by record."""
+        pairs = [(i, record) for i, record in enumerate(records)]
+        for op in self.operators:
+            done = _apply_batch(op, [record for _, record in pairs])
+            pairs = [(pairs[j][0], out) for j, out in done]
+        outs: list = [[] for _ in records]
+        for i, out in pairs:
+            outs[i].append(out)
+        return outs
+
+    def batched(self) -> bool:
+        """Has any operator of the chain a ``process_batch``?"""
+        return any(hasattr(op, "process_batch") for op in self.operators)
 
     def _run(self, i: int, record: Any, out: list) -> None:
         if i == len(self.operators):

@@ -146,6 +146,11 @@ class Producer:
         """Figure 3 action 1's guard, over every destination buffer."""
         return any(b.full() for b in self.buffers)
 
+    def input_room(self) -> int:
+        """Inputs that may be taken before a buffer can be full, if each puts at most one
+        tuple in each buffer (0 when one is full)."""
+        return max(0, min(self.capacity - len(b) for b in self.buffers))
+
     def full_for(self, i: int) -> bool:
         """Figure 3 action 1's guard for a tuple of consumer partition i."""
         return self.buffers[i].full()

@@ -221,3 +221,43 @@ def test_a_rejected_batch_changes_nothing():
         m.push(0, [((2,), "b"), ((2,), "b-again")])
     assert m.last[0] == (1,)
     assert m.queued() == 1
+
+
+# --- releasing by runs (issue 16) -----------------------------------------------
+
+def _random_merge(draw_ops):
+    """Two merges fed the same pushes: one released by runs, one tuple by tuple."""
+    import random
+    rng = random.Random(draw_ops)
+    producers = list(range(rng.randint(1, 4)))
+    runs, single = OrderedMerge(producers), OrderedMerge(producers)
+    inputs = list(range(1, 200))
+    owner = {n: rng.choice(producers) for n in inputs}  # each input goes to one producer
+    nxt = {p: [] for p in producers}
+    for n in inputs:
+        for k in range(1, rng.randint(0, 3) + 1):  # 0-3 outputs of input n, SN (n, k)
+            nxt[owner[n]].append(((n, k), f"{n}.{k}"))
+    got_runs, got_single = [], []
+    fed = {p: 0 for p in producers}
+    for _ in range(300):
+        p = rng.choice(producers)
+        take = rng.randint(0, 5)
+        batch = nxt[p][fed[p]:fed[p] + take]
+        fed[p] += len(batch)
+        # a true bound: everything this producer sends later comes from later inputs
+        later = nxt[p][fed[p]][0][0] - 1 if fed[p] < len(nxt[p]) else 10_000
+        bound = (rng.randint(0, later),) if rng.random() < 0.7 else None
+        for m in (runs, single):
+            m.push(p, batch, bound)
+        limit = rng.choice([None, 1, 3])
+        got_runs += runs.pop_ready_from(limit)
+        while single.ready() and (limit is None or len(got_single) < len(got_runs)):
+            got_single.append(single.pop_from())
+        assert got_runs == got_single
+    return got_runs
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_release_by_runs_equals_release_tuple_by_tuple(seed):
+    released = _random_merge(seed)
+    assert [sn for _, (sn, _) in released] == sorted(sn for _, (sn, _) in released)

@@ -170,6 +170,11 @@ class EndlessWork:
         self.now[0] += 0.0001
         self.processed += 1
 
+    def process_ready(self, limit):
+        for _ in range(limit):
+            self.process()
+        return limit
+
     def flushable(self):
         return []
 

@@ -310,13 +310,17 @@ class HostLoop:
         for key in [k for k in self._flush_wait if k[0] not in self.host.machines]:
             del self._flush_wait[key]  # a segment this process no longer hosts
         for addr, machine in list(self.host.machines.items()):
-            for _ in range(PROCESS_PER_STEP):
+            left = PROCESS_PER_STEP
+            while left > 0:
                 if machine.snapshot_due():  # a checkpoint's cut: before the next input
                     keep = self.snapshots is not None and self._writes_snapshot(addr)
                     self._emit(*self.host.run_local(machine.snapshot(keep)))
                 if not machine.can_process():
                     break
-                machine.process()
+                taken = machine.process_ready(left)  # stops at a cut's guard by itself
+                if not taken:
+                    break
+                left -= taken
                 moved = True
             if machine.credits_due():  # back-pressure: what it took may be replaced
                 self._emit(*self.host.run_local(machine.send_credits()))

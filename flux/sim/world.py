@@ -63,6 +63,9 @@ from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS, Topology
 from statemover.messages import LinkLost, SmReady, TransferFailed
 
 INGRESS_HOST = INGRESS_PROCESS
+#: a process step takes one input (``process``) or up to this many (``process_ready``,
+#: the runtime's step, issue 16)
+PROCESS_LIMITS = (1, 2, 3, 8, 64)
 EGRESS_HOST = EGRESS_PROCESS
 
 #: the detector's timings in ticks, in the runtime's proportions (0.5 s silence, 2 s for a
@@ -159,6 +162,9 @@ class World:
         #: draws for timed faults (truncations of a zombie's links, lost mover envelopes):
         #: a stream of its own, so runs without them draw what they always drew
         self.fault_rng = fault_rng or random.Random(0)
+        #: how many inputs a process step takes (``PROCESS_LIMITS``): its own stream, so
+        #: the schedules' draws stay those of each seed
+        self.batch_rng = random.Random(0)
         self.dataflow = dataflow
         self.stages = len(dataflow.stages)
         self.partitions = partitions
@@ -425,8 +431,12 @@ class World:
         kind, addr = step[0], step[1]
         machine = host.machines[addr]
         self._dirty.add(self._key(host.name, addr))
-        if kind == "process":
-            machine.process()
+        if kind == "process":  # one input, or as the runtime does, several in one step
+            limit = self.batch_rng.choice(PROCESS_LIMITS)
+            if limit == 1:
+                machine.process()
+            else:
+                machine.process_ready(limit)
         elif kind == "part":
             self.outcome.part_steps += 1
             self._effects(*host.run_local(machine.send_part()))
