@@ -67,6 +67,11 @@ class Buffer:
         self._sns: List[SN] = []
         self._items: List[Any] = []
         self._head = 0
+        #: what ``_evict`` last found: the lowest mark of ``delete`` (an entry at or below
+        #: it is evicted), or that ``delete`` is empty (every entry is); ``put`` needs
+        #: ``_evict`` only for a tuple already below it (issue 16: not once per tuple)
+        self._low: SN = NO_SN
+        self._evict_all = not self.delete
 
     # -- queries ---------------------------------------------------------
     def __len__(self) -> int:
@@ -112,7 +117,8 @@ class Buffer:
         self._sns.append(sn)
         self._items.append(item)
         self.last_put = sn
-        self._evict()
+        if self._evict_all or sn <= self._low:  # marked already (dangling acks): evict
+            self._evict()
 
     def advance(self, dest: int) -> SN:
         """Move ``dest``'s cursor past the tuple ``peek(dest)`` returned."""
@@ -189,9 +195,11 @@ class Buffer:
 
     def _evict(self) -> None:
         if self.delete:
-            low = min(self.hwm[d] for d in self.delete)
+            low = self._low = min(self.hwm[d] for d in self.delete)
+            self._evict_all = False
             new_head = bisect_right(self._sns, low, lo=self._head)
         else:
+            self._evict_all = True
             new_head = len(self._sns)
         if new_head == self._head:
             return
