@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 import msgpack
 
 from flux.errors import DataflowError
-from flux.operator import OperatorChain, check_operator_api, wire_form
+from flux.operator import OperatorChain, _apply, _apply_batch, check_operator_api, wire_form
 from flux.reference import ReferenceRun
 
 
@@ -207,3 +207,29 @@ def check_state_round_trip(dataflow: Dataflow, inputs: Iterable[Any], partitions
         run.feed(record)
     for twin in twins:
         twin.check_same_state()
+
+
+
+def check_batch_api(dataflow: Dataflow, inputs: Iterable[Any]) -> None:
+    """An operator with ``process_batch`` must give what ``process`` gives record by record
+    (flux.operator): two fresh instances of it run side by side on the stage's inputs
+    (``inputs`` through the operators before it, unpartitioned), one record by record, the
+    other in batches of uneven sizes; their (index, output) pairs must agree as they cross
+    the wire. Raises DataflowError naming the operator."""
+    batch = list(inputs)
+    for stage in dataflow.stages:
+        for i, factory in enumerate(stage.operators):
+            single, batched = factory(), factory()
+            pairs = [(n, out) for n, record in enumerate(batch) for out in _apply(single, record)]
+            if hasattr(batched, "process_batch"):
+                got, start, size = [], 0, 1
+                while start < len(batch):
+                    chunk = batch[start:start + size]
+                    got += [(start + n, out) for n, out in _apply_batch(batched, chunk)]
+                    start, size = start + len(chunk), size % 7 + 3
+                if _comparable(got) != _comparable(pairs):
+                    raise DataflowError(
+                        f"stage {stage.name!r} operator {i} ({type(batched).__name__}): "
+                        f"process_batch gives {got!r:.200}, process record by record gives "
+                        f"{pairs!r:.200} (they must agree, with each output's input index)")
+            batch = [out for _, out in pairs]

@@ -55,6 +55,7 @@ class FluxProducer:
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False
+        self.put = self.out.put  # one call per output, not two (issue 16)
 
     # -- events ------------------------------------------------------------
     def on_ack(self, src: Addr, msg: Ack) -> None:
@@ -138,7 +139,7 @@ class FluxProducer:
 
     # -- sending -----------------------------------------------------------
     def put(self, i: int, sn: SN, item) -> None:
-        self.out.put(i, sn, item)
+        self.out.put(i, sn, item)  # (bound straight to the producer's in __init__)
 
     def full(self) -> bool:
         return self.out.full()

@@ -28,7 +28,7 @@ from flux.control_messages import Avail, SegmentStats
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.cuts import Cuts
 from flux.effects import Snapshot, SourcesPaused, SourcesResumed
-from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
+from flux.errors import DataflowError, LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.operator import OperatorRaised, describe
@@ -567,22 +567,55 @@ class Segment:
                 n += 1
             return n
         fprod = self.fprod
-        if fprod.full():
-            return 0
-        pairs = self.fcons.release_run(min(limit, fprod.input_room()))
+        room = fprod.input_room()
+        pairs = self.fcons.release_run(min(limit, room))
         if not pairs:
             return 0
-        if self.chain.batched():  # room for one output per buffer and input: fills, never
-            return self._process_batch(pairs)  # overfills by more than one batch's outputs
-        taken = 0
+        if getattr(self.chain, "batched", bool)():  # room for one output per buffer and
+            return self._process_batch(pairs)  # input: never overfills by more than a batch
+        ops = getattr(self.chain, "operators", ())
+        process = ops[0].process if len(ops) == 1 else self.chain.process
+        route, put, last = self.route, fprod.put, len(pairs)
+        taken = emitted = 0
         for _, (sn, record) in pairs:
+            try:
+                outputs = process(record)
+                if type(outputs) is not list:
+                    outputs = list(outputs)
+            except (DataflowError, OperatorError):
+                raise  # the library's own checks, not user code
+            except Exception as exc:
+                raise self._operator_error(sn, exc) from exc
+            try:
+                routes = [route(out) for out in outputs]
+            except Exception as exc:
+                raise OperatorError("the partition key of the next stage", self.addr.stage,
+                                    self.addr.partition, sn, describe(exc)) from exc
+            k = 0
+            for out, i in zip(outputs, routes):  # DESIGN 4.1: the k-th output is sn + (k,)
+                k += 1
+                put(i, sn + (k,), out)
             taken += 1
-            if self._put(sn, self._outputs(sn, record)) and taken < len(pairs) and fprod.full():
-                break  # the guard of the next input: it goes back, as if never released
-        self.fcons.took(pairs[:taken])
-        if taken < len(pairs):
+            emitted += k
+            # the buffer-full guard of the next input: no buffer can be full before
+            # ``room`` tuples went in; an input it holds goes back, as if never released
+            if emitted >= room and taken < last and fprod.full():
+                break
+        self.taken += taken
+        self.emitted += emitted
+        self.fcons.took(pairs[:taken] if taken < last else pairs)
+        if taken < last:
             self.fcons.put_back(pairs[taken:])
         return taken
+
+    def _operator_error(self, sn, exc: Exception) -> OperatorError:
+        """What user code raised on the input ``sn``, named (OperatorChain names its op)."""
+        if isinstance(exc, OperatorRaised):
+            return OperatorError(f"operator {type(exc.op).__name__}", self.addr.stage,
+                                 self.addr.partition, sn, describe(exc.error))
+        ops = getattr(self.chain, "operators", ())
+        what = f"operator {type(ops[0]).__name__}" if len(ops) == 1 else "the operator chain"
+        return OperatorError(what, self.addr.stage, self.addr.partition, sn, describe(exc))
 
     def _process_batch(self, pairs: list) -> int:
         first, last = pairs[0][1][0], pairs[-1][1][0]

@@ -26,7 +26,7 @@ from controller.hosts import PlacementError, assign_hosts
 from controller.recovery import Recovery
 from flux.builder import REPLICATIONS, MachineBuilder
 from flux.control_messages import JOB_STOPPED, Register
-from flux.dataflow import check_state_round_trip
+from flux.dataflow import check_batch_api, check_state_round_trip
 from flux.effects import Deliver, SinkCommit
 from flux.errors import DataflowError, PairLost
 from flux.host import Host
@@ -57,11 +57,13 @@ log = logging.getLogger(__name__)
 def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
     """Refuse, before any task starts, a dataflow that fails on the source's first records:
     an operator or key that raises, a key msgpack cannot hash, a state msgpack cannot
-    serialize or ``install_state`` does not restore (DESIGN 4.1)."""
+    serialize or ``install_state`` does not restore (DESIGN 4.1), a ``process_batch`` that
+    disagrees with ``process``."""
     if not sample:
         return  # nothing to check yet; the executors build the operators and report
     try:
         check_state_round_trip(dataflow, sample, partitions)
+        check_batch_api(dataflow, sample)
     except DataflowError:
         raise
     except OperatorRaised as exc:
