@@ -29,6 +29,7 @@ from flux.control_messages import (
     TakeoverDone,
     View,
 )
+from flux.data_messages import Ack, Credit
 from flux.effects import Deliver, Snapshot, SourcesPaused, SourcesResumed, StateInstalled
 from flux.envelope import Envelope
 from flux.host import Host
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: inputs one segment processes before the loop looks at its other work
 PROCESS_PER_STEP = 256
+#: effects of a catch-up step, which the host may have carried to another segment
+CATCH_UP_EVENTS = (SmReady, StateInstalled, SourcesPaused, SourcesResumed, TransferFailed)
 
 
 class HostLoop:
@@ -55,7 +58,8 @@ class HostLoop:
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
                  max_turn: float = 0.02, stats_every: Optional[float] = None,
-                 snapshots=None, input_log=None, logged_before: int = 0):
+                 snapshots=None, input_log=None, logged_before: int = 0,
+                 ack_delay: float = 0.005):
         self.host = host
         self.me = ProcAddr(host.name)
         self.transport = transport
@@ -93,6 +97,21 @@ class HostLoop:
         #: flushes: fewer, larger messages (SPARK_NOTES: one per tuple costs ~10x)
         self.flush_delay = flush_delay
         self._flush_wait: Dict[Tuple[Any, int, int], float] = {}  # since when flushable
+        #: acks and credits are cumulative: each waits this long for a later one on its
+        #: connection that replaces it, so a consumer sends one per connection and interval
+        #: instead of one per batch it takes (issue 16: messages, not tuples, were most of
+        #: a node's CPU). Anything else for the same process sends them first, so they keep
+        #: their place before the control messages that must follow them (DESIGN 4.4).
+        self.ack_delay = ack_delay
+        #: machines whose state may have changed since ``_work`` last found nothing to do
+        #: for them, and each machine's flushable connections as last computed: the
+        #: guards are functions of a machine's state alone (sans-I/O), so an untouched
+        #: machine is not asked again (issue 16: asking every machine at every turn cost a
+        #: node ~200 us a turn, most of its CPU at low rates)
+        self._dirty: set = set(host.machines)
+        self._ready: Dict[Any, list] = {}
+        self._held_acks: Dict[str, Dict[tuple, Envelope]] = {}  # peer -> connection -> latest
+        self._held_since: Dict[str, float] = {}
         self._moves: Dict[tuple, float] = {}  # transfer -> when both movers were ready
         self._moved_bytes: Dict[tuple, int] = {}  # transfer -> bytes of its parts so far
         self._paused: Dict[tuple, float] = {}  # transfer -> when its active paused its sources
@@ -127,6 +146,9 @@ class HostLoop:
             if self._flush_wait:
                 due = min(self._flush_wait.values()) + self.flush_delay - self.clock()
                 timeout_ms = max(0, min(timeout_ms, math.ceil(due * 1000)))
+            if self._held_since:
+                due = min(self._held_since.values()) + self.ack_delay - self.clock()
+                timeout_ms = max(0, min(timeout_ms, math.ceil(due * 1000)))
         envelopes, gaps = self.transport.poll(timeout_ms)
         self.gaps += gaps
         lost = [g for g in gaps if isinstance(g, ConnectionGap) and not self._from_dead(g)]
@@ -156,6 +178,7 @@ class HostLoop:
                 machine = self.host.machines.get(written.addr)
                 if written.error and machine is not None:
                     machine.snapshot_lost()  # its next snapshot is whole (no chain on a gap)
+                    self._touch(written.addr)
                 self.report(written)
         if self.stats_every is not None and polled - self._stats_sent >= self.stats_every:
             self._stats_sent = polled
@@ -170,6 +193,7 @@ class HostLoop:
             moved |= step
             self._more = step
             if not step or self.clock() >= deadline:
+                self._send_held_acks(self.clock() - self.ack_delay)
                 return moved  # more to do: the next turn polls without waiting
 
     def _from_dead(self, gap: ConnectionGap) -> bool:
@@ -203,6 +227,7 @@ class HostLoop:
                 self.transport.disconnect(name)
                 self.overflow = deque((p, e) for p, e in self.overflow if p != name)
         self._emit(*self.host.on_view(view))
+        self._touch()
 
     def _drain_overflow(self) -> bool:
         while self.overflow:
@@ -231,11 +256,21 @@ class HostLoop:
 
     def _deliver(self) -> bool:
         moved = False
+        machines = self.host.machines
         for q in self.held.values():
             while q and self.host.accepts(q[0]):
-                self._emit(*self.host.on_envelope(q.popleft()))
+                env = q.popleft()
+                self._touch(env.dst if env.dst in machines else None)  # a mover's: any
+                self._emit(*self.host.on_envelope(env))
                 moved = True
         return moved
+
+    def _touch(self, addr=None) -> None:
+        """``addr``'s machine (every machine, for None) may have changed: ``_work`` asks it."""
+        if addr is None:
+            self._dirty.update(self.host.machines)
+        else:
+            self._dirty.add(addr)
 
     def _accept_input(self, limit: int = 1000) -> bool:
         ingress = self.host.machines.get(INGRESS)
@@ -263,6 +298,7 @@ class HostLoop:
                     arrive()  # a feed that cannot wait drops meanwhile: count it now
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
+            self._dirty.add(INGRESS)
             self.accepted_position = self._next_position
             if self.input_log is not None:
                 self._unlogged.append(self._next_part)
@@ -295,6 +331,7 @@ class HostLoop:
 
     def _release_logged(self, ingress, n: int) -> None:
         del self._unlogged[:n - ingress.logged]
+        self._touch(INGRESS)
         self._emit(*self.host.run_local(ingress.inputs_logged(n)))
 
     def choose_cut(self, number: int) -> Tuple[int, Any]:
@@ -302,6 +339,7 @@ class HostLoop:
         returns its cut and the source's position after it (DESIGN 10). The cut leaves
         with the next batches, after this returns."""
         ingress = self.host.machines[INGRESS]
+        self._touch(INGRESS)
         self._emit(*self.host.run_local(ingress.choose_cut(number)))
         return ingress.accepted, self.accepted_position
 
@@ -309,24 +347,37 @@ class HostLoop:
         moved = False
         for key in [k for k in self._flush_wait if k[0] not in self.host.machines]:
             del self._flush_wait[key]  # a segment this process no longer hosts
+        for addr in [a for a in self._ready if a not in self.host.machines]:
+            del self._ready[addr]
+        dirty, self._dirty = self._dirty, set()
         for addr, machine in list(self.host.machines.items()):
+            if addr not in dirty:  # nothing changed it: only a batch may be due by now
+                if addr in self._ready and self._ready[addr]:
+                    moved |= self._flush(addr, machine, fresh=False)
+                continue
+            did = False
             left = PROCESS_PER_STEP
             while left > 0:
                 if machine.snapshot_due():  # a checkpoint's cut: before the next input
                     keep = self.snapshots is not None and self._writes_snapshot(addr)
                     self._emit(*self.host.run_local(machine.snapshot(keep)))
+                    did = True
                 if not machine.can_process():
                     break
                 taken = machine.process_ready(left)  # stops at a cut's guard by itself
                 if not taken:
                     break
                 left -= taken
-                moved = True
+                did = True
             if machine.credits_due():  # back-pressure: what it took may be replaced
                 self._emit(*self.host.run_local(machine.send_credits()))
-            moved |= self._flush(addr, machine)
+                did = True
+            did |= self._flush(addr, machine, fresh=True)
             if machine.has_part():  # catch-up's bulk, a part at a time between inputs
                 self._emit(*self.host.run_local(machine.send_part()))
+                did = True
+            if did:
+                self._dirty.add(addr)  # it changed: ask it again
                 moved = True
         return moved
 
@@ -340,25 +391,33 @@ class HostLoop:
         twin = addr._replace(replica=S)
         return twin not in self.where or self.where[twin] in self.dead_processes
 
-    def _flush(self, addr, machine: Machine) -> bool:
+    def _flush(self, addr, machine: Machine, fresh: bool = True) -> bool:
         """Send each connection's batch once it has waited ``flush_delay`` (a connection
-        that stays flushable, a backlog, goes on sending at every turn)."""
+        that stays flushable, a backlog, goes on sending at every turn). ``fresh`` False:
+        the machine is as it was when its flushable connections were last asked."""
         now, flushed = self.clock(), False
         waiting = self._flush_wait
-        ready = machine.flushable()
+        ready = machine.flushable() if fresh or addr not in self._ready else self._ready[addr]
         for i, d in ready:
             if now - waiting.setdefault((addr, i, d), now) >= self.flush_delay:
                 self._emit(*self.host.run_local(machine.flush(i, d)))
                 flushed = True
-        still = set(machine.flushable()) if flushed else set(ready)
+        if flushed:
+            ready = machine.flushable()
+            self._dirty.add(addr)
+        self._ready[addr] = ready
+        still = set(ready)
         for key in [k for k in waiting if k[0] == addr and (k[1], k[2]) not in still]:
             del waiting[key]  # sent all it had, or cannot send now (paused, standby)
         return flushed
 
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
+        if others and any(isinstance(e, CATCH_UP_EVENTS) for e in others):
+            self._touch()  # the host ran a catch-up step: it may have changed any segment
         for env in envelopes:
             dst = env.dst
             if isinstance(dst, MoverAddr):
+                self._touch()  # (as above: the mover may call back into a segment)
                 self._send_to(self.mover_relay or dst.node, env)
             else:
                 self._send_to(self.where[dst], env)
@@ -403,6 +462,27 @@ class HostLoop:
     def _send_to(self, peer: str, env: Envelope) -> None:
         if peer in self.dead_processes:
             return  # TCP to a dead process: lost, as the protocol expects
+        if self.ack_delay > 0 and isinstance(env.msg, (Ack, Credit)):
+            held = self._held_acks.setdefault(peer, {})
+            held[(env.src, env.dst, type(env.msg), env.dst_inc)] = env  # replaces an older one
+            self._held_since.setdefault(peer, self.clock())
+            return
+        if peer in self._held_since:
+            self._send_held(peer)  # what went before goes first (DESIGN 4.4)
+        self._transmit(peer, env)
+
+    def _send_held_acks(self, older_than: float) -> None:
+        """Send the acks and credits that waited since before ``older_than``."""
+        for peer in [p for p, since in self._held_since.items() if since <= older_than]:
+            self._send_held(peer)
+
+    def _send_held(self, peer: str) -> None:
+        del self._held_since[peer]
+        for env in self._held_acks.pop(peer).values():
+            if peer not in self.dead_processes:
+                self._transmit(peer, env)
+
+    def _transmit(self, peer: str, env: Envelope) -> None:
         if peer not in self.transport.dealers:
             self.transport.connect(peer, self.addresses[peer])
         if self.overflow or not self.transport.send(peer, env):
