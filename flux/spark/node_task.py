@@ -44,6 +44,7 @@ from flux.host import Host
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
 from flux.runtime.liveness import Liveness
+from flux.runtime.gc_tuning import data_path_gc
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.network import boot_id, is_loopback, split_tcp
@@ -104,7 +105,8 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
             raise
         mover = StateMoverService(ctx, f"w{inc}", inc, keys, **bind)  # its socket exists now
         try:
-            return run_node(task, inc, config, dataflow, transport, mover, me0, spares)
+            with data_path_gc():
+                return run_node(task, inc, config, dataflow, transport, mover, me0, spares)
         finally:
             mover.stop()
     finally:
