@@ -4,10 +4,12 @@ The paper's dataflow with extra CPU work in the first group-by (``BusyWork``)
 runs on one embedded local-cluster three times, fed as fast as it takes
 input: ``none`` (one replica per partition), ``cluster-pairs`` (two whole
 replicas of the dataflow, coordinated only at the ingress and egress) and
-``flux`` (partition pairs in chained declustering). Each run's output is
-checked against the failure-free reference. Writes
-``results/overhead/summary.json`` and ``results/overhead/table.md`` with the
-throughputs and their ratios.
+``flux`` (partition pairs in chained declustering), ``--runs`` rounds with the
+modes' order rotating from round to round (the machine's speed drifts; one run
+says little). Each run's output is checked against the failure-free reference.
+Writes ``results/overhead/summary.json`` (every run, each mode's median rate
+with its min-max, and the Flux / cluster-pairs ratio per round with its
+median and min-max) and ``results/overhead/table.md``.
 
 On a machine with fewer cores than nodes, replicated modes do twice the
 work on the same cores: compare ``flux`` with ``cluster-pairs`` (both
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import statistics
 import time
 from typing import Any, Dict, List
 
@@ -36,6 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=1000,
                     help="BusyWork rounds per record in the first group-by")
     ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=5, help="rounds of every mode, order rotating")
     ap.add_argument("--modes", default=",".join(MODES),
                     help=f"comma-separated, from {', '.join(MODES)}")
     ap.add_argument("--out", default="results/overhead")
@@ -46,8 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
     if args.nodes < 2 or args.nodes % 2:
         ap.error("--nodes must be even and >= 2 (cluster pairs split the nodes in two)")
-    if args.inputs < 1 or args.rounds < 0:
-        ap.error("--inputs must be >= 1 and --rounds >= 0")
+    if args.inputs < 1 or args.rounds < 0 or args.runs < 1:
+        ap.error("--inputs and --runs must be >= 1 and --rounds >= 0")
     return args
 
 
@@ -66,13 +70,34 @@ def measure(spark, mode: str, records: List[Any], expected: List[Any], args) -> 
             "output_matches_reference": same}
 
 
-def table(rows: List[Dict[str, Any]]) -> str:
-    lines = ["| replication | input packets/s | vs none | vs cluster-pairs | output = reference |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| `{r['mode']}` | {r['input_rate_tps']:,.0f} | "
-                     f"{r.get('vs_none', '-')} | {r.get('vs_cluster_pairs', '-')} | "
-                     f"{'yes' if r['output_matches_reference'] else 'NO'} |")
+def spread(values: List[float], digits: int = 1) -> Dict[str, float]:
+    return {"median": round(statistics.median(values), digits),
+            "min": round(min(values), digits), "max": round(max(values), digits), "n": len(values)}
+
+
+def summarize(rows: List[Dict[str, Any]], modes: List[str]) -> Dict[str, Any]:
+    """Each mode's median rate with its spread; the ratios per round (the modes of a round
+    ran back to back), with theirs."""
+    rates = {m: [r["input_rate_tps"] for r in rows if r["mode"] == m] for m in modes}
+    out: Dict[str, Any] = {"modes": {m: spread(v) for m, v in rates.items() if v}}
+    for name, num, den in (("flux_vs_cluster_pairs", "flux", "cluster-pairs"),
+                           ("flux_vs_none", "flux", "none"),
+                           ("cluster_pairs_vs_none", "cluster-pairs", "none")):
+        if rates.get(num) and rates.get(den):
+            out[name] = spread([a / b for a, b in zip(rates[num], rates[den])], 3)
+    return out
+
+
+def table(summary: Dict[str, Any]) -> str:
+    lines = ["| replication | input packets/s, median (min-max) | runs |", "|---|---|---|"]
+    for mode, s in summary["modes"].items():
+        lines.append(f"| `{mode}` | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | "
+                     f"{s['n']} |")
+    lines += ["", "| ratio, per round | median | min-max |", "|---|---|---|"]
+    for key in ("flux_vs_cluster_pairs", "flux_vs_none", "cluster_pairs_vs_none"):
+        if key in summary:
+            s = summary[key]
+            lines.append(f"| {key.replace('_', ' ')} | {s['median']} | {s['min']}-{s['max']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -85,24 +110,23 @@ def main(argv=None) -> int:
     expected = reference_output(cpu_bound_paper_dataflow(args.rounds), records, args.nodes)
     rows = []
     with local_cluster(args.nodes + 1) as spark:
-        for mode in args.modes:
-            print(f"{mode}: {args.inputs} packets as fast as they are taken ...", flush=True)
-            rows.append(measure(spark, mode, records, expected, args))
-            print(f"  {rows[-1]['input_rate_tps']:,.0f} packets/s", flush=True)
-    rate = {r["mode"]: r["input_rate_tps"] for r in rows}
-    for r in rows:
-        if "none" in rate:
-            r["vs_none"] = round(r["input_rate_tps"] / rate["none"], 3)
-        if "cluster-pairs" in rate:
-            r["vs_cluster_pairs"] = round(r["input_rate_tps"] / rate["cluster-pairs"], 3)
+        for r in range(args.runs):
+            k = r % len(args.modes)
+            for mode in args.modes[k:] + args.modes[:k]:  # rotate the order each round
+                print(f"round {r}, {mode}: {args.inputs} packets as fast as taken ...",
+                      flush=True)
+                rows.append({"round": r, **measure(spark, mode, records, expected, args)})
+                print(f"  {rows[-1]['input_rate_tps']:,.0f} packets/s", flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"rounds": args.rounds, "nodes": args.nodes, "inputs": args.inputs, "runs": rows}
+    summary = {"rounds": args.rounds, "nodes": args.nodes, "inputs": args.inputs,
+               **summarize(rows, args.modes), "runs": rows,
+               "output_matches_reference": all(r["output_matches_reference"] for r in rows)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "table.md").write_text(table(rows))
-    print(table(rows))
+    (out / "table.md").write_text(table(summary))
+    print(table(summary))
     print(f"wrote {out}/summary.json and table.md")
-    return 0 if all(r["output_matches_reference"] for r in rows) else 1
+    return 0 if summary["output_matches_reference"] else 1
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ class Ingress:
         if self._full_for(i):
             return None
         self.accepted += 1
-        sn = input_sn(self.accepted)
+        sn = (self.accepted,)  # input_sn(accepted), >= 1 by construction
         if self.log_inputs:
             self.held.append((i, sn, record))
             self.held_for[i] += 1

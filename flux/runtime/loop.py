@@ -276,11 +276,14 @@ class HostLoop:
         ingress = self.host.machines.get(INGRESS)
         if ingress is None or self.source_done:
             return False
-        moved = False
         self._source_waits = False
+        source, log = self.source, self.input_log is not None
+        timed, placed = hasattr(source, "arrival"), hasattr(source, "position")
+        accept = ingress.accept
+        arrivals: List[Optional[float]] = []
         for _ in range(limit):
             if self._next_record is None:
-                record = next(self.source, None)
+                record = next(source, None)
                 if record is NOT_YET:
                     self._source_waits = True
                     break
@@ -288,26 +291,26 @@ class HostLoop:
                     self.source_done = True
                     break
                 self._next_record = record
-                self._next_arrival = getattr(self.source, "arrival", None)
-                self._next_position = getattr(self.source, "position", None)
-                if self.input_log is not None:
-                    self._next_part = self.source.last[0]
-            if ingress.accept(self._next_record) is None:
-                arrive = getattr(self.source, "arrive", None)
+                self._next_arrival = source.arrival if timed else None
+                self._next_position = source.position if placed else None
+                if log:
+                    self._next_part = source.last[0]
+            if accept(self._next_record) is None:
+                arrive = getattr(source, "arrive", None)
                 if arrive is not None:
                     arrive()  # a feed that cannot wait drops meanwhile: count it now
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
-            self._dirty.add(INGRESS)
             self.accepted_position = self._next_position
-            if self.input_log is not None:
+            if log:
                 self._unlogged.append(self._next_part)
-            if self.metrics is not None:
-                self.metrics.input_taken(self._next_arrival)
-            moved = True
+            arrivals.append(self._next_arrival)
+        if arrivals:
+            self._dirty.add(INGRESS)
         if self.metrics is not None:
-            self.metrics.inputs_dropped(getattr(self.source, "dropped", 0))
-        return moved
+            self.metrics.inputs_taken(arrivals)
+            self.metrics.inputs_dropped(getattr(source, "dropped", 0))
+        return bool(arrivals)
 
     def _log_inputs(self) -> bool:
         """The input log (DESIGN 10): what the writer made durable may leave; what was

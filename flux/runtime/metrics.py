@@ -146,10 +146,17 @@ class Metrics:
 
     # -- writers: ingress ---------------------------------------------------------------
     def input_taken(self, arrival: Optional[float]) -> None:
+        self.inputs_taken([arrival])
+
+    def inputs_taken(self, arrivals: Sequence[Optional[float]]) -> None:
+        """Inputs taken now, in order, each with when it arrived (None: now). One call a
+        batch: counted per input, this was a tenth of the ingress's time (issue 16)."""
+        if not arrivals:
+            return
         now = self.clock()
-        self._arrivals.append(now if arrival is None else arrival)
-        self.input_total += 1
-        self._taken.add(self._bucket(now), inputs=1)
+        self._arrivals.extend([now if a is None else a for a in arrivals])
+        self.input_total += len(arrivals)
+        self._taken.add(self._bucket(now), inputs=len(arrivals))
 
     def inputs_dropped(self, total: int) -> None:
         """The source's running count of dropped inputs."""
@@ -159,18 +166,28 @@ class Metrics:
 
     # -- writers: egress ----------------------------------------------------------------
     def output(self, sn: tuple) -> None:
+        self.outputs([sn])
+
+    def outputs(self, sns: Sequence[tuple]) -> None:
+        """Outputs delivered now, in order (one call a delivered batch)."""
+        if not sns:
+            return
         now = self.clock()
         if self.last_output is not None and now - self.last_output > self.max_output_gap:
             self.max_output_gap, self.max_output_gap_at = now - self.last_output, now
         self.last_output = now
-        i = sn[0] - 1 - self._retired
-        if i < 0:  # its input was settled: cannot be (outputs leave in SN order)
-            raise ValueError(f"output {sn} after its input was settled ({self._retired})")
-        latency = now - self._arrivals[i]
-        self._given.add(self._bucket(now), outputs=1, latency=latency)
-        self.latency_counts[bisect.bisect_left(LATENCY_EDGES, latency)] += 1
-        self.latency_sum += latency
-        self.output_total += 1
+        retired, arrivals, counts = self._retired, self._arrivals, self.latency_counts
+        total = 0.0
+        for sn in sns:
+            i = sn[0] - 1 - retired
+            if i < 0:  # its input was settled: cannot be (outputs leave in SN order)
+                raise ValueError(f"output {sn} after its input was settled ({retired})")
+            latency = now - arrivals[i]
+            counts[bisect.bisect_left(LATENCY_EDGES, latency)] += 1
+            total += latency
+        self._given.add(self._bucket(now), outputs=len(sns), latency=total)
+        self.latency_sum += total
+        self.output_total += len(sns)
 
     def settled(self, n: int) -> None:
         """Every output of inputs 1..n was delivered: their arrival times can go. Called by

@@ -598,8 +598,7 @@ class FluxJob:
             self._last_sn = tuple(items[-1][0])
             if self.keep_output:
                 self.delivered.extend(items)
-            for sn, _ in items:
-                self.metrics.output(sn)
+            self.metrics.outputs([sn for sn, _ in items])
             if self._exactly_once:
                 self.sink.write(items)
             elif self.sink is not None:

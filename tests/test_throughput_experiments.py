@@ -1,0 +1,31 @@
+"""The figures of experiments.throughput and experiments.overhead (issue 16): medians with
+their spread, ratios per round, never one run."""
+from __future__ import annotations
+
+from experiments.overhead import summarize, table
+from experiments.throughput import operators_alone, spread
+from flux.examples import paper_dataflow
+from flux.reference import reference_output
+from flux.workload import packet_workload
+
+
+def test_ratios_are_taken_per_round_and_reported_with_their_spread():
+    rates = [(10.0, 5.0, 4.5), (12.0, 6.0, 6.6), (8.0, 4.0, 3.6)]
+    rows = [{"round": r, "mode": m, "input_rate_tps": v}
+            for r, rate in enumerate(rates) for m, v in zip(("none", "cluster-pairs", "flux"), rate)]
+    s = summarize(rows, ["none", "cluster-pairs", "flux"])
+    assert s["modes"]["flux"] == {"median": 4.5, "min": 3.6, "max": 6.6, "n": 3}
+    assert s["flux_vs_cluster_pairs"] == {"median": 0.9, "min": 0.9, "max": 1.1, "n": 3}
+    assert "| flux vs cluster pairs | 0.9 | 0.9-1.1 |" in table(s)
+
+
+def test_spread_is_median_min_max():
+    assert spread([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+
+
+def test_the_operators_alone_run_emits_what_the_dataflow_emits():
+    """The ceiling measured is the same work: every final output of the dataflow (a single
+    partition, so the same per-key order)."""
+    records = packet_workload(2000, seed=3, pairs=200, apps=3, sources=20)
+    assert operators_alone(paper_dataflow(), records)() == len(
+        reference_output(paper_dataflow(), records, 1))
