@@ -139,6 +139,42 @@ def search(spark, args, records, hi: float) -> Dict[str, Any]:
     return {"highest_steady_tps": round(best) if best else None, "probes": probes}
 
 
+def plot(summary: Dict[str, Any], path: pathlib.Path) -> None:
+    """Rates (medians, min-max bars) beside the steady-rate search's latencies."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [("operators\nalone", summary["operators_alone_tps"]),
+            ("reference\n(1 process)", summary["reference_tps"])]
+    bars += [(m, s) for m, s in summary.get("modes", {}).items()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    med = [s["median"] / 1000 for _, s in bars]
+    err = [[(s["median"] - s["min"]) / 1000 for _, s in bars],
+           [(s["max"] - s["median"]) / 1000 for _, s in bars]]
+    left.bar([name for name, _ in bars], med, yerr=err, capsize=4,
+             color=["#999999", "#bbbbbb"] + ["#4c72b0"] * (len(bars) - 2))
+    left.set_ylabel("inputs/s (thousands), median, min-max")
+    left.set_title("as fast as taken (one machine, 2 cores)")
+    probes = summary.get("steady", {}).get("probes", [])
+    if probes:
+        probes = sorted(probes, key=lambda p: p["rate_asked_tps"])
+        for steady, marker in ((True, "o"), (False, "x")):
+            pts = [p for p in probes if p["steady"] is steady and p["latency_p50_ms"] is not None]
+            right.plot([p["rate_asked_tps"] / 1000 for p in pts],
+                       [p["latency_p50_ms"] for p in pts], marker, ms=8,
+                       label="steady" if steady else "not steady")
+        right.axhline(50, color="red", lw=1, ls="--", label="50 ms")
+        right.set_xlabel("feed rate (thousand inputs/s), flux")
+        right.set_ylabel("median latency (ms)")
+        right.set_title(f"highest steady rate: {summary['steady']['highest_steady_tps']}/s")
+        right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.throughput", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -210,6 +246,7 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(summary, out / "throughput.png")
     print(json.dumps(summary, indent=2))
     return 0 if summary["output_matches_reference"] else 1
 
