@@ -72,12 +72,12 @@ def operators_alone(dataflow, records: List[Any]) -> Callable[[], int]:
 
 
 def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
-                   args) -> Dict[str, Any]:
+                   args, authenticate: bool = True) -> Dict[str, Any]:
     """One run of ``mode`` fed as fast as the ingress takes input."""
     from flux.spark.job import FluxJob
 
     job = FluxJob(spark, paper_dataflow(), records, nodes=args.nodes, standbys=0,
-                  replication=mode)
+                  replication=mode, authenticate=authenticate)
     with job:
         job.wait_until(lambda: job.controller.started, 120)
         started = time.perf_counter()
@@ -253,7 +253,6 @@ def main(argv=None) -> int:
 
 def curve_cost(args, out: pathlib.Path) -> int:
     """flux without and with CURVE, alternating, ``--runs`` times each, on one cluster."""
-    from flux.spark.job import FluxJob
     from flux.spark.session import local_cluster
 
     records = packet_workload(args.inputs, seed=1, pairs=100_000, apps=10, sources=1_000)
@@ -262,16 +261,8 @@ def curve_cost(args, out: pathlib.Path) -> int:
     with local_cluster(args.nodes + 1) as spark:
         for r in range(args.runs):
             for curve in ((False, True) if r % 2 == 0 else (True, False)):
-                job = FluxJob(spark, paper_dataflow(), records, nodes=args.nodes, standbys=0,
-                              authenticate=curve)
-                with job:
-                    job.wait_until(lambda: job.controller.started, 120)
-                    started = time.perf_counter()
-                    output = job.wait(3600)
-                    elapsed = time.perf_counter() - started
-                runs.append({"curve": curve, "input_rate_tps": round(args.inputs / elapsed),
-                             "output_matches_reference":
-                                 [wire_form(x) for x in output] == expected})
+                runs.append({"curve": curve, **replicated_run(spark, "flux", records, expected,
+                                                               args, authenticate=curve)})
                 print(runs[-1], flush=True)
     rate = {c: [r["input_rate_tps"] for r in runs if r["curve"] == c] for c in (False, True)}
     summary = {"inputs": args.inputs, "runs": runs, "without_tps": spread(rate[False]),
