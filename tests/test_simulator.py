@@ -181,13 +181,18 @@ def test_evicting_before_the_dual_ack_loses_tuples_and_is_caught():
     assert ok.status == OK, f"the correct protocol fails seed {seed} too: {ok.reason}"
 
 
-@pytest.mark.sim  # its first violating seed is 202: 18 s
+@pytest.mark.sim  # its first violating seed is 186: 17 s
 def test_credits_only_every_half_window_deadlock_and_are_caught():
     """Back-pressure's own deadlock (docs/backpressure.md): a consumer that never credits a
-    feed whose queue emptied leaves a producer with a full window waiting for ever."""
+    feed whose queue emptied leaves a producer with a full window waiting for ever. The
+    oracle sees it as output that stalls, or, when the stuck consumers are S replicas (the
+    egress takes P's data), as replicas left holding tuples at quiescence, behind the
+    failure-free state."""
     params = SimParams(variant="lazy-credit", stages=2, partitions=4, crashes=0)
     seed, r = first_violation(params)
-    assert "stalled" in r.reason, f"seed {seed}: {r.reason}"
+    assert "stalled" in r.reason or (
+        "still holds tuples at quiescence" in r.reason
+        and "state differs from the failure-free state" in r.reason), f"seed {seed}: {r.reason}"
     ok = run_schedule(seed, SimParams(stages=2, partitions=4, crashes=0), crash_window(params))
     assert ok.status == OK, f"the correct protocol fails seed {seed} too: {ok.reason}"
 
