@@ -203,8 +203,7 @@ class Buffer:
             new_head = len(self._sns)
         if new_head == self._head:
             return
-        for i in range(self._head, new_head):
-            self._items[i] = None
+        self._items[self._head:new_head] = [None] * (new_head - self._head)  # in C
         self._head = new_head
         if self._head >= self._COMPACT_AT and self._head * 2 >= len(self._sns):
             del self._sns[: self._head]
