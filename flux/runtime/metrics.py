@@ -146,7 +146,10 @@ class Metrics:
 
     # -- writers: ingress ---------------------------------------------------------------
     def input_taken(self, arrival: Optional[float]) -> None:
-        self.inputs_taken([arrival])
+        now = self.clock()
+        self._arrivals.append(now if arrival is None else arrival)
+        self.input_total += 1
+        self._taken.add(self._bucket(now), inputs=1)
 
     def inputs_taken(self, arrivals: Sequence[Optional[float]]) -> None:
         """Inputs taken now, in order, each with when it arrived (None: now). One call a
