@@ -28,7 +28,7 @@ from flux.control_messages import Avail, SegmentStats
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.cuts import Cuts
 from flux.effects import Snapshot, SourcesPaused, SourcesResumed
-from flux.errors import DataflowError, LocalProtocolError, OperatorError, RemoteProtocolError
+from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.flux_consumer import FluxConsumer
 from flux.flux_producer import FluxProducer
 from flux.operator import OperatorRaised, describe
@@ -549,7 +549,14 @@ class Segment:
         if not self.fcons.can_release():
             raise LocalProtocolError(f"{self.addr}: process with no input to release")
         sn, record = self.fcons.release()
-        return self._put(sn, self._outputs(sn, record))
+        try:
+            outputs = self.chain.process(record)
+        except Exception as exc:
+            raise self._operator_error(sn, exc) from getattr(exc, "error", exc)
+        n = self._put(sn, outputs if type(outputs) is list else list(outputs))
+        self.taken += 1
+        self.emitted += n
+        return n
 
     def process_ready(self, limit: int) -> int:
         """Local work: what ``process`` would do called while ``can_process`` holds, up to
@@ -574,29 +581,16 @@ class Segment:
         if getattr(self.chain, "batched", bool)():  # room for one output per buffer and
             return self._process_batch(pairs)  # input: never overfills by more than a batch
         ops = getattr(self.chain, "operators", ())
-        process = ops[0].process if len(ops) == 1 else self.chain.process
-        route, put, last = self.route, fprod.put, len(pairs)
+        process = ops[0].process if len(ops) == 1 else self.chain.process  # one call less
+        put, last = self._put, len(pairs)
         taken = emitted = 0
         for _, (sn, record) in pairs:
             try:
                 outputs = process(record)
-                if type(outputs) is not list:
-                    outputs = list(outputs)
-            except (DataflowError, OperatorError):
-                raise  # the library's own checks, not user code
             except Exception as exc:
-                raise self._operator_error(sn, exc) from exc
-            try:
-                routes = [route(out) for out in outputs]
-            except Exception as exc:
-                raise OperatorError("the partition key of the next stage", self.addr.stage,
-                                    self.addr.partition, sn, describe(exc)) from exc
-            k = 0
-            for out, i in zip(outputs, routes):  # DESIGN 4.1: the k-th output is sn + (k,)
-                k += 1
-                put(i, sn + (k,), out)
+                raise self._operator_error(sn, exc) from getattr(exc, "error", exc)
+            emitted += put(sn, outputs if type(outputs) is list else list(outputs))
             taken += 1
-            emitted += k
             # the buffer-full guard of the next input: no buffer can be full before
             # ``room`` tuples went in; an input it holds goes back, as if never released
             if emitted >= room and taken < last and fprod.full():
@@ -608,15 +602,6 @@ class Segment:
             self.fcons.put_back(pairs[taken:])
         return taken
 
-    def _operator_error(self, sn, exc: Exception) -> OperatorError:
-        """What user code raised on the input ``sn``, named (OperatorChain names its op)."""
-        if isinstance(exc, OperatorRaised):
-            return OperatorError(f"operator {type(exc.op).__name__}", self.addr.stage,
-                                 self.addr.partition, sn, describe(exc.error))
-        ops = getattr(self.chain, "operators", ())
-        what = f"operator {type(ops[0]).__name__}" if len(ops) == 1 else "the operator chain"
-        return OperatorError(what, self.addr.stage, self.addr.partition, sn, describe(exc))
-
     def _process_batch(self, pairs: list) -> int:
         first, last = pairs[0][1][0], pairs[-1][1][0]
         try:
@@ -626,23 +611,24 @@ class Segment:
                                 f"inputs up to SN {last})", self.addr.stage, self.addr.partition,
                                 first, describe(raised.error)) from raised.error
         self.fcons.took(pairs)
+        self.taken += len(pairs)
         for (_, (sn, _)), outs in zip(pairs, outputs):
-            self._put(sn, outs)
+            self.emitted += self._put(sn, outs)
         return len(pairs)
 
-    def _outputs(self, sn, record) -> list:
-        """The chain's outputs for one input; what user code raises names the input."""
-        try:
-            return self.chain.process(record)
-        except OperatorRaised as raised:
-            raise OperatorError(f"operator {type(raised.op).__name__}", self.addr.stage,
-                                self.addr.partition, sn, describe(raised.error)) from raised.error
-        except Exception as exc:  # a chain other than OperatorChain
-            raise OperatorError("the operator chain", self.addr.stage, self.addr.partition, sn,
-                                describe(exc)) from exc
+    def _operator_error(self, sn, exc: Exception) -> OperatorError:
+        """What user code raised on the input ``sn``, naming the operator: OperatorChain
+        says which (``OperatorRaised``); a lone operator called straight is that one."""
+        if isinstance(exc, OperatorRaised):
+            return OperatorError(f"operator {type(exc.op).__name__}", self.addr.stage,
+                                 self.addr.partition, sn, describe(exc.error))
+        ops = getattr(self.chain, "operators", ())
+        what = f"operator {type(ops[0]).__name__}" if len(ops) == 1 else "the operator chain"
+        return OperatorError(what, self.addr.stage, self.addr.partition, sn, describe(exc))
 
     def _put(self, sn, outputs: list) -> int:
-        """Number, route and buffer one input's outputs (DESIGN 4.1); how many there were."""
+        """Number, route and buffer one input's outputs (DESIGN 4.1: the k-th is sn + (k,));
+        returns how many there were."""
         try:
             routes = [self.route(out) for out in outputs]
         except Exception as exc:
@@ -651,8 +637,6 @@ class Segment:
         put = self.fprod.put
         for k, (out, route) in enumerate(zip(outputs, routes), 1):
             put(route, sn + (k,), out)
-        self.taken += 1
-        self.emitted += len(outputs)
         return len(outputs)
 
     def flushable(self):
