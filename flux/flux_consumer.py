@@ -168,13 +168,9 @@ class FluxConsumer:
 
     def release_ready(self) -> List[Item]:
         """Every input that may leave the merge now, in SN order."""
-        out = []
-        for j, item in self.merge.pop_ready_from():
-            feed = self.feeds[j]
-            feed.owed += 1
-            feed.taken = item[0]
-            out.append(item)
-        return out
+        released = self.merge.pop_ready_from()
+        self.took(released)
+        return [item for _, item in released]
 
     # -- back-pressure ---------------------------------------------------------
     def _credit_due(self, j: int) -> bool:
