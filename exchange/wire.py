@@ -54,6 +54,9 @@ from statemover.messages import (
 #: 2: a batch's tuples travel as columns (``_put_batch_items``)
 VERSION = 2
 _BIG_ENDIAN = sys.byteorder == "big"
+#: the last batch's tuples encoded, and their fields: a batch a producer sends to both
+#: replicas of a pair is one tuple object (Buffer.take), packed once (issue 16)
+_last_encoded: tuple = ((), [0, b"", []])
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)
 MAX_FRAME = 64 << 20
 
@@ -166,8 +169,12 @@ def _put_batch_items(items) -> list:
     """A batch's tuples as columns: the SN length, every SN's ints packed as little-endian
     int64s, the records. Built and read in C (issue 16: the per-tuple lists cost ~0.7 us
     a tuple to check and convert); all SNs of a batch have one length (DESIGN 4.1)."""
+    global _last_encoded
     if not items:
         return [0, b"", []]
+    last = _last_encoded  # one read: other threads may replace it meanwhile
+    if last[0] is items:
+        return last[1]  # the same batch for a pair's other replica (Buffer.take)
     sns, records = zip(*items)
     width = len(sns[0])
     if width < 1 or len(set(map(len, sns))) != 1:
@@ -176,7 +183,9 @@ def _put_batch_items(items) -> list:
     flat = array("q", chain.from_iterable(sns))
     if _BIG_ENDIAN:
         flat.byteswap()
-    return [width, flat.tobytes(), list(records)]
+    fields = [width, flat.tobytes(), list(records)]
+    _last_encoded = (items, fields)  # holds ``items``: its identity is not reused meanwhile
+    return fields
 
 
 def _batch_items(width, data, records) -> tuple:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from bisect import bisect_right
-from typing import Any, Iterable, List, Optional
+from typing import Any, Iterable, List, Optional, Tuple
 
 from flux.data_messages import Item
 from flux.errors import LocalProtocolError
@@ -72,6 +72,7 @@ class Buffer:
         #: ``_evict`` only for a tuple already below it (issue 16: not once per tuple)
         self._low: SN = NO_SN
         self._evict_all = not self.delete
+        self._last_take: tuple = (None, ())  # (first SN, last SN, count), the tuples
 
     # -- queries ---------------------------------------------------------
     def __len__(self) -> int:
@@ -128,13 +129,21 @@ class Buffer:
         self.sent[dest] = self._sns[i]
         return self.sent[dest]
 
-    def take(self, dest: int, limit: int) -> List[Item]:
-        """Up to ``limit`` tuples for ``dest``, advancing its cursor past them."""
+    def take(self, dest: int, limit: int) -> Tuple[Item, ...]:
+        """Up to ``limit`` tuples for ``dest``, advancing its cursor past them. The same
+        tuples taken for the other destination come back as the same object (an SN names
+        one item for the buffer's life), so a batch sent to both is encoded once (issue 16)."""
         i = self._next_index(dest)
         j = min(len(self._sns), i + limit)
-        if j > i:
-            self.sent[dest] = self._sns[j - 1]
-        return list(zip(self._sns[i:j], self._items[i:j]))
+        if j <= i:
+            return ()
+        self.sent[dest] = self._sns[j - 1]
+        key = (self._sns[i], self._sns[j - 1], j - i)
+        if self._last_take[0] == key:
+            return self._last_take[1]
+        items = tuple(zip(self._sns[i:j], self._items[i:j]))
+        self._last_take = (key, items)
+        return items
 
     def ack(self, sn: SN, dest: int) -> None:
         """``dest`` holds every SN <= ``sn`` (cumulative; never moves the mark back)."""

@@ -188,3 +188,14 @@ def test_a_mover_role_travels_as_its_plain_string():
     assert frame == encode(Envelope(MoverAddr("a"), MoverAddr("b"), 1, Handshake((1, 2, 3), "recv"), 4))
     assert b"recv" in frame
     assert decode(frame).msg.role is Role.RECV
+
+
+def test_a_batch_packed_for_both_replicas_is_packed_once_and_never_mixed_up():
+    """The same tuples object (Buffer.take for the pair's two replicas) is packed once;
+    equal SNs with other records are packed afresh."""
+    items = (((1,), "a"), ((2,), "b"))
+    other_items = (((1,), "x"), ((2,), "y"))
+    for its in (items, items, other_items, items):
+        env = Envelope(A, B, 0, Batch(its, (2,)), 1)
+        assert decode(encode(env)).msg.items == its
+    assert wire._last_encoded[0] is items
