@@ -255,6 +255,7 @@ class OperatorChain:
 
     def __init__(self, operators: Sequence[Any]):
         self.operators = list(operators)
+        self._batched = any(hasattr(op, "process_batch") for op in self.operators)
 
     def process(self, record: Any) -> list:
         """The outputs of ``record``; an operator that raises is named in ``OperatorRaised``."""
@@ -279,8 +280,8 @@ class OperatorChain:
         return outs
 
     def batched(self) -> bool:
-        """Has any operator of the chain a ``process_batch``?"""
-        return any(hasattr(op, "process_batch") for op in self.operators)
+        """Has any operator of the chain a ``process_batch``? (asked once per run of inputs)"""
+        return self._batched
 
     def _run(self, i: int, record: Any, out: list) -> None:
         if i == len(self.operators):
