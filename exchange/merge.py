@@ -103,12 +103,10 @@ class OrderedMerge:
         queues = self.queues
         room = float("inf") if limit is None else limit
         while len(out) < room:
-            best, head = None, None
-            for producer, queue in queues.items():
-                if queue and (best is None or queue[0][0] < head):
-                    best, head = producer, queue[0][0]
-            if best is None:
+            smallest = self.head()
+            if smallest is None:
                 break
+            best, head = smallest
             below = None  # the smallest SN point another producer may still deliver
             for producer, queue in queues.items():
                 if producer != best:
