@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from flux.examples import paper_dataflow
+from flux.ingress import INGRESS
 from flux.operator import wire_form
 from flux.reference import ReferenceRun
 from flux.runtime.sources import NOT_YET, RateLimited
@@ -201,7 +202,9 @@ def sample(job, sink: CheckingSink, gcp: GcPauses, t: float, last: Dict[str, Any
         "latency_p50_ms": _ms(percentile(lat, 0.5)), "latency_p99_ms": _ms(percentile(lat, 0.99)),
         "latency_max_ms": _ms(lat[-1] if lat else None),
         "rss_driver_mb": round(rss_mb(os.getpid()) or 0.0, 1),
-        "ingress_buffered": sum(len(b) for b in job._ingress.out.buffers),
+        "rss_ingress_mb": round(rss_mb(job.ingress_pid) or 0.0, 1),
+        "ingress_buffered": next((s.buffered for s in job.driver_stats()
+                                  if s.addr == INGRESS), 0),
         "egress_queued": job._egress.fcons.queued(),
         "feed_backlog": len(job.source.waiting),
         "unchecked_inputs": len(job.source.taken),
@@ -253,10 +256,11 @@ def summarize(rows: List[Dict[str, Any]], args, sink: CheckingSink, names: List[
         "mismatches": sink.mismatches, "first_mismatch": sink.first_mismatch,
         "detections": last.get("detections"),
         # +-fraction of the median RSS after warm-up, per process
-        "rss_flatness": {k: flatness(warm, f"rss_{k}_mb") for k in ["driver", *names]},
+        "rss_flatness": {k: flatness(warm, f"rss_{k}_mb")
+                         for k in ["driver", "ingress", *names]},
         "rss_mb_after_warmup": {k: [min(r[f"rss_{k}_mb"] for r in warm),
                                     max(r[f"rss_{k}_mb"] for r in warm)]
-                                for k in ["driver", *names]} if warm else {},
+                                for k in ["driver", "ingress", *names]} if warm else {},
         "latency_p99_ms_median_first_half": first[len(first) // 2],
         "latency_p99_ms_median_second_half": second[len(second) // 2],
         "latency_p50_ms_median": median([r["latency_p50_ms"] for r in warm]),
@@ -293,7 +297,7 @@ def plot(rows, summary, path, names) -> None:
 
     t = [r["t_s"] / 60 for r in rows]
     fig, (mem, lat, rate) = plt.subplots(3, 1, sharex=True, figsize=(9, 8))
-    for key in ["driver", *names]:
+    for key in ["driver", "ingress", *names]:
         mem.plot(t, [r[f"rss_{key}_mb"] for r in rows], lw=1, label=key)
     mem.set_ylabel("resident memory (MB)")
     mem.legend(fontsize=7, ncol=3)

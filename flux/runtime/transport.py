@@ -195,6 +195,11 @@ class Transport:
             box.popleft()
 
     # -- receiving ----------------------------------------------------------------
+    def also_wake_on(self, socket: zmq.Socket) -> None:
+        """``poll`` also returns (with nothing) when ``socket`` has something to read: the
+        ingress process hears its feed from the driver while it waits for peers."""
+        self._poller.register(socket, zmq.POLLIN)
+
     def poll(self, timeout_ms: int, limit: int = DEFAULT_POLL_LIMIT
              ) -> Tuple[List[Envelope], list]:
         """Wait up to ``timeout_ms`` for messages; returns the envelopes in arrival order

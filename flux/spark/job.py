@@ -1,10 +1,11 @@
 """Deploy a Flux dataflow on a SparkSession: nodes as long-running Spark tasks.
 
-The driver runs the controller, the ingress and the egress (threads with
-sockets of their own); ``nodes + standbys`` Spark tasks run ``node_main``.
+The driver runs the controller and the egress (threads with sockets of their
+own) and feeds the ingress, which runs in a process of its own (issue 16:
+off the controller's GIL); ``nodes + standbys`` Spark tasks run ``node_main``.
 When a node's process dies, Spark re-runs its task and the new attempt
 registers as a fresh standby (DESIGN 6). ``stop()`` stops every task and
-thread it started and closes every socket.
+thread and process it started and closes every socket.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
 from flux.runtime.input_log import InputLog, InputLogWriter
 from flux.runtime.controller_service import PENDING, ControllerService
+from flux.runtime.ingress_feed import IngressFeed
+from flux.runtime.ingress_process import BEGIN, IngressProcess
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
 from flux.runtime.network import boot_id, local_host
@@ -128,7 +131,9 @@ class FluxJob:
         #: a Prometheus endpoint on this port (0: any free one), when given (issue 12)
         self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
         self.endpoint = None
-        self._ingress = self._egress = None
+        self._feed: Optional[IngressFeed] = None
+        self._ingress_process: Optional[IngressProcess] = None
+        self._egress = None
         self.errors: List[BaseException] = []
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
@@ -221,12 +226,10 @@ class FluxJob:
         try:
             # once the data flows, an error it meets (an operator raising on the first
             # records) is ``wait``'s to raise, not ``start``'s, however soon it comes
-            started = self.wait_until(lambda: "ingress" in self._loops, timeout,
+            started = self.wait_until(lambda: self._feed is not None, timeout,
                                       errors_first=False)
         except BaseException:
-            for t in self.transports.values():
-                t.close()
-            self.ctx.term()
+            self._close_sockets()
             raise
         if not started:
             c = self.controller
@@ -246,21 +249,34 @@ class FluxJob:
         self._ending = threading.Event()  # set once a restart ends this attempt
         self._threads = []
         self._loops = {}
-        self._ingress = self._egress = None
+        self._feed = self._egress = None
         self._named, self._enough_since = False, None
         self._restored = restore
         self.group = f"flux-{self.secret[:8]}-{len(self.restart_log)}"
+        config = self.config
+        # the ingress process starts first: it imports while the driver's sockets open
+        self._ingress_process = IngressProcess(dict(
+            dataflow=config.dataflow, partitions=self.nodes, capacity=config.capacity,
+            batch_size=config.batch_size, replication=config.replication,
+            window=config.window, inc=DRIVER_INCS[INGRESS_PROCESS], host=self.driver_host,
+            keys=config.keys, ports=config.ports, flush_delay=config.flush_delay))
         self.ctx = zmq.Context()
         keys = self.config.keys
         self.transports = {n: Transport(self.ctx, n, inc, host=self.driver_host, keys=keys,
                                         ports=self.config.ports)
-                           for n, inc in DRIVER_INCS.items()}
+                           for n, inc in DRIVER_INCS.items() if n != INGRESS_PROCESS}
         self.controller = ControllerService(
             self.transports[CONTROLLER_PROCESS], self.detect_after, secret=self.secret,
             name_for=self._name_for, events=self.metrics.events,
             on_snapshot=self.checkpoints.snapshot_written if self.checkpoints else None)
-        for name in (INGRESS_PROCESS, EGRESS_PROCESS):
-            self.controller.add_member(name, DRIVER_INCS[name], self.transports[name].address)
+        self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
+                                   self.transports[EGRESS_PROCESS].address)
+        try:
+            address = self._ingress_process.wait_hello(timeout=60)
+        except BaseException:
+            self._close_sockets()
+            raise
+        self.controller.add_member(INGRESS_PROCESS, DRIVER_INCS[INGRESS_PROCESS], address)
         self.config = replace(self.config.with_controller(
             self.transports[CONTROLLER_PROCESS].address),
             restore=restore["checkpoint"] if restore else -1)
@@ -277,14 +293,33 @@ class FluxJob:
 
         collector = JobCollector(
             self.metrics, self.controller, [s.name for s in self.dataflow.stages],
-            lambda: [m.stats() for m in (self._ingress, self._egress) if m is not None])
+            self.driver_stats)
         try:
             return MetricsEndpoint(collector, self.metrics_port, self.metrics_addr).start()
         except BaseException:
-            for t in self.transports.values():
-                t.close()
-            self.ctx.term()
+            self._close_sockets()
             raise
+
+    def driver_stats(self) -> list:
+        """The counters of the ingress (as its process last reported them) and the
+        egress, as a segment's (issue 12)."""
+        feed, egress = self._feed, self._egress
+        return [s for s in (feed.stats if feed is not None else None,
+                            egress.stats() if egress is not None else None) if s is not None]
+
+    @property
+    def ingress_pid(self) -> Optional[int]:
+        """The process the ingress runs in (this attempt's), or None before it starts."""
+        return self._ingress_process.pid if self._ingress_process is not None else None
+
+    def _close_sockets(self) -> None:
+        """Close the driver's sockets and stop the ingress process."""
+        if self._ingress_process is not None:
+            self._ingress_process.stop()
+        for t in self.transports.values():
+            t.close()
+        if not self.ctx.closed:
+            self.ctx.term()
 
     @property
     def metrics_url(self) -> Optional[str]:
@@ -372,9 +407,7 @@ class FluxJob:
         if spark_thread.is_alive():
             self.spark.sparkContext.cancelJobGroup(self.group)
             spark_thread.join(timeout=30)
-        for t in self.transports.values():
-            t.close()
-        self.ctx.term()
+        self._close_sockets()
 
     def _run_spark(self) -> None:
         sc = self.spark.sparkContext
@@ -481,41 +514,44 @@ class FluxJob:
         else:  # a restart: when its data starts again
             self.metrics.events.append((time.monotonic(), "data starts",
                                         self._restored["checkpoint"] if self._restored else None))
-        ingress = self.builder.ingress(log_inputs=self.input_log is not None)
         egress = self.builder.egress()
-        self._ingress, self._egress = ingress, egress
+        self._egress = egress
         source = self.source
-        logged_before = 0
+        accepted = logged_before = 0
         if self.checkpoints is not None:
             # the inputs after the checkpoint's cut come again, numbered as before
             restore = self._restored
             source.open(restore["source"] if restore else self._start_position)
-            ingress.accepted = ingress.logged = restore["cut"] if restore else 0
-            self.metrics.renumber(ingress.accepted)
+            accepted = restore["cut"] if restore else 0
+            self.metrics.renumber(accepted)
             self._cut_at = time.monotonic() + self.checkpoint_interval
             if self.input_log is not None:  # in the order they had (DESIGN 10)
-                order = self.input_log.read(after=ingress.accepted)
+                order = self.input_log.read(after=accepted)
                 source.replay(order)
-                logged_before = ingress.accepted + len(order)
+                logged_before = accepted + len(order)
                 if self._log_writer is not None:
                     self._log_writer.stop()
                 self._log_writer = InputLogWriter(self.input_log)
                 log.info("the input log replays inputs %d to %d in their logged order",
-                         ingress.accepted + 1, logged_before)
+                         accepted + 1, logged_before)
                 self.metrics.events.append((time.monotonic(), "input log replay",
-                                            (ingress.accepted + 1, logged_before)))
-        for name, machine in ((INGRESS_PROCESS, ingress), (EGRESS_PROCESS, egress)):
-            host = Host(name, {machine.addr: machine}, DRIVER_INCS[name],
-                        peer_incs=topology.peer_incs())
-            ingress_side = machine is ingress
-            loop = HostLoop(host, self.transports[name], topology.where, dict(c.addresses),
-                            self._on_effect, iter(source) if ingress_side else None,
-                            dict(c.incarnations), metrics=self.metrics,
-                            flush_delay=self.config.flush_delay,
-                            input_log=self._log_writer if ingress_side else None,
-                            logged_before=logged_before if ingress_side else 0)
-            self._loops[name] = loop
-            self._spawn(lambda loop=loop: self._drive(loop))
+                                            (accepted + 1, logged_before)))
+        # the ingress runs in its own process; this driver reads the source and feeds it
+        self._ingress_process.send(BEGIN, dict(
+            where=topology.where, addresses=dict(c.addresses),
+            incarnations=dict(c.incarnations), peer_incs=topology.peer_incs(),
+            accepted=accepted))
+        feed = IngressFeed(self._ingress_process, iter(source), self.metrics, accepted,
+                           input_log=self._log_writer, logged_before=logged_before)
+        host = Host(EGRESS_PROCESS, {egress.addr: egress}, DRIVER_INCS[EGRESS_PROCESS],
+                    peer_incs=topology.peer_incs())
+        loop = HostLoop(host, self.transports[EGRESS_PROCESS], topology.where,
+                        dict(c.addresses), self._on_effect, None, dict(c.incarnations),
+                        metrics=self.metrics, flush_delay=self.config.flush_delay)
+        self._loops[EGRESS_PROCESS] = loop
+        self._spawn(lambda: self._drive_egress(loop))
+        self._spawn(lambda: self._feed_ingress(feed))
+        self._feed = feed
 
     def finished(self) -> bool:
         """Every input's output was delivered (and handed to the sink)."""
@@ -527,10 +563,10 @@ class FluxJob:
         output can still come (DESIGN 4.3), and every output released by the merge has
         been delivered. (Asked from another thread, the merge could already be empty while
         its last ``Deliver`` was still on its way to ``delivered``.)"""
-        ingress = self._loops.get(INGRESS_PROCESS)
-        if ingress is None or not ingress.source_done:
-            return  # source_done is set after the last accept: then ``accepted`` is final
-        if self._egress.finished(self._ingress.accepted):
+        feed = self._feed
+        if feed is None or not feed.source_done:
+            return  # source_done is set after the last read: then ``read`` is final
+        if self._egress.finished(feed.read):
             self._finished.set()
 
     def wait(self, timeout: float) -> List[Any]:
@@ -541,39 +577,44 @@ class FluxJob:
                                f"({self.metrics.output_total} outputs so far)")
         return list(self.delivered)
 
-    def _drive(self, loop: HostLoop) -> None:
-        egress = loop is self._loops.get(EGRESS_PROCESS)
-        cuts = loop is self._loops.get(INGRESS_PROCESS) and self.checkpoints is not None
+    def _drive_egress(self, loop: HostLoop) -> None:
         stop = self._stop
         while not stop.is_set():
             loop.turn(5)
             if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
                 raise RuntimeError(f"{loop.host.name}: {loop.stopped}")
-            if cuts:
-                self._maybe_cut(loop)
-                self._report_offsets()
-            if egress:
-                self.metrics.settled(self._egress.settled())
-                if not self._finished.is_set():
-                    self._check_finished()
+            self.metrics.settled(self._egress.settled())
+            if not self._finished.is_set():
+                self._check_finished()
 
-    def _maybe_cut(self, loop: HostLoop) -> None:
-        """The ingress's thread: every ``checkpoint_interval`` seconds (when inputs came
-        since the last), checkpoint the job at a cut after the last input accepted."""
+    def _feed_ingress(self, feed: IngressFeed) -> None:
+        """The source's thread: read it, feed the ingress process, choose the cuts."""
+        cuts, stop = self.checkpoints is not None, self._stop
+        try:
+            while not stop.is_set():
+                feed.step(5)
+                if cuts:
+                    self._maybe_cut(feed)
+                    self._report_offsets()
+        finally:
+            feed.process.stop()
+
+    def _maybe_cut(self, feed: IngressFeed) -> None:
+        """The source's thread: every ``checkpoint_interval`` seconds (when inputs came
+        since the last), checkpoint the job at a cut after the last input handed over."""
         now = time.monotonic()
         if now < self._cut_at:
             return
         self._cut_at = now + self.checkpoint_interval
-        last = self._ingress.out.cut
-        if self._ingress.accepted == (last[1] if last else -1):
+        if not feed.has_new_inputs():
             return  # nothing new since the last cut
         number = self._next_checkpoint
         self._next_checkpoint += 1
-        cut, position = loop.choose_cut(number)
+        cut, position = feed.choose_cut(number)
         self.checkpoints.cut_chosen(number, cut, position)
 
     def _report_offsets(self) -> None:
-        """The ingress's thread (the source is its own): a source that reports positions
+        """The source's thread (the source is its own): a source that reports positions
         elsewhere (Kafka's consumer group, for lag monitoring) hears each complete
         checkpoint's, never one of inputs not yet covered by a checkpoint."""
         latest = self.checkpoints.latest
@@ -663,9 +704,7 @@ class FluxJob:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
-        for t in self.transports.values():
-            t.close()
-        self.ctx.term()
+        self._close_sockets()
         if self.endpoint is not None:
             self.endpoint.stop()
         close = getattr(self.sink, "close", None)

@@ -1,0 +1,187 @@
+"""The driver's side of the ingress process (issue 16, DESIGN 4.7 and 10).
+
+The source stays in the driver (it may be a generator; a Kafka consumer's
+group lives there) and this thread alone reads it, as the ingress's thread
+did: records in order, each timed when it arrives, at most ``window`` ahead
+of what the ingress process accepted (back-pressure: a full partition's
+buffer there stops the reading here; a feed that cannot wait counts its
+drops). A source with partitions of its own has each input's partition made
+durable in the input log before the input is handed over, so nothing leaves
+the driver unlogged (DESIGN 10); inputs an earlier run logged are handed
+over at once, in the logged order the source replays. A checkpoint's cut is
+chosen here, between two handed-over inputs, with the source's position
+after the last of them; it travels to the ingress process in order with the
+records, and the ingress cuts its batches there.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Deque, List, Optional, Tuple
+
+from flux.runtime.ingress_process import (
+    ACCEPTED,
+    CUT,
+    END,
+    FAILED,
+    RECORDS,
+    STATS,
+    IngressProcess,
+)
+from flux.runtime.sources import NOT_YET
+
+#: records handed over ahead of what the ingress accepted: enough to cover the round trip
+#: to the process at full rate, few enough to keep the feed's queue short
+FEED_WINDOW = 2048
+#: records read from the source at most in one step
+READ_LIMIT = 1000
+
+
+class IngressFeed:
+    """Reads the source, logs, and hands the records to the ingress process."""
+
+    def __init__(self, process: IngressProcess, source, metrics=None, accepted: int = 0,
+                 input_log=None, logged_before: int = 0, window: int = FEED_WINDOW):
+        """``accepted``: the inputs before the source's next one (a restart's cut);
+        ``input_log``: an ``InputLogWriter`` for a source with partitions of its own;
+        ``logged_before``: the last input an earlier run logged (replayed in that order)."""
+        self.process, self.source, self.metrics = process, source, metrics
+        self.window = window
+        #: input numbers: the last read from the source, handed over, accepted there
+        self.read = self.handed = self.accepted = accepted
+        #: the source's position after the last input handed over (what a cut records)
+        self.position: Any = getattr(source, "position", None)
+        self.source_done = False  # the source has no more: ``read`` is the last input
+        self.stats = None  # the ingress's counters, as it last reported them
+        self.last_cut: Optional[int] = None  # the input the last checkpoint's cut follows
+        self.input_log, self.logged_before = input_log, logged_before
+        self._submitted = accepted  # the last input given to the log's writer
+        #: read and waiting for the log: [first input, records, partitions, position after]
+        self._unlogged: Deque[list] = deque()
+        self._ended = False  # END was sent
+        self._source_waits_until = 0.0
+        self._timed, self._placed = hasattr(source, "arrival"), hasattr(source, "position")
+        self._checked = time.monotonic()
+
+    # -- one step of the driver's thread -------------------------------------------
+    def step(self, timeout_ms: int = 5) -> None:
+        """Hear the process, read and hand over what the window allows, log; wait up to
+        ``timeout_ms`` for the process when nothing could move."""
+        self._hear(0)
+        moved = self._read()
+        if self.input_log is not None:
+            moved |= self._log()
+        if self.source_done and not self._unlogged and not self._ended:
+            self._ended = True
+            self.process.send(END)
+        if not moved:
+            wait = timeout_ms
+            if self.input_log is not None and self.input_log.busy:
+                wait = min(wait, 1)
+            if self._source_waits_until:
+                wait = min(wait, max(0, int((self._source_waits_until - time.monotonic())
+                                            * 1000)))
+            self._hear(wait)
+        now = time.monotonic()
+        if now - self._checked >= 0.1:
+            self._checked = now
+            code = self.process.exit_code()
+            if code is not None:
+                self._hear(0)  # its last word first, if it said one
+                raise RuntimeError(f"the ingress process (pid {self.process.pid}) exited "
+                                   f"with code {code}")
+
+    def _hear(self, timeout_ms: int) -> None:
+        for msg in self.process.receive(timeout_ms):
+            kind = msg[0]
+            if kind == ACCEPTED:
+                self.accepted = msg[1]
+            elif kind == STATS:
+                self.stats = msg[1]
+            elif kind == FAILED:
+                raise RuntimeError(msg[1])
+
+    def _read(self) -> bool:
+        if self.source_done:
+            return False
+        source = self.source
+        room = self.window - (self.read - self.accepted)
+        if room <= 0:
+            arrive = getattr(source, "arrive", None)
+            if arrive is not None:
+                arrive()  # a feed that cannot wait drops meanwhile: count it now
+            self._dropped()
+            return False
+        limit = min(room, READ_LIMIT)
+        if self.read < self.logged_before:  # replayed inputs apart from new ones
+            limit = min(limit, self.logged_before - self.read)
+        records: List[Any] = []
+        arrivals: List[Optional[float]] = []
+        parts: List[Any] = []
+        logs, timed = self.input_log is not None, self._timed
+        self._source_waits_until = 0.0
+        for _ in range(limit):
+            record = next(source, None)
+            if record is NOT_YET:
+                due = getattr(source, "due_in", None)
+                self._source_waits_until = time.monotonic() + (due() if due else 0.001)
+                break
+            if record is None:
+                self.source_done = True
+                break
+            records.append(record)
+            arrivals.append(source.arrival if timed else None)
+            if logs:
+                parts.append(source.last[0])
+        self._dropped()
+        if not records:
+            return self.source_done
+        if self.metrics is not None:
+            self.metrics.inputs_taken(arrivals)
+        first = self.read + 1
+        self.read += len(records)
+        position = source.position if self._placed else None
+        if logs and first > self.logged_before:
+            self._unlogged.append([first, records, parts, position])
+        else:
+            self._hand_over(records, position)
+        return True
+
+    def _dropped(self) -> None:
+        if self.metrics is not None:
+            self.metrics.inputs_dropped(getattr(self.source, "dropped", 0))
+
+    def _log(self) -> bool:
+        """What the writer made durable is handed over; what was read since goes to the
+        writer (one append at a time, DESIGN 10)."""
+        writer, moved = self.input_log, False
+        last = writer.done()
+        if last is not None:
+            while self._unlogged and self._unlogged[0][0] + len(self._unlogged[0][1]) - 1 <= last:
+                _, records, _, position = self._unlogged.popleft()
+                self._hand_over(records, position)
+                moved = True
+        if not writer.busy:
+            todo = [c for c in self._unlogged if c[0] > self._submitted]
+            if todo:
+                writer.submit(todo[0][0], [p for c in todo for p in c[2]])
+                self._submitted = todo[-1][0] + len(todo[-1][1]) - 1
+                moved = True
+        return moved
+
+    def _hand_over(self, records: List[Any], position: Any) -> None:
+        self.process.send(RECORDS, records)
+        self.handed += len(records)
+        self.position = position
+
+    # -- checkpoints ---------------------------------------------------------------
+    def has_new_inputs(self) -> bool:
+        """Did inputs come since the last cut (or is there none yet)?"""
+        return self.last_cut is None or self.handed != self.last_cut
+
+    def choose_cut(self, number: int) -> Tuple[int, Any]:
+        """Checkpoint ``number`` covers every input handed over so far: its cut and the
+        source's position after it (DESIGN 10). The ingress cuts its batches there."""
+        self.process.send(CUT, number)
+        self.last_cut = self.handed
+        return self.handed, self.position

@@ -1,0 +1,286 @@
+"""The ingress in a process of its own (issue 16, DESIGN 4.7): off the driver's GIL.
+
+The driver's one GIL was shared by the controller, the ingress and the egress,
+and the ingress (routing, numbering, packing batches for both replicas of a
+pair, taking their acks) held most of it: the controller's liveness and the
+data competed, and one driver process capped the job's input rate. Here the
+ingress machine runs in a ``HostLoop`` of a fresh interpreter, as the
+driver's thread ran it, with sockets and a GIL of its own. The driver keeps
+what belongs to the user or the job: the source (perhaps a generator, which
+cannot move), the input log, the checkpoint cuts and the metrics
+(``flux.runtime.ingress_feed``). It hands the records over in order on a
+local pipe (a ZeroMQ PAIR on an ``ipc://`` path in a directory only this
+user may enter), at most a window ahead of what the ingress accepted.
+
+Started as ``python -m flux.runtime.ingress_process``, never with
+``multiprocessing``: its ``spawn`` imports the user's main module again,
+and a script without a ``__main__`` guard would start its job twice.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import deque
+from typing import Any, Deque, List, Optional, Tuple
+
+import zmq
+
+from flux.runtime.sources import NOT_YET
+
+log = logging.getLogger(__name__)
+
+# driver -> ingress process
+SPEC, BEGIN, RECORDS, CUT, END, STOP = "spec", "begin", "records", "cut", "end", "stop"
+# ingress process -> driver
+HELLO, ACCEPTED, STATS, FAILED = "hello", "accepted", "stats", "failed"
+
+#: how often the ingress process reports its counters (and checks that the driver lives)
+STATS_EVERY = 0.1
+
+
+def _pack(*msg) -> bytes:
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class IngressProcess:
+    """The driver's handle on the ingress process: start it, talk to it, stop it."""
+
+    def __init__(self, spec: dict):
+        """``spec``: what the process builds its ingress and its sockets from (the
+        dataflow as cloudpickle bytes, the builder's sizes, incarnation, host, keys, ports,
+        flush delay)."""
+        self._dir = tempfile.mkdtemp(prefix="flux-ingress-")  # mode 0700
+        self.ctx = zmq.Context()
+        self.socket = self.ctx.socket(zmq.PAIR)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(f"ipc://{self._dir}/feed")
+        # what the driver can import, the process can: the dataflow's classes by reference
+        path = os.pathsep.join(p for p in sys.path if p)
+        env = dict(os.environ, PYTHONPATH=path)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flux.runtime.ingress_process", f"ipc://{self._dir}/feed",
+             str(os.getpid())], env=env, stdin=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+        self.closed = False
+        self.send(SPEC, spec)
+
+    def send(self, *msg) -> None:
+        self.socket.send(_pack(*msg))
+
+    def receive(self, timeout_ms: int) -> List[tuple]:
+        """What the process said, waiting up to ``timeout_ms`` for the first message."""
+        out = []
+        if not self.socket.poll(timeout_ms):
+            return out
+        while True:
+            try:
+                out.append(pickle.loads(self.socket.recv(zmq.NOBLOCK)))
+            except zmq.Again:
+                return out
+
+    def exit_code(self) -> Optional[int]:
+        return self.proc.poll()
+
+    def wait_hello(self, timeout: float) -> str:
+        """The address of the process's data socket, once it built its ingress."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for msg in self.receive(50):
+                if msg[0] == HELLO:
+                    return msg[1]
+                if msg[0] == FAILED:
+                    raise RuntimeError(f"the ingress process could not start: {msg[1]}")
+            code = self.exit_code()
+            if code is not None:
+                raise RuntimeError(f"the ingress process (pid {self.pid}) exited with code "
+                                   f"{code} before it started")
+        raise TimeoutError(f"the ingress process (pid {self.pid}) did not start in {timeout}s")
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Ask the process to end, then SIGKILL it if it has not within ``timeout``."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.proc.poll() is None:
+            try:
+                self.send(STOP)
+            except zmq.ZMQError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("the ingress process (pid %d) did not stop: SIGKILL", self.pid)
+                self.proc.kill()
+                self.proc.wait(10)
+        self.socket.close(linger=0)
+        self.ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class _Cut:
+    __slots__ = ("number",)
+
+    def __init__(self, number: int):
+        self.number = number
+
+
+class FeedSource:
+    """The records the driver handed over, in order, as the ``HostLoop``'s source: NOT_YET
+    while none is here; a checkpoint's cut is chosen once every input before it was
+    accepted (the loop asks for the next record only then)."""
+
+    def __init__(self, feed: zmq.Socket):
+        self.feed = feed
+        self.waiting: Deque[Any] = deque()
+        self.ended = False  # the driver's source has no more
+        self.finished = False  # ... and the loop took the last record
+        self.stopped = False  # the driver said stop
+        self.on_cut = None  # number -> None: the loop's ``choose_cut``
+
+    def __iter__(self) -> "FeedSource":
+        return self
+
+    def __next__(self) -> Any:
+        waiting = self.waiting
+        while True:
+            if waiting:
+                item = waiting.popleft()
+                if type(item) is _Cut:
+                    self.on_cut(item.number)
+                    continue
+                return item
+            if self.ended:
+                self.finished = True
+                raise StopIteration
+            if not self.pump():
+                return NOT_YET
+
+    def pump(self) -> bool:
+        """Take what the driver sent; True if records, a cut or the end came."""
+        got = False
+        while not self.stopped:
+            try:
+                kind, *rest = pickle.loads(self.feed.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            if kind == RECORDS:
+                self.waiting.extend(rest[0])
+            elif kind == CUT and self.finished:
+                self.on_cut(rest[0])  # the loop asks for no more: every input was accepted
+            elif kind == CUT:
+                self.waiting.append(_Cut(rest[0]))
+            elif kind == END:
+                self.ended = True
+            elif kind == STOP:
+                self.stopped = True
+            got = True
+        return got
+
+
+def _wait_for(feed: zmq.Socket, kind: str, parent: int) -> Optional[tuple]:
+    """The next message, which must be ``kind`` (None: the driver said stop, or died)."""
+    while True:
+        if feed.poll(200):
+            msg = pickle.loads(feed.recv())
+            if msg[0] == kind:
+                return msg
+            if msg[0] == STOP:
+                return None
+            raise RuntimeError(f"expected {kind!r} from the driver, got {msg[0]!r}")
+        if os.getppid() != parent:
+            return None
+
+
+def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
+    """Build the ingress, say where it listens, then run it until the driver says stop."""
+    from pyspark import cloudpickle
+
+    from flux.builder import MachineBuilder
+    from flux.control_messages import JOB_STOPPED
+    from flux.host import Host
+    from flux.runtime.loop import HostLoop
+    from flux.runtime.transport import Transport
+    from flux.topology import INGRESS_PROCESS
+
+    msg = _wait_for(feed, SPEC, parent)
+    if msg is None:
+        return
+    spec = msg[1]
+    builder = MachineBuilder(cloudpickle.loads(spec["dataflow"]), spec["partitions"],
+                             spec["capacity"], spec["batch_size"],
+                             replication=spec["replication"], window=spec["window"])
+    transport = Transport(ctx, INGRESS_PROCESS, spec["inc"], host=spec["host"],
+                          keys=spec["keys"], ports=spec["ports"])
+    try:
+        feed.send(_pack(HELLO, transport.address, os.getpid()))
+        msg = _wait_for(feed, BEGIN, parent)
+        if msg is None:
+            return
+        begin = msg[1]
+        ingress = builder.ingress()
+        ingress.accepted = ingress.logged = begin["accepted"]
+        host = Host(INGRESS_PROCESS, {ingress.addr: ingress}, spec["inc"],
+                    peer_incs=begin["peer_incs"])
+        source = FeedSource(feed)
+        loop = HostLoop(host, transport, begin["where"], begin["addresses"], source=source,
+                        incarnations=begin["incarnations"], flush_delay=spec["flush_delay"])
+        source.on_cut = loop.choose_cut
+        transport.also_wake_on(feed)
+        told, stats_at = ingress.accepted, 0.0
+        while not source.stopped:
+            loop.turn(5)
+            if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
+                feed.send(_pack(FAILED, f"{INGRESS_PROCESS}: {loop.stopped}"))
+                return
+            if ingress.accepted != told:
+                told = ingress.accepted
+                feed.send(_pack(ACCEPTED, told))
+            now = time.monotonic()
+            if now - stats_at >= STATS_EVERY:
+                stats_at = now
+                feed.send(_pack(STATS, ingress.stats()))
+                if os.getppid() != parent:
+                    log.warning("the driver (pid %d) is gone: the ingress process ends", parent)
+                    return
+            source.pump()
+    finally:
+        transport.close()
+
+
+def main(argv: List[str]) -> int:
+    address, parent = argv[1], int(argv[2])
+    logging.basicConfig(level=logging.WARNING,
+                        format="flux ingress process: %(levelname)s %(name)s: %(message)s")
+    from flux.runtime.gc_tuning import data_path_gc
+
+    ctx = zmq.Context()
+    feed = ctx.socket(zmq.PAIR)
+    feed.setsockopt(zmq.LINGER, 1000)  # a last word (FAILED) reaches the driver
+    feed.connect(address)
+    code = 0
+    try:
+        with data_path_gc():
+            run(feed, ctx, parent)
+    except BaseException as exc:
+        log.error("the ingress process failed: %s", exc)
+        feed.send(_pack(FAILED, "".join(traceback.format_exception_only(type(exc), exc))
+                        .strip()[:2000]))
+        code = 1
+    finally:
+        feed.close()
+        ctx.term()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
+
+
+__all__: Tuple[str, ...] = ("IngressProcess", "FeedSource", "run", "main")

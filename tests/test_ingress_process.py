@@ -1,0 +1,108 @@
+"""The ingress in a process of its own (issue 16): started, heard, stopped by its PID, and
+never outliving the driver that started it."""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import zmq
+from pyspark import cloudpickle
+
+from flux.examples import counting_dataflow
+from flux.runtime.ingress_process import CUT, END, RECORDS, IngressProcess, FeedSource
+from flux.runtime.sources import NOT_YET
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def spec(dataflow=None) -> dict:
+    return dict(dataflow=cloudpickle.dumps(dataflow or counting_dataflow(2)), partitions=2,
+                capacity=64, batch_size=8, replication="flux", window=64, inc=-1,
+                host="127.0.0.1", keys=None, ports=None, flush_delay=0.002)
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # dead, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def test_the_process_says_where_it_listens_and_stop_ends_it():
+    process = IngressProcess(spec())
+    try:
+        address = process.wait_hello(timeout=30)
+        assert address.startswith("tcp://127.0.0.1:")
+        assert not gone(process.pid)
+    finally:
+        process.stop()
+    assert process.exit_code() == 0 and gone(process.pid)
+    assert not os.path.exists(process._dir)
+
+
+def test_a_dataflow_the_process_cannot_load_fails_with_its_reason():
+    bad = spec()
+    bad["dataflow"] = b"not a pickle"
+    process = IngressProcess(bad)
+    try:
+        with pytest.raises(RuntimeError, match="ingress process could not start.*pickle"):
+            process.wait_hello(timeout=30)
+    finally:
+        process.stop()
+    assert gone(process.pid)
+
+
+def test_the_process_ends_when_its_driver_is_killed(tmp_path):
+    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import pickle, sys, time
+        sys.path[:0] = {sys.path!r}
+        from flux.runtime.ingress_process import IngressProcess
+        process = IngressProcess(pickle.loads({pickle.dumps(spec())!r}))
+        process.wait_hello(30)
+        print(process.pid, flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(driver.stdout.readline())
+        assert not gone(child)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+        deadline = time.monotonic() + 10
+        while not gone(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(child), "the ingress process outlived its driver"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(10)
+        if child is not None and not gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_cut_is_chosen_when_every_input_before_it_was_taken():
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://feed")
+        b.connect("inproc://feed")
+        source, cuts, taken = FeedSource(b), [], []
+        source.on_cut = lambda n: cuts.append((n, list(taken)))
+        assert next(source) is NOT_YET
+        for msg in [(RECORDS, [1, 2]), (CUT, 5), (RECORDS, [3]), (END,)]:
+            a.send(pickle.dumps(msg))
+        for record in source:
+            taken.append(record)
+        assert taken == [1, 2, 3] and cuts == [(5, [1, 2])]
+        a.send(pickle.dumps((CUT, 6)))  # after the last input: at once
+        source.pump()
+        assert cuts == [(5, [1, 2]), (6, [1, 2, 3])]
+    finally:
+        a.close(0)
+        b.close(0)
+        ctx.term()
