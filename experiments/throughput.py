@@ -30,6 +30,7 @@ import csv
 import json
 import pathlib
 import statistics
+import threading
 import time
 from typing import Any, Callable, Dict, List
 
@@ -71,6 +72,34 @@ def operators_alone(dataflow, records: List[Any]) -> Callable[[], int]:
     return run
 
 
+class DriverWakeups:
+    """How late a thread of the driver wakes from a 1 ms sleep while the job runs: the
+    wait for the driver's GIL that its controller thread (heartbeats, detection) has too."""
+
+    def __init__(self):
+        self.late: List[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="wakeups")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            asked = time.perf_counter()
+            time.sleep(0.001)
+            self.late.append((time.perf_counter() - asked - 0.001) * 1000)
+
+    def __enter__(self) -> "DriverWakeups":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def p99_ms(self) -> float:
+        late = sorted(self.late)
+        return round(late[min(len(late) - 1, int(0.99 * len(late)))], 2) if late else None
+
+
 def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
                    args, authenticate: bool = True) -> Dict[str, Any]:
     """One run of ``mode`` fed as fast as the ingress takes input."""
@@ -80,14 +109,16 @@ def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
                   replication=mode, authenticate=authenticate)
     with job:
         job.wait_until(lambda: job.controller.started, 120)
-        started = time.perf_counter()
-        output = job.wait(3600)
-        elapsed = time.perf_counter() - started
+        with DriverWakeups() as wakeups:
+            started = time.perf_counter()
+            output = job.wait(3600)
+            elapsed = time.perf_counter() - started
         summary = job.metrics.summary()
     same = [wire_form(x) for x in output] == expected
     return {"mode": mode, "inputs": len(records), "seconds": round(elapsed, 3),
             "input_rate_tps": round(len(records) / elapsed, 1),
             "latency_p50_ms": summary["latency_p50_ms"],
+            "driver_wakeup_p99_ms": wakeups.p99_ms(),
             "output_matches_reference": same}
 
 
@@ -223,6 +254,8 @@ def main(argv=None) -> int:
                 print(row, flush=True)
         rates = {m: [r["input_rate_tps"] for r in rows if r["mode"] == m] for m in modes}
         summary["modes"] = {m: spread(v) for m, v in rates.items()}
+        summary["driver_wakeup_p99_ms"] = {m: spread([r["driver_wakeup_p99_ms"] for r in rows
+                                                      if r["mode"] == m]) for m in modes}
         base = summary["operators_alone_tps"]["median"]
         summary["vs_operators_alone"] = {m: round(s["median"] / base, 3)
                                          for m, s in summary["modes"].items()}

@@ -2,8 +2,11 @@
 their spread, ratios per round, never one run."""
 from __future__ import annotations
 
+import sys
+import time
+
 from experiments.overhead import summarize, table
-from experiments.throughput import operators_alone, spread
+from experiments.throughput import DriverWakeups, operators_alone, spread
 from flux.examples import paper_dataflow
 from flux.reference import reference_output
 from flux.workload import packet_workload
@@ -29,3 +32,15 @@ def test_the_operators_alone_run_emits_what_the_dataflow_emits():
     records = packet_workload(2000, seed=3, pairs=200, apps=3, sources=20)
     assert operators_alone(paper_dataflow(), records)() == len(
         reference_output(paper_dataflow(), records, 1))
+
+
+def test_a_thread_that_holds_the_gil_makes_the_driver_wakeups_late():
+    """What the wake-up figure measures: a thread of pure Python work keeps the sleeper
+    waiting for the GIL about one switch interval (5 ms) after each 1 ms sleep."""
+    with DriverWakeups() as wakeups:
+        end = time.perf_counter() + 0.3
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+    assert len(wakeups.late) >= 10
+    assert wakeups.p99_ms() >= 0.5 * sys.getswitchinterval() * 1000
