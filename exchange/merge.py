@@ -12,6 +12,7 @@ failed to filter), so it raises instead of being silently dropped.
 from __future__ import annotations
 
 from collections import deque
+from heapq import heapify, heappop, heapreplace
 from typing import Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from flux.data_messages import Item
@@ -94,30 +95,47 @@ class OrderedMerge:
         """Release everything that can be released now (at most ``limit`` tuples), each
         with its producer.
 
-        By runs (issue 16): the producer with the smallest head may release every queued
-        tuple below the *others'* limit (their heads, or their bounds when they are
-        empty), and that limit stays put while only this producer's queue moves, so it
-        is computed once per run instead of once per tuple. Releasing tuple by tuple
-        with ``pop_from`` gives the same sequence."""
+        By runs over a heap of the queues' heads (issue 16): the smallest head may go
+        while it is below every *empty* producer's bound (another queue's head is larger
+        by the heap's order: SNs are unique, DESIGN 4.1), and its producer releases a run
+        up to the next head or that bound before the heap is touched again. With inputs
+        spread over the producers a run is one or two tuples, so the heap, not a scan of
+        every producer per run, is what keeps a release O(log producers) per tuple.
+        Releasing tuple by tuple with ``pop_from`` gives the same sequence."""
         out: List[Tuple[Hashable, Item]] = []
         queues = self.queues
         room = float("inf") if limit is None else limit
-        while len(out) < room:
-            smallest = self.head()
-            if smallest is None:
-                break
-            best, head = smallest
-            below = None  # the smallest SN point another producer may still deliver
-            for producer, queue in queues.items():
-                if producer != best:
-                    point = queue[0][0] if queue else bound_key(self._idle_bound(producer))
-                    if below is None or point < below:
-                        below = point
+        heap = []
+        below = None  # the smallest SN point an empty producer may still deliver
+        for i, (producer, queue) in enumerate(queues.items()):
+            if queue:
+                heap.append((queue[0][0], i, producer))
+            else:
+                point = bound_key(self._idle_bound(producer))
+                if below is None or point < below:
+                    below = point
+        heapify(heap)
+        append, n = out.append, 0
+        while heap and n < room:
+            head, i, producer = heap[0]
             if below is not None and not head < below:
                 break
-            queue = queues[best]
-            while queue and len(out) < room and (below is None or queue[0][0] < below):
-                out.append((best, queue.popleft()))
+            until = below  # this run ends at the next head or at that bound
+            if len(heap) > 1:
+                other = heap[1][0] if len(heap) == 2 or heap[1] < heap[2] else heap[2][0]
+                if until is None or other < until:
+                    until = other
+            queue = queues[producer]
+            while queue and n < room and (until is None or queue[0][0] < until):
+                append((producer, queue.popleft()))
+                n += 1
+            if queue:
+                heapreplace(heap, (queue[0][0], i, producer))
+            else:  # empty now: what it may still send is bounded by its last SN or bound
+                heappop(heap)
+                point = bound_key(self._idle_bound(producer))
+                if below is None or point < below:
+                    below = point
         return out
 
     def unpop(self, released: List[Tuple[Hashable, Item]]) -> None:

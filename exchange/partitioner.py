@@ -9,7 +9,7 @@ that compare equal but encode differently (``1`` and ``1.0``) do not.
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -43,6 +43,21 @@ class HashPartitioner:
                 f"encoded with msgpack: {exc}"
             ) from None
         return zlib.crc32(data) % self.partitions
+
+    def router(self, key_of: Callable[[Any], Any]) -> Callable[[Any], int]:
+        """``record -> partition`` of ``record``'s key (``key_of``), in one call: a
+        segment routes every output it emits (issue 16: a call less per tuple)."""
+        pack, crc32, partitions = self._pack, zlib.crc32, self.partitions
+
+        def route(record: Any) -> int:
+            key = key_of(record)
+            try:
+                data = pack(key)
+            except (TypeError, ValueError, OverflowError):
+                return self(key)  # the same error, worded in one place
+            return crc32(data) % partitions
+
+        return route
 
     def __repr__(self) -> str:
         return f"HashPartitioner({self.partitions})"

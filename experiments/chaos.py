@@ -17,6 +17,10 @@ runs, in one of these scenarios (drawn at random):
   checkpoints (every 0.5-2 s, to a fresh folder, into a ``FileSink`` or kept in
   memory): it must restart by itself from its last checkpoint (or from the first
   input, if none was complete yet), and the output must be the reference;
+- ``ingress-kill``: the ingress's process (issue 16: a process of its own
+  beside the driver) is SIGKILLed, as the OOM killer would, in a job that
+  checkpoints as above: it must restart from its last checkpoint, and the
+  output must be the reference;
 - ``driver-kill``: the driver of ``experiments.resumable_job`` (its own Spark,
   in a process group of its own) is SIGKILLed at a random moment, once or
   twice, and the program run again with the same checkpoint location: the
@@ -40,9 +44,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import pathlib
 import random
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -59,7 +65,9 @@ from flux.workload import keyed_workload, packet_workload
 
 HOST_SCENARIOS = ("silent-host", "partition-heal")
 #: scenarios that restart the job (issue 14); driver-kill runs a Spark of its own
-RESTART_SCENARIOS = ("double-restart", "driver-kill")
+RESTART_SCENARIOS = ("double-restart", "ingress-kill", "driver-kill")
+#: scenarios that run with checkpoints and must restart from one
+CHECKPOINTED = ("double-restart", "ingress-kill")
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double",
              *RESTART_SCENARIOS, *HOST_SCENARIOS)
 NODES, STANDBYS = 4, 1
@@ -147,7 +155,7 @@ class Chaos:
         self.expected = reference_output(dataflow, records, NODES)
         self.duration = args.packets / args.rate
         self.sink = None
-        if run.scenario == "double-restart":  # a replayable feed, checkpoints, maybe a sink
+        if run.scenario in CHECKPOINTED:  # a replayable feed, checkpoints, maybe a sink
             self.folder = tempfile.mkdtemp(prefix="flux-chaos-")
             self.feed = Paced(records, args.rate)
             interval = rng.choice((0.5, 1.0, 2.0))
@@ -220,6 +228,11 @@ class Chaos:
             self.run.kills.append(f"healed at {self.now():.2f}s")
             self.rig.heal(i)
             return
+        if scenario == "ingress-kill":  # its process, as the OOM killer would
+            pid = self.job.ingress_pid
+            self.run.kills.append(f"the ingress process (pid {pid}) at {self.now():.2f}s")
+            os.kill(pid, signal.SIGKILL)
+            return
         if scenario in ("double", "double-restart"):
             partner = self.rng.choice(neighbours(first))
             self.kill(node_name(first))
@@ -261,7 +274,7 @@ class Chaos:
                 return
             raise AssertionError("the job went on after both replicas of a pair died")
         output = job.wait(timeout=240)
-        if run.scenario == "double-restart":
+        if run.scenario in CHECKPOINTED:
             self.check_restarted(output)
             return
         self.wait(lambda: not self.recovery().pending() and not self.catching_up(),
@@ -278,7 +291,7 @@ class Chaos:
     def check_restarted(self, output) -> None:
         job, run = self.job, self.run
         if not job.restart_log:
-            raise AssertionError("both replicas of a pair died and the job did not restart")
+            raise AssertionError(f"{run.scenario}: the job did not restart")
         for when, restored, why in job.restart_log:
             run.kills.append(f"restarted from checkpoint {restored} "
                              f"at {when - job.metrics.t0:.2f}s")
@@ -293,7 +306,7 @@ class Chaos:
                 raise AssertionError("the FileSink's committed content is not the reference")
 
     def close(self) -> None:
-        if self.run.scenario == "double-restart":
+        if self.run.scenario in CHECKPOINTED:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 

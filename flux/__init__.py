@@ -20,7 +20,14 @@ from typing import Any
 
 from flux.dataflow import Dataflow, Stage
 from flux.connectors import PartitionedSource, Sink, Source
-from flux.errors import CheckpointMismatch, DataflowError, OperatorError, PairLost, SinkFenced
+from flux.errors import (
+    CheckpointMismatch,
+    DataflowError,
+    IngressLost,
+    OperatorError,
+    PairLost,
+    SinkFenced,
+)
 from flux.examples import paper_dataflow
 from flux.expiry import Expiry
 from flux.keyed_state import KeyedOperator, KeyedState
@@ -77,7 +84,8 @@ __all__ = [
     # Kafka in and out (issue 15)
     "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch
-    "DataflowError", "OperatorError", "PairLost", "SinkFenced", "CheckpointMismatch",
+    "DataflowError", "OperatorError", "PairLost", "IngressLost", "SinkFenced",
+    "CheckpointMismatch",
 ]
 
 

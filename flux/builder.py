@@ -73,9 +73,7 @@ class MachineBuilder:
             # the baselines have plain exchanges inside a replica set: no dual to ack
             absent = frozenset(c[other_set] for c in consumers) if self.replication != "flux" \
                 else frozenset()
-            next_key = self.dataflow.stages[s].key
-            part = self.part
-            route = lambda rec: part(next_key(rec))  # noqa: E731
+            route = self.part.router(self.dataflow.stages[s].key)
         else:
             ghost = Addr(K + 1, 0, S)  # the egress has no replica S
             consumers = [(egress_addr(K), ghost)]
@@ -101,10 +99,10 @@ class MachineBuilder:
     def ingress(self, log_inputs: bool = False, ingress_class: type = Ingress) -> Ingress:
         """``log_inputs``: the source interleaves partitions of its own, inputs leave
         once their SNs are in the input log (DESIGN 10)."""
-        key, part = self.dataflow.stages[0].key, self.part
-        return ingress_class(self.partitions, lambda rec: part(key(rec)), self.ingress_capacity,
-                       self.batch_size, self.buffer_factory, absent=self.absent_replicas(1),
-                       window=self.window, log_inputs=log_inputs)
+        return ingress_class(self.partitions, self.part.router(self.dataflow.stages[0].key),
+                             self.ingress_capacity, self.batch_size, self.buffer_factory,
+                             absent=self.absent_replicas(1), window=self.window,
+                             log_inputs=log_inputs)
 
     def egress(self) -> Egress:
         return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),

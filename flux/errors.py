@@ -59,6 +59,12 @@ class PairLost(RuntimeError):
         return (PairLost, (self.stage, self.partition))
 
 
+class IngressLost(RuntimeError):
+    """The ingress's process died (the OOM killer, a signal): the inputs it held and had
+    not yet sent are gone with it, so the job cannot go on; with a checkpoint it restarts
+    from there, as after a lost pair (DESIGN 10)."""
+
+
 class SinkFenced(RuntimeError):
     """Another writer committed to this exactly-once sink since it was opened (another
     incarnation of the job took over): this one must stop, not write a duplicate."""

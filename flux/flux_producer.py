@@ -56,6 +56,7 @@ class FluxProducer:
         self.r_done = [False] * len(peers)
         self._takeover_reported = False
         self.put = self.out.put  # one call per output, not two (issue 16)
+        self.put_outputs = self.out.put_outputs
 
     # -- events ------------------------------------------------------------
     def on_ack(self, src: Addr, msg: Ack) -> None:
@@ -140,6 +141,9 @@ class FluxProducer:
     # -- sending -----------------------------------------------------------
     def put(self, i: int, sn: SN, item) -> None:
         self.out.put(i, sn, item)  # (bound straight to the producer's in __init__)
+
+    def put_outputs(self, sn: SN, outputs: list, routes: list) -> None:
+        self.out.put_outputs(sn, outputs, routes)  # (bound likewise)
 
     def full(self) -> bool:
         return self.out.full()

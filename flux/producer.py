@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr
 from flux.buffer import DESTS, SEC, Buffer
@@ -196,6 +196,15 @@ class Producer:
     def put(self, i: int, sn: SN, item) -> None:
         """Action 1: a produced tuple for consumer partition i."""
         self.buffers[i].put(sn, item)
+
+    def put_outputs(self, sn: SN, outputs: List[Any], routes: List[int]) -> None:
+        """Action 1 for one input's outputs: the k-th (SN ``sn + (k,)``, DESIGN 4.1) to
+        consumer partition ``routes[k - 1]``, in order (issue 16: a call per input, not per
+        output)."""
+        buffers, k = self.buffers, 0
+        for item, i in zip(outputs, routes):
+            k += 1
+            buffers[i].put(sn + (k,), item)
 
     def flush(self, i: int, d: int, frontier: SN) -> Optional[Send]:
         """Action 2 (and 2a): the next batch for destination d, with a progress bound."""

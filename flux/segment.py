@@ -634,9 +634,7 @@ class Segment:
         except Exception as exc:
             raise OperatorError("the partition key of the next stage", self.addr.stage,
                                 self.addr.partition, sn, describe(exc)) from exc
-        put = self.fprod.put
-        for k, (out, route) in enumerate(zip(outputs, routes), 1):
-            put(route, sn + (k,), out)
+        self.fprod.put_outputs(sn, outputs, routes)
         return len(outputs)
 
     def flushable(self):

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from flux.errors import IngressLost
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.ingress_feed import IngressFeed
 from flux.runtime.ingress_process import ACCEPTED, CUT, END, FAILED, RECORDS
@@ -162,7 +163,7 @@ def test_the_ingress_process_failing_or_dying_stops_the_feed_with_its_reason():
     feed = IngressFeed(pipe, iter(range(10)), Metrics())
     feed._checked = float("-inf")
     pipe.code = -9
-    with pytest.raises(RuntimeError, match=r"ingress process \(pid 4242\) exited with code -9"):
+    with pytest.raises(IngressLost, match=r"ingress process \(pid 4242\) exited with code -9"):
         feed.step(0)
 
 

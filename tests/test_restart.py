@@ -85,3 +85,52 @@ def test_a_checkpoint_of_another_dataflow_is_refused(spark, tmp_path):
     with pytest.raises(CheckpointMismatch, match="partitions 4, this job has 2"):
         FluxJob(spark, counting_dataflow(2), records, nodes=2,
                 checkpoint=str(tmp_path / "ckpt"))
+
+
+def test_the_ingress_process_killed_restarts_the_job_from_its_checkpoint(spark, tmp_path):
+    """The ingress runs in a process of its own (issue 16): SIGKILLed (the OOM killer's
+    way), what it held dies with it; the job restarts from its last checkpoint, and the
+    sink's content is the failure-free output."""
+    import os
+    import signal
+
+    from flux.examples import counting_dataflow
+    from flux.runtime.file_source import FileSource
+    from flux.runtime.sources import Paced
+    from flux.spark.job import FluxJob
+
+    expected = write_inputs(tmp_path / "in", 16_000)
+    out = str(tmp_path / "out")
+    job = FluxJob(spark, counting_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=0, sink=make_sink("jsonl", out),
+                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 1, 60)
+        first = job.ingress_pid
+        os.kill(first, signal.SIGKILL)
+        job.wait(timeout=240)
+        assert job.ingress_pid != first
+    assert len(job.restart_log) == 1
+    _, restored, why = job.restart_log[0]
+    assert restored is not None and f"pid {first}) exited with code -9" in why
+    assert read_sink("jsonl", out) == expected
+
+
+def test_without_a_checkpoint_the_ingress_process_killed_stops_the_job_with_why(spark):
+    import os
+    import signal
+
+    from flux.errors import IngressLost
+    from flux.examples import counting_dataflow
+    from flux.runtime.sources import RateLimited
+    from flux.spark.job import FluxJob
+    from flux.workload import keyed_workload
+
+    records = keyed_workload(40_000, seed=2, keys=50)
+    with FluxJob(spark, counting_dataflow(2), RateLimited(records, 4000), nodes=4,
+                 standbys=0) as job:
+        assert job.wait_until(lambda: len(job.delivered) > 100, 60)
+        pid = job.ingress_pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(IngressLost, match=f"pid {pid}\\) exited with code -9"):
+            job.wait(timeout=60)

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from typing import Any, Deque, List, Optional, Tuple
 
+from flux.errors import IngressLost
 from flux.runtime.ingress_process import (
     ACCEPTED,
     CUT,
@@ -88,8 +89,8 @@ class IngressFeed:
             code = self.process.exit_code()
             if code is not None:
                 self._hear(0)  # its last word first, if it said one
-                raise RuntimeError(f"the ingress process (pid {self.process.pid}) exited "
-                                   f"with code {code}")
+                raise IngressLost(f"the ingress process (pid {self.process.pid}) exited "
+                                  f"with code {code}")
 
     def _hear(self, timeout_ms: int) -> None:
         for msg in self.process.receive(timeout_ms):

@@ -29,7 +29,7 @@ from flux.builder import REPLICATIONS, MachineBuilder
 from flux.control_messages import JOB_STOPPED, Register
 from flux.dataflow import check_batch_api, check_state_round_trip
 from flux.effects import Deliver, SinkCommit
-from flux.errors import DataflowError, PairLost
+from flux.errors import DataflowError, IngressLost, PairLost
 from flux.host import Host
 from flux.operator import OperatorRaised, describe
 from flux.connectors import PartitionedSource, is_exactly_once
@@ -345,9 +345,10 @@ class FluxJob:
             self._stop.set()
 
     def _restartable(self, exc: BaseException) -> bool:
-        """A lost pair restarts the job from its last checkpoint (DESIGN 10), a bounded
-        number of times; nothing else does (an operator's error would come again)."""
-        return (isinstance(exc, PairLost) and self.checkpoints is not None
+        """A lost pair, or the ingress's process lost, restarts the job from its last
+        checkpoint (DESIGN 10), a bounded number of times; nothing else does (an
+        operator's error would come again)."""
+        return (isinstance(exc, (PairLost, IngressLost)) and self.checkpoints is not None
                 and self.restarts_left > 0 and not self._stopping.is_set()
                 and self._restart_due is None)
 
