@@ -281,3 +281,36 @@ def test_absent_replicas_are_dead_from_the_start():
     assert ing.out.buffers[0].delete == {PRIM}
     ing.accept(rec("k0", 1))
     assert (0, PRIM) in ing.flushable() and (0, SEC) not in ing.flushable()
+
+
+# --- a run of inputs in one call (issue 16) -----------------------------------------
+
+@pytest.mark.parametrize("seed", range(20))
+def test_accept_many_is_accept_one_by_one_until_back_pressure(seed):
+    import random
+
+    rng = random.Random(seed)
+    records = [rec(rng.choice(("k0", "k1")), n) for n in range(40)]
+    one = make(capacity=rng.randint(1, 12))
+    many = make(capacity=one.capacity)
+    taken = 0
+    while taken < len(records):
+        size = rng.randint(1, 9)
+        run = records[taken:taken + size]
+        n = many.accept_many(run)
+        for r in run[:n]:
+            assert one.accept(r) is not None
+        if n < len(run):
+            assert one.accept(run[n]) is None  # the same input meets back-pressure
+            break
+        taken += n
+    assert many.accepted == one.accepted and many.frontier() == one.frontier()
+    assert [b.entries() for b in many.out.buffers] == [b.entries() for b in one.out.buffers]
+
+
+def test_accept_many_keeps_what_went_before_a_key_that_raises():
+    ing = make(capacity=8)
+    with pytest.raises(KeyError):
+        ing.accept_many([rec("k0", 1), rec("k1", 2), rec("nope", 3), rec("k0", 4)])
+    assert ing.accepted == 2
+    assert ing.accept(rec("k0", 5)) == (3,)

@@ -106,3 +106,26 @@ def test_a_cut_is_chosen_when_every_input_before_it_was_taken():
         a.close(0)
         b.close(0)
         ctx.term()
+
+
+def test_runs_taken_stop_before_a_cut_which_waits_for_what_was_put_back():
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://runs")
+        b.connect("inproc://runs")
+        source, cuts = FeedSource(b), []
+        source.on_cut = cuts.append
+        for msg in [(RECORDS, [1, 2, 3]), (CUT, 5), (RECORDS, [4]), (END,)]:
+            a.send(pickle.dumps(msg))
+        time.sleep(0.05)
+        assert source.take(2) == [1, 2]
+        assert source.take(10) == [3] and cuts == []  # a run ends before the cut
+        source.put_back([3])  # back-pressure held input 3: the cut waits for it
+        assert source.take(10) == [3] and cuts == []
+        assert source.take(10) == [4] and cuts == [5]
+        assert source.take(10) == [] and source.finished
+    finally:
+        a.close(0)
+        b.close(0)
+        ctx.term()

@@ -162,6 +162,30 @@ class FeedSource:
             if not self.pump():
                 return NOT_YET
 
+    def take(self, limit: int) -> List[Any]:
+        """Up to ``limit`` records in order, in one call (the loop's ``accept_many``),
+        stopping before a cut; a cut at the head is chosen first (every input before it
+        was accepted: what back-pressure held came back with ``put_back``). Empty: none
+        is here yet, or none will come (``finished``)."""
+        waiting = self.waiting
+        if len(waiting) < limit and not self.ended:
+            self.pump()
+        while waiting and type(waiting[0]) is _Cut:
+            self.on_cut(waiting.popleft().number)
+        out: List[Any] = []
+        popleft = waiting.popleft
+        for _ in range(min(limit, len(waiting))):
+            if type(waiting[0]) is _Cut:
+                break
+            out.append(popleft())
+        if not out and not waiting and self.ended:
+            self.finished = True
+        return out
+
+    def put_back(self, records: List[Any]) -> None:
+        """Records ``take`` gave that the ingress could not accept: first again."""
+        self.waiting.extendleft(reversed(records))
+
     def pump(self) -> bool:
         """Take what the driver sent; True if records, a cut or the end came."""
         got = False

@@ -277,6 +277,8 @@ class HostLoop:
         if ingress is None or self.source_done:
             return False
         self._source_waits = False
+        if hasattr(self.source, "take"):
+            return self._accept_taken(ingress, limit)
         source, log = self.source, self.input_log is not None
         timed, placed = hasattr(source, "arrival"), hasattr(source, "position")
         accept = ingress.accept
@@ -311,6 +313,25 @@ class HostLoop:
             self.metrics.inputs_taken(arrivals)
             self.metrics.inputs_dropped(getattr(source, "dropped", 0))
         return bool(arrivals)
+
+    def _accept_taken(self, ingress, limit: int) -> bool:
+        """A source that hands records over in runs (the ingress process's feed, which
+        keeps no arrival times, positions or partitions: the driver's feed has those):
+        the ingress accepts a run in one call; what back-pressure holds goes back."""
+        source = self.source
+        records = source.take(limit)
+        if not records:
+            if source.finished:
+                self.source_done = True
+            else:
+                self._source_waits = True
+            return False
+        n = ingress.accept_many(records)
+        if n < len(records):
+            source.put_back(records[n:])  # back-pressure: that partition's buffer is full
+        if n:
+            self._dirty.add(INGRESS)
+        return n > 0
 
     def _log_inputs(self) -> bool:
         """The input log (DESIGN 10): what the writer made durable may leave; what was
