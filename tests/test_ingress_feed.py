@@ -5,13 +5,14 @@ driver sent and accepts what the test says, as the ingress's back-pressure would
 real process, with real sockets, is in test_ingress_process.py and every Spark test.
 """
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from flux.errors import IngressLost
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.ingress_feed import IngressFeed
-from flux.runtime.ingress_process import ACCEPTED, CUT, END, FAILED, RECORDS
+from flux.runtime.ingress_process import ACCEPTED, CUT, END, FAILED, RECORDS, IngressProcess
 from flux.runtime.input_log import InputLog, InputLogWriter
 from flux.runtime.metrics import Metrics
 from flux.runtime.sources import NOT_YET, RateLimited
@@ -23,9 +24,12 @@ class Pipe:
     """The ingress process's end: what came (in order) and what it says back."""
 
     pid = 4242
+    check_alive = IngressProcess.check_alive  # the real wording of a lost process
+    exit_code = IngressProcess.exit_code
 
     def __init__(self):
         self.sent, self.inbox, self.code = [], [], None
+        self.proc = SimpleNamespace(poll=lambda: self.code)
 
     def send(self, *msg):
         self.sent.append(msg)
@@ -33,9 +37,6 @@ class Pipe:
     def receive(self, timeout_ms):
         out, self.inbox = self.inbox, []
         return out
-
-    def exit_code(self):
-        return self.code
 
     def records(self):
         return [r for m in self.sent if m[0] == RECORDS for r in m[1]]

@@ -5,7 +5,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -13,6 +12,7 @@ import zmq
 from pyspark import cloudpickle
 
 from flux.examples import counting_dataflow
+from flux.errors import IngressLost
 from flux.runtime.ingress_process import CUT, END, RECORDS, IngressProcess, FeedSource
 from flux.runtime.sources import NOT_YET
 
@@ -45,6 +45,19 @@ def test_the_process_says_where_it_listens_and_stop_ends_it():
     assert not os.path.exists(process._dir)
 
 
+def test_a_killed_process_is_reported_by_the_next_send_which_never_blocks():
+    process = IngressProcess(spec())
+    try:
+        process.wait_hello(timeout=30)
+        os.kill(process.pid, signal.SIGKILL)
+        process.proc.wait(10)
+        with pytest.raises(IngressLost, match=f"pid {process.pid}\\) exited with code -9"):
+            for _ in range(10_000):  # a PAIR socket without its peer would block here
+                process.send(RECORDS, list(range(100)))
+    finally:
+        process.stop()
+
+
 def test_a_dataflow_the_process_cannot_load_fails_with_its_reason():
     bad = spec()
     bad["dataflow"] = b"not a pickle"
@@ -58,15 +71,15 @@ def test_a_dataflow_the_process_cannot_load_fails_with_its_reason():
 
 
 def test_the_process_ends_when_its_driver_is_killed(tmp_path):
-    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import pickle, sys, time
-        sys.path[:0] = {sys.path!r}
-        from flux.runtime.ingress_process import IngressProcess
-        process = IngressProcess(pickle.loads({pickle.dumps(spec())!r}))
-        process.wait_hello(30)
-        print(process.pid, flush=True)
-        time.sleep(120)
-    """)], stdout=subprocess.PIPE, text=True)
+    script = "\n".join([
+        "import pickle, sys, time",
+        f"sys.path[:0] = {sys.path!r}",
+        "from flux.runtime.ingress_process import IngressProcess",
+        f"process = IngressProcess(pickle.loads({pickle.dumps(spec())!r}))",
+        "process.wait_hello(30)",
+        "print(process.pid, flush=True)",
+        "time.sleep(120)"])
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     child = None
     try:
         child = int(driver.stdout.readline())

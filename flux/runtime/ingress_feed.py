@@ -15,11 +15,11 @@ records, and the ingress cuts its batches there.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import Any, Deque, List, Optional, Tuple
 
-from flux.errors import IngressLost
 from flux.runtime.ingress_process import (
     ACCEPTED,
     CUT,
@@ -79,18 +79,16 @@ class IngressFeed:
             wait = timeout_ms
             if self.input_log is not None and self.input_log.busy:
                 wait = min(wait, 1)
-            if self._source_waits_until:
-                wait = min(wait, max(0, int((self._source_waits_until - time.monotonic())
-                                            * 1000)))
+            if self._source_waits_until:  # rounded up: never a spin until the next one
+                wait = min(wait, max(1, math.ceil((self._source_waits_until - time.monotonic())
+                                                  * 1000)))
             self._hear(wait)
         now = time.monotonic()
         if now - self._checked >= 0.1:
             self._checked = now
-            code = self.process.exit_code()
-            if code is not None:
+            if self.process.exit_code() is not None:
                 self._hear(0)  # its last word first, if it said one
-                raise IngressLost(f"the ingress process (pid {self.process.pid}) exited "
-                                  f"with code {code}")
+                self.process.check_alive()
 
     def _hear(self, timeout_ms: int) -> None:
         for msg in self.process.receive(timeout_ms):

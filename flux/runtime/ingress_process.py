@@ -32,6 +32,7 @@ from typing import Any, Deque, List, Optional, Tuple
 
 import zmq
 
+from flux.errors import IngressLost
 from flux.runtime.sources import NOT_YET
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,22 @@ class IngressProcess:
         self.send(SPEC, spec)
 
     def send(self, *msg) -> None:
-        self.socket.send(_pack(*msg))
+        """Never blocks on a dead process: a PAIR socket whose peer is gone would wait
+        for it for ever. While the process lives, a full pipe is back-pressure."""
+        data = _pack(*msg)
+        while True:
+            try:
+                self.socket.send(data, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                self.check_alive()
+                time.sleep(0.001)
+
+    def check_alive(self) -> None:
+        """Raise ``IngressLost`` if the process has exited."""
+        code = self.proc.poll()
+        if code is not None:
+            raise IngressLost(f"the ingress process (pid {self.pid}) exited with code {code}")
 
     def receive(self, timeout_ms: int) -> List[tuple]:
         """What the process said, waiting up to ``timeout_ms`` for the first message."""
@@ -111,7 +127,7 @@ class IngressProcess:
         if self.proc.poll() is None:
             try:
                 self.send(STOP)
-            except zmq.ZMQError:
+            except (zmq.ZMQError, IngressLost):
                 pass
             try:
                 self.proc.wait(timeout)
