@@ -85,6 +85,10 @@ class HostLoop:
         self._next_record: Any = None
         self._next_arrival: Optional[float] = None
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
+        #: the ingress refused the next input (a full buffer): only an ack, which comes as
+        #: a message and wakes the poll, can make room; waiting for it, not spinning, leaves
+        #: the core to the nodes that will send it (issue 16)
+        self._held_back = False
         self.metrics = metrics
         #: a turn that still has work after this long returns (and the next begins at once):
         #: a busy node keeps beating and hearing the controller
@@ -251,7 +255,7 @@ class HostLoop:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
 
     def _busy(self) -> bool:
-        source_ready = not self.source_done and not self._source_waits
+        source_ready = not (self.source_done or self._source_waits or self._held_back)
         return self._more or source_ready or any(self.held.values())
 
     def _deliver(self) -> bool:
@@ -276,7 +280,7 @@ class HostLoop:
         ingress = self.host.machines.get(INGRESS)
         if ingress is None or self.source_done:
             return False
-        self._source_waits = False
+        self._source_waits = self._held_back = False
         if hasattr(self.source, "take"):
             return self._accept_taken(ingress, limit)
         source, log = self.source, self.input_log is not None
@@ -301,6 +305,7 @@ class HostLoop:
                 arrive = getattr(source, "arrive", None)
                 if arrive is not None:
                     arrive()  # a feed that cannot wait drops meanwhile: count it now
+                self._held_back = True
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
             self.accepted_position = self._next_position
@@ -329,6 +334,7 @@ class HostLoop:
         n = ingress.accept_many(records)
         if n < len(records):
             source.put_back(records[n:])  # back-pressure: that partition's buffer is full
+            self._held_back = True
         if n:
             self._dirty.add(INGRESS)
         return n > 0
