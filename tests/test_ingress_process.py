@@ -98,47 +98,44 @@ def test_the_process_ends_when_its_driver_is_killed(tmp_path):
             os.kill(child, signal.SIGKILL)
 
 
-def test_a_cut_is_chosen_when_every_input_before_it_was_taken():
+@pytest.fixture
+def pipe():
+    """The driver's end and the ingress process's end of a feed, in this process."""
     ctx = zmq.Context()
     a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    try:
-        a.bind("inproc://feed")
-        b.connect("inproc://feed")
-        source, cuts, taken = FeedSource(b), [], []
-        source.on_cut = lambda n: cuts.append((n, list(taken)))
-        assert next(source) is NOT_YET
-        for msg in [(RECORDS, [1, 2]), (CUT, 5), (RECORDS, [3]), (END,)]:
-            a.send(pickle.dumps(msg))
-        for record in source:
-            taken.append(record)
-        assert taken == [1, 2, 3] and cuts == [(5, [1, 2])]
-        a.send(pickle.dumps((CUT, 6)))  # after the last input: at once
-        source.pump()
-        assert cuts == [(5, [1, 2]), (6, [1, 2, 3])]
-    finally:
-        a.close(0)
-        b.close(0)
-        ctx.term()
+    a.bind("inproc://feed")
+    b.connect("inproc://feed")
+    yield a, b
+    a.close(0)
+    b.close(0)
+    ctx.term()
 
 
-def test_runs_taken_stop_before_a_cut_which_waits_for_what_was_put_back():
-    ctx = zmq.Context()
-    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    try:
-        a.bind("inproc://runs")
-        b.connect("inproc://runs")
-        source, cuts = FeedSource(b), []
-        source.on_cut = cuts.append
-        for msg in [(RECORDS, [1, 2, 3]), (CUT, 5), (RECORDS, [4]), (END,)]:
-            a.send(pickle.dumps(msg))
-        time.sleep(0.05)
-        assert source.take(2) == [1, 2]
-        assert source.take(10) == [3] and cuts == []  # a run ends before the cut
-        source.put_back([3])  # back-pressure held input 3: the cut waits for it
-        assert source.take(10) == [3] and cuts == []
-        assert source.take(10) == [4] and cuts == [5]
-        assert source.take(10) == [] and source.finished
-    finally:
-        a.close(0)
-        b.close(0)
-        ctx.term()
+def test_a_cut_is_chosen_when_every_input_before_it_was_taken(pipe):
+    a, b = pipe
+    source, cuts, taken = FeedSource(b), [], []
+    source.on_cut = lambda n: cuts.append((n, list(taken)))
+    assert next(source) is NOT_YET
+    for msg in [(RECORDS, [1, 2]), (CUT, 5), (RECORDS, [3]), (END,)]:
+        a.send(pickle.dumps(msg))
+    for record in source:
+        taken.append(record)
+    assert taken == [1, 2, 3] and cuts == [(5, [1, 2])]
+    a.send(pickle.dumps((CUT, 6)))  # after the last input: at once
+    source.pump()
+    assert cuts == [(5, [1, 2]), (6, [1, 2, 3])]
+
+
+def test_runs_taken_stop_before_a_cut_which_waits_for_what_was_put_back(pipe):
+    a, b = pipe
+    source, cuts = FeedSource(b), []
+    source.on_cut = cuts.append
+    for msg in [(RECORDS, [1, 2, 3]), (CUT, 5), (RECORDS, [4]), (END,)]:
+        a.send(pickle.dumps(msg))
+    time.sleep(0.05)
+    assert source.take(2) == [1, 2]
+    assert source.take(10) == [3] and cuts == []  # a run ends before the cut
+    source.put_back([3])  # back-pressure held input 3: the cut waits for it
+    assert source.take(10) == [3] and cuts == []
+    assert source.take(10) == [4] and cuts == [5]
+    assert source.take(10) == [] and source.finished
