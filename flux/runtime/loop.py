@@ -58,7 +58,7 @@ class HostLoop:
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
                  max_turn: float = 0.02, stats_every: Optional[float] = None,
-                 snapshots=None, input_log=None, logged_before: int = 0,
+                 snapshots=None,
                  ack_delay: float = 0.005):
         self.host = host
         self.me = ProcAddr(host.name)
@@ -78,10 +78,6 @@ class HostLoop:
         self.stopped: Optional[str] = None
         self.on_effect = on_effect
         self.source = source
-        #: the source's position after the last input the ingress accepted (a replayable
-        #: source's; what a checkpoint records, DESIGN 10)
-        self.accepted_position: Any = getattr(source, "position", None)
-        self._next_position: Any = None
         self._next_record: Any = None
         self._next_arrival: Optional[float] = None
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
@@ -129,13 +125,6 @@ class HostLoop:
         self._stats_sent = clock()
         #: where this node's checkpoint snapshots go (a SnapshotWriter); None: nowhere
         self.snapshots = snapshots
-        #: the ingress's input log (an InputLogWriter; DESIGN 10), for a source with
-        #: partitions of its own: the partitions of the inputs accepted and not yet logged,
-        #: and how far an earlier run of the job logged already (what this one replays)
-        self.input_log = input_log
-        self.logged_before = logged_before
-        self._unlogged: List[Any] = []
-        self._next_part: Any = None
 
     # -- one turn of the poller loop ------------------------------------------------
     def turn(self, timeout_ms: int) -> bool:
@@ -143,8 +132,6 @@ class HostLoop:
         if self._busy():
             timeout_ms = 0
         else:
-            if self.input_log is not None and self.input_log.busy:
-                timeout_ms = min(timeout_ms, 1)  # an append under way: inputs wait for it
             if self._source_waits and hasattr(self.source, "due_in"):
                 timeout_ms = min(timeout_ms, math.ceil(self.source.due_in() * 1000))
             if self._flush_wait:
@@ -193,7 +180,7 @@ class HostLoop:
             if not self._drain_overflow():
                 self._more = False  # wait for the peers a little, do not spin
                 return moved  # back-pressure: nothing new until the outboxes empty
-            step = self._deliver() | self._accept_input() | self._log_inputs() | self._work()
+            step = self._deliver() | self._accept_input() | self._work()
             moved |= step
             self._more = step
             if not step or self.clock() >= deadline:
@@ -283,8 +270,8 @@ class HostLoop:
         self._source_waits = self._held_back = False
         if hasattr(self.source, "take"):
             return self._accept_taken(ingress, limit)
-        source, log = self.source, self.input_log is not None
-        timed, placed = hasattr(source, "arrival"), hasattr(source, "position")
+        source = self.source
+        timed = hasattr(source, "arrival")
         accept = ingress.accept
         arrivals: List[Optional[float]] = []
         for _ in range(limit):
@@ -298,9 +285,6 @@ class HostLoop:
                     break
                 self._next_record = record
                 self._next_arrival = source.arrival if timed else None
-                self._next_position = source.position if placed else None
-                if log:
-                    self._next_part = source.last[0]
             if accept(self._next_record) is None:
                 arrive = getattr(source, "arrive", None)
                 if arrive is not None:
@@ -308,9 +292,6 @@ class HostLoop:
                 self._held_back = True
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
-            self.accepted_position = self._next_position
-            if log:
-                self._unlogged.append(self._next_part)
             arrivals.append(self._next_arrival)
         if arrivals:
             self._dirty.add(INGRESS)
@@ -339,39 +320,13 @@ class HostLoop:
             self._dirty.add(INGRESS)
         return n > 0
 
-    def _log_inputs(self) -> bool:
-        """The input log (DESIGN 10): what the writer made durable may leave; what was
-        accepted since goes to the writer (one append at a time). Inputs an earlier run
-        logged (a restart replays them in the log's order) leave at once."""
-        writer = self.input_log
-        if writer is None:
-            return False
-        ingress = self.host.machines[INGRESS]
-        moved = False
-        last = writer.done()
-        if last is not None and last > ingress.logged:
-            self._release_logged(ingress, last)
-            moved = True
-        if ingress.logged < min(ingress.accepted, self.logged_before):
-            self._release_logged(ingress, min(ingress.accepted, self.logged_before))
-            moved = True
-        if ingress.log_due() and not writer.busy:
-            writer.submit(ingress.logged + 1, self._unlogged)
-        return moved
-
-    def _release_logged(self, ingress, n: int) -> None:
-        del self._unlogged[:n - ingress.logged]
-        self._touch(INGRESS)
-        self._emit(*self.host.run_local(ingress.inputs_logged(n)))
-
-    def choose_cut(self, number: int) -> Tuple[int, Any]:
-        """The ingress's process: checkpoint ``number`` covers every input accepted so far;
-        returns its cut and the source's position after it (DESIGN 10). The cut leaves
-        with the next batches, after this returns."""
+    def choose_cut(self, number: int) -> None:
+        """The ingress's process: checkpoint ``number`` covers every input accepted so far
+        (DESIGN 10; the driver's feed knows that input and the source's position after
+        it). The cut leaves with the next batches."""
         ingress = self.host.machines[INGRESS]
         self._touch(INGRESS)
         self._emit(*self.host.run_local(ingress.choose_cut(number)))
-        return ingress.accepted, self.accepted_position
 
     def _work(self) -> bool:
         moved = False
