@@ -14,7 +14,6 @@ from pyspark import cloudpickle
 from flux.examples import counting_dataflow
 from flux.errors import IngressLost
 from flux.runtime.ingress_process import CUT, END, RECORDS, IngressProcess, FeedSource
-from flux.runtime.sources import NOT_YET
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,11 +114,11 @@ def test_a_cut_is_chosen_when_every_input_before_it_was_taken(pipe):
     a, b = pipe
     source, cuts, taken = FeedSource(b), [], []
     source.on_cut = lambda n: cuts.append((n, list(taken)))
-    assert next(source) is NOT_YET
+    assert source.take(10) == [] and not source.finished  # nothing yet: not the end
     for msg in [(RECORDS, [1, 2]), (CUT, 5), (RECORDS, [3]), (END,)]:
         a.send(pickle.dumps(msg))
-    for record in source:
-        taken.append(record)
+    while run := source.take(10):
+        taken += run
     assert taken == [1, 2, 3] and cuts == [(5, [1, 2])]
     a.send(pickle.dumps((CUT, 6)))  # after the last input: at once
     source.pump()

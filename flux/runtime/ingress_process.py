@@ -33,7 +33,6 @@ from typing import Any, Deque, List, Optional, Tuple
 import zmq
 
 from flux.errors import IngressLost
-from flux.runtime.sources import NOT_YET
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +147,9 @@ class _Cut:
 
 
 class FeedSource:
-    """The records the driver handed over, in order, as the ``HostLoop``'s source: NOT_YET
-    while none is here; a checkpoint's cut is chosen once every input before it was
-    accepted (the loop asks for the next record only then)."""
+    """The records the driver handed over, in order, as the ``HostLoop``'s source, taken
+    a run at a time (``take``); a checkpoint's cut is chosen once every input before it
+    was accepted."""
 
     def __init__(self, feed: zmq.Socket):
         self.feed = feed
@@ -159,24 +158,6 @@ class FeedSource:
         self.finished = False  # ... and the loop took the last record
         self.stopped = False  # the driver said stop
         self.on_cut = None  # number -> None: the loop's ``choose_cut``
-
-    def __iter__(self) -> "FeedSource":
-        return self
-
-    def __next__(self) -> Any:
-        waiting = self.waiting
-        while True:
-            if waiting:
-                item = waiting.popleft()
-                if type(item) is _Cut:
-                    self.on_cut(item.number)
-                    continue
-                return item
-            if self.ended:
-                self.finished = True
-                raise StopIteration
-            if not self.pump():
-                return NOT_YET
 
     def take(self, limit: int) -> List[Any]:
         """Up to ``limit`` records in order, in one call (the loop's ``accept_many``),
