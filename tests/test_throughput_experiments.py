@@ -44,3 +44,23 @@ def test_a_thread_that_holds_the_gil_makes_the_driver_wakeups_late():
             n += 1
     assert len(wakeups.late) >= 10
     assert wakeups.p99_ms() >= 0.5 * sys.getswitchinterval() * 1000
+
+
+def test_the_floor_counts_what_crosses_a_process_and_adds_up():
+    """experiments.throughput_floor: the tuples counted per stage are the reference's own
+    (the final outputs are its output), and the floor is the sum it says it is."""
+    from experiments.throughput_floor import floor, tuples_per_stage
+
+    records = packet_workload(3000, seed=3, pairs=300, apps=3, sources=30)
+    into_first, into_second, final = tuples_per_stage(paper_dataflow(), records, 2)
+    assert into_first == 1.0
+    assert final * len(records) == len(reference_output(paper_dataflow(), records, 2))
+    f = floor(records, partitions=2, batch=64, repeats=1)
+    cost = {k: v["median"] for k, v in {**f["us_per_input"], **f["us_per_tuple"]}.items()}
+    assert all(v > 0 for v in cost.values())
+    assert f["receives_per_input"] == round(2 * (1 + into_second) + final, 3)
+    expected = (2 * cost["reference"] - cost["routing_to_the_first_stage"] + cost["hand_over"]
+                + f["receives_per_input"] * (cost["decode"] + cost["transport"] / 2)
+                + f["encodes_per_input"] * (cost["encode"] + cost["transport"] / 2))
+    assert abs(f["floor_us_per_input"] - expected) < 0.05
+    assert f["target_budget_us_per_input"] == round(4 * cost["operators_alone"], 2)
