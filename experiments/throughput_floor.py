@@ -147,15 +147,23 @@ def per_input_us(work, n: int, repeats: int) -> List[float]:
 
 def floor(records: List[Any], partitions: int = 4, batch: int = 256,
           repeats: int = 5) -> Dict[str, Any]:
-    """The figures of the module's docstring, medians of ``repeats`` with their spread."""
+    """The figures of the module's docstring: medians of ``repeats`` rounds, each taking
+    every measurement once, with their spread."""
     from experiments.throughput import operators_alone
 
     dataflow = paper_dataflow()
     n = len(records)
-    alone = per_input_us(operators_alone(dataflow, records), n, repeats)
-    ref = per_input_us(reference_pass(dataflow, records, partitions), n, repeats)
-    route = per_input_us(first_routing(dataflow, records, partitions), n, repeats)
-    cross = crossing_us(records, batch, repeats)
+    works = {"alone": operators_alone(dataflow, records),
+             "ref": reference_pass(dataflow, records, partitions),
+             "route": first_routing(dataflow, records, partitions)}
+    samples: Dict[str, List[float]] = {}
+    for _ in range(repeats):  # each measurement once a round: alternated, not in blocks
+        for name, work in works.items():
+            samples.setdefault(name, []).extend(per_input_us(work, n, 1))
+        for name, values in crossing_us(records, batch, 1).items():
+            samples.setdefault(name, []).extend(values)
+    alone, ref, route = samples.pop("alone"), samples.pop("ref"), samples.pop("route")
+    cross = samples
     entered = tuples_per_stage(dataflow, records, partitions)
     med = {k: statistics.median(v) for k, v in
            {"alone": alone, "ref": ref, "route": route, **cross}.items()}
