@@ -200,7 +200,7 @@ def _spread(values: List[float]) -> Dict[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.throughput_floor", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--inputs", type=int, default=100_000)
+    ap.add_argument("--inputs", type=int, default=200_000, help="packets (as experiments.throughput)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
