@@ -28,13 +28,13 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
                           app_name: str = "flux", ready_timeout: float = 120.0):
     """Start ``local-cluster[executors,1,memory_mb]`` and wait until every executor ran Python."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the builder option is ignored (SPARK_NOTES)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    loopback = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYTHONHASHSEED", "0")
     from pyspark.sql import SparkSession
 
     jvm = f"{JVM_OPTIONS} -Djava.io.tmpdir={tmp_dir}"
     builder = SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
-    for key, value in REQUIRED_CONF.items():
+    for key, value in {**REQUIRED_CONF, **local_cluster_conf(executors, memory_mb, loopback)}.items():
         builder = builder.config(key, value)
     spark = (builder.appName(app_name)
              .config("spark.executor.extraJavaOptions", jvm)
@@ -56,6 +56,17 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
     # Warm every executor's Python daemon so a retried task starts at once.
     sc.parallelize(range(executors * 2), executors * 2).map(lambda x: x).collect()
     return spark
+
+
+def local_cluster_conf(executors: int, memory_mb: int, address: str) -> Dict[str, str]:
+    """What a local cluster sets itself rather than take as a default. PySpark starts its
+    JVM once per process with the first session's settings as system properties, which
+    every later session reads as defaults: an earlier session on a cluster of its own
+    (the rig's driver address on a bridge that is gone, its core cap, its executor size)
+    would otherwise break a local cluster started after it in the same process."""
+    return {"spark.driver.host": address, "spark.driver.bindAddress": address,
+            "spark.executor.cores": "1", "spark.cores.max": str(executors),
+            "spark.executor.memory": f"{memory_mb}m"}
 
 
 def cluster_session(master: str, app_name: str = "flux", conf: Optional[Dict[str, str]] = None):
