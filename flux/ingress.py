@@ -24,7 +24,8 @@ from flux.buffer import Buffer
 from flux.control_messages import SegmentStats
 from flux.data_messages import Ack, Credit, CSync, Pause
 from flux.effects import CutChosen, Send
-from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
+from flux.operator import describe
 from flux.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 
@@ -86,7 +87,10 @@ class Ingress:
 
     def accept(self, record: Any) -> Optional[SN]:
         """Figure 3 action 1; None (back-pressure) when the partition's buffer is full."""
-        i = self.route(record)
+        try:
+            i = self.route(record)
+        except Exception as exc:
+            raise self._key_error(self.accepted + 1, exc) from exc
         if self._full_for(i):
             return None
         self.accepted += 1
@@ -118,9 +122,17 @@ class Ingress:
                     break
                 accepted += 1
                 put(i, (accepted,), record)
+        except Exception as exc:
+            raise self._key_error(accepted + 1, exc) from exc
         finally:  # a key that raises leaves what went before accepted
             self.accepted = accepted
         return accepted - first
+
+    def _key_error(self, n: int, exc: Exception) -> OperatorError:
+        """The first stage's key raised on input ``n``: user code, as an operator's error
+        in a segment (the job stops with it, naming the input)."""
+        return OperatorError("the partition key of the next stage", self.addr.stage,
+                             self.addr.partition, input_sn(n), describe(exc))
 
     def log_due(self) -> bool:
         """Are inputs waiting for the input log?"""

@@ -8,7 +8,7 @@ from flux.addresses import Addr, P, S
 from flux.buffer import PRIM, SEC
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
-from flux.errors import RemoteProtocolError
+from flux.errors import OperatorError, RemoteProtocolError
 from flux.ingress import INGRESS, Ingress
 from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND
 from flux.sequence import NO_PROGRESS
@@ -310,7 +310,12 @@ def test_accept_many_is_accept_one_by_one_until_back_pressure(seed):
 
 def test_accept_many_keeps_what_went_before_a_key_that_raises():
     ing = make(capacity=8)
-    with pytest.raises(KeyError):
+    with pytest.raises(OperatorError, match=r"the partition key of the next stage failed in "
+                                            r"stage 0, partition 0, on the record with sequence "
+                                            r"number \(3,\): KeyError: 'nope'"):
         ing.accept_many([rec("k0", 1), rec("k1", 2), rec("nope", 3), rec("k0", 4)])
     assert ing.accepted == 2
     assert ing.accept(rec("k0", 5)) == (3,)
+    with pytest.raises(OperatorError, match=r"sequence number \(4,\): KeyError"):
+        ing.accept(rec("nope", 6))
+    assert ing.accepted == 3

@@ -160,6 +160,34 @@ def test_an_operator_that_raises_stops_the_job_with_the_operator_partition_and_r
             job.wait(timeout=120)
 
 
+def key_raising_on(bad, record):
+    from flux.operators.sessions import session_key
+
+    if list(record) == list(bad):
+        raise KeyError("no session for this packet")
+    return session_key(record)
+
+
+def test_a_first_stage_key_that_raises_stops_the_job_naming_the_input(spark):
+    """The first stage's key runs in the ingress's process: past the source's first
+    records (checked before the job starts), a key that raises stops the job with an
+    ``OperatorError`` naming the input, as a segment's next-stage key does."""
+    from flux.dataflow import Dataflow, Stage
+    from flux.errors import OperatorError
+    from flux.operators.sessions import SessionReconstruction
+    from flux.spark.job import FluxJob
+
+    records = packet_workload(3000, seed=2, pairs=2000, apps=4, sources=100)
+    dataflow = Dataflow([Stage("sessions", partial(key_raising_on, records[1999]),
+                               (SessionReconstruction,))])
+    job = FluxJob(spark, dataflow, records, nodes=4, standbys=1)
+    with job:
+        with pytest.raises(OperatorError, match=r"the partition key of the next stage failed "
+                                                r"in stage 0, partition 0, on the record with "
+                                                r"sequence number \(2000,\): KeyError"):
+            job.wait(timeout=120)
+
+
 class CountingCheck:
     """A sink that keeps nothing: it checks every output of ``counting_dataflow(1)`` over
     ``keyed(n)`` against a model as it comes (in SN order, no loss, no duplicate)."""

@@ -97,8 +97,8 @@ class IngressFeed:
                 self.accepted = msg[1]
             elif kind == STATS:
                 self.stats = msg[1]
-            elif kind == FAILED:
-                raise RuntimeError(msg[1])
+            elif kind == FAILED:  # the user's error as itself, anything else as its text
+                raise msg[1] if isinstance(msg[1], BaseException) else RuntimeError(msg[1])
 
     def _read(self) -> bool:
         if self.source_done:

@@ -32,7 +32,7 @@ from typing import Any, Deque, List, Optional, Tuple
 
 import zmq
 
-from flux.errors import IngressLost
+from flux.errors import IngressLost, OperatorError
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,15 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
         transport.close()
 
 
+def _reason(exc: BaseException) -> Any:
+    """What the driver is told: the user's own error as itself (an ``OperatorError`` names
+    the input a key raised on, and the job stops with it as with an operator's), anything
+    else as its text."""
+    if isinstance(exc, OperatorError):
+        return exc
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()[:2000]
+
+
 def main(argv: List[str]) -> int:
     address, parent = argv[1], int(argv[2])
     logging.basicConfig(level=logging.WARNING,
@@ -291,8 +300,7 @@ def main(argv: List[str]) -> int:
             run(feed, ctx, parent)
     except BaseException as exc:
         log.error("the ingress process failed: %s", exc)
-        feed.send(_pack(FAILED, "".join(traceback.format_exception_only(type(exc), exc))
-                        .strip()[:2000]))
+        feed.send(_pack(FAILED, _reason(exc)))
         code = 1
     finally:
         feed.close()
