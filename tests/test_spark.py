@@ -144,19 +144,23 @@ def raise_on(bad, record):
 
 def test_an_operator_that_raises_stops_the_job_with_the_operator_partition_and_record(spark):
     from flux.dataflow import Dataflow, Stage
-    from flux.errors import OperatorError
     from flux.operator import Map
     from flux.operators.sessions import SessionReconstruction, session_key
-    from flux.spark.job import FluxJob
 
     records = packet_workload(3000, seed=2, pairs=2000, apps=4, sources=100)
     check = partial(Map, partial(raise_on, records[499]))
     dataflow = Dataflow([Stage("sessions", session_key, (check, SessionReconstruction))])
-    job = FluxJob(spark, dataflow, records, nodes=4, standbys=1)
-    with job:
-        with pytest.raises(OperatorError, match=r"operator Map failed in stage 1, partition \d, "
-                                                r"on the record with sequence number \(500,\): "
-                                                r"ValueError: bad record"):
+    stops_with(spark, dataflow, records, r"operator Map failed in stage 1, partition \d, on the "
+                                         r"record with sequence number \(500,\): ValueError: bad record")
+
+
+def stops_with(spark, dataflow, records, match: str) -> None:
+    """A job of ``dataflow`` over ``records`` stops with an ``OperatorError`` matching ``match``."""
+    from flux.errors import OperatorError
+    from flux.spark.job import FluxJob
+
+    with FluxJob(spark, dataflow, records, nodes=4, standbys=1) as job:
+        with pytest.raises(OperatorError, match=match):
             job.wait(timeout=120)
 
 
@@ -173,19 +177,14 @@ def test_a_first_stage_key_that_raises_stops_the_job_naming_the_input(spark):
     records (checked before the job starts), a key that raises stops the job with an
     ``OperatorError`` naming the input, as a segment's next-stage key does."""
     from flux.dataflow import Dataflow, Stage
-    from flux.errors import OperatorError
     from flux.operators.sessions import SessionReconstruction
-    from flux.spark.job import FluxJob
 
     records = packet_workload(3000, seed=2, pairs=2000, apps=4, sources=100)
     dataflow = Dataflow([Stage("sessions", partial(key_raising_on, records[1999]),
                                (SessionReconstruction,))])
-    job = FluxJob(spark, dataflow, records, nodes=4, standbys=1)
-    with job:
-        with pytest.raises(OperatorError, match=r"the partition key of the next stage failed "
-                                                r"in stage 0, partition 0, on the record with "
-                                                r"sequence number \(2000,\): KeyError"):
-            job.wait(timeout=120)
+    stops_with(spark, dataflow, records, r"the partition key of the next stage failed in stage 0, "
+                                         r"partition 0, on the record with sequence number "
+                                         r"\(2000,\): KeyError")
 
 
 class CountingCheck:
