@@ -299,11 +299,13 @@ class Chaos:
         if [wire_form(x) for x in output] != want:
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
                                  f"{len(self.expected)} expected)")
-        if self.sink is not None:
-            self.sink.close()
-            if read_file_sink(f"{self.folder}/out") != [(tuple(sn), wire_form(r))
-                                                         for sn, r in self.expected]:
-                raise AssertionError("the FileSink's committed content is not the reference")
+
+    def check_sink(self) -> None:
+        """Once the job stopped (it owns its sink until then, and closes it): the FileSink's
+        committed content is the reference."""
+        if self.sink is not None and read_file_sink(f"{self.folder}/out") != [
+                (tuple(sn), wire_form(r)) for sn, r in self.expected]:
+            raise AssertionError("the FileSink's committed content is not the reference")
 
     def close(self) -> None:
         if self.run.scenario in CHECKPOINTED:
@@ -381,6 +383,7 @@ def run_one(spark, seed: int, args, rig=None) -> Run:
                     raise
             chaos.check()
             heal_all(rig)  # before the job stops: its tasks there must hear the stop
+        chaos.check_sink()
         run.ok = True
     except Exception as exc:  # noqa: BLE001 - every failure is reported with its seed
         run.why = f"{type(exc).__name__}: {exc}"
