@@ -117,13 +117,14 @@ class Ingress:
         first = accepted = self.accepted
         try:
             for record in records:
-                i = route(record)
+                try:  # the user's key only: a fault of the buffers is not theirs
+                    i = route(record)
+                except Exception as exc:
+                    raise self._key_error(accepted + 1, exc) from exc
                 if buffers[i].full():
                     break
                 accepted += 1
                 put(i, (accepted,), record)
-        except Exception as exc:
-            raise self._key_error(accepted + 1, exc) from exc
         finally:  # a key that raises leaves what went before accepted
             self.accepted = accepted
         return accepted - first

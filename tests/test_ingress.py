@@ -8,7 +8,7 @@ from flux.addresses import Addr, P, S
 from flux.buffer import PRIM, SEC
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
-from flux.errors import OperatorError, RemoteProtocolError
+from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.ingress import INGRESS, Ingress
 from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND
 from flux.sequence import NO_PROGRESS
@@ -319,3 +319,14 @@ def test_accept_many_keeps_what_went_before_a_key_that_raises():
     with pytest.raises(OperatorError, match=r"sequence number \(4,\): KeyError"):
         ing.accept(rec("nope", 6))
     assert ing.accepted == 3
+
+
+def test_accept_many_blames_the_key_only_for_what_the_key_raised():
+    ing = make(capacity=8)
+
+    def broken_put(i, sn, record):
+        raise LocalProtocolError("a buffer bug")
+
+    ing.out.put = broken_put
+    with pytest.raises(LocalProtocolError, match="a buffer bug"):
+        ing.accept_many([rec("k0", 1)])

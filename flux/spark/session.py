@@ -28,13 +28,13 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
                           app_name: str = "flux", ready_timeout: float = 120.0):
     """Start ``local-cluster[executors,1,memory_mb]`` and wait until every executor ran Python."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the builder option is ignored (SPARK_NOTES)
-    loopback = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    address = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYTHONHASHSEED", "0")
     from pyspark.sql import SparkSession
 
     jvm = f"{JVM_OPTIONS} -Djava.io.tmpdir={tmp_dir}"
     builder = SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
-    for key, value in {**REQUIRED_CONF, **local_cluster_conf(executors, memory_mb, loopback)}.items():
+    for key, value in {**REQUIRED_CONF, **local_cluster_conf(executors, memory_mb, address)}.items():
         builder = builder.config(key, value)
     spark = (builder.appName(app_name)
              .config("spark.executor.extraJavaOptions", jvm)
