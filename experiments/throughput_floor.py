@@ -40,11 +40,12 @@ import zmq
 
 from exchange.partitioner import HashPartitioner
 from exchange.wire import decode, encode
+from experiments.overhead import spread
 from flux.addresses import Addr
 from flux.data_messages import Batch
 from flux.envelope import Envelope
 from flux.examples import paper_dataflow
-from flux.reference import ReferenceRun
+from flux.reference import ReferenceRun, reference_output
 from flux.workload import packet_workload
 
 
@@ -119,14 +120,6 @@ def crossing_us(records: List[Any], batch: int, repeats: int) -> Dict[str, List[
     return out
 
 
-def reference_pass(dataflow, records: List[Any], partitions: int):
-    def run() -> None:
-        ref = ReferenceRun(dataflow, partitions)
-        for record in records:
-            ref.feed(record)
-    return run
-
-
 def first_routing(dataflow, records: List[Any], partitions: int):
     key, route = dataflow.stages[0].key, HashPartitioner(partitions)
 
@@ -154,7 +147,7 @@ def floor(records: List[Any], partitions: int = 4, batch: int = 256,
     dataflow = paper_dataflow()
     n = len(records)
     works = {"alone": operators_alone(dataflow, records),
-             "ref": reference_pass(dataflow, records, partitions),
+             "ref": lambda: reference_output(dataflow, records, partitions),
              "route": first_routing(dataflow, records, partitions)}
     samples: Dict[str, List[float]] = {}
     for _ in range(repeats):  # each measurement once a round: alternated, not in blocks
@@ -177,10 +170,10 @@ def floor(records: List[Any], partitions: int = 4, batch: int = 256,
     budget = 4 * med["alone"]  # two cores at 0.5 x the one-core rate of the operators
     return {
         "inputs": n, "partitions": partitions, "batch": batch, "repeats": repeats,
-        "us_per_input": {k: _spread(v) for k, v in
+        "us_per_input": {k: spread(v, 3) for k, v in
                          {"operators_alone": alone, "reference": ref,
                           "routing_to_the_first_stage": route}.items()},
-        "us_per_tuple": {k: _spread(v) for k, v in cross.items()},
+        "us_per_tuple": {k: spread(v, 3) for k, v in cross.items()},
         "tuples_per_input": {"into_stages": [round(x, 3) for x in entered[:stages]],
                              "final_outputs": round(entered[stages], 3)},
         "receives_per_input": round(receives, 3), "encodes_per_input": round(encodes, 3),
@@ -190,11 +183,6 @@ def floor(records: List[Any], partitions: int = 4, batch: int = 256,
         "floor_rate_on_two_cores_tps": round(2e6 / least),
         "floor_vs_operators_alone": round((2e6 / least) / (1e6 / med["alone"]), 3),
     }
-
-
-def _spread(values: List[float]) -> Dict[str, float]:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "n": len(values)}
 
 
 def main(argv=None) -> int:
