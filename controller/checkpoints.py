@@ -49,6 +49,9 @@ class Checkpoint:
     #: (stage, p) -> the files that rebuild its state: ``(checkpoint, name)`` from a whole
     #: snapshot through the deltas to ``parts``' file (flux.snapshot_chain)
     chains: Dict[Tuple[int, int], Tuple[Tuple[int, str], ...]] = field(default_factory=dict)
+    #: ``"<checkpoint>/<name>"`` -> the checksum of that file of a chain, as its writer
+    #: computed it (a restore verifies every file against it)
+    digests: Dict[str, str] = field(default_factory=dict)
     sink: Optional[Tuple[int, ...]] = None  # the last SN the sink committed at the cut
     has_sink: bool = False
 
@@ -82,10 +85,12 @@ class CheckpointCoordinator:
         return self._maybe_complete(c)
 
     def part_written(self, number: int, stage: int, partition: int, name: str,
-                     chain: Sequence[Tuple[int, str]] = ()) -> Optional[dict]:
+                     chain: Sequence[Tuple[int, str]] = (),
+                     digests: Sequence[str] = ()) -> Optional[dict]:
         """A replica of ``stage``'s ``partition`` wrote its snapshot as ``name`` (its twin
         may write too: the first one counts); ``chain``: the files that rebuild it, ending
-        with this one (empty: a whole snapshot, ``name`` alone)."""
+        with this one (empty: a whole snapshot, ``name`` alone); ``digests``: their
+        checksums, in the chain's order (empty: not known)."""
         if not (1 <= stage <= self.stages and 0 <= partition < self.partitions):
             raise ValueError(f"no stage {stage} partition {partition} in this job")
         chain = tuple((k, n) for k, n in chain) or ((number, name),)
@@ -95,8 +100,12 @@ class CheckpointCoordinator:
         c = self._open(number)
         if c is None:
             return None
+        if digests and len(digests) != len(chain):
+            raise ValueError(f"checkpoint {number}: stage {stage} partition {partition}'s "
+                             f"chain of {len(chain)} files has {len(digests)} checksums")
         if (stage, partition) not in c.parts:
             c.parts[stage, partition], c.chains[stage, partition] = name, chain
+            c.digests.update((f"{k}/{n}", d) for (k, n), d in zip(chain, digests))
         return self._maybe_complete(c)
 
     def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]]) -> Optional[dict]:
@@ -108,12 +117,19 @@ class CheckpointCoordinator:
         c.sink, c.has_sink = (tuple(sn) if sn is not None else None), True
         return self._maybe_complete(c)
 
-    def restarted(self) -> None:
-        """The job restarts from the last complete checkpoint: what was still open will
-        never complete (its cut may even lie beyond the restart's)."""
+    def restarted(self, restored: Optional[int] = None) -> None:
+        """The job restarts from complete checkpoint ``restored`` (None: from the first
+        input): what was still open will never complete (its cut may even lie beyond the
+        restart's), and a complete checkpoint after ``restored`` is one whose files did not
+        verify (the restart fell back past it): it is abandoned too, so the next cuts,
+        which follow ``restored``'s, are not refused as earlier than its cut."""
         for c in self.checkpoints.values():
-            if c.phase is Phase.OPEN:
+            if c.phase is Phase.OPEN or (c.phase is Phase.COMPLETE and
+                                         (restored is None or c.number > restored)):
                 c.phase = Phase.ABANDONED
+        if restored is not None and restored not in self.checkpoints:
+            restored = None  # a driver's earlier run completed it: this one never saw it
+        self.latest_complete = restored
 
     # -- queries -------------------------------------------------------------------------
     def abandoned(self) -> List[int]:
@@ -151,4 +167,5 @@ class CheckpointCoordinator:
                 "files": [c.parts[s, p] for s in range(1, self.stages + 1)
                           for p in range(self.partitions)],
                 "chains": [[list(f) for f in c.chains[s, p]] for s in range(1, self.stages + 1)
-                           for p in range(self.partitions)]}
+                           for p in range(self.partitions)],
+                "digests": dict(sorted(c.digests.items()))}

@@ -283,10 +283,11 @@ CODECS: Dict[str, _Codec] = {
                                                             _seconds(t, "seconds")))),
     "snapshot_written": (
         SnapshotWritten, lambda m: [m.number, list(m.addr), m.name, m.nbytes, m.seconds, m.error,
-                                    [list(c) for c in m.chain]],
-        _arity(7, lambda k, a, n, b, t, e, c: SnapshotWritten(
+                                    [list(c) for c in m.chain], list(m.digests)],
+        _arity(8, lambda k, a, n, b, t, e, c, d: SnapshotWritten(
             _int(k, "checkpoint"), _addr(a, "addr"), _str(n, "name"), _int(b, "nbytes"),
-            _seconds(t, "seconds"), _str(e, "error"), _chain(c)))),
+            _seconds(t, "seconds"), _str(e, "error"), _chain(c),
+            tuple(_str(x, "digest") for x in _list(d, "digests"))))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address, m.host, m.executor, m.boot],
@@ -313,9 +314,10 @@ CODECS: Dict[str, _Codec] = {
             _str(w, "what"), _int(st, "stage"), _int(p, "partition"),
             tuple(_int(x, "sn part") for x in _list(sn, "sn")), _str(e, "error"),
             _str(s, "secret")))),
-    "failed": (Failed, lambda m: [m.task, m.inc, m.reason, m.secret],
-               _arity(4, lambda t, i, r, s: Failed(_int(t, "task"), _int(i, "inc"),
-                                                   _str(r, "reason"), _str(s, "secret")))),
+    "failed": (Failed, lambda m: [m.task, m.inc, m.reason, m.secret, m.fatal, list(m.corrupt)],
+               _arity(6, lambda t, i, r, s, f, c: Failed(
+                   _int(t, "task"), _int(i, "inc"), _str(r, "reason"), _str(s, "secret"),
+                   bool(f), tuple(_str(x, "corrupt") for x in _list(c, "corrupt"))))),
 }
 
 

@@ -76,6 +76,8 @@ class RecordedOrder:
     """A ``PartitionedSource`` that remembers what it gave, in order: the job's SN order.
     ``inputs`` is the records as the job numbered them (input SN i is ``inputs[i - 1]``)."""
 
+    replay_order = "logged"  # a wrapper says what its source is (flux.connectors)
+
     def __init__(self, source):
         self.source = source
         self._order: List[Tuple[int, int, Any]] = []  # (partition, offset, record)

@@ -21,8 +21,24 @@ from typing import (Any, Iterable, Iterator, Optional, Protocol, Sequence, Tuple
 SN = Tuple[int, ...]
 
 
+#: ``Source.replay_order``: opened again at a position, the source gives the same records
+#: in the same order (a file, a sequence, one Kafka partition): the position is enough
+BY_POSITION = "position"
+#: the order depends on arrival (partitions of its own interleaved as they come, Kafka's):
+#: the ingress logs which partition each input came from before it leaves, and a restart
+#: has the source replay that order (``PartitionedSource``: ``last`` and ``replay``)
+LOGGED = "logged"
+REPLAY_ORDERS = (BY_POSITION, LOGGED)
+
+
 @runtime_checkable
 class Source(Protocol):
+    """Besides ``position`` and ``open``, a source a job checkpoints declares
+    ``replay_order`` (``BY_POSITION`` or ``LOGGED``, a class attribute will do); a wrapper
+    around a source forwards its ``replay_order``, and for ``LOGGED`` its ``last`` and
+    ``replay`` too. It is not part of the ``isinstance`` check: ``replay_order_of`` asks
+    for it, with an error saying what to declare."""
+
     def __iter__(self) -> Iterator[Any]: ...
 
     def __next__(self) -> Any: ...
@@ -47,6 +63,47 @@ class PartitionedSource(Source, Protocol):
 
     def replay(self, partitions: Sequence[Any]) -> None:
         """After ``open``: the next records come from ``partitions``, in this order."""
+
+
+def replay_order_of(source: Any) -> str:
+    """How a restart reads ``source`` again in the order it had (DESIGN 10): its declared
+    ``replay_order``, checked; a source that declares none but replays a logged order
+    (``last`` and ``replay``) is ``LOGGED`` (logging is always safe); anything else is
+    refused (``SourceOrderUnknown``): the job cannot tell a source of one ordered stream
+    from a wrapper that hides partitions interleaved by arrival."""
+    from flux.errors import SourceOrderUnknown
+
+    name = describe_source(source)
+    order = getattr(source, "replay_order", None)
+    if order is None:
+        if isinstance(source, PartitionedSource):
+            return LOGGED
+        raise SourceOrderUnknown(
+            f"checkpoint= needs to know how source {name} is read again in the same order "
+            f"after a restart, and it declares no replay_order: set replay_order = "
+            f"'{BY_POSITION}' on its class if, opened again at a position, it gives the same "
+            f"records in the same order (a file, a sequence), or '{LOGGED}' if it interleaves "
+            f"partitions of its own as they arrive (then it needs last and replay too: "
+            f"flux.PartitionedSource); a wrapper forwards its inner source's replay_order, "
+            f"last and replay (as flux.Paced does)")
+    if order not in REPLAY_ORDERS:
+        raise SourceOrderUnknown(f"source {name} declares replay_order {order!r}: it must be "
+                                 f"one of {REPLAY_ORDERS}")
+    if order == LOGGED and not isinstance(source, PartitionedSource):
+        raise SourceOrderUnknown(
+            f"source {name} declares replay_order '{LOGGED}' but has no last and replay: a "
+            f"restart could not replay its logged order (a wrapper forwards them from its "
+            f"inner source, flux.PartitionedSource)")
+    return order
+
+
+def describe_source(source: Any) -> str:
+    """A source's class, with the sources it wraps (``Paced(KafkaSource)``), for errors."""
+    inner = getattr(source, "source", None)
+    name = type(source).__name__
+    if inner is not None and inner is not source and isinstance(inner, Source):
+        return f"{name}({describe_source(inner)})"
+    return name
 
 
 @runtime_checkable

@@ -70,12 +70,17 @@ class Members:
 @dataclass(frozen=True, slots=True)
 class Failed:
     """A task could not start its node (before its loop ran): why. Spark retries it,
-    so the controller stops the job when the same failure keeps coming back."""
+    so the controller stops the job when the same failure keeps coming back; a node that
+    registered and then could not build (``fatal``: restoring its checkpoint failed, say)
+    stops the job at once, since the job cannot begin without it. ``corrupt``: the
+    checkpoint file that did not verify, and why, or empty."""
 
     task: int
     inc: int
     reason: str
     secret: str
+    fatal: bool = False
+    corrupt: Tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +122,9 @@ class SnapshotWritten:
     is in the checkpoint store as ``name`` (``nbytes``, written in ``seconds``), or could
     not be written (``error``: then the checkpoint never completes; DESIGN 10).
     ``chain``: the files that rebuild the state, ``[checkpoint, name]`` pairs from a whole
-    snapshot through the deltas to this one (flux.snapshot_chain); empty: ``name`` alone."""
+    snapshot through the deltas to this one (flux.snapshot_chain); empty: ``name`` alone.
+    ``digests``: each chain file's checksum, in the chain's order (the manifest records
+    them, and a restore verifies every file it reads against them)."""
 
     number: int
     addr: Addr
@@ -126,6 +133,7 @@ class SnapshotWritten:
     seconds: float
     error: str = ""
     chain: Tuple = ()
+    digests: Tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

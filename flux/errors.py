@@ -72,3 +72,23 @@ class SinkFenced(RuntimeError):
 
 class CheckpointMismatch(ValueError):
     """A checkpoint written by a job with another dataflow or partition count."""
+
+
+class CheckpointCorrupt(RuntimeError):
+    """A checkpoint file that does not verify (truncated, changed, zeroed or missing), and
+    no older complete checkpoint to fall back to whose files all verify: restoring it
+    would give a wrong state silently, so the job stops and names the file."""
+
+    def __init__(self, path: str, why: str):
+        self.path, self.why = path, why
+        super().__init__(f"checkpoint file {path} is damaged ({why}), and no older complete "
+                         f"checkpoint verifies: the job cannot resume without a wrong state")
+
+    def __reduce__(self):
+        return (CheckpointCorrupt, (self.path, self.why))
+
+
+class SourceOrderUnknown(ValueError):
+    """``checkpoint=`` with a source that does not say how a restart reads it again in the
+    same order (``replay_order``): a wrong guess would give inputs other SNs than before,
+    and outputs already committed would belong to other inputs, with no one noticing."""

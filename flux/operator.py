@@ -70,6 +70,7 @@ class OperatorRaised(Exception):
     def __init__(self, op: Any, error: BaseException):
         super().__init__(f"operator {type(op).__name__} raised {describe(error)}")
         self.op, self.error = op, error
+        self.where = ""  # the stage and partition, where the caller knows them
 
 
 def check_operator_api(op: Any, name: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from exchange.partitioner import HashPartitioner
-from flux.operator import OperatorChain
+from flux.operator import OperatorChain, OperatorRaised
 from flux.sequence import SN, input_sn, output_sn
 
 if TYPE_CHECKING:
@@ -49,8 +49,13 @@ class ReferenceRun:
         if s == len(self.chains):
             out.append((sn, record))
             return
-        key = self.dataflow.stages[s].key
-        produced = self.chains[s][self.partitioner(key(record))].process(record)
+        stage = self.dataflow.stages[s]
+        partition = self.partitioner(stage.key(record))
+        try:
+            produced = self.chains[s][partition].process(record)
+        except OperatorRaised as exc:
+            exc.where = exc.where or f"stage {s + 1} ({stage.name!r}), partition {partition}"
+            raise
         for k, next_record in enumerate(produced, 1):
             self._push(s + 1, output_sn(sn, k), next_record, out)
 

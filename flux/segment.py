@@ -325,7 +325,15 @@ class Segment:
         transfer = self.catchup.transfer(self.addr)
         while self._bulk_next is not None and (limit is None or len(effects) < limit):
             i, (keys, values) = self._bulk_next
-            effects.append(SendPart(transfer, pack_part(i, keys, values)))
+            try:
+                part = pack_part(i, keys, values)
+            except Exception as exc:  # the user's values: as ``_packed`` says
+                op = self.chain.operators[i]
+                raise OperatorError(f"the state of operator {type(op).__name__} (taken for a "
+                                    f"catch-up)", self.addr.stage, self.addr.partition,
+                                    self.fcons.frontier(), f"cannot be encoded: "
+                                    f"{describe(exc)}") from exc
+            effects.append(SendPart(transfer, part))
             self._parts_sent += 1
             self._bulk_next = next(self._bulk, None)
         return effects + self._maybe_pause()
@@ -355,9 +363,29 @@ class Segment:
         the keyed stores' changes since the snapshot, everything else whole."""
         self.mode = self._next(Event.DRAINED)
         self.chain.init_trans()
-        with paused_gc():  # in slices, no collector pauses: liveness goes on (issue 11)
-            data = pack_state(self._moving_state())
+        # in slices, no collector pauses: liveness goes on
+        data = self._packed(self._moving_state, "a catch-up", self.fcons.frontier())
         return [SendState(self.catchup.transfer(self.addr), data)]
+
+    def _packed(self, state_of, when: str, sn) -> bytes:
+        """``state_of()`` packed for the store or a new replica. A state the user's
+        operator made that cannot be encoded (or whose ``get_state`` raises) is the
+        operator's error, named with its stage, partition and the SN where the state was
+        taken: its twin would fail alike, so failing over would not help."""
+        try:
+            with paused_gc():
+                return pack_state(state_of())
+        except Exception as exc:
+            culprit = "an operator's state"
+            for op in getattr(self.chain, "operators", ()):
+                try:
+                    pack_state(op.get_state())
+                except Exception as own:
+                    culprit, exc = f"the state of operator {type(op).__name__}", own
+                    break
+            raise OperatorError(f"{culprit} (taken for {when})", self.addr.stage,
+                                self.addr.partition, sn, f"cannot be encoded: "
+                                f"{describe(exc)}") from exc
 
     def _moving_state(self) -> dict:
         if not self._tracked:
@@ -517,13 +545,13 @@ class Segment:
         base = self.chain_base
         incremental = (base is not None and keyed and self.deltas_since_full + 1 < self.full_every
                        and all(stores[i].records_changes for i in keyed))
-        with paused_gc():
-            if incremental:
-                state = delta_snapshot(k, base, self.chain.get_state(skip=keyed),
-                                       self._changes(stores, keyed))
-            else:
-                state = full_snapshot(k, self.chain.get_state())
-            data = pack_state(state)
+        if incremental:
+            data = self._packed(lambda: delta_snapshot(
+                k, base, self.chain.get_state(skip=keyed), self._changes(stores, keyed)),
+                f"checkpoint {k}", (n,))
+        else:
+            data = self._packed(lambda: full_snapshot(k, self.chain.get_state()),
+                                f"checkpoint {k}", (n,))
         self.deltas_since_full = self.deltas_since_full + 1 if incremental else 0
         if keyed and self.full_every > 1:  # the baseline of the next delta
             for i in keyed:

@@ -35,8 +35,37 @@ def test_a_checkpoint_completes_with_its_last_report_whatever_the_order(order):
                              "source": ["a.jsonl", 100], "sink": [10, 1],
                              "files": ["s1p0-1", "s1p1-1", "s2p0-1", "s2p1-1"],
                              "chains": [[[1, "s1p0-1"]], [[1, "s1p1-1"]], [[1, "s2p0-1"]],
-                                        [[1, "s2p1-1"]]]}
+                                        [[1, "s2p1-1"]]],
+                             "digests": {}}
     assert coord.latest_complete == 1
+
+
+def test_the_manifest_records_every_chain_file_s_checksum():
+    coord = CheckpointCoordinator(1, 2, "f")
+    coord.begin(1, cut=10)
+    coord.begin(2, cut=20)
+    coord.part_written(2, 1, 0, "a-2", [(1, "a-1"), (2, "a-2")], ["d1", "d2"])
+    coord.part_written(2, 1, 1, "b-2", [(2, "b-2")], ["e2"])
+    coord.source_recorded(2, 5)
+    manifest = coord.sink_committed(2, None)
+    assert manifest["digests"] == {"1/a-1": "d1", "2/a-2": "d2", "2/b-2": "e2"}
+    with pytest.raises(ValueError, match="has 1 checksums"):
+        coord.begin(3, cut=30)
+        coord.part_written(3, 1, 0, "a-3", [(2, "a-2"), (3, "a-3")], ["d3"])
+
+
+def test_a_restart_that_fell_back_abandons_the_newer_complete_checkpoints():
+    """A restart passed over checkpoint 2 (its files did not verify) for checkpoint 1: the
+    next cuts follow checkpoint 1's and must not be refused as earlier than 2's."""
+    coord = CheckpointCoordinator(1, 1, "f")
+    for k, cut in ((1, 10), (2, 20)):
+        coord.begin(k, cut=cut)
+        coord.part_written(k, 1, 0, f"a-{k}")
+        coord.source_recorded(k, cut)
+        coord.sink_committed(k, None)
+    coord.restarted(1)
+    assert coord.latest_complete == 1 and coord.abandoned() == [2]
+    coord.begin(3, cut=15)  # after checkpoint 1's cut, before 2's
 
 
 def test_the_twin_of_a_partition_that_wrote_changes_nothing_and_missing_is_named():

@@ -72,8 +72,9 @@ def explode(record):
 
 def test_an_operator_that_raises_on_the_first_records_is_refused():
     flow = Dataflow([Stage("sessions", session_key, (partial(Map, explode),))])
-    with pytest.raises(DataflowError, match="on one of the source.s first 200 records, operator "
-                                            "Map raised ZeroDivisionError: the operator has a bug"):
+    with pytest.raises(DataflowError, match="on one of the source.s first 200 records in stage "
+                                            "1 .'sessions'., partition [0-3], operator Map raised "
+                                            "ZeroDivisionError: the operator has a bug"):
         job(flow)
 
 

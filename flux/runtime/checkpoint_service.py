@@ -116,7 +116,8 @@ class CheckpointService:
             if msg.chain:
                 self._chains[msg.addr] = msg.chain
             self._complete(msg.number, c.part_written(msg.number, msg.addr.stage,
-                                                      msg.addr.partition, msg.name, msg.chain))
+                                                      msg.addr.partition, msg.name, msg.chain,
+                                                      msg.digests))
         elif kind == "sink":
             _, number, sn = report
             self._complete(number, c.sink_committed(number, sn))

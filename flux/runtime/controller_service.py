@@ -47,7 +47,7 @@ from flux.control_messages import (
     Welcome,
 )
 from flux.envelope import Envelope
-from flux.errors import OperatorError, PairLost
+from flux.errors import CheckpointCorrupt, OperatorError, PairLost
 from flux.runtime.metrics import MAX_EVENTS
 from flux.runtime.mover_service import mover_peer
 from flux.runtime.transport import ConnectionLost, Transport
@@ -327,6 +327,11 @@ class ControllerService:
         reasons = self.start_failures.setdefault(msg.task, [])
         reasons.append(msg.reason)
         log.warning("task %s (attempt %s) failed to start: %s", msg.task, msg.inc, msg.reason)
+        if msg.fatal and self.error is None:  # a node that registered: no retry can help
+            self.error = (CheckpointCorrupt(*msg.corrupt) if len(msg.corrupt) == 2 else
+                          RuntimeError(f"task {msg.task} could not start its node: "
+                                       f"{msg.reason}"))
+            return
         if len(reasons) >= START_FAILURES and self.error is None:
             self.error = RuntimeError(
                 f"task {msg.task} failed {len(reasons)} times before its node started; "

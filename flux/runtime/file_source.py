@@ -33,6 +33,8 @@ class FileSource:
     ``follow``: at the end of the files, wait for more (``NOT_YET``, looking again
     every ``poll_interval`` seconds) instead of ending."""
 
+    replay_order = "position"  # files in name order, read again alike
+
     def __init__(self, path: str, follow: bool = False, poll_interval: float = 0.5,
                  clock: Callable[[], float] = time.monotonic):
         if poll_interval <= 0:

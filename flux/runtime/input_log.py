@@ -10,7 +10,10 @@ reads the log past the checkpoint's cut and has the source replay that order
 The log lives beside the checkpoints (``<checkpoint>/inputs/``), one small
 object per append, named by the SNs it covers: the same on a local disk and
 on an object store, where nothing can be appended to. An entry is the
-partitions of inputs ``first..last`` in order, run-length encoded.
+partitions of inputs ``first..last`` in order, run-length encoded, with the
+checksum of its content: a damaged or missing entry ends what the log can
+replay (``read_checked`` says which file and why), and the job decides
+whether what it committed needs more.
 
 ``InputLogWriter`` writes off the ingress's thread, one append at a time:
 the ingress takes what comes while one is written, and sends once it is done.
@@ -21,9 +24,9 @@ import json
 import logging
 import queue
 import threading
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
-from flux.runtime.checkpoint_store import CheckpointStore
+from flux.runtime.checkpoint_store import CheckpointStore, Damaged, digest
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +50,69 @@ class InputLog:
                 runs[-1][1] += 1
             else:
                 runs.append([p, 1])
-        self.fs.pipe_file(self._path(first, last), json.dumps(runs).encode())
+        body = json.dumps(runs)
+        self.fs.pipe_file(self._path(first, last), json.dumps(
+            {"runs": runs, "checksum": digest(body.encode())}).encode())
         return last
 
     def read(self, after: int) -> List[Any]:
         """The partitions of inputs ``after + 1``, ``after + 2``, ... as far as the log goes
         without a gap (entries may overlap: a restart logs again what it replays)."""
+        return self.read_checked(after)[0]
+
+    def read_checked(self, after: int) -> Tuple[List[Any], Optional[Damaged]]:
+        """``read``, and what ended it early: the damaged entry (or a missing one, named by
+        the inputs it should cover) that left a gap, else None."""
         order: List[Any] = []
+        damaged: Optional[Damaged] = None
         for first, last in self._entries():
             if last <= after + len(order):
                 continue
             if first > after + len(order) + 1:
+                gap = after + len(order) + 1
                 log.warning("the input log has a gap after input %d (next entry starts at %d)",
-                            after + len(order), first)
-                break
-            parts = [p for p, n in json.loads(self.fs.cat_file(self._path(first, last)))
-                     for _ in range(n)]
+                            gap - 1, first)
+                return order, damaged or Damaged(f"{self.dir}/{gap:012d}-*.json",
+                                                 f"no entry covers input {gap}")
+            try:
+                runs = self._runs(first, last)
+            except Damaged as exc:  # an overlapping entry may still cover it
+                log.error("an input log entry is damaged: %s", exc)
+                damaged = damaged or exc
+                continue
+            parts = [p for p, n in runs for _ in range(n)]
             order.extend(parts[after + len(order) + 1 - first:])
-        return order
+        return order, None
+
+    def drop_after(self, n: int) -> None:
+        """Remove every entry that starts after input ``n``: past a gap the log cannot
+        replay, and a restart logs those inputs anew, in their new order."""
+        for first, last in self._entries():
+            if first > n:
+                self.fs.rm(self._path(first, last))
+
+    def _runs(self, first: int, last: int) -> list:
+        path = self._path(first, last)
+        try:
+            data = self.fs.cat_file(path)
+            entry = json.loads(data)
+        except FileNotFoundError:
+            raise Damaged(path, "the file is missing") from None
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise Damaged(path, f"not an input log entry: {exc}") from None
+        if isinstance(entry, dict):  # with its checksum (a list: an entry from before them)
+            runs = entry.get("runs")
+            if digest(json.dumps(runs).encode()) != entry.get("checksum"):
+                raise Damaged(path, "its checksum does not match its content")
+        else:
+            runs = entry
+        try:
+            whole = sum(n for _, n in runs) == last - first + 1
+        except (TypeError, ValueError):
+            whole = False
+        if not whole:
+            raise Damaged(path, f"it does not hold the partitions of inputs {first}-{last}")
+        return runs
 
     def truncate(self, upto: int) -> None:
         """Remove what only covers inputs up to ``upto`` (a complete checkpoint has them)."""

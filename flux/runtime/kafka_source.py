@@ -59,6 +59,8 @@ class KafkaSource:
     to wait for one before saying ``NOT_YET``. The partition count is checked every
     ``check_every`` seconds; ``timeout`` bounds every other call to the broker."""
 
+    replay_order = "logged"  # partitions interleave by arrival: the input log
+
     def __init__(self, bootstrap: str, topic: str, group: str = "flux",
                  decode: Callable[[bytes], Any] = json.loads, start: str = "earliest",
                  config: Optional[Dict[str, Any]] = None, batch: int = 500,

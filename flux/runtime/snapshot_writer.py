@@ -8,8 +8,9 @@ controller, which completes the checkpoint once every partition is in.
 
 A delta (``Snapshot.base``) builds on the file this writer wrote for the
 same replica at checkpoint ``base``: the writer keeps each replica's chain
-(flux.snapshot_chain) and reports it with the file, so the manifest names
-every file a restore reads. A delta whose base it did not write (that write
+(flux.snapshot_chain) and reports it with the file, and every file's
+checksum, so the manifest names every file a restore reads and what it must
+hash to. A delta whose base it did not write (that write
 failed) is not written: it is reported as an error, and the loop tells the
 segment its next snapshot must be whole.
 """
@@ -24,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 from flux.addresses import Addr, P
 from flux.control_messages import SnapshotWritten
 from flux.effects import Snapshot
-from flux.runtime.checkpoint_store import CheckpointStore
+from flux.runtime.checkpoint_store import CheckpointStore, digest
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,10 @@ class SnapshotWriter:
         self.clock = clock
         self._todo: "queue.Queue" = queue.Queue()
         self._done: "queue.Queue[SnapshotWritten]" = queue.Queue()
-        #: per replica, the files of its last snapshot's chain (writer thread only)
+        #: per replica, the files of its last snapshot's chain and their checksums (writer
+        #: thread only)
         self._chains: Dict[Addr, Tuple[Tuple[int, str], ...]] = {}
+        self._digests: Dict[Addr, Tuple[str, ...]] = {}
         self._thread = threading.Thread(target=self._run, name="flux-snapshot-writer",
                                         daemon=True)
         self._thread.start()
@@ -80,6 +83,7 @@ class SnapshotWriter:
         name = snapshot_name(snap.addr, self.job)
         started = self.clock()
         chain = self._chains.pop(snap.addr, ())
+        digests = self._digests.pop(snap.addr, ())
         try:
             if snap.base is not None and (not chain or chain[-1][0] != snap.base):
                 raise ValueError(f"a delta over checkpoint {snap.base}, whose snapshot this "
@@ -90,15 +94,16 @@ class SnapshotWriter:
                 raise FileNotFoundError(f"a delta over checkpoint {snap.base}, whose chain "
                                         f"lost the files of checkpoints {missing}")
             chain = (chain if snap.base is not None else ()) + ((snap.number, name),)
+            digests = (digests if snap.base is not None else ()) + (digest(snap.data),)
             self.store.write(snap.number, name, snap.data)
         except Exception as exc:  # the checkpoint stays incomplete; the job goes on
             log.error("checkpoint %d: could not write %s to %s: %s", snap.number, name,
                       self.store.url, exc)
             return SnapshotWritten(snap.number, snap.addr, name, 0, self.clock() - started,
                                    f"{type(exc).__name__}: {exc}"[:500])
-        self._chains[snap.addr] = chain
+        self._chains[snap.addr], self._digests[snap.addr] = chain, digests
         return SnapshotWritten(snap.number, snap.addr, name, len(snap.data),
-                               self.clock() - started, chain=chain)
+                               self.clock() - started, chain=chain, digests=digests)
 
     def stop(self, timeout: Optional[float] = 10.0) -> None:
         """Finish what is queued, then end the thread."""

@@ -99,6 +99,8 @@ class SequenceSource:
     """A sequence as a replayable ``Source`` (flux.connectors): its position is the
     number of records read, so a restart goes on at the same record (DESIGN 10)."""
 
+    replay_order = "position"  # flux.connectors.BY_POSITION: a sequence reads alike
+
     def __init__(self, records: Sequence[Any]):
         self.records = records
         self.index = 0
@@ -145,6 +147,24 @@ class Paced:
     @property
     def position(self) -> Any:
         return self.source.position
+
+    @property
+    def replay_order(self) -> str:
+        """The wrapped source's (flux.connectors.replay_order_of): pacing changes when
+        records are read, never their order."""
+        from flux.connectors import replay_order_of
+
+        return replay_order_of(self.source)
+
+    @property
+    def last(self) -> Any:
+        """The wrapped source's partition and offset of the record returned last (a
+        source whose order is logged)."""
+        return self.source.last
+
+    def replay(self, partitions: Sequence[Any]) -> None:
+        """Forwarded: after ``open``, the wrapped source replays this logged order."""
+        self.source.replay(partitions)
 
     def open(self, position: Any) -> None:
         self.source.open(position)

@@ -29,10 +29,10 @@ from flux.builder import REPLICATIONS, MachineBuilder
 from flux.control_messages import JOB_STOPPED, Register
 from flux.dataflow import check_batch_api, check_state_round_trip
 from flux.effects import Deliver, SinkCommit
-from flux.errors import DataflowError, IngressLost, PairLost
+from flux.errors import CheckpointCorrupt, DataflowError, IngressLost, PairLost
 from flux.host import Host
 from flux.operator import OperatorRaised, describe
-from flux.connectors import PartitionedSource, is_exactly_once
+from flux.connectors import LOGGED, is_exactly_once, replay_order_of
 from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
@@ -70,7 +70,8 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
     except DataflowError:
         raise
     except OperatorRaised as exc:
-        raise DataflowError(f"on one of the source's first {len(sample)} records, "
+        where = f" in {exc.where}" if exc.where else ""
+        raise DataflowError(f"on one of the source's first {len(sample)} records{where}, "
                             f"{exc}") from exc.error
     except Exception as exc:
         raise DataflowError(f"the dataflow fails on the source's first {len(sample)} records: "
@@ -110,6 +111,9 @@ class FluxJob:
                     f"flux.Source such as FileSource, or a sequence), got "
                     f"{type(source).__name__}: after a restart its inputs must come again")
             source = replay
+            #: how a restart reads the source again in its order: with ``LOGGED`` the
+            #: ingress logs each input's partition (DESIGN 10); never guessed
+            self._replay_order = replay_order_of(source)
             if not checkpoint_interval > 0:
                 raise ValueError(f"checkpoint_interval must be > 0 seconds, "
                                  f"got {checkpoint_interval!r}")
@@ -176,6 +180,9 @@ class FluxJob:
         #: with checkpoints, the ingress logs each input's partition before it leaves
         #: (DESIGN 10), and a restart replays that order
         self.input_log: Optional[InputLog] = None
+        #: the logged partitions of the inputs after the restored cut, read (and checked)
+        #: when the checkpoint is chosen, replayed when the data starts
+        self._replay: List[Any] = []
         self._log_writer: Optional[InputLogWriter] = None
         self._offsets_reported: Optional[int] = None  # the checkpoint whose source position
         #                                                 went to the source (commit_offsets)
@@ -200,8 +207,9 @@ class FluxJob:
         self._restore = store.latest(print_, self.nodes)
         self._start_position = self.source.position  # a restart with no checkpoint yet
         coordinator = CheckpointCoordinator(len(self.dataflow.stages), self.nodes, print_)
-        if isinstance(self.source, PartitionedSource):
+        if self._replay_order == LOGGED:
             self.input_log = InputLog(store)
+            self._replay = self._plan_replay(self._restore)
         self.checkpoints = CheckpointService(store, coordinator, events=self.metrics.events,
                                              input_log=self.input_log)
         self._next_checkpoint = max(store.ids(), default=0) + 1
@@ -209,6 +217,30 @@ class FluxJob:
         if self._restore is not None:
             log.info("resuming from checkpoint %d of %s (cut at input %d)",
                      self._restore["checkpoint"], url, self._restore["cut"])
+
+    def _plan_replay(self, restore: Optional[dict]) -> List[Any]:
+        """The logged order of the inputs after ``restore``'s cut, as far as the input log
+        replays it. Every input an output the sink has (committed, or handed to it by this
+        driver) derives from must get its SN again: if a damaged or missing entry of the
+        log stops short of that, the job cannot resume exactly (``CheckpointCorrupt``,
+        naming the entry). Short of that, what lies past the gap is dropped from the log:
+        those inputs are read and logged anew, and nothing the sink has depends on them."""
+        cut = restore["cut"] if restore else 0
+        order, damaged = self.input_log.read_checked(after=cut)
+        if damaged is None:
+            return order
+        have = [sn for sn in (self._last_sn, self.sink.committed() if self._exactly_once
+                              else None) if sn is not None]
+        needed = max(have)[0] if have else 0
+        if cut + len(order) < needed:
+            raise CheckpointCorrupt(damaged.path, f"{damaged.why}; the sink holds outputs "
+                                    f"of input {needed}, the log replays up to input "
+                                    f"{cut + len(order)}")
+        log.warning("the input log replays up to input %d (%s: %s); nothing the sink holds "
+                    "depends on later inputs: they are read and logged anew",
+                    cut + len(order), damaged.path, damaged.why)
+        self.input_log.drop_after(cut + len(order))
+        return order
 
     # -- life cycle ----------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":
@@ -381,11 +413,14 @@ class FluxJob:
                 self.sink.committed() is None or self._last_sn > self.sink.committed()):
             self.sink.commit(self._last_sn)  # what it has is the failure-free prefix
         self.checkpoints.settle()
-        self.checkpoints.coordinator.restarted()
         # the store is the truth: a checkpoint the coordinator completed may have failed
-        # to get its manifest written
+        # to get its manifest written, and one whose files do not verify is passed over
+        # for the one before (CheckpointCorrupt when none is left)
         restore = self.checkpoints.store.latest()
         latest = restore["checkpoint"] if restore is not None else None
+        self.checkpoints.coordinator.restarted(latest)
+        if self.input_log is not None:
+            self._replay = self._plan_replay(restore)
         self.restart_log.append((now, latest, str(why)))
         self.metrics.events.append((now, "restart", latest))
         self._launch(restore)
@@ -527,7 +562,7 @@ class FluxJob:
             self.metrics.renumber(accepted)
             self._cut_at = time.monotonic() + self.checkpoint_interval
             if self.input_log is not None:  # in the order they had (DESIGN 10)
-                order = self.input_log.read(after=accepted)
+                order = self._replay
                 source.replay(order)
                 logged_before = accepted + len(order)
                 if self._log_writer is not None:
@@ -694,6 +729,10 @@ class FluxJob:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every task and thread this job started, then close every socket."""
         self._stopping.set()
+        if not self._threads:  # never started: only the checkpoint service's thread runs
+            if self.checkpoints is not None:
+                self.checkpoints.stop()
+            return
         if self._supervisor is not None:
             self._supervisor.join(timeout=120)  # a restart under way ends first
         spark_thread = self._threads[0]
@@ -708,6 +747,11 @@ class FluxJob:
         self._close_sockets()
         if self.endpoint is not None:
             self.endpoint.stop()
+        self._close_owned()
+
+    def _close_owned(self) -> None:
+        """Close what the job owns besides its tasks and sockets: the sink, the
+        checkpoint service's thread, the input log's writer."""
         close = getattr(self.sink, "close", None)
         if close is not None:
             close()

@@ -39,7 +39,7 @@ from flux.control_messages import (
     Welcome,
 )
 from flux.envelope import Envelope
-from flux.errors import OperatorError
+from flux.errors import CheckpointCorrupt, OperatorError
 from flux.host import Host
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
@@ -136,9 +136,18 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     try:
         if config.checkpoint:
             writer = SnapshotWriter(CheckpointStore(config.checkpoint), config.secret[:8])
-        built.append(build_loop(welcome, inc, members, transport, config, dataflow,
-                                mover_relay=mover_peer(name), on_turn=liveness.loop_turned,
-                                spares=spares, snapshots=writer))
+        try:
+            built.append(build_loop(welcome, inc, members, transport, config, dataflow,
+                                    mover_relay=mover_peer(name), on_turn=liveness.loop_turned,
+                                    spares=spares, snapshots=writer))
+        except Exception as exc:  # named already: the job cannot begin without this node
+            corrupt = (exc.path, exc.why) if isinstance(exc, CheckpointCorrupt) else ()
+            reason = f"{name}: {type(exc).__name__}: {exc}"[:1000]
+            log.error("%s could not build its segments: %s", name, reason)
+            transport.send(CONTROLLER.name, Envelope(me0, CONTROLLER, 0, Failed(
+                task, inc, reason, config.secret, fatal=True, corrupt=corrupt), inc, None))
+            transport.close(linger_ms=2000)  # the report leaves before Spark sees the error
+            raise
         return run_loop(task, inc, name, built[0], mover, liveness, early, config)
     finally:
         liveness.stop()
@@ -288,8 +297,20 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict) -
     it (flux.snapshot_chain)."""
     manifest = store.manifest(checkpoint)
     for addr, segment in machines.items():
-        snapshots = [unpack_state(data) for data in store.read_part(manifest, addr.stage,
-                                                                     addr.partition)]
-        install(segment.chain, snapshots)
+        files = store.part_files(manifest, addr.stage, addr.partition)
+        snapshots = []
+        for (k, name), data in zip(files, store.read_part(manifest, addr.stage,
+                                                          addr.partition)):
+            try:  # verified already: only a checkpoint from before checksums gets here
+                snapshots.append(unpack_state(data))
+            except Exception as exc:
+                raise CheckpointCorrupt(store.path(k, name), f"it cannot be decoded: "
+                                        f"{type(exc).__name__}: {exc}") from exc
+        try:
+            install(segment.chain, snapshots)
+        except Exception as exc:
+            raise RuntimeError(f"stage {addr.stage} partition {addr.partition}: its state "
+                               f"in checkpoint {checkpoint} of {store.url} could not be "
+                               f"installed: {type(exc).__name__}: {exc}") from exc
     log.info("restored %d segments from checkpoint %d (cut %d) of %s", len(machines),
              checkpoint, manifest["cut"], store.url)
