@@ -74,7 +74,11 @@ def replay_order_of(source: Any) -> str:
     from flux.errors import SourceOrderUnknown
 
     name = describe_source(source)
-    order = getattr(source, "replay_order", None)
+    try:
+        order = getattr(source, "replay_order", None)
+    except SourceOrderUnknown as exc:  # a wrapper asked the source it wraps
+        raise SourceOrderUnknown(f"source {name} wraps a source whose replay order is "
+                                 f"unknown: {exc}") from None
     if order is None:
         if isinstance(source, PartitionedSource):
             return LOGGED
