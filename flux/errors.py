@@ -74,18 +74,28 @@ class CheckpointMismatch(ValueError):
     """A checkpoint written by a job with another dataflow or partition count."""
 
 
-class CheckpointCorrupt(RuntimeError):
-    """A checkpoint file that does not verify (truncated, changed, zeroed or missing), and
-    no older complete checkpoint to fall back to whose files all verify: restoring it
-    would give a wrong state silently, so the job stops and names the file."""
+class DamagedFile(RuntimeError):
+    """A file the library wrote and must trust does not verify (truncated, changed, zeroed
+    or missing): read as if whole, it would give a wrong result without a word."""
 
     def __init__(self, path: str, why: str):
         self.path, self.why = path, why
-        super().__init__(f"checkpoint file {path} is damaged ({why}), and no older complete "
-                         f"checkpoint verifies: the job cannot resume without a wrong state")
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return f"{self.path} is damaged: {self.why}"
 
     def __reduce__(self):
-        return (CheckpointCorrupt, (self.path, self.why))
+        return (type(self), (self.path, self.why))
+
+
+class CheckpointCorrupt(DamagedFile):
+    """A checkpoint file that does not verify, and no older complete checkpoint to fall
+    back to whose files all verify: the job stops and names the file."""
+
+    def _message(self) -> str:
+        return (f"checkpoint file {self.path} is damaged ({self.why}), and no older complete "
+                f"checkpoint verifies: the job cannot resume without a wrong state")
 
 
 class SourceOrderUnknown(ValueError):

@@ -436,3 +436,33 @@ def test_a_state_that_cannot_be_encoded_at_a_checkpoint_is_the_operator_s_error(
     e = err.value
     assert (e.stage, e.partition, e.sn) == (1, 1, (17,))
     assert "Unencodable" in e.what and "checkpoint 4" in e.what and "encoded" in e.error
+
+
+# -- the sink's manifest and parts ------------------------------------------------------------
+
+@pytest.mark.parametrize("how", DAMAGE[:3])
+def test_a_file_sink_with_a_damaged_manifest_will_not_open_and_names_it(tmp_path, how):
+    """Its manifest says which parts are committed and the last SN: a guess would lose or
+    repeat outputs (deleted, it is a sink that committed nothing: the parts it does not
+    name are removed, as ever)."""
+    from flux.errors import DamagedFile
+    from flux.runtime.file_sink import MANIFEST as SINK_MANIFEST, FileSink
+
+    with FileSink(str(tmp_path), commit_every=2) as sink:
+        sink.write([((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")])
+    damage(str(tmp_path / SINK_MANIFEST), how)
+    with pytest.raises(DamagedFile, match="_flux_sink.json"):
+        FileSink(str(tmp_path))
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_reading_a_file_sink_with_a_damaged_part_names_the_part(tmp_path, how):
+    from flux.errors import DamagedFile
+    from flux.runtime.file_sink import FileSink, read_file_sink
+
+    with FileSink(str(tmp_path), commit_every=2) as sink:
+        sink.write([((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")])
+    assert read_file_sink(str(tmp_path)) == [((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")]
+    damage(str(tmp_path / "part-00000000.jsonl"), how)
+    with pytest.raises(DamagedFile, match="part-00000000.jsonl"):
+        read_file_sink(str(tmp_path))

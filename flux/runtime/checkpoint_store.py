@@ -24,7 +24,6 @@ manifest written before checksums (no ``checksum``) is read as it is.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -32,6 +31,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import fsspec
 
 from flux.errors import CheckpointCorrupt, CheckpointMismatch
+from flux.runtime.checksums import Damaged, digest, seal, unseal
 
 log = logging.getLogger(__name__)
 
@@ -39,46 +39,6 @@ MANIFEST = "MANIFEST.json"
 #: a manifest whose checkpoint did not verify, set aside: no longer complete, kept to look at
 DAMAGED = MANIFEST + ".damaged"
 PREFIX = "ckpt-"
-
-
-def digest(data: bytes) -> str:
-    """A file's checksum: SHA-256 (about 1.5 GB/s here, far below packing a state's cost),
-    strong enough that no damage a store does passes for the original."""
-    return hashlib.sha256(data).hexdigest()
-
-
-class Damaged(Exception):
-    """One checkpoint file that does not verify: its path and why."""
-
-    def __init__(self, path: str, why: str):
-        super().__init__(f"{path}: {why}")
-        self.path, self.why = path, why
-
-
-def _canonical(body: dict) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def seal(manifest: dict) -> bytes:
-    """The manifest's bytes, with the checksum of its own content inside."""
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return json.dumps({**body, "checksum": digest(_canonical(body))}).encode()
-
-
-def unseal(data: bytes, path: str) -> dict:
-    """A manifest's content, verified (``Damaged`` if it is not whole and unchanged)."""
-    try:
-        manifest = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise Damaged(path, f"not a manifest ({len(data)} bytes): {exc}") from None
-    if not isinstance(manifest, dict):
-        raise Damaged(path, f"not a manifest: a JSON {type(manifest).__name__}")
-    want = manifest.get("checksum")
-    if want is not None:
-        body = {k: v for k, v in manifest.items() if k != "checksum"}
-        if digest(_canonical(body)) != want:
-            raise Damaged(path, "its checksum does not match its content")
-    return manifest
 
 
 class CheckpointStore:

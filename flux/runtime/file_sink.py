@@ -12,18 +12,23 @@ committed one, which a restart's replay regenerates.
 Rows are ``{"sn": [...], "record": ...}``: one JSON object per line, or in
 Parquet two columns, ``sn`` (list of int64) and ``record`` (its JSON text).
 The folder is a local path or any ``fsspec`` URL (the manifest is then one
-object put, atomic on object stores).
+object put, atomic on object stores). The manifest carries its own checksum
+and each part's: a damaged manifest stops the sink from opening, and a
+damaged part stops ``read_file_sink`` (``DamagedFile``, naming the file),
+never a silent loss or repeat.
 """
 from __future__ import annotations
 
 import io
 import json
 import logging
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import fsspec
 
 from flux.connectors import CommitsBySN
+from flux.errors import DamagedFile
+from flux.runtime.checksums import Damaged, digest, seal, unseal
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,8 @@ class FileSink(CommitsBySN):
             raise ValueError(f"FileSink: {path!r} holds {manifest.get('format')} parts, "
                              f"not {format}")
         self.parts: List[str] = list(manifest["parts"]) if manifest else []
+        #: each committed part's checksum (parts committed before checksums have none)
+        self.digests: Dict[str, str] = dict(manifest.get("digests") or {}) if manifest else {}
         super().__init__(tuple(manifest["sn"]) if manifest and manifest["sn"] is not None
                          else None, commit_every)
         self._remove_leftovers()
@@ -58,12 +65,15 @@ class FileSink(CommitsBySN):
         if rows:
             name = f"part-{len(parts):08d}.{self.format}"
             tmp = self._full(f".{name}.tmp")
+            data = self._encode(rows)
             with self.fs.open(tmp, "wb") as f:
-                f.write(self._encode(rows))
+                f.write(data)
             self.fs.mv(tmp, self._full(name))
             parts.append(name)
-        self._write_manifest({"format": self.format, "sn": list(sn), "parts": parts})
-        self.parts = parts
+        digests = {**self.digests, **({parts[-1]: digest(data)} if rows else {})}
+        self._write_manifest({"format": self.format, "sn": list(sn), "parts": parts,
+                              "digests": digests})
+        self.parts, self.digests = parts, digests
 
     # -- files ----------------------------------------------------------------------------
     def _encode(self, rows) -> bytes:
@@ -80,7 +90,7 @@ class FileSink(CommitsBySN):
         return out.getvalue()
 
     def _write_manifest(self, manifest: dict) -> None:
-        data = json.dumps(manifest).encode()
+        data = seal(manifest)
         if "file" in self.fs.protocol:  # a rename is atomic on a local file system
             tmp = self._full(f".{MANIFEST}.tmp")
             self.fs.pipe_file(tmp, data)
@@ -102,10 +112,16 @@ class FileSink(CommitsBySN):
 
 
 def read_manifest(fs, root: str) -> Optional[dict]:
+    """The sink's manifest, verified: a damaged one (``DamagedFile``) names neither the
+    committed parts nor the last SN for certain, and guessing either would lose or repeat
+    outputs; None when nothing was committed yet."""
     path = f"{root.rstrip('/')}/{MANIFEST}"
     if not fs.exists(path):
         return None
-    return json.loads(fs.cat_file(path))
+    try:
+        return unseal(fs.cat_file(path), path)
+    except Damaged as exc:
+        raise DamagedFile(exc.path, f"the sink's manifest: {exc.why}") from None
 
 
 def read_file_sink(path: str) -> List[Tuple[tuple, Any]]:
@@ -115,8 +131,15 @@ def read_file_sink(path: str) -> List[Tuple[tuple, Any]]:
     if manifest is None:
         return []
     rows: List[Tuple[tuple, Any]] = []
+    digests = manifest.get("digests") or {}
     for name in manifest["parts"]:
-        data = fs.cat_file(f"{root.rstrip('/')}/{name}")
+        part = f"{root.rstrip('/')}/{name}"
+        try:
+            data = fs.cat_file(part)
+        except FileNotFoundError:
+            raise DamagedFile(part, "a committed part of the sink is missing") from None
+        if name in digests and digest(data) != digests[name]:
+            raise DamagedFile(part, "a committed part's checksum does not match")
         if manifest["format"] == "jsonl":
             rows += [(tuple(r["sn"]), r["record"]) for r in map(json.loads, data.splitlines())]
         else:

@@ -26,7 +26,8 @@ import queue
 import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
-from flux.runtime.checkpoint_store import CheckpointStore, Damaged, digest
+from flux.runtime.checkpoint_store import CheckpointStore
+from flux.runtime.checksums import Damaged, digest
 
 log = logging.getLogger(__name__)
 
