@@ -466,3 +466,17 @@ def test_reading_a_file_sink_with_a_damaged_part_names_the_part(tmp_path, how):
     damage(str(tmp_path / "part-00000000.jsonl"), how)
     with pytest.raises(DamagedFile, match="part-00000000.jsonl"):
         read_file_sink(str(tmp_path))
+
+
+def test_the_checksum_cost_experiment_writes_its_figures(tmp_path):
+    """``experiments.checkpoint_checksums`` times every piece of a checkpoint and its
+    checksum in each round, and writes what it printed."""
+    from experiments.checkpoint_checksums import main
+
+    summary = main(["--keys", "3000", "--rounds", "3", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "checksums.json").read_text())
+    assert saved["rounds"] == 3 and len(saved["rows"]) == 3
+    for row in saved["rows"]:
+        assert row["checkpoint_s"] == pytest.approx(row["pack_s"] + row["write_s"])
+        assert row["checksum_cost"] == pytest.approx(row["checksum_s"] / row["checkpoint_s"])
+    assert summary["checksum_cost"]["n"] == 3
