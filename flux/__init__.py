@@ -21,12 +21,15 @@ from typing import Any
 from flux.dataflow import Dataflow, Stage
 from flux.connectors import PartitionedSource, Sink, Source
 from flux.errors import (
+    CheckpointCorrupt,
     CheckpointMismatch,
+    DamagedFile,
     DataflowError,
     IngressLost,
     OperatorError,
     PairLost,
     SinkFenced,
+    SourceOrderUnknown,
 )
 from flux.examples import paper_dataflow
 from flux.expiry import Expiry
@@ -85,7 +88,7 @@ __all__ = [
     "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch
     "DataflowError", "OperatorError", "PairLost", "IngressLost", "SinkFenced",
-    "CheckpointMismatch",
+    "CheckpointMismatch", "CheckpointCorrupt", "DamagedFile", "SourceOrderUnknown",
 ]
 
 
