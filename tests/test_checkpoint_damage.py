@@ -312,17 +312,28 @@ def test_the_refusal_names_the_wrapper_and_its_source(tmp_path):
                 checkpoint=str(tmp_path / "c"))
 
 
-def test_kafka_wrapped_in_paced_keeps_the_input_log(tmp_path, broker):
-    """The case that went wrong: a Kafka topic read through Paced with checkpoints."""
+@pytest.mark.parametrize("partitions", [1, 4])
+@pytest.mark.parametrize("wrapper", ["bare", "Paced", "wrapper", "declaring-wrapper"])
+def test_a_kafka_topic_keeps_its_input_log_however_it_is_wrapped_or_is_refused(
+        tmp_path, broker, partitions, wrapper):
+    """The case that went wrong was a Kafka topic read through Paced with checkpoints."""
+    import uuid
+
     from flux.examples import counting_dataflow
     from flux.runtime.kafka_source import KafkaSource
-    from flux.runtime.sources import Paced
     from flux.spark.job import FluxJob
 
-    broker.create_topic("paced-kafka", 4)
-    source = KafkaSource(broker.bootstrap, "paced-kafka", ending="latest")
+    topic = f"wrapped-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, partitions)
+    source = KafkaSource(broker.bootstrap, topic, ending="latest")
     try:
-        job = FluxJob(None, counting_dataflow(1), Paced(source, 3000), nodes=2,
+        src = wrap(wrapper, source)
+        if wrapper == "wrapper":
+            with pytest.raises(SourceOrderUnknown, match="Wrapper"):
+                FluxJob(None, counting_dataflow(1), src, nodes=2,
+                        checkpoint=str(tmp_path / "c"), check_records=0)
+            return
+        job = FluxJob(None, counting_dataflow(1), src, nodes=2,
                       checkpoint=str(tmp_path / "c"), check_records=0)
         try:
             assert job.input_log is not None
