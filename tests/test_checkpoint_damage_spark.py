@@ -17,12 +17,8 @@ from tests.test_checkpoint_damage import damage
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from flux.spark.session import local_cluster
-
-    with local_cluster(5) as session:
-        yield session
+#: executors of this module's Spark session (the ``spark`` fixture, conftest)
+SPARK_EXECUTORS = 5
 
 
 def file_job(spark, tmp_path, rate=4000, interval=1.0, **kw):
@@ -198,8 +194,11 @@ def test_a_state_that_stops_encoding_mid_run_stops_the_job_naming_the_operator(s
     from flux.spark.job import FluxJob
     from flux.workload import keyed_workload
 
+    from flux.runtime.sources import Paced
+
     flow = Dataflow([Stage("counts", key_of, (TurnsUnencodable,))])
-    job = FluxJob(spark, flow, keyed_workload(40_000, seed=1, keys=3), nodes=2, standbys=0,
+    records = keyed_workload(30_000, seed=1, keys=3)  # 3 s of input: cuts come during it
+    job = FluxJob(spark, flow, Paced(records, 10_000), nodes=2, standbys=0,
                   checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=0.5)
     with job:
         with pytest.raises(OperatorError, match=r"TurnsUnencodable \(taken for checkpoint "

@@ -18,14 +18,6 @@ from flux.workload import packet_workload
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from flux.spark.session import local_cluster
-
-    with local_cluster(6) as session:  # 4 nodes + 1 standby + 1 warm spare
-        yield session
-
-
 def test_a_failure_free_run_on_spark_equals_the_reference(spark, tmp_path):
     from flux.spark.job import FluxJob
 
@@ -39,6 +31,12 @@ def test_a_failure_free_run_on_spark_equals_the_reference(spark, tmp_path):
         job.wait(timeout=240)
         time.sleep(1.5)  # every node reports its segments each second
         scraped = scrape(job.metrics_url)
+        placement = job.placement()
+    # where the tasks run: chained declustering, node k holds P of partition k, S of k-1
+    assert placement["node1"]["replicas"] == ["stage 1 partition 0 S", "stage 1 partition 1 P",
+                                              "stage 2 partition 0 S", "stage 2 partition 1 P"]
+    assert len(placement) == 5 and all(p["host"] and p["pid"] > 0 for p in placement.values())
+    assert len({p["executor"] for p in placement.values()}) == 5
     with pytest.raises(urllib.error.URLError):  # stop() closed the endpoint
         scrape(job.metrics_url or f"http://127.0.0.1:{job.endpoint.port}/metrics")
     assert scraped[("flux_inputs_total", ())] == len(records)
@@ -105,7 +103,6 @@ def test_kills_on_spark_change_nothing_in_the_output(spark, how, caplog):
     assert "killing node1" in said and "declaring node1 dead" in said, said
     log4j = spark.sparkContext._jvm.org.apache.logging.log4j
     assert all(str(log4j.LogManager.getLogger(n).getLevel()) == "ERROR" for n in TASK_FAILURE_LOGGERS)
-
 
 
 @pytest.mark.parametrize("replication", ["none", "cluster-pairs"])

@@ -56,9 +56,9 @@ from statemover.messages import TransferFailed
 #: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
 START_FAILURES = 3
 #: what ``name_for`` returns to hold a registration until the job names every task at
-#: once, knowing their hosts (no pair on one host: issue 13)
+#: once, knowing their hosts (no pair on one host)
 PENDING = "<pending>"
-#: views kept in ``views`` (what every process was told, for debugging; issue 12: bounded)
+#: views kept in ``views`` (what every process was told, for debugging; bounded)
 VIEWS_KEPT = 64
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class ControllerService:
         self.pending: Dict[Tuple[int, int], Register] = {}
         #: process -> the machine it runs on, and its kernel's boot id, as it registered
         self.hosts: Dict[str, str] = {}
+        self.executors: Dict[str, str] = {}  # name -> Spark's executor id
         self.boots: Dict[str, str] = {}
         self.started = False
         #: registered processes that said they are built and their loop turns (``Ready``)
@@ -112,7 +113,7 @@ class ControllerService:
         self.mover_addresses: Dict[str, str] = {}  # process -> its StateMover's socket
         self.why_dead: Dict[str, str] = {}
         self._told_fenced: Dict[str, float] = {}  # dead process -> when last told to stop
-        #: live node -> (when, its last NodeStats), for the metrics endpoint (issue 12)
+        #: live node -> (when, its last NodeStats), for the metrics endpoint
         self.node_stats: Dict[str, Tuple[float, NodeStats]] = {}
         self.views: Deque[View] = deque(maxlen=VIEWS_KEPT)  # the last views, for debugging
         #: (time, what, detail); a job passes its metrics' EventLog
@@ -254,7 +255,7 @@ class ControllerService:
 
     def abort_attempt(self, transfer: tuple, why: str) -> None:
         """A state transfer failed with both ends alive (e.g. a checksum mismatch), or its
-        attempt ran out of time: abort it and retry (DESIGN 4.6, issue 11)."""
+        attempt ran out of time: abort it and retry (DESIGN 4.6)."""
         views = self.recovery.transfer_failed(*transfer)
         if views:
             stage, partition, version = transfer
@@ -270,7 +271,7 @@ class ControllerService:
 
     # -- membership --------------------------------------------------------------------
     def on_register(self, msg: Register) -> None:
-        """A Spark task joins with the job's secret; anything else is refused (issue 6).
+        """A Spark task joins with the job's secret; anything else is refused.
         Idempotent: a task that registers again (it heard nothing yet) is welcomed again."""
         if self.secret is not None and msg.secret != self.secret:
             log.warning("refused a registration with a wrong secret from %s", msg.address)
@@ -293,6 +294,7 @@ class ControllerService:
         self.pending.pop((msg.task, msg.inc), None)
         self.registered[name] = (msg.task, msg.inc, msg.pid, msg.executor_pid)
         self.hosts[name] = msg.host
+        self.executors[name] = msg.executor
         self.boots[name] = msg.boot
         self.add_member(name, msg.inc, msg.address, msg.mover_address)
         if self.stopping is not None:  # a task retried as the job stops: it ends at once

@@ -1,4 +1,4 @@
-"""A Spark standalone cluster of several "hosts" on one machine (issue 13, DESIGN 6).
+"""A Spark standalone cluster of several "hosts" on one machine (DESIGN 6).
 
 Each host is a Linux network namespace of its own with one address on a
 bridge the rig creates, and runs a standalone Worker, so its executors and
@@ -65,6 +65,22 @@ def check_rig_possible() -> None:
         raise RigUnavailable("the rig needs iproute2's `ip`")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise RigUnavailable("the rig needs Java for Spark")
+    spark_class()
+
+
+def spark_class() -> str:
+    """Spark's ``spark-class`` launcher: on PATH, else the one pip's pyspark ships (a
+    plain ``pip install pyspark`` puts none on PATH)."""
+    found = shutil.which("spark-class")
+    if found:
+        return found
+    import pyspark
+
+    shipped = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    if os.access(shipped, os.X_OK):
+        return shipped
+    raise RigUnavailable(f"the rig needs Spark's spark-class launcher: none on PATH, and "
+                         f"pyspark ships none at {shipped}")
 
 
 class Rig:
@@ -158,7 +174,7 @@ class Rig:
 
     def _spark_class(self, what: str, args: List[str], namespace: str = "",
                      **env: str) -> subprocess.Popen:
-        cmd = ["spark-class", *args]
+        cmd = [spark_class(), *args]
         if namespace:
             cmd = ["ip", "netns", "exec", namespace, *cmd]
         out = open(os.path.join(self.tmp, f"{what}.log"), "ab")

@@ -1,4 +1,4 @@
-"""The Spark settings a Flux job depends on, checked before any task starts (issue 13).
+"""The Spark settings a Flux job depends on, checked before any task starts.
 
 Nodes are long-running tasks that are killed on purpose (tests) or by machine
 failures, and Spark re-runs a failed task as a fresh standby (DESIGN 6). That
@@ -68,7 +68,12 @@ def task_slots(sc) -> int:
     return sc.defaultParallelism // int(sc.getConf().get("spark.task.cpus", "1"))
 
 
-def check_settings(spark, tasks: int, wait: float = 30.0) -> None:
+def executors_registered(sc) -> int:
+    """Executors registered with the driver now (the driver's own entry left out)."""
+    return max(0, len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1)
+
+
+def check_settings(spark, tasks: int, wait: float = 60.0) -> None:
     """Refuse a session a job of ``tasks`` node tasks cannot run on (see module doc);
     waits up to ``wait`` seconds for executors to register before counting slots."""
     sc = spark.sparkContext
@@ -83,6 +88,14 @@ def check_settings(spark, tasks: int, wait: float = 30.0) -> None:
     while task_slots(sc) < tasks and time.monotonic() < deadline:
         time.sleep(0.5)
     slots = task_slots(sc)
+    if executors_registered(sc) == 0:  # defaultParallelism says 2 then: not a count
+        raise SparkSettingError(
+            f"no executor registered within {wait:.0f}s (FluxJob's executor_wait): the "
+            f"cluster gave none for what the session asks (spark.executor.memory "
+            f"{conf.get('spark.executor.memory', '1g')}, spark.executor.cores "
+            f"{conf.get('spark.executor.cores', 'all of a worker')}); a worker must offer at "
+            f"least that much memory and cores (its SPARK_WORKER_MEMORY, "
+            f"SPARK_WORKER_CORES), or ask for less")
     if slots < tasks:
         raise SparkSettingError(
             f"the job runs {tasks} long-running tasks (nodes and standbys), but the "

@@ -1,0 +1,359 @@
+"""One attempt of a job: the driver's sockets, the controller, the Spark tasks, the data.
+
+A job runs one attempt at a time; a restart from a checkpoint ends the attempt (its
+tasks, threads, sockets and ingress process) and launches the next (DESIGN 10). An
+attempt starts in three steps, each once the one before is done: every task registered
+and named (no pair on one host), every node told where everyone listens (a node then
+builds its operators), every node built; then the data starts: the ingress process is
+told where the first stage lives, the source's thread feeds it, and the egress's
+thread delivers the outputs. Each thread runs guarded: an error ends the attempt and
+goes to ``on_error``, which decides between a restart and the job's end.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, List, Optional
+
+import zmq
+
+from controller.hosts import PlacementError, assign_hosts
+from controller.recovery import Recovery
+from flux.builder import MachineBuilder
+from flux.control_messages import JOB_STOPPED, Register
+from flux.effects import Deliver, SinkCommit
+from flux.host import Host
+from flux.operator import describe
+from flux.runtime.config import NodeConfig
+from flux.runtime.controller_service import PENDING, ControllerService
+from flux.runtime.ingress_feed import IngressFeed
+from flux.runtime.ingress_process import BEGIN, IngressProcess
+from flux.runtime.loop import HostLoop
+from flux.runtime.metrics import Metrics
+from flux.runtime.transport import Transport
+from flux.spark.driver_checkpoints import DriverCheckpoints
+from flux.spark.node_task import node_main
+from flux.spark.output import OutputWriter
+from flux.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
+
+log = logging.getLogger(__name__)
+
+#: seconds the job waits for standby tasks to register once every node task has
+STANDBY_GRACE = 3.0
+#: incarnations of the driver-side processes: never a Spark taskAttemptId (those are >= 0)
+DRIVER_INCS = {CONTROLLER_PROCESS: -3, INGRESS_PROCESS: -1, EGRESS_PROCESS: -2}
+
+
+@dataclass(frozen=True)
+class JobParts:
+    """What every attempt of a job shares (built once by ``FluxJob``)."""
+
+    spark: Any
+    config: NodeConfig  # without the controller's address: each attempt adds its own
+    builder: MachineBuilder
+    metrics: Metrics
+    output: OutputWriter
+    checkpoints: Optional[DriverCheckpoints]
+    source: Any
+    nodes: int
+    standbys: int
+    detect_after: float
+    driver_host: str
+    distinct_hosts: bool
+    #: set when the user stops the job: the controller tells every node
+    stopping: threading.Event
+    #: set once every input's output was delivered
+    finished: threading.Event
+
+
+class Attempt:
+    def __init__(self, parts: JobParts, number: int, restored: Optional[dict],
+                 on_error: Callable[[BaseException], None]):
+        """``number``: restarts before this attempt; ``restored``: the manifest of the
+        checkpoint its nodes and ingress start from (None: the first input)."""
+        self.parts, self.number, self.restored = parts, number, restored
+        self.on_error = on_error
+        self.stop_event = threading.Event()
+        self.ending = threading.Event()  # set once a restart ends this attempt
+        self.threads: List[threading.Thread] = []
+        self.task_results: List[Any] = []
+        self.feed: Optional[IngressFeed] = None
+        self.egress = None
+        self.ingress_process: Optional[IngressProcess] = None
+        self._named, self._enough_since = False, None
+        self.group = f"flux-{parts.config.secret[:8]}-{number}"
+        self.config = parts.config
+        self.topology = parts.config.topology()
+
+    # -- launch -----------------------------------------------------------------------
+    def launch(self) -> None:
+        """The ingress process, the driver's sockets, the controller, the Spark tasks."""
+        p, config = self.parts, self.parts.config
+        # the ingress process starts first: it imports while the driver's sockets open
+        self.ingress_process = IngressProcess(dict(
+            dataflow=config.dataflow, partitions=p.nodes, capacity=config.capacity,
+            batch_size=config.batch_size, replication=config.replication,
+            window=config.window, inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
+            keys=config.keys, ports=config.ports, flush_delay=config.flush_delay))
+        self.ctx = zmq.Context()
+        self.transports = {n: Transport(self.ctx, n, inc, host=p.driver_host, keys=config.keys,
+                                        ports=config.ports)
+                           for n, inc in DRIVER_INCS.items() if n != INGRESS_PROCESS}
+        self.controller = ControllerService(
+            self.transports[CONTROLLER_PROCESS], p.detect_after, secret=config.secret,
+            name_for=self._name_for, events=p.metrics.events,
+            on_snapshot=p.checkpoints.service.snapshot_written if p.checkpoints else None)
+        self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
+                                   self.transports[EGRESS_PROCESS].address)
+        try:
+            address = self.ingress_process.wait_hello(timeout=60)
+        except BaseException:
+            self.close_sockets()
+            raise
+        self.controller.add_member(INGRESS_PROCESS, DRIVER_INCS[INGRESS_PROCESS], address)
+        self.config = replace(config.with_controller(
+            self.transports[CONTROLLER_PROCESS].address),
+            restore=self.restored["checkpoint"] if self.restored else -1)
+        self.topology = self.config.topology()
+
+    def run(self) -> None:
+        """Start the Spark tasks and the controller's thread."""
+        self._spawn(self._run_spark)
+        self._spawn(self._run_controller)
+
+    def _spawn(self, target) -> None:
+        t = threading.Thread(target=self._guard, args=(target,), daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _guard(self, target) -> None:
+        try:
+            target()
+        except BaseException as exc:  # a restart, or the job's error (``on_error``)
+            if self.ending.is_set():  # ended for a restart: its Spark job cancelled
+                log.info("an ended attempt's thread stopped: %s", describe(exc))
+                return
+            self.on_error(exc)
+            self.stop_event.set()
+
+    def _run_spark(self) -> None:
+        sc = self.parts.spark.sparkContext
+        sc.setJobGroup(self.group, "flux nodes", interruptOnCancel=True)
+        config, total = self.config, self.parts.nodes + self.parts.standbys
+        rdd = sc.parallelize(range(total), total)
+        self.task_results = rdd.mapPartitionsWithIndex(
+            lambda index, _: node_main(index, config)).collect()
+
+    # -- naming the tasks -------------------------------------------------------------
+    def _name_for(self, reg: Register) -> Optional[str]:
+        """Until every task is named, a registration waits (``_name_tasks``); after, every
+        attempt joins as a standby. A retried task's earlier attempt is dead: forgotten."""
+        if self._named:
+            return standby_name(reg.inc)
+        pending = self.controller.pending
+        for key in [k for k in pending if k[0] == reg.task and k[1] < reg.inc]:
+            del pending[key]
+        if any(t == reg.task and i > reg.inc for t, i in pending):
+            return None  # a late message of an attempt already replaced
+        return PENDING
+
+    def _ready_to_name(self) -> bool:
+        """Every node and standby task registered, or every node and the standbys were
+        given ``STANDBY_GRACE`` seconds more (a standby's slot may come later)."""
+        nodes, waiting = self.parts.nodes, len(self.controller.pending)
+        if waiting >= nodes + self.parts.standbys:
+            return True
+        if waiting < nodes:
+            self._enough_since = None
+            return False
+        now = time.monotonic()
+        self._enough_since = self._enough_since or now
+        # a restart or a resumed job does not wait for its standbys: they join the running
+        # job as they come (its output has waited long enough)
+        grace = 0.0 if self.number or self.restored else STANDBY_GRACE
+        return now - self._enough_since >= grace
+
+    def _name_tasks(self) -> None:
+        """Name the registered tasks: the nodes such that no pair shares a host (when
+        ``distinct_hosts``; otherwise task k's attempt is node k), the others standbys."""
+        c = self.controller
+        regs = sorted(c.pending.values(), key=lambda r: (r.task, r.inc))
+        if self.parts.distinct_hosts:
+            try:
+                chosen = assign_hosts(self.config.placement(),
+                                      [(i, r.host) for i, r in enumerate(regs)])
+            except PlacementError as exc:
+                c.error = exc
+                return
+        else:
+            chosen = dict(enumerate(range(self.parts.nodes)))
+        nodes = self.topology.nodes
+        for node, i in sorted(chosen.items()):
+            c.admit(regs[i], nodes[node])
+        for i in sorted(set(range(len(regs))) - set(chosen.values())):
+            c.admit(regs[i], standby_name(regs[i].inc))
+        self._named = True
+        log.info("nodes placed: %s", ", ".join(f"{n} on {c.hosts[n]}" for n in nodes))
+
+    # -- the controller's thread ------------------------------------------------------
+    def _run_controller(self) -> None:
+        """The only thread that touches the controller's socket."""
+        c = self.controller
+        told = announced = False
+        nodes = self.topology.nodes
+        while not self.stop_event.is_set():
+            c.turn(5)
+            if self.parts.stopping.is_set() and not told:
+                c.stop_all(JOB_STOPPED)
+                c.started = False  # stopped workers fall silent on purpose: no detection
+                told = True
+            elif not told and not c.started:
+                # every task registered -> named (no pair on a host); every node named ->
+                # where everyone listens (a node builds its operators once it knows);
+                # every node built (Ready) -> the data starts
+                if not self._named and self._ready_to_name():
+                    self._name_tasks()
+                if not announced and all(n in c.registered for n in nodes):
+                    c.announce()
+                    announced = True
+                if announced and all(n in c.ready for n in nodes):
+                    self._begin()
+            if c.error is not None:
+                raise c.error
+
+    def _begin(self) -> None:
+        """Every node registered and built its operators: the topology is known; start
+        recovery and the data."""
+        p, c = self.parts, self.controller
+        standbys = [n for n in c.registered if n not in self.topology.index_of]
+        self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
+        c.begin(Recovery(topology, dict(c.hosts) if p.distinct_hosts else None))
+        restored = self.restored["checkpoint"] if self.restored else None
+        log.info("every node is built (%s; standbys %s): the data starts%s",
+                 ", ".join(topology.nodes), ", ".join(standbys) or "none",
+                 f" (restart {self.number}, from checkpoint {restored})" if self.number else "")
+        # what the driver built so far (Spark's and py4j's objects, the dataflow) lives as
+        # long as the job: out of the collector's way, a full collection stays short
+        gc.freeze()
+        if p.metrics.t0 is None:
+            p.metrics.begin()
+        else:  # a restart: when its data starts again
+            p.metrics.events.append((time.monotonic(), "data starts", restored))
+        self.egress = egress = p.builder.egress()
+        accepted = logged_before = 0
+        log_writer = None
+        if p.checkpoints is not None:
+            accepted, logged_before, log_writer = p.checkpoints.open_source(p.metrics.events)
+            p.metrics.renumber(accepted)
+        # the ingress runs in its own process; this driver reads the source and feeds it
+        self.ingress_process.send(BEGIN, dict(
+            where=topology.where, addresses=dict(c.addresses),
+            incarnations=dict(c.incarnations), peer_incs=topology.peer_incs(),
+            accepted=accepted))
+        feed = IngressFeed(self.ingress_process, iter(p.source), p.metrics, accepted,
+                           input_log=log_writer, logged_before=logged_before)
+        host = Host(EGRESS_PROCESS, {egress.addr: egress}, DRIVER_INCS[EGRESS_PROCESS],
+                    peer_incs=topology.peer_incs())
+        loop = HostLoop(host, self.transports[EGRESS_PROCESS], topology.where,
+                        dict(c.addresses), self._on_effect, None, dict(c.incarnations),
+                        metrics=p.metrics, flush_delay=self.config.flush_delay)
+        self._spawn(lambda: self._drive_egress(loop))
+        self._spawn(lambda: self._feed_ingress(feed))
+        self.feed = feed
+
+    # -- the data's threads -----------------------------------------------------------
+    def _drive_egress(self, loop: HostLoop) -> None:
+        stop, p = self.stop_event, self.parts
+        while not stop.is_set():
+            loop.turn(5)
+            if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
+                raise RuntimeError(f"{loop.host.name}: {loop.stopped}")
+            p.metrics.settled(self.egress.settled())
+            if not p.finished.is_set():
+                self._check_finished()
+
+    def _check_finished(self) -> None:
+        """Run by the egress's thread between its turns, never concurrently with one: the
+        source is exhausted and the egress's progress bound covers the last input, so no
+        output can still come (DESIGN 4.3), and every output released by the merge has
+        been delivered. (Asked from another thread, the merge could already be empty while
+        its last ``Deliver`` was still on its way to the sink.)"""
+        feed = self.feed
+        if feed is None or not feed.source_done:
+            return  # source_done is set after the last read: then ``read`` is final
+        if self.egress.finished(feed.read):
+            self.parts.finished.set()
+
+    def _on_effect(self, e) -> None:
+        p = self.parts
+        if isinstance(e, Deliver):
+            p.output.deliver(e.items)
+        elif isinstance(e, SinkCommit) and p.checkpoints is not None:
+            # the egress passed checkpoint ``number``'s cut: the sink makes durable what it
+            # has and says so
+            p.checkpoints.service.sink_committed(e.number, p.output.commit())
+
+    def _feed_ingress(self, feed: IngressFeed) -> None:
+        """The source's thread: read it, feed the ingress process, choose the cuts."""
+        checkpoints, stop = self.parts.checkpoints, self.stop_event
+        report = getattr(self.parts.source, "commit_offsets", None)
+        try:
+            while not stop.is_set():
+                feed.step(5)
+                if checkpoints is not None:
+                    checkpoints.maybe_cut(feed)
+                    checkpoints.report_offsets(report)
+        finally:
+            feed.process.stop()
+
+    # -- the end ----------------------------------------------------------------------
+    def end(self, reason: str, timeout: float) -> None:
+        """For a restart: tell the nodes to stop, end the Spark tasks and the threads,
+        close the sockets."""
+        self.ending.set()
+        self.stop_event.set()
+        for t in self.threads[1:]:
+            t.join(timeout=10)
+        c = self.controller
+        c.stop_all(reason)
+        c.started = False
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            c.turn(20)  # the stops leave
+        self._end_tasks(timeout)
+        self.close_sockets()
+
+    def stop(self, timeout: float, at_once: bool) -> None:
+        """The job's end: its controller has told the nodes (``stopping``); wait for the
+        tasks (cancel them at once after an error: no one told them), then the threads."""
+        self._end_tasks(0.0 if at_once else timeout, then=timeout)
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        self.close_sockets()
+
+    def _end_tasks(self, timeout: float, then: float = 30.0) -> None:
+        spark_thread = self.threads[0]
+        spark_thread.join(timeout=timeout)
+        if spark_thread.is_alive():
+            self.parts.spark.sparkContext.cancelJobGroup(self.group)
+            spark_thread.join(timeout=then)
+
+    def close_sockets(self) -> None:
+        """Close the driver's sockets and stop the ingress process."""
+        if self.ingress_process is not None:
+            self.ingress_process.stop()
+        for t in self.transports.values():
+            t.close()
+        if not self.ctx.closed:
+            self.ctx.term()
+
+    def driver_stats(self) -> list:
+        """The counters of the ingress (as its process last reported them) and the
+        egress, as a segment's."""
+        feed, egress = self.feed, self.egress
+        return [s for s in (feed.stats if feed is not None else None,
+                            egress.stats() if egress is not None else None) if s is not None]

@@ -1,0 +1,149 @@
+"""The driver's part of a checkpointing job (DESIGN 10): which checkpoint to start from,
+the input log's replay, when to cut, and what the source hears.
+
+One object per job, kept across its restarts: the store and the service that completes
+checkpoints, the checkpoint a start or a restart restores (the newest whose files all
+verify: ``CheckpointStore.restorable``), the logged order of the inputs after its cut
+(checked against what the sink holds), and the cuts the source's thread chooses.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, List, Optional
+
+from controller.checkpoints import CheckpointCoordinator, fingerprint
+from flux.connectors import LOGGED
+from flux.errors import CheckpointCorrupt
+from flux.runtime.checkpoint_service import CheckpointService
+from flux.runtime.checkpoint_store import CheckpointStore
+from flux.runtime.ingress_feed import IngressFeed
+from flux.runtime.input_log import InputLog, InputLogWriter
+from flux.spark.options import Checkpointing
+
+log = logging.getLogger(__name__)
+
+
+class DriverCheckpoints:
+    def __init__(self, options: Checkpointing, dataflow, partitions: int, source,
+                 replay_order: str, events: list):
+        url = options.location
+        if "://" not in url:
+            url = os.path.abspath(url)  # executors run elsewhere
+        self.url, self.interval = url, options.interval
+        self.source = source
+        store = CheckpointStore(url, keep=options.keep)
+        print_ = fingerprint(dataflow, partitions)
+        #: the manifest of the checkpoint the next attempt starts from (None: the first
+        #: input); a damaged newer one is passed over, another dataflow's refused
+        self.restore: Optional[dict] = store.restorable(print_, partitions)
+        #: where the source starts without a checkpoint (a restart before the first one)
+        self.start_position = source.position
+        #: a source with partitions of its own interleaves them differently on every
+        #: read: the ingress logs each input's partition before it leaves, and a restart
+        #: replays that order
+        self.input_log: Optional[InputLog] = InputLog(store) if replay_order == LOGGED \
+            else None
+        self.log_writer: Optional[InputLogWriter] = None
+        #: the logged partitions of the inputs after the restored cut
+        self.replay: List[Any] = []
+        self.service = CheckpointService(store, CheckpointCoordinator(
+            len(dataflow.stages), partitions, print_), events=events, input_log=self.input_log)
+        self.next_number = max(store.ids(), default=0) + 1
+        self._cut_at = 0.0
+        self._offsets_reported: Optional[int] = None
+        if self.restore is not None:
+            log.info("resuming from checkpoint %d of %s (cut at input %d)",
+                     self.restore["checkpoint"], url, self.restore["cut"])
+
+    # -- a start or a restart ---------------------------------------------------------
+    def plan(self, sink_holds: Optional[tuple]) -> None:
+        """Read the input log past the restored cut, before any task starts."""
+        if self.input_log is not None:
+            self.replay = self._logged_order(sink_holds)
+
+    def restart(self, sink_holds: Optional[tuple]) -> Optional[dict]:
+        """The checkpoint a restart starts from: the store is the truth (a checkpoint the
+        coordinator completed may have failed to get its manifest written, and one whose
+        files do not verify is passed over; ``CheckpointCorrupt`` when none is left)."""
+        self.service.settle()
+        self.restore = self.service.store.latest()
+        self.service.coordinator.restarted(self.restore["checkpoint"] if self.restore
+                                           else None)
+        self.plan(sink_holds)
+        return self.restore
+
+    def _logged_order(self, sink_holds: Optional[tuple]) -> List[Any]:
+        """Every input an output the sink holds derives from must get its SN again: if a
+        damaged or missing entry of the log stops short of that, the job cannot resume
+        exactly (``CheckpointCorrupt``, naming the entry). Short of that, what lies past
+        the gap is dropped from the log: those inputs are read and logged anew, and
+        nothing the sink has depends on them."""
+        cut = self.restore["cut"] if self.restore else 0
+        order, damaged = self.input_log.read_checked(after=cut)
+        if damaged is None:
+            return order
+        needed = sink_holds[0] if sink_holds else 0
+        if cut + len(order) < needed:
+            raise CheckpointCorrupt(damaged.path, f"{damaged.why}; the sink holds outputs "
+                                    f"of input {needed}, the log replays up to input "
+                                    f"{cut + len(order)}")
+        log.warning("the input log replays up to input %d (%s: %s); nothing the sink holds "
+                    "depends on later inputs: they are read and logged anew",
+                    cut + len(order), damaged.path, damaged.why)
+        self.input_log.drop_after(cut + len(order))
+        return order
+
+    def open_source(self, events: list) -> tuple:
+        """When the data starts: the source opened where the restored checkpoint says (or
+        at its start), the logged order handed to it; returns ``(accepted, logged_before,
+        log_writer)`` for the feed: inputs after the cut come again, numbered as before."""
+        restore, source = self.restore, self.source
+        source.open(restore["source"] if restore else self.start_position)
+        accepted = logged_before = restore["cut"] if restore else 0
+        self._cut_at = time.monotonic() + self.interval
+        if self.input_log is not None:  # in the order they had (DESIGN 10)
+            source.replay(self.replay)
+            logged_before = accepted + len(self.replay)
+            if self.log_writer is not None:
+                self.log_writer.stop()
+            self.log_writer = InputLogWriter(self.input_log)
+            log.info("the input log replays inputs %d to %d in their logged order",
+                     accepted + 1, logged_before)
+            events.append((time.monotonic(), "input log replay", (accepted + 1, logged_before)))
+        return accepted, logged_before, self.log_writer
+
+    # -- while the data flows (the source's thread) -----------------------------------
+    def maybe_cut(self, feed: IngressFeed) -> None:
+        """Every ``interval`` seconds (when inputs came since the last), checkpoint the job
+        at a cut after the last input handed over."""
+        now = time.monotonic()
+        if now < self._cut_at:
+            return
+        self._cut_at = now + self.interval
+        if not feed.has_new_inputs():
+            return  # nothing new since the last cut
+        number = self.next_number
+        self.next_number += 1
+        cut, position = feed.choose_cut(number)
+        self.service.cut_chosen(number, cut, position)
+
+    def report_offsets(self, report: Optional[Callable[[Any], None]]) -> None:
+        """A source that reports positions elsewhere (Kafka's consumer group, for lag
+        monitoring) hears each complete checkpoint's, never one of inputs not yet covered
+        by a checkpoint."""
+        latest = self.service.latest
+        if latest is None or report is None or latest.number == self._offsets_reported:
+            return
+        self._offsets_reported = latest.number
+        try:
+            report(latest.source)
+        except Exception as exc:  # monitoring only: the checkpoint is the truth
+            log.warning("could not report checkpoint %d's source position: %s",
+                        latest.number, exc)
+
+    def stop(self) -> None:
+        self.service.stop()
+        if self.log_writer is not None:
+            self.log_writer.stop()

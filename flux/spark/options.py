@@ -1,0 +1,123 @@
+"""What a ``FluxJob`` is asked to do: its keyword arguments as one frozen record, grouped.
+
+``FluxJob(spark, dataflow, source, **kwargs)`` keeps its flat keyword arguments (the
+documented API); they are checked and grouped here once, so every part of the job reads
+the group it needs (replication, network, checkpoints, tuning) instead of a bag of
+attributes, and no part can change them while the job runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Optional, Tuple
+
+from flux.builder import REPLICATIONS
+
+
+@dataclass(frozen=True)
+class Replication:
+    """How many pairs, their spares and where they may run (DESIGN 6, 7)."""
+
+    mode: str = "flux"  # "flux", "cluster-pairs" or "none"
+    nodes: int = 4
+    standbys: int = 1
+    #: no pair on one machine; None: decided at start (False on a local master)
+    distinct_hosts: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 2:
+            raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), "
+                             f"got {self.nodes}")
+        if self.standbys < 0:
+            raise ValueError(f"standbys must be >= 0, got {self.standbys}")
+        if self.mode not in REPLICATIONS:
+            raise ValueError(f"replication must be one of {REPLICATIONS}, got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class Network:
+    """Addresses, liveness and the endpoints the driver serves (DESIGN 4.4, 6)."""
+
+    detect_after: float = 0.5
+    heartbeat: float = 0.05
+    lease: float = 3.0
+    authenticate: bool = True
+    #: where the driver's sockets bind and nodes reach them; None: spark.driver.host
+    driver_host: Optional[str] = None
+    ports: Optional[Tuple[int, int]] = None
+    metrics_port: Optional[int] = None
+    metrics_addr: str = "0.0.0.0"
+    #: seconds ``start`` waits for executors to register before it counts task slots
+    executor_wait: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.detect_after > 0:
+            raise ValueError(f"detect_after must be > 0 seconds, got {self.detect_after!r}")
+        if self.executor_wait < 0:
+            raise ValueError(f"executor_wait must be >= 0 seconds, got {self.executor_wait!r}")
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Durable checkpoints and restarts (DESIGN 10); ``location`` None: none."""
+
+    location: Optional[str] = None
+    interval: float = 10.0
+    keep: int = 3
+    full_every: int = 10
+    restarts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.location is not None and not self.interval > 0:
+            raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.interval!r}")
+        if self.restarts < 0:
+            raise ValueError(f"restarts must be >= 0, got {self.restarts}")
+        if self.keep < 1:
+            raise ValueError(f"checkpoint_keep must be >= 1 checkpoint, got {self.keep!r}")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Sizes and delays of the data path (docs/operations.md measures their trade-offs)."""
+
+    capacity: int = 1024
+    batch_size: int = 256
+    window: int = 1024
+    flush_delay: float = 0.002
+    chunk_size: int = 1 << 20
+    metrics_interval: float = 0.1
+    check_records: int = 200
+    #: keep every output in ``job.delivered``; None: only without a sink
+    keep_output: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    replication: Replication = field(default_factory=Replication)
+    network: Network = field(default_factory=Network)
+    checkpoints: Checkpointing = field(default_factory=Checkpointing)
+    tuning: Tuning = field(default_factory=Tuning)
+
+    #: FluxJob's keyword arguments -> (group, field), where the names differ
+    RENAMED = {"replication": ("replication", "mode"), "checkpoint": ("checkpoints", "location"),
+               "checkpoint_interval": ("checkpoints", "interval"),
+               "checkpoint_keep": ("checkpoints", "keep"),
+               "checkpoint_full_every": ("checkpoints", "full_every")}
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "JobOptions":
+        """The record of ``FluxJob``'s keyword arguments; an unknown one is refused."""
+        groups: Dict[str, Dict[str, Any]] = {g: {} for g in ("replication", "network",
+                                                             "checkpoints", "tuning")}
+        where = {f.name: (group, f.name) for group, kind in (
+            ("replication", Replication), ("network", Network), ("checkpoints", Checkpointing),
+            ("tuning", Tuning)) for f in fields(kind)}
+        for kwarg, (group, attr) in cls.RENAMED.items():
+            del where[attr]
+            where[kwarg] = (group, attr)
+        for name, value in kwargs.items():
+            if name not in where:
+                raise TypeError(f"FluxJob() got an unexpected keyword argument {name!r}")
+            group, attr = where[name]
+            groups[group][attr] = value
+        return cls(Replication(**groups["replication"]), Network(**groups["network"]),
+                   Checkpointing(**groups["checkpoints"]), Tuning(**groups["tuning"]))
