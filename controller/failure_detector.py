@@ -10,13 +10,13 @@ returns. The rules, in the order they are checked:
   (messages vanished in transit, DESIGN 4.4);
 - a process that beats but whose loop has not turned for ``stuck_after`` is
   *stuck*, reported, not dead; past ``stuck_timeout`` it serves no one and is
-  declared dead (issue 11);
+  declared dead;
 - a process silent for ``timeout`` is dead, except that one holding the last
   live replica of some partition gets ``last_replica_timeout``: declaring it
   early stops the job anyway (its pair is lost), and a loaded machine can
   silence a live process for half a second;
 - the controller's own stalls (a GC pause of the driver, a starved core) are
-  nobody's silence: everyone gets the stalled time back (issue 11).
+  nobody's silence: everyone gets the stalled time back.
 
 Nothing is judged before ``arm``: until the job starts, processes are still
 building their operators. A declared process is never watched again by this
@@ -38,7 +38,7 @@ class Health(enum.Enum):
 
 @dataclass(frozen=True)
 class Timings:
-    """The detector's knobs, in seconds (README: failure timings)."""
+    """The detector's knobs, in seconds (docs/operations.md: failures a network hides)."""
 
     timeout: float = 0.5
     #: the grace of a node holding a last replica (no grace if not above ``timeout``)

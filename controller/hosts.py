@@ -1,4 +1,4 @@
-"""No pair on one host (issue 13, DESIGN 6).
+"""No pair on one host (DESIGN 6).
 
 A placement says which node holds which replica; Spark says on which machine
 each registered task runs. The two replicas of a partition must not share a

@@ -12,7 +12,7 @@ and returns the totally ordered views to broadcast (paper 3.2.1, 3.3; DESIGN
   the next stage starts once every catch-up below has folded in everywhere,
   i.e. every live producer and consumer of the pair reported both syncs.
 - A standby is taken on a host that holds none of the survivors of the node it
-  replaces (issue 13), when hosts are known; with none free there, the pair
+  replaces, when hosts are known; with none free there, the pair
   stays vulnerable until one registers.
 - Each attempt has a fresh version. A standby that dies mid-attempt simply
   fails like any node; its replicas are missing again and go to the next
@@ -121,7 +121,7 @@ class Recovery:
     def overdue(self, now: float, deadline: float) -> List[Tuple[Addr, int, float]]:
         """Catch-up attempts not folded in ``deadline`` after ``overdue`` first saw them,
         as ``(addr, version, age)``: the caller aborts them (``transfer_failed``) and they
-        are retried (3.4, issue 11). Time comes in as an argument."""
+        are retried (3.4). Time comes in as an argument."""
         live = {(addr, a.version) for addr, a in self.attempts.items()}
         self._first_seen = {k: t for k, t in self._first_seen.items() if k in live}
         late = []
@@ -211,7 +211,7 @@ class Recovery:
     def pair_states(self) -> Dict[tuple, str]:
         """Per ``(stage, partition)``: "whole" (both replicas live), "catching-up" (one is
         being rebuilt), "degraded" (one is lost and waits for a standby) or "single" (the
-        placement never had a twin: replication "none"); for monitoring (issue 12)."""
+        placement never had a twin: replication "none"); for monitoring."""
         missing, attempts = dict(self.missing), dict(self.attempts)
         states = {}
         for stage in range(1, self.stages + 1):

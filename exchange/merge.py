@@ -95,7 +95,7 @@ class OrderedMerge:
         """Release everything that can be released now (at most ``limit`` tuples), each
         with its producer.
 
-        By runs over a heap of the queues' heads (issue 16): the smallest head may go
+        By runs over a heap of the queues' heads: the smallest head may go
         while it is below every *empty* producer's bound (another queue's head is larger
         by the heap's order: SNs are unique, DESIGN 4.1), and its producer releases a run
         up to the next head or that bound before the heap is touched again. With inputs

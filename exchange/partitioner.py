@@ -22,7 +22,7 @@ class HashPartitioner:
     """Routes a key to one of ``partitions`` by a stable hash of its msgpack bytes.
 
     One ``Packer`` serves every call: ``msgpack.packb`` builds a packer per call, which
-    cost routing 0.7 us a key against 0.3 us (issue 16). A call packs under the GIL from
+    cost routing 0.7 us a key against 0.3 us. A call packs under the GIL from
     start to end (built-in types only, no ``default`` hook), and a packer that raised is
     reset, so calls from several threads and after a refused key stay exact."""
 
@@ -46,7 +46,7 @@ class HashPartitioner:
 
     def router(self, key_of: Callable[[Any], Any]) -> Callable[[Any], int]:
         """``record -> partition`` of ``record``'s key (``key_of``), in one call: a
-        segment routes every output it emits (issue 16: a call less per tuple)."""
+        segment routes every output it emits (a call less per tuple)."""
         pack, crc32, partitions = self._pack, zlib.crc32, self.partitions
 
         def route(record: Any) -> int:

@@ -1,7 +1,7 @@
 """The wire format: envelopes as msgpack frames, checked strictly on the way in.
 
 Every frame is one msgpack array ``[VERSION, kind, src, dst, view, inc,
-dst_inc, *fields]``. Decoding never trusts the peer (DESIGN 4.4, issue 6): a
+dst_inc, *fields]``. Decoding never trusts the peer (DESIGN 4.4): a
 frame that is not msgpack, is truncated, too large, of an unknown kind or of
 the wrong shape raises ``WireError`` with a reason a log line can name, and
 nothing half-decoded escapes. Records inside batches are any msgpack value;
@@ -55,7 +55,7 @@ from statemover.messages import (
 VERSION = 2
 _BIG_ENDIAN = sys.byteorder == "big"
 #: the last batch's tuples encoded, and their fields: a batch a producer sends to both
-#: replicas of a pair is one tuple object (Buffer.take), packed once (issue 16)
+#: replicas of a pair is one tuple object (Buffer.take), packed once
 _last_encoded: tuple = ((), [0, b"", []])
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)
 MAX_FRAME = 64 << 20
@@ -167,7 +167,7 @@ def _transfer(v) -> tuple:
 
 def _put_batch_items(items) -> list:
     """A batch's tuples as columns: the SN length, every SN's ints packed as little-endian
-    int64s, the records. Built and read in C (issue 16: the per-tuple lists cost ~0.7 us
+    int64s, the records. Built and read in C (the per-tuple lists cost ~0.7 us
     a tuple to check and convert); all SNs of a batch have one length (DESIGN 4.1)."""
     global _last_encoded
     if not items:

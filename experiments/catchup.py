@@ -1,4 +1,4 @@
-"""Catch-up with state of real size: N MB per partition, one node killed (issue 11).
+"""Catch-up with state of real size: N MB per partition, one node killed.
 
 For each N (1, 8.5, 50 and 100 MB by default) the failover experiment runs the
 paper's dataflow with ``Ballast(N)`` in its first stage (N MB of keyed state

@@ -17,7 +17,7 @@ runs, in one of these scenarios (drawn at random):
   checkpoints (every 0.5-2 s, to a fresh folder, into a ``FileSink`` or kept in
   memory): it must restart by itself from its last checkpoint (or from the first
   input, if none was complete yet), and the output must be the reference;
-- ``ingress-kill``: the ingress's process (issue 16: a process of its own
+- ``ingress-kill``: the ingress's process (a process of its own
   beside the driver) is SIGKILLed, as the OOM killer would, in a job that
   checkpoints as above: it must restart from its last checkpoint, and the
   output must be the reference;
@@ -64,7 +64,7 @@ from flux.topology import node_name
 from flux.workload import keyed_workload, packet_workload
 
 HOST_SCENARIOS = ("silent-host", "partition-heal")
-#: scenarios that restart the job (issue 14); driver-kill runs a Spark of its own
+#: scenarios that restart the job; driver-kill runs a Spark of its own
 RESTART_SCENARIOS = ("double-restart", "ingress-kill", "driver-kill")
 #: scenarios that run with checkpoints and must restart from one
 CHECKPOINTED = ("double-restart", "ingress-kill")

@@ -196,7 +196,7 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "state_mb_per_partition": args.state_mb,
         # the longest the active of a catch-up held its sources paused (phase 2)
         "max_catchup_pause_s": base["max_catchup_pause_s"],
-        # live processes declared dead: every detection but the killed ones' (issue 11)
+        # live processes declared dead: every detection but the killed ones'
         "false_detections": [d for _, what, d in base["events"] if what == "detected"
                              and str(d).split(" ")[0] not in killed],
         "stuck_reports": [d for _, what, d in base["events"] if what == "stuck"],

@@ -1,5 +1,5 @@
 """Records into a Kafka topic at a steady rate, the job's SN order, and its output read back
-(issue 15): what ``experiments.failover --kafka`` and the Spark tests over Kafka share.
+: what ``experiments.failover --kafka`` and the Spark tests over Kafka share.
 
 The partitions of a topic interleave differently on every read, so "the failure-free
 output" means the failure-free run over the inputs *in the order this job numbered

@@ -1,4 +1,4 @@
-"""python -m experiments.restart: what a failure Flux cannot mask costs (issue 14).
+"""python -m experiments.restart: what a failure Flux cannot mask costs.
 
 Three parts, on one embedded local-cluster (one Spark at a time):
 

@@ -1,4 +1,4 @@
-"""A user's program that survives its driver's death (issue 14): run it, kill it, run it again.
+"""A user's program that survives its driver's death: run it, kill it, run it again.
 
 ``python -m experiments.resumable_job --input DIR --sink DIR --checkpoint DIR`` reads
 the JSON-lines files of ``--input`` (at ``--rate`` records per second), counts per key

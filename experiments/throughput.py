@@ -1,6 +1,6 @@
 """python -m experiments.throughput: how close the replicated data path comes to the operators.
 
-Measures in one run, on one machine (DESIGN 9, issue 16):
+Measures in one run, on one machine (DESIGN 9):
 
 1. **operators alone**: the paper's two operators (sessions, then windowed stats),
    one instance each, every packet straight through both on one core: no
@@ -15,7 +15,7 @@ Measures in one run, on one machine (DESIGN 9, issue 16):
    a rate is *steady* when nothing is dropped and the median end-to-end latency
    (from the packet's arrival in the feed) is at most ``--latency-ms``. A
    bisection finds the highest steady rate; the latency at 0.8 of the
-   operators-alone rate (the issue's target) is probed as well.
+   operators-alone rate (DESIGN 9's target) is probed as well.
 
 Prints the figures and writes ``summary.json`` and ``runs.csv`` under ``--out``.
 Replication on two cores doubles the work on twice the cores, so 1.0 of the

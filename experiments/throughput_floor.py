@@ -1,6 +1,6 @@
 """python -m experiments.throughput_floor: the least CPU an input can cost a replicated job.
 
-Issue 16's target asks the replicated job for 0.5 of the operators-alone rate on
+The throughput target (DESIGN 9) asks the replicated job for 0.5 of the operators-alone rate on
 two cores, i.e. at most ``4 x t_alone`` of CPU per input in all (``t_alone``: the
 two operators' time per input on one core). This measures, on one core, what
 any design of this library's shape must spend per input whatever else it does:

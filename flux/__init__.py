@@ -81,10 +81,10 @@ __all__ = [
     # sources, sinks, inputs and the failure-free reference
     "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",
     "reference_output",
-    # replayable sources, exactly-once sinks, checkpoints (issue 14)
+    # replayable sources, exactly-once sinks, checkpoints
     "Source", "Sink", "FileSource", "FileSink", "read_file_sink", "DeltaSink",
     "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource",
-    # Kafka in and out (issue 15)
+    # Kafka in and out
     "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch
     "DataflowError", "OperatorError", "PairLost", "IngressLost", "SinkFenced",

@@ -69,7 +69,7 @@ class Buffer:
         self._head = 0
         #: what ``_evict`` last found: the lowest mark of ``delete`` (an entry at or below
         #: it is evicted), or that ``delete`` is empty (every entry is); ``put`` needs
-        #: ``_evict`` only for a tuple already below it (issue 16: not once per tuple)
+        #: ``_evict`` only for a tuple already below it (not once per tuple)
         self._low: SN = NO_SN
         self._evict_all = not self.delete
         self._last_take: tuple = (None, ())  # (first SN, last SN, count), the tuples
@@ -132,7 +132,7 @@ class Buffer:
     def take(self, dest: int, limit: int) -> Tuple[Item, ...]:
         """Up to ``limit`` tuples for ``dest``, advancing its cursor past them. The same
         tuples taken for the other destination come back as the same object (an SN names
-        one item for the buffer's life), so a batch sent to both is encoded once (issue 16)."""
+        one item for the buffer's life), so a batch sent to both is encoded once."""
         i = self._next_index(dest)
         j = min(len(self._sns), i + limit)
         if j <= i:

@@ -30,7 +30,7 @@ class MachineBuilder:
                  replication: str = "flux", spare_chains: dict = None,
                  window: int = None, full_every: int = 1):
         """``window``: tuples a consumer may hold untaken per connection (back-pressure,
-        docs/backpressure.md); None is no limit (the protocol without credits).
+        docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
         others the changes of its keyed stores since its last one (DESIGN 10)."""
         if replication not in REPLICATIONS:

@@ -16,7 +16,7 @@ from flux.addresses import Addr
 class Heartbeat:
     """A process is alive (DESIGN 6): the controller declares it dead when these stop.
     ``lag``: seconds since the sender's loop last turned (its beats come from a thread
-    of their own, so a busy loop is reported, not taken for a death; issue 11)."""
+    of their own, so a busy loop is reported, not taken for a death)."""
 
     lag: float = 0.0
 
@@ -26,7 +26,7 @@ class Register:
     """A Spark task asks to join: its task index, incarnation (taskAttemptId), socket
     address, process ids (for kill_node), the job's secret, where its StateMover
     listens (its own thread and socket; empty if it has none), the machine and
-    executor it runs on (no pair on one host: issue 13), and its kernel's boot id (its
+    executor it runs on (no pair on one host), and its kernel's boot id (its
     process ids mean something only to a process under the same kernel)."""
 
     task: int
@@ -110,7 +110,7 @@ class StateMoved:
 @dataclass(frozen=True, slots=True)
 class CatchUpPaused:
     """A node tells the controller (for metrics): the active of ``addr``'s catch-up held
-    its sources paused for ``seconds`` (phase 2: drain, the delta, resume; issue 11)."""
+    its sources paused for ``seconds`` (phase 2: drain, the delta, resume)."""
 
     addr: Addr
     seconds: float
@@ -138,7 +138,7 @@ class SnapshotWritten:
 
 @dataclass(frozen=True, slots=True)
 class SegmentStats:
-    """One segment replica's counters, as its node last saw them (for monitoring: issue 12).
+    """One segment replica's counters, as its node last saw them (for monitoring).
     ``taken``/``emitted``: inputs taken from its merge, outputs it produced, since it was
     built; ``queued``: tuples in its merge; ``buffered``: tuples in its buffers;
     ``in_flight``: tuples sent and not yet credited, over every connection it sends on;
@@ -155,7 +155,7 @@ class SegmentStats:
 
 @dataclass(frozen=True, slots=True)
 class NodeStats:
-    """A node's report of every segment it hosts, every second or so (issue 12)."""
+    """A node's report of every segment it hosts, every second or so."""
 
     segments: tuple = ()  # SegmentStats, ...
 

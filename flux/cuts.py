@@ -4,7 +4,7 @@ A cut ``(k, n)`` (checkpoint ``k`` covers inputs 1..n) travels with the data:
 every batch carries the newest cut its producer knows (``Batch.cut``). A
 consumer learns of it before it can release any tuple derived from an input
 beyond ``n`` (such a tuple was produced after its producer learned the cut,
-and FIFO brings the stamp first; docs/checkpoints.md), and it *crosses* the
+and FIFO brings the stamp first; docs/design/checkpoints.md), and it *crosses* the
 cut when its merge can release nothing derived from inputs up to ``n`` any
 more: then a segment snapshots its operators, the egress has the sink commit.
 """

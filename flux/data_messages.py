@@ -34,7 +34,7 @@ class Ack:
 @dataclass(frozen=True, slots=True)
 class Credit:
     """Consumer to its data source: I took (released from my merge, to process) every
-    tuple <= ``sn`` you sent me; that many more may come (back-pressure, docs/backpressure.md)."""
+    tuple <= ``sn`` you sent me; that many more may come (back-pressure, docs/design/backpressure.md)."""
 
     sn: SN
 

@@ -56,7 +56,7 @@ class SourcesResumed:
     transfer: Hashable
 
 
-# -- checkpoints (DESIGN 10, docs/checkpoints.md) ------------------------------------------
+# -- checkpoints (DESIGN 10, docs/design/checkpoints.md) ------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class CutChosen:

@@ -56,7 +56,7 @@ class Egress:
         return max(n, 0)
 
     def stats(self) -> SegmentStats:
-        """Counters for monitoring, as a segment's (issue 12): outputs delivered and the
+        """Counters for monitoring, as a segment's: outputs delivered and the
         tuples its merge holds."""
         return SegmentStats(self.addr, self.delivered, self.delivered, self.fcons.queued(),
                             0, 0, 0)

@@ -66,7 +66,7 @@ def cpu_bound_paper_dataflow(rounds: int = 200, window: int = DEFAULT_WINDOW,
 
 def with_ballast(dataflow: Dataflow, mb: float) -> Dataflow:
     """``dataflow`` carrying ``Ballast(mb)``, ``mb`` MB of keyed state per partition, in
-    front of its first stage's operators: catch-up moves state of that size (issue 11)."""
+    front of its first stage's operators: catch-up moves state of that size."""
     stages = list(dataflow.stages)
     first = stages[0]
     stages[0] = Stage(first.name, first.key, (partial(Ballast, mb=mb), *first.operators))

@@ -1,4 +1,4 @@
-"""Event-time expiry of keyed state (issue 12): keys that event time left behind go.
+"""Event-time expiry of keyed state: keys that event time left behind go.
 
 An endless feed brings keys that are never seen again (a session whose end is
 lost, a user who left); an operator that keeps them grows without bound. An

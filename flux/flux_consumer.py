@@ -14,7 +14,7 @@ ack dies, stop acking. The death of our own dual only matters for catch-up
 The ingress is a producer partition whose two replicas are one process: we
 take data from it and ack to it.
 
-Back-pressure (docs/backpressure.md): acks say what we *hold*, credits what we
+Back-pressure (docs/design/backpressure.md): acks say what we *hold*, credits what we
 *took* from the merge to process. A credit goes to the data source of that
 feed once ``credit_every`` tuples were taken since the last one, or once the
 feed's queue is empty (so a full window never waits on a feed the merge does
@@ -151,7 +151,7 @@ class FluxConsumer:
 
     def release_run(self, limit: int) -> List[Tuple[int, Item]]:
         """Up to ``limit`` inputs that may leave the merge now, in SN order, each with its
-        feed (issue 16). The caller says which it ``took`` and may ``put_back`` the rest."""
+        feed. The caller says which it ``took`` and may ``put_back`` the rest."""
         return self.merge.pop_ready_from(limit)
 
     def took(self, released: List[Tuple[int, Item]]) -> None:

@@ -55,7 +55,7 @@ class FluxProducer:
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False
-        self.put = self.out.put  # one call per output, not two (issue 16)
+        self.put = self.out.put  # one call per output, not two
         self.put_outputs = self.out.put_outputs
 
     # -- events ------------------------------------------------------------

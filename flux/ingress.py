@@ -65,7 +65,7 @@ class Ingress:
         self.held_for = [0] * partitions
 
     def stats(self) -> SegmentStats:
-        """Counters for monitoring, as a segment's (issue 12): inputs accepted, tuples
+        """Counters for monitoring, as a segment's: inputs accepted, tuples
         buffered (not yet held by both replicas), in flight and full windows."""
         in_flight, blocked = self.out.window_use()
         return SegmentStats(self.addr, self.accepted, self.accepted, 0, self.out.buffered(),
@@ -104,7 +104,7 @@ class Ingress:
 
     def accept_many(self, records: Sequence[Any]) -> int:
         """``accept`` for each of ``records`` in order until one meets back-pressure;
-        returns how many were accepted (issue 16: one call a run of inputs, the guard
+        returns how many were accepted (one call a run of inputs, the guard
         asked of the partition's buffer straight)."""
         if self.log_inputs:
             n = 0

@@ -308,7 +308,7 @@ class KeyedState:
         the slice is taken. Not a snapshot: a value changed meanwhile goes as it is then,
         a key deleted meanwhile is left out. Call ``clear_dirty()`` together with
         ``parts()``: the delta then carries every change made after, and the slices plus
-        the delta rebuild the state exactly (catch-up, issue 11). Unlike ``chunks`` it
+        the delta rebuild the state exactly (catch-up). Unlike ``chunks`` it
         neither sorts nor copies the store nor builds a list per pair: 100 MB of keys
         move at C speed."""
         if max_keys < 1:

@@ -55,7 +55,7 @@ class Machine(Protocol):
         """Those credits, as effects."""
 
     def has_part(self) -> bool:
-        """Is a bulk part of a catch-up waiting to go out (phase 1, issue 11)?"""
+        """Is a bulk part of a catch-up waiting to go out (phase 1)?"""
 
     def send_part(self) -> List:
         """Hand the next bulk part to the StateMover, as effects."""

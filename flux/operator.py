@@ -12,7 +12,7 @@ An operator is any object with
 - optional ``init_trans()`` / ``end_trans()`` quiesce hooks;
 - optional ``process_batch(records) -> iterable of (index, output)``: the
   outputs of several records at once, for operators that can vectorize
-  (issue 16). ``index`` is the position in ``records`` of the record that
+ . ``index`` is the position in ``records`` of the record that
   produced ``output``; the pairs come in input order, and one record's
   outputs in the order ``process`` would emit them, so the SNs are those of
   the per-record API. It must give exactly what ``process`` called on each

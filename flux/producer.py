@@ -12,7 +12,7 @@ Actions (Figure 3):
    2a. on a connection without ACK, sending marks the tuples as held.
 3. ``on_ack``: a cumulative ack from an ACTIVE destination with ACK.
 
-Back-pressure (docs/backpressure.md): a connection with SEND carries at most
+Back-pressure (docs/design/backpressure.md): a connection with SEND carries at most
 ``window`` tuples its consumer has not taken from its merge yet; the consumer's
 cumulative ``Credit`` frees them. The window bounds data only: bounds, acks and
 the catch-up's control messages are never held back by it.
@@ -199,7 +199,7 @@ class Producer:
 
     def put_outputs(self, sn: SN, outputs: List[Any], routes: List[int]) -> None:
         """Action 1 for one input's outputs: the k-th (SN ``sn + (k,)``, DESIGN 4.1) to
-        consumer partition ``routes[k - 1]``, in order (issue 16: a call per input, not per
+        consumer partition ``routes[k - 1]``, in order (a call per input, not per
         output)."""
         buffers, k = self.buffers, 0
         for item, i in zip(outputs, routes):

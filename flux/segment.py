@@ -4,7 +4,7 @@ One replica of one partition of one stage. The segment numbers outputs
 (DESIGN 4.1: the k-th output of input ``s`` is ``s + (k,)``), routes each to
 its consumer partition, computes the progress bound it may promise
 downstream (DESIGN 4.3), and runs its side of catch-up (3.3, 5.3, Figure 5).
-Its mode is in ``TRANSITIONS`` below; see docs/catchup.md.
+Its mode is in ``TRANSITIONS`` below; see docs/design/catchup.md.
 
 Catch-up moves the state in two phases (DESIGN 9: pause only for what
 changed). Phase 1 (STREAMING): at ``sm_ready`` the active, still processing,
@@ -164,7 +164,7 @@ class Segment:
         self.parts_received = 0
         #: what the last install took (for counters): bulk parts, keyed deltas, delta keys
         self.installed: Optional[dict] = None
-        #: monitoring (issue 12): inputs taken from the merge and outputs produced here
+        #: monitoring: inputs taken from the merge and outputs produced here
         self.taken = self.emitted = 0
         #: checkpoint cuts learnt from the batches and not crossed yet (DESIGN 10)
         self.cuts = Cuts()
@@ -518,7 +518,7 @@ class Segment:
         return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.full()
                 and self.fcons.can_release() and not self.snapshot_due())
 
-    # -- checkpoints (DESIGN 10, docs/checkpoints.md) ----------------------------------
+    # -- checkpoints (DESIGN 10, docs/design/checkpoints.md) ----------------------------------
     def snapshot_due(self) -> bool:
         """Has the merge passed a checkpoint's cut (nothing of inputs up to it can be
         released any more) that this replica has not snapshotted?"""
@@ -588,7 +588,7 @@ class Segment:
 
     def process_ready(self, limit: int) -> int:
         """Local work: what ``process`` would do called while ``can_process`` holds, up to
-        ``limit`` inputs, in one step (issue 16): the merge releases the inputs by runs and
+        ``limit`` inputs, in one step: the merge releases the inputs by runs and
         a chain with a ``process_batch`` operator takes them as one batch. Returns how many
         inputs it took. Equal to the loop of ``process`` calls, to the SN: inputs leave
         the merge in the same order, the same buffer-full guard stops them (an input the
@@ -687,7 +687,7 @@ class Segment:
         return self.fcons.idle() and self.fprod.idle()
 
     def stats(self) -> SegmentStats:
-        """Counters for monitoring (issue 12)."""
+        """Counters for monitoring."""
         in_flight, blocked = self.fprod.window_use()
         return SegmentStats(self.addr, self.taken, self.emitted, self.fcons.queued(),
                             self.fprod.buffered(), in_flight, blocked)

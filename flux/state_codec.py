@@ -1,4 +1,4 @@
-"""A segment's state as a stream of small msgpack objects (issue 11).
+"""A segment's state as a stream of small msgpack objects.
 
 ``msgpack.packb`` of a 100 MB state, or ``unpackb`` of it, is one C call that
 holds the GIL for seconds (unpacking 3.7 MB of 100K keyed pairs took 0.3 s

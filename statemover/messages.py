@@ -125,7 +125,7 @@ class PartTrailer:
 class PartAck:
     """Bulk part number ``part`` arrived whole and was handed to the new replica (which
     installs it in the same step): the sender's window moves on, and phase 2 waits for
-    the last one, so the pause never waits behind a backlog of parts (issue 11)."""
+    the last one, so the pause never waits behind a backlog of parts."""
 
     transfer: Hashable
     part: int

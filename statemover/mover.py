@@ -16,7 +16,7 @@ thread and the sockets. Everything that affects a transfer lives here:
 - The receiver checks each chunk's index as it arrives and the trailer at the
   end; only then ``StateReceived`` (installState, then sm_done). Any mismatch
   is ``TransferFailed``: corrupt state is never delivered.
-- Two-phase catch-up (docs/catchup.md): before ``send``, the active may call
+- Two-phase catch-up (docs/design/catchup.md): before ``send``, the active may call
   ``send_part(part)`` any number of times while it goes on processing. Each
   part is its chunks (indices from 0) and a ``PartTrailer`` (part number,
   count, length, CRC), checked like the final trailer; the receiver emits

@@ -1,4 +1,4 @@
-"""Back-pressure by credits (docs/backpressure.md): exact transitions of the window at a
+"""Back-pressure by credits (docs/design/backpressure.md): exact transitions of the window at a
 producer and of the credits at a consumer, and what a user sees: a consumer that does
 not take holds at most a window per connection, whatever the producer has."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Catch-up paths in the simulator (paper 3.3, 3.4, 5.3; docs/catchup.md).
+"""Catch-up paths in the simulator (paper 3.3, 3.4, 5.3; docs/design/catchup.md).
 
 Every run's oracle also checks, at quiescence, that every live replica's
 operator state equals the failure-free state of its partition, so a rebuilt

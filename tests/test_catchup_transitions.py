@@ -1,5 +1,5 @@
 """Exact effects of the catch-up transitions (paper 3.3, 3.4, 5.3, Figure 5; DESIGN 4.6;
-docs/catchup.md): producers, F-Prod, F-Cons, segments and hosts.
+docs/design/catchup.md): producers, F-Prod, F-Cons, segments and hosts.
 
 Names: stage 1 producer partitions 0 and 1 (A0P/A0S, A1P/A1S); stage 2 consumer
 partitions 0 and 1 (C0P/C0S, C1P/C1S); for segments, a middle stage 2 segment

@@ -1,5 +1,5 @@
 """Exact views of the controller (controller/recovery.py; paper 3.2.1, 3.3, 3.4, 5.3;
-DESIGN 4.4, 4.6; docs/catchup.md): failures, standbys, bottom-up catch-up."""
+DESIGN 4.4, 4.6; docs/design/catchup.md): failures, standbys, bottom-up catch-up."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Checkpoint cuts in the protocol and the simulator (DESIGN 10, docs/checkpoints.md):
+"""Checkpoint cuts in the protocol and the simulator (DESIGN 10, docs/design/checkpoints.md):
 every snapshot is the failure-free state after exactly the inputs up to its cut, the sink
 commits at a cut only with every output of those inputs, and every checkpoint the ingress
 takes completes (or a later one does first)."""

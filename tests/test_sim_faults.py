@@ -122,7 +122,7 @@ def test_a_seed_with_timed_faults_replays_exactly():
 
 
 def test_a_zombie_applying_a_view_that_discards_its_new_replica():
-    """Seed 275 of the README's cut run: a standby declared dead while a view aborting the
+    """Seed 275 of the cut run (docs/results/simulator.md): a standby declared dead while a view aborting the
     replica it was building was already on its way applied that view as a zombie; the
     discarded replica must take no more steps (the world kept them: a KeyError)."""
     params = SimParams(stages=2, partitions=4, crashes=2, standbys=2, cuts=2)

@@ -183,7 +183,7 @@ def test_evicting_before_the_dual_ack_loses_tuples_and_is_caught():
 
 @pytest.mark.sim  # its first violating seed is 186: 17 s
 def test_credits_only_every_half_window_deadlock_and_are_caught():
-    """Back-pressure's own deadlock (docs/backpressure.md): a consumer that never credits a
+    """Back-pressure's own deadlock (docs/design/backpressure.md): a consumer that never credits a
     feed whose queue emptied leaves a producer with a full window waiting for ever. The
     oracle sees it as output that stalls, or, when the stuck consumers are S replicas (the
     egress takes P's data), as replicas left holding tuples at quiescence, behind the

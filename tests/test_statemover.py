@@ -462,7 +462,7 @@ def test_chunk_repr_shows_the_size_not_the_bytes():
     assert repr(Chunk(T, 3, b"x" * 1000)) == "Chunk((1, 0, 1, 7), 3, <1000 bytes>)"
 
 
-# --- bulk parts of a two-phase catch-up (docs/catchup.md) ------------------------------
+# --- bulk parts of a two-phase catch-up (docs/design/catchup.md) ------------------------------
 
 def test_exact_effects_of_a_part_then_the_final_state():
     a, b = ready_pair()

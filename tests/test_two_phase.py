@@ -1,4 +1,4 @@
-"""Two-phase catch-up at the segments (docs/catchup.md, DESIGN 9): exact effects.
+"""Two-phase catch-up at the segments (docs/design/catchup.md, DESIGN 9): exact effects.
 
 Phase 1 (STREAMING): at sm_ready the active snapshots its keyed stores, tracks
 their changes, and hands the snapshot to the mover in parts while it goes on

@@ -1,4 +1,4 @@
-"""An operator that carries state of a chosen size: for measuring catch-up (issue 11).
+"""An operator that carries state of a chosen size: for measuring catch-up.
 
 The paper's failover experiment moves 8.5 MB per partition (5.4). ``Ballast``
 passes every record on unchanged and keeps ``mb`` megabytes of keyed state

@@ -1,4 +1,4 @@
-"""The driver's side of checkpoints: reports in, manifests out (DESIGN 10, issue 14).
+"""The driver's side of checkpoints: reports in, manifests out (DESIGN 10).
 
 The ingress's thread says when it chose a cut and where the source was; the
 controller's thread passes on what the nodes wrote; the egress's thread says

@@ -1,4 +1,4 @@
-"""Where checkpoints live: a local folder or any ``fsspec`` URL (DESIGN 10, issue 14).
+"""Where checkpoints live: a local folder or any ``fsspec`` URL (DESIGN 10).
 
 Checkpoint ``k`` is a folder ``ckpt-<k>/`` of files written by whoever
 contributes to it (each partition's state, the source position), and is

@@ -66,7 +66,7 @@ class NodeConfig:
         return job_keys(self.secret) if self.curve else None
 
     def bind_host(self) -> str:
-        """The address this machine's sockets bind and advertise (issue 13)."""
+        """The address this machine's sockets bind and advertise."""
         return local_host("", self.controller)
 
     def placement(self) -> Placement:

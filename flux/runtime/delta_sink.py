@@ -1,4 +1,4 @@
-"""An exactly-once sink into a Delta table, through delta-rs (DESIGN 10, issue 14).
+"""An exactly-once sink into a Delta table, through delta-rs (DESIGN 10).
 
 Each ``commit(sn)`` appends the outputs written since the last one in one
 Delta commit that also carries, atomically, an application transaction

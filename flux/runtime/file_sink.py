@@ -1,4 +1,4 @@
-"""An exactly-once sink of part files in a folder (DESIGN 10, issue 14).
+"""An exactly-once sink of part files in a folder (DESIGN 10).
 
 Outputs are written to a part file that stays hidden (``.part-N.tmp``) until
 ``commit(sn)``: the part is renamed into place (``part-N.jsonl`` or

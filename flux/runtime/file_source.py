@@ -1,4 +1,4 @@
-"""A replayable source over a folder of JSON-lines files (DESIGN 10, issue 14).
+"""A replayable source over a folder of JSON-lines files (DESIGN 10).
 
 What Structured Streaming users know as the file source: every file in the
 folder whose name ends in ``.jsonl`` or ``.json`` (one JSON value per line),

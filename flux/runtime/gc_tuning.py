@@ -1,4 +1,4 @@
-"""The garbage collector's thresholds while a data path runs (issue 16).
+"""The garbage collector's thresholds while a data path runs.
 
 CPython runs a young-generation collection every 700 container allocations by
 default. A node allocates several per tuple (decoded records, SN tuples,

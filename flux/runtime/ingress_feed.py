@@ -1,4 +1,4 @@
-"""The driver's side of the ingress process (issue 16, DESIGN 4.7 and 10).
+"""The driver's side of the ingress process (DESIGN 4.7 and 10).
 
 The source stays in the driver (it may be a generator; a Kafka consumer's
 group lives there) and this thread alone reads it, as the ingress's thread

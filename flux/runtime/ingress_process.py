@@ -1,4 +1,4 @@
-"""The ingress in a process of its own (issue 16, DESIGN 4.7): off the driver's GIL.
+"""The ingress in a process of its own (DESIGN 4.7): off the driver's GIL.
 
 The driver's one GIL was shared by the controller, the ingress and the egress,
 and the ingress (routing, numbering, packing batches for both replicas of a

@@ -1,4 +1,4 @@
-"""The durable input log of a source with partitions of its own (DESIGN 10, issue 15).
+"""The durable input log of a source with partitions of its own (DESIGN 10).
 
 A Kafka topic's partitions interleave differently on every read, so a restart
 would number the inputs after a checkpoint's cut otherwise, and outputs the

@@ -1,4 +1,4 @@
-"""A real Kafka-protocol broker for tests and experiments (issue 15).
+"""A real Kafka-protocol broker for tests and experiments.
 
 ``noida-db`` (PyPI) ships one static binary that speaks the Kafka protocol,
 transactions and ``read_committed`` included, and starts in well under a

@@ -1,4 +1,4 @@
-"""An exactly-once sink into a Kafka topic, by Kafka transactions (DESIGN 10, issue 15).
+"""An exactly-once sink into a Kafka topic, by Kafka transactions (DESIGN 10).
 
 Each ``commit(sn)`` is one Kafka transaction of a producer with a fixed
 ``transactional_id``: the outputs written since the last commit (JSON values,

@@ -1,4 +1,4 @@
-"""A replayable source over the partitions of a Kafka topic (DESIGN 10, issue 15).
+"""A replayable source over the partitions of a Kafka topic (DESIGN 10).
 
 It reads every partition the topic has when it is opened, assigned by hand
 (``assign``, no consumer-group rebalancing: the checkpoint, not the group,

@@ -1,4 +1,4 @@
-"""Heartbeats from a thread of their own (issue 11, DESIGN 6).
+"""Heartbeats from a thread of their own (DESIGN 6).
 
 A node's loop can be busy for a long step: a big state installed, a long
 operator call, a garbage-collector pause. Heartbeats sent by that loop would

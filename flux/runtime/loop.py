@@ -83,7 +83,7 @@ class HostLoop:
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
         #: the ingress refused the next input (a full buffer): only an ack, which comes as
         #: a message and wakes the poll, can make room; waiting for it, not spinning, leaves
-        #: the core to the nodes that will send it (issue 16)
+        #: the core to the nodes that will send it
         self._held_back = False
         self.metrics = metrics
         #: a turn that still has work after this long returns (and the next begins at once):
@@ -99,14 +99,14 @@ class HostLoop:
         self._flush_wait: Dict[Tuple[Any, int, int], float] = {}  # since when flushable
         #: acks and credits are cumulative: each waits this long for a later one on its
         #: connection that replaces it, so a consumer sends one per connection and interval
-        #: instead of one per batch it takes (issue 16: messages, not tuples, were most of
+        #: instead of one per batch it takes (messages, not tuples, were most of
         #: a node's CPU). Anything else for the same process sends them first, so they keep
         #: their place before the control messages that must follow them (DESIGN 4.4).
         self.ack_delay = ack_delay
         #: machines whose state may have changed since ``_work`` last found nothing to do
         #: for them, and each machine's flushable connections as last computed: the
         #: guards are functions of a machine's state alone (sans-I/O), so an untouched
-        #: machine is not asked again (issue 16: asking every machine at every turn cost a
+        #: machine is not asked again (asking every machine at every turn cost a
         #: node ~200 us a turn, most of its CPU at low rates)
         self._dirty: set = set(host.machines)
         self._ready: Dict[Any, list] = {}
@@ -418,7 +418,7 @@ class HostLoop:
             elif isinstance(e, Snapshot) and e.data is not None and self.snapshots:
                 self.snapshots.write(e)  # to the store, off this thread
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
-                self.report(e)  # the controller retries a failed transfer (3.4, issue 11)
+                self.report(e)  # the controller retries a failed transfer (3.4)
             self.on_effect(e)
 
     def _installed(self, e: StateInstalled) -> None:
@@ -433,7 +433,7 @@ class HostLoop:
             self.report(StateMoved(seg.addr, nbytes, self.clock() - started))
 
     def _resumed(self, e: SourcesResumed) -> None:
-        """Report how long the active held its partition's sources paused (issue 11)."""
+        """Report how long the active held its partition's sources paused."""
         paused = self._paused.pop(e.transfer, None)
         seg = self.host.segment_of(e.transfer)
         if paused is not None and seg is not None:

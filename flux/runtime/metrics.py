@@ -9,7 +9,7 @@ timestamp travels with the data. The ingress and the egress run in the driver
 and share its clock. Each counter has one writer thread (ingress, egress,
 controller); readers take copies.
 
-Nothing here grows with the length of a run (issue 12): the timeline is a ring
+Nothing here grows with the length of a run: the timeline is a ring
 of the last ``span`` seconds, arrival times are kept only for inputs whose
 outputs may still come (the egress retires them as outputs leave in SN order),
 the histogram has fixed buckets and the event log keeps the last ``MAX_EVENTS``
@@ -128,7 +128,7 @@ class Metrics:
         self.max_output_gap = 0.0  # the longest wait between two outputs, in seconds
         self.max_output_gap_at: Optional[float] = None  # when that wait ended
         #: "detected", "take-over done", "state moved" (detail: (addr, bytes, seconds)),
-        #: "paused", "catch-up done", ... (see the README); and "killed" by ``kill_node``
+        #: "paused", "catch-up done", ... (docs/api.md); and "killed" by ``kill_node``
         self.events = EventLog()
 
     def begin(self) -> None:
@@ -153,7 +153,7 @@ class Metrics:
 
     def inputs_taken(self, arrivals: Sequence[Optional[float]]) -> None:
         """Inputs taken now, in order, each with when it arrived (None: now). One call a
-        batch: counted per input, this was a tenth of the ingress's time (issue 16)."""
+        batch: counted per input, this was a tenth of the ingress's time."""
         if not arrivals:
             return
         now = self.clock()
@@ -252,7 +252,7 @@ class Metrics:
         return [detail for _, what, detail in self.events if what == "state moved"]
 
     def catchup_pauses(self) -> List[float]:
-        """Seconds each catch-up's active held its sources paused (phase 2; issue 11), of
+        """Seconds each catch-up's active held its sources paused (phase 2), of
         the catch-ups still in the event log."""
         return [detail[1] for _, what, detail in self.events if what == "paused"]
 

@@ -1,4 +1,4 @@
-"""A Prometheus endpoint on the driver (issue 12): what an operator of the service
+"""A Prometheus endpoint on the driver: what an operator of the service
 watches, read when scraped.
 
 Nothing is pushed or copied as the job runs: a scrape reads the job's ``Metrics``
@@ -7,7 +7,7 @@ pairs and nodes, and the counters every node reports about its segments each
 second (``NodeStats``). Counters of a segment start again at zero on a rebuilt
 replica; Prometheus's ``rate()`` takes counter resets in its stride.
 
-The metric names and meanings are listed in the README (Monitoring).
+The metric names and meanings are listed in docs/api.md (Prometheus metrics).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which address a process binds and advertises (issue 13, DESIGN 6).
+"""Which address a process binds and advertises (DESIGN 6).
 
 Every socket binds on one interface of its machine and advertises that
 interface's address, so peers on other machines can reach it. Which one, in
@@ -92,7 +92,7 @@ def is_loopback(address: str) -> bool:
 
 
 def check_port_range(ports: Optional[Tuple[int, int]]) -> None:
-    """Refuse a port range that cannot hold a socket (issue 13: firewalled clusters)."""
+    """Refuse a port range that cannot hold a socket (firewalled clusters)."""
     if ports is None:
         return
     low, high = ports

@@ -51,7 +51,7 @@ DEFAULT_OUTBOX = 100_000
 def job_keys(secret: str) -> Tuple[bytes, bytes]:
     """The job's CURVE key pair ``(public, secret)``, computed from the job's secret: only a
     process given that secret can derive the server key, so only such a process completes
-    the handshake; a connection without it never delivers a byte (issue 6, DESIGN 6)."""
+    the handshake; a connection without it never delivers a byte (DESIGN 6)."""
     secret_key = z85.encode(hashlib.sha256(b"flux-curve:" + secret.encode()).digest())
     return zmq.curve_public(secret_key), secret_key
 
@@ -93,14 +93,14 @@ class Transport:
         self.router.setsockopt(zmq.RCVHWM, hwm)
         # a peer that connects again under its identity (after ``disconnect``, or a link
         # that was cut and its old connection never closed) takes the identity over; else
-        # its messages would vanish while the stale connection lingers (issue 13)
+        # its messages would vanish while the stale connection lingers
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         # a larger frame closes its connection inside ZeroMQ, before it is held in memory
         self.router.setsockopt(zmq.MAXMSGSIZE, max_frame)
         if keys is not None:  # CURVE: encrypted, and only holders of the job's keys connect
             self.router.curve_server = True
             self.router.curve_publickey, self.router.curve_secretkey = keys
-        # on ``host``, the interface peers reach it by (issue 13; flux.runtime.network)
+        # on ``host``, the interface peers reach it by (flux.runtime.network)
         low, high = ports or (49152, 65536)
         try:
             self.port = self.router.bind_to_random_port(f"tcp://{host}", low, high)

@@ -125,7 +125,7 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
         return iter([(task, inc, "stopped before start")])
     welcome, members, early = joined
     name = welcome.name
-    # heartbeats from a thread of their own: a long step of the loop is not a death (issue 11)
+    # heartbeats from a thread of their own: a long step of the loop is not a death
     # it beats from now on: building the segments (big operators) takes time too
     liveness = Liveness(transport.ctx, name, inc, config.controller, config.heartbeat,
                         config.keys, host=split_tcp(transport.address)[0],
