@@ -17,3 +17,14 @@ def broker():
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(request):
+    """One embedded ``local-cluster`` Spark session per test module, stopped after its last
+    test: ``SPARK_EXECUTORS`` of the module executors (6 by default: 4 nodes, a standby
+    and a warm spare). Never two at once: the Spark tests run without ``-n``."""
+    from flux.spark.session import local_cluster
+
+    with local_cluster(getattr(request.module, "SPARK_EXECUTORS", 6)) as session:
+        yield session

@@ -9,14 +9,6 @@ from experiments.chaos import HOST_SCENARIOS, SCENARIOS, parse_args, run_one
 SLOW = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from flux.spark.session import local_cluster
-
-    with local_cluster(6) as session:
-        yield session
-
-
 @pytest.mark.parametrize("scenario", [pytest.param(s, marks=SLOW) for s in SCENARIOS
                                       if s not in HOST_SCENARIOS and s != "driver-kill"])
 def test_a_chaos_run_of_each_scenario_changes_nothing_in_the_output(spark, scenario, tmp_path):

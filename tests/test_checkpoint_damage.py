@@ -361,39 +361,13 @@ def test_the_writer_s_checksums_reach_the_manifest_and_a_restore_falls_back_past
     """A segment's whole snapshot and deltas, written by the node's writer, completed by the
     driver's service: a delta damaged on disk makes the restore take the checkpoint before,
     whose state is that partition's state at its own cut."""
-    from controller.checkpoints import CheckpointCoordinator
-    from flux.addresses import Addr, P, S
-    from flux.effects import Snapshot
-    from flux.runtime.checkpoint_service import CheckpointService
-    from flux.runtime.snapshot_writer import SnapshotWriter
-    from flux.snapshot_chain import full_snapshot
+    from flux.addresses import Addr, P
     from flux.spark.node_task import restore_operators
-    from flux.state_codec import pack_state
-    from tests.test_incremental_checkpoints import crossed, segment_with_counter
+    from tests.test_incremental_checkpoints import segment_with_counter, write_checkpoints
 
     seg = segment_with_counter(full_every=4)
-    counter = seg.chain.operators[0]
     store = CheckpointStore(str(tmp_path), keep=3)
-    writer = SnapshotWriter(store)
-    service = CheckpointService(store, CheckpointCoordinator(1, 2, "fp"))
-    states = {}
-    try:
-        for k in (1, 2, 3):
-            for record in [("a", k), ("b", k), ("c%d" % k, k)]:
-                counter.process(record)
-            (snap,) = crossed(seg, k, k).snapshot()
-            states[k] = seg.chain.get_state()
-            writer.write(snap)
-            service.cut_chosen(k, k, k)
-            service.sink_committed(k, None)
-            writer.write(Snapshot(k, k, Addr(1, 1, S), pack_state(full_snapshot(k, [[]]))))
-        writer.stop()
-        for written in writer.done():
-            assert not written.error, written.error
-            service.snapshot_written(written)
-        service.settle()
-    finally:
-        service.stop()
+    states = write_checkpoints(seg, store, (1, 2, 3))
     manifest = store.restorable("fp", 2)
     assert manifest["checkpoint"] == 3 and len(manifest["digests"]) == 4  # chains of 3 and 1
     delta = store.path(3, manifest["chains"][0][-1][1])

@@ -1,4 +1,4 @@
-"""Incremental checkpoints of ``KeyedState`` (DESIGN 10, docs/checkpoints.md): a replica's
+"""Incremental checkpoints of ``KeyedState`` (DESIGN 10, docs/design/checkpoints.md): a replica's
 snapshots are a whole one and then the changes since, the chain rebuilds exactly the state
 at each cut, every file a restore reads stays in the store, and a gap in a chain makes the
 next snapshot whole instead of a checkpoint that cannot be restored."""
@@ -206,27 +206,27 @@ def test_a_manifest_without_chains_still_reads_its_one_file(tmp_path):
     assert store.read_part(store.latest(), 1, 0) == [b"old"]
 
 
-def test_restore_rebuilds_each_partition_from_its_chain(tmp_path):
-    """What a node does at a restart (flux.spark.node_task.restore_operators) over a
-    store holding a whole snapshot and deltas."""
-    from flux.spark.node_task import restore_operators
+def write_checkpoints(seg, store, numbers) -> dict:
+    """Checkpoints ``numbers`` of a job of one stage and two partitions, as the runtime
+    makes them: ``seg`` (partition 0, counting three records a checkpoint) snapshots at
+    each cut, partition 1 writes an empty state, the node's writer writes, the driver's
+    service completes them. Returns partition 0's operator state at each checkpoint."""
     from flux.state_codec import pack_state
 
-    seg = segment_with_counter(full_every=4)
     counter = seg.chain.operators[0]
-    store = CheckpointStore(str(tmp_path))
     writer = SnapshotWriter(store)
     service = CheckpointService(store, CheckpointCoordinator(1, 2, "fp"))
+    states = {}
     try:
-        for k in (1, 2, 3):
+        for k in numbers:
             for record in [("a", k), ("b", k), ("c%d" % k, k)]:
                 counter.process(record)
             (snap,) = crossed(seg, k, k).snapshot()
+            states[k] = seg.chain.get_state()
             writer.write(snap)
             service.cut_chosen(k, k, k)
             service.sink_committed(k, None)
-            other = Snapshot(k, k, Addr(1, 1, S), pack_state(full_snapshot(k, [[]])))
-            writer.write(other)
+            writer.write(Snapshot(k, k, Addr(1, 1, S), pack_state(full_snapshot(k, [[]]))))
         writer.stop()
         for written in writer.done():
             assert not written.error, written.error
@@ -234,7 +234,19 @@ def test_restore_rebuilds_each_partition_from_its_chain(tmp_path):
         service.settle()
     finally:
         service.stop()
-    assert service.latest.number == 3
+    assert service.latest.number == numbers[-1]
+    return states
+
+
+def test_restore_rebuilds_each_partition_from_its_chain(tmp_path):
+    """What a node does at a restart (flux.spark.node_task.restore_operators) over a
+    store holding a whole snapshot and deltas."""
+    from flux.spark.node_task import restore_operators
+    from flux.state_codec import pack_state
+
+    seg = segment_with_counter(full_every=4)
+    store = CheckpointStore(str(tmp_path))
+    write_checkpoints(seg, store, (1, 2, 3))
     assert len(store.latest()["chains"][0]) == 3  # whole, delta, delta
     fresh = segment_with_counter(full_every=4)
     restore_operators(store, 3, {Addr(1, 0, P): fresh})

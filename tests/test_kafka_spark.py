@@ -21,12 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 INPUTS, RATE, TOPIC_PARTITIONS = 24_000, 4_000, 3
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from flux.spark.session import local_cluster
-
-    with local_cluster(5) as session:
-        yield session
+#: executors of this module's Spark session (the ``spark`` fixture, conftest)
+SPARK_EXECUTORS = 5
 
 
 @pytest.mark.parametrize("double", [False, True], ids=["node-kill", "double-failure"])

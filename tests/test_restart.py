@@ -13,12 +13,8 @@ from flux.addresses import Addr, P, S
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from flux.spark.session import local_cluster
-
-    with local_cluster(5) as session:
-        yield session
+#: executors of this module's Spark session (the ``spark`` fixture, conftest)
+SPARK_EXECUTORS = 5
 
 
 @pytest.mark.parametrize("fmt,stage,partition,keep", [("jsonl", 1, 0, 50), ("delta", 2, 3, 3)])

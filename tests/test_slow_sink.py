@@ -17,12 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 WINDOW, CAPACITY, NODES = 64, 128, 4
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from flux.spark.session import local_cluster
-
-    with local_cluster(NODES + 1) as session:
-        yield session
+#: executors of this module's Spark session (the ``spark`` fixture, conftest)
+SPARK_EXECUTORS = NODES + 1
 
 
 def test_a_slow_sink_slows_the_source_and_queues_stay_bounded(spark):
