@@ -1,6 +1,6 @@
 """python -m flux.sim --schedules N --seed S [--stages K] [--partitions P] [--crashes C]
 [--cuts N] [--false-suspicions N] [--lossy-mover P] [--checkpoints N] [--restarts N]
-[--full-every N] [--source-partitions K]
+[--full-every N] [--source-partitions K] [--corrupt-checkpoints N] [--keep-checkpoints N]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
 violation with its seed and a short trace, and ends with the line
@@ -13,6 +13,7 @@ import sys
 import time
 
 from flux.sim.schedule import (
+    CHECKPOINT_CORRUPT,
     DATAFLOWS,
     PAIR_LOST,
     VIOLATION,
@@ -30,7 +31,7 @@ def crash_window(params: SimParams) -> int:
     Computed from a fixed seed so that ``--seed S --schedules 1`` replays
     schedule S of any longer run exactly."""
     quiet = SimParams(**{**params.__dict__, "crashes": 0, "victims": (), "cuts": 0,
-                         "false_suspicions": 0, "restarts": 0})
+                         "false_suspicions": 0, "restarts": 0, "corrupt_checkpoints": 0})
     return max(1, run_schedule(0, quiet, 1).steps)
 
 
@@ -76,6 +77,13 @@ def main(argv=None) -> int:
     ap.add_argument("--full-every", type=int, default=0, metavar="N",
                     help="a replica's checkpoint snapshots are whole once in N, else the "
                          "changes of its keyed stores (0: N drawn per schedule, 1 to 4)")
+    ap.add_argument("--corrupt-checkpoints", type=int, default=0, metavar="N",
+                    help="damage a file of the checkpoint store N times per schedule (its "
+                         "checksum unchanged): a restart falls back to an older checkpoint "
+                         "that verifies, or the job stops as checkpoint-corrupt")
+    ap.add_argument("--keep-checkpoints", type=int, default=0, metavar="N",
+                    help="complete checkpoints the store keeps, and the input log what the "
+                         "oldest of them covers (0: 2 with --corrupt-checkpoints, else all)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
     ap.add_argument("--shrink", action="store_true",
                     help="shrink each violation to a short script and print its trace")
@@ -88,7 +96,9 @@ def main(argv=None) -> int:
                        false_suspicions=args.false_suspicions, lossy_mover=args.lossy_mover,
                        checkpoints=args.checkpoints, restarts=args.restarts,
                        full_every=args.full_every,
-                       source_partitions=args.source_partitions)
+                       source_partitions=args.source_partitions,
+                       corrupt_checkpoints=args.corrupt_checkpoints,
+                       keep_checkpoints=args.keep_checkpoints)
     try:
         params.validate()
     except ValueError as exc:
@@ -96,7 +106,7 @@ def main(argv=None) -> int:
     window = crash_window(params)
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
-    snapshot_deltas = 0
+    snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
@@ -113,8 +123,13 @@ def main(argv=None) -> int:
         snapshot_deltas += result.snapshot_deltas
         complete += len(result.complete)
         restarts += len(result.restarts)
+        damaged += len(result.damaged)
+        fallbacks += len(result.fallbacks)
+        failed_writes += result.failed_writes
         if result.status == PAIR_LOST:
             pair_lost += 1
+        elif result.status == CHECKPOINT_CORRUPT:
+            corrupt_stops += 1
         elif result.status == VIOLATION:
             violations += 1
             crashes = ",".join(result.crashed) or "none"
@@ -124,13 +139,16 @@ def main(argv=None) -> int:
             if args.shrink:
                 print_shrunk(result, params)
     elapsed = time.perf_counter() - started
+    corruption = (f"damaged files={damaged}, fallbacks={fallbacks}, "
+                  f"checkpoint-corrupt={corrupt_stops}, failed writes={failed_writes}, "
+                  if params.corrupt_checkpoints else "")
     print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s, "
           f"pair_lost={pair_lost}, catch-ups={catchups}, bulk parts installed={bulk_parts} "
           f"(part steps={part_steps}), deltas installed={deltas}, zombies={zombies}, "
           f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
           f"checkpoints={cuts} (snapshots={snapshots}, of them deltas={snapshot_deltas}, "
           f"complete={complete}), "
-          f"restarts={restarts}, "
+          f"restarts={restarts}, {corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)
     print(f"schedules={args.schedules} violations={violations}")

@@ -63,8 +63,10 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
     cuts = world.outcome.cuts
     # every checkpoint completes, or a later one completes (it is abandoned), or its writer
     # was lost, or a later one's was: a replica that learns of two cuts at once crosses only
-    # the newer, and if that one's writer is then lost, the older one waits forever: harmless
-    settled = [k for k, _ in cuts if k in world.outcome.complete or writer_lost(world, k)]
+    # the newer, and if that one's writer is then lost, the older one waits forever: harmless;
+    # so does one a snapshot of which could not be written (its chain lost a file)
+    settled = [k for k, _ in cuts if k in world.outcome.complete or writer_lost(world, k)
+               or k in world.write_failed]
     unfinished = [k for k, _ in cuts if k not in world.outcome.complete
                   and k not in world.coordinator.abandoned()
                   and not any(j >= k for j in settled)]

@@ -16,8 +16,8 @@ from flux.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.ingress import Ingress
-from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS
-from flux.sim.world import INPUT_LOG, World, WorldConfig
+from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
+from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
 from flux.state_codec import unpack_state
 from flux.topology import node_name
 
@@ -25,6 +25,9 @@ from flux.topology import node_name
 SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)
 #: the same for the input log's writes: a slow store lags the pipeline by whole outputs
 LOG_SPEEDS = (0.001, 0.01, 0.2, 1.0)
+#: the same for the damage of a checkpoint file: rare next to the job's steps, so it falls
+#: anywhere in a schedule, not just after the first file is written
+STORE_SPEEDS = (0.002, 0.005, 0.02)
 
 TRIGGERS = ("any", "during", "after")
 #: tuples a consumer may hold untaken per connection, for one schedule (None: no credits)
@@ -38,6 +41,9 @@ FAULT_TICKS = (1, 90)
 OK = "ok"
 VIOLATION = "violation"
 PAIR_LOST = "pair-lost"
+#: a restart found complete checkpoints, none of whose files all verified (the runtime's
+#: CheckpointCorrupt): the job stops; what the sink holds must still be a prefix
+CHECKPOINT_CORRUPT = "checkpoint-corrupt"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,11 @@ class SimParams:
     #: the source's own partitions: with more than one, the ingress logs the SNs it gives
     #: and a restart reads the inputs the log does not cover in another interleaving
     source_partitions: int = 1
+    #: files of the checkpoint store damaged per schedule, each at a moment the scheduler
+    #: picks (a number of the state changed, or the file lost; its checksum unchanged)
+    corrupt_checkpoints: int = 0
+    #: complete checkpoints the store keeps (0: 2 with --corrupt-checkpoints, else all)
+    keep_checkpoints: int = 0
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -99,6 +110,9 @@ class SimParams:
         if self.checkpoints < 0 or self.restarts < 0:
             raise ValueError(f"--checkpoints and --restarts must be >= 0, got "
                              f"{self.checkpoints} and {self.restarts}")
+        if self.corrupt_checkpoints < 0 or self.keep_checkpoints < 0:
+            raise ValueError(f"--corrupt-checkpoints and --keep-checkpoints must be >= 0, got "
+                             f"{self.corrupt_checkpoints} and {self.keep_checkpoints}")
         if self.source_partitions < 1:
             raise ValueError(f"--source-partitions must be >= 1, got {self.source_partitions}")
         if self.full_every < 0:
@@ -134,6 +148,11 @@ class ScheduleResult:
     complete: List[int] = field(default_factory=list)
     #: whole-job restarts, each with the checkpoint it started from (None: the beginning)
     restarts: List[Optional[int]] = field(default_factory=list)
+    #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
+    #: unverified, snapshots not written (a delta whose chain lost a file)
+    damaged: List = field(default_factory=list)
+    fallbacks: List[int] = field(default_factory=list)
+    failed_writes: int = 0
 
 
 #: the dataflows a schedule can run
@@ -189,9 +208,16 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         source_parts=[parts.randrange(params.source_partitions) for parts in
                       [random.Random(f"source {seed}")] for _ in inputs]
         if params.source_partitions > 1 else None,
+        keep=params.keep_checkpoints or (2 if params.corrupt_checkpoints else None),
+        corrupt_checkpoints=params.corrupt_checkpoints,
+        # a fallback abandons complete checkpoints past the restored one: the next cuts
+        # may lie before theirs (without damage, as before: after every earlier cut)
+        cuts_follow_restore=bool(params.corrupt_checkpoints),
+        **WORLD_VARIANTS.get(params.variant, {}),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
-                  fault_rng=random.Random(f"faults {seed}"))
+                  fault_rng=random.Random(f"faults {seed}"),
+                  corrupt_rng=random.Random(f"corrupt {seed}"))
     if params.checkpoints:
         world.judge_snapshot = partial(judge_snapshot, states_after)
         world.judge_commit = partial(judge_commit, outputs_upto)
@@ -254,6 +280,7 @@ class RandomChooser:
     """Picks each step at random, weighted by per-process speed; crashes at planned steps."""
 
     def __init__(self, seed: int, params: SimParams, crash_window: int):
+        self.seed = seed
         self.params = params
         self.crash_window = crash_window
         self.victims = [node_name(v) if isinstance(v, int) else v for v in params.victims]
@@ -278,11 +305,14 @@ class RandomChooser:
             # the input log's writes have a speed of their own (a slow store lags), drawn
             # from a stream of its own so a seed's other draws stay what they were
             self.speed[INPUT_LOG] = self.log_speed.choice(LOG_SPEEDS)
+            if self.params.corrupt_checkpoints:
+                self.speed[CHECKPOINT_STORE] = random.Random(
+                    f"store {self.seed}").choice(STORE_SPEEDS)
             self.triggers = list(self.params.triggers)
             if not self.triggers and self.params.standbys:
                 # Later crashes strike at any step, inside a catch-up, or once every
                 # catch-up so far completed: sequences of failures separated by
-                # recoveries (issue 3).
+                # recoveries.
                 self.triggers = ["any"] + [rng.choice(TRIGGERS)
                                            for _ in range(self.params.crashes - 1)]
         steps = None
@@ -361,17 +391,27 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                 world.restart()
                 oracle.checked = min(oracle.checked, len(world.outcome.delivered))
                 trace.append((step, None))
+                if world.outcome.checkpoint_corrupt:
+                    result.status, result.reason = (CHECKPOINT_CORRUPT,
+                                                    world.outcome.checkpoint_corrupt)
+                    break
                 continue
             trace.append((step, _payload(world, step)))
             restarts = len(world.outcome.restarts)
             world.apply(step)
-            if len(world.outcome.restarts) > restarts:  # the sink dropped what it had not
+            if step[0] == "corrupt":
+                trace[-1] = (step, world.outcome.damaged[-1])
+            if world.outcome.checkpoint_corrupt or len(world.outcome.restarts) > restarts:
+                # the sink dropped what it had not committed
                 oracle.checked = min(oracle.checked, len(world.outcome.delivered))
             oracle.check(world.outcome.delivered)
             if world.outcome.pair_lost:
                 result.status = PAIR_LOST
                 result.reason = "both replicas lost: " + ", ".join(
                     f"stage {a.stage} partition {a.partition}" for a in world.outcome.pair_lost)
+                break
+            if world.outcome.checkpoint_corrupt:
+                result.status, result.reason = CHECKPOINT_CORRUPT, world.outcome.checkpoint_corrupt
                 break
             t += 1
             if t >= params.max_steps:
@@ -400,6 +440,9 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.snapshot_deltas = world.outcome.snapshot_deltas
     result.complete = list(world.outcome.complete)
     result.restarts = list(world.outcome.restarts)
+    result.damaged = list(world.outcome.damaged)
+    result.fallbacks = list(world.outcome.fallbacks)
+    result.failed_writes = world.outcome.failed_writes
     return result
 
 
@@ -470,6 +513,11 @@ def format_step(step: tuple, payload: Any) -> str:
         return "CHECKPOINT (ingress cut)"
     if kind == "restart":
         return "RESTART (everything stops at once)"
+    if kind == "corrupt":
+        if payload is None:
+            return "CORRUPT (a checkpoint file damaged)"
+        (k, stage, partition, replica), how = payload
+        return f"CORRUPT checkpoint {k}'s file of {stage}.{partition}{'PS'[replica]}: {how}"
     if kind == "snapshot":
         return f"snapshot {step[1]}"
     if kind == "detect":

@@ -1,6 +1,7 @@
 """Deliberately broken protocol variants: proof that the oracle can fail.
 
-Each is a one-rule change to the buffer, the segment or the host. The simulator must
+Each is a one-rule change to the buffer, the segment, the host or the world's restart
+(``WORLD_VARIANTS``: settings of ``WorldConfig``). The simulator must
 report a violation for each, with a seed that reproduces it.
 """
 from __future__ import annotations
@@ -141,6 +142,10 @@ class HostHearingTheDead(Host):
 #: variants of the host, by name (the others use ``Host``)
 HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead}
 INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog}
+#: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
+#: restore-unverified: a restart takes the newest complete checkpoint without checking its
+#: files' checksums: a damaged file restores a state that never was
+WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False}}
 
 #: name -> (buffer class, segment class)
 VARIANTS = {
@@ -155,4 +160,5 @@ VARIANTS = {
     "late-snapshot": (Buffer, SegmentSnapshottingLate),
     "forgotten-change": (Buffer, SegmentForgettingAChange),
     "unlogged-send": (Buffer, Segment),
+    "restore-unverified": (Buffer, Segment),
 }

@@ -22,14 +22,20 @@ ticks while anything is unheard:
   and keeps stepping with whoever has not yet applied the view that fenced it,
   until its lease runs out or, heard again, it is told to stop;
 - a lossy link between StateMovers drops envelopes; the mover's checks or the
-  catch-up deadline (a number of ticks) abort the attempt, which is retried.
+  catch-up deadline (a number of ticks) abort the attempt, which is retried;
+- a file of the checkpoint store is damaged (altered or lost) while its checksum, recorded
+  when it was written, stays: a restart verifies what it restores and falls back to an
+  older complete checkpoint, or stops the job when none verifies (DESIGN 10).
 
 The world only says which steps are enabled and carries one out; the
 scheduler (``flux.sim.schedule``) chooses.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 import random
+import zlib
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -64,7 +70,7 @@ from statemover.messages import LinkLost, SmReady, TransferFailed
 
 INGRESS_HOST = INGRESS_PROCESS
 #: a process step takes one input (``process``) or up to this many (``process_ready``,
-#: the runtime's step, issue 16)
+#: as the runtime's loop steps a segment)
 PROCESS_LIMITS = (1, 2, 3, 8, 64)
 EGRESS_HOST = EGRESS_PROCESS
 
@@ -83,9 +89,37 @@ class ZombieMachine(NamedTuple):
     name: str
     addr: Addr
 
+    def __hash__(self) -> int:
+        # a str's hash differs from process to process: the world's sets of machines would
+        # be walked in another order, and a seed would not replay in another process
+        return hash((zlib.crc32(self.name.encode()), self.addr))
+
 
 #: who takes the "log" steps: the durable input log's writes (DESIGN 10)
 INPUT_LOG = "input-log"
+#: who takes the "corrupt" steps: the checkpoint store, where files get damaged
+CHECKPOINT_STORE = "checkpoint-store"
+#: the share of damaged files that are lost outright rather than altered
+REMOVED_SHARE = 0.25
+
+#: a file of the checkpoint store: (checkpoint, stage, partition, replica), as the
+#: runtime names them (one per replica in each checkpoint's folder)
+FileId = Tuple[int, int, int, int]
+#: the files that rebuild a partition's state, each with the checksum its writer recorded
+Chain = Tuple[Tuple[FileId, str], ...]
+
+
+def checksum(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+@dataclass
+class StoredFile:
+    """A snapshot file as a restore reads it: its bytes and what they unpack to. Damage
+    replaces both, never the state objects a replica's chain still shares."""
+
+    data: bytes
+    state: dict
 
 
 @dataclass
@@ -122,6 +156,22 @@ class WorldConfig:
     #: it holds then may lie beyond the last checkpoint, and a restart must give those
     #: outputs' inputs the same SNs again
     sink_commits: bool = False
+    #: the store keeps this many complete checkpoints (and every file their chains read),
+    #: and the input log what the oldest of them does not cover (None: everything)
+    keep: Optional[int] = None
+    #: files of the store damaged at moments of the scheduler's choosing (their recorded
+    #: checksums unchanged)
+    corrupt_checkpoints: int = 0
+    #: a restart restores the newest complete checkpoint whose files all verify (False:
+    #: the newest, unread)
+    verify_restores: bool = True
+    #: a complete checkpoint a restart skipped (a file did not verify) is no longer one:
+    #: not kept, not restorable (False: its manifest stays and counts among the kept, a
+    #: broken rule random schedules rarely reach: tests drive it to the violation)
+    forget_skipped: bool = True
+    #: after a restart the ingress's next cut may be any input after the restored cut, as
+    #: the runtime's (else only one after every cut chosen before the restart)
+    cuts_follow_restore: bool = False
 
 
 @dataclass
@@ -151,14 +201,24 @@ class Outcome:
     complete: List[int] = field(default_factory=list)
     #: whole-job restarts, and the checkpoint each started from (None: the beginning)
     restarts: List[Optional[int]] = field(default_factory=list)
+    #: files damaged (file, "altered" or "removed"), complete checkpoints a restart skipped
+    #: because a file did not verify, and why the job stopped when none verified
+    damaged: List[Tuple[FileId, str]] = field(default_factory=list)
+    fallbacks: List[int] = field(default_factory=list)
+    checkpoint_corrupt: str = ""
+    #: snapshots not written: a delta whose chain lost a file (the runtime's writer refuses)
+    failed_writes: int = 0
 
 
 class World:
     """Hosts running the protocol machines, connected by FIFO channels."""
 
     def __init__(self, dataflow, inputs: Sequence[Any], partitions: int, placement: Placement,
-                 config: WorldConfig, rng, fault_rng: Optional[random.Random] = None):
+                 config: WorldConfig, rng, fault_rng: Optional[random.Random] = None,
+                 corrupt_rng: Optional[random.Random] = None):
         self.rng = rng
+        #: which file is damaged, and how: a stream of its own, as ``fault_rng``
+        self.corrupt_rng = corrupt_rng or random.Random(0)
         #: draws for timed faults (truncations of a zombie's links, lost mover envelopes):
         #: a stream of its own, so runs without them draw what they always drew
         self.fault_rng = fault_rng or random.Random(0)
@@ -171,8 +231,10 @@ class World:
         self.config = config
         self.inputs = list(inputs)
         self.next_input = 0
-        #: the input log: how many inputs' SNs are durable (kept across restarts)
+        #: the input log: how many inputs' SNs are durable (kept across restarts); it
+        #: covers the inputs after ``log_from`` (truncated at complete checkpoints)
         self.logged_inputs = 0
+        self.log_from = 0
         self.source_parts = list(config.source_parts) if config.source_parts else None
         #: told the inputs' new order after a restart interleaved the unlogged ones anew
         self.on_reorder: Callable[[List[Any]], None] = lambda inputs: None
@@ -188,14 +250,24 @@ class World:
         self.placement = placement
         self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim")
         self.checkpoints_left = config.checkpoints
+        #: the ingress chooses a cut only once it has sent an input after this one
+        self.last_cut = 0
         #: the oracle's view of a snapshot and of a sink commit (set by ``make_world``)
         self.judge_snapshot: Callable = lambda *a: None
         self.judge_commit: Callable = lambda *a: None
-        #: the checkpoint store: (checkpoint, stage, partition) -> the first snapshot
-        #: written, as the chain that rebuilds it (a whole snapshot, then deltas)
-        self.store: Dict[Tuple[int, int, int], List[dict]] = {}
-        #: per writing replica, the chain of its last snapshot (a delta builds on it)
-        self.chains: Dict[Addr, List[dict]] = {}
+        #: the checkpoint store: its files; per (checkpoint, stage, partition) the chain of
+        #: the first snapshot written (a whole one, then deltas); the manifests of complete
+        #: checkpoints (number -> cut, each partition's chain); those kept at the last one
+        self.files: Dict[FileId, StoredFile] = {}
+        self.parts: Dict[Tuple[int, int, int], Chain] = {}
+        self.manifests: Dict[int, Tuple[int, Dict[Tuple[int, int], Chain]]] = {}
+        self.kept: List[int] = []
+        self.corruptions_left = config.corrupt_checkpoints
+        #: checkpoints a snapshot of which could not be written: they never complete
+        self.write_failed: set = set()
+        #: per writing replica, its last snapshot's chain: each file with the state written
+        #: (a delta builds on it; the oracle judges it as written, whatever the store holds)
+        self.chains: Dict[Addr, List[Tuple[Tuple[FileId, str], dict]]] = {}
         #: the sink: ``outcome.delivered`` is what it holds; this much of it is committed
         self.sink_committed = 0
         self.restart_due = False
@@ -208,7 +280,8 @@ class World:
 
     def _build(self, restored: Optional[Tuple[int, int]] = None) -> None:
         """Every process of the job, fresh; ``restored``: ``(checkpoint, cut)`` whose
-        snapshots the segments start from, the inputs numbered from ``cut + 1``."""
+        snapshots (its manifest's chains) the segments start from, the inputs numbered
+        from ``cut + 1``."""
         config, partitions = self.config, self.partitions
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
@@ -218,8 +291,9 @@ class World:
         for name in topology.workers:
             machines = {a: self.builder.segment(a) for a in topology.endpoints_of(name)}
             if restored is not None:
+                chains = self.manifests[restored[0]][1]
                 for a, seg in machines.items():  # as the runtime's restore_operators
-                    install(seg.chain, self.store[restored[0], a.stage, a.partition])
+                    install(seg.chain, self._read(chains[a.stage, a.partition]))
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              self.builder.standby_segment, config.chunk_size,
                                              peer_incs))
@@ -303,6 +377,8 @@ class World:
             steps.extend(local)
         if self.config.sink_commits and len(self.outcome.delivered) > self.sink_committed:
             steps.append(("sink-commit",))  # an exactly-once sink's own commit_every
+        if self.corruptions_left and self.files:
+            steps.append(("corrupt",))  # a file of the store is damaged
         if not steps and self.recovery.attempts and self.config.mover_loss:
             steps.append(("tick",))  # a catch-up waits for what a lossy link lost: its
         return steps                 # deadline is long next to a healthy transfer
@@ -332,8 +408,7 @@ class World:
             if self.next_input < len(self.inputs) and self.ingress.can_accept(
                     self.inputs[self.next_input]):
                 steps.append(("accept",))
-            last = self.outcome.cuts[-1][1] if self.outcome.cuts else 0
-            if self.checkpoints_left and self.ingress.accepted > last:
+            if self.checkpoints_left and self.ingress.accepted > self.last_cut:
                 steps.append(("checkpoint",))
             if self.ingress.log_due():
                 steps.append(("log",))  # the input log made durable up to here
@@ -364,6 +439,8 @@ class World:
             return step[1]
         if kind == "log":
             return INPUT_LOG
+        if kind == "corrupt":
+            return CHECKPOINT_STORE
         if kind == "sink-commit":
             return EGRESS_HOST
         if kind in ("accept", "checkpoint"):
@@ -422,6 +499,8 @@ class World:
             self._dirty.add(INGRESS)
             self._effects(*self.hosts[INGRESS_HOST].run_local(
                 self.ingress.choose_cut(len(self.outcome.cuts) + 1)))
+        elif kind == "corrupt":
+            self.corrupt()
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], self.hosts[step[1]])
         else:
@@ -453,25 +532,27 @@ class World:
                 if isinstance(e, Snapshot) and e.data is None:
                     self.judge_snapshot(replace(e, data=pack_state(
                         {"operators": machine.chain.get_state()})))
-            self._effects(envelopes, others)
+            self._effects(envelopes, others, host=host)
         else:
             raise ValueError(f"unknown step {step}")
 
-    def _chain(self, snap: Snapshot) -> List[dict]:
+    def _chain(self, snap: Snapshot) -> List[Tuple[Tuple[FileId, str], dict]]:
         """The chain a written snapshot ends (the runtime's SnapshotWriter): a whole one
-        starts one, a delta extends its replica's last; writes never fail here, so a
-        delta over anything else is the protocol's error."""
+        starts one, a delta extends its replica's last; a failed write makes the next one
+        whole, so a delta over anything else is the protocol's error."""
         state = unpack_state(snap.data)
+        a = snap.addr
+        entry = ((snap.number, a.stage, a.partition, a.replica), checksum(snap.data)), state
         if snap.base is None:
-            chain = [state]
+            chain = [entry]
         else:
-            chain = self.chains.get(snap.addr)
-            if not chain or chain[-1].get("checkpoint") != snap.base:
-                raise Violation(f"checkpoint {snap.number}: {snap.addr} wrote a delta over "
+            chain = self.chains.get(a)
+            if not chain or chain[-1][1].get("checkpoint") != snap.base:
+                raise Violation(f"checkpoint {snap.number}: {a} wrote a delta over "
                                 f"checkpoint {snap.base}, its last snapshot written is "
-                                f"{chain[-1].get('checkpoint') if chain else None}")
-            chain = chain + [state]
-        self.chains[snap.addr] = chain
+                                f"{chain[-1][1].get('checkpoint') if chain else None}")
+            chain = chain + [entry]
+        self.chains[a] = chain
         return chain
 
     def _keeps_snapshot(self, host: Host, addr: Addr) -> bool:
@@ -518,6 +599,7 @@ class World:
                 self.outcome.delta_keys += installed.get("delta_keys", 0)
             elif isinstance(e, CutChosen):
                 self.outcome.cuts.append((e.number, e.cut))
+                self.last_cut = e.cut
                 self.coordinator.begin(e.number, e.cut)
                 self._checkpoint_report(self.coordinator.source_recorded(e.number, e.cut))
             elif isinstance(e, Snapshot) and e.data is None:
@@ -528,11 +610,22 @@ class World:
                 self.outcome.snapshot_deltas += e.base is not None
                 chain = self._chain(e)
                 try:
-                    state = rebuild(chain)
+                    state = rebuild([written for _, written in chain])
                 except BrokenChain as exc:
                     raise Violation(f"checkpoint {e.number}: {e.addr}'s chain: {exc}") from None
                 self.judge_snapshot(replace(e, data=pack_state({"operators": state})))
-                self.store.setdefault((e.number, e.addr.stage, e.addr.partition), chain)
+                (fid, _), written = chain[-1]
+                if any(f not in self.files for (f, _), _ in chain[:-1]):
+                    # the runtime's writer refuses a delta whose chain lost a file: this
+                    # checkpoint stays incomplete, the replica's next snapshot is whole
+                    self.outcome.failed_writes += 1
+                    self.write_failed.add(e.number)
+                    del self.chains[e.addr]
+                    host.machines[e.addr].snapshot_lost()
+                    continue
+                self.files[fid] = StoredFile(e.data, written)
+                self.parts.setdefault((e.number, e.addr.stage, e.addr.partition),
+                                      tuple(f for f, _ in chain))
                 self._checkpoint_report(self.coordinator.part_written(
                     e.number, e.addr.stage, e.addr.partition, str(e.addr)))
             elif isinstance(e, SinkCommit):
@@ -563,15 +656,33 @@ class World:
         sink keeps what it committed and drops what it had not (DESIGN 10); when a pair was
         lost the driver lives on and first commits what the sink was handed, as the
         runtime's supervisor does (it is the failure-free prefix: its inputs' SNs are in
-        the input log)."""
-        k = self.coordinator.latest_complete
-        restored = None if k is None else (k, self.coordinator.checkpoints[k].cut)
-        self.coordinator.restarted()
+        the input log).
+
+        The checkpoint restored is the newest complete one whose files all verify: one
+        that does not is skipped for good (a fallback); if none does, the job stops
+        (``checkpoint_corrupt``). The input log must still cover its cut."""
         if driver_lives:
             self.sink_committed = len(self.outcome.delivered)
         del self.outcome.delivered[self.sink_committed:]
-        self.outcome.restarts.append(k)
         self.restart_due = False
+        skipped = len(self.outcome.fallbacks)
+        k = self._restorable()
+        if k is None and len(self.outcome.fallbacks) > skipped:
+            self.outcome.checkpoint_corrupt = (
+                "no complete checkpoint verifies: skipped "
+                + ", ".join(map(str, self.outcome.fallbacks[skipped:])))
+            self.stopped = True  # the runtime's CheckpointCorrupt
+            return
+        restored = None if k is None else (k, self.manifests[k][0])
+        cut = 0 if restored is None else restored[1]
+        if self.source_parts is not None and cut < self.log_from:
+            raise Violation(f"the input log was truncated past checkpoint {k}'s cut: it covers "
+                            f"the inputs after {self.log_from}, the restart reads from "
+                            f"input {cut + 1} on")
+        self.coordinator.restarted(k)
+        self.outcome.restarts.append(k)
+        if self.config.cuts_follow_restore:
+            self.last_cut = cut
         self.chains = {}  # every replica starts anew: its first snapshot is whole
         if self.source_parts is not None:
             self._interleave_anew(self.logged_inputs)
@@ -598,9 +709,92 @@ class World:
             self.source_parts[logged:] = [part for _, part in merged]
             self.on_reorder(self.inputs)
 
+    def _restorable(self) -> Optional[int]:
+        """The newest complete checkpoint whose files all verify (as their checksums were
+        recorded when they were written), or None; the ones that do not are dropped from
+        the store's complete ones: kept, one's cut may lie after the cuts that follow the
+        restored one, and the input log would be truncated past those."""
+        for k in sorted(self.manifests, reverse=True):
+            if not self.config.verify_restores or not self._unverified(k):
+                return k
+            self.outcome.fallbacks.append(k)
+            if self.config.forget_skipped:
+                del self.manifests[k]
+        return None
+
+    def _unverified(self, k: int) -> List[FileId]:
+        """The files of checkpoint ``k``'s chains that are missing or not as written."""
+        files = self.files
+        return [f for chain in self.manifests[k][1].values() for f, digest in chain
+                if f not in files or checksum(files[f].data) != digest]
+
+    def _read(self, chain: Chain) -> List[dict]:
+        """What a restore reads of a partition's chain."""
+        try:
+            return [self.files[f].state for f, _ in chain]
+        except KeyError as exc:
+            raise FileNotFoundError(f"checkpoint file {exc.args[0]} is not in the store") from None
+
     def _checkpoint_report(self, manifest: Optional[dict]) -> None:
-        if manifest is not None:
-            self.outcome.complete.append(self.coordinator.latest_complete)
+        if manifest is None:
+            return
+        k = self.coordinator.latest_complete
+        self.outcome.complete.append(k)
+        chains = {(s, p): self.parts[k, s, p] for s in range(1, self.stages + 1)
+                  for p in range(self.partitions)}
+        if any(f not in self.files for chain in chains.values() for f, _ in chain):
+            return  # the runtime's store refuses a manifest that names a missing file
+        self.manifests[k] = (self.coordinator.checkpoints[k].cut, chains)
+        self._prune(k)
+
+    def _prune(self, k: int) -> None:
+        """As the runtime's store when checkpoint ``k`` completes: keep the last ``keep``
+        complete checkpoints, every file their chains read and what replicas still writing
+        build on (their last chain, unless it is older than every checkpoint kept); the
+        input log loses what the oldest kept checkpoint covers."""
+        keep = self.config.keep
+        if keep is None:
+            return
+        oldest = self.kept[0] if self.kept else k
+        done = sorted(self.manifests)
+        if len(done) > keep:
+            needed = {f[0] for chain in self.chains.values() if chain[-1][0][0][0] >= oldest
+                      for (f, _), _ in chain}
+            for j in done[-keep:]:
+                needed.update(f[0] for chain in self.manifests[j][1].values() for f, _ in chain)
+            oldest_kept = done[-keep]
+            for j in done[:-keep]:
+                del self.manifests[j]
+            for f in [f for f in self.files if f[0] < oldest_kept and f[0] not in needed]:
+                del self.files[f]
+            for key in [key for key in self.parts if key[0] < oldest_kept
+                        and key[0] not in needed]:
+                del self.parts[key]
+            done = done[-keep:]
+        self.kept = done
+        self.log_from = max(self.log_from, self.manifests[done[0]][0])
+
+    def corrupt(self) -> None:
+        """One file of the store is damaged, its recorded checksum unchanged: a number in
+        its operators' state changed (a restore of it gives a wrong state), or the file
+        lost (also when it holds no number). The file is one a complete checkpoint reads if
+        there is one (else any: a checkpoint may complete over a damaged file)."""
+        self.corruptions_left -= 1
+        rng = self.corrupt_rng
+        read = sorted({f for _, chains in self.manifests.values() for chain in chains.values()
+                       for f, _ in chain if f in self.files})
+        fid = rng.choice(read or list(self.files))
+        state = unpack_state(self.files[fid].data)
+        numbers = _numbers(state["operators"]) + [
+            n for _, delta in state.get("changes", ()) for n in _numbers(delta)]
+        if numbers and rng.random() >= REMOVED_SHARE:
+            holder, key = rng.choice(numbers)
+            holder[key] += 1
+            self.files[fid] = StoredFile(pack_state(state), state)
+            self.outcome.damaged.append((fid, "altered"))
+        else:
+            del self.files[fid]
+            self.outcome.damaged.append((fid, "removed"))
 
     # -- failures -------------------------------------------------------------
     def crash(self, name: str, keep: Optional[Dict] = None, silent: bool = False) -> Dict:
@@ -770,3 +964,16 @@ class World:
         for name, host in self.hosts.items():
             if self.alive[name]:
                 yield from host.machines.items()
+
+
+def _numbers(value: Any) -> List[Tuple[Any, Any]]:
+    """Where a state holds a finite number: ``(container, index or key)`` of each."""
+    found: List[Tuple[Any, Any]] = []
+    items = (enumerate(value) if isinstance(value, list)
+             else value.items() if isinstance(value, dict) else ())
+    for key, item in items:
+        if isinstance(item, (list, dict)):
+            found.extend(_numbers(item))
+        elif isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item):
+            found.append((value, key))
+    return found
