@@ -465,3 +465,43 @@ def test_the_checksum_cost_experiment_writes_its_figures(tmp_path):
         assert row["checkpoint_s"] == pytest.approx(row["pack_s"] + row["write_s"])
         assert row["checksum_cost"] == pytest.approx(row["checksum_s"] / row["checkpoint_s"])
     assert summary["checksum_cost"]["n"] == 3
+
+
+def test_the_input_log_keeps_what_every_kept_checkpoint_replays_after_a_fallback(
+        tmp_path, monkeypatch):
+    """After a fallback from checkpoint 2 (cut 20) to 1 (cut 10), checkpoint 3 cuts at 15.
+    Had 2 stayed complete (it could not be set aside), the kept ones are 2 and 3: the log
+    is truncated to the smallest cut among them (15), not the oldest one's (20), so a
+    restart from 3 still replays inputs 16-20 in their order."""
+    from controller.checkpoints import CheckpointCoordinator
+    from flux.addresses import Addr, P
+    from flux.control_messages import SnapshotWritten
+    from flux.runtime.checkpoint_service import CheckpointService
+
+    store = CheckpointStore(str(tmp_path), keep=2)
+    log = InputLog(store)
+    for first in range(1, 31, 5):  # entries of 5 inputs: truncation removes whole entries
+        log.append(first, [i % 3 for i in range(first - 1, first + 4)])
+    service = CheckpointService(store, CheckpointCoordinator(1, 1, "fp"), input_log=log)
+
+    def checkpoint(k, cut):
+        service.cut_chosen(k, cut, cut)
+        store.write(k, "a.state", b"state")
+        service.snapshot_written(SnapshotWritten(k, Addr(1, 0, P), "a.state", 5, 0.0,
+                                                 digests=(digest(b"state"),)))
+        service.sink_committed(k, None)
+        service.settle()
+
+    try:
+        checkpoint(1, 10)
+        checkpoint(2, 20)
+        damage(store.path(2, "a.state"), "bit-flipped")
+        monkeypatch.setattr(CheckpointStore, "_set_aside", lambda self, k: None)
+        restored = store.restorable("fp", 1)
+        service.coordinator.restarted(restored["checkpoint"])
+        assert restored["cut"] == 10
+        checkpoint(3, 15)
+    finally:
+        service.stop()
+    assert store.complete_ids()[-2:] == [2, 3]
+    assert log.read(after=15) == [i % 3 for i in range(15, 30)]

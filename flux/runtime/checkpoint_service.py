@@ -137,10 +137,13 @@ class CheckpointService:
         now = self.clock()
         done = Completed(number, manifest["cut"], self._bytes.pop(number, 0),
                          now - self._begun.pop(number, now), now, manifest["source"])
-        if self.input_log is not None:  # the oldest checkpoint kept covers what goes
-            oldest = self._kept[0]
-            cut = manifest["cut"] if oldest == number else self.store.manifest(oldest)["cut"]
-            self.input_log.truncate(cut)
+        if self.input_log is not None:  # what no kept checkpoint's replay reads goes
+            # the smallest cut, not the oldest checkpoint's: after a fallback to checkpoint
+            # k, a newer damaged one (if it could not be set aside) may hold a later cut
+            # than the checkpoints that follow k
+            cuts = [manifest["cut"] if k == number else self.store.manifest(k)["cut"]
+                    for k in self._kept]
+            self.input_log.truncate(min(cuts))
         self.completed.append(done)
         del self.completed[:-64]  # the last few are enough for metrics
         for k in [k for k in self._begun if k < number]:  # abandoned: never completes
