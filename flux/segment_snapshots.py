@@ -1,0 +1,95 @@
+"""A segment's checkpoint snapshots (DESIGN 10, docs/design/checkpoints.md): the operators'
+state after every input up to a cut and none beyond, whole or as the keyed stores'
+changes since this replica's last snapshot (flux.snapshot_chain); and the packing of a
+state for the store or a new replica, where a state that cannot be encoded is the
+operator's error.
+
+A part of ``flux.segment.Segment`` (its attributes are the segment's).
+"""
+from __future__ import annotations
+
+from typing import List
+
+from flux.effects import Snapshot
+from flux.errors import LocalProtocolError, OperatorError
+from flux.operator import describe
+from flux.segment_mode import DRAINING, PROCESSING, STREAMING, Event
+from flux.snapshot_chain import delta_snapshot, full_snapshot
+from flux.state_codec import pack_state, paused_gc
+
+
+class CheckpointSide:
+    """The checkpoint events of a segment; mixed into ``Segment``."""
+
+    def snapshot_due(self) -> bool:
+        """Has the merge passed a checkpoint's cut (nothing of inputs up to it can be
+        released any more) that this replica has not snapshotted?"""
+        return (bool(self.cuts.pending) and self.mode in (PROCESSING, STREAMING, DRAINING)
+                and self.cuts.due(self.fcons.frontier()) is not None)
+
+    def snapshot(self, keep: bool = True) -> List:
+        """Local work: the operators' state after every input up to the cut, none beyond.
+        ``keep`` False: cross the cut without packing it (its twin writes the checkpoint,
+        DESIGN 10); ``data`` is then None. The state is whole, or the keyed stores' changes
+        since this replica's last snapshot (``base``): whole the first time, once in
+        ``full_every``, and after a crossing without packing or a lost write."""
+        self._next(Event.PROCESS)
+        due = self.cuts.due(self.fcons.frontier())
+        if due is None:
+            raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
+        k, n = due
+        self.cuts.crossed(k)
+        stores = self._stores()
+        keyed = [i for i, store in enumerate(stores) if store is not None]
+        if not keep:
+            self.snapshot_lost()
+            return [Snapshot(k, n, self.addr, None)]
+        base = self.chain_base
+        incremental = (base is not None and keyed and self.deltas_since_full + 1 < self.full_every
+                       and all(stores[i].records_changes for i in keyed))
+        if incremental:
+            data = self._packed(lambda: delta_snapshot(
+                k, base, self.chain.get_state(skip=keyed), self._changes(stores, keyed)),
+                f"checkpoint {k}", (n,))
+        else:
+            data = self._packed(lambda: full_snapshot(k, self.chain.get_state()),
+                                f"checkpoint {k}", (n,))
+        self.deltas_since_full = self.deltas_since_full + 1 if incremental else 0
+        if keyed and self.full_every > 1:  # the baseline of the next delta
+            for i in keyed:
+                stores[i].start_changes()
+            self.chain_base = k
+        return [Snapshot(k, n, self.addr, data, base if incremental else None)]
+
+    def _changes(self, stores: list, keyed: List[int]) -> list:
+        """A delta's part: each keyed store's net changes since the last snapshot."""
+        return [[i, stores[i].changes()] for i in keyed]
+
+    def snapshot_lost(self) -> None:
+        """Local event: a snapshot of this replica may not be in the store (its write
+        failed, or it crossed a cut without packing): the next one is whole."""
+        self.chain_base = None
+        for store in self._stores():
+            if store is not None:
+                store.stop_changes()
+
+
+    def _packed(self, state_of, when: str, sn) -> bytes:
+        """``state_of()`` packed for the store or a new replica. A state the user's
+        operator made that cannot be encoded (or whose ``get_state`` raises) is the
+        operator's error, named with its stage, partition and the SN where the state was
+        taken: its twin would fail alike, so failing over would not help."""
+        try:
+            with paused_gc():
+                return pack_state(state_of())
+        except Exception as exc:
+            culprit = "an operator's state"
+            for op in getattr(self.chain, "operators", ()):
+                try:
+                    pack_state(op.get_state())
+                except Exception as own:
+                    culprit, exc = f"the state of operator {type(op).__name__}", own
+                    break
+            raise OperatorError(f"{culprit} (taken for {when})", self.addr.stage,
+                                self.addr.partition, sn, f"cannot be encoded: "
+                                f"{describe(exc)}") from exc
