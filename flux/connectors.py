@@ -110,6 +110,46 @@ def describe_source(source: Any) -> str:
     return name
 
 
+# -- what a source may also do: each capability the runtime uses, named -----------------
+
+@runtime_checkable
+class TimedSource(Protocol):
+    """A feed that knows when the record it returned last arrived: end-to-end latency
+    counts from there, queueing in front of the ingress included (``RateLimited``,
+    ``Paced``)."""
+
+    @property
+    def arrival(self) -> Optional[float]: ...
+
+
+@runtime_checkable
+class WaitingSource(Protocol):
+    """A source that says ``NOT_YET`` until a record is due, and when that will be, so the
+    ingress sleeps until then instead of polling it (``RateLimited``, ``Paced``)."""
+
+    def due_in(self) -> float: ...
+
+
+@runtime_checkable
+class DroppingSource(Protocol):
+    """A feed that cannot wait (``RateLimited``): while back-pressure keeps the ingress
+    from reading, ``arrive()`` lets what came meanwhile arrive, and what overflowed its
+    backlog is counted in ``dropped``."""
+
+    dropped: int
+
+    def arrive(self) -> None: ...
+
+
+@runtime_checkable
+class OffsetReporting(Protocol):
+    """A source that reports positions elsewhere (Kafka's consumer group, for lag
+    monitoring): it hears each complete checkpoint's position, never one of inputs no
+    checkpoint covers yet."""
+
+    def commit_offsets(self, position: Any) -> None: ...
+
+
 @runtime_checkable
 class Sink(Protocol):
     def write(self, items: Iterable[Tuple[SN, Any]]) -> None: ...

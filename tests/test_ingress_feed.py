@@ -43,7 +43,8 @@ class Pipe:
 
 
 class Placed:
-    """A source with a position after each record (as a file or a Kafka partition has)."""
+    """A ``flux.Source`` with a position after each record (as a file or a Kafka partition
+    has)."""
 
     def __init__(self, records, parts=None):
         self.records, self.parts, self.i = list(records), parts, 0
@@ -63,6 +64,9 @@ class Placed:
     @property
     def position(self):
         return self.i
+
+    def open(self, position):
+        self.i = position
 
 
 def test_the_feed_never_runs_more_than_its_window_ahead_of_the_ingress():

@@ -29,6 +29,7 @@ from flux.runtime.ingress_process import (
     STATS,
     IngressProcess,
 )
+from flux.connectors import DroppingSource, Source, TimedSource, WaitingSource
 from flux.runtime.sources import NOT_YET
 
 #: records handed over ahead of what the ingress accepted: enough to cover the round trip
@@ -51,7 +52,8 @@ class IngressFeed:
         #: input numbers: the last read from the source, handed over, accepted there
         self.read = self.handed = self.accepted = accepted
         #: the source's position after the last input handed over (what a cut records)
-        self.position: Any = getattr(source, "position", None)
+        self._placed = isinstance(source, Source)
+        self.position: Any = source.position if self._placed else None
         self.source_done = False  # the source has no more: ``read`` is the last input
         self.stats = None  # the ingress's counters, as it last reported them
         self.last_cut: Optional[int] = None  # the input the last checkpoint's cut follows
@@ -61,7 +63,9 @@ class IngressFeed:
         self._unlogged: Deque[list] = deque()
         self._ended = False  # END was sent
         self._source_waits_until = 0.0
-        self._timed, self._placed = hasattr(source, "arrival"), hasattr(source, "position")
+        self._timed = isinstance(source, TimedSource)
+        self._waits = isinstance(source, WaitingSource)
+        self._drops = isinstance(source, DroppingSource)
         self._checked = time.monotonic()
 
     # -- one step of the driver's thread -------------------------------------------
@@ -106,9 +110,8 @@ class IngressFeed:
         source = self.source
         room = self.window - (self.read - self.accepted)
         if room <= 0:
-            arrive = getattr(source, "arrive", None)
-            if arrive is not None:
-                arrive()  # a feed that cannot wait drops meanwhile: count it now
+            if self._drops:
+                source.arrive()  # a feed that cannot wait drops meanwhile: count it now
             self._dropped()
             return False
         limit = min(room, READ_LIMIT)
@@ -122,8 +125,8 @@ class IngressFeed:
         for _ in range(limit):
             record = next(source, None)
             if record is NOT_YET:
-                due = getattr(source, "due_in", None)
-                self._source_waits_until = time.monotonic() + (due() if due else 0.001)
+                self._source_waits_until = time.monotonic() + (
+                    source.due_in() if self._waits else 0.001)
                 break
             if record is None:
                 self.source_done = True
@@ -147,8 +150,8 @@ class IngressFeed:
         return True
 
     def _dropped(self) -> None:
-        if self.metrics is not None:
-            self.metrics.inputs_dropped(getattr(self.source, "dropped", 0))
+        if self.metrics is not None and self._drops:
+            self.metrics.inputs_dropped(self.source.dropped)
 
     def _log(self) -> bool:
         """What the writer made durable is handed over; what was read since goes to the

@@ -14,7 +14,8 @@ import logging
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Protocol, Tuple,
+                    runtime_checkable)
 
 from controller.failure_detector import Lease
 from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
@@ -35,6 +36,7 @@ from flux.envelope import Envelope
 from flux.host import Host
 from flux.ingress import INGRESS
 from flux.machine import Machine
+from flux.connectors import DroppingSource, TimedSource, WaitingSource
 from flux.runtime.metrics import Metrics
 from flux.runtime.sources import NOT_YET
 from flux.runtime.transport import DEFAULT_POLL_LIMIT, ConnectionGap, Transport
@@ -46,6 +48,19 @@ log = logging.getLogger(__name__)
 PROCESS_PER_STEP = 256
 #: effects of a catch-up step, which the host may have carried to another segment
 CATCH_UP_EVENTS = (SmReady, StateInstalled, SourcesPaused, SourcesResumed, TransferFailed)
+
+
+@runtime_checkable
+class RunSource(Protocol):
+    """A source that hands records over in runs (the ingress process's feed,
+    ``flux.runtime.ingress_process.FeedSource``): taken a run at a time, what
+    back-pressure holds put back first; ``finished`` once none will come."""
+
+    finished: bool
+
+    def take(self, limit: int) -> List[Any]: ...
+
+    def put_back(self, records: List[Any]) -> None: ...
 
 
 class HostLoop:
@@ -132,7 +147,7 @@ class HostLoop:
         if self._busy():
             timeout_ms = 0
         else:
-            if self._source_waits and hasattr(self.source, "due_in"):
+            if self._source_waits and isinstance(self.source, WaitingSource):
                 timeout_ms = min(timeout_ms, math.ceil(self.source.due_in() * 1000))
             if self._flush_wait:
                 due = min(self._flush_wait.values()) + self.flush_delay - self.clock()
@@ -268,10 +283,10 @@ class HostLoop:
         if ingress is None or self.source_done:
             return False
         self._source_waits = self._held_back = False
-        if hasattr(self.source, "take"):
+        if isinstance(self.source, RunSource):
             return self._accept_taken(ingress, limit)
         source = self.source
-        timed = hasattr(source, "arrival")
+        timed = isinstance(source, TimedSource)
         accept = ingress.accept
         arrivals: List[Optional[float]] = []
         for _ in range(limit):
@@ -286,9 +301,8 @@ class HostLoop:
                 self._next_record = record
                 self._next_arrival = source.arrival if timed else None
             if accept(self._next_record) is None:
-                arrive = getattr(source, "arrive", None)
-                if arrive is not None:
-                    arrive()  # a feed that cannot wait drops meanwhile: count it now
+                if isinstance(source, DroppingSource):
+                    source.arrive()  # a feed that cannot wait drops meanwhile: count it now
                 self._held_back = True
                 break  # back-pressure: that partition's buffer is full
             self._next_record = None
@@ -297,7 +311,8 @@ class HostLoop:
             self._dirty.add(INGRESS)
         if self.metrics is not None:
             self.metrics.inputs_taken(arrivals)
-            self.metrics.inputs_dropped(getattr(source, "dropped", 0))
+            if isinstance(source, DroppingSource):
+                self.metrics.inputs_dropped(source.dropped)
         return bool(arrivals)
 
     def _accept_taken(self, ingress, limit: int) -> bool:

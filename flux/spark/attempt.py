@@ -23,6 +23,7 @@ import zmq
 from controller.hosts import PlacementError, assign_hosts
 from controller.recovery import Recovery
 from flux.builder import MachineBuilder
+from flux.connectors import OffsetReporting
 from flux.control_messages import JOB_STOPPED, Register
 from flux.effects import Deliver, SinkCommit
 from flux.host import Host
@@ -299,7 +300,8 @@ class Attempt:
     def _feed_ingress(self, feed: IngressFeed) -> None:
         """The source's thread: read it, feed the ingress process, choose the cuts."""
         checkpoints, stop = self.parts.checkpoints, self.stop_event
-        report = getattr(self.parts.source, "commit_offsets", None)
+        source = self.parts.source
+        report = source.commit_offsets if isinstance(source, OffsetReporting) else None
         try:
             while not stop.is_set():
                 feed.step(5)
