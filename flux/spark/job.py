@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from pyspark import cloudpickle
 
-from flux.addresses import P
 from flux.builder import MachineBuilder
 from flux.connectors import replay_order_of
 from flux.control_messages import JOB_STOPPED
@@ -41,6 +40,7 @@ from flux.spark.attempt import Attempt, JobParts
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
+from flux.spark.placement import placement_of
 from flux.spark.settings import check_settings, is_local
 
 log = logging.getLogger(__name__)
@@ -175,24 +175,9 @@ class FluxJob:
         return self.attempt.driver_stats() if self.attempt else []
 
     def placement(self) -> Dict[str, dict]:
-        """Where the job's tasks run now: per registered task (nodes and standbys), its
-        host, Spark executor, Python worker's pid, and the replicas it holds (``stage 1
-        partition 2 P``): after a catch-up a standby holds what a dead node held."""
+        """Where the job's tasks run now (``flux.spark.placement``)."""
         c = self.controller
-        if c is None:
-            return {}
-        recovery = c.recovery  # copies: the controller's thread changes them meanwhile
-        where = dict(recovery.node_of if recovery is not None else self.topology.where)
-        held: Dict[str, List[str]] = {}
-        for addr, node in sorted(where.items()):
-            if 1 <= addr.stage <= len(self.dataflow.stages):
-                replica = "P" if addr.replica == P else "S"
-                held.setdefault(node, []).append(
-                    f"stage {addr.stage} partition {addr.partition} {replica}")
-        registered, dead = dict(c.registered), set(c.dead)
-        return {name: {"host": c.hosts.get(name, ""), "executor": c.executors.get(name, ""),
-                       "pid": registered[name][2], "replicas": held.get(name, [])}
-                for name in sorted(registered) if name not in dead}
+        return placement_of(c, self.topology, len(self.dataflow.stages)) if c else {}
 
     @property
     def _egress(self):
