@@ -363,7 +363,7 @@ def test_the_writer_s_checksums_reach_the_manifest_and_a_restore_falls_back_past
     whose state is that partition's state at its own cut."""
     from flux.addresses import Addr, P
     from flux.spark.node_task import restore_operators
-    from tests.test_incremental_checkpoints import segment_with_counter, write_checkpoints
+    from test_incremental_checkpoints import segment_with_counter, write_checkpoints
 
     seg = segment_with_counter(full_every=4)
     store = CheckpointStore(str(tmp_path), keep=3)
@@ -409,7 +409,7 @@ def test_a_state_that_cannot_be_encoded_at_a_checkpoint_is_the_operator_s_error(
     from flux.dataflow import Dataflow, Stage
     from flux.errors import OperatorError
     from flux.addresses import Addr, S
-    from tests.test_incremental_checkpoints import crossed
+    from test_incremental_checkpoints import crossed
 
     flow = Dataflow([Stage("counts", first_field, (Unencodable,))])
     seg = MachineBuilder(flow, 2, capacity=8, batch_size=4).segment(Addr(1, 1, S))

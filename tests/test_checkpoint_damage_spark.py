@@ -12,7 +12,7 @@ import pytest
 
 from experiments.resumable_job import make_sink, read_sink, write_inputs
 from flux.addresses import Addr, P, S
-from tests.test_checkpoint_damage import damage
+from test_checkpoint_damage import damage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
