@@ -28,3 +28,15 @@ def spark(request):
 
     with local_cluster(getattr(request.module, "SPARK_EXECUTORS", 6)) as session:
         yield session
+
+
+@pytest.fixture
+def zmq_ctx():
+    """A ZeroMQ context for one test: after it, every socket still open is closed at linger
+    0 and the context ends, so a test that failed half-way leaves no socket behind and no
+    teardown hangs in ``term()``."""
+    import zmq
+
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)

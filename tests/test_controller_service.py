@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import zmq
 
 from flux.addresses import CONTROLLER, Addr, ProcAddr
 from flux.control_messages import (
@@ -28,8 +27,8 @@ SECRET = "the-job-secret"
 
 
 @pytest.fixture
-def wires():
-    ctx = zmq.Context()
+def wires(zmq_ctx):
+    ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
     task = Transport(ctx, "w7", 7)
     task.connect("controller", ctl.address)
@@ -38,7 +37,6 @@ def wires():
     yield service, task
     task.close()
     ctl.close()
-    ctx.term()
 
 
 def say(service, task, msg, seconds=5.0, sender="w7"):
@@ -146,14 +144,14 @@ def test_a_task_registering_twice_is_welcomed_twice_under_one_name(wires):
     assert heard(task, 2)[0] == [Welcome("node0"), Welcome("node0")]
 
 
-def test_a_task_registers_again_until_the_controller_answers():
+def test_a_task_registers_again_until_the_controller_answers(zmq_ctx):
     """The first Register is lost (a controller not listening yet): join sends another."""
     import threading
 
     from flux.control_messages import Members
     from flux.spark.node_task import join
 
-    ctx = zmq.Context()
+    ctx = zmq_ctx
     ctl, task = Transport(ctx, "controller", -3), Transport(ctx, "w7", 7)
     task.connect("controller", ctl.address)
     ctl.connect("w7", task.address)
@@ -176,7 +174,6 @@ def test_a_task_registers_again_until_the_controller_answers():
         answering.join(timeout=20)
         task.close()
         ctl.close()
-        ctx.term()
     assert len(registers) == 2 and welcome == Welcome("node0") and early == []
     assert members.addresses[0][0] == "node0"
 
@@ -196,14 +193,14 @@ def test_an_operator_failure_without_the_secret_cannot_stop_the_job(wires):
     assert service.error is None
 
 
-def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_is_declared():
+def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_is_declared(zmq_ctx):
     """On a loaded machine a live node can be silent for half a second; declaring it dead
     while its partner is being rebuilt would stop the job (a double failure) for nothing."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
     from flux.topology import Topology
 
-    ctx = zmq.Context()
+    ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
     nodes = [f"node{k}" for k in range(4)]
     incs = {n: 10 + k for k, n in enumerate(nodes)}
@@ -227,17 +224,16 @@ def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_
         assert "node0" in service.dead and service.error is not None  # then the pair is lost
     finally:
         ctl.close()
-        ctx.term()
 
 
-def test_the_controllers_own_stall_is_not_taken_for_the_silence_of_the_nodes():
+def test_the_controllers_own_stall_is_not_taken_for_the_silence_of_the_nodes(zmq_ctx):
     """If the controller's thread does not run for a second (the driver's GC, a starved
     core), it heard nobody in that time; nobody is declared dead for it."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
     from flux.topology import Topology
 
-    ctx = zmq.Context()
+    ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
     nodes = [f"node{k}" for k in range(4)]
     incs = {n: 10 + k for k, n in enumerate(nodes)}
@@ -258,7 +254,6 @@ def test_the_controllers_own_stall_is_not_taken_for_the_silence_of_the_nodes():
         assert "node0" in service.dead and "silent" in service.why_dead["node0"]
     finally:
         ctl.close()
-        ctx.term()
 
 
 def test_a_task_registering_after_the_job_stopped_is_told_to_stop(wires):
@@ -269,13 +264,12 @@ def test_a_task_registering_after_the_job_stopped_is_told_to_stop(wires):
     assert heard(task, 1)[0] == [Stop("job stopped")]
 
 
-def stalled_catchup(catchup_timeout=120.0):
+def stalled_catchup(ctx, catchup_timeout=120.0):
     """A controller whose node1 failed, with a standby catching up (nobody answers)."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
     from flux.topology import Topology
 
-    ctx = zmq.Context()
     ctl = Transport(ctx, "controller", -3)
     names = [f"node{k}" for k in range(4)] + ["standby0"]
     incs = {n: 10 + k for k, n in enumerate(names)}
@@ -289,8 +283,8 @@ def stalled_catchup(catchup_timeout=120.0):
     return ctx, ctl, service, now
 
 
-def test_a_catch_up_attempt_that_outlives_its_deadline_is_aborted_and_retried():
-    ctx, ctl, service, now = stalled_catchup(catchup_timeout=60.0)
+def test_a_catch_up_attempt_that_outlives_its_deadline_is_aborted_and_retried(zmq_ctx):
+    ctx, ctl, service, now = stalled_catchup(zmq_ctx, catchup_timeout=60.0)
     try:
         first = {(a.stage, a.partition): at.version for a, at in service.recovery.attempts.items()}
         assert first, "no catch-up started"
@@ -308,14 +302,13 @@ def test_a_catch_up_attempt_that_outlives_its_deadline_is_aborted_and_retried():
         assert service.dead == {"node1"}  # no live process was declared dead
     finally:
         ctl.close()
-        ctx.term()
 
 
-def test_a_transfer_failure_reported_by_a_node_aborts_its_attempt():
+def test_a_transfer_failure_reported_by_a_node_aborts_its_attempt(zmq_ctx):
     from flux.addresses import ProcAddr
     from statemover.messages import TransferFailed
 
-    ctx, ctl, service, now = stalled_catchup()
+    ctx, ctl, service, now = stalled_catchup(zmq_ctx)
     node = Transport(ctx, "standby0", 14)
     node.connect("controller", ctl.address)
     try:
@@ -335,16 +328,15 @@ def test_a_transfer_failure_reported_by_a_node_aborts_its_attempt():
     finally:
         node.close()
         ctl.close()
-        ctx.term()
 
 
-def test_a_node_that_stops_on_its_own_says_why_and_is_failed_at_once():
+def test_a_node_that_stops_on_its_own_says_why_and_is_failed_at_once(zmq_ctx):
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
     from flux.control_messages import Stopping
     from flux.topology import Topology
 
-    ctx = zmq.Context()
+    ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
     node = Transport(ctx, "node2", 12)
     node.connect("controller", ctl.address)
@@ -366,10 +358,9 @@ def test_a_node_that_stops_on_its_own_says_why_and_is_failed_at_once():
     finally:
         node.close()
         ctl.close()
-        ctx.term()
 
 
-def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard():
+def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard(zmq_ctx):
     """A cut link heals after the node was declared dead (issue 13): its reports are not
     acted on, and it is told to stop, so that its task ends and rejoins as a standby."""
     from controller.placement import ChainedDeclustering
@@ -377,7 +368,7 @@ def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard():
     from flux.control_messages import FoldedIn
     from flux.topology import Topology
 
-    ctx = zmq.Context()
+    ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
     zombie = Transport(ctx, "node2", 12)
     others = Transport(ctx, "others", 1)  # listens for the live ones: no connection drops
@@ -414,4 +405,3 @@ def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard():
         others.close()
         zombie.close()
         ctl.close()
-        ctx.term()

@@ -95,14 +95,14 @@ def targets(cluster):
     return found
 
 
-def test_strangers_and_malformed_frames_on_every_socket_change_nothing(caplog):
+def test_strangers_and_malformed_frames_on_every_socket_change_nothing(caplog, zmq_ctx):
     records = packet_workload(6000, seed=3, pairs=600, apps=4, sources=30)
     expected = reference_output(paper_dataflow(), records, 4)
     # the hostile senders share this process (and its GIL) with the whole cluster: a
     # generous detection timeout keeps their own load from looking like a dead node
     cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1, secret=SECRET,
                             detect_after=2.0)
-    evil = zmq.Context()
+    evil = zmq_ctx
     sockets = []
     frames = hostile_frames()
     try:
@@ -138,38 +138,34 @@ def test_strangers_and_malformed_frames_on_every_socket_change_nothing(caplog):
     finally:
         for s in sockets:
             s.close(linger=0)
-        evil.term()
 
 
-def test_a_message_from_a_fenced_incarnation_is_ignored():
+def test_a_message_from_a_fenced_incarnation_is_ignored(zmq_ctx):
     records = packet_workload(6000, seed=4, pairs=600, apps=4, sources=30)
     expected = reference_output(paper_dataflow(), records, 4)
     # node1 is found by its dropped connection; the heartbeat timeout only has to outlast
     # a process-wide stall of this loaded test process (as in the test above)
     cluster = ThreadCluster(paper_dataflow(), 4, paced(records), standbys=1, secret=SECRET,
                             detect_after=2.0)
-    evil = zmq.Context()
-    try:
-        with cluster:
-            assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 4, 60)
-            dead_inc = cluster.incarnations["node1"]
-            cluster.kill("node1")
-            assert cluster.wait_until(lambda: "node1" in cluster.controller.dead, 30)
-            # ...and node0 knows it: until the view reaches node0, node1's incarnation is a
-            # live one there, and a forged batch in its name is taken like any other
-            assert cluster.wait_until(lambda: dead_inc in cluster.loops["node0"].host.dead_incs,
-                                      30)
-            # node1 hosted 1.1P: a forged batch in its name, with its (now fenced) incarnation
-            forged = Envelope(Addr(1, 1, P), Addr(2, 0, P), 0,
-                              Batch((((999_999, 1), ["app0", 1, 5, 7]),), (999_999,)),
-                              dead_inc, None)
-            s = dealer(evil, f"node1#{dead_inc}x".encode(), cluster.transports["node0"].address,
-                       job_keys(SECRET))
-            assert try_send(s, [b"1", wire.encode(forged)], 5.0)
-            done = cluster.wait_until(lambda: len(cluster.delivered) >= len(expected), 60)
-            s.close(linger=0)
-            assert done, (len(cluster.delivered), len(expected))
-        assert not cluster.errors, cluster.errors
-        assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
-    finally:
-        evil.term()
+    evil = zmq_ctx
+    with cluster:
+        assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 4, 60)
+        dead_inc = cluster.incarnations["node1"]
+        cluster.kill("node1")
+        assert cluster.wait_until(lambda: "node1" in cluster.controller.dead, 30)
+        # ...and node0 knows it: until the view reaches node0, node1's incarnation is a
+        # live one there, and a forged batch in its name is taken like any other
+        assert cluster.wait_until(lambda: dead_inc in cluster.loops["node0"].host.dead_incs,
+                                  30)
+        # node1 hosted 1.1P: a forged batch in its name, with its (now fenced) incarnation
+        forged = Envelope(Addr(1, 1, P), Addr(2, 0, P), 0,
+                          Batch((((999_999, 1), ["app0", 1, 5, 7]),), (999_999,)),
+                          dead_inc, None)
+        s = dealer(evil, f"node1#{dead_inc}x".encode(), cluster.transports["node0"].address,
+                   job_keys(SECRET))
+        assert try_send(s, [b"1", wire.encode(forged)], 5.0)
+        done = cluster.wait_until(lambda: len(cluster.delivered) >= len(expected), 60)
+        s.close(linger=0)
+        assert done, (len(cluster.delivered), len(expected))
+    assert not cluster.errors, cluster.errors
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]

@@ -98,16 +98,15 @@ def test_the_process_ends_when_its_driver_is_killed(tmp_path):
 
 
 @pytest.fixture
-def pipe():
+def pipe(zmq_ctx):
     """The driver's end and the ingress process's end of a feed, in this process."""
-    ctx = zmq.Context()
+    ctx = zmq_ctx
     a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
     a.bind("inproc://feed")
     b.connect("inproc://feed")
     yield a, b
     a.close(0)
     b.close(0)
-    ctx.term()
 
 
 def test_a_cut_is_chosen_when_every_input_before_it_was_taken(pipe):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 
-import zmq
 
 from flux.addresses import ProcAddr
 from flux.control_messages import Heartbeat
@@ -19,8 +18,8 @@ def beats_within(controller: Transport, seconds: float) -> list:
     return got
 
 
-def test_beats_go_on_while_the_loop_is_stuck_and_say_for_how_long():
-    ctx = zmq.Context()
+def test_beats_go_on_while_the_loop_is_stuck_and_say_for_how_long(zmq_ctx):
+    ctx = zmq_ctx
     controller = Transport(ctx, "controller", -3)
     liveness = Liveness(ctx, "node1", 7, controller.address, interval=0.02)
     try:
@@ -37,11 +36,10 @@ def test_beats_go_on_while_the_loop_is_stuck_and_say_for_how_long():
     finally:
         liveness.stop()
         controller.close()
-        ctx.term()
     assert liveness.error is None
 
 
-def test_the_controller_reports_a_stuck_loop_and_declares_it_failed_only_much_later():
+def test_the_controller_reports_a_stuck_loop_and_declares_it_failed_only_much_later(zmq_ctx):
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
     from flux.addresses import CONTROLLER
@@ -49,7 +47,7 @@ def test_the_controller_reports_a_stuck_loop_and_declares_it_failed_only_much_la
     from flux.runtime.controller_service import ControllerService
     from flux.topology import Topology
 
-    ctx = zmq.Context()
+    ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
     node = Transport(ctx, "node1/liveness", 11)
     node.connect("controller", ctl.address)
@@ -79,7 +77,6 @@ def test_the_controller_reports_a_stuck_loop_and_declares_it_failed_only_much_la
     finally:
         node.close()
         ctl.close()
-        ctx.term()
 
 
 class SlowOnRecord:

@@ -17,8 +17,8 @@ A, B, C = MoverAddr("a"), MoverAddr("b"), MoverAddr("c")
 
 
 @pytest.fixture
-def two_nodes():
-    ctx = zmq.Context()
+def two_nodes(zmq_ctx):
+    ctx = zmq_ctx
     nodes = {n: Transport(ctx, n, k) for k, n in enumerate("ab", 1)}
     movers = {n: StateMoverService(ctx, f"w{k}", k) for k, n in enumerate("ab", 1)}
     addresses = {mover_peer(n): m.address for n, m in movers.items()}
@@ -31,7 +31,6 @@ def two_nodes():
         m.stop()
     for t in nodes.values():
         t.close()
-    ctx.term()
 
 
 def receive(t, n=1, timeout=5.0):
