@@ -93,6 +93,11 @@ class HostLoop:
         self.stopped: Optional[str] = None
         self.on_effect = on_effect
         self.source = source
+        # what the source can do, asked once: a protocol's isinstance reads every member
+        self._runs = isinstance(source, RunSource)
+        self._timed = isinstance(source, TimedSource)
+        self._waits = isinstance(source, WaitingSource)
+        self._drops = isinstance(source, DroppingSource)
         self._next_record: Any = None
         self._next_arrival: Optional[float] = None
         self._source_waits = False  # the source said NOT_YET: idle a little, do not spin
@@ -147,7 +152,7 @@ class HostLoop:
         if self._busy():
             timeout_ms = 0
         else:
-            if self._source_waits and isinstance(self.source, WaitingSource):
+            if self._source_waits and self._waits:
                 timeout_ms = min(timeout_ms, math.ceil(self.source.due_in() * 1000))
             if self._flush_wait:
                 due = min(self._flush_wait.values()) + self.flush_delay - self.clock()
@@ -283,10 +288,10 @@ class HostLoop:
         if ingress is None or self.source_done:
             return False
         self._source_waits = self._held_back = False
-        if isinstance(self.source, RunSource):
+        if self._runs:
             return self._accept_taken(ingress, limit)
         source = self.source
-        timed = isinstance(source, TimedSource)
+        timed = self._timed
         accept = ingress.accept
         arrivals: List[Optional[float]] = []
         for _ in range(limit):
@@ -301,7 +306,7 @@ class HostLoop:
                 self._next_record = record
                 self._next_arrival = source.arrival if timed else None
             if accept(self._next_record) is None:
-                if isinstance(source, DroppingSource):
+                if self._drops:
                     source.arrive()  # a feed that cannot wait drops meanwhile: count it now
                 self._held_back = True
                 break  # back-pressure: that partition's buffer is full
@@ -311,7 +316,7 @@ class HostLoop:
             self._dirty.add(INGRESS)
         if self.metrics is not None:
             self.metrics.inputs_taken(arrivals)
-            if isinstance(source, DroppingSource):
+            if self._drops:
                 self.metrics.inputs_dropped(source.dropped)
         return bool(arrivals)
 
