@@ -34,7 +34,7 @@ def python_blocks(page: pathlib.Path) -> list:
 
 
 def needs_spark(block: str) -> bool:
-    return "local_cluster(" in block
+    return "local_cluster(" in block or "getOrCreate()" in block
 
 
 RUNNABLE = [p for p in PAGES if any(not needs_spark(b) for b in python_blocks(p))]
@@ -61,6 +61,7 @@ SPARK_BLOCKS = {
     ("README.md", "job.kill_node(\"node1\")"): "tests/test_readme.py",
     ("docs/api.md", "FileSource(\"/data/packets\")"): "test_the_resumable_file_job_runs",
     ("docs/api.md", "KafkaSource(\"broker:9092\""): "test_the_kafka_job_runs",
+    ("docs/operations.md", "getOrCreate()"): "tests/test_walkthrough.py",
 }
 
 
