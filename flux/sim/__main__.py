@@ -3,8 +3,9 @@
 [--full-every N] [--source-partitions K] [--corrupt-checkpoints N] [--keep-checkpoints N]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
-violation with its seed and a short trace, and ends with the line
-``schedules=N violations=V``. Exit status is non-zero exactly when V > 0.
+violation with its seed and a short trace, then the line ``schedules=N violations=V``
+(the last of stdout), and after it on stderr the rate: ``# R schedules/s, ...``. Exit
+status is non-zero exactly when V > 0.
 """
 from __future__ import annotations
 
@@ -142,8 +143,7 @@ def main(argv=None) -> int:
     corruption = (f"damaged files={damaged}, fallbacks={fallbacks}, "
                   f"checkpoint-corrupt={corrupt_stops}, failed writes={failed_writes}, "
                   if params.corrupt_checkpoints else "")
-    print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s, "
-          f"pair_lost={pair_lost}, catch-ups={catchups}, bulk parts installed={bulk_parts} "
+    print(f"# pair_lost={pair_lost}, catch-ups={catchups}, bulk parts installed={bulk_parts} "
           f"(part steps={part_steps}), deltas installed={deltas}, zombies={zombies}, "
           f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
           f"checkpoints={cuts} (snapshots={snapshots}, of them deltas={snapshot_deltas}, "
@@ -151,7 +151,9 @@ def main(argv=None) -> int:
           f"restarts={restarts}, {corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)
-    print(f"schedules={args.schedules} violations={violations}")
+    print(f"schedules={args.schedules} violations={violations}", flush=True)
+    print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s "
+          f"({args.schedules} schedules in {elapsed:.1f} s)", file=sys.stderr)
     return 1 if violations else 0
 
 

@@ -50,7 +50,7 @@ def writer_lost(world, k: int) -> bool:
     waiting = [(s, p) for s in range(1, world.coordinator.stages + 1)
                for p in range(world.coordinator.partitions) if (s, p) not in c.parts]
     return bool(waiting) and c.has_position and c.has_sink and all(
-        (k, s, p) in world.skipped and Addr(s, p, S) in world.halted_replicas
+        (k, s, p) in world.store.skipped and Addr(s, p, S) in world.faults.halted_replicas
         for s, p in waiting)
 
 
@@ -66,7 +66,7 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
     # the newer, and if that one's writer is then lost, the older one waits forever: harmless;
     # so does one a snapshot of which could not be written (its chain lost a file)
     settled = [k for k, _ in cuts if k in world.outcome.complete or writer_lost(world, k)
-               or k in world.write_failed]
+               or k in world.store.write_failed]
     unfinished = [k for k, _ in cuts if k not in world.outcome.complete
                   and k not in world.coordinator.abandoned()
                   and not any(j >= k for j in settled)]

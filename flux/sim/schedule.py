@@ -6,8 +6,10 @@ running its seed again (``python -m flux.sim --seed S --schedules 1 -v``).
 from __future__ import annotations
 
 import random
+from bisect import bisect_right as bisect
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import accumulate
 from typing import Any, List, Optional, Tuple
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
@@ -37,6 +39,9 @@ DURING_RATE = 0.05
 #: how long a cut or a starved process lasts, in ticks of the detector's clock: below the
 #: timeout (8), up to the grace of a last replica (32), past the lease (48)
 FAULT_TICKS = (1, 90)
+
+#: the steps a chooser injects (faults, restarts) rather than picks among the enabled ones
+INJECTED = frozenset(("crash", "cut", "starve", "restart"))
 
 OK = "ok"
 VIOLATION = "violation"
@@ -315,7 +320,7 @@ class RandomChooser:
                 # recoveries.
                 self.triggers = ["any"] + [rng.choice(TRIGGERS)
                                            for _ in range(self.params.crashes - 1)]
-        steps = None
+        options = None
         while self.crash_at:
             # A planned crash waits for its time and its trigger while the world can
             # still move, but happens even if the world went quiet first.
@@ -324,10 +329,11 @@ class RandomChooser:
             if trigger == "during":  # anywhere inside a catch-up, whatever the time
                 due = bool(rec.attempts) and rng.random() < DURING_RATE
             elif trigger == "after":
-                due = self.crash_at[0] <= t and not rec.pending() and not world.crashed_undetected
+                due = (self.crash_at[0] <= t and not rec.pending()
+                       and not world.detection.crashed_undetected)
             else:
                 due = self.crash_at[0] <= t
-            if not due and (steps := world.enabled()):
+            if not due and (options := world.choosable())[0]:
                 break
             if self.triggers:
                 self.triggers.pop(0)
@@ -348,11 +354,13 @@ class RandomChooser:
             choices = world.faultable()
             if choices:
                 return (kind, self.plan.choice(choices), ticks), None
-        steps = steps if steps is not None else world.enabled()
+        steps, hosts = options if options is not None else world.choosable()
         if not steps:
             return None
+        # rng.choices(steps, weights)[0], without its checks: the same draw, the same pick
         speed = self.speed
-        return rng.choices(steps, [speed[world.host_of_step(s)] for s in steps])[0], "pick"
+        cumulative = list(accumulate(map(speed.__getitem__, hosts)))
+        return steps[bisect(cumulative, rng.random() * cumulative[-1], 0, len(steps) - 1)], "pick"
 
 
 def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
@@ -370,6 +378,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     world.on_reorder = on_reorder
     result = ScheduleResult(seed, OK, expected=len(reference))
     trace = result.trace
+    outcome = world.outcome
     t = 0
     try:
         while True:
@@ -377,41 +386,42 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
             if chosen is None:
                 break
             step, how = chosen
-            if step[0] == "crash":
-                kept = world.crash(step[1], how if isinstance(how, dict) else None,
-                                   silent="silent" in step)
-                result.crashed.append(step[1])
-                trace.append((step, kept))
-                continue
-            if step[0] in ("cut", "starve"):
-                (world.cut_host if step[0] == "cut" else world.starve)(step[1], step[2])
-                trace.append((step, None))
-                continue
-            if step[0] == "restart":
+            kind = step[0]
+            if kind in INJECTED:
+                if kind == "crash":
+                    kept = world.crash(step[1], how if isinstance(how, dict) else None,
+                                       silent="silent" in step)
+                    result.crashed.append(step[1])
+                    trace.append((step, kept))
+                    continue
+                if kind in ("cut", "starve"):
+                    (world.cut_host if kind == "cut" else world.starve)(step[1], step[2])
+                    trace.append((step, None))
+                    continue
                 world.restart()
-                oracle.checked = min(oracle.checked, len(world.outcome.delivered))
+                oracle.checked = min(oracle.checked, len(outcome.delivered))
                 trace.append((step, None))
-                if world.outcome.checkpoint_corrupt:
-                    result.status, result.reason = (CHECKPOINT_CORRUPT,
-                                                    world.outcome.checkpoint_corrupt)
+                if outcome.checkpoint_corrupt:
+                    result.status, result.reason = CHECKPOINT_CORRUPT, outcome.checkpoint_corrupt
                     break
                 continue
             trace.append((step, _payload(world, step)))
-            restarts = len(world.outcome.restarts)
+            restarts = len(outcome.restarts)
             world.apply(step)
-            if step[0] == "corrupt":
-                trace[-1] = (step, world.outcome.damaged[-1])
-            if world.outcome.checkpoint_corrupt or len(world.outcome.restarts) > restarts:
+            if kind == "corrupt":
+                trace[-1] = (step, outcome.damaged[-1])
+            if outcome.checkpoint_corrupt or len(outcome.restarts) > restarts:
                 # the sink dropped what it had not committed
-                oracle.checked = min(oracle.checked, len(world.outcome.delivered))
-            oracle.check(world.outcome.delivered)
-            if world.outcome.pair_lost:
+                oracle.checked = min(oracle.checked, len(outcome.delivered))
+            if len(outcome.delivered) != oracle.checked:
+                oracle.check(outcome.delivered)
+            if outcome.pair_lost:
                 result.status = PAIR_LOST
                 result.reason = "both replicas lost: " + ", ".join(
-                    f"stage {a.stage} partition {a.partition}" for a in world.outcome.pair_lost)
+                    f"stage {a.stage} partition {a.partition}" for a in outcome.pair_lost)
                 break
-            if world.outcome.checkpoint_corrupt:
-                result.status, result.reason = CHECKPOINT_CORRUPT, world.outcome.checkpoint_corrupt
+            if outcome.checkpoint_corrupt:
+                result.status, result.reason = CHECKPOINT_CORRUPT, outcome.checkpoint_corrupt
                 break
             t += 1
             if t >= params.max_steps:
@@ -461,9 +471,9 @@ def first_violation(params: SimParams, seeds, crash_window: int) -> Optional[Sch
 
 def _payload(world: World, step: tuple) -> Optional[Any]:
     if step[0] == "deliver":
-        return world.channels[step[1]][0]
+        return world.net.head(step[1])
     if step[0] == "view":
-        return world.views[step[1]][0]
+        return world.net.views[step[1]][0]
     return None
 
 

@@ -1,0 +1,85 @@
+"""Whole-job restarts (DESIGN 10), and the input log they read the source from again.
+
+Everything stops at once (the driver died, or a pair was lost): the job starts again
+from its last complete checkpoint that verifies, or from the beginning without one. The
+sink keeps what it committed and drops what it had not.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Dict
+
+from flux.sim.oracle import Violation
+
+
+class Restarts:
+    """The input log, and restarting the world from the checkpoint store."""
+
+    def __init__(self, world):
+        self.world = world
+        #: the input log: how many inputs' SNs are durable (kept across restarts)
+        self.logged_inputs = 0
+        #: the source's own partitions, each input's by position (None: one partition)
+        config = world.config
+        self.source_parts = list(config.source_parts) if config.source_parts else None
+        #: a pair was lost in this step: the job restarts at its end
+        self.due = False
+
+    def restart(self, driver_lives: bool = False) -> None:
+        """Restart the job. When a pair was lost the driver lives on and first commits
+        what the sink was handed, as the runtime's supervisor does (it is the failure-free
+        prefix: its inputs' SNs are in the input log).
+
+        The checkpoint restored is the newest complete one whose files all verify: one
+        that does not is skipped for good (a fallback); if none does, the job stops
+        (``checkpoint_corrupt``). The input log must still cover its cut."""
+        w = self.world
+        outcome, store = w.outcome, w.store
+        if driver_lives:
+            w.sink_committed = len(outcome.delivered)
+        del outcome.delivered[w.sink_committed:]
+        self.due = False
+        skipped = len(outcome.fallbacks)
+        k = store.restorable()
+        if k is None and len(outcome.fallbacks) > skipped:
+            outcome.checkpoint_corrupt = (
+                "no complete checkpoint verifies: skipped "
+                + ", ".join(map(str, outcome.fallbacks[skipped:])))
+            w.stopped = True  # the runtime's CheckpointCorrupt
+            return
+        restored = None if k is None else (k, store.manifests[k][0])
+        cut = 0 if restored is None else restored[1]
+        if self.source_parts is not None and cut < store.log_from:
+            raise Violation(f"the input log was truncated past checkpoint {k}'s cut: it covers "
+                            f"the inputs after {store.log_from}, the restart reads from "
+                            f"input {cut + 1} on")
+        w.coordinator.restarted(k)
+        outcome.restarts.append(k)
+        if w.config.cuts_follow_restore:
+            w.last_cut = cut
+        store.chains = {}  # every replica starts anew: its first snapshot is whole
+        if self.source_parts is not None:
+            self._interleave_anew(self.logged_inputs)
+        if restored is None:
+            w.next_input = 0
+        w.build(restored)
+
+    def _interleave_anew(self, logged: int) -> None:
+        """A source of several partitions read again from a checkpoint's position: the
+        log fixes the order of the first ``logged`` inputs, the rest may come in any
+        interleaving that keeps each partition's own order."""
+        w = self.world
+        rest = list(zip(w.inputs[logged:], self.source_parts[logged:]))
+        queues: Dict[int, Deque] = {}
+        for item in rest:
+            queues.setdefault(item[1], deque()).append(item)
+        merged = []
+        while queues:
+            part = w.rng.choice(sorted(queues))
+            merged.append(queues[part].popleft())
+            if not queues[part]:
+                del queues[part]
+        if merged != rest:
+            w.inputs[logged:] = [record for record, _ in merged]
+            self.source_parts[logged:] = [part for _, part in merged]
+            w.on_reorder(w.inputs)
