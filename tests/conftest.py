@@ -4,10 +4,13 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def broker():
-    """A real Kafka-protocol broker (noida-db) for the session's Kafka tests, stopped by its
-    PID at the end; the tests that take it skip without confluent-kafka and noida-db."""
+    """A real Kafka-protocol broker (noida-db) for a test module's Kafka tests, stopped by
+    its PID after the module's last test; the tests that take it skip without
+    confluent-kafka and noida-db. Per module, not per session: an idle broker holding the
+    topics of earlier modules takes a third of a core, and the rig's no-false-detection
+    tests later in the run do not get it back."""
     pytest.importorskip("confluent_kafka")
     pytest.importorskip("noida_db")
     from flux.runtime.kafka_broker import KafkaBroker
