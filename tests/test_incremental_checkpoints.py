@@ -242,7 +242,6 @@ def test_restore_rebuilds_each_partition_from_its_chain(tmp_path):
     """What a node does at a restart (flux.spark.node_task.restore_operators) over a
     store holding a whole snapshot and deltas."""
     from flux.spark.node_task import restore_operators
-    from flux.state_codec import pack_state
 
     seg = segment_with_counter(full_every=4)
     store = CheckpointStore(str(tmp_path))

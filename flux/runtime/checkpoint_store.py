@@ -24,7 +24,6 @@ manifest written before checksums (no ``checksum``) is read as it is.
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Dict, Iterable, List, Optional, Tuple
 
