@@ -27,7 +27,7 @@ from controller.hosts import standby_away_from
 from flux.addresses import Addr, MoverAddr, P, S
 from flux.control_messages import Avail, View
 from flux.errors import PairLost
-from flux.topology import Topology
+from controller.topology import Topology
 
 
 @dataclass

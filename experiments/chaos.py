@@ -25,7 +25,7 @@ runs, in one of these scenarios (drawn at random):
   in a process group of its own) is SIGKILLed at a random moment, once or
   twice, and the program run again with the same checkpoint location: the
   sink (JSON lines, Parquet or Delta, drawn) must hold the reference;
-- with ``--hosts N`` (the multi-host rig, ``flux.spark.rig``; needs root), also
+- with ``--hosts N`` (the multi-host rig, ``flux.testing.rig``; needs root), also
   ``silent-host``: a node's host is cut off silently (no FIN; its processes run
   on) until the output is complete, and ``partition-heal``: a node's host is cut
   off for 0.2-2 s, shorter or longer than the detection, then healed (declared
@@ -55,13 +55,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from flux.errors import PairLost
-from flux.examples import counting_dataflow, paper_dataflow, with_ballast
+from flux.examples import paper_dataflow
+from flux.testing.dataflows import counting_dataflow, with_ballast
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.runtime.file_sink import FileSink, read_file_sink
-from flux.runtime.sources import Paced, RateLimited
-from flux.topology import node_name
-from flux.workload import keyed_workload, packet_workload
+from flux.connectors.file_sink import FileSink, read_file_sink
+from flux.connectors.sources import Paced, RateLimited
+from controller.topology import node_name
+from flux.testing.workloads import keyed_workload, packet_workload
 
 HOST_SCENARIOS = ("silent-host", "partition-heal")
 #: scenarios that restart the job; driver-kill runs a Spark of its own
@@ -425,7 +426,7 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         rig = None
         if args.hosts:
-            from flux.spark.rig import Rig
+            from flux.testing.rig import Rig
 
             rig = stack.enter_context(Rig(args.hosts))
             session = rig.session("flux-chaos")

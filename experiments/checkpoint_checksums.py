@@ -2,7 +2,7 @@
 
 A checkpoint's snapshot is packed on the data thread (``flux.state_codec``) and
 written to the store by the node's writer thread; with checksums the writer also
-hashes the bytes (SHA-256, ``flux.runtime.checksums``), and a restore reads every
+hashes the bytes (SHA-256, ``flux.checksums``), and a restore reads every
 file once more on the driver to verify it before it trusts the checkpoint. This
 times, on a ``KeyedState`` of ``--keys`` keys (the paper's per-key statistics
 shape), in ``--rounds`` rounds:
@@ -29,7 +29,7 @@ from typing import Dict, List
 from experiments.overhead import spread
 from flux.keyed_state import KeyedState
 from flux.runtime.checkpoint_store import CheckpointStore
-from flux.runtime.checksums import digest
+from flux.checksums import digest
 from flux.snapshot_chain import full_snapshot
 from flux.state_codec import pack_state, unpack_state
 

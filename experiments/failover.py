@@ -35,12 +35,13 @@ from typing import Any, Dict, List, Optional
 
 from tqdm import tqdm
 
-from flux.examples import ballast_paper_dataflow, paper_dataflow
+from flux.examples import paper_dataflow
+from flux.testing.dataflows import ballast_paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.runtime.sources import RateLimited
-from flux.topology import node_name
-from flux.workload import packet_workload
+from flux.connectors.sources import RateLimited
+from controller.topology import node_name
+from flux.testing.workloads import packet_workload
 
 #: the paper's workload knobs: 100K (src, dst) pairs, 10 x 1000 = 10K (app, src) values
 PAIRS, APPS, SOURCES = 100_000, 10, 1_000
@@ -280,7 +281,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     with contextlib.ExitStack() as stack:
         rig = kafka = None
         if args.hosts:
-            from flux.spark.rig import Rig
+            from flux.testing.rig import Rig
 
             print(f"starting the rig: a standalone cluster of {args.hosts} hosts ...", flush=True)
             rig = stack.enter_context(Rig(args.hosts))
@@ -327,10 +328,10 @@ class KafkaRun:
         import tempfile
 
         from experiments.kafka_io import Feed, RecordedOrder
-        from flux.operators.sessions import session_key
-        from flux.runtime.kafka_broker import KafkaBroker
-        from flux.runtime.kafka_sink import KafkaSink
-        from flux.runtime.kafka_source import KafkaSource
+        from flux.examples.sessions import session_key
+        from flux.testing.kafka_broker import KafkaBroker
+        from flux.connectors.kafka_sink import KafkaSink
+        from flux.connectors.kafka_source import KafkaSource
 
         args = self.args
         self.folder = tempfile.TemporaryDirectory(prefix="flux-failover-kafka-")

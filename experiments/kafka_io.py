@@ -17,7 +17,7 @@ import time
 import zlib
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from flux.runtime.sources import NOT_YET
+from flux.connectors.sources import NOT_YET
 
 
 def partition_of(key: Any, partitions: int) -> int:
@@ -131,7 +131,7 @@ def read_output(bootstrap: str, topic: str, timeout: float = 60.0) -> List[Any]:
     order; each partition's records must come in increasing SN order, and no SN twice."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from flux.runtime.kafka_sink import SN_HEADER
+    from flux.connectors.kafka_sink import SN_HEADER
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "flux-read-output",
                          "isolation.level": "read_committed", "enable.partition.eof": True,

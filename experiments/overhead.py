@@ -24,10 +24,10 @@ import statistics
 import time
 from typing import Any, Dict, List
 
-from flux.examples import cpu_bound_paper_dataflow
+from flux.testing.dataflows import cpu_bound_paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 MODES = ("none", "cluster-pairs", "flux")
 

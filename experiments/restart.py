@@ -98,7 +98,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def dataflow(state_mb: float):
-    from flux.examples import counting_dataflow, with_ballast
+    from flux.testing.dataflows import counting_dataflow, with_ballast
 
     return with_ballast(counting_dataflow(2), state_mb) if state_mb else counting_dataflow(2)
 
@@ -216,9 +216,9 @@ def run_double(spark, args, folder: pathlib.Path, full_every: int) -> Dict[str, 
     from flux.addresses import Addr, P, S
     from flux.operator import wire_form
     from flux.reference import reference_output
-    from flux.runtime.sources import Paced
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     records = keyed_workload(int(args.rate * args.duration), seed=7, keys=50)
     flow = dataflow(args.state_mb)
@@ -312,7 +312,7 @@ def cost_modes(full_every: int) -> List[tuple]:
 
 def run_cost(spark, args, folder: pathlib.Path) -> Dict[str, Any]:
     from flux.spark.job import FluxJob
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     records = keyed_workload(args.cost_inputs, seed=9, keys=50)
     flow = dataflow(args.state_mb)

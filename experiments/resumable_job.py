@@ -28,20 +28,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def make_sink(fmt: str, path: str, commit_every: int = 100_000):
     if fmt == "delta":
-        from flux.runtime.delta_sink import DeltaSink
+        from flux.connectors.delta_sink import DeltaSink
 
         return DeltaSink(path, commit_every=commit_every)
-    from flux.runtime.file_sink import FileSink
+    from flux.connectors.file_sink import FileSink
 
     return FileSink(path, format=fmt, commit_every=commit_every)
 
 
 def read_sink(fmt: str, path: str) -> list:
     if fmt == "delta":
-        from flux.runtime.delta_sink import read_delta_sink
+        from flux.connectors.delta_sink import read_delta_sink
 
         return read_delta_sink(path)
-    from flux.runtime.file_sink import read_file_sink
+    from flux.connectors.file_sink import read_file_sink
 
     return read_file_sink(path)
 
@@ -50,11 +50,11 @@ def write_inputs(folder: Path, n: int, files: int = 4, seed: int = 5) -> list:
     """``n`` keyed records in ``files`` JSON-lines files of ``folder``; returns the
     failure-free output of this program's dataflow over its 4 partitions, as its sink reads
     it back: what every run, killed or not, must end with."""
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.operator import wire_form
     from flux.reference import reference_output
-    from flux.runtime.file_source import FileSource
-    from flux.workload import keyed_workload
+    from flux.connectors.file_source import FileSource
+    from flux.testing.workloads import keyed_workload
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -139,9 +139,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
-    from flux.examples import counting_dataflow, with_ballast
-    from flux.runtime.file_source import FileSource
-    from flux.runtime.sources import Paced
+    from flux.testing.dataflows import counting_dataflow, with_ballast
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
     from flux.spark.session import local_cluster
 

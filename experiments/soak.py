@@ -29,11 +29,11 @@ from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from flux.examples import paper_dataflow
-from flux.ingress import INGRESS
+from flux.protocol.ingress import INGRESS
 from flux.operator import wire_form
 from flux.reference import ReferenceRun
-from flux.runtime.sources import NOT_YET, RateLimited
-from flux.workload import PacketWorkload
+from flux.connectors.sources import NOT_YET, RateLimited
+from flux.testing.workloads import PacketWorkload
 
 #: the paper's workload knobs (as experiments.failover)
 PAIRS, APPS, SOURCES = 100_000, 10, 1_000

@@ -40,8 +40,8 @@ import time
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from flux.operators.sessions import SessionReconstruction
-from flux.operators.stats import WindowedDurationStats
+from flux.examples.sessions import SessionReconstruction
+from flux.examples.stats import WindowedDurationStats
 from flux.runtime.metrics import Metrics
 from flux.spark.node_task import executor_pid
 

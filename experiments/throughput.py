@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 MODES = ("none", "cluster-pairs", "flux")
 
@@ -124,7 +124,7 @@ def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
 
 def probe(spark, rate: float, args, records: List[Any]) -> Dict[str, Any]:
     """``flux`` fed at ``rate`` for ``--probe-seconds``: drops and median latency."""
-    from flux.runtime.sources import RateLimited
+    from flux.connectors.sources import RateLimited
     from flux.spark.job import FluxJob
 
     feed = records[:max(1000, int(rate * args.probe_seconds))]

@@ -46,7 +46,7 @@ from flux.data_messages import Batch
 from flux.envelope import Envelope
 from flux.examples import paper_dataflow
 from flux.reference import ReferenceRun, reference_output
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 
 class CountingRun(ReferenceRun):

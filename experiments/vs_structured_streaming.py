@@ -30,7 +30,7 @@ from tqdm import tqdm
 from experiments import failover
 from flux.examples import paper_dataflow
 from flux.reference import reference_output
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 SYSTEMS = ("flux", "structured_streaming")
 LABELS = {"flux": "Flux", "structured_streaming": "Structured Streaming"}

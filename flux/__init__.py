@@ -19,7 +19,7 @@ import importlib
 from typing import Any
 
 from flux.dataflow import Dataflow, Stage
-from flux.connectors import PartitionedSource, Sink, Source
+from flux.connector_api import PartitionedSource, Sink, Source
 from flux.errors import (
     CheckpointCorrupt,
     CheckpointMismatch,
@@ -44,30 +44,30 @@ from flux.operator import (
     keyed_table,
     tuplify,
 )
-from flux.operators.sessions import SessionReconstruction, session_key
-from flux.operators.stats import WindowedDurationStats, stats_key
+from flux.examples.sessions import SessionReconstruction, session_key
+from flux.examples.stats import WindowedDurationStats, stats_key
 from flux.reference import reference_output
 
 #: name -> the module that defines it, imported on first use (it does I/O)
 _LAZY = {
     "FluxJob": "flux.spark.job",
     "local_cluster": "flux.spark.session",
-    "RateLimited": "flux.runtime.sources",
-    "Paced": "flux.runtime.sources",
-    "JsonLinesSink": "flux.runtime.sinks",
-    "read_json_lines": "flux.runtime.sinks",
-    "FileSource": "flux.runtime.file_source",
-    "FileSink": "flux.runtime.file_sink",
-    "read_file_sink": "flux.runtime.file_sink",
-    "DeltaSink": "flux.runtime.delta_sink",
-    "read_delta_sink": "flux.runtime.delta_sink",
+    "RateLimited": "flux.connectors.sources",
+    "Paced": "flux.connectors.sources",
+    "JsonLinesSink": "flux.connectors.sinks",
+    "read_json_lines": "flux.connectors.sinks",
+    "FileSource": "flux.connectors.file_source",
+    "FileSink": "flux.connectors.file_sink",
+    "read_file_sink": "flux.connectors.file_sink",
+    "DeltaSink": "flux.connectors.delta_sink",
+    "read_delta_sink": "flux.connectors.delta_sink",
     "CheckpointStore": "flux.runtime.checkpoint_store",
-    "KafkaSource": "flux.runtime.kafka_source",
-    "KafkaSink": "flux.runtime.kafka_sink",
-    "PartitionsChanged": "flux.runtime.kafka_source",
-    "ThreadCluster": "flux.runtime.threads",
-    "packet_workload": "flux.workload",
-    "keyed_workload": "flux.workload",
+    "KafkaSource": "flux.connectors.kafka_source",
+    "KafkaSink": "flux.connectors.kafka_sink",
+    "PartitionsChanged": "flux.connectors.kafka_source",
+    "ThreadCluster": "flux.testing.threads",
+    "packet_workload": "flux.testing.workloads",
+    "keyed_workload": "flux.testing.workloads",
 }
 
 __all__ = [

@@ -13,7 +13,7 @@ def broker():
     tests later in the run do not get it back."""
     pytest.importorskip("confluent_kafka")
     pytest.importorskip("noida_db")
-    from flux.runtime.kafka_broker import KafkaBroker
+    from flux.testing.kafka_broker import KafkaBroker
 
     b = KafkaBroker().start()
     try:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from flux.addresses import Addr, P, S
-from flux.buffer import PRIM, SEC
-from flux.builder import MachineBuilder
+from flux.protocol.buffer import PRIM, SEC
+from flux.protocol.builder import MachineBuilder
 from flux.data_messages import Batch, Credit, Reverse
 from flux.effects import Send
-from flux.examples import counting_dataflow
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
+from flux.testing.dataflows import counting_dataflow
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.flux_producer import FluxProducer
 from flux.sequence import NO_SN
 
 PP = Addr(1, 0, P)
@@ -147,7 +147,7 @@ def stalled_run(window, inputs=300, partitions=2):
 
     from controller.placement import ChainedDeclustering
     from flux.sim.world import World, WorldConfig
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     rng = random.Random(5)
     stuck = Addr(2, 0, P)

@@ -1,5 +1,5 @@
 """Inputs by runs and the batch operator API (issue 16): the fast path gives, to the SN,
-what the per-record path gives (flux/segment.py ``process_ready``, flux/operator.py)."""
+what the per-record path gives (flux/protocol/segment.py ``process_ready``, flux/operator.py)."""
 from __future__ import annotations
 
 import random
@@ -10,12 +10,12 @@ from flux.addresses import Addr, P, S
 from flux.data_messages import Ack, Batch
 from flux.dataflow import Dataflow, Stage, check_batch_api
 from flux.errors import DataflowError, OperatorError
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
-from flux.ingress import INGRESS
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.ingress import INGRESS
 from flux.operator import Map, OperatorChain
 from flux.reference import reference_output
-from flux.segment import Segment
+from flux.protocol.segment import Segment
 
 X = Addr(1, 0, P)
 CONSUMERS = [(Addr(2, i, P), Addr(2, i, S)) for i in range(3)]

@@ -1,4 +1,4 @@
-"""Property tests for flux/buffer.py against a naive model of the paper's marks.
+"""Property tests for flux/protocol/buffer.py against a naive model of the paper's marks.
 
 The model (``MarksModel``) follows section 3.1.3 of the Flux paper literally:
 it keeps an explicit set of marks (PROD, PRIM, SEC) for every SN of a small
@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from flux.buffer import DESTS, PRIM, PROD, SEC, Buffer, BufferMisuse
+from flux.protocol.buffer import DESTS, PRIM, PROD, SEC, Buffer, BufferMisuse
 from flux.sequence import NO_SN
 
 OTHER = {PRIM: SEC, SEC: PRIM}

@@ -14,19 +14,19 @@ import msgpack
 import pytest
 
 from flux.addresses import Addr, MoverAddr, P, S
-from flux.buffer import PRIM, SEC
+from flux.protocol.buffer import PRIM, SEC
 from flux.control_messages import Avail, FoldedIn, TakeoverDone, View
 from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
 from flux.effects import Send, SourcesPaused, SourcesResumed
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
-from flux.host import Host
-from flux.ingress import INGRESS, Ingress
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.host import Host
+from flux.protocol.ingress import INGRESS, Ingress
 from flux.operator import wire_form
-from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND, STDBY
-from flux.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, STREAMING, CatchUp, Segment
+from flux.protocol.producer import ACK, ACTIVE, DEAD, NONE, SEND, STDBY
+from flux.protocol.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, STREAMING, CatchUp, Segment
 from flux.sequence import NO_SN
 from statemover.messages import (CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendPart,
                                  SendState)
@@ -88,7 +88,7 @@ def producer_state(prod):
 
 
 # =====================================================================================
-# Producer (flux/producer.py) through F-Prod and the ingress
+# Producer (flux/protocol/producer.py) through F-Prod and the ingress
 # =====================================================================================
 
 def test_avail_turns_a_dead_destination_stdby_with_its_version():
@@ -832,7 +832,7 @@ def test_created_at_drops_mail_sent_before_the_machine_existed():
 
 
 # =====================================================================================
-# The segment's mode table (flux/segment.py TRANSITIONS)
+# The segment's mode table (flux/protocol/segment.py TRANSITIONS)
 # =====================================================================================
 
 def test_a_quiesced_segment_refuses_local_work_and_messages_as_a_local_error():
@@ -865,7 +865,7 @@ def test_events_out_of_turn_are_local_errors_and_change_nothing():
 
 
 def test_the_mode_table_lists_every_mode_and_lets_views_in_everywhere():
-    from flux.segment import TRANSITIONS, Event, SegmentMode
+    from flux.protocol.segment import TRANSITIONS, Event, SegmentMode
     assert {m for m, _ in TRANSITIONS} == set(SegmentMode)
     for mode in SegmentMode:
         assert TRANSITIONS[(mode, Event.FAIL)] is mode

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.checkpoints import CheckpointCoordinator, Phase, fingerprint
-from flux.examples import counting_dataflow, paper_dataflow
+from flux.examples import paper_dataflow
+from flux.testing.dataflows import counting_dataflow
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -231,7 +231,7 @@ class DeclaringWrapper(Wrapper):
 
     @property
     def replay_order(self):
-        from flux.connectors import replay_order_of
+        from flux.connector_api import replay_order_of
 
         return replay_order_of(self.source)
 
@@ -244,7 +244,7 @@ class DeclaringWrapper(Wrapper):
 
 
 def sources():
-    from flux.runtime.file_source import FileSource
+    from flux.connectors.file_source import FileSource
 
     return {"list": lambda tmp: [[i % 7, i] for i in range(40)],
             "file": lambda tmp: FileSource(str(tmp)),
@@ -254,7 +254,7 @@ def sources():
 
 
 def wrap(kind, source):
-    from flux.runtime.sources import Paced, replayable
+    from flux.connectors.sources import Paced, replayable
 
     if kind == "bare":
         return source
@@ -283,7 +283,7 @@ def test_a_checkpointing_job_logs_the_order_of_every_partitioned_source_or_refus
         tmp_path, source, wrapper):
     """Never a partitioned source read without the input log: that is what renumbered
     inputs under committed outputs, silently."""
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.spark.job import FluxJob
 
     (tmp_path / "in").mkdir()
@@ -303,8 +303,8 @@ def test_a_checkpointing_job_logs_the_order_of_every_partitioned_source_or_refus
 
 
 def test_the_refusal_names_the_wrapper_and_its_source(tmp_path):
-    from flux.examples import counting_dataflow
-    from flux.runtime.sources import Paced
+    from flux.testing.dataflows import counting_dataflow
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
 
     with pytest.raises(SourceOrderUnknown, match=r"Paced\(Undeclared\).*declares no replay_order"):
@@ -319,8 +319,8 @@ def test_a_kafka_topic_keeps_its_input_log_however_it_is_wrapped_or_is_refused(
     """The case that went wrong was a Kafka topic read through Paced with checkpoints."""
     import uuid
 
-    from flux.examples import counting_dataflow
-    from flux.runtime.kafka_source import KafkaSource
+    from flux.testing.dataflows import counting_dataflow
+    from flux.connectors.kafka_source import KafkaSource
     from flux.spark.job import FluxJob
 
     topic = f"wrapped-{uuid.uuid4().hex[:8]}"
@@ -344,7 +344,7 @@ def test_a_kafka_topic_keeps_its_input_log_however_it_is_wrapped_or_is_refused(
 
 
 def test_stop_before_start_does_nothing(tmp_path):
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.spark.job import FluxJob
 
     records = [[i % 3, i] for i in range(10)]
@@ -405,7 +405,7 @@ class Unencodable:
 def test_a_state_that_cannot_be_encoded_at_a_checkpoint_is_the_operator_s_error():
     """Not a dropped connection and a lost pair: the operator, stage, partition and the
     SN of the cut, as for an operator that raises."""
-    from flux.builder import MachineBuilder
+    from flux.protocol.builder import MachineBuilder
     from flux.dataflow import Dataflow, Stage
     from flux.errors import OperatorError
     from flux.addresses import Addr, S
@@ -431,7 +431,7 @@ def test_a_file_sink_with_a_damaged_manifest_will_not_open_and_names_it(tmp_path
     repeat outputs (deleted, it is a sink that committed nothing: the parts it does not
     name are removed, as ever)."""
     from flux.errors import DamagedFile
-    from flux.runtime.file_sink import MANIFEST as SINK_MANIFEST, FileSink
+    from flux.connectors.file_sink import MANIFEST as SINK_MANIFEST, FileSink
 
     with FileSink(str(tmp_path), commit_every=2) as sink:
         sink.write([((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")])
@@ -443,7 +443,7 @@ def test_a_file_sink_with_a_damaged_manifest_will_not_open_and_names_it(tmp_path
 @pytest.mark.parametrize("how", DAMAGE)
 def test_reading_a_file_sink_with_a_damaged_part_names_the_part(tmp_path, how):
     from flux.errors import DamagedFile
-    from flux.runtime.file_sink import FileSink, read_file_sink
+    from flux.connectors.file_sink import FileSink, read_file_sink
 
     with FileSink(str(tmp_path), commit_every=2) as sink:
         sink.write([((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")])

@@ -22,9 +22,9 @@ SPARK_EXECUTORS = 5
 
 
 def file_job(spark, tmp_path, rate=4000, interval=1.0, **kw):
-    from flux.examples import counting_dataflow
-    from flux.runtime.file_source import FileSource
-    from flux.runtime.sources import Paced
+    from flux.testing.dataflows import counting_dataflow
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
 
     return FluxJob(spark, counting_dataflow(2), Paced(FileSource(str(tmp_path / "in")), rate),
@@ -123,14 +123,14 @@ def test_a_partitioned_source_behind_paced_keeps_its_order_through_a_double_fail
     checkpoints; both replicas of a partition killed; the restart replays the logged order
     and the output read back is the failure-free output of the inputs as numbered."""
     from experiments.kafka_io import Feed, RecordedOrder, read_output
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.operator import wire_form
     from flux.reference import reference_output
-    from flux.runtime.kafka_sink import KafkaSink
-    from flux.runtime.kafka_source import KafkaSource
-    from flux.runtime.sources import Paced
+    from flux.connectors.kafka_sink import KafkaSink
+    from flux.connectors.kafka_source import KafkaSource
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     name = uuid.uuid4().hex[:8]
     topic_in, topic_out = f"in-{name}", f"out-{name}"
@@ -192,9 +192,9 @@ def test_a_state_that_stops_encoding_mid_run_stops_the_job_naming_the_operator(s
     from flux.dataflow import Dataflow, Stage
     from flux.errors import OperatorError
     from flux.spark.job import FluxJob
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
-    from flux.runtime.sources import Paced
+    from flux.connectors.sources import Paced
 
     flow = Dataflow([Stage("counts", key_of, (TurnsUnencodable,))])
     records = keyed_workload(30_000, seed=1, keys=3)  # 3 s of input: cuts come during it
@@ -214,12 +214,12 @@ def test_a_rerun_driver_over_a_partitioned_source_behind_paced_is_exact(spark, b
     (a KafkaSink commits every delivered output when the job stops); the program run again
     resumes from the checkpoint, replays the logged interleaving and adds nothing twice."""
     from experiments.kafka_io import Feed, RecordedOrder, read_output
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.operator import wire_form
     from flux.reference import reference_output
-    from flux.runtime.kafka_sink import KafkaSink
-    from flux.runtime.kafka_source import KafkaSource
-    from flux.runtime.sources import Paced
+    from flux.connectors.kafka_sink import KafkaSink
+    from flux.connectors.kafka_source import KafkaSource
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
 
     name = uuid.uuid4().hex[:8]
@@ -261,6 +261,6 @@ def test_a_rerun_driver_over_a_partitioned_source_behind_paced_is_exact(spark, b
 
 
 def keyed_records(n):
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     return keyed_workload(n, seed=6, keys=40)

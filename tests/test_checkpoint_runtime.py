@@ -10,9 +10,9 @@ from flux.control_messages import SnapshotWritten
 from flux.effects import Snapshot
 from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore
-from flux.runtime.file_source import FileSource
+from flux.connectors.file_source import FileSource
 from flux.runtime.snapshot_writer import SnapshotWriter, snapshot_name
-from flux.runtime.sources import NOT_YET, Paced, SequenceSource, peek, replayable
+from flux.connectors.sources import NOT_YET, Paced, SequenceSource, peek, replayable
 
 
 def test_a_sequence_is_replayable_from_any_position():

@@ -198,7 +198,7 @@ def test_a_silent_node_holding_the_last_replica_of_a_pair_gets_longer_before_it_
     while its partner is being rebuilt would stop the job (a double failure) for nothing."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
-    from flux.topology import Topology
+    from controller.topology import Topology
 
     ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
@@ -231,7 +231,7 @@ def test_the_controllers_own_stall_is_not_taken_for_the_silence_of_the_nodes(zmq
     core), it heard nobody in that time; nobody is declared dead for it."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
-    from flux.topology import Topology
+    from controller.topology import Topology
 
     ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
@@ -268,7 +268,7 @@ def stalled_catchup(ctx, catchup_timeout=120.0):
     """A controller whose node1 failed, with a standby catching up (nobody answers)."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
-    from flux.topology import Topology
+    from controller.topology import Topology
 
     ctl = Transport(ctx, "controller", -3)
     names = [f"node{k}" for k in range(4)] + ["standby0"]
@@ -334,7 +334,7 @@ def test_a_node_that_stops_on_its_own_says_why_and_is_failed_at_once(zmq_ctx):
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
     from flux.control_messages import Stopping
-    from flux.topology import Topology
+    from controller.topology import Topology
 
     ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
@@ -366,7 +366,7 @@ def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard(zm
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery
     from flux.control_messages import FoldedIn
-    from flux.topology import Topology
+    from controller.topology import Topology
 
     ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)

@@ -8,10 +8,11 @@ import pytest
 
 from flux.dataflow import Dataflow, Stage, check_state_round_trip
 from flux.errors import DataflowError
-from flux.examples import counting_dataflow, packet_dataflow, paper_dataflow
+from flux.examples import paper_dataflow
+from flux.testing.dataflows import counting_dataflow, packet_dataflow
 from flux.operator import Map, OperatorChain, keyed_state, keyed_table, tuplify
-from flux.operators.counter import KeyedCounter, first_field
-from flux.workload import keyed_workload, packet_workload
+from flux.testing.counter import KeyedCounter, first_field
+from flux.testing.workloads import keyed_workload, packet_workload
 
 PACKETS = packet_workload(3000, seed=5, pairs=300, apps=3, sources=20, concurrent=50)
 KEYED = keyed_workload(600, seed=5, keys=6)

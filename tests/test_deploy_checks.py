@@ -10,10 +10,10 @@ from flux.dataflow import Dataflow, Stage
 from flux.errors import DataflowError
 from flux.examples import paper_dataflow
 from flux.operator import Map
-from flux.operators.sessions import SessionReconstruction, session_key
-from flux.runtime.sources import RateLimited
+from flux.examples.sessions import SessionReconstruction, session_key
+from flux.connectors.sources import RateLimited
 from flux.spark.job import FluxJob
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 RECORDS = packet_workload(300, seed=1, pairs=200, apps=2, sources=10)
 

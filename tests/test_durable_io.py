@@ -7,13 +7,13 @@ import os
 
 import pytest
 
-from flux.connectors import Sink, Source, is_exactly_once
+from flux.connector_api import Sink, Source, is_exactly_once
 from flux.errors import CheckpointMismatch, SinkFenced
 from flux.runtime.checkpoint_store import CheckpointStore
-from flux.runtime.delta_sink import DeltaSink, read_delta_sink
-from flux.runtime.file_sink import FileSink, read_file_sink
-from flux.runtime.file_source import FileSource
-from flux.runtime.sources import NOT_YET
+from flux.connectors.delta_sink import DeltaSink, read_delta_sink
+from flux.connectors.file_sink import FileSink, read_file_sink
+from flux.connectors.file_source import FileSource
+from flux.connectors.sources import NOT_YET
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""Exact transitions of the egress (flux/egress.py; paper 3.1.2, Figure 4 action 1, DESIGN 4.7)."""
+"""Exact transitions of the egress (flux/protocol/egress.py; paper 3.1.2, Figure 4 action 1, DESIGN 4.7)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from flux.addresses import Addr, P, S
 from flux.data_messages import Ack, Batch, Credit, Reverse
 from flux.effects import Deliver, Send
-from flux.egress import Egress, egress_addr
+from flux.protocol.egress import Egress, egress_addr
 from flux.errors import RemoteProtocolError
 from flux.sequence import NO_SN
 

@@ -12,8 +12,8 @@ import pytest
 from flux.expiry import WATERMARK_KEY, Expiry
 from flux.keyed_state import DELETED, KeyedState
 from flux.operator import wire_form
-from flux.operators.sessions import SessionReconstruction
-from flux.operators.stats import WindowedDurationStats
+from flux.examples.sessions import SessionReconstruction
+from flux.examples.stats import WindowedDurationStats
 from flux.state_codec import pack_part, unpack_part
 
 pytestmark = pytest.mark.timeout(60)

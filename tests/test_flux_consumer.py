@@ -1,4 +1,4 @@
-"""Exact transitions of F-Cons (flux/flux_consumer.py; paper 5.1, 5.2, Figure 4 action 1).
+"""Exact transitions of F-Cons (flux/protocol/flux_consumer.py; paper 5.1, 5.2, Figure 4 action 1).
 
 Consumer partition 0 of stage 2 (replicas CP and CS) takes data from producer
 partitions 0 and 1 of stage 1 (replicas A0P/A0S and A1P/A1S).
@@ -11,9 +11,9 @@ from flux.addresses import Addr, P, S
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
 from flux.errors import RemoteProtocolError
-from flux.flux_consumer import FluxConsumer
-from flux.ingress import INGRESS
-from flux.producer import ACTIVE, DEAD
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.ingress import INGRESS
+from flux.protocol.producer import ACTIVE, DEAD
 from flux.sequence import NO_PROGRESS, NO_SN
 
 

@@ -1,4 +1,4 @@
-"""Exact transitions of F-Prod (flux/flux_producer.py; paper 5.1, 5.2, 3.1.2, Figure 3, Figure 4).
+"""Exact transitions of F-Prod (flux/protocol/flux_producer.py; paper 5.1, 5.2, 3.1.2, Figure 3, Figure 4).
 
 Producer partition 0 of stage 1, replicas PP and PS; consumer partitions 0
 and 1 of stage 2, replicas C0P/C0S and C1P/C1S. For replica r, the primary
@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 
 from flux.addresses import Addr, P, S
-from flux.buffer import PRIM, PROD, SEC
+from flux.protocol.buffer import PRIM, PROD, SEC
 from flux.control_messages import TakeoverDone
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
 from flux.errors import RemoteProtocolError
-from flux.flux_producer import FluxProducer
-from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND
+from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.producer import ACK, ACTIVE, DEAD, NONE, SEND
 
 
 # -- views of the per-connection records, for assertions ---------------------------

@@ -1,4 +1,4 @@
-"""Exact transitions of a host (flux/host.py; DESIGN 4.4: views, holding, fencing)."""
+"""Exact transitions of a host (flux/protocol/host.py; DESIGN 4.4: views, holding, fencing)."""
 from __future__ import annotations
 
 import pytest
@@ -7,10 +7,10 @@ from flux.addresses import Addr, P, S
 from flux.control_messages import TakeoverDone, View
 from flux.data_messages import Ack, Batch, Credit, Reverse
 from flux.effects import Deliver, Send
-from flux.egress import Egress
+from flux.protocol.egress import Egress
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.host import Host
+from flux.protocol.host import Host
 
 A, B, C = Addr(1, 0, P), Addr(1, 0, S), Addr(2, 0, P)
 PEER = Addr(2, 0, S)

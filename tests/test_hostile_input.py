@@ -23,9 +23,9 @@ from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.runtime.mover_service import mover_peer
-from flux.runtime.threads import ThreadCluster
+from flux.testing.threads import ThreadCluster
 from flux.runtime.transport import job_keys
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ from controller.hosts import PlacementError, assign_hosts, twin_nodes
 from controller.placement import ChainedDeclustering, ClusterPairs
 from controller.recovery import Recovery
 from flux.addresses import Addr, P, S
-from flux.topology import Topology
+from controller.topology import Topology
 
 pytestmark = pytest.mark.timeout(120)
 

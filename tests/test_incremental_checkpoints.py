@@ -98,8 +98,8 @@ def test_a_chain_with_a_gap_or_out_of_order_is_refused():
 # -- a segment's snapshots -----------------------------------------------------------------
 
 def segment_with_counter(full_every: int):
-    from flux.builder import MachineBuilder
-    from flux.examples import counting_dataflow
+    from flux.protocol.builder import MachineBuilder
+    from flux.testing.dataflows import counting_dataflow
 
     builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4,
                              full_every=full_every)

@@ -1,16 +1,16 @@
-"""Exact transitions of the ingress (flux/ingress.py; paper 3.1.2, 3.1.3, Figure 3, Figure 4 action 3)."""
+"""Exact transitions of the ingress (flux/protocol/ingress.py; paper 3.1.2, 3.1.3, Figure 3, Figure 4 action 3)."""
 from __future__ import annotations
 
 import pytest
 
 from exchange.partitioner import HashPartitioner
 from flux.addresses import Addr, P, S
-from flux.buffer import PRIM, SEC
+from flux.protocol.buffer import PRIM, SEC
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
-from flux.ingress import INGRESS, Ingress
-from flux.producer import ACK, ACTIVE, DEAD, NONE, SEND
+from flux.protocol.ingress import INGRESS, Ingress
+from flux.protocol.producer import ACK, ACTIVE, DEAD, NONE, SEND
 from flux.sequence import NO_PROGRESS
 
 

@@ -15,7 +15,7 @@ from flux.runtime.ingress_feed import IngressFeed
 from flux.runtime.ingress_process import ACCEPTED, CUT, END, FAILED, RECORDS, IngressProcess
 from flux.runtime.input_log import InputLog, InputLogWriter
 from flux.runtime.metrics import Metrics
-from flux.runtime.sources import NOT_YET, RateLimited
+from flux.connectors.sources import NOT_YET, RateLimited
 
 pytestmark = pytest.mark.timeout(60)
 

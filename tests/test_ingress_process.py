@@ -11,7 +11,7 @@ import pytest
 import zmq
 from pyspark import cloudpickle
 
-from flux.examples import counting_dataflow
+from flux.testing.dataflows import counting_dataflow
 from flux.errors import IngressLost
 from flux.runtime.ingress_process import CUT, END, RECORDS, IngressProcess, FeedSource
 

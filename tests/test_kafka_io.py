@@ -17,12 +17,12 @@ if not os.environ.get("NOIDA_DB"):
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 
-from flux.connectors import Sink, Source, is_exactly_once  # noqa: E402
+from flux.connector_api import Sink, Source, is_exactly_once  # noqa: E402
 from flux.errors import SinkFenced  # noqa: E402
-from flux.runtime.kafka_broker import BrokerError, KafkaBroker  # noqa: E402
-from flux.runtime.kafka_sink import SN_HEADER, KafkaSink  # noqa: E402
-from flux.runtime.kafka_source import KafkaSource, KafkaSourceError, PartitionsChanged  # noqa: E402
-from flux.runtime.sources import NOT_YET  # noqa: E402
+from flux.testing.kafka_broker import BrokerError, KafkaBroker  # noqa: E402
+from flux.connectors.kafka_sink import SN_HEADER, KafkaSink  # noqa: E402
+from flux.connectors.kafka_source import KafkaSource, KafkaSourceError, PartitionsChanged  # noqa: E402
+from flux.connectors.sources import NOT_YET  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

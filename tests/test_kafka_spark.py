@@ -28,13 +28,13 @@ SPARK_EXECUTORS = 5
 @pytest.mark.parametrize("double", [False, True], ids=["node-kill", "double-failure"])
 def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path, double):
     from experiments.kafka_io import Feed, RecordedOrder, read_output
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.operator import wire_form
     from flux.reference import reference_output
-    from flux.runtime.kafka_sink import KafkaSink
-    from flux.runtime.kafka_source import KafkaSource
+    from flux.connectors.kafka_sink import KafkaSink
+    from flux.connectors.kafka_source import KafkaSource
     from flux.spark.job import FluxJob
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     name = uuid.uuid4().hex[:8]
     topic_in, topic_out = f"in-{name}", f"out-{name}"

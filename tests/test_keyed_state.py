@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from flux.keyed_state import DELETED, KeyedOperator, KeyedState, keyed_state_of
 from flux.operator import KeyedAggregate, keyed_state, wire_form
-from flux.operators.counter import KeyedCounter
-from flux.operators.sessions import SessionReconstruction
-from flux.operators.stats import WindowedDurationStats
+from flux.testing.counter import KeyedCounter
+from flux.examples.sessions import SessionReconstruction
+from flux.examples.stats import WindowedDurationStats
 
 
 def test_dict_like_access():

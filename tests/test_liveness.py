@@ -45,7 +45,7 @@ def test_the_controller_reports_a_stuck_loop_and_declares_it_failed_only_much_la
     from flux.addresses import CONTROLLER
     from flux.envelope import Envelope
     from flux.runtime.controller_service import ControllerService
-    from flux.topology import Topology
+    from controller.topology import Topology
 
     ctx = zmq_ctx
     ctl = Transport(ctx, "controller", -3)
@@ -99,9 +99,9 @@ def test_a_long_operator_call_is_not_a_death():
     silent for 1.5 s here, past the 1 s detection timeout, and were declared dead."""
     from flux.dataflow import Dataflow, Stage
     from flux.operator import wire_form
-    from flux.operators.counter import first_field
+    from flux.testing.counter import first_field
     from flux.reference import reference_output
-    from flux.runtime.threads import ThreadCluster
+    from flux.testing.threads import ThreadCluster
 
     dataflow = Dataflow([Stage("slow", first_field, (SlowOnRecord,))])
     records = [(f"k{i % 7}", i) for i in range(1000)]

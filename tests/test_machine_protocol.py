@@ -6,9 +6,9 @@ import inspect
 import pytest
 
 from flux.addresses import Addr, P
-from flux.builder import MachineBuilder
-from flux.examples import counting_dataflow
-from flux.machine import Machine
+from flux.protocol.builder import MachineBuilder
+from flux.testing.dataflows import counting_dataflow
+from flux.protocol.machine import Machine
 
 
 @pytest.fixture

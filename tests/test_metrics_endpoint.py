@@ -11,13 +11,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_runtime_failover import paced
 
-from flux.examples import counting_dataflow
+from flux.testing.dataflows import counting_dataflow
 from flux.reference import reference_output
 from flux.runtime.metrics import Metrics
 from flux.runtime.metrics_endpoint import JobCollector, MetricsEndpoint
-from flux.runtime.threads import ThreadCluster
-from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS
-from flux.workload import keyed_workload
+from flux.testing.threads import ThreadCluster
+from controller.topology import EGRESS_PROCESS, INGRESS_PROCESS
+from flux.testing.workloads import keyed_workload
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,9 +17,9 @@ from flux.operator import (
     tuplify,
     wire_form,
 )
-from flux.operators.counter import KeyedCounter, first_field, key_and_count
-from flux.operators.sessions import SessionReconstruction, session_key
-from flux.operators.stats import WindowedDurationStats, stats_key
+from flux.testing.counter import KeyedCounter, first_field, key_and_count
+from flux.examples.sessions import SessionReconstruction, session_key
+from flux.examples.stats import WindowedDurationStats, stats_key
 
 
 def run(op, records):
@@ -258,7 +258,7 @@ def test_counter_round_trip_with_tuple_keys():
 def test_ballast_carries_the_state_size_it_is_given_and_round_trips():
     import msgpack
 
-    from flux.operators.ballast import Ballast
+    from flux.testing.ballast import Ballast
 
     op = Ballast(1.0)
     size = len(msgpack.packb(op.get_state(), use_bin_type=True))

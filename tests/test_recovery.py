@@ -9,8 +9,8 @@ from controller.recovery import Recovery
 from flux.addresses import Addr, MoverAddr, P, S
 from flux.control_messages import Avail, View
 from flux.errors import PairLost
-from flux.ingress import INGRESS
-from flux.topology import Topology
+from flux.protocol.ingress import INGRESS
+from controller.topology import Topology
 
 EGRESS = Addr(3, 0, P)  # 2 stages
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from exchange.partitioner import HashPartitioner
-from flux.examples import counting_dataflow, packet_dataflow, paper_dataflow
+from flux.examples import paper_dataflow
+from flux.testing.dataflows import counting_dataflow, packet_dataflow
 from flux.reference import ReferenceRun, reference_output
-from flux.workload import keyed_workload, packet_workload
+from flux.testing.workloads import keyed_workload, packet_workload
 
 INPUTS = [("a", 1), ("d", 2), ("a", 3), ("a", 4)]
 

@@ -22,9 +22,9 @@ def test_a_double_failure_restarts_from_the_last_checkpoint(spark, tmp_path, fmt
                                                             partition, keep):
     """``keep`` 50: nothing is pruned, so the test can see that the checkpoint restored
     was incremental (a whole snapshot and deltas after it, rebuilt by the nodes)."""
-    from flux.examples import counting_dataflow
-    from flux.runtime.file_source import FileSource
-    from flux.runtime.sources import Paced
+    from flux.testing.dataflows import counting_dataflow
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
 
     expected = write_inputs(tmp_path / "in", 24_000)
@@ -54,7 +54,7 @@ def test_a_double_failure_restarts_from_the_last_checkpoint(spark, tmp_path, fmt
 
 
 def test_a_job_without_a_replayable_source_cannot_checkpoint(spark, tmp_path):
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.spark.job import FluxJob
 
     with pytest.raises(ValueError, match="read again from a position"):
@@ -66,10 +66,11 @@ def test_a_checkpoint_of_another_dataflow_is_refused(spark, tmp_path):
     """Checkpoints written by one dataflow are never restored into another (or into other
     partition counts): the job refuses to start and says why."""
     from flux.errors import CheckpointMismatch
-    from flux.examples import counting_dataflow, paper_dataflow
+    from flux.examples import paper_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.spark.job import FluxJob
 
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     records = keyed_workload(3000, seed=1, keys=7)
     with FluxJob(spark, counting_dataflow(2), records, nodes=4, standbys=0,
@@ -90,9 +91,9 @@ def test_the_ingress_process_killed_restarts_the_job_from_its_checkpoint(spark, 
     import os
     import signal
 
-    from flux.examples import counting_dataflow
-    from flux.runtime.file_source import FileSource
-    from flux.runtime.sources import Paced
+    from flux.testing.dataflows import counting_dataflow
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
 
     expected = write_inputs(tmp_path / "in", 16_000)
@@ -117,10 +118,10 @@ def test_without_a_checkpoint_the_ingress_process_killed_stops_the_job_with_why(
     import signal
 
     from flux.errors import IngressLost
-    from flux.examples import counting_dataflow
-    from flux.runtime.sources import RateLimited
+    from flux.testing.dataflows import counting_dataflow
+    from flux.connectors.sources import RateLimited
     from flux.spark.job import FluxJob
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     records = keyed_workload(40_000, seed=2, keys=50)
     with FluxJob(spark, counting_dataflow(2), RateLimited(records, 4000), nodes=4,

@@ -13,8 +13,8 @@ import pytest
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.runtime.sources import RateLimited
-from flux.workload import packet_workload
+from flux.connectors.sources import RateLimited
+from flux.testing.workloads import packet_workload
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="the rig needs root (namespaces)")]
@@ -24,7 +24,7 @@ HOSTS, NODES, STANDBYS, RATE = 5, 4, 1, 2000.0
 
 @pytest.fixture(scope="module")
 def rig():
-    from flux.spark.rig import Rig
+    from flux.testing.rig import Rig
 
     with Rig(HOSTS) as rig:
         rig.session("flux-rig-tests")
@@ -146,7 +146,7 @@ def test_a_chaos_run_of_each_scenario_of_hosts_changes_nothing_in_the_output(rig
 
 @pytest.mark.timeout(200)
 def test_the_rig_leaves_nothing_behind_even_when_its_body_fails():
-    from flux.spark.rig import Rig
+    from flux.testing.rig import Rig
 
     rig = Rig(1)
     with pytest.raises(RuntimeError, match="the body failed"):

@@ -14,7 +14,7 @@ import pytest
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="the rig needs root (namespaces)")]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow,
 @pytest.mark.timeout(400)
 def test_a_local_cluster_after_the_rig_runs_on_loopback_with_its_own_executors():
     from flux.spark.job import FluxJob
-    from flux.spark.rig import Rig
+    from flux.testing.rig import Rig
     from flux.spark.session import local_cluster
 
     with Rig(1) as rig:

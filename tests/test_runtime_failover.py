@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from flux.examples import counting_dataflow, paper_dataflow
+from flux.examples import paper_dataflow
+from flux.testing.dataflows import counting_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.runtime.threads import ThreadCluster
-from flux.workload import keyed_workload, packet_workload
+from flux.testing.threads import ThreadCluster
+from flux.testing.workloads import keyed_workload, packet_workload
 
 pytestmark = pytest.mark.timeout(120)
 

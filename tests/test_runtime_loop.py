@@ -13,16 +13,17 @@ import pytest
 import zmq
 
 from controller.placement import ChainedDeclustering
-from flux.builder import MachineBuilder
+from flux.protocol.builder import MachineBuilder
 from flux.effects import Deliver
-from flux.examples import counting_dataflow, paper_dataflow
-from flux.host import Host
-from flux.ingress import INGRESS
+from flux.examples import paper_dataflow
+from flux.testing.dataflows import counting_dataflow
+from flux.protocol.host import Host
+from flux.protocol.ingress import INGRESS
 from flux.operator import wire_form
 from flux.reference import reference_output
 from flux.runtime.loop import HostLoop
 from flux.runtime.transport import ConnectionGap, Transport
-from flux.workload import keyed_workload, packet_workload
+from flux.testing.workloads import keyed_workload, packet_workload
 
 
 def run_cluster(dataflow, records, partitions, timeout=60.0):
@@ -99,7 +100,7 @@ def test_the_papers_dataflow_over_zeromq_equals_the_reference():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("replication", ["none", "cluster-pairs"])
 def test_the_baselines_give_the_reference_output_without_failures(replication):
-    from flux.runtime.threads import ThreadCluster
+    from flux.testing.threads import ThreadCluster
 
     records = packet_workload(4000, seed=3, pairs=400, apps=4, sources=20)
     expected = reference_output(paper_dataflow(), records, 4)

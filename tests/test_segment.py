@@ -1,19 +1,19 @@
-"""Exact transitions of a segment (flux/segment.py; DESIGN 4.1 numbering, 4.3 bounds)."""
+"""Exact transitions of a segment (flux/protocol/segment.py; DESIGN 4.1 numbering, 4.3 bounds)."""
 from __future__ import annotations
 
 import pytest
 
 from flux.addresses import Addr, P, S
-from flux.buffer import PRIM
+from flux.protocol.buffer import PRIM
 from flux.control_messages import TakeoverDone
 from flux.data_messages import Ack, Batch, Reverse
 from flux.effects import Send
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
-from flux.ingress import INGRESS
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.ingress import INGRESS
 from flux.operator import Map, OperatorChain
-from flux.segment import Segment
+from flux.protocol.segment import Segment
 
 
 class Chain:
@@ -233,7 +233,7 @@ def test_a_partition_key_that_raises_is_reported_as_such():
 def test_segments_take_the_chains_built_ahead_before_building_their_own():
     """A standby builds its operators while it waits (the check when it loads the
     dataflow), not while a catch-up waits for it."""
-    from flux.builder import MachineBuilder
+    from flux.protocol.builder import MachineBuilder
     from flux.dataflow import Dataflow, Stage
 
     built = []

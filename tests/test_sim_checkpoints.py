@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from flux.cuts import Cuts
+from flux.protocol.cuts import Cuts
 from flux.sequence import NO_PROGRESS
 from flux.errors import LocalProtocolError
-from flux.examples import counting_dataflow
-from flux.builder import MachineBuilder
+from flux.testing.dataflows import counting_dataflow
+from flux.protocol.builder import MachineBuilder
 from flux.sim.__main__ import crash_window
 from flux.sim.schedule import OK, VIOLATION, SimParams, format_trace, run_schedule
 

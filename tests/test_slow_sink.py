@@ -10,7 +10,7 @@ from test_metrics_endpoint import scrape, series
 
 from experiments.soak import CheckingSink, RecordedFeed, outputs_per_input
 from flux.examples import paper_dataflow
-from flux.workload import PacketWorkload
+from flux.testing.workloads import PacketWorkload
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

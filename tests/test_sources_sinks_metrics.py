@@ -7,8 +7,8 @@ import json
 import pytest
 
 from flux.runtime.metrics import TIMELINE_COLUMNS, Metrics
-from flux.runtime.sinks import JsonLinesSink, read_json_lines
-from flux.runtime.sources import NOT_YET, RateLimited
+from flux.connectors.sinks import JsonLinesSink, read_json_lines
+from flux.connectors.sources import NOT_YET, RateLimited
 
 pytestmark = pytest.mark.timeout(30)
 

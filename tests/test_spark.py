@@ -11,9 +11,9 @@ from flux.examples import paper_dataflow
 from test_metrics_endpoint import scrape, series
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.runtime.sinks import JsonLinesSink, read_json_lines
-from flux.runtime.sources import RateLimited
-from flux.workload import packet_workload
+from flux.connectors.sinks import JsonLinesSink, read_json_lines
+from flux.connectors.sources import RateLimited
+from flux.testing.workloads import packet_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -120,7 +120,7 @@ def test_the_baselines_on_spark_give_the_reference_output(spark, replication):
 def test_a_task_that_fails_to_start_again_and_again_stops_the_job_with_its_error(spark):
     """SPARK_NOTES: with a high maxFailures Spark would retry this forever."""
     from flux.dataflow import Dataflow, Stage
-    from flux.operators.sessions import session_key
+    from flux.examples.sessions import session_key
     from flux.spark.job import FluxJob
 
     # an operator that cannot be built on the executors (here: on any machine; the
@@ -142,7 +142,7 @@ def raise_on(bad, record):
 def test_an_operator_that_raises_stops_the_job_with_the_operator_partition_and_record(spark):
     from flux.dataflow import Dataflow, Stage
     from flux.operator import Map
-    from flux.operators.sessions import SessionReconstruction, session_key
+    from flux.examples.sessions import SessionReconstruction, session_key
 
     records = packet_workload(3000, seed=2, pairs=2000, apps=4, sources=100)
     check = partial(Map, partial(raise_on, records[499]))
@@ -162,7 +162,7 @@ def stops_with(spark, dataflow, records, match: str) -> None:
 
 
 def key_raising_on(bad, record):
-    from flux.operators.sessions import session_key
+    from flux.examples.sessions import session_key
 
     if list(record) == list(bad):
         raise KeyError("no session for this packet")
@@ -174,7 +174,7 @@ def test_a_first_stage_key_that_raises_stops_the_job_naming_the_input(spark):
     records (checked before the job starts), a key that raises stops the job with an
     ``OperatorError`` naming the input, as a segment's next-stage key does."""
     from flux.dataflow import Dataflow, Stage
-    from flux.operators.sessions import SessionReconstruction
+    from flux.examples.sessions import SessionReconstruction
 
     records = packet_workload(3000, seed=2, pairs=2000, apps=4, sources=100)
     dataflow = Dataflow([Stage("sessions", partial(key_raising_on, records[1999]),
@@ -212,7 +212,7 @@ def rss_mb() -> float:
 def test_a_long_run_with_a_sink_holds_no_memory_per_output(spark):
     """Issue 12: a million outputs through a counting sink; the driver's memory stays flat
     (before, it kept ~400 bytes per output and 40 per input)."""
-    from flux.examples import counting_dataflow
+    from flux.testing.dataflows import counting_dataflow
     from flux.spark.job import FluxJob
 
     inputs, keys = 750_000, 64
@@ -236,11 +236,11 @@ def test_a_file_source_into_a_file_sink_and_a_rerun_duplicates_nothing(spark, tm
     and adds nothing twice (issue 14's sink, before checkpoints)."""
     import json
 
-    from flux.examples import counting_dataflow
-    from flux.runtime.file_sink import FileSink, read_file_sink
-    from flux.runtime.file_source import FileSource
+    from flux.testing.dataflows import counting_dataflow
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.file_source import FileSource
     from flux.spark.job import FluxJob
-    from flux.workload import keyed_workload
+    from flux.testing.workloads import keyed_workload
 
     folder = tmp_path / "in"
     folder.mkdir()

@@ -9,7 +9,7 @@ from experiments.overhead import summarize, table
 from experiments.throughput import DriverWakeups, operators_alone, spread
 from flux.examples import paper_dataflow
 from flux.reference import reference_output
-from flux.workload import packet_workload
+from flux.testing.workloads import packet_workload
 
 
 def test_ratios_are_taken_per_round_and_reported_with_their_spread():

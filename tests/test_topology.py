@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from controller.placement import ChainedDeclustering, ClusterPairs
 from flux.addresses import Addr, P, S
-from flux.topology import Topology, node_name, standby_name
+from controller.topology import Topology, node_name, standby_name
 
 
 def test_numbered_knows_every_process_and_where_every_endpoint_starts():

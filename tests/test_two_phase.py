@@ -16,13 +16,13 @@ from flux.control_messages import Avail, TakeoverDone
 from flux.data_messages import Batch, CSync, Pause, PauseAck, Reverse
 from flux.effects import Send, SourcesPaused, StateInstalled
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
-from flux.host import Host
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.host import Host
 from flux.keyed_state import KeyedState
 from flux.operator import Map, OperatorChain, wire_form
-from flux.operators.counter import KeyedCounter
-from flux.segment import (
+from flux.testing.counter import KeyedCounter
+from flux.protocol.segment import (
     AWAITING_STATE,
     DRAINING,
     MOVING,

@@ -21,7 +21,7 @@ from experiments.vs_structured_streaming import parse_args, recovery_figures  # 
 from flux.examples import paper_dataflow  # noqa: E402
 from flux.reference import reference_output  # noqa: E402
 from flux.runtime.metrics import Metrics
-from flux.workload import packet_workload  # noqa: E402
+from flux.testing.workloads import packet_workload  # noqa: E402
 
 
 class FakeGroupState:

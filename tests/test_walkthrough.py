@@ -45,7 +45,7 @@ def spark_submit() -> str:
 def test_the_walkthrough_runs_on_a_standalone_cluster_exact_through_a_kill(tmp_path):
     from flux import Dataflow, Stage, read_file_sink, reference_output
     from flux.operator import wire_form
-    from flux.spark.rig import Rig
+    from flux.testing.rig import Rig
 
     package, program, confs = walkthrough()
     (tmp_path / "my_ops").mkdir()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from flux.workload import PacketWorkload, keyed_workload, packet_workload
+from flux.testing.workloads import PacketWorkload, keyed_workload, packet_workload
 
 SMALL = dict(pairs=40, apps=2, sources=5, concurrent=8)
 
@@ -23,7 +23,7 @@ def test_packet_workload_is_deterministic_for_a_seed():
 
 def test_packet_workload_is_the_same_in_another_process():
     code = (
-        "import json; from flux.workload import packet_workload, keyed_workload; "
+        "import json; from flux.testing.workloads import packet_workload, keyed_workload; "
         "print(json.dumps([packet_workload(300, 11, pairs=40, apps=2, sources=5, concurrent=8), "
         "keyed_workload(50, 11)]))"
     )

@@ -30,7 +30,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import fsspec
 
 from flux.errors import CheckpointCorrupt, CheckpointMismatch
-from flux.runtime.checksums import Damaged, digest, seal, unseal
+from flux.checksums import Damaged, digest, seal, unseal
 
 log = logging.getLogger(__name__)
 

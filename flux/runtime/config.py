@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 from controller.placement import Placement, placement_for
 from flux.runtime.network import check_port_range, local_host
 from flux.runtime.transport import job_keys
-from flux.topology import Topology
+from controller.topology import Topology
 
 
 @dataclass(frozen=True)

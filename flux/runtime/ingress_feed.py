@@ -29,8 +29,8 @@ from flux.runtime.ingress_process import (
     STATS,
     IngressProcess,
 )
-from flux.connectors import DroppingSource, Source, TimedSource, WaitingSource
-from flux.runtime.sources import NOT_YET
+from flux.connector_api import DroppingSource, Source, TimedSource, WaitingSource
+from flux.connectors.sources import NOT_YET
 
 #: records handed over ahead of what the ingress accepted: enough to cover the round trip
 #: to the process at full rate, few enough to keep the feed's queue short

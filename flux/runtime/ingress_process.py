@@ -223,12 +223,12 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
     """Build the ingress, say where it listens, then run it until the driver says stop."""
     from pyspark import cloudpickle
 
-    from flux.builder import MachineBuilder
+    from flux.protocol.builder import MachineBuilder
     from flux.control_messages import JOB_STOPPED
-    from flux.host import Host
+    from flux.protocol.host import Host
     from flux.runtime.loop import HostLoop
     from flux.runtime.transport import Transport
-    from flux.topology import INGRESS_PROCESS
+    from controller.topology import INGRESS_PROCESS
 
     msg = _wait_for(feed, SPEC, parent)
     if msg is None:

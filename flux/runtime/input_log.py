@@ -27,7 +27,7 @@ import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
 from flux.runtime.checkpoint_store import CheckpointStore
-from flux.runtime.checksums import Damaged, digest
+from flux.checksums import Damaged, digest
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from flux.control_messages import (
 from flux.data_messages import Ack, Credit
 from flux.effects import Deliver, Snapshot, SourcesPaused, SourcesResumed, StateInstalled
 from flux.envelope import Envelope
-from flux.host import Host
-from flux.ingress import INGRESS
-from flux.machine import Machine
-from flux.connectors import DroppingSource, TimedSource, WaitingSource
+from flux.protocol.host import Host
+from flux.protocol.ingress import INGRESS
+from flux.protocol.machine import Machine
+from flux.connector_api import DroppingSource, TimedSource, WaitingSource
 from flux.runtime.metrics import Metrics
-from flux.runtime.sources import NOT_YET
+from flux.connectors.sources import NOT_YET
 from flux.runtime.transport import DEFAULT_POLL_LIMIT, ConnectionGap, Transport
 from statemover.messages import SmReady, TransferFailed
 

@@ -7,11 +7,11 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from controller.failure_detector import Timings
 from flux.addresses import Addr
-from flux.buffer import Buffer
-from flux.host import Host
-from flux.ingress import Ingress
-from flux.segment import Segment
-from flux.topology import EGRESS_PROCESS, INGRESS_PROCESS
+from flux.protocol.buffer import Buffer
+from flux.protocol.host import Host
+from flux.protocol.ingress import Ingress
+from flux.protocol.segment import Segment
+from controller.topology import EGRESS_PROCESS, INGRESS_PROCESS
 
 INGRESS_HOST = INGRESS_PROCESS
 EGRESS_HOST = EGRESS_PROCESS

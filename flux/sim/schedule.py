@@ -14,14 +14,14 @@ from typing import Any, List, Optional, Tuple
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
 from flux.data_messages import Batch
-from flux.host import Host
+from flux.protocol.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
-from flux.ingress import Ingress
+from flux.protocol.ingress import Ingress
 from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
 from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
 from flux.state_codec import unpack_state
-from flux.topology import node_name
+from controller.topology import node_name
 
 #: relative speeds a process may get for one schedule
 SPEEDS = (0.05, 0.2, 1.0, 1.0, 1.0, 4.0)
@@ -165,19 +165,19 @@ DATAFLOWS = ("counter", "packets", "packets-ttl")
 
 
 def build_dataflow(params: SimParams, seed: int):
-    from flux import examples, workload
+    from flux.testing import dataflows, workloads
 
     if params.dataflow == "counter":
-        return (examples.counting_dataflow(params.stages),
-                workload.keyed_workload(params.inputs, seed, keys=6))
+        return (dataflows.counting_dataflow(params.stages),
+                workloads.keyed_workload(params.inputs, seed, keys=6))
     # packets-ttl: sessions and idle keys expire within a schedule (ts grows ~3 a packet),
     # so expiries fall before, during and after catch-ups (flux/expiry.py)
     ttl = {"session_ttl": 24, "idle_ttl": 45} if params.dataflow == "packets-ttl" else {}
-    return (examples.packet_dataflow(params.stages, **ttl),
+    return (dataflows.packet_dataflow(params.stages, **ttl),
             # concurrent=3: about half the packets end a session, so the stats stage
             # has input (with the workload's default of 1000 open sessions, 6 pairs
             # never end one within a schedule and the packet dataflow had no output)
-            workload.packet_workload(params.inputs, seed, pairs=6, apps=2, sources=3,
+            workloads.packet_workload(params.inputs, seed, pairs=6, apps=2, sources=3,
                                      concurrent=3))
 
 

@@ -18,8 +18,8 @@ from typing import List, Tuple
 
 from flux.addresses import Addr, MoverAddr
 from flux.effects import Snapshot
-from flux.host import Host
-from flux.ingress import INGRESS
+from flux.protocol.host import Host
+from flux.protocol.ingress import INGRESS
 from flux.sim.config import (
     CHECKPOINT_STORE,
     CONTROLLER,

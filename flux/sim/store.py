@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 from flux.addresses import S, Addr
 from flux.effects import Snapshot
-from flux.host import Host
+from flux.protocol.host import Host
 from flux.sim.config import Chain, FileId
 from flux.sim.oracle import Violation
 from flux.snapshot_chain import BrokenChain, rebuild

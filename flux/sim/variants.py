@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from flux.buffer import PRIM, Buffer
+from flux.protocol.buffer import PRIM, Buffer
 from flux.data_messages import Credit
 from flux.effects import Send
-from flux.host import Host
-from flux.ingress import Ingress
-from flux.segment import DRAINING, PROCESSING, STREAMING, Segment
+from flux.protocol.host import Host
+from flux.protocol.ingress import Ingress
+from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
 from flux.sequence import NO_PROGRESS, input_sn
 
 

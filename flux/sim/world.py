@@ -31,7 +31,7 @@ from controller.checkpoints import CheckpointCoordinator
 from controller.placement import Placement
 from controller.recovery import Recovery
 from flux.addresses import Addr
-from flux.builder import MachineBuilder
+from flux.protocol.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
 from flux.effects import (
     CutChosen,
@@ -43,7 +43,7 @@ from flux.effects import (
     StateInstalled,
 )
 from flux.envelope import Envelope
-from flux.host import Host
+from flux.protocol.host import Host
 from flux.sim.channels import Channels
 from flux.sim.config import (
     CHECKPOINT_STORE,
@@ -66,7 +66,7 @@ from flux.sim.restarts import Restarts
 from flux.sim.steps import Steps
 from flux.sim.store import CheckpointStore, StoredFile, checksum
 from flux.snapshot_chain import install
-from flux.topology import Topology
+from controller.topology import Topology
 from statemover.messages import SmReady, TransferFailed
 
 #: the world and the names its parts define, importable from here as before the split

@@ -22,11 +22,11 @@ import zmq
 
 from controller.hosts import PlacementError, assign_hosts
 from controller.recovery import Recovery
-from flux.builder import MachineBuilder
-from flux.connectors import OffsetReporting
+from flux.protocol.builder import MachineBuilder
+from flux.connector_api import OffsetReporting
 from flux.control_messages import JOB_STOPPED, Register
 from flux.effects import Deliver, SinkCommit
-from flux.host import Host
+from flux.protocol.host import Host
 from flux.operator import describe
 from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import PENDING, ControllerService
@@ -38,7 +38,7 @@ from flux.runtime.transport import Transport
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.node_task import node_main
 from flux.spark.output import OutputWriter
-from flux.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
+from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
 
 log = logging.getLogger(__name__)
 

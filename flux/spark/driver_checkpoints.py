@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from controller.checkpoints import CheckpointCoordinator, fingerprint
-from flux.connectors import LOGGED
+from flux.connector_api import LOGGED
 from flux.errors import CheckpointCorrupt
 from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore

@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from pyspark import cloudpickle
 
-from flux.builder import MachineBuilder
-from flux.connectors import replay_order_of
+from flux.protocol.builder import MachineBuilder
+from flux.connector_api import replay_order_of
 from flux.control_messages import JOB_STOPPED
 from flux.dataflow import check_batch_api, check_state_round_trip
 from flux.errors import DataflowError, IngressLost, PairLost
@@ -35,7 +35,7 @@ from flux.operator import OperatorRaised, describe
 from flux.runtime.config import NodeConfig
 from flux.runtime.metrics import Metrics
 from flux.runtime.network import boot_id, local_host
-from flux.runtime.sources import peek, replayable
+from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.options import JobOptions

@@ -26,7 +26,7 @@ from tenacity import (
 )
 
 from flux.addresses import CONTROLLER, ProcAddr
-from flux.builder import MachineBuilder
+from flux.protocol.builder import MachineBuilder
 from flux.control_messages import (
     JOB_STOPPED,
     Failed,
@@ -40,7 +40,7 @@ from flux.control_messages import (
 )
 from flux.envelope import Envelope
 from flux.errors import CheckpointCorrupt, OperatorError
-from flux.host import Host
+from flux.protocol.host import Host
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
 from flux.runtime.liveness import Liveness
@@ -50,7 +50,7 @@ from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.network import boot_id, is_loopback, split_tcp
 from flux.runtime.snapshot_writer import SnapshotWriter
 from flux.runtime.transport import Transport
-from flux.segment import StreamedSegment
+from flux.protocol.segment import StreamedSegment
 from flux.snapshot_chain import install
 from flux.state_codec import unpack_state
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple
 
-from flux.builder import REPLICATIONS
+from flux.protocol.builder import REPLICATIONS
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from flux.connectors import is_exactly_once
+from flux.connector_api import is_exactly_once
 
 SN = Tuple[int, ...]
 

@@ -26,9 +26,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import fsspec
 
-from flux.connectors import CommitsBySN
+from flux.connector_api import CommitsBySN
 from flux.errors import DamagedFile
-from flux.runtime.checksums import Damaged, digest, seal, unseal
+from flux.checksums import Damaged, digest, seal, unseal
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any, List, Optional, Tuple
 
-from flux.connectors import CommitsBySN
+from flux.connector_api import CommitsBySN
 from flux.errors import SinkFenced
 
 log = logging.getLogger(__name__)

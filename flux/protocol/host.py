@@ -18,7 +18,7 @@ from flux.control_messages import View
 from flux.effects import Send, StateInstalled
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.segment import CatchUp
+from flux.protocol.segment import CatchUp
 from statemover.messages import (
     MOVER_CALLS,
     CancelTransfer,

@@ -11,8 +11,8 @@ changes of those stores since the snapshot, plus everything else whole (other
 operators, F-Prod buffers, F-Cons merge), installed as before. Operators without a
 ``KeyedState`` simply move whole in phase 2 (their bulk is empty).
 
-A part of ``flux.segment.Segment`` (its attributes are the segment's): one file per
-seam of the segment, one state machine (``flux.segment_mode``).
+A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's): one file per
+seam of the segment, one state machine (``flux.protocol.segment_mode``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Iterator, List, Optional
 from flux.effects import SourcesPaused, SourcesResumed
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.operator import describe
-from flux.segment_mode import (
+from flux.protocol.segment_mode import (
     AWAITING_STATE,
     MOVING,
     PROCESSING,

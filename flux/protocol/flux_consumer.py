@@ -32,7 +32,7 @@ from flux.control_messages import FoldedIn
 from flux.data_messages import Ack, Batch, Credit, CSync, Item, Pause, PauseAck, PSync, Reverse
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.producer import ACTIVE, DEAD, STDBY, Status
+from flux.protocol.producer import ACTIVE, DEAD, STDBY, Status
 from flux.sequence import NO_SN, SN
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr
-from flux.buffer import DESTS, SEC, Buffer
+from flux.protocol.buffer import DESTS, SEC, Buffer
 from flux.control_messages import FoldedIn
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync
 from flux.effects import Send

@@ -2,7 +2,7 @@
 by the merge through the operators, outputs numbered (the k-th of input ``s`` is
 ``s + (k,)``), routed and buffered; batches and credits out.
 
-A part of ``flux.segment.Segment`` (its attributes are the segment's).
+A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import List
 
 from flux.errors import LocalProtocolError, OperatorError
 from flux.operator import OperatorRaised, describe
-from flux.segment_mode import DRAINING, PROCESSING, STREAMING, Event
+from flux.protocol.segment_mode import DRAINING, PROCESSING, STREAMING, Event
 
 
 class ProcessingSide:

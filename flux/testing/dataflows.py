@@ -1,12 +1,8 @@
-"""Ready-made dataflows: the paper's example (section 2.4) and test pipelines.
+"""Test pipelines built on the paper's dataflow and the load operators.
 
-Keys and factories are module-level functions, classes and
-``functools.partial`` objects so they pickle to Spark executors.
-
-- ``paper_dataflow``: packets -> sessions by ``(src, dst)`` -> windowed
-  stats by ``(app, src)``; outputs ``(app, src, max, avg, ts)``.
-- ``cpu_bound_paper_dataflow``: the same, with ``BusyWork`` making the first
+- ``cpu_bound_paper_dataflow``: the paper's, with ``BusyWork`` making the first
   group-by CPU-bound (the overhead experiment).
+- ``with_ballast``, ``ballast_paper_dataflow``: keyed state of a given size.
 - ``counting_dataflow``: ``(key, value)`` records through ``KeyedCounter``
   stages, repartitioned at every stage; outputs ``(key, ±count, payload)``.
 - ``packet_dataflow``: the paper's two stages, then ``KeyedCounter`` stages
@@ -18,11 +14,11 @@ from functools import partial
 from typing import Any, Optional, Sequence
 
 from flux.dataflow import Dataflow, Stage
-from flux.operators.ballast import Ballast
-from flux.operators.busy import BusyWork
-from flux.operators.counter import KeyedCounter, first_field, key_and_count
-from flux.operators.sessions import SessionReconstruction, session_key
-from flux.operators.stats import DEFAULT_WINDOW, WindowedDurationStats, stats_key
+from flux.examples.dataflows import paper_dataflow, paper_stages
+from flux.examples.stats import DEFAULT_WINDOW
+from flux.testing.ballast import Ballast
+from flux.testing.busy import BusyWork
+from flux.testing.counter import KeyedCounter, first_field, key_and_count
 
 
 def app_and_time(stats_record: Sequence[Any]) -> tuple:
@@ -30,35 +26,11 @@ def app_and_time(stats_record: Sequence[Any]) -> tuple:
     return (stats_record[0], stats_record[4])
 
 
-def _paper_stages(window: int, emit_every: int, session_ttl: Optional[int] = None,
-                  idle_ttl: Optional[int] = None) -> list[Stage]:
-    sessions = (partial(SessionReconstruction, ttl=session_ttl) if session_ttl is not None
-                else SessionReconstruction)
-    return [
-        Stage("sessions", session_key, (sessions,)),
-        Stage(
-            "stats",
-            stats_key,
-            (partial(WindowedDurationStats, window=window, emit_every=emit_every,
-                     idle_ttl=idle_ttl),),
-        ),
-    ]
-
-
-def paper_dataflow(window: int = DEFAULT_WINDOW, emit_every: int = 2,
-                   session_ttl: Optional[int] = None, idle_ttl: Optional[int] = None
-                   ) -> Dataflow:
-    """The paper's dataflow: session reconstruction, then per-(app, src) windowed stats.
-    ``session_ttl``/``idle_ttl``: event-time expiry of open sessions and of idle keys
-    (None: never; on an endless feed of ever new keys, set them)."""
-    return Dataflow(_paper_stages(window, emit_every, session_ttl, idle_ttl))
-
-
 def cpu_bound_paper_dataflow(rounds: int = 200, window: int = DEFAULT_WINDOW,
                              emit_every: int = 2) -> Dataflow:
     """The paper's dataflow with ``BusyWork(rounds)`` in front of session reconstruction:
     the first group-by is the bottleneck (the overhead experiment, 5.4)."""
-    stages = _paper_stages(window, emit_every)
+    stages = paper_stages(window, emit_every)
     first = stages[0]
     stages[0] = Stage(first.name, first.key, (partial(BusyWork, rounds=rounds), *first.operators))
     return Dataflow(stages)
@@ -111,7 +83,7 @@ def packet_dataflow(stages: int, window: int = DEFAULT_WINDOW, emit_every: int =
     """
     if stages < 1:
         raise ValueError(f"a packet dataflow needs >= 1 stage, got {stages}")
-    chosen = _paper_stages(window, emit_every, session_ttl, idle_ttl)[:stages]
+    chosen = paper_stages(window, emit_every, session_ttl, idle_ttl)[:stages]
     counter = partial(KeyedCounter, fanout_every=fanout_every)
     for s in range(3, stages + 1):
         chosen.append(Stage(f"count{s}", app_and_time if s == 3 else key_and_count, (counter,)))

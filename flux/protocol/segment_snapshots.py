@@ -4,7 +4,7 @@ changes since this replica's last snapshot (flux.snapshot_chain); and the packin
 state for the store or a new replica, where a state that cannot be encoded is the
 operator's error.
 
-A part of ``flux.segment.Segment`` (its attributes are the segment's).
+A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import List
 from flux.effects import Snapshot
 from flux.errors import LocalProtocolError, OperatorError
 from flux.operator import describe
-from flux.segment_mode import DRAINING, PROCESSING, STREAMING, Event
+from flux.protocol.segment_mode import DRAINING, PROCESSING, STREAMING, Event
 from flux.snapshot_chain import delta_snapshot, full_snapshot
 from flux.state_codec import pack_state, paused_gc
 

@@ -20,13 +20,13 @@ from collections import deque
 from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr, P, S
-from flux.buffer import Buffer
+from flux.protocol.buffer import Buffer
 from flux.control_messages import SegmentStats
 from flux.data_messages import Ack, Credit, CSync, Pause
 from flux.effects import CutChosen, Send
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.operator import describe
-from flux.producer import ACK, SEND, BufferFactory, Producer
+from flux.protocol.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 
 INGRESS = Addr(0, 0, P)

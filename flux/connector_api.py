@@ -3,7 +3,7 @@
 A ``Source`` is an iterator of records that can say where it is: ``position``
 after the record it returned last, and ``open(position)`` to go on from there
 after a restart, so every input is read again in the same order and gets the
-same input SN. It yields ``NOT_YET`` (flux.runtime.sources) when nothing has
+same input SN. It yields ``NOT_YET`` (flux.connectors.sources) when nothing has
 arrived, and ends with ``StopIteration``.
 
 A ``Sink`` takes the outputs ``(sn, record)`` in SN order, ``write(items)``,

@@ -21,11 +21,11 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr, other
-from flux.buffer import SEC, Buffer
+from flux.protocol.buffer import SEC, Buffer
 from flux.control_messages import Avail, TakeoverDone
 from flux.data_messages import Ack, Credit, CSync, Pause, Reverse
 from flux.effects import Send
-from flux.producer import ACK, DEAD, SEND, BufferFactory, Producer
+from flux.protocol.producer import ACK, DEAD, SEND, BufferFactory, Producer
 from flux.sequence import SN
 
 

@@ -152,7 +152,7 @@ class Paced:
     def replay_order(self) -> str:
         """The wrapped source's (flux.connectors.replay_order_of): pacing changes when
         records are read, never their order."""
-        from flux.connectors import replay_order_of
+        from flux.connector_api import replay_order_of
 
         return replay_order_of(self.source)
 
@@ -204,7 +204,7 @@ class Paced:
 def replayable(source: Any) -> Any:
     """``source`` as a ``Source`` that can be opened at a position (a sequence is wrapped),
     or None if it cannot be replayed (an iterator, a feed without positions)."""
-    from flux.connectors import Source
+    from flux.connector_api import Source
 
     if isinstance(source, Sequence):
         return SequenceSource(source)
@@ -215,7 +215,7 @@ def peek(source: Any, n: int) -> Tuple[list, Any]:
     """Up to ``n`` first records of ``source`` (for the checks before deploying), and the
     source to use from now on: a sequence is sliced, a ``Source`` read and opened again
     where it was, an iterator read ahead and chained back."""
-    from flux.connectors import Source
+    from flux.connector_api import Source
 
     if isinstance(source, Sequence):
         return list(source[:n]), source

@@ -17,16 +17,16 @@ import zmq
 
 from controller.placement import placement_for
 from controller.recovery import Recovery
-from flux.builder import MachineBuilder
+from flux.protocol.builder import MachineBuilder
 from flux.effects import Deliver
-from flux.host import Host
+from flux.protocol.host import Host
 from flux.runtime.controller_service import ControllerService
 from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport, job_keys
-from flux.segment import StreamedSegment
-from flux.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, Topology
+from flux.protocol.segment import StreamedSegment
+from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, Topology
 
 
 class ThreadCluster:

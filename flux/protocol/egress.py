@@ -12,10 +12,10 @@ from typing import Iterable, List, Set
 from flux.addresses import Addr, P, S
 from flux.control_messages import SegmentStats
 from flux.data_messages import Batch, PSync
-from flux.cuts import Cuts
+from flux.protocol.cuts import Cuts
 from flux.effects import Deliver, SinkCommit
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.flux_consumer import FluxConsumer
+from flux.protocol.flux_consumer import FluxConsumer
 from flux.sequence import INF, covers, input_sn
 
 

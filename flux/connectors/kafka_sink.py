@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, Optional
 
-from flux.connectors import CommitsBySN
+from flux.connector_api import CommitsBySN
 from flux.errors import SinkFenced
 
 log = logging.getLogger(__name__)

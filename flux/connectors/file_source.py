@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 
 import fsspec
 
-from flux.runtime.sources import NOT_YET
+from flux.connectors.sources import NOT_YET
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from typing import Any
 
 from exchange.partitioner import HashPartitioner
 from flux.addresses import Addr, P, S
-from flux.buffer import Buffer
-from flux.egress import Egress, egress_addr
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
-from flux.ingress import INGRESS, Ingress
-from flux.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
+from flux.protocol.buffer import Buffer
+from flux.protocol.egress import Egress, egress_addr
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.ingress import INGRESS, Ingress
+from flux.protocol.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
 
 #: DESIGN 7: partition pairs; one replica, no acks; two replica sets joined only at the ends
 REPLICATIONS = ("flux", "none", "cluster-pairs")

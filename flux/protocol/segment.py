@@ -4,12 +4,12 @@ One replica of one partition of one stage. The segment numbers outputs
 (DESIGN 4.1: the k-th output of input ``s`` is ``s + (k,)``), routes each to
 its consumer partition, computes the progress bound it may promise
 downstream (DESIGN 4.3), and runs its side of catch-up (3.3, 5.3, Figure 5).
-Its mode is in ``flux.segment_mode.TRANSITIONS``; see docs/design/catchup.md.
+Its mode is in ``flux.protocol.segment_mode.TRANSITIONS``; see docs/design/catchup.md.
 
 The segment is split along its seams, one file each: its local work
-(``flux.segment_processing``), its side of catch-up (``flux.segment_catchup``:
+(``flux.protocol.segment_processing``), its side of catch-up (``flux.protocol.segment_catchup``:
 the two-phase movement, both sides) and its checkpoint snapshots
-(``flux.segment_snapshots``); this file holds what they share: the record of the
+(``flux.protocol.segment_snapshots``); this file holds what they share: the record of the
 segment, its guard, the messages of its neighbours and the views.
 """
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any, Callable, Iterator, List, Optional, Set
 
 from flux.addresses import Addr, other
 from flux.control_messages import Avail, SegmentStats
-from flux.cuts import Cuts
+from flux.protocol.cuts import Cuts
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.flux_consumer import FluxConsumer
-from flux.flux_producer import FluxProducer
-from flux.segment_catchup import CatchUpSide
-from flux.segment_mode import (  # noqa: F401 (the segment's vocabulary, imported from here)
+from flux.protocol.flux_consumer import FluxConsumer
+from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.segment_catchup import CatchUpSide
+from flux.protocol.segment_mode import (  # noqa: F401 (the segment's vocabulary, imported from here)
     AWAITING_STATE,
     DRAINING,
     MOVING,
@@ -35,8 +35,8 @@ from flux.segment_mode import (  # noqa: F401 (the segment's vocabulary, importe
     Event,
     SegmentMode,
 )
-from flux.segment_processing import ProcessingSide
-from flux.segment_snapshots import CheckpointSide
+from flux.protocol.segment_processing import ProcessingSide
+from flux.protocol.segment_snapshots import CheckpointSide
 
 
 class Segment(ProcessingSide, CatchUpSide, CheckpointSide):

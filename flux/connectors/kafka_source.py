@@ -33,7 +33,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from flux.runtime.sources import NOT_YET
+from flux.connectors.sources import NOT_YET
 
 log = logging.getLogger(__name__)
 
