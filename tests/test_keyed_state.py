@@ -264,3 +264,21 @@ def test_a_part_is_keys_then_values_and_its_keys_come_back_hashable():
     for bad in (b"", b"\x93\x01\x02\x03", msgpack.packb([1, b"\x91\x01", b"\x90"])):
         with pytest.raises(StateCodecError):
             unpack_part(bad)
+
+
+def test_every_method_of_the_one_class_it_was_is_still_keyed_states():
+    """KeyedState is split into its access, its change records and its transfers
+    (flux.keyed_changes, flux.keyed_transfer): users and the runtime still see one class."""
+    documented = {
+        "get", "pop", "setdefault", "expire", "keys", "items", "values", "decode",
+        "__getitem__", "__setitem__", "__delitem__", "__contains__", "__len__", "__bool__",
+        "__iter__", "__eq__", "__repr__",
+        "tracking", "dirty", "dirty_keys", "clear_dirty", "stop_tracking", "delta",
+        "records_changes", "start_changes", "changes", "stop_changes",
+        "snapshot", "chunks", "parts", "restore", "install_chunk", "install_part", "apply_delta"}
+    assert documented <= set(dir(KeyedState))
+    s = KeyedState([[["a", 1], 1]], track_dirty=True)
+    s.start_changes()
+    s[("b", 2)] = 2
+    assert s.delta() == s.changes() == {"set": [[("b", 2), 2]], "deleted": []}
+    assert repr(s) == "KeyedState(2 keys, 1 dirty, 1 changed since a checkpoint)"
