@@ -1,15 +1,21 @@
 """python -m flux.sim --schedules N --seed S [--stages K] [--partitions P] [--crashes C]
 [--cuts N] [--false-suspicions N] [--lossy-mover P] [--checkpoints N] [--restarts N]
 [--full-every N] [--source-partitions K] [--corrupt-checkpoints N] [--keep-checkpoints N]
+[--fingerprint]
 
 Runs N seeded schedules (seeds S, S+1, ..., S+N-1), prints one line per
 violation with its seed and a short trace, then the line ``schedules=N violations=V``
 (the last of stdout), and after it on stderr the rate: ``# R schedules/s, ...``. Exit
-status is non-zero exactly when V > 0.
+status is non-zero exactly when V > 0. With ``--fingerprint`` a line
+``fingerprint=HEX`` comes just before it: one digest over every schedule's steps, what each
+carried and how each schedule ended, so two versions of the simulator or the protocol can
+be shown to take exactly the same steps.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import sys
 import time
 
@@ -34,6 +40,31 @@ def crash_window(params: SimParams) -> int:
     quiet = SimParams(**{**params.__dict__, "crashes": 0, "victims": (), "cuts": 0,
                          "false_suspicions": 0, "restarts": 0, "corrupt_checkpoints": 0})
     return max(1, run_schedule(0, quiet, 1).steps)
+
+
+def fingerprint(result) -> bytes:
+    """One schedule's steps (each with what it carried: the envelope delivered, the view,
+    what a crash kept) and its ending, as bytes to digest."""
+    parts = [f"{result.seed} {result.status} {result.steps} {result.delivered} "
+             f"{result.expected} {result.reason!r}"]
+    parts.extend(f"{step!r} {canonical(payload)}" for step, payload in result.trace)
+    return "\n".join(parts).encode()
+
+
+def canonical(value) -> str:
+    """``repr`` with sets sorted, so the text is the same whatever the hash seed."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(canonical, value))) + "}"
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__ + "(" + ", ".join(map(canonical, value)) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{canonical(k)}: {canonical(v)}"
+                                      for k, v in value.items())) + "}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__name__ + "(" + ", ".join(
+            f"{f.name}={canonical(getattr(value, f.name))}"
+            for f in dataclasses.fields(value)) + ")"
+    return repr(value)
 
 
 def print_shrunk(result, params: SimParams) -> None:
@@ -85,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-checkpoints", type=int, default=0, metavar="N",
                     help="complete checkpoints the store keeps, and the input log what the "
                          "oldest of them covers (0: 2 with --corrupt-checkpoints, else all)")
+    ap.add_argument("--fingerprint", action="store_true",
+                    help="print a digest of every schedule's steps and outcome (to compare "
+                         "two versions: the same digest, the same schedules)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
     ap.add_argument("--shrink", action="store_true",
                     help="shrink each violation to a short script and print its trace")
@@ -108,9 +142,12 @@ def main(argv=None) -> int:
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
+    digest = hashlib.sha256()
     started = time.perf_counter()
     for seed in range(args.seed, args.seed + args.schedules):
         result = run_schedule(seed, params, window)
+        if args.fingerprint:
+            digest.update(fingerprint(result))
         steps += result.steps
         catchups += len(result.catchups)
         bulk_parts += result.bulk_parts
@@ -151,6 +188,8 @@ def main(argv=None) -> int:
           f"restarts={restarts}, {corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)
+    if args.fingerprint:
+        print(f"fingerprint={digest.hexdigest()}")
     print(f"schedules={args.schedules} violations={violations}", flush=True)
     print(f"# {args.schedules / elapsed:.1f} schedules/s, {steps / elapsed:.0f} steps/s "
           f"({args.schedules} schedules in {elapsed:.1f} s)", file=sys.stderr)
