@@ -156,16 +156,14 @@ def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one
 
 
 class EndlessWork:
-    """A segment that always has input ready; each record takes 0.1 ms of the fake clock."""
+    """A machine that only processes (``flux.protocol.machine.Processes``) and always has
+    input ready; each record takes 0.1 ms of the fake clock."""
 
     def __init__(self, now):
         self.now, self.processed = now, 0
 
     def can_process(self):
         return True
-
-    def snapshot_due(self):
-        return False
 
     def process(self):
         self.now[0] += 0.0001
@@ -176,14 +174,11 @@ class EndlessWork:
             self.process()
         return limit
 
-    def flushable(self):
-        return []
-
     def credits_due(self):
         return False
 
-    def has_part(self):
-        return False
+    def send_credits(self):
+        return []
 
 
 def test_a_busy_loop_reports_every_bounded_turn():

@@ -35,8 +35,8 @@ def deliveries_anew(world):
 def local_steps_anew(world, key):
     steps = world.steps
     if isinstance(key, ZombieMachine):
-        machines = world.hosts[key.name].machines
-        return [("zombie", key.name, s) for s in steps.local_steps(key.addr, machines[key.addr])]
+        work = world.hosts[key.name].work
+        return [("zombie", key.name, s) for s in steps.local_steps(key.addr, work[key.addr])]
     return steps.local_steps(key)
 
 

@@ -4,6 +4,9 @@ It merges the last stage's partitions by SN into one totally ordered output,
 takes data from the P replicas and acks to the S replicas; when a P replica
 dies it reverses that partition to the S replica. Output leaves only in SN
 order, so a run with failures delivers exactly the failure-free sequence.
+
+It has no local work (``flux.protocol.machine``): outputs and their credits
+leave as the merge releases them, in ``on_message``, and it only acks.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from flux.control_messages import SegmentStats
 from flux.data_messages import Batch, PSync
 from flux.protocol.cuts import Cuts
 from flux.effects import Deliver, SinkCommit
-from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.errors import RemoteProtocolError
 from flux.protocol.flux_consumer import FluxConsumer
 from flux.sequence import INF, covers, input_sn
 
@@ -85,45 +88,12 @@ class Egress:
             effects.append(SinkCommit(*due))
         return effects
 
-    def can_process(self) -> bool:
-        return False  # outputs leave as they are released, in on_message
-
-    def process(self) -> int:
-        raise LocalProtocolError("the egress runs no operators")
-
-    def process_ready(self, limit: int) -> int:
-        return 0  # never an input to process (see ``can_process``)
-
-    def flushable(self) -> List:
-        return []  # it sends acks only, at once
-
-    def flush(self, i: int, d: int) -> List:
-        raise LocalProtocolError("the egress has no outgoing data connection")
-
     def on_fail(self, dead: Set[Addr]) -> List:
         return self.fcons.on_fail(dead)
 
     def on_avail(self, avail, peer_mover=None) -> List:
         self.fcons.on_avail(avail.addr, avail.version)
         return []
-
-    def credits_due(self) -> bool:
-        return False  # credits leave with the deliveries, in on_message
-
-    def send_credits(self) -> List:
-        raise LocalProtocolError("the egress credits as it delivers")
-
-    def snapshot_due(self) -> bool:
-        return False  # the egress runs no operators: nothing to snapshot
-
-    def snapshot(self, keep: bool = True) -> List:
-        raise LocalProtocolError("the egress runs no operators")
-
-    def has_part(self) -> bool:
-        return False  # the egress has no state to move
-
-    def send_part(self) -> List:
-        raise LocalProtocolError("the egress moves no state")
 
     def idle(self) -> bool:
         return self.fcons.idle()

@@ -8,6 +8,10 @@ and drops every message from an incarnation a view declared dead (fencing,
 DESIGN 4.4). On ``avail`` for one of its own addresses it creates the new
 replica. Sans-I/O: it returns envelopes to send; the simulator or the runtime
 carries them.
+
+It is where a machine is registered: what local work each does
+(``flux.protocol.machine.LocalWork``) is learnt as it is taken in and kept
+beside it, for the drivers that schedule that work.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from flux.control_messages import View
 from flux.effects import Send, StateInstalled
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.protocol.machine import LocalWork, Machine
 from flux.protocol.segment import CatchUp
 from statemover.messages import (
     MOVER_CALLS,
@@ -39,8 +44,8 @@ from statemover.mover import StateMover
 class Host:
     """Dispatches envelopes and views to the machines of one process."""
 
-    def __init__(self, name: str, machines: Dict[Addr, object], inc: int = 0,
-                 segment_factory: Optional[Callable[[Addr], object]] = None,
+    def __init__(self, name: str, machines: Dict[Addr, Machine], inc: int = 0,
+                 segment_factory: Optional[Callable[[Addr], Machine]] = None,
                  chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None,
                  view: int = 0, dead_incs: Iterable[int] = ()):
         """``view`` and ``dead_incs``: where a process joining a running job starts (the
@@ -49,7 +54,9 @@ class Host:
         self.inc = inc
         #: the incarnation of every endpoint as this host's views say (DESIGN 4.4)
         self.peer_incs: Dict[Addr, int] = dict(peer_incs or {})
-        self.machines = dict(machines)
+        self.machines: Dict[Addr, Machine] = dict(machines)
+        #: address -> the local work its machine does, in the order of ``machines``
+        self.work: Dict[Addr, LocalWork] = {a: LocalWork.of(m) for a, m in machines.items()}
         self.view = view
         self.dead: Set[Addr] = set()
         self.dead_incs: Set[int] = set(dead_incs)
@@ -115,6 +122,7 @@ class Host:
                 self.valid_from[(addr, inc)] = float("inf")  # killed alone: fence it
             if addr in self.machines and self.inc not in view.failed_incs:
                 del self.machines[addr]  # an aborted new replica here: discard it
+                del self.work[addr]
         if view.failed:
             failed = set(view.failed)
             for addr, machine in list(self.machines.items()):
@@ -128,6 +136,7 @@ class Host:
             if avail.node == self.name:
                 seg = self.segment_factory(avail.addr)
                 self.machines[avail.addr] = seg
+                self.work[avail.addr] = LocalWork.of(seg)
                 self.created_at[avail.addr] = view.number
                 effects.extend(seg.expect_state(CatchUp(avail.version, MoverAddr(avail.active_node))))
             self.dead.discard(avail.addr)

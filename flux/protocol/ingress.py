@@ -162,16 +162,7 @@ class Ingress:
         self.out.cut = (number, self.accepted)
         return [CutChosen(number, self.accepted)]
 
-    # -- the dataflow side -------------------------------------------------
-    def can_process(self) -> bool:
-        return False  # inputs enter by ``accept``; there are no operators here
-
-    def process(self) -> int:
-        raise LocalProtocolError("the ingress runs no operators")
-
-    def process_ready(self, limit: int) -> int:
-        return 0  # never an input to process (see ``can_process``)
-
+    # -- the dataflow side: it flushes its connections, its only local work ----------
     def flushable(self):
         return self.out.flushable(self.frontier())
 
@@ -204,24 +195,6 @@ class Ingress:
     def on_avail(self, avail, peer_mover=None) -> List:
         self.out.on_avail(avail.addr, avail.version)
         return []
-
-    def snapshot_due(self) -> bool:
-        return False  # the ingress runs no operators: nothing to snapshot
-
-    def snapshot(self, keep: bool = True) -> List:
-        raise LocalProtocolError("the ingress runs no operators")
-
-    def has_part(self) -> bool:
-        return False  # the ingress has no state to move
-
-    def send_part(self) -> List:
-        raise LocalProtocolError("the ingress moves no state")
-
-    def credits_due(self) -> bool:
-        return False  # the ingress consumes nothing
-
-    def send_credits(self) -> List:
-        raise LocalProtocolError("the ingress consumes nothing")
 
     def idle(self) -> bool:
         return self.out.idle()

@@ -2,22 +2,29 @@
 
 Every endpoint a ``Host`` runs (a segment replica, the ingress, the egress)
 is a ``Machine``: events go in, effects come out, nothing else is touched.
-Messages and views arrive through the host; local work (processing an input
-the merge released, flushing a connection's batch) is asked for by the
-driver, which owns the clock. A machine with no local work of a kind says so
-(``can_process`` False, ``flushable`` empty); the driver never probes for
-methods.
+Messages and views arrive through the host. Local work (an input the merge
+released through the operators, a connection's batch, a bulk part of a
+catch-up, a checkpoint's snapshot) is asked for by the driver, which owns the
+clock; each kind is a protocol of its own, which a machine implements only if
+it does that work: the ingress flushes its connections and nothing else, the
+egress has no local work at all, a segment does every kind.
+
+The host learns once, when it takes a machine in, which kinds it does
+(``LocalWork.of``); the drivers ask that record, never the machine for methods.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Protocol, Set, Tuple, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Optional, Protocol, Set, Tuple, runtime_checkable
 
 from flux.addresses import Addr, MoverAddr
-from flux.control_messages import Avail
+from flux.control_messages import Avail, SegmentStats
 
 
 @runtime_checkable
 class Machine(Protocol):
+    """What every endpoint answers: its messages, the views, and its health."""
+
     addr: Addr
 
     def ready_for(self, src: Addr, msg: Any) -> bool:
@@ -32,6 +39,21 @@ class Machine(Protocol):
     def on_avail(self, avail: Avail, peer_mover: MoverAddr) -> List:
         """A view announced a standby replica (Figure 5 avail())."""
 
+    def stats(self) -> SegmentStats:
+        """Counters for monitoring (a node reports them, DESIGN 9)."""
+
+    def idle(self) -> bool:
+        """Nothing is waiting in this machine's buffers or merge."""
+
+    def check_invariants(self) -> None:
+        """Assert the machine's invariants (tests and the simulator call it)."""
+
+
+@runtime_checkable
+class Processes(Protocol):
+    """Takes the inputs its merge releases through operators, at the driver's pace, and
+    credits them back to their producers (Figure 3 action 1; back-pressure)."""
+
     def can_process(self) -> bool:
         """Is an input ready to go through the operators (Figure 3 action 1's guard)?"""
 
@@ -42,17 +64,29 @@ class Machine(Protocol):
         """``process`` while ``can_process`` holds, up to ``limit`` inputs, in one step;
         returns how many inputs it took."""
 
+    def credits_due(self) -> bool:
+        """Did it take inputs whose credits should go to their producers (back-pressure)?"""
+
+    def send_credits(self) -> List:
+        """Those credits, as effects."""
+
+
+@runtime_checkable
+class Flushes(Protocol):
+    """Buffers what it sends per connection; the driver decides when a batch leaves
+    (the batch is the protocol's item, DESIGN 11)."""
+
     def flushable(self) -> Iterable[Tuple[int, int]]:
         """The connections ``(partition, destination)`` with something to send."""
 
     def flush(self, i: int, d: int) -> List:
         """The next batch on connection ``(i, d)``, as effects."""
 
-    def credits_due(self) -> bool:
-        """Did it take inputs whose credits should go to their producers (back-pressure)?"""
 
-    def send_credits(self) -> List:
-        """Those credits, as effects."""
+@runtime_checkable
+class SendsParts(Protocol):
+    """Streams the bulk of its state to a new replica a part per step (phase 1 of
+    catch-up, paper 5.3), between inputs."""
 
     def has_part(self) -> bool:
         """Is a bulk part of a catch-up waiting to go out (phase 1)?"""
@@ -60,15 +94,35 @@ class Machine(Protocol):
     def send_part(self) -> List:
         """Hand the next bulk part to the StateMover, as effects."""
 
+
+@runtime_checkable
+class Snapshots(Protocol):
+    """Runs operators whose state a checkpoint covers (DESIGN 10)."""
+
     def snapshot_due(self) -> bool:
-        """Has it crossed a checkpoint's cut it has not snapshotted (DESIGN 10)?"""
+        """Has it crossed a checkpoint's cut it has not snapshotted?"""
 
     def snapshot(self, keep: bool = True) -> List:
         """Snapshot its operators for that checkpoint, as effects (``keep`` False: cross
         the cut without packing the state)."""
 
-    def idle(self) -> bool:
-        """Nothing is waiting in this machine's buffers or merge."""
+    def snapshot_lost(self) -> None:
+        """A snapshot of it may not be in the store: the next one is whole."""
 
-    def check_invariants(self) -> None:
-        """Assert the machine's invariants (tests and the simulator call it)."""
+
+@dataclass(frozen=True)
+class LocalWork:
+    """The kinds of local work one machine does, each the machine itself typed by what
+    it does, or None: learnt once, when a host takes the machine in."""
+
+    processes: Optional[Processes] = None
+    flushes: Optional[Flushes] = None
+    parts: Optional[SendsParts] = None
+    snapshots: Optional[Snapshots] = None
+
+    @classmethod
+    def of(cls, machine: Machine) -> "LocalWork":
+        return cls(machine if isinstance(machine, Processes) else None,
+                   machine if isinstance(machine, Flushes) else None,
+                   machine if isinstance(machine, SendsParts) else None,
+                   machine if isinstance(machine, Snapshots) else None)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from itertools import chain
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from flux.addresses import Addr, MoverAddr
 from flux.effects import Snapshot
 from flux.protocol.host import Host
 from flux.protocol.ingress import INGRESS
+from flux.protocol.machine import LocalWork
 from flux.sim.config import (
     CHECKPOINT_STORE,
     CONTROLLER,
@@ -95,7 +96,7 @@ class Steps:
                 zombie = w.hosts[key.name]
                 if key.name in zombies and key.addr in zombie.machines:
                     steps = local[key] = [("zombie", key.name, s) for s in
-                                          self.local_steps(key.addr, zombie.machines[key.addr])]
+                                          self.local_steps(key.addr, zombie.work[key.addr])]
                     local_hosts[key] = [key.name] * len(steps)
                 else:
                     local.pop(key, None)
@@ -124,7 +125,9 @@ class Steps:
         return (name is not None and w.alive[name] and name != EGRESS_HOST
                 and addr in w.hosts[name].machines)
 
-    def local_steps(self, addr: Addr, seg=None) -> List[tuple]:
+    def local_steps(self, addr: Addr, work: Optional[LocalWork] = None) -> List[tuple]:
+        """The local steps of machine ``addr`` (of its live process, or ``work`` of a
+        zombie's), in a fixed order, by the local work it declared (``LocalWork``)."""
         w = self.world
         if addr == INGRESS:
             ingress = w.ingress
@@ -136,15 +139,18 @@ class Steps:
             if ingress.log_due():
                 steps.append(("log",))  # the input log made durable up to here
             return steps
-        seg = seg if seg is not None else w.machine(addr)
-        steps = [("flush", addr, i, d) for i, d in seg.flushable()]
-        if seg.can_process():
-            steps.append(("process", addr))
-        if seg.credits_due():
-            steps.append(("credit", addr))  # back-pressure: what it took may be replaced
-        if seg.has_part():
+        work = work if work is not None else w.hosts[w.host_of[addr]].work[addr]
+        flushes, processes, parts, snapshots = (work.flushes, work.processes, work.parts,
+                                                work.snapshots)
+        steps = [("flush", addr, i, d) for i, d in flushes.flushable()] if flushes else []
+        if processes is not None:
+            if processes.can_process():
+                steps.append(("process", addr))
+            if processes.credits_due():
+                steps.append(("credit", addr))  # back-pressure: what it took may be replaced
+        if parts is not None and parts.has_part():
             steps.append(("part", addr))  # phase 1 of catch-up: one bulk part out
-        if seg.snapshot_due():
+        if snapshots is not None and snapshots.snapshot_due():
             steps.append(("snapshot", addr))  # a checkpoint's cut crossed
         return steps
 
@@ -264,27 +270,27 @@ class Steps:
     def _apply_local(self, step: tuple, host: Host) -> None:
         w = self.world
         kind, addr = step[0], step[1]
-        machine = host.machines[addr]
+        machine, work = host.machines[addr], host.work[addr]
         self.dirty.add(self.key(host.name, addr))
         w.net.touched(host.name, None if kind == "part" else addr)  # a part goes by its mover
         if kind == "process":  # one input, or as the runtime does, several in one step
             limit = self.batch_rng.choice(PROCESS_LIMITS)
             if limit == 1:
-                machine.process()
+                work.processes.process()
             else:
-                machine.process_ready(limit)
+                work.processes.process_ready(limit)
         elif kind == "part":
             w.outcome.part_steps += 1
-            w.effects(*host.run_local(machine.send_part()))
+            w.effects(*host.run_local(work.parts.send_part()))
         elif kind == "credit":
-            w.effects(*host.run_local(machine.send_credits()))
+            w.effects(*host.run_local(work.processes.send_credits()))
         elif kind == "flush":
-            w.effects(*host.run_local(machine.flush(*step[2:])))
+            w.effects(*host.run_local(work.flushes.flush(*step[2:])))
         elif kind == "snapshot":
             # one replica of a pair writes (the runtime's rule, DESIGN 10): its twin crosses
             # the cut without packing; the oracle still judges the state it crossed with
-            keep = w.store.writes(host, machine.addr)
-            envelopes, others = host.run_local(machine.snapshot(keep))
+            keep = w.store.writes(host, addr)
+            envelopes, others = host.run_local(work.snapshots.snapshot(keep))
             for e in others:
                 if isinstance(e, Snapshot) and e.data is None:
                     w.judge_snapshot(replace(e, data=pack_state(

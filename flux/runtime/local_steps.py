@@ -1,0 +1,116 @@
+"""The local work of one process's machines, as the runtime drives it (DESIGN 3).
+
+Each turn a machine does what its ``LocalWork`` says it does: a checkpoint's
+snapshot before the next input (DESIGN 10), the inputs its merge releases
+(Figure 3 action 1), the credits for them (back-pressure), its batches, and
+a bulk part of a catch-up between inputs (paper 5.3). Only machines that may
+have changed since they last had nothing to do are asked: the guards are
+functions of a machine's state alone (sans-I/O), and asking every machine at
+every turn cost a node ~200 us a turn, most of its CPU at low rates.
+
+A connection with something to send waits ``flush_delay`` for more before it
+flushes: fewer, larger messages (SPARK_NOTES: one per tuple costs ~10x).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from flux.protocol.host import Host
+from flux.protocol.machine import Flushes
+
+#: inputs one segment processes before the loop looks at its other work
+PROCESS_PER_STEP = 256
+
+
+class LocalSteps:
+    """Which machines to ask for local work, and since when each connection waits."""
+
+    def __init__(self, host: Host, emit: Callable[[List, List], None],
+                 clock: Callable[[], float], flush_delay: float,
+                 keeps_snapshot: Callable[[Any], bool]):
+        """``emit`` carries the effects of a step out; ``keeps_snapshot(addr)``: does this
+        replica pack its snapshot, or cross the cut without (its twin writes it)?"""
+        self.host = host
+        self.emit = emit
+        self.clock = clock
+        self.flush_delay = flush_delay
+        self.keeps_snapshot = keeps_snapshot
+        #: machines whose state may have changed since ``run`` last found nothing to do
+        #: for them, and each machine's flushable connections as last computed
+        self._dirty: set = set(host.machines)
+        self._ready: Dict[Any, list] = {}
+        self._flush_wait: Dict[Tuple[Any, int, int], float] = {}  # since when flushable
+
+    def touch(self, addr=None) -> None:
+        """``addr``'s machine (every machine, for None) may have changed: ``run`` asks it."""
+        if addr is None:
+            self._dirty.update(self.host.machines)
+        else:
+            self._dirty.add(addr)
+
+    def flush_due(self) -> Optional[float]:
+        """When the connection that waits longest may flush (None: none waits)."""
+        return min(self._flush_wait.values()) + self.flush_delay if self._flush_wait else None
+
+    def run(self) -> bool:
+        """Ask every machine that may have changed for its local work; did any do some?"""
+        host, moved = self.host, False
+        for key in [k for k in self._flush_wait if k[0] not in host.machines]:
+            del self._flush_wait[key]  # a segment this process no longer hosts
+        for addr in [a for a in self._ready if a not in host.machines]:
+            del self._ready[addr]
+        dirty, self._dirty = self._dirty, set()
+        for addr, work in list(host.work.items()):
+            if addr not in dirty:  # nothing changed it: only a batch may be due by now
+                if addr in self._ready and self._ready[addr]:
+                    moved |= self._flush(addr, work.flushes, fresh=False)
+                continue
+            did = False
+            processes, snapshots = work.processes, work.snapshots
+            left = PROCESS_PER_STEP
+            while left > 0:
+                if snapshots is not None and snapshots.snapshot_due():
+                    # a checkpoint's cut: before the next input
+                    self.emit(*host.run_local(snapshots.snapshot(self.keeps_snapshot(addr))))
+                    did = True
+                if processes is None or not processes.can_process():
+                    break
+                taken = processes.process_ready(left)  # stops at a cut's guard by itself
+                if not taken:
+                    break
+                left -= taken
+                did = True
+            if processes is not None and processes.credits_due():
+                # back-pressure: what it took may be replaced
+                self.emit(*host.run_local(processes.send_credits()))
+                did = True
+            if work.flushes is not None:
+                did |= self._flush(addr, work.flushes, fresh=True)
+            if work.parts is not None and work.parts.has_part():
+                # catch-up's bulk, a part at a time between inputs
+                self.emit(*host.run_local(work.parts.send_part()))
+                did = True
+            if did:
+                self._dirty.add(addr)  # it changed: ask it again
+                moved = True
+        return moved
+
+    def _flush(self, addr, machine: Flushes, fresh: bool = True) -> bool:
+        """Send each connection's batch once it has waited ``flush_delay`` (a connection
+        that stays flushable, a backlog, goes on sending at every turn). ``fresh`` False:
+        the machine is as it was when its flushable connections were last asked."""
+        now, flushed = self.clock(), False
+        waiting = self._flush_wait
+        ready = machine.flushable() if fresh or addr not in self._ready else self._ready[addr]
+        for i, d in ready:
+            if now - waiting.setdefault((addr, i, d), now) >= self.flush_delay:
+                self.emit(*self.host.run_local(machine.flush(i, d)))
+                flushed = True
+        if flushed:
+            ready = machine.flushable()
+            self._dirty.add(addr)
+        self._ready[addr] = ready
+        still = set(ready)
+        for key in [k for k in waiting if k[0] == addr and (k[1], k[2]) not in still]:
+            del waiting[key]  # sent all it had, or cannot send now (paused, standby)
+        return flushed

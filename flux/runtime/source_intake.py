@@ -1,0 +1,110 @@
+"""What the ingress's process takes from its source, and why it stops taking.
+
+The ingress accepts records in order until a partition's buffer is full
+(back-pressure, paper 3.1.2): the record it refused is kept and offered
+first next time, and only an ack (a message, which wakes the poll) can make
+room, so the loop waits for it rather than spin. A source that says
+``NOT_YET`` is asked again when it says a record is due. What the source can
+do (hand over runs, time arrivals, wait, drop) is asked once, here.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Optional, Protocol, runtime_checkable
+
+from flux.connector_api import DroppingSource, TimedSource, WaitingSource
+from flux.connectors.sources import NOT_YET
+from flux.runtime.metrics import Metrics
+
+
+@runtime_checkable
+class RunSource(Protocol):
+    """A source that hands records over in runs (the ingress process's feed,
+    ``flux.runtime.ingress_process.FeedSource``): taken a run at a time, what
+    back-pressure holds put back first; ``finished`` once none will come."""
+
+    finished: bool
+
+    def take(self, limit: int) -> List[Any]: ...
+
+    def put_back(self, records: List[Any]) -> None: ...
+
+
+class SourceIntake:
+    """The source of the ingress's process, the record the ingress refused, and
+    whether taking more now could help."""
+
+    def __init__(self, source: Optional[Iterator[Any]], metrics: Optional[Metrics] = None):
+        self.source = source
+        self.metrics = metrics
+        # what the source can do, asked once: a protocol's isinstance reads every member
+        self._runs = isinstance(source, RunSource)
+        self._timed = isinstance(source, TimedSource)
+        self._waits = isinstance(source, WaitingSource)
+        self._drops = isinstance(source, DroppingSource)
+        self._next_record: Any = None
+        self._next_arrival: Optional[float] = None
+        self.waiting = False  # the source said NOT_YET: idle a little, do not spin
+        #: the ingress refused the next input (a full buffer): only an ack, which comes as
+        #: a message and wakes the poll, can make room; waiting for it, not spinning, leaves
+        #: the core to the nodes that will send it
+        self.held_back = False
+        self.done = source is None
+
+    def ready(self) -> bool:
+        """Could taking from the source now move anything?"""
+        return not (self.done or self.waiting or self.held_back)
+
+    def due_in(self) -> Optional[float]:
+        """Seconds until a waiting source has its next record (None: not waiting)."""
+        return self.source.due_in() if self.waiting and self._waits else None
+
+    def feed(self, ingress, limit: int = 1000) -> bool:
+        """The ingress accepts up to ``limit`` records; did it accept any?"""
+        self.waiting = self.held_back = False
+        if self._runs:
+            return self._feed_run(ingress, limit)
+        source = self.source
+        timed = self._timed
+        accept = ingress.accept
+        arrivals: List[Optional[float]] = []
+        for _ in range(limit):
+            if self._next_record is None:
+                record = next(source, None)
+                if record is NOT_YET:
+                    self.waiting = True
+                    break
+                if record is None:
+                    self.done = True
+                    break
+                self._next_record = record
+                self._next_arrival = source.arrival if timed else None
+            if accept(self._next_record) is None:
+                if self._drops:
+                    source.arrive()  # a feed that cannot wait drops meanwhile: count it now
+                self.held_back = True
+                break  # back-pressure: that partition's buffer is full
+            self._next_record = None
+            arrivals.append(self._next_arrival)
+        if self.metrics is not None:
+            self.metrics.inputs_taken(arrivals)
+            if self._drops:
+                self.metrics.inputs_dropped(source.dropped)
+        return bool(arrivals)
+
+    def _feed_run(self, ingress, limit: int) -> bool:
+        """A source that hands records over in runs (the ingress process's feed, which
+        keeps no arrival times, positions or partitions: the driver's feed has those):
+        the ingress accepts a run in one call; what back-pressure holds goes back."""
+        source = self.source
+        records = source.take(limit)
+        if not records:
+            if source.finished:
+                self.done = True
+            else:
+                self.waiting = True
+            return False
+        n = ingress.accept_many(records)
+        if n < len(records):
+            source.put_back(records[n:])  # back-pressure: that partition's buffer is full
+            self.held_back = True
+        return n > 0
