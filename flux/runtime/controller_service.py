@@ -9,23 +9,19 @@ detector's verdicts say who is dead, stuck or fine again. The pure
 catch-up attempts into views, which go to every live process in order over
 its FIFO connection. The ingress and the egress are assumed
 always available (paper 3.1.1) and are never declared dead.
+
+The service is split along its seams, one file each: how a task becomes a
+member (``flux.runtime.controller_registration``) and how failures are
+declared (``flux.runtime.controller_failures``); this file holds what they
+share: the service's record, its turn and its connections to every process.
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
-from controller.failure_detector import (
-    Declared,
-    FailureDetector,
-    Stalled,
-    Stuck,
-    Timings,
-    Unstuck,
-    Verdict,
-)
+from controller.failure_detector import FailureDetector, Timings
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
@@ -34,7 +30,6 @@ from flux.control_messages import (
     Failed,
     FoldedIn,
     Heartbeat,
-    Members,
     NodeStats,
     OperatorFailed,
     Ready,
@@ -44,27 +39,19 @@ from flux.control_messages import (
     Stopping,
     TakeoverDone,
     View,
-    Welcome,
 )
 from flux.envelope import Envelope
-from flux.errors import CheckpointCorrupt, OperatorError, PairLost
+from flux.runtime.controller_failures import FailureSide
+from flux.runtime.controller_registration import PENDING, START_FAILURES, RegistrationSide
 from flux.runtime.metrics import MAX_EVENTS
-from flux.runtime.mover_service import mover_peer
 from flux.runtime.transport import ConnectionLost, Transport
 from statemover.messages import TransferFailed
 
-#: a task that fails this many times before its node loop runs fails the job (SPARK_NOTES)
-START_FAILURES = 3
-#: what ``name_for`` returns to hold a registration until the job names every task at
-#: once, knowing their hosts (no pair on one host)
-PENDING = "<pending>"
 #: views kept in ``views`` (what every process was told, for debugging; bounded)
 VIEWS_KEPT = 64
 
-log = logging.getLogger(__name__)
 
-
-class ControllerService:
+class ControllerService(RegistrationSide, FailureSide):
     """The controller's process: membership, failure detection, views.
 
     Built before anyone registers; ``add_member`` makes a process known without a
@@ -122,13 +109,6 @@ class ControllerService:
         #: set by ``stop_all``: why the job stops (a task that registers later is told so)
         self.stopping: Optional[str] = None
 
-    def add_member(self, name: str, inc: int, address: str, mover_address: str = "") -> None:
-        """Know process ``name`` (its incarnation and sockets) without a registration."""
-        self.incarnations[name] = inc
-        self.addresses[name] = address
-        if mover_address:
-            self.mover_addresses[name] = mover_address
-
     @property
     def timeout(self) -> float:
         return self.detector.timings.timeout
@@ -154,11 +134,6 @@ class ControllerService:
         self.detector.arm(now)
         self.started = True
         self.announce()
-
-    def pids(self, name: str) -> Tuple[int, int]:
-        """The (Python worker, executor JVM) process ids a registered task reported."""
-        _, _, pid, jvm = self.registered[name]
-        return pid, jvm
 
     def turn(self, timeout_ms: int) -> None:
         envelopes, gaps = self.transport.poll(timeout_ms)
@@ -215,148 +190,6 @@ class ControllerService:
         self._expire_attempts(now)
         self._act(self.detector.tick(now, self.recovery.holds_last_replica))
 
-    def _act(self, verdicts: List[Verdict]) -> None:
-        """Carry out the failure detector's verdicts."""
-        now = self.clock()
-        for v in verdicts:
-            if isinstance(v, Declared):
-                self.fail(v.name, v.why)
-            elif isinstance(v, Stuck):
-                log.warning("%s is alive but its loop has not turned for %.2fs", v.name, v.lag)
-                self.events.append((now, "stuck", f"{v.name} ({v.lag:.2f}s)"))
-            elif isinstance(v, Unstuck):
-                log.info("%s's loop turns again (it stopped for up to %.2fs)", v.name,
-                         v.longest)
-            elif isinstance(v, Stalled):
-                log.warning("the controller did not turn for %.2fs: silence in that time "
-                            "is not counted", v.seconds)
-                self.events.append((now, "controller stalled", round(v.seconds, 3)))
-
-    def _tell_fenced(self, name: str, now: float) -> None:
-        """A process declared dead speaks again (its link was cut and healed, or it was
-        only slow): nothing it says is acted on, and it is told to stop (at most once a
-        second), so its task fails and Spark re-runs it as a fresh standby (DESIGN 6)."""
-        if now - self._told_fenced.get(name, float("-inf")) < 1.0:
-            return
-        self._told_fenced[name] = now
-        log.warning("%s, declared dead (%s), is alive: told to stop", name,
-                    self.why_dead.get(name, "?"))
-        self.events.append((now, "zombie told to stop", name))
-        self._send(name, Stop(f"fenced: declared dead ({self.why_dead.get(name, '?')})"), 0)
-
-    def on_stopping(self, name: str, reason: str) -> None:
-        """A node says it ends on its own: its reason goes in the driver's log, and it is
-        failed now rather than when its connection drops."""
-        if name in self.dead or not self.started:
-            log.info("%s stopped: %s", name, reason)
-            return
-        log.warning("%s stops on its own: %s", name, reason)
-        self.fail(name, f"it stopped: {reason}")
-
-    def abort_attempt(self, transfer: tuple, why: str) -> None:
-        """A state transfer failed with both ends alive (e.g. a checksum mismatch), or its
-        attempt ran out of time: abort it and retry (DESIGN 4.6)."""
-        views = self.recovery.transfer_failed(*transfer)
-        if views:
-            stage, partition, version = transfer
-            log.warning("catch-up of stage %d partition %d (attempt %d) aborted: %s",
-                        stage, partition, version, why)
-            self.events.append((self.clock(), "catch-up aborted", f"{stage}.{partition}: {why}"))
-            self._broadcast(views)
-
-    def _expire_attempts(self, now: float) -> None:
-        for addr, version, age in self.recovery.overdue(now, self.catchup_timeout):
-            self.abort_attempt((addr.stage, addr.partition, version),
-                               f"not folded in after {age:.0f}s")
-
-    # -- membership --------------------------------------------------------------------
-    def on_register(self, msg: Register) -> None:
-        """A Spark task joins with the job's secret; anything else is refused.
-        Idempotent: a task that registers again (it heard nothing yet) is welcomed again."""
-        if self.secret is not None and msg.secret != self.secret:
-            log.warning("refused a registration with a wrong secret from %s", msg.address)
-            return
-        again = [n for n, r in self.registered.items() if r[:2] == (msg.task, msg.inc)]
-        if again:
-            self._send(again[0], self._welcome(again[0]), 0)
-            return
-        name = self.name_for(msg) if self.name_for else None
-        if name == PENDING:
-            self.pending[msg.task, msg.inc] = msg
-            return
-        if name is None:
-            log.warning("refused task %s attempt %s: no role for it", msg.task, msg.inc)
-            return
-        self.admit(msg, name)
-
-    def admit(self, msg: Register, name: str) -> None:
-        """Task ``msg`` joins as process ``name``: welcomed, watched, announced."""
-        self.pending.pop((msg.task, msg.inc), None)
-        self.registered[name] = (msg.task, msg.inc, msg.pid, msg.executor_pid)
-        self.hosts[name] = msg.host
-        self.executors[name] = msg.executor
-        self.boots[name] = msg.boot
-        self.add_member(name, msg.inc, msg.address, msg.mover_address)
-        if self.stopping is not None:  # a task retried as the job stops: it ends at once
-            self._connect(name)
-            self._send(name, Stop(self.stopping), 0)
-            return
-        self.detector.watch(name, self.clock())
-        self._connect(name)
-        self._send(name, self._welcome(name), 0)
-        log.info("%s joined: task %d, attempt %d, on %s", name, msg.task, msg.inc,
-                 msg.host or "an unnamed host")
-        if self.started:  # a late standby (a retried task): tell everyone where it is
-            self.announce()
-            host = msg.host if self.recovery.host_of else None
-            self._broadcast(self.recovery.add_standby(name, msg.inc, host))
-
-    def _welcome(self, name: str) -> Welcome:
-        """Before the start, just the name; for a process joining a running job, the
-        current state it starts from."""
-        if not self.started:
-            return Welcome(name)
-        rec = self.recovery
-        return Welcome(name, rec.view, tuple(sorted(rec.node_of.items())),
-                       tuple(sorted(self.incarnations[n] for n in self.dead)))
-
-    def on_start_failure(self, msg: Failed) -> None:
-        """Spark retries a failed task forever (maxFailures is high, SPARK_NOTES): a task
-        that fails before registering, again and again, has a deterministic error."""
-        if self.secret is not None and msg.secret != self.secret:
-            log.warning("ignored a start failure with a wrong secret (task %s)", msg.task)
-            return
-        reasons = self.start_failures.setdefault(msg.task, [])
-        reasons.append(msg.reason)
-        log.warning("task %s (attempt %s) failed to start: %s", msg.task, msg.inc, msg.reason)
-        if msg.fatal and self.error is None:  # a node that registered: no retry can help
-            self.error = (CheckpointCorrupt(*msg.corrupt) if len(msg.corrupt) == 2 else
-                          RuntimeError(f"task {msg.task} could not start its node: "
-                                       f"{msg.reason}"))
-            return
-        if len(reasons) >= START_FAILURES and self.error is None:
-            self.error = RuntimeError(
-                f"task {msg.task} failed {len(reasons)} times before its node started; "
-                f"last error: {msg.reason}")
-
-    def on_operator_failed(self, msg: OperatorFailed) -> None:
-        """User code raised on a record: its other replica would raise too, so the job
-        stops with that error (the first one reported) instead of failing over."""
-        if self.secret is not None and msg.secret != self.secret:
-            log.warning("ignored an operator failure with a wrong secret")
-            return
-        if self.error is None:
-            self.error = OperatorError(msg.what, msg.stage, msg.partition, msg.sn, msg.error)
-
-    def announce(self) -> None:
-        """Where every process listens, and every StateMover (as ``name/mover``)."""
-        entries = [(n, a, self.incarnations.get(n, 0)) for n, a in self.addresses.items()]
-        entries += [(mover_peer(n), a, self.incarnations.get(n, 0))
-                    for n, a in self.mover_addresses.items()]
-        members = Members(tuple(sorted(entries)))
-        for name in self._live():
-            self._send(name, members, 0)
-
     def stop_all(self, reason: str) -> None:
         """Tell every live process to stop; from now on their silence and their closed
         connections are expected, not failures."""
@@ -379,37 +212,11 @@ class ControllerService:
             self._connect(name)
         self.transport.send(name, Envelope(CONTROLLER, ProcAddr(name), view, msg, 0, None))
 
-    def fail(self, name: str, why: str) -> None:
-        if name in self.dead or self.error is not None:
-            return
-        log.warning("declaring %s dead: %s", name, why)
-        self._mark_dead(name, why, "detected", f"{name} ({why})")
-        self.transport.disconnect(name)
-        try:
-            views = self.recovery.node_failed(name)
-            for other in sorted(self.recovery.dead - self.dead):  # failed with it (4.2)
-                self._fence(other, f"its replica set failed with {name}")
-            self._broadcast(views)
-        except PairLost as exc:
-            self.error = exc  # the job must stop: both replicas of a partition are gone
-            log.error("%s", exc)
-
-    def _fence(self, name: str, why: str) -> None:
-        """A live process the views declare failed: it is told to stop (and, fenced by its
-        incarnation, is ignored by everyone even if it does not)."""
-        log.warning("fencing %s: %s", name, why)
-        self._send(name, Stop(f"fenced: {why}"), 0)
-        self._mark_dead(name, why, "fenced", name)
-
-    def _mark_dead(self, name: str, why: str, event: str, detail: str) -> None:
-        self.dead.add(name)
-        self.why_dead[name] = why
-        self.detector.forget(name)
-        self.node_stats.pop(name, None)
-        self.events.append((self.clock(), event, detail))
-
     def _broadcast(self, views: List[View]) -> None:
         for view in views:
             self.views.append(view)
             for name in self._live():
                 self._send(name, view, view.number)
+
+
+__all__ = ["ControllerService", "PENDING", "START_FAILURES", "VIEWS_KEPT"]
