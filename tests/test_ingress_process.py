@@ -1,10 +1,13 @@
-"""The ingress in a process of its own (issue 16): started, heard, stopped by its PID, and
-never outliving the driver that started it."""
+"""The ingress in a process of its own: started, heard, stopped by its PID, never outliving
+the driver that started it, and never leaving its feed's folder behind."""
+import gc
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -13,6 +16,7 @@ from pyspark import cloudpickle
 
 from flux.testing.dataflows import counting_dataflow
 from flux.errors import IngressLost
+from flux.runtime import ingress_process
 from flux.runtime.ingress_process import CUT, END, RECORDS, IngressProcess, FeedSource
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,19 +36,72 @@ def gone(pid: int) -> bool:
         return True
 
 
-def test_the_process_says_where_it_listens_and_stop_ends_it():
+@pytest.fixture
+def folders(monkeypatch):
+    """A temporary directory of this test's own (short: an ipc path has at most 107
+    bytes), where every ``IngressProcess`` of the test makes its feed's folder; the
+    test asserts that none is left."""
+    top = tempfile.mkdtemp(prefix="fit-")
+    monkeypatch.setattr(tempfile, "tempdir", top)
+    monkeypatch.setenv("TMPDIR", top)  # a driver the test starts as a process
+    yield lambda: sorted(os.listdir(top))
+    monkeypatch.undo()
+    left = os.listdir(top)
+    shutil.rmtree(top)
+    assert not left, f"left behind: {left}"
+
+
+def test_the_process_says_where_it_listens_and_stop_ends_it(folders):
     process = IngressProcess(spec())
     try:
         address = process.wait_hello(timeout=30)
         assert address.startswith("tcp://127.0.0.1:")
         assert not gone(process.pid)
+        assert folders() == [os.path.basename(process._dir)]
     finally:
         process.stop()
     assert process.exit_code() == 0 and gone(process.pid)
-    assert not os.path.exists(process._dir)
+    assert folders() == []
 
 
-def test_a_killed_process_is_reported_by_the_next_send_which_never_blocks():
+def test_a_start_that_fails_leaves_no_folder(folders, monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the process exits at once
+    with pytest.raises(IngressLost, match="exited with code 1"):
+        IngressProcess(spec())
+    assert folders() == []
+
+    def no_process(*args, **kwargs):
+        raise OSError("no such program")
+
+    monkeypatch.setattr(ingress_process.subprocess, "Popen", no_process)
+    with pytest.raises(OSError, match="no such program"):
+        IngressProcess(spec())
+    assert folders() == []
+
+
+def test_a_handle_never_stopped_takes_its_process_and_folder_when_collected(folders):
+    process = IngressProcess(spec())
+    process.wait_hello(timeout=30)
+    pid = process.pid
+    del process
+    gc.collect()
+    assert gone(pid) and folders() == []
+
+
+def test_a_driver_that_exits_without_stop_leaves_no_process_and_no_folder(folders):
+    script = "\n".join([
+        "import pickle, sys",
+        f"sys.path[:0] = {sys.path!r}",
+        "from flux.runtime.ingress_process import IngressProcess",
+        f"process = IngressProcess(pickle.loads({pickle.dumps(spec())!r}))",
+        "process.wait_hello(30)",
+        "print(process.pid, flush=True)"])
+    out = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                         timeout=60, check=True).stdout
+    assert gone(int(out)) and folders() == []
+
+
+def test_a_killed_process_is_reported_by_the_next_send_which_never_blocks(folders):
     process = IngressProcess(spec())
     try:
         process.wait_hello(timeout=30)
@@ -55,9 +112,10 @@ def test_a_killed_process_is_reported_by_the_next_send_which_never_blocks():
                 process.send(RECORDS, list(range(100)))
     finally:
         process.stop()
+    assert folders() == []
 
 
-def test_a_dataflow_the_process_cannot_load_fails_with_its_reason():
+def test_a_dataflow_the_process_cannot_load_fails_with_its_reason(folders):
     bad = spec()
     bad["dataflow"] = b"not a pickle"
     process = IngressProcess(bad)
@@ -66,10 +124,12 @@ def test_a_dataflow_the_process_cannot_load_fails_with_its_reason():
             process.wait_hello(timeout=30)
     finally:
         process.stop()
-    assert gone(process.pid)
+    assert gone(process.pid) and folders() == []
 
 
-def test_the_process_ends_when_its_driver_is_killed(tmp_path):
+def test_the_process_ends_when_its_driver_is_killed_and_removes_the_folder(folders):
+    """Nothing of the driver runs after a SIGKILL: the process it leaves removes the
+    folder of their feed as it ends."""
     script = "\n".join([
         "import pickle, sys, time",
         f"sys.path[:0] = {sys.path!r}",
@@ -89,6 +149,7 @@ def test_the_process_ends_when_its_driver_is_killed(tmp_path):
         while not gone(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert gone(child), "the ingress process outlived its driver"
+        assert folders() == []
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 from collections import deque
 from typing import Any, Deque, List, Optional, Tuple
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 SPEC, BEGIN, RECORDS, CUT, END, STOP = "spec", "begin", "records", "cut", "end", "stop"
 # ingress process -> driver
 HELLO, ACCEPTED, STATS, FAILED = "hello", "accepted", "stats", "failed"
+
+#: the feed's folder, in the temporary directory, one per ``IngressProcess``
+FOLDER_PREFIX = "flux-ingress-"
 
 #: how often the ingress process reports its counters (and checks that the driver lives)
 STATS_EVERY = 0.1
@@ -56,20 +60,32 @@ class IngressProcess:
         """``spec``: what the process builds its ingress and its sockets from (the
         dataflow as cloudpickle bytes, the builder's sizes, incarnation, host, keys, ports,
         flush delay)."""
-        self._dir = tempfile.mkdtemp(prefix="flux-ingress-")  # mode 0700
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.PAIR)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(f"ipc://{self._dir}/feed")
-        # what the driver can import, the process can: the dataflow's classes by reference
-        path = os.pathsep.join(p for p in sys.path if p)
-        env = dict(os.environ, PYTHONPATH=path)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flux.runtime.ingress_process", f"ipc://{self._dir}/feed",
-             str(os.getpid())], env=env, stdin=subprocess.DEVNULL)
-        self.pid = self.proc.pid
+        self._dir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700
+        started: List[subprocess.Popen] = []  # the process, once there is one
+        # whatever happens to this handle (stop, a failed start, never stopped and
+        # collected, or the interpreter's exit), the process and the folder go with it
+        self._release = weakref.finalize(self, _release, self._dir, self.ctx, self.socket,
+                                         started)
         self.closed = False
-        self.send(SPEC, spec)
+        try:
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.socket.bind(f"ipc://{self._dir}/feed")
+            # what the driver can import, the process can: the dataflow's classes by reference
+            path = os.pathsep.join(p for p in sys.path if p)
+            env = dict(os.environ, PYTHONPATH=path)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "flux.runtime.ingress_process",
+                 f"ipc://{self._dir}/feed", str(os.getpid())], env=env,
+                stdin=subprocess.DEVNULL)
+            started.append(self.proc)
+            self.pid = self.proc.pid
+            self.send(SPEC, spec)
+        except BaseException:
+            self.closed = True
+            self._release()
+            raise
 
     def send(self, *msg) -> None:
         """Never blocks on a dead process: a PAIR socket whose peer is gone would wait
@@ -119,24 +135,45 @@ class IngressProcess:
         raise TimeoutError(f"the ingress process (pid {self.pid}) did not start in {timeout}s")
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Ask the process to end, then SIGKILL it if it has not within ``timeout``."""
+        """Ask the process to end, then SIGKILL it if it has not within ``timeout``; the
+        socket and the folder go in any case."""
         if self.closed:
             return
         self.closed = True
-        if self.proc.poll() is None:
-            try:
-                self.send(STOP)
-            except (zmq.ZMQError, IngressLost):
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("the ingress process (pid %d) did not stop: SIGKILL", self.pid)
-                self.proc.kill()
-                self.proc.wait(10)
-        self.socket.close(linger=0)
-        self.ctx.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        try:
+            if self.proc.poll() is None:
+                try:
+                    self.send(STOP)
+                except (zmq.ZMQError, IngressLost):
+                    pass
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("the ingress process (pid %d) did not stop: SIGKILL", self.pid)
+        finally:
+            self._release()
+
+
+def _release(folder: str, ctx: zmq.Context, socket: zmq.Socket,
+             started: List[subprocess.Popen]) -> None:
+    """Kill the process if it still runs, close the feed, remove its folder (once)."""
+    try:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+    finally:
+        socket.close(linger=0)
+        ctx.term()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_orphaned_folder(address: str) -> None:
+    """The driver died without a word: remove the folder of its feed, which it cannot.
+    Only a folder the driver made (its name says so) is touched."""
+    folder = os.path.dirname(address[len("ipc://"):])
+    if address.startswith("ipc://") and os.path.basename(folder).startswith(FOLDER_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Cut:
@@ -305,6 +342,8 @@ def main(argv: List[str]) -> int:
     finally:
         feed.close()
         ctx.term()
+        if os.getppid() != parent:
+            _remove_orphaned_folder(address)
     return code
 
 

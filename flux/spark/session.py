@@ -95,12 +95,23 @@ def local_cluster(executors: int, memory_mb: int = 1024, app_name: str = "flux")
     tmp_dir = tempfile.mkdtemp(prefix="flux-spark-")
     try:
         spark = local_cluster_session(executors, tmp_dir, memory_mb, app_name)
+        remove_at_jvm_exit(spark, tmp_dir)
         try:
             yield spark
         finally:
             spark.stop()
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def remove_at_jvm_exit(spark, folder: str) -> None:
+    """Have the driver's JVM remove ``folder`` as it exits. PySpark keeps that JVM for the
+    process's later sessions, with the first session's folder as its local directory for
+    good: it makes the folder again after the session removed it (measured: a second
+    session in one process left the first's folder, empty, after the process ended).
+    The JVM's own exit hooks empty it, then this removes it, after a normal exit or the
+    Python process's death alike (the JVM ends when its Python parent does)."""
+    spark.sparkContext._jvm.java.io.File(folder).deleteOnExit()
 
 
 #: Spark's loggers that print a Java stack trace for every failed task: a killed node's

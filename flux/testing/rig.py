@@ -29,7 +29,12 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from flux.spark.session import JVM_OPTIONS, cluster_session, driver_python_path
+from flux.spark.session import (
+    JVM_OPTIONS,
+    cluster_session,
+    driver_python_path,
+    remove_at_jvm_exit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +237,7 @@ class Rig:
                     "spark.executorEnv.PYTHONPATH": driver_python_path(),
                     "spark.local.dir": self.tmp, "spark.ui.enabled": "false", **conf}
         self.spark = cluster_session(self.master_url, app_name, settings)
+        remove_at_jvm_exit(self.spark, self.tmp)  # the JVM makes it again after close()
         sc = self.spark.sparkContext
         self._wait(lambda: sc._jsc.sc().getExecutorMemoryStatus().size() - 1 >= self.count,
                    f"{self.count} executors")
