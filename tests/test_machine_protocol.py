@@ -68,3 +68,5 @@ def test_the_host_learns_the_work_of_a_machine_as_it_takes_it_in(builder):
     host.on_view(View(2, avail=(Avail(new, 7, 1, "node0", "node1"),)))
     assert host.work[new].processes is host.machines[new]
     assert list(host.work) == list(host.machines)
+    host.on_view(View(3, failed=frozenset({new}), failed_incs=frozenset({10})))
+    assert new not in host.work and list(host.work) == list(host.machines)  # discarded
