@@ -52,7 +52,8 @@ def fingerprint(result) -> bytes:
 
 
 def canonical(value) -> str:
-    """``repr`` with sets sorted, so the text is the same whatever the hash seed."""
+    """``repr`` with sets sorted and memory views as their bytes, so the text is the same
+    whatever the hash seed and wherever the bytes lie."""
     if isinstance(value, (set, frozenset)):
         return "{" + ", ".join(sorted(map(canonical, value))) + "}"
     if isinstance(value, (list, tuple)):
@@ -60,6 +61,8 @@ def canonical(value) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(sorted(f"{canonical(k)}: {canonical(v)}"
                                       for k, v in value.items())) + "}"
+    if isinstance(value, memoryview):
+        return repr(bytes(value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return type(value).__name__ + "(" + ", ".join(
             f"{f.name}={canonical(getattr(value, f.name))}"
