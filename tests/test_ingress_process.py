@@ -127,9 +127,12 @@ def test_a_dataflow_the_process_cannot_load_fails_with_its_reason(folders):
     assert gone(process.pid) and folders() == []
 
 
-def test_the_process_ends_when_its_driver_is_killed_and_removes_the_folder(folders):
+@pytest.mark.parametrize("child_killed_too", [False, True])
+def test_the_process_ends_when_its_driver_is_killed_and_the_folder_goes(folders,
+                                                                        child_killed_too):
     """Nothing of the driver runs after a SIGKILL: the process it leaves removes the
-    folder of their feed as it ends."""
+    folder of their feed as it ends; if that process was killed too, the next
+    ``IngressProcess`` removes it (``flux.runtime.temp_folders``)."""
     script = "\n".join([
         "import pickle, sys, time",
         f"sys.path[:0] = {sys.path!r}",
@@ -143,14 +146,20 @@ def test_the_process_ends_when_its_driver_is_killed_and_removes_the_folder(folde
     try:
         child = int(driver.stdout.readline())
         assert not gone(child)
+        if child_killed_too:
+            os.kill(child, signal.SIGKILL)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(10)
         deadline = time.monotonic() + 10
         while not gone(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert gone(child), "the ingress process outlived its driver"
+        if child_killed_too:
+            assert len(folders()) == 1
+            IngressProcess(spec()).stop()
         assert folders() == []
     finally:
+        driver.stdout.close()
         if driver.poll() is None:
             driver.kill()
             driver.wait(10)

@@ -93,10 +93,19 @@ def test_the_broker_stops_by_its_pid_and_leaves_nothing_behind(tmp_path):
     assert not os.path.exists(folder)
 
 
-def test_a_broker_that_does_not_come_up_says_why(monkeypatch):
+def test_a_broker_that_does_not_come_up_says_why_and_leaves_no_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("NOIDA_DB", "/bin/false")
     with pytest.raises(BrokerError, match="exited with code 1 before answering"):
-        KafkaBroker().start()
+        KafkaBroker(parent=str(tmp_path)).start()
+    assert os.listdir(tmp_path) == []
+
+    def no_process(*args, **kwargs):
+        raise OSError("cannot run it")
+
+    monkeypatch.setattr("flux.testing.kafka_broker.subprocess.Popen", no_process)
+    with pytest.raises(OSError, match="cannot run it"):
+        KafkaBroker(parent=str(tmp_path)).start()
+    assert os.listdir(tmp_path) == []
 
 
 # -- KafkaSource -------------------------------------------------------------------------------

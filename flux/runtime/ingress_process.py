@@ -24,7 +24,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import weakref
@@ -34,6 +33,7 @@ from typing import Any, Deque, List, Optional, Tuple
 import zmq
 
 from flux.errors import IngressLost, OperatorError
+from flux.runtime import temp_folders
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class IngressProcess:
         flush delay)."""
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.PAIR)
-        self._dir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700
+        self._dir = temp_folders.make(FOLDER_PREFIX)  # mode 0700
         started: List[subprocess.Popen] = []  # the process, once there is one
         # whatever happens to this handle (stop, a failed start, never stopped and
         # collected, or the interpreter's exit), the process and the folder go with it
@@ -165,7 +165,7 @@ def _release(folder: str, ctx: zmq.Context, socket: zmq.Socket,
     finally:
         socket.close(linger=0)
         ctx.term()
-        shutil.rmtree(folder, ignore_errors=True)
+        temp_folders.remove(folder)
 
 
 def _remove_orphaned_folder(address: str) -> None:

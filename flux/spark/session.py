@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Dict, Iterator, Optional
 
+from flux.runtime import temp_folders
 from flux.spark.settings import REQUIRED_CONF
 
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -92,7 +91,7 @@ def cluster_session(master: str, app_name: str = "flux", conf: Optional[Dict[str
 def local_cluster(executors: int, memory_mb: int = 1024, app_name: str = "flux") -> Iterator:
     """``local_cluster_session`` with a temporary folder of its own: on exit the session
     stops and the folder (where killed executors leave their files) is removed."""
-    tmp_dir = tempfile.mkdtemp(prefix="flux-spark-")
+    tmp_dir = temp_folders.make("flux-spark-")  # and those of killed processes go
     try:
         spark = local_cluster_session(executors, tmp_dir, memory_mb, app_name)
         remove_at_jvm_exit(spark, tmp_dir)
@@ -101,7 +100,7 @@ def local_cluster(executors: int, memory_mb: int = 1024, app_name: str = "flux")
         finally:
             spark.stop()
     finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        temp_folders.remove(tmp_dir)
 
 
 def remove_at_jvm_exit(spark, folder: str) -> None:

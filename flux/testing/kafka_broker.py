@@ -15,14 +15,14 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 from typing import Dict, Optional
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from flux.runtime import temp_folders
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +93,18 @@ class KafkaBroker:
         binary = noida_binary()
         if self.port is None:
             self.port = free_port(self.host)
-        self.workdir = tempfile.mkdtemp(prefix="flux-kafka-", dir=self.parent)
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [binary, "start", "--only", "kafka", "--host", self.host,
-             "--kafka-port", str(self.port), "--data-dir", os.path.join(self.workdir, "data")],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True)  # its own process group: a Ctrl-C of ours is not its
+        self.workdir = temp_folders.make("flux-kafka-", self.parent)
         atexit.register(self.stop)  # never leave a broker behind a test run that forgot
-        log.info("KafkaBroker: noida-db pid %d on %s, folder %s", self.pid, self.bootstrap,
-                 self.workdir)
-        try:
+        try:  # a start that fails half-way leaves no folder (nor log, nor process) either
+            self._log = open(self.log_path, "wb")
+            self.process = subprocess.Popen(
+                [binary, "start", "--only", "kafka", "--host", self.host,
+                 "--kafka-port", str(self.port), "--data-dir",
+                 os.path.join(self.workdir, "data")],
+                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                start_new_session=True)  # its own process group: a Ctrl-C of ours is not its
+            log.info("KafkaBroker: noida-db pid %d on %s, folder %s", self.pid, self.bootstrap,
+                     self.workdir)
             self._wait_until_up()
         except BaseException:
             self.stop()
@@ -155,7 +156,7 @@ class KafkaBroker:
             self._log.close()
             self._log = None
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            temp_folders.remove(self.workdir)
             self.workdir = None
 
     def __enter__(self) -> "KafkaBroker":

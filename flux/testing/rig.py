@@ -23,12 +23,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from flux.runtime import temp_folders
 from flux.spark.session import (
     JVM_OPTIONS,
     cluster_session,
@@ -134,7 +134,8 @@ class Rig:
 
     def _build(self) -> None:
         started = time.monotonic()
-        self.tmp = tempfile.mkdtemp(prefix=f"flux-rig-{self.id}-")
+        temp_folders.sweep("flux-rig-")  # those of killed rigs
+        self.tmp = temp_folders.make(f"flux-rig-{self.id}-")
         prefix = self._subnet()
         self.address = prefix + "1"
         _ip("link", "add", self.bridge, "type", "bridge")
@@ -318,7 +319,7 @@ class Rig:
             _ip("link", "del", self.bridge, check=False)
             self._made_bridge = False
         if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            temp_folders.remove(self.tmp)
             self.tmp = ""
 
 
