@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import zmq
 
@@ -84,6 +84,7 @@ class Attempt:
         self.feed: Optional[IngressFeed] = None
         self.egress = None
         self.ingress_process: Optional[IngressProcess] = None
+        self.transports: Dict[str, Transport] = {}
         self._named, self._enough_since = False, None
         self.group = f"flux-{parts.config.secret[:8]}-{number}"
         self.config = parts.config
@@ -100,16 +101,17 @@ class Attempt:
             window=config.window, inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
             keys=config.keys, ports=config.ports, flush_delay=config.flush_delay))
         self.ctx = zmq.Context()
-        self.transports = {n: Transport(self.ctx, n, inc, host=p.driver_host, keys=config.keys,
-                                        ports=config.ports)
-                           for n, inc in DRIVER_INCS.items() if n != INGRESS_PROCESS}
-        self.controller = ControllerService(
-            self.transports[CONTROLLER_PROCESS], p.detect_after, secret=config.secret,
-            name_for=self._name_for, events=p.metrics.events,
-            on_snapshot=p.checkpoints.service.snapshot_written if p.checkpoints else None)
-        self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
-                                   self.transports[EGRESS_PROCESS].address)
-        try:
+        try:  # whatever fails from here on, the ingress process and the sockets go with it
+            for n, inc in DRIVER_INCS.items():
+                if n != INGRESS_PROCESS:  # one by one: those opened close if a later one fails
+                    self.transports[n] = Transport(self.ctx, n, inc, host=p.driver_host,
+                                                   keys=config.keys, ports=config.ports)
+            self.controller = ControllerService(
+                self.transports[CONTROLLER_PROCESS], p.detect_after, secret=config.secret,
+                name_for=self._name_for, events=p.metrics.events,
+                on_snapshot=p.checkpoints.service.snapshot_written if p.checkpoints else None)
+            self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
+                                       self.transports[EGRESS_PROCESS].address)
             address = self.ingress_process.wait_hello(timeout=60)
         except BaseException:
             self.close_sockets()
