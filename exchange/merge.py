@@ -8,6 +8,10 @@ covers the head. Bounds let an idle producer keep the merge moving.
 Every SN that arrives must be larger than the last one from that producer:
 a repeated or out-of-order SN is a broken protocol (a duplicate the buffers
 failed to filter), so it raises instead of being silently dropped.
+
+A consumer asks for its frontier and whether it may release at every step it could
+take, far more often than the merge changes: both answers are kept until the next
+push, bound or release (``check_invariants`` compares them with asking anew).
 """
 from __future__ import annotations
 
@@ -17,7 +21,10 @@ from typing import Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from flux.data_messages import Item
 from flux.errors import RemoteProtocolError
-from flux.sequence import NO_PROGRESS, NO_SN, SN, before, bound_key, covers, strongest, weakest
+from flux.sequence import INF, NO_PROGRESS, NO_SN, SN, before, bound_key, covers, strongest
+
+#: an answer the merge has not kept: to be asked again
+UNKNOWN = object()
 
 
 class OrderedMerge:
@@ -29,6 +36,9 @@ class OrderedMerge:
             raise ValueError("a merge needs at least one producer")
         self.bounds: Dict[Hashable, SN] = {p: NO_PROGRESS for p in self.queues}
         self.last: Dict[Hashable, SN] = {p: NO_SN for p in self.queues}
+        #: ``frontier()`` and ``_releasable()`` as last asked, or UNKNOWN: forgotten by
+        #: every method that changes a queue, a bound or a last SN
+        self._frontier = self._releasable_now = UNKNOWN
 
     def push(self, producer: Hashable, items: Iterable[Item], bound: Optional[SN] = None) -> SN:
         """Append a batch from ``producer``; returns the last SN received from it."""
@@ -42,6 +52,7 @@ class OrderedMerge:
             last = sn
         self.queues[producer].extend(items)
         self.last[producer] = last
+        self._frontier = self._releasable_now = UNKNOWN
         if bound is not None:
             self.bound(producer, bound)
         return last
@@ -49,6 +60,7 @@ class OrderedMerge:
     def bound(self, producer: Hashable, bound: SN) -> None:
         """Record a progress bound; a bound never moves back (DESIGN 4.3)."""
         self.bounds[producer] = strongest(self.bounds[producer], bound)
+        self._frontier = self._releasable_now = UNKNOWN
 
     def _idle_bound(self, producer: Hashable) -> SN:
         # Every SN on one connection has the same length, so the last SN
@@ -68,6 +80,11 @@ class OrderedMerge:
         return self._releasable() is not None
 
     def _releasable(self) -> Optional[Hashable]:
+        if self._releasable_now is UNKNOWN:
+            self._releasable_now = self._find_releasable()
+        return self._releasable_now
+
+    def _find_releasable(self) -> Optional[Hashable]:
         head = self.head()
         if head is None:
             return None
@@ -85,6 +102,7 @@ class OrderedMerge:
         producer = self._releasable()
         if producer is None:
             raise LookupError("no tuple can be released yet")
+        self._frontier = self._releasable_now = UNKNOWN
         return producer, self.queues[producer].popleft()
 
     def pop_ready(self) -> List[Item]:
@@ -136,6 +154,8 @@ class OrderedMerge:
                 point = bound_key(self._idle_bound(producer))
                 if below is None or point < below:
                     below = point
+        if out:
+            self._frontier = self._releasable_now = UNKNOWN
         return out
 
     def unpop(self, released: List[Tuple[Hashable, Item]]) -> None:
@@ -143,13 +163,22 @@ class OrderedMerge:
         pushed since): they are the heads of their queues again, in their order."""
         for producer, item in reversed(released):
             self.queues[producer].appendleft(item)
+        self._frontier = self._releasable_now = UNKNOWN
 
     def frontier(self) -> SN:
         """A bound on every SN the merge will still release (DESIGN 4.3)."""
-        return weakest(
-            before(queue[0][0]) if queue else self._idle_bound(producer)
-            for producer, queue in self.queues.items()
-        )
+        if self._frontier is UNKNOWN:
+            self._frontier = self._find_frontier()
+        return self._frontier
+
+    def _find_frontier(self) -> SN:
+        low = low_key = None
+        for producer, queue in self.queues.items():
+            bound = before(queue[0][0]) if queue else self._idle_bound(producer)
+            key = bound + (INF,)  # bound_key, inline: this runs at every change
+            if low_key is None or key < low_key:
+                low, low_key = bound, key
+        return low
 
     def to_state(self) -> list:
         """Queues, bounds and last SNs per producer, msgpack-safe (DESIGN 4.6: the drained
@@ -166,6 +195,16 @@ class OrderedMerge:
             self.queues[p] = deque((tuple(sn), rec) for sn, rec in items)
             self.bounds[p] = tuple(bound)
             self.last[p] = tuple(last)
+        self._frontier = self._releasable_now = UNKNOWN
+
+    def check_invariants(self) -> None:
+        """What the merge kept is what asking anew gives."""
+        if self._frontier is not UNKNOWN:
+            assert self._frontier == self._find_frontier(), (
+                f"frontier kept as {self._frontier}, is {self._find_frontier()}")
+        if self._releasable_now is not UNKNOWN:
+            assert self._releasable_now == self._find_releasable(), (
+                f"releasable kept as {self._releasable_now!r}, is {self._find_releasable()!r}")
 
     def queued(self) -> int:
         return sum(len(q) for q in self.queues.values())

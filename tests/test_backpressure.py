@@ -26,7 +26,7 @@ A1P, A1S = Addr(1, 1, P), Addr(1, 1, S)
 def producer(window, batch_size=2, capacity=16):
     fp = FluxProducer(PP, CONSUMERS, capacity, batch_size, window=window)
     for n in range(1, 9):
-        fp.put(0, (n, 1), f"t{n}")
+        fp.out.put(0, (n, 1), f"t{n}")
     return fp
 
 
@@ -38,49 +38,49 @@ def sns(send):
 
 def test_a_connection_carries_at_most_a_window_of_untaken_tuples():
     fp = producer(window=3)
-    assert sns(fp.flush(0, PRIM, (8,))) == [(1, 1), (2, 1)]
-    assert sns(fp.flush(0, PRIM, (8,))) == [(3, 1)]  # one left in the window
+    assert sns(fp.out.flush(0, PRIM, (8,))) == [(1, 1), (2, 1)]
+    assert sns(fp.out.flush(0, PRIM, (8,))) == [(3, 1)]  # one left in the window
     # full: nothing more, not even the bound (it stays before the first unsent tuple)
-    assert (0, PRIM) not in fp.flushable((8,))
-    assert fp.flush(0, PRIM, (8,)) is None
+    assert (0, PRIM) not in fp.out.flushable((8,))
+    assert fp.out.flush(0, PRIM, (8,)) is None
 
 
 def test_a_credit_frees_the_batches_it_covers_and_no_partial_batch():
     fp = producer(window=3)
-    fp.flush(0, PRIM, (8,))
-    fp.flush(0, PRIM, (8,))
-    fp.on_credit(C0P, Credit((1, 1)))  # half of the first batch: frees nothing yet
-    assert fp.flush(0, PRIM, (8,)) is None
-    fp.on_credit(C0P, Credit((2, 1)))  # the first batch
-    assert sns(fp.flush(0, PRIM, (8,))) == [(4, 1), (5, 1)]
-    fp.on_credit(C0P, Credit((5, 1)))  # cumulative: everything up to (5, 1)
-    assert sns(fp.flush(0, PRIM, (8,))) == [(6, 1), (7, 1)]
+    fp.out.flush(0, PRIM, (8,))
+    fp.out.flush(0, PRIM, (8,))
+    fp.out.on_credit(C0P, Credit((1, 1)))  # half of the first batch: frees nothing yet
+    assert fp.out.flush(0, PRIM, (8,)) is None
+    fp.out.on_credit(C0P, Credit((2, 1)))  # the first batch
+    assert sns(fp.out.flush(0, PRIM, (8,))) == [(4, 1), (5, 1)]
+    fp.out.on_credit(C0P, Credit((5, 1)))  # cumulative: everything up to (5, 1)
+    assert sns(fp.out.flush(0, PRIM, (8,))) == [(6, 1), (7, 1)]
 
 
 def test_the_bound_still_goes_out_when_the_window_has_no_room():
     fp = FluxProducer(PP, CONSUMERS, 16, 4, window=1)
-    fp.put(0, (1, 1), "a")
-    fp.put(0, (3, 1), "c")
-    assert fp.flush(0, PRIM, (1,)) == Send(PP, C0P, Batch((((1, 1), "a"),), (1,)))
+    fp.out.put(0, (1, 1), "a")
+    fp.out.put(0, (3, 1), "c")
+    assert fp.out.flush(0, PRIM, (1,)) == Send(PP, C0P, Batch((((1, 1), "a"),), (1,)))
     # (3, 1) waits for room; the bound before it may still advance (DESIGN 4.3)
-    assert fp.flush(0, PRIM, (3,)) == Send(PP, C0P, Batch((), (3, 0)))
-    assert fp.flush(0, PRIM, (3,)) is None
+    assert fp.out.flush(0, PRIM, (3,)) == Send(PP, C0P, Batch((), (3, 0)))
+    assert fp.out.flush(0, PRIM, (3,)) is None
 
 
 def test_a_stale_credit_from_a_consumer_we_no_longer_send_to_is_dropped():
     fp = producer(window=2)
-    fp.on_credit(C0S, Credit((9, 1)))  # C0S is a secondary: we take its acks, send nothing
-    assert sns(fp.flush(0, PRIM, (8,))) == [(1, 1), (2, 1)]
-    assert fp.flush(0, PRIM, (8,)) is None
+    fp.out.on_credit(C0S, Credit((9, 1)))  # C0S is a secondary: we take its acks, send nothing
+    assert sns(fp.out.flush(0, PRIM, (8,))) == [(1, 1), (2, 1)]
+    assert fp.out.flush(0, PRIM, (8,)) is None
 
 
 def test_a_reverse_starts_the_secondary_connection_with_an_empty_window():
     fp = producer(window=2)
     fp.on_reverse(C0S, Reverse(NO_SN))
-    assert sns(fp.flush(0, SEC, (8,))) == [(1, 1), (2, 1)]
-    assert fp.flush(0, SEC, (8,)) is None
-    fp.on_credit(C0S, Credit((2, 1)))  # now its data source: its credits count
-    assert sns(fp.flush(0, SEC, (8,))) == [(3, 1), (4, 1)]
+    assert sns(fp.out.flush(0, SEC, (8,))) == [(1, 1), (2, 1)]
+    assert fp.out.flush(0, SEC, (8,)) is None
+    fp.out.on_credit(C0S, Credit((2, 1)))  # now its data source: its credits count
+    assert sns(fp.out.flush(0, SEC, (8,))) == [(3, 1), (4, 1)]
 
 
 def test_a_window_below_one_is_refused():
@@ -179,9 +179,9 @@ def test_a_consumer_that_takes_nothing_holds_one_window_per_connection():
 def test_no_window_is_the_protocol_without_credits():
     fp = FluxProducer(PP, CONSUMERS, 64, 4)
     for n in range(1, 41):
-        fp.put(0, (n, 1), n)
+        fp.out.put(0, (n, 1), n)
     sent = 0
-    while (send := fp.flush(0, PRIM, (40,))) is not None and send.msg.items:
+    while (send := fp.out.flush(0, PRIM, (40,))) is not None and send.msg.items:
         sent += len(send.msg.items)
     assert sent == 40
 

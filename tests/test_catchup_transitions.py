@@ -117,19 +117,19 @@ def test_avail_for_a_destination_that_is_not_dead_raises():
 
 def test_pause_from_a_send_destination_pauses_it_and_answers_one_pause_ack():
     fp = FluxProducer(A0P, CONSUMERS, 8, 4)
-    fp.put(0, (1, 1), "a")
-    fp.put(1, (1, 2), "b")
-    assert fp.flushable((1,)) == [(0, PRIM), (1, PRIM)]
+    fp.out.put(0, (1, 1), "a")
+    fp.out.put(1, (1, 2), "b")
+    assert fp.out.flushable((1,)) == [(0, PRIM), (1, PRIM)]
     assert fp.out.on_pause(C0P, Pause(7)) == [Send(A0P, C0P, PauseAck(7))]
     assert paused(fp.out) == [[True, False], [False, False]]
     # No data to the paused destination, no flush at all ...
-    assert fp.flushable((1,)) == [(1, PRIM)]
-    assert fp.flush(0, PRIM, (1,)) is None
+    assert fp.out.flushable((1,)) == [(1, PRIM)]
+    assert fp.out.flush(0, PRIM, (1,)) is None
     assert fp.out.buffers[0].sent[PRIM] == NO_SN
     # ... not even a bound, however far the frontier moves.
-    fp.flush(1, PRIM, (1,))
-    assert fp.flushable((9,)) == [(1, PRIM)]
-    assert fp.flush(0, PRIM, (9,)) is None
+    fp.out.flush(1, PRIM, (1,))
+    assert fp.out.flushable((9,)) == [(1, PRIM)]
+    assert fp.out.flush(0, PRIM, (9,)) is None
 
 
 def test_pause_from_an_ack_only_destination_raises():
@@ -155,14 +155,14 @@ def fprod_with_standby_consumer(me):
     fp = FluxProducer(me, CONSUMERS, 8, 2)
     fp.on_fail({C0S})
     for k in (1, 2, 3):
-        fp.put(0, (k, 1), f"t{k}")
+        fp.out.put(0, (k, 1), f"t{k}")
     return fp
 
 
 def test_csync_from_the_active_records_unpauses_and_resets_the_standby_to_its_marks():
     # F-Prod^P: C0P (A) is PRIM with SEND, C0S (X) is SEC.
     fp = fprod_with_standby_consumer(A0P)
-    assert fp.flush(0, PRIM, (3,)) == Send(A0P, C0P, Batch((((1, 1), "t1"), ((2, 1), "t2")), (3, 0)))
+    assert fp.out.flush(0, PRIM, (3,)) == Send(A0P, C0P, Batch((((1, 1), "t1"), ((2, 1), "t2")), (3, 0)))
     buf = fp.out.buffers[0]
     assert buf.delete == {PRIM}
     fp.out.on_avail(C0S, 7)
@@ -178,13 +178,13 @@ def test_csync_from_the_active_records_unpauses_and_resets_the_standby_to_its_ma
     # X is still a standby: no role and no connection until its own csync
     assert statuses(fp.out)[0] == [ACTIVE, STDBY]
     assert modes(fp.out)[0][SEC] == NONE
-    assert fp.flush(0, PRIM, (3,)).msg.items == (((3, 1), "t3"),)  # A's connection runs again
+    assert fp.out.flush(0, PRIM, (3,)).msg.items == (((3, 1), "t3"),)  # A's connection runs again
 
 
 def test_csync_from_the_active_on_its_ack_connection_resets_the_primary_standby():
     # F-Prod^S: C0S (X) is PRIM, C0P (A) is SEC with ACK. A acked (2,1).
     fp = fprod_with_standby_consumer(A0S)
-    fp.on_ack(C0P, Ack((2, 1)))
+    fp.out.on_ack(C0P, Ack((2, 1)))
     buf = fp.out.buffers[0]
     assert buf.delete == {SEC} and buf.entries() == [((3, 1), "t3")]
     fp.out.on_avail(C0S, 7)
@@ -197,7 +197,7 @@ def test_csync_from_the_active_on_its_ack_connection_resets_the_primary_standby(
 
 def test_standby_csync_waits_for_the_actives_then_x_is_active_as_primary():
     fp = fprod_with_standby_consumer(A0S)  # X = C0S is this producer's PRIM
-    fp.on_ack(C0P, Ack((1, 1)))
+    fp.out.on_ack(C0P, Ack((1, 1)))
     fp.out.on_avail(C0S, 7)
     assert not fp.out.can_accept_csync(C0S, CSync(7))
     with pytest.raises(LocalProtocolError):
@@ -212,7 +212,7 @@ def test_standby_csync_waits_for_the_actives_then_x_is_active_as_primary():
     assert modes(fp.out)[0] == [SEND, ACK]
     assert vers(fp.out)[0] == [7, 7]
     # X gets what A did not ack, from after A's marks
-    assert fp.flush(0, PRIM, (3,)) == Send(A0S, C0S, Batch((((2, 1), "t2"), ((3, 1), "t3")), (3,)))
+    assert fp.out.flush(0, PRIM, (3,)) == Send(A0S, C0S, Batch((((2, 1), "t2"), ((3, 1), "t3")), (3,)))
 
 
 def test_standby_csync_as_secondary_gets_ack_mode():
@@ -222,7 +222,7 @@ def test_standby_csync_as_secondary_gets_ack_mode():
     assert fp.out.on_csync(C0S, CSync(7)) == [FoldedIn(A0P, C0S, 7)]
     assert statuses(fp.out)[0] == [ACTIVE, ACTIVE]
     assert modes(fp.out)[0] == [SEND, ACK]
-    fp.on_ack(C0S, Ack((3, 1)))  # acks from X are taken now
+    fp.out.on_ack(C0S, Ack((3, 1)))  # acks from X are taken now
     assert fp.out.buffers[0].hwm[SEC] == (3, 1)
 
 
@@ -276,8 +276,8 @@ def test_end_catchup_psyncs_stops_forwarding_and_resets_takeover():
     assert fp.p_fail is False and fp.r_done == [False, False]
     assert not fp.takeover_done()
     # Acks from the secondaries are taken again (a forwarding connection takes none)
-    fp.put(0, (1, 1), "a")
-    fp.on_ack(C0S, Ack((1, 1)))
+    fp.out.put(0, (1, 1), "a")
+    fp.out.on_ack(C0S, Ack((1, 1)))
     # A second take-over is reported again
     assert fp.on_fail({A0S}) == []
     fp.on_reverse(C0S, Reverse((1, 1)))
@@ -288,9 +288,9 @@ def test_install_state_reversed_swaps_marks_cursors_and_statuses():
     a = FluxProducer(A0P, CONSUMERS, 8, 2)
     a.on_fail({C1S})
     for k in (1, 2, 3):
-        a.put(0, (k, 1), f"t{k}")
-    a.flush(0, PRIM, (3,))  # (1,1), (2,1) to C0P: held by 2a
-    a.on_ack(C0S, Ack((1, 1)))
+        a.out.put(0, (k, 1), f"t{k}")
+    a.out.flush(0, PRIM, (3,))  # (1,1), (2,1) to C0P: held by 2a
+    a.out.on_ack(C0S, Ack((1, 1)))
     assert a.out.buffers[0].hwm == [(2, 1), (1, 1)]
     assert a.out.buffers[0].sent == [(2, 1), NO_SN]
     state = msgpack.unpackb(msgpack.packb(a.get_state(), use_bin_type=True), raw=False)
@@ -310,23 +310,23 @@ def test_install_state_reversed_swaps_marks_cursors_and_statuses():
     assert modes(x.out) == [[SEND, ACK], [NONE, ACK]]
     assert x.out.buffers[1].delete == {SEC}
     assert x.p_fail is False and x.r_done == [False, False]
-    x.check_invariants()
+    x.out.check_invariants()
 
 
 def test_install_state_reversed_keeps_the_egress_ghost_dead():
     eg, ghost = Addr(3, 0, P), Addr(3, 0, S)
     a = FluxProducer(Addr(2, 0, S), [(eg, ghost)], 8, 2, absent={ghost})
     assert a.out.peers == [(ghost, eg)] and statuses(a.out) == [[DEAD, ACTIVE]]
-    a.put(0, (1, 1, 1), "x")
-    a.on_ack(eg, Ack((1, 1, 1)))
+    a.out.put(0, (1, 1, 1), "x")
+    a.out.on_ack(eg, Ack((1, 1, 1)))
     x = FluxProducer(Addr(2, 0, P), [(eg, ghost)], 8, 2, absent={ghost})
     x.install_state(a.get_state(), reverse=True)
     assert statuses(x.out) == [[ACTIVE, DEAD]]
     assert modes(x.out) == [[SEND, NONE]]
     assert x.out.buffers[0].delete == {PRIM}
-    x.check_invariants()
+    x.out.check_invariants()
     with pytest.raises(RemoteProtocolError):
-        x.on_ack(ghost, Ack((1, 1, 1)))
+        x.out.on_ack(ghost, Ack((1, 1, 1)))
     with pytest.raises(RemoteProtocolError):
         x.install_state(a.get_state() * 2, reverse=True)
 

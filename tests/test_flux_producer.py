@@ -44,7 +44,7 @@ def make(addr=PP, capacity=8, batch_size=16):
 
 def put_all(fp, i, *pairs):
     for sn, x in pairs:
-        fp.put(i, sn, x)
+        fp.out.put(i, sn, x)
 
 
 # --- normal case (5.1) ----------------------------------------------------------
@@ -69,45 +69,45 @@ def test_initial_state_of_replica_s_swaps_primary_and_secondary():
 
 def test_replica_p_sends_to_consumer_replicas_p_only():
     fp = make(PP)
-    fp.put(0, (1, 1), "a")
-    fp.put(1, (2, 1), "b")
-    assert fp.flushable((2,)) == [(0, PRIM), (1, PRIM)]
-    assert fp.flush(0, SEC, (2,)) is None
-    assert fp.flush(0, PRIM, (2,)) == Send(PP, C0P, Batch((((1, 1), "a"),), (2,)))
-    assert fp.flush(1, PRIM, (2,)) == Send(PP, C1P, Batch((((2, 1), "b"),), (2,)))
-    assert fp.flushable((2,)) == []
+    fp.out.put(0, (1, 1), "a")
+    fp.out.put(1, (2, 1), "b")
+    assert fp.out.flushable((2,)) == [(0, PRIM), (1, PRIM)]
+    assert fp.out.flush(0, SEC, (2,)) is None
+    assert fp.out.flush(0, PRIM, (2,)) == Send(PP, C0P, Batch((((1, 1), "a"),), (2,)))
+    assert fp.out.flush(1, PRIM, (2,)) == Send(PP, C1P, Batch((((2, 1), "b"),), (2,)))
+    assert fp.out.flushable((2,)) == []
     # An advancing frontier is announced to the primaries only.
-    assert fp.flushable((3,)) == [(0, PRIM), (1, PRIM)]
-    assert fp.flush(1, PRIM, (3,)) == Send(PP, C1P, Batch((), (3,)))
+    assert fp.out.flushable((3,)) == [(0, PRIM), (1, PRIM)]
+    assert fp.out.flush(1, PRIM, (3,)) == Send(PP, C1P, Batch((), (3,)))
 
 
 def test_replica_s_sends_to_consumer_replicas_s_only():
     fs = make(PS)
-    fs.put(0, (1, 1), "a")
-    assert fs.flushable((1,)) == [(0, PRIM), (1, PRIM)]
-    assert fs.flush(0, PRIM, (1,)) == Send(PS, C0S, Batch((((1, 1), "a"),), (1,)))
-    assert fs.flush(1, PRIM, (1,)) == Send(PS, C1S, Batch((), (1,)))
-    assert fs.flush(0, SEC, (1,)) is None
+    fs.out.put(0, (1, 1), "a")
+    assert fs.out.flushable((1,)) == [(0, PRIM), (1, PRIM)]
+    assert fs.out.flush(0, PRIM, (1,)) == Send(PS, C0S, Batch((((1, 1), "a"),), (1,)))
+    assert fs.out.flush(1, PRIM, (1,)) == Send(PS, C1S, Batch((), (1,)))
+    assert fs.out.flush(0, SEC, (1,)) is None
 
 
 def test_bound_is_before_the_first_unsent_tuple():
     fp = make(PP, batch_size=1)
     put_all(fp, 0, ((1, 1), "a"), ((1, 2), "b"))
-    assert fp.flush(0, PRIM, (1,)) == Send(PP, C0P, Batch((((1, 1), "a"),), (1, 1)))
-    assert fp.flush(0, PRIM, (1,)) == Send(PP, C0P, Batch((((1, 2), "b"),), (1,)))
+    assert fp.out.flush(0, PRIM, (1,)) == Send(PP, C0P, Batch((((1, 1), "a"),), (1, 1)))
+    assert fp.out.flush(0, PRIM, (1,)) == Send(PP, C0P, Batch((((1, 2), "b"),), (1,)))
 
 
 def test_acks_are_taken_from_secondary_consumers_only():
     fp = make(PP)
-    fp.put(0, (1, 1), "a")
+    fp.out.put(0, (1, 1), "a")
     with pytest.raises(RemoteProtocolError):
-        fp.on_ack(C0P, Ack((1, 1)))
-    fp.on_ack(C0S, Ack((1, 1)))
+        fp.out.on_ack(C0P, Ack((1, 1)))
+    fp.out.on_ack(C0S, Ack((1, 1)))
     assert fp.out.buffers[0].hwm[SEC] == (1, 1)
     fs = make(PS)
     with pytest.raises(RemoteProtocolError):
-        fs.on_ack(C0S, Ack((1, 1)))
-    fs.on_ack(C0P, Ack((1, 1)))
+        fs.out.on_ack(C0S, Ack((1, 1)))
+    fs.out.on_ack(C0P, Ack((1, 1)))
     assert fs.out.buffers[0].hwm[SEC] == (1, 1)
 
 
@@ -115,37 +115,37 @@ def test_eviction_needs_sent_to_prim_and_acked_by_sec_send_first():
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"))
     buf = fp.out.buffers[0]
-    fp.flush(0, PRIM, (2,))
+    fp.out.flush(0, PRIM, (2,))
     assert buf.marks((1, 1)) == {PROD, PRIM}
     assert len(buf) == 2  # sent but not acked
-    fp.on_ack(C0S, Ack((1, 1)))
+    fp.out.on_ack(C0S, Ack((1, 1)))
     assert buf.entries() == [((2, 1), "b")]
-    fp.on_ack(C0S, Ack((2, 1)))
+    fp.out.on_ack(C0S, Ack((2, 1)))
     assert buf.entries() == []
-    assert fp.idle()
+    assert fp.out.idle()
 
 
 def test_eviction_needs_sent_to_prim_and_acked_by_sec_ack_first():
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"))
     buf = fp.out.buffers[0]
-    fp.on_ack(C0S, Ack((3, 1)))  # dangling beyond what was put
+    fp.out.on_ack(C0S, Ack((3, 1)))  # dangling beyond what was put
     assert buf.marks((1, 1)) == {PROD, SEC}
     assert buf.dangling(SEC)
     assert len(buf) == 2  # acked but not sent
-    fp.flush(0, PRIM, (3,))
+    fp.out.flush(0, PRIM, (3,))
     assert buf.entries() == []
-    fp.put(0, (3, 1), "c")  # produced after its ack: evicted once sent
+    fp.out.put(0, (3, 1), "c")  # produced after its ack: evicted once sent
     assert buf.entries() == [((3, 1), "c")]
 
 
 def test_full_reflects_any_destination_buffer():
     fp = make(PP, capacity=2)
     put_all(fp, 1, ((1, 1), "a"), ((2, 1), "b"))
-    assert fp.full()
-    fp.flush(1, PRIM, (2,))
-    fp.on_ack(C1S, Ack((1, 1)))
-    assert not fp.full()
+    assert fp.out.full()
+    fp.out.flush(1, PRIM, (2,))
+    fp.out.on_ack(C1S, Ack((1, 1)))
+    assert not fp.out.full()
 
 
 # --- take-over (5.2) -----------------------------------------------------------------
@@ -153,8 +153,8 @@ def test_full_reflects_any_destination_buffer():
 def test_reverse_from_secondary_sends_after_its_hwm():
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c"))
-    fp.flush(0, PRIM, (3,))
-    fp.on_ack(C0S, Ack((1, 1)))
+    fp.out.flush(0, PRIM, (3,))
+    fp.out.on_ack(C0S, Ack((1, 1)))
     buf = fp.out.buffers[0]
     assert buf.entries() == [((2, 1), "b"), ((3, 1), "c")]
     assert fp.on_fail({PS}) == []
@@ -165,27 +165,27 @@ def test_reverse_from_secondary_sends_after_its_hwm():
     assert buf.delete == {PRIM, SEC}
     assert buf.hwm[SEC] == (2, 1)
     assert buf.entries() == [((3, 1), "c")]
-    assert fp.flushable((3,)) == [(0, SEC), (1, PRIM)]  # 1: bound (3,) never announced
-    assert fp.flush(0, SEC, (3,)) == Send(PP, C0S, Batch((((3, 1), "c"),), (3,)))
+    assert fp.out.flushable((3,)) == [(0, SEC), (1, PRIM)]  # 1: bound (3,) never announced
+    assert fp.out.flush(0, SEC, (3,)) == Send(PP, C0S, Batch((((3, 1), "c"),), (3,)))
     assert buf.entries() == []  # sent to both, no ACK on either connection
     # From now on, new tuples go to both consumer replicas.
-    fp.put(0, (4, 1), "d")
-    assert fp.flushable((4,)) == [(0, PRIM), (0, SEC), (1, PRIM)]
-    assert fp.flush(0, SEC, (4,)) == Send(PP, C0S, Batch((((4, 1), "d"),), (4,)))
+    fp.out.put(0, (4, 1), "d")
+    assert fp.out.flushable((4,)) == [(0, PRIM), (0, SEC), (1, PRIM)]
+    assert fp.out.flush(0, SEC, (4,)) == Send(PP, C0S, Batch((((4, 1), "d"),), (4,)))
     assert buf.entries() == [((4, 1), "d")]  # not yet sent to PRIM
-    assert fp.flush(0, PRIM, (4,)) == Send(PP, C0P, Batch((((4, 1), "d"),), (4,)))
+    assert fp.out.flush(0, PRIM, (4,)) == Send(PP, C0P, Batch((((4, 1), "d"),), (4,)))
     assert buf.entries() == []
 
 
 def test_reverse_then_sends_are_exact_per_destination():
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"))
-    fp.flush(0, PRIM, (2,))
+    fp.out.flush(0, PRIM, (2,))
     fp.on_fail({PS})
     fp.on_reverse(C0S, Reverse((1, 1)))
-    fp.put(0, (3, 1), "c")
-    assert fp.flush(0, PRIM, (3,)) == Send(PP, C0P, Batch((((3, 1), "c"),), (3,)))
-    assert fp.flush(0, SEC, (3,)) == Send(
+    fp.out.put(0, (3, 1), "c")
+    assert fp.out.flush(0, PRIM, (3,)) == Send(PP, C0P, Batch((((3, 1), "c"),), (3,)))
+    assert fp.out.flush(0, SEC, (3,)) == Send(
         PP, C0S, Batch((((2, 1), "b"), ((3, 1), "c")), (3,))
     )
     assert fp.out.buffers[0].entries() == []
@@ -194,18 +194,18 @@ def test_reverse_then_sends_are_exact_per_destination():
 def test_reverse_with_dangling_hwm_filters_tuples_produced_later():
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((3, 1), "c"))
-    fp.flush(0, PRIM, (3,))
+    fp.out.flush(0, PRIM, (3,))
     fp.on_fail({PS})
     # The secondary consumer already holds everything up to (5, 1) from PS.
     fp.on_reverse(C0S, Reverse((5, 1)))
     buf = fp.out.buffers[0]
     assert buf.entries() == []
-    fp.put(0, (4, 1), "d")  # SEC holds it: never sent there
-    fp.put(0, (6, 1), "f")
+    fp.out.put(0, (4, 1), "d")  # SEC holds it: never sent there
+    fp.out.put(0, (6, 1), "f")
     assert buf.marks((4, 1)) == {PROD, SEC}
-    assert fp.flush(0, SEC, (6,)) == Send(PP, C0S, Batch((((6, 1), "f"),), (6,)))
-    assert fp.flush(0, SEC, (6,)) is None
-    assert fp.flush(0, PRIM, (6,)) == Send(
+    assert fp.out.flush(0, SEC, (6,)) == Send(PP, C0S, Batch((((6, 1), "f"),), (6,)))
+    assert fp.out.flush(0, SEC, (6,)) is None
+    assert fp.out.flush(0, PRIM, (6,)) == Send(
         PP, C0P, Batch((((4, 1), "d"), ((6, 1), "f")), (6,))
     )
     assert buf.entries() == []
@@ -216,15 +216,15 @@ def test_bound_toward_sec_skips_filtered_tuples():
     fp.on_fail({PS})
     fp.on_reverse(C0S, Reverse((2, 1)))
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c"))
-    assert fp.flush(0, SEC, (3,)) == Send(PP, C0S, Batch((((3, 1), "c"),), (3,)))
+    assert fp.out.flush(0, SEC, (3,)) == Send(PP, C0S, Batch((((3, 1), "c"),), (3,)))
 
 
 def test_after_reverse_the_current_bound_is_announced():
     fp = make(PP)
     fp.on_fail({PS})
     fp.on_reverse(C0S, Reverse(()))
-    assert (0, SEC) in fp.flushable((2,))
-    assert fp.flush(0, SEC, (2,)) == Send(PP, C0S, Batch((), (2,)))
+    assert (0, SEC) in fp.out.flushable((2,))
+    assert fp.out.flush(0, SEC, (2,)) == Send(PP, C0S, Batch((), (2,)))
 
 
 def test_reverse_from_primary_consumer_raises():
@@ -253,8 +253,8 @@ def test_reverse_from_unknown_endpoint_raises():
 def test_fail_of_primary_consumer():
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c"))
-    fp.flush(0, PRIM, (3,))
-    fp.on_ack(C0S, Ack((1, 1)))
+    fp.out.flush(0, PRIM, (3,))
+    fp.out.on_ack(C0S, Ack((1, 1)))
     assert fp.on_fail({C0P}) == []
     buf = fp.out.buffers[0]
     assert statuses(fp.out)[0] == [DEAD, ACTIVE]
@@ -264,13 +264,13 @@ def test_fail_of_primary_consumer():
     assert buf.entries() == [((2, 1), "b"), ((3, 1), "c")]
     assert fp.p_fail is False
     # Nothing is sent any more for partition 0; SEC's acks alone evict.
-    fp.put(0, (4, 1), "d")
-    assert fp.flushable((4,)) == [(1, PRIM)]
-    assert fp.flush(0, PRIM, (4,)) is None
-    fp.on_ack(C0S, Ack((4, 1)))
+    fp.out.put(0, (4, 1), "d")
+    assert fp.out.flushable((4,)) == [(1, PRIM)]
+    assert fp.out.flush(0, PRIM, (4,)) is None
+    fp.out.on_ack(C0S, Ack((4, 1)))
     assert buf.entries() == []
     with pytest.raises(RemoteProtocolError):
-        fp.on_ack(C0P, Ack((4, 1)))
+        fp.out.on_ack(C0P, Ack((4, 1)))
     # Partition 1 is untouched.
     assert statuses(fp.out)[1] == [ACTIVE, ACTIVE]
     assert fp.out.buffers[1].delete == {PRIM, SEC}
@@ -278,27 +278,27 @@ def test_fail_of_primary_consumer():
 
 def test_fail_of_primary_consumer_before_send_waits_for_sec_only():
     fp = make(PP)
-    fp.put(0, (1, 1), "a")
+    fp.out.put(0, (1, 1), "a")
     fp.on_fail({C0P})
     assert fp.out.buffers[0].entries() == [((1, 1), "a")]
-    fp.on_ack(C0S, Ack((1, 1)))
+    fp.out.on_ack(C0S, Ack((1, 1)))
     assert fp.out.buffers[0].entries() == []
 
 
 def test_fail_of_secondary_consumer_drops_its_dangling_acks():
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"))
-    fp.on_ack(C0S, Ack((5, 1)))
-    fp.flush(0, PRIM, (2,))
+    fp.out.on_ack(C0S, Ack((5, 1)))
+    fp.out.flush(0, PRIM, (2,))
     buf = fp.out.buffers[0]
     assert buf.entries() == []
     assert fp.on_fail({C0S}) == []
     assert buf.hwm[SEC] == (2, 1)  # ack_all assigns: the dangling (5, 1) is gone
     assert buf.delete == {PRIM}
     assert modes(fp.out)[0] == [SEND, NONE]
-    fp.put(0, (3, 1), "c")
+    fp.out.put(0, (3, 1), "c")
     assert buf.marks((3, 1)) == {PROD}
-    assert fp.flush(0, PRIM, (3,)) == Send(PP, C0P, Batch((((3, 1), "c"),), (3,)))
+    assert fp.out.flush(0, PRIM, (3,)) == Send(PP, C0P, Batch((((3, 1), "c"),), (3,)))
     assert buf.entries() == []
 
 
@@ -306,13 +306,13 @@ def test_reverse_after_primary_consumer_died_sends_to_sec_only():
     # F-Cons^P and F-Prod^S fail: F-Prod^P feeds only the secondary consumer.
     fp = make(PP)
     put_all(fp, 0, ((1, 1), "a"), ((2, 1), "b"))
-    fp.flush(0, PRIM, (2,))
+    fp.out.flush(0, PRIM, (2,))
     assert fp.on_fail({C0P, PS}) == []
     fp.on_reverse(C0S, Reverse((1, 1)))
     buf = fp.out.buffers[0]
     assert buf.delete == {SEC}
-    assert fp.flushable((2,)) == [(0, SEC), (1, PRIM)]
-    assert fp.flush(0, SEC, (2,)) == Send(PP, C0S, Batch((((2, 1), "b"),), (2,)))
+    assert fp.out.flushable((2,)) == [(0, SEC), (1, PRIM)]
+    assert fp.out.flush(0, SEC, (2,)) == Send(PP, C0S, Batch((((2, 1), "b"),), (2,)))
     assert buf.entries() == []
 
 
@@ -382,16 +382,16 @@ def test_last_stage_replica_p_evicts_after_send():
     assert statuses(lp.out) == [[ACTIVE, DEAD]]
     assert modes(lp.out) == [[SEND, NONE]]
     assert lp.out.buffers[0].delete == {PRIM}
-    lp.put(0, (1, 1, 1), "x")
-    lp.put(0, (2, 1, 1), "y")
-    assert lp.flushable((2, 1)) == [(0, PRIM)]
-    assert lp.flush(0, PRIM, (2, 1)) == Send(
+    lp.out.put(0, (1, 1, 1), "x")
+    lp.out.put(0, (2, 1, 1), "y")
+    assert lp.out.flushable((2, 1)) == [(0, PRIM)]
+    assert lp.out.flush(0, PRIM, (2, 1)) == Send(
         LP, EG, Batch((((1, 1, 1), "x"), ((2, 1, 1), "y")), (2, 1))
     )
     assert lp.out.buffers[0].entries() == []
-    assert lp.flushable((2, 1)) == []
+    assert lp.out.flushable((2, 1)) == []
     with pytest.raises(RemoteProtocolError):
-        lp.on_ack(EG, Ack((2, 1, 1)))
+        lp.out.on_ack(EG, Ack((2, 1, 1)))
     # Its dual dies: the egress's replica S never existed, so take-over is done.
     assert lp.on_fail({LS}) == [TakeoverDone(LP)]
 
@@ -403,30 +403,30 @@ def test_last_stage_replica_s_evicts_after_the_egress_ack():
     assert modes(ls.out) == [[NONE, ACK]]
     buf = ls.out.buffers[0]
     assert buf.delete == {SEC}
-    ls.put(0, (1, 1, 1), "x")
-    assert ls.flushable((1, 1)) == []
+    ls.out.put(0, (1, 1, 1), "x")
+    assert ls.out.flushable((1, 1)) == []
     assert buf.entries() == [((1, 1, 1), "x")]
-    ls.on_ack(EG, Ack((1, 1, 1)))
+    ls.out.on_ack(EG, Ack((1, 1, 1)))
     assert buf.entries() == []
-    ls.on_ack(EG, Ack((3, 1, 1)))  # dangling
-    ls.put(0, (2, 1, 1), "y")
-    ls.put(0, (3, 1, 1), "z")
+    ls.out.on_ack(EG, Ack((3, 1, 1)))  # dangling
+    ls.out.put(0, (2, 1, 1), "y")
+    ls.out.put(0, (3, 1, 1), "z")
     assert buf.entries() == []
-    ls.put(0, (4, 1, 1), "w")
+    ls.out.put(0, (4, 1, 1), "w")
     assert buf.entries() == [((4, 1, 1), "w")]
 
 
 def test_last_stage_replica_s_sends_after_a_reverse():
     ls = last_stage(LS)
     put_all(ls, 0, ((1, 1, 1), "x"), ((2, 1, 1), "y"), ((3, 1, 1), "z"))
-    ls.on_ack(EG, Ack((1, 1, 1)))
+    ls.out.on_ack(EG, Ack((1, 1, 1)))
     assert ls.on_fail({LP}) == []  # waits for the egress's reverse
     assert ls.on_reverse(EG, Reverse((2, 1, 1))) == [TakeoverDone(LS)]
     assert modes(ls.out) == [[NONE, SEND]]
     assert ls.out.buffers[0].delete == {SEC}
-    assert ls.flushable((3, 1)) == [(0, SEC)]
-    assert ls.flush(0, SEC, (3, 1)) == Send(LS, EG, Batch((((3, 1, 1), "z"),), (3, 1)))
+    assert ls.out.flushable((3, 1)) == [(0, SEC)]
+    assert ls.out.flush(0, SEC, (3, 1)) == Send(LS, EG, Batch((((3, 1, 1), "z"),), (3, 1)))
     assert ls.out.buffers[0].entries() == []
-    ls.put(0, (4, 1, 1), "w")
-    assert ls.flush(0, SEC, (4, 1)) == Send(LS, EG, Batch((((4, 1, 1), "w"),), (4, 1)))
+    ls.out.put(0, (4, 1, 1), "w")
+    assert ls.out.flush(0, SEC, (4, 1)) == Send(LS, EG, Batch((((4, 1, 1), "w"),), (4, 1)))
     assert ls.out.buffers[0].entries() == []

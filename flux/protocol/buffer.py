@@ -16,6 +16,10 @@ a producer from re-sending what a consumer got from the other replica.
 
 Only ``ack`` and ``advance`` move a mark or cursor forward; ``ack_all`` and
 ``reset`` assign them and may move them back (DESIGN 4.2).
+
+The first unsent SN of each destination is asked at every step a producer may flush
+(its bound, DESIGN 4.3): it is kept, and forgotten by every method that moves a mark,
+a cursor or the queue (``check_invariants`` compares it with asking anew).
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ SEC = Dest.SEC
 DESTS = (PRIM, SEC)
 #: the producer's own mark (3.1.3): not a destination, so not a Dest
 PROD = "PROD"
+#: a destination's first unsent SN not known: to be asked (``_next_index``) again
+UNKNOWN = object()
 
 
 class BufferMisuse(LocalProtocolError):
@@ -73,13 +79,15 @@ class Buffer:
         self._low: SN = NO_SN
         self._evict_all = not self.delete
         self._last_take: tuple = (None, ())  # (first SN, last SN, count), the tuples
+        #: [d]: ``first_unsent(d)`` as last asked, or UNKNOWN
+        self._first: list = [UNKNOWN, UNKNOWN]
 
     # -- queries ---------------------------------------------------------
     def __len__(self) -> int:
         return len(self._sns) - self._head
 
     def full(self) -> bool:
-        return len(self) >= self.capacity
+        return len(self._sns) - self._head >= self.capacity
 
     def entries(self) -> List[Item]:
         """The buffered (SN, tuple) pairs, oldest first."""
@@ -100,8 +108,11 @@ class Buffer:
         return self.hwm[dest] > self.last_put
 
     def first_unsent(self, dest: int) -> Optional[SN]:
-        i = self._next_index(dest)
-        return self._sns[i] if i < len(self._sns) else None
+        first = self._first[dest]
+        if first is UNKNOWN:
+            i = self._next_index(dest)
+            first = self._first[dest] = self._sns[i] if i < len(self._sns) else None
+        return first
 
     def peek(self, dest: int) -> Optional[Item]:
         """The first tuple ``dest`` does not hold and was not sent yet (Figure 3, action 2)."""
@@ -118,6 +129,11 @@ class Buffer:
         self._sns.append(sn)
         self._items.append(item)
         self.last_put = sn
+        first = self._first
+        if first[0] is None:  # nothing was unsent: this one may be (a dangling ack may
+            first[0] = UNKNOWN  # hold it already)
+        if first[1] is None:
+            first[1] = UNKNOWN
         if self._evict_all or sn <= self._low:  # marked already (dangling acks): evict
             self._evict()
 
@@ -127,6 +143,7 @@ class Buffer:
         if i >= len(self._sns):
             raise BufferMisuse(f"advance {Dest(dest).name} with nothing to send")
         self.sent[dest] = self._sns[i]
+        self._first[dest] = UNKNOWN
         return self.sent[dest]
 
     def take(self, dest: int, limit: int) -> Tuple[Item, ...]:
@@ -138,6 +155,7 @@ class Buffer:
         if j <= i:
             return ()
         self.sent[dest] = self._sns[j - 1]
+        self._first[dest] = UNKNOWN
         key = (self._sns[i], self._sns[j - 1], j - i)
         if self._last_take[0] == key:
             return self._last_take[1]
@@ -149,22 +167,26 @@ class Buffer:
         """``dest`` holds every SN <= ``sn`` (cumulative; never moves the mark back)."""
         if sn > self.hwm[dest]:
             self.hwm[dest] = sn
+            self._first[dest] = UNKNOWN
             self._evict()
 
     def ack_all(self, dest: int) -> None:
         """Take-over: treat everything put as held by ``dest`` and drop its dangling acks."""
         self.hwm[dest] = self.last_put
+        self._first[dest] = UNKNOWN
         self._evict()
 
     def reset(self, dest: int) -> None:
         """Fold-in: give ``dest`` the other destination's marks; its cursor restarts there (3.3.2)."""
         self.hwm[dest] = self.hwm[1 - dest]
         self.sent[dest] = NO_SN
+        self._first[dest] = UNKNOWN
         self._evict()
 
     def rewind(self, dest: int) -> None:
         """Restart ``dest``'s cursor right after what it holds (reverse assigns, DESIGN 4.2)."""
         self.sent[dest] = NO_SN
+        self._first[dest] = UNKNOWN
 
     def set_delete(self, delete: Iterable[int]) -> None:
         self.delete = {Dest(d) for d in delete}
@@ -194,6 +216,7 @@ class Buffer:
         buf.hwm = [tuple(state["hwm"][d]) for d in order]
         buf.sent = [tuple(state["sent"][d]) for d in order]
         buf.delete = {Dest(order.index(d)) for d in state["delete"]}
+        buf._first = [UNKNOWN, UNKNOWN]
         buf._evict()
         return buf
 
@@ -212,6 +235,8 @@ class Buffer:
             new_head = len(self._sns)
         if new_head == self._head:
             return
+        self._first = [UNKNOWN, UNKNOWN]  # it may have been one a destination outside
+        # delete had not been sent yet
         self._items[self._head:new_head] = [None] * (new_head - self._head)  # in C
         self._head = new_head
         if self._head >= self._COMPACT_AT and self._head * 2 >= len(self._sns):
@@ -234,6 +259,11 @@ class Buffer:
             assert self._sns[-1] == self.last_put
         assert self.delete <= set(DESTS), f"unknown destinations in delete: {self.delete}"
         assert all(x is None for x in self._items[: self._head]), "evicted items still referenced"
+        for d in DESTS:
+            if self._first[d] is not UNKNOWN:
+                i = self._next_index(d)
+                assert self._first[d] == (self._sns[i] if i < len(self._sns) else None), (
+                    f"first unsent of {Dest(d).name} kept as {self._first[d]}, is not")
 
     def __repr__(self) -> str:
         return (

@@ -15,6 +15,11 @@ holds from being sent again.
 The egress is a consumer partition whose replica S never exists: it is dead
 from the start, so replica P sends to the egress and replica S takes its acks,
 exactly the S-Prod of 3.1.2.
+
+F-Prod owns what take-over adds to the abstract producer of Figure 3 (``p_fail``,
+``r_done``); everything else is the producer's own interface, reached through ``out``
+(``fprod.out.flush(...)``, ``fprod.out.on_ack(...)``): one object, not a copy of its
+methods.
 """
 from __future__ import annotations
 
@@ -23,10 +28,9 @@ from typing import List, Optional, Sequence, Set, Tuple
 from flux.addresses import Addr, other
 from flux.protocol.buffer import SEC, Buffer
 from flux.control_messages import Avail, TakeoverDone
-from flux.data_messages import Ack, Credit, CSync, Pause, Reverse
+from flux.data_messages import Reverse
 from flux.effects import Send
 from flux.protocol.producer import ACK, DEAD, SEND, BufferFactory, Producer
-from flux.sequence import SN
 
 
 class FluxProducer:
@@ -55,16 +59,8 @@ class FluxProducer:
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False
-        self.put = self.out.put  # one call per output, not two
-        self.put_outputs = self.out.put_outputs
 
-    # -- events ------------------------------------------------------------
-    def on_ack(self, src: Addr, msg: Ack) -> None:
-        self.out.on_ack(src, msg)
-
-    def on_credit(self, src: Addr, msg: Credit) -> None:
-        self.out.on_credit(src, msg)
-
+    # -- take-over events (5.2) ----------------------------------------------
     def on_reverse(self, src: Addr, msg: Reverse) -> List:
         """5.2 (replaces Figure 4-(2)): conn_i[SEC] := {SEND}; r_done_i; del_i += {SEC}."""
         i = self.out.reverse(src, msg.hwm)
@@ -96,15 +92,6 @@ class FluxProducer:
         """Figure 5 avail(dest) for a consumer replica of ours."""
         self.out.on_avail(avail.addr, avail.version)
 
-    def on_pause(self, src: Addr, msg: Pause) -> List[Send]:
-        return self.out.on_pause(src, msg)
-
-    def ready_for_csync(self, src: Addr, msg: CSync) -> bool:
-        return self.out.can_accept_csync(src, msg)
-
-    def on_csync(self, src: Addr, msg: CSync) -> List:
-        return self.out.on_csync(src, msg)
-
     def replay_fail(self, dead: Set[Addr]) -> None:
         """A failure seen while this new replica waited for its state, applied over the
         installed buffers (they may be older): drop those consumers, nothing else."""
@@ -114,10 +101,6 @@ class FluxProducer:
         """An avail seen while waiting for the state: a standby for a consumer the
         installed state still has DEAD."""
         self.out.on_avail(avail.addr, avail.version, only_if_dead=True)
-
-    def psyncs(self, version: int) -> List[Send]:
-        """5.3.2 at the new replica: psync to every live consumer."""
-        return self.out.psyncs(version)
 
     def end_catchup(self, version: int) -> List[Send]:
         """5.3.2 at the active: psync to every consumer; stop forwarding to secondaries."""
@@ -137,34 +120,3 @@ class FluxProducer:
         self.out.install_state(state, reverse)
         self.p_fail = False
         self.r_done = [False] * len(self.r_done)
-
-    # -- sending -----------------------------------------------------------
-    def put(self, i: int, sn: SN, item) -> None:
-        self.out.put(i, sn, item)  # (bound straight to the producer's in __init__)
-
-    def put_outputs(self, sn: SN, outputs: list, routes: list) -> None:
-        self.out.put_outputs(sn, outputs, routes)  # (bound likewise)
-
-    def full(self) -> bool:
-        return self.out.full()
-
-    def input_room(self) -> int:
-        return self.out.input_room()
-
-    def flushable(self, frontier: SN):
-        return self.out.flushable(frontier)
-
-    def flush(self, i: int, d: int, frontier: SN) -> Optional[Send]:
-        return self.out.flush(i, d, frontier)
-
-    def idle(self) -> bool:
-        return self.out.idle()
-
-    def buffered(self) -> int:
-        return self.out.buffered()
-
-    def window_use(self) -> Tuple[int, int]:
-        return self.out.window_use()
-
-    def check_invariants(self) -> None:
-        self.out.check_invariants()

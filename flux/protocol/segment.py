@@ -114,7 +114,7 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         if isinstance(msg, PSync):
             return self.fcons.ready_for(src, msg)
         if isinstance(msg, CSync):
-            return self.fprod.ready_for_csync(src, msg)
+            return self.fprod.out.can_accept_csync(src, msg)
         return True
 
     def on_message(self, src: Addr, msg) -> List:
@@ -127,17 +127,17 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
             self.fprod.out.cut = self.cuts.latest  # downstream learns it with our next batch
             return effects
         if isinstance(msg, Ack):
-            self.fprod.on_ack(src, msg)
+            self.fprod.out.on_ack(src, msg)
             return []
         if isinstance(msg, Credit):
-            self.fprod.on_credit(src, msg)
+            self.fprod.out.on_credit(src, msg)
             return []
         if isinstance(msg, Reverse):
             return self.fprod.on_reverse(src, msg) + self._maybe_start()
         if isinstance(msg, Pause):
-            return self.fprod.on_pause(src, msg)
+            return self.fprod.out.on_pause(src, msg)
         if isinstance(msg, CSync):
-            return self.fprod.on_csync(src, msg)
+            return self.fprod.out.on_csync(src, msg)
         if isinstance(msg, PSync):
             return self.fcons.on_psync(src, msg)
         raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
@@ -173,16 +173,16 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         return self._maybe_start()
 
     def idle(self) -> bool:
-        return self.fcons.idle() and self.fprod.idle()
+        return self.fcons.idle() and self.fprod.out.idle()
 
     def stats(self) -> SegmentStats:
         """Counters for monitoring."""
-        in_flight, blocked = self.fprod.window_use()
+        in_flight, blocked = self.fprod.out.window_use()
         return SegmentStats(self.addr, self.taken, self.emitted, self.fcons.queued(),
-                            self.fprod.buffered(), in_flight, blocked)
+                            self.fprod.out.buffered(), in_flight, blocked)
 
     def check_invariants(self) -> None:
-        self.fprod.check_invariants()
+        self.fprod.out.check_invariants()
         if self.mode in (PROCESSING, AWAITING_STATE):  # no attempt of ours is moving state
             assert not self._tracked and self._bulk is None, f"{self.addr}: bulk kept after the attempt"
             tracking = [i for i, st in enumerate(self._stores()) if st is not None and st.tracking]

@@ -226,7 +226,7 @@ class CatchUpSide:
         v = self.catchup.version
         self.mode = nxt
         self.catchup = None
-        return self.fcons.csyncs(v) + self.fcons.reverse_dead_sources() + self.fprod.psyncs(v)
+        return self.fcons.csyncs(v) + self.fcons.reverse_dead_sources() + self.fprod.out.psyncs(v)
 
     # -- the whole segment's state (DESIGN 4.6) --------------------------------------
     def get_state(self, skip=()) -> dict:

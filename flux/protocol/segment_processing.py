@@ -19,7 +19,7 @@ class ProcessingSide:
     def can_process(self) -> bool:
         """Figure 3 action 1's guard: running, room in the buffers, an input to release,
         and no checkpoint cut crossed but not yet snapshotted."""
-        return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.full()
+        return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.out.full()
                 and self.fcons.can_release() and not self.snapshot_due())
 
 
@@ -53,7 +53,7 @@ class ProcessingSide:
                 self.process()
                 n += 1
             return n
-        fprod = self.fprod
+        fprod = self.fprod.out
         room = fprod.input_room()
         pairs = self.fcons.release_run(min(limit, room))
         if not pairs:
@@ -114,17 +114,17 @@ class ProcessingSide:
         except Exception as exc:
             raise OperatorError("the partition key of the next stage", self.addr.stage,
                                 self.addr.partition, sn, describe(exc)) from exc
-        self.fprod.put_outputs(sn, outputs, routes)
+        self.fprod.out.put_outputs(sn, outputs, routes)
         return len(outputs)
 
     def flushable(self):
         if self.mode not in (PROCESSING, STREAMING, DRAINING):
             return []
-        return self.fprod.flushable(self.fcons.frontier())
+        return self.fprod.out.flushable(self.fcons.frontier())
 
     def flush(self, i: int, d: int) -> List:
         self._next(Event.FLUSH)
-        send = self.fprod.flush(i, d, self.fcons.frontier())
+        send = self.fprod.out.flush(i, d, self.fcons.frontier())
         return [send] if send else []
 
     def credits_due(self) -> bool:

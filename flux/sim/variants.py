@@ -90,7 +90,7 @@ class SegmentSnapshottingLate(Segment):
     the snapshot may hold inputs the restart will replay."""
 
     def can_process(self) -> bool:
-        return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.full()
+        return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.out.full()
                 and self.fcons.can_release())
 
 

@@ -1,0 +1,159 @@
+"""How a producer's connections change roles: take-over (Figure 4, 5.2) and catch-up
+(Figure 5, 3.3, 5.3), with the state a catch-up moves.
+
+A part of ``flux.protocol.producer.Producer`` (its attributes are the producer's): the
+data path (put, flush, ack, credit) lives there, the events that turn a connection
+on, off or around live here. Every change of a link's status, modes or pause goes
+through ``_links_changed``, so the producer's list of open connections stays exact.
+"""
+from __future__ import annotations
+
+from typing import List, Set, Tuple
+
+from flux.addresses import Addr
+from flux.control_messages import FoldedIn
+from flux.data_messages import CSync, Pause, PauseAck, PSync
+from flux.effects import Send
+from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.protocol.buffer import DESTS, SEC
+from flux.protocol.links import ACK, ACTIVE, DEAD, NONE, SEND, STDBY, Status
+from flux.sequence import NO_PROGRESS, SN
+
+
+class ConnectionRoles:
+    """Take-over and catch-up events of a producer; mixed into ``Producer``."""
+
+    # -- take-over (Figure 4, 5.2) --------------------------------------------
+    def fail_destination(self, i: int, d: int) -> None:
+        """Figure 4 action 3: forget a dead consumer replica and stop waiting for it."""
+        link = self.links[i][d]
+        link.status, link.modes, link.paused = DEAD, NONE, False
+        self._links_changed()
+        link.reset_window()
+        buffer = self.buffers[i]
+        buffer.ack_all(d)
+        buffer.set_delete(buffer.delete - {d})
+
+    def fail_addresses(self, dead: Set[Addr]) -> List[Tuple[int, int]]:
+        """Apply ``fail()`` for every destination in ``dead``; returns those that changed."""
+        changed = []
+        for addr in dead:
+            for i, d in self._where.get(addr, ()):
+                if self.links[i][d].status is not DEAD:
+                    self.fail_destination(i, d)
+                    changed.append((i, d))
+        return changed
+
+    def reverse(self, src: Addr, hwm: SN) -> int:
+        """5.2 (replaces Figure 4-(2)): the secondary consumer ``src`` lost its data source;
+        conn_i[SEC] := {SEND}, del_i += {SEC}. Returns i."""
+        i, d = self.locate(src, ACK)
+        if d != SEC:
+            raise RemoteProtocolError(f"{self.addr}: reverse from primary consumer {src}")
+        buffer = self.buffers[i]
+        buffer.ack(hwm, SEC)  # the hwm travels inside reverse (DESIGN 4.2)
+        buffer.rewind(SEC)  # start after what SEC holds, whatever an old cursor said
+        self.links[i][SEC].modes = SEND
+        self._links_changed()
+        self.links[i][SEC].reset_window()
+        buffer.set_delete(buffer.delete | {SEC})
+        return i
+
+    def restore_secondaries(self) -> None:
+        """5.3.2 at the active: stop forwarding to secondaries that reversed to us."""
+        for row in self.links:
+            if SEND in row[SEC].modes:
+                row[SEC].modes = self.normal_modes[SEC]
+                row[SEC].reset_window()
+        self._links_changed()
+
+    # -- catch-up (Figure 5, 3.3, 5.3) ------------------------------------------
+    def on_avail(self, addr: Addr, version: int, only_if_dead: bool = False) -> None:
+        """Figure 5 avail(dest): a standby will replace this dead consumer replica."""
+        for i, d in self._where.get(addr, ()):
+            link = self.links[i][d]
+            if only_if_dead and link.status is not DEAD:
+                continue
+            if link.status is not DEAD:
+                raise RemoteProtocolError(f"{self.addr}: avail for {addr}, which is {link.status.name}")
+            link.status, link.expected = STDBY, version
+            self._links_changed()
+
+    def on_pause(self, src: Addr, msg: Pause) -> List[Send]:
+        """5.3.1: stop sending to the consumer; the pause-ack follows our last data."""
+        i, d = self.locate(src, SEND)
+        self.links[i][d].paused = True
+        self._links_changed()
+        return [Send(self.addr, src, PauseAck(msg.version))]
+
+    def _sync_dest(self, src: Addr) -> Tuple[int, int]:
+        for i, d in self._where.get(src, ()):
+            if self.links[i][d].status in (ACTIVE, STDBY):
+                return i, d
+        raise RemoteProtocolError(f"{self.addr}: csync from {src}, which is neither active nor standby")
+
+    def can_accept_csync(self, src: Addr, msg: CSync) -> bool:
+        """A standby's csync waits until the active's csync of the same version (5.3.2)."""
+        i, d = self._sync_dest(src)
+        link = self.links[i][d]
+        if link.status is STDBY and link.expected == msg.version:
+            return self.links[i][1 - d].ver == msg.version
+        return True
+
+    def on_csync(self, src: Addr, msg: CSync) -> List:
+        """5.3.2 csync(dest, v). From the active: unpause it, and give the standby the
+        active's marks (reset) so nothing it holds is re-sent and nothing after is lost.
+        From the standby (after the active's): it becomes ACTIVE in the normal mode."""
+        i, d = self._sync_dest(src)
+        v = msg.version
+        link, dual = self.links[i][d], self.links[i][1 - d]
+        if link.status is ACTIVE:
+            link.ver, link.paused = v, False
+            self._links_changed()
+            if dual.status is STDBY and dual.expected == v:
+                buffer = self.buffers[i]
+                buffer.set_delete(buffer.delete | {1 - d})
+                buffer.reset(1 - d)
+            return []
+        if link.expected != v:
+            return []  # a stale standby's sync changes no role (3.4)
+        if dual.ver != v:
+            raise LocalProtocolError(f"{self.addr}: standby csync from {src} taken before "
+                                     "the active's (its guard, DESIGN 4.4)")
+        link.status, link.modes, link.ver = ACTIVE, self.normal_modes[d], v
+        self._links_changed()
+        link.sent_bound = NO_PROGRESS
+        link.reset_window()
+        return [FoldedIn(self.addr, src, v)]
+
+    def psyncs(self, version: int) -> List[Send]:
+        """5.3.2: tell every live consumer replica where this replica's output stands."""
+        return [
+            Send(self.addr, link.peer, PSync(version))
+            for row in self.links
+            for link in row
+            if link.status is ACTIVE
+        ]
+
+    # -- state movement (5.3) -----------------------------------------------
+    def to_state(self) -> list:
+        """Every buffer with the status of its two destinations, msgpack-safe."""
+        return [[b.to_state(), [link.status.value for link in row]]
+                for b, row in zip(self.buffers, self.links)]
+
+    def install_state(self, state: list, reverse: bool) -> None:
+        """Install the active's buffers; ``reverse`` swaps PRIM and SEC, marks, cursors and
+        statuses, because our primary consumers are the active's secondaries (5.3)."""
+        if len(state) != len(self.buffers):
+            raise RemoteProtocolError(
+                f"{self.addr}: state for {len(state)} consumers, not {len(self.buffers)}")
+        for i, (buffer_state, statuses) in enumerate(state):
+            self.buffers[i] = self.buffer_factory.from_state(buffer_state, self.capacity, reverse)
+            if reverse:
+                statuses = list(reversed(statuses))
+            for d in DESTS:
+                link = self.links[i][d]
+                link.status = Status(statuses[d])
+                link.modes = self.normal_modes[d] if link.status is ACTIVE else NONE
+                link.reset_window()
+        self._links_changed()
