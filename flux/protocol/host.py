@@ -96,8 +96,9 @@ class Host:
         return machine is None or machine.ready_for(env.src, env.msg)
 
     def on_envelope(self, env: Envelope) -> Tuple[List[Envelope], List]:
-        """Deliver one message; returns (envelopes to send, other effects)."""
-        if not self.accepts(env):
+        """Deliver one message; returns (envelopes to send, other effects). The checks of
+        ``accepts`` in its order, each asked once (a delivery is the commonest step)."""
+        if env.view > self.view:
             raise LocalProtocolError(f"{self.name}: {env.msg!r} from {env.src} taken before it may be")
         if self.fenced(env):
             return [], []  # a dead incarnation can never act
@@ -106,6 +107,8 @@ class Host:
         machine = self.machines.get(env.dst)
         if machine is None:
             raise RemoteProtocolError(f"{self.name}: no endpoint {env.dst} here (from {env.src})")
+        if env.dst != self.mover_addr and not machine.ready_for(env.src, env.msg):
+            raise LocalProtocolError(f"{self.name}: {env.msg!r} from {env.src} taken before it may be")
         return self._run(machine.on_message(env.src, env.msg))
 
     def on_view(self, view: View) -> Tuple[List[Envelope], List]:

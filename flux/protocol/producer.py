@@ -44,7 +44,7 @@ from flux.protocol.links import (  # noqa: F401 (the producer's vocabulary, impo
     Status,
 )
 from flux.protocol.producer_roles import ConnectionRoles
-from flux.sequence import SN, before, bound_key, weakest
+from flux.sequence import INF, SN, before, bound_key, weakest
 
 BufferFactory = Callable[[int], Buffer]
 
@@ -138,26 +138,34 @@ class Producer(ConnectionRoles):
 
     def can_flush(self, i: int, d: int, frontier: SN) -> bool:
         link = self.links[i][d]
-        return link.is_open() and self._has_news(i, d, link, frontier)
+        return link.is_open() and self._has_news(self.buffers[i].first_unsent(d), link,
+                                                 bound_key(frontier))
 
-    def _has_news(self, i: int, d: int, link: Link, frontier: SN) -> bool:
-        """Action 2's guard on an open connection: data its window lets out, a new
-        checkpoint cut, or a stronger bound to tell."""
-        first = self.buffers[i].first_unsent(d)
-        if first is not None and (self.window is None or link.in_flight_tuples < self.window):
-            return True
+    def _has_news(self, first: Optional[SN], link: Link, frontier_key: tuple) -> bool:
+        """Action 2's guard on an open connection whose first unsent SN is ``first``: data
+        its window lets out, a new checkpoint cut, or a stronger bound to tell than it
+        told (``bound_for``, compared by ``bound_key``, inline: this runs at every step)."""
+        if first is not None:
+            if self.window is None or link.in_flight_tuples < self.window:
+                return True
+            key = first[:-1] + (first[-1] - 1, INF)  # bound_key(before(first))
+            if frontier_key < key:
+                key = frontier_key
+        else:
+            key = frontier_key
         if self.cut != link.told_cut:
             return True  # a new checkpoint cut travels even when no data does
-        bound = frontier if first is None else weakest((before(first), frontier))
-        return bound_key(bound) > bound_key(link.sent_bound)
+        return key > link.sent_bound + (INF,)
 
     def flushable(self, frontier: SN) -> List[Tuple[int, int]]:
         """The connections ``flush`` would send on, in (i, d) order: only the open ones
         are asked (half of them in the normal case, 5.1)."""
-        has_news, open_links = self._has_news, self._open
+        open_links = self._open
         if open_links is None:
             open_links = self._open = self._open_links()
-        return [(i, d) for i, d, link in open_links if has_news(i, d, link, frontier)]
+        has_news, buffers, frontier_key = self._has_news, self.buffers, frontier + (INF,)
+        return [(i, d) for i, d, link in open_links
+                if has_news(buffers[i].first_unsent(d), link, frontier_key)]
 
     def _open_links(self) -> List[Tuple[int, int, Link]]:
         return [(i, d, row[d]) for i, row in enumerate(self.links) for d in DESTS
