@@ -8,7 +8,8 @@ import pytest
 
 from flux.addresses import Addr, P, S
 from flux.data_messages import Ack, Batch
-from flux.dataflow import Dataflow, Stage, check_batch_api
+from flux.dataflow import Dataflow, Stage
+from flux.deploy_checks import check_batch_api
 from flux.errors import DataflowError, OperatorError
 from flux.protocol.flux_consumer import FluxConsumer
 from flux.protocol.flux_producer import FluxProducer

@@ -6,7 +6,8 @@ from functools import partial
 
 import pytest
 
-from flux.dataflow import Dataflow, Stage, check_state_round_trip
+from flux.dataflow import Dataflow, Stage
+from flux.deploy_checks import check_state_round_trip
 from flux.errors import DataflowError
 from flux.examples import paper_dataflow
 from flux.testing.dataflows import counting_dataflow, packet_dataflow

@@ -29,7 +29,7 @@ from pyspark import cloudpickle
 from flux.protocol.builder import MachineBuilder
 from flux.connector_api import replay_order_of
 from flux.control_messages import JOB_STOPPED
-from flux.dataflow import check_batch_api, check_state_round_trip
+from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.errors import DataflowError, IngressLost, PairLost
 from flux.operator import OperatorRaised, describe
 from flux.runtime.config import NodeConfig
