@@ -14,8 +14,8 @@ import pytest
 from exchange.merge import OrderedMerge
 from flux.protocol.buffer import Buffer
 from flux.protocol.producer import Producer
-from flux.sim.__main__ import crash_window
-from flux.sim.schedule import RandomChooser, SimParams, execute
+from flux.sim.schedule import SimParams
+from test_sim_caches import CheckingChooser, run_checked
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,22 +41,15 @@ def check_kept(part) -> None:
             Buffer.check_invariants(buffer)
 
 
-class Checking(RandomChooser):
-    """The seeded chooser, checking what every machine kept before every choice."""
+class Checking(CheckingChooser):
+    """What every machine kept, against asking anew."""
 
-    def __init__(self, seed, params, window):
-        super().__init__(seed, params, window)
-        self.checked = 0
-        self.wrong = []
-
-    def __call__(self, world, rng, t):
+    def check(self, world, t):
         for part in kept_parts(world):
             try:
                 check_kept(part)
             except AssertionError as exc:
                 self.wrong.append((t, str(exc)))
-        self.checked += 1
-        return super().__call__(world, rng, t)
 
 
 SIM = pytest.mark.sim
@@ -74,12 +67,7 @@ SIM = pytest.mark.sim
                            standbys=1), id="checkpoints-restarts", marks=SIM),
 ])
 def test_what_the_machines_keep_is_what_they_would_ask_anew(params):
-    window = crash_window(params)
-    for seed in (1, 2, 3):
-        chooser = Checking(seed, params, window)
-        result = execute(seed, params, chooser)
-        assert chooser.checked > 100, (seed, result.status, result.reason)
-        assert not chooser.wrong, f"seed {seed}: {chooser.wrong[:5]} ({result.reason})"
+    run_checked(Checking, params)
 
 
 def test_a_stale_answer_is_caught():
