@@ -159,6 +159,14 @@ class Sink(Protocol):
     def committed(self) -> Optional[SN]: ...
 
 
+@runtime_checkable
+class ClosingSink(Protocol):
+    """A sink that holds something to release when the job ends (a file, a producer): the
+    driver calls ``close()`` once, after the last output; a plain callable has none."""
+
+    def close(self) -> None: ...
+
+
 def is_exactly_once(sink: Any) -> bool:
     """Does ``sink`` commit by SN (else a restart may repeat outputs)?"""
     return isinstance(sink, Sink)

@@ -6,13 +6,13 @@ Delta, Kafka, sequences, callables). They are imported one by one, where used,
 so that ``import flux`` loads neither Kafka nor Delta.
 """
 from flux.connector_api import (
-    BY_POSITION, LOGGED, REPLAY_ORDERS, CommitsBySN, DroppingSource, OffsetReporting,
-    PartitionedSource, Sink, Source, TimedSource, WaitingSource, describe_source,
-    is_exactly_once, replay_order_of,
+    BY_POSITION, LOGGED, REPLAY_ORDERS, ClosingSink, CommitsBySN, DroppingSource,
+    OffsetReporting, PartitionedSource, Sink, Source, TimedSource, WaitingSource,
+    describe_source, is_exactly_once, replay_order_of,
 )
 
 __all__ = [
-    "BY_POSITION", "LOGGED", "REPLAY_ORDERS", "CommitsBySN", "DroppingSource", "OffsetReporting",
-    "PartitionedSource", "Sink", "Source", "TimedSource", "WaitingSource", "describe_source",
+    "BY_POSITION", "LOGGED", "REPLAY_ORDERS", "ClosingSink", "CommitsBySN", "DroppingSource",
+    "OffsetReporting", "PartitionedSource", "Sink", "Source", "TimedSource", "WaitingSource", "describe_source",
     "is_exactly_once", "replay_order_of",
 ]

@@ -58,9 +58,9 @@ class ProcessingSide:
         pairs = self.fcons.release_run(min(limit, room))
         if not pairs:
             return 0
-        if getattr(self.chain, "batched", bool)():  # room for one output per buffer and
+        if self.chain.batched():  # room for one output per buffer and
             return self._process_batch(pairs)  # input: never overfills by more than a batch
-        ops = getattr(self.chain, "operators", ())
+        ops = self.chain.operators
         process = ops[0].process if len(ops) == 1 else self.chain.process  # one call less
         put, last = self._put, len(pairs)
         taken = emitted = 0
@@ -102,7 +102,7 @@ class ProcessingSide:
         if isinstance(exc, OperatorRaised):
             return OperatorError(f"operator {type(exc.op).__name__}", self.addr.stage,
                                  self.addr.partition, sn, describe(exc.error))
-        ops = getattr(self.chain, "operators", ())
+        ops = self.chain.operators
         what = f"operator {type(ops[0]).__name__}" if len(ops) == 1 else "the operator chain"
         return OperatorError(what, self.addr.stage, self.addr.partition, sn, describe(exc))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from flux.connector_api import is_exactly_once
+from flux.connector_api import ClosingSink, is_exactly_once
 
 SN = Tuple[int, ...]
 
@@ -66,6 +66,5 @@ class OutputWriter:
         return max(have) if have else None
 
     def close(self) -> None:
-        close = getattr(self.sink, "close", None)  # a callable sink may have none
-        if close is not None:
-            close()
+        if isinstance(self.sink, ClosingSink):  # a callable sink may have nothing to close
+            self.sink.close()
