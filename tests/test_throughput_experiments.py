@@ -63,4 +63,5 @@ def test_the_floor_counts_what_crosses_a_process_and_adds_up():
                 + f["receives_per_input"] * (cost["decode"] + cost["transport"] / 2)
                 + f["encodes_per_input"] * (cost["encode"] + cost["transport"] / 2))
     assert abs(f["floor_us_per_input"] - expected) < 0.05
-    assert f["target_budget_us_per_input"] == round(4 * cost["operators_alone"], 2)
+    # the medians above are rounded to 3 decimals, the budget from the unrounded one to 2
+    assert abs(f["target_budget_us_per_input"] - 4 * cost["operators_alone"]) <= 4 * 5e-4 + 5e-3
