@@ -17,7 +17,6 @@ from flux.sim.oracle import Violation
 from flux.sim.schedule import (
     CHECKPOINT_CORRUPT,
     OK,
-    VIOLATION,
     SimParams,
     first_violation,
     format_trace,
