@@ -40,6 +40,10 @@ class OrderedMerge:
         #: every method that changes a queue, a bound or a last SN
         self._frontier = self._releasable_now = UNKNOWN
 
+    def _changed(self) -> None:
+        """A queue, a bound or a last SN changed: the kept answers are asked anew."""
+        self._frontier = self._releasable_now = UNKNOWN
+
     def push(self, producer: Hashable, items: Iterable[Item], bound: Optional[SN] = None) -> SN:
         """Append a batch from ``producer``; returns the last SN received from it."""
         last = self.last[producer]
@@ -52,7 +56,7 @@ class OrderedMerge:
             last = sn
         self.queues[producer].extend(items)
         self.last[producer] = last
-        self._frontier = self._releasable_now = UNKNOWN
+        self._changed()
         if bound is not None:
             self.bound(producer, bound)
         return last
@@ -60,7 +64,7 @@ class OrderedMerge:
     def bound(self, producer: Hashable, bound: SN) -> None:
         """Record a progress bound; a bound never moves back (DESIGN 4.3)."""
         self.bounds[producer] = strongest(self.bounds[producer], bound)
-        self._frontier = self._releasable_now = UNKNOWN
+        self._changed()
 
     def _idle_bound(self, producer: Hashable) -> SN:
         # Every SN on one connection has the same length, so the last SN
@@ -102,7 +106,7 @@ class OrderedMerge:
         producer = self._releasable()
         if producer is None:
             raise LookupError("no tuple can be released yet")
-        self._frontier = self._releasable_now = UNKNOWN
+        self._changed()
         return producer, self.queues[producer].popleft()
 
     def pop_ready(self) -> List[Item]:
@@ -155,7 +159,7 @@ class OrderedMerge:
                 if below is None or point < below:
                     below = point
         if out:
-            self._frontier = self._releasable_now = UNKNOWN
+            self._changed()
         return out
 
     def unpop(self, released: List[Tuple[Hashable, Item]]) -> None:
@@ -163,7 +167,7 @@ class OrderedMerge:
         pushed since): they are the heads of their queues again, in their order."""
         for producer, item in reversed(released):
             self.queues[producer].appendleft(item)
-        self._frontier = self._releasable_now = UNKNOWN
+        self._changed()
 
     def frontier(self) -> SN:
         """A bound on every SN the merge will still release (DESIGN 4.3)."""
@@ -195,7 +199,7 @@ class OrderedMerge:
             self.queues[p] = deque((tuple(sn), rec) for sn, rec in items)
             self.bounds[p] = tuple(bound)
             self.last[p] = tuple(last)
-        self._frontier = self._releasable_now = UNKNOWN
+        self._changed()
 
     def check_invariants(self) -> None:
         """What the merge kept is what asking anew gives."""
