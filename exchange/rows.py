@@ -34,7 +34,7 @@ import numpy as np
 SN = Tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # == on the SN matrix would be an array, not a bool
 class Rows:
     """One item: its SN, and per row the SN columns after it and the record."""
 

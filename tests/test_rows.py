@@ -54,7 +54,8 @@ def per_record_sns_as_items(reference, sizes):
     """The reference's SNs ``(n, k...)`` rewritten as ``(b, r, k...)`` for the same cut
     of the input into items."""
     firsts, b, n = {}, 0, 1
-    while len(firsts) < 10 ** 6 and n <= max((sn[0] for sn, _ in reference), default=0):
+    last = max((sn[0] for sn, _ in reference), default=0)
+    while n <= last:
         size = sizes[b % len(sizes)]
         b += 1
         for r in range(1, size + 1):
