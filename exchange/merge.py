@@ -1,9 +1,10 @@
-"""Order-preserving merge of producer streams by SN (paper 4.1, DESIGN 4.3).
+"""Order-preserving merge of producer streams by SN (paper 4.1, DESIGN 4.3, 11).
 
-Each producer partition's stream arrives in SN order. The merge releases the
-smallest head only once every *other* producer has proved that nothing
-smaller can still come: either its own head is larger, or its progress bound
-covers the head. Bounds let an idle producer keep the merge moving.
+Each producer partition's stream arrives in SN order. A tuple is a sub-item: its
+SN is its item's SN and its producer's partition (docs/design/batches.md). The
+merge releases the smallest item whole, once every producer has proved that
+nothing more of it can still come: a later SN queued, or a progress bound that
+covers the item. Bounds let an idle producer keep the merge moving.
 
 Every SN that arrives must be larger than the last one from that producer:
 a repeated or out-of-order SN is a broken protocol (a duplicate the buffers
@@ -16,15 +17,18 @@ push, bound or release (``check_invariants`` compares them with asking anew).
 from __future__ import annotations
 
 from collections import deque
-from heapq import heapify, heappop, heapreplace
-from typing import Deque, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Hashable, Iterable, List, Optional, Tuple
 
 from flux.data_messages import Item
 from flux.errors import RemoteProtocolError
-from flux.sequence import INF, NO_PROGRESS, NO_SN, SN, before, bound_key, covers, strongest
+from flux.sequence import INF, NO_PROGRESS, NO_SN, SN, before, strongest
 
 #: an answer the merge has not kept: to be asked again
 UNKNOWN = object()
+
+
+def _same(payload: Any) -> Any:
+    return payload
 
 
 class OrderedMerge:
@@ -53,6 +57,9 @@ class OrderedMerge:
                 raise RemoteProtocolError(
                     f"SN {sn} from producer {producer} after {last}: duplicate or out of order"
                 )
+            if last and sn[:-1] == last[:-1]:  # one sub-item per item (DESIGN 11)
+                raise RemoteProtocolError(
+                    f"SN {sn} from producer {producer} after {last}: two parts of one item")
             last = sn
         self.queues[producer].extend(items)
         self.last[producer] = last
@@ -80,94 +87,42 @@ class OrderedMerge:
         return best
 
     def ready(self) -> bool:
-        """True when the smallest head may be released."""
+        """True when the smallest queued item may be released whole."""
         return self._releasable() is not None
 
-    def _releasable(self) -> Optional[Hashable]:
+    def _releasable(self) -> Optional[SN]:
         if self._releasable_now is UNKNOWN:
             self._releasable_now = self._find_releasable()
         return self._releasable_now
 
-    def _find_releasable(self) -> Optional[Hashable]:
+    def _find_releasable(self) -> Optional[SN]:
+        """The item of the smallest head, once every producer has proved it sends nothing
+        more of it: a later SN queued, or a bound covering the item (DESIGN 11)."""
         head = self.head()
         if head is None:
             return None
-        producer, sn = head
-        for other, queue in self.queues.items():
-            if not queue and not covers(self._idle_bound(other), sn):
+        item = head[1][:-1]
+        point = item + (INF,)  # bound_key(item)
+        for producer, queue in self.queues.items():
+            if queue and queue[-1][0] > point:
+                continue
+            if self._idle_bound(producer) + (INF,) < point:
                 return None
-        return producer
+        return item
 
-    def pop(self) -> Item:
-        return self.pop_from()[1]
-
-    def pop_from(self) -> Tuple[Hashable, Item]:
-        """The next tuple in SN order, with the producer it came from."""
-        producer = self._releasable()
-        if producer is None:
-            raise LookupError("no tuple can be released yet")
+    def pop_item(self) -> List[Tuple[Hashable, Item]]:
+        """The sub-items of the smallest item, in SN order, each with its producer: the
+        connection SN of a sub-item is its item's SN and its producer's partition, so
+        every producer holding a part of the item holds it at the head of its queue."""
+        item = self._releasable()
+        if item is None:
+            raise LookupError("no item can be released yet")
+        width = len(item)
+        out = [(producer, queue.popleft()) for producer, queue in self.queues.items()
+               if queue and queue[0][0][:width] == item]
+        out.sort(key=lambda pair: pair[1][0])
         self._changed()
-        return producer, self.queues[producer].popleft()
-
-    def pop_ready(self) -> List[Item]:
-        """Release everything that can be released now."""
-        return [item for _, item in self.pop_ready_from()]
-
-    def pop_ready_from(self, limit: Optional[int] = None) -> List[Tuple[Hashable, Item]]:
-        """Release everything that can be released now (at most ``limit`` tuples), each
-        with its producer.
-
-        By runs over a heap of the queues' heads: the smallest head may go
-        while it is below every *empty* producer's bound (another queue's head is larger
-        by the heap's order: SNs are unique, DESIGN 4.1), and its producer releases a run
-        up to the next head or that bound before the heap is touched again. With inputs
-        spread over the producers a run is one or two tuples, so the heap, not a scan of
-        every producer per run, is what keeps a release O(log producers) per tuple.
-        Releasing tuple by tuple with ``pop_from`` gives the same sequence."""
-        out: List[Tuple[Hashable, Item]] = []
-        queues = self.queues
-        room = float("inf") if limit is None else limit
-        heap = []
-        below = None  # the smallest SN point an empty producer may still deliver
-        for i, (producer, queue) in enumerate(queues.items()):
-            if queue:
-                heap.append((queue[0][0], i, producer))
-            else:
-                point = bound_key(self._idle_bound(producer))
-                if below is None or point < below:
-                    below = point
-        heapify(heap)
-        append, n = out.append, 0
-        while heap and n < room:
-            head, i, producer = heap[0]
-            if below is not None and not head < below:
-                break
-            until = below  # this run ends at the next head or at that bound
-            if len(heap) > 1:
-                other = heap[1][0] if len(heap) == 2 or heap[1] < heap[2] else heap[2][0]
-                if until is None or other < until:
-                    until = other
-            queue = queues[producer]
-            while queue and n < room and (until is None or queue[0][0] < until):
-                append((producer, queue.popleft()))
-                n += 1
-            if queue:
-                heapreplace(heap, (queue[0][0], i, producer))
-            else:  # empty now: what it may still send is bounded by its last SN or bound
-                heappop(heap)
-                point = bound_key(self._idle_bound(producer))
-                if below is None or point < below:
-                    below = point
-        if out:
-            self._changed()
         return out
-
-    def unpop(self, released: List[Tuple[Hashable, Item]]) -> None:
-        """Give back tuples just released (the last ``pop_ready_from``'s tail, none
-        pushed since): they are the heads of their queues again, in their order."""
-        for producer, item in reversed(released):
-            self.queues[producer].appendleft(item)
-        self._changed()
 
     def frontier(self) -> SN:
         """A bound on every SN the merge will still release (DESIGN 4.3)."""
@@ -184,19 +139,21 @@ class OrderedMerge:
                 low, low_key = bound, key
         return low
 
-    def to_state(self) -> list:
-        """Queues, bounds and last SNs per producer, msgpack-safe (DESIGN 4.6: the drained
-        tuples are part of the state, or the new replica would lose them)."""
+    def to_state(self, encode: Callable[[Any], Any] = _same) -> list:
+        """Queues, bounds and last SNs per producer, msgpack-safe with ``encode`` of each
+        payload (DESIGN 4.6: the drained tuples are part of the state, or the new replica
+        would lose them)."""
         return [
-            [p, [[list(sn), rec] for sn, rec in q], list(self.bounds[p]), list(self.last[p])]
+            [p, [[list(sn), encode(rec)] for sn, rec in q], list(self.bounds[p]),
+             list(self.last[p])]
             for p, q in self.queues.items()
         ]
 
-    def install_state(self, state: list) -> None:
+    def install_state(self, state: list, decode: Callable[[Any], Any] = _same) -> None:
         for p, items, bound, last in state:
             if p not in self.queues:
                 raise ValueError(f"state names producer {p!r}, unknown to this merge")
-            self.queues[p] = deque((tuple(sn), rec) for sn, rec in items)
+            self.queues[p] = deque((tuple(sn), decode(rec)) for sn, rec in items)
             self.bounds[p] = tuple(bound)
             self.last[p] = tuple(last)
         self._changed()

@@ -24,7 +24,7 @@ their type.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 import msgpack
 
@@ -71,6 +71,9 @@ class OperatorRaised(Exception):
         super().__init__(f"operator {type(op).__name__} raised {describe(error)}")
         self.op, self.error = op, error
         self.where = ""  # the stage and partition, where the caller knows them
+        #: the index of the record it raised on, among a batch's (None: a process_batch
+        #: raised for its whole batch)
+        self.row: Optional[int] = None
 
 
 def check_operator_api(op: Any, name: str) -> None:
@@ -216,7 +219,12 @@ def _apply_batch(op: Any, records: list) -> list:
     if batch is None:
         pairs = []
         for i, record in enumerate(records):
-            pairs.extend((i, out) for out in _apply(op, record))
+            try:
+                outs = _apply(op, record)
+            except OperatorRaised as raised:
+                raised.row = i  # which record: the error names its SN
+                raise
+            pairs.extend((i, out) for out in outs)
         return pairs
     try:
         pairs = list(batch(records))
@@ -273,7 +281,12 @@ class OperatorChain:
         outputs are the same as record by record."""
         pairs = [(i, record) for i, record in enumerate(records)]
         for op in self.operators:
-            done = _apply_batch(op, [record for _, record in pairs])
+            try:
+                done = _apply_batch(op, [record for _, record in pairs])
+            except OperatorRaised as raised:
+                if raised.row is not None:  # an index among this operator's inputs
+                    raised.row = pairs[raised.row][0]
+                raise
             pairs = [(pairs[j][0], out) for j, out in done]
         outs: list = [[] for _ in records]
         for i, out in pairs:

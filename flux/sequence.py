@@ -24,6 +24,10 @@ NO_PROGRESS: SN = (0,)
 
 INF = float("inf")
 
+#: The length of an item's SN (DESIGN 11): one int, the number of its last input, with
+#: one ingress. A sub-item's connection SN is its item's SN and its producer's partition.
+ITEM_WIDTH = 1
+
 
 def input_sn(n: int) -> SN:
     """The SN the ingress gives its n-th input (n >= 1)."""
@@ -60,3 +64,14 @@ def weakest(bounds: Iterable[SN]) -> SN:
 def strongest(a: SN, b: SN) -> SN:
     """The larger of two true bounds on one connection (both hold, so the stronger does)."""
     return a if bound_key(a) >= bound_key(b) else b
+
+
+def item_bound(frontier: SN, width: int = ITEM_WIDTH) -> SN:
+    """What a bound on the connection SNs still to be released (``frontier``) promises
+    about the items still to be processed, as a bound on the items' SNs (``width``
+    long): an item the frontier covers whole is released, and so processed, already;
+    one it covers only in part may still come (DESIGN 4.3, 11)."""
+    if len(frontier) <= width:
+        return frontier
+    item = frontier[:width]
+    return item[:-1] + (item[-1] - 1,)

@@ -125,15 +125,17 @@ def test_installing_a_buffer_without_reversing_its_marks_is_caught():
 
 
 def test_moving_state_without_draining_in_flight_tuples_is_caught():
-    # Without the drain the sources' reset credits the new replica with tuples that
+    # Without the drain the sources' reset credits the new replica with sub-items that
     # were still in flight to the active; a later failure turns that into a loss.
-    # A crash during the catch-up: since the new replica acknowledges bulk parts, the
-    # active checkpoints later, and crashes only after catch-ups rarely meet the window
-    # (seed 406 with "after", "after"; 5 of 1500 random schedules of the CLI).
-    params = SimParams(variant="no-drain", crashes=3, standbys=2,
-                       triggers=("any", "during", "after"))
+    # Crashes after completed catch-ups: with items (DESIGN 11, 4 inputs at most) fewer
+    # tuples are in flight, and a crash during the catch-up no longer meets the window
+    # in seeds 1-300 ("any", "during", "after"), while "after", "after" does (seed 80).
+    triggers = ("any", "after", "after")
+    params = SimParams(variant="no-drain", crashes=3, standbys=2, triggers=triggers)
     seed, r = first_violation(params)
-    correct = SimParams(crashes=3, standbys=2, triggers=("any", "during", "after"))
+    # the oracle saw the loss (a wrong output, a stall, a state differing), not an exception
+    assert any(w in r.reason for w in ("output #", "stalled", "state differs")), r.reason
+    correct = SimParams(crashes=3, standbys=2, triggers=triggers)
     assert run_schedule(seed, correct, crash_window(correct)).status == OK, f"seed {seed}"
 
 

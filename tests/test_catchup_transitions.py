@@ -5,6 +5,9 @@ Names: stage 1 producer partitions 0 and 1 (A0P/A0S, A1P/A1S); stage 2 consumer
 partitions 0 and 1 (C0P/C0S, C1P/C1S); for segments, a middle stage 2 segment
 M (replica P) and its dual MX (replica S), fed by stage 1 and feeding stage 3
 (D0P/D0S, D1P/D1S).
+
+Tuples are sub-items (DESIGN 11): a producer of partition p sends the rows it made of
+item x under the connection SN ``(x, p)``; their payload is a ``Rows``.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import copy
 import msgpack
 import pytest
 
+from exchange.rows import Rows
 from flux.addresses import Addr, MoverAddr, P, S
 from flux.protocol.buffer import PRIM, SEC
 from flux.control_messages import Avail, FoldedIn, TakeoverDone, View
@@ -30,6 +34,7 @@ from flux.protocol.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, 
 from flux.sequence import NO_SN
 from statemover.messages import (CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendPart,
                                  SendState)
+from items import rows
 
 
 # -- views of the per-connection records, for assertions ---------------------------
@@ -79,12 +84,37 @@ PRODUCERS = [(A0P, A0S), (A1P, A1S)]
 
 
 def items(*sns):
-    return tuple((sn, f"t{sn}") for sn in sns)
+    """Sub-items with connection SNs ``sns``; item x's has one row, SN (x, 1)."""
+    return tuple((sn, rows(((sn[0], 1), f"t{sn}"))) for sn in sns)
+
+
+def sub(k):
+    """Producer A0's sub-item of item k (connection SN (k, 0)): one row, SN (k, 1)."""
+    return rows(((k, 1), f"t{k}"))
+
+
+def t(k):
+    """``sub(k)`` as ``plain`` shows it."""
+    return (((k, 1), f"t{k}"),)
+
+
+def plain(x):
+    """``x`` with every ``Rows`` as its ``(row SN, record)`` pairs: Rows compare by
+    identity, so assertions compare what they hold."""
+    if isinstance(x, Rows):
+        return tuple(x.pairs())
+    if isinstance(x, Send):
+        return Send(x.src, x.dst, plain(x.msg))
+    if isinstance(x, Batch):
+        return Batch(plain(x.items), x.bound, x.cut)
+    if isinstance(x, (list, tuple)):
+        return type(x)(plain(y) for y in x)
+    return x
 
 
 def producer_state(prod):
     """Everything a sync may change in a Producer, for 'changes nothing' checks."""
-    return copy.deepcopy((prod.links, [b.to_state() for b in prod.buffers]))
+    return copy.deepcopy((prod.links, [b.to_state(Rows.to_state) for b in prod.buffers]))
 
 
 # =====================================================================================
@@ -117,8 +147,8 @@ def test_avail_for_a_destination_that_is_not_dead_raises():
 
 def test_pause_from_a_send_destination_pauses_it_and_answers_one_pause_ack():
     fp = FluxProducer(A0P, CONSUMERS, 8, 4)
-    fp.out.put(0, (1, 1), "a")
-    fp.out.put(1, (1, 2), "b")
+    fp.out.put(0, (1, 0), rows(((1, 1), "a")))
+    fp.out.put(1, (1, 0), rows(((1, 2), "b")))
     assert fp.out.flushable((1,)) == [(0, PRIM), (1, PRIM)]
     assert fp.out.on_pause(C0P, Pause(7)) == [Send(A0P, C0P, PauseAck(7))]
     assert paused(fp.out) == [[True, False], [False, False]]
@@ -140,8 +170,8 @@ def test_pause_from_an_ack_only_destination_raises():
 
 
 def test_ingress_pause_also_stops_bounds():
-    ing = Ingress(2, lambda r: r % 2, 8, 4)
-    ing.accept(0)
+    ing = Ingress(2, lambda r: r % 2, 8, 4, batch_rows=1)
+    assert ing.accept(0) == (1,) and len(ing.out.buffers[0]) == 1  # item 1, to partition 0
     X = Addr(1, 0, P)
     assert ing.on_message(X, Pause(3)) == [Send(INGRESS, X, PauseAck(3))]
     # partition 1 gets a bound, partition 0's other replica data: not the paused one
@@ -151,18 +181,19 @@ def test_ingress_pause_also_stops_bounds():
 
 def fprod_with_standby_consumer(me):
     """F-Prod ``me`` of partition 0 (stage 1) whose consumer C0S died (X, to be rebuilt);
-    C0P is the active consumer A. Buffer 0 holds (1,1), (2,1), (3,1)."""
+    C0P is the active consumer A. Buffer 0 holds (1,0), (2,0), (3,0)."""
     fp = FluxProducer(me, CONSUMERS, 8, 2)
     fp.on_fail({C0S})
     for k in (1, 2, 3):
-        fp.out.put(0, (k, 1), f"t{k}")
+        fp.out.put(0, (k, 0), sub(k))
     return fp
 
 
 def test_csync_from_the_active_records_unpauses_and_resets_the_standby_to_its_marks():
     # F-Prod^P: C0P (A) is PRIM with SEND, C0S (X) is SEC.
     fp = fprod_with_standby_consumer(A0P)
-    assert fp.out.flush(0, PRIM, (3,)) == Send(A0P, C0P, Batch((((1, 1), "t1"), ((2, 1), "t2")), (3, 0)))
+    assert plain(fp.out.flush(0, PRIM, (3,))) == Send(
+        A0P, C0P, Batch((((1, 0), t(1)), ((2, 0), t(2))), (3, -1)))
     buf = fp.out.buffers[0]
     assert buf.delete == {PRIM}
     fp.out.on_avail(C0S, 7)
@@ -172,32 +203,32 @@ def test_csync_from_the_active_records_unpauses_and_resets_the_standby_to_its_ma
     assert vers(fp.out)[0] == [7, 0]
     assert paused(fp.out)[0] == [False, False]
     assert buf.delete == {PRIM, SEC}
-    assert buf.hwm == [(2, 1), (2, 1)]
+    assert buf.hwm == [(2, 0), (2, 0)]
     assert buf.sent[SEC] == NO_SN
-    assert buf.peek(SEC) == ((3, 1), "t3")
+    assert plain(buf.peek(SEC)) == ((3, 0), t(3))
     # X is still a standby: no role and no connection until its own csync
     assert statuses(fp.out)[0] == [ACTIVE, STDBY]
     assert modes(fp.out)[0][SEC] == NONE
-    assert fp.out.flush(0, PRIM, (3,)).msg.items == (((3, 1), "t3"),)  # A's connection runs again
+    assert plain(fp.out.flush(0, PRIM, (3,)).msg.items) == (((3, 0), t(3)),)  # A's runs again
 
 
 def test_csync_from_the_active_on_its_ack_connection_resets_the_primary_standby():
     # F-Prod^S: C0S (X) is PRIM, C0P (A) is SEC with ACK. A acked (2,1).
     fp = fprod_with_standby_consumer(A0S)
-    fp.out.on_ack(C0P, Ack((2, 1)))
+    fp.out.on_ack(C0P, Ack((2, 0)))
     buf = fp.out.buffers[0]
-    assert buf.delete == {SEC} and buf.entries() == [((3, 1), "t3")]
+    assert buf.delete == {SEC} and plain(buf.entries()) == [((3, 0), t(3))]
     fp.out.on_avail(C0S, 7)
     assert fp.out.on_csync(C0P, CSync(7)) == []
     assert buf.delete == {PRIM, SEC}
-    assert buf.hwm == [(2, 1), (2, 1)]
-    assert buf.peek(PRIM) == ((3, 1), "t3")
-    assert buf.entries() == [((3, 1), "t3")]
+    assert buf.hwm == [(2, 0), (2, 0)]
+    assert plain(buf.peek(PRIM)) == ((3, 0), t(3))
+    assert plain(buf.entries()) == [((3, 0), t(3))]
 
 
 def test_standby_csync_waits_for_the_actives_then_x_is_active_as_primary():
     fp = fprod_with_standby_consumer(A0S)  # X = C0S is this producer's PRIM
-    fp.out.on_ack(C0P, Ack((1, 1)))
+    fp.out.on_ack(C0P, Ack((1, 0)))
     fp.out.on_avail(C0S, 7)
     assert not fp.out.can_accept_csync(C0S, CSync(7))
     with pytest.raises(LocalProtocolError):
@@ -212,7 +243,8 @@ def test_standby_csync_waits_for_the_actives_then_x_is_active_as_primary():
     assert modes(fp.out)[0] == [SEND, ACK]
     assert vers(fp.out)[0] == [7, 7]
     # X gets what A did not ack, from after A's marks
-    assert fp.out.flush(0, PRIM, (3,)) == Send(A0S, C0S, Batch((((2, 1), "t2"), ((3, 1), "t3")), (3,)))
+    assert plain(fp.out.flush(0, PRIM, (3,))) == Send(
+        A0S, C0S, Batch((((2, 0), t(2)), ((3, 0), t(3))), (3,)))
 
 
 def test_standby_csync_as_secondary_gets_ack_mode():
@@ -222,8 +254,8 @@ def test_standby_csync_as_secondary_gets_ack_mode():
     assert fp.out.on_csync(C0S, CSync(7)) == [FoldedIn(A0P, C0S, 7)]
     assert statuses(fp.out)[0] == [ACTIVE, ACTIVE]
     assert modes(fp.out)[0] == [SEND, ACK]
-    fp.out.on_ack(C0S, Ack((3, 1)))  # acks from X are taken now
-    assert fp.out.buffers[0].hwm[SEC] == (3, 1)
+    fp.out.on_ack(C0S, Ack((3, 0)))  # acks from X are taken now
+    assert fp.out.buffers[0].hwm[SEC] == (3, 0)
 
 
 def test_ingress_standby_csync_gets_send_and_ack():
@@ -276,11 +308,11 @@ def test_end_catchup_psyncs_stops_forwarding_and_resets_takeover():
     assert fp.p_fail is False and fp.r_done == [False, False]
     assert not fp.takeover_done()
     # Acks from the secondaries are taken again (a forwarding connection takes none)
-    fp.out.put(0, (1, 1), "a")
-    fp.out.on_ack(C0S, Ack((1, 1)))
+    fp.out.put(0, (1, 0), rows(((1, 1), "a")))
+    fp.out.on_ack(C0S, Ack((1, 0)))
     # A second take-over is reported again
     assert fp.on_fail({A0S}) == []
-    fp.on_reverse(C0S, Reverse((1, 1)))
+    fp.on_reverse(C0S, Reverse((1, 0)))
     assert fp.on_reverse(C1S, Reverse(NO_SN)) == [TakeoverDone(A0P)]
 
 
@@ -288,23 +320,23 @@ def test_install_state_reversed_swaps_marks_cursors_and_statuses():
     a = FluxProducer(A0P, CONSUMERS, 8, 2)
     a.on_fail({C1S})
     for k in (1, 2, 3):
-        a.out.put(0, (k, 1), f"t{k}")
-    a.out.flush(0, PRIM, (3,))  # (1,1), (2,1) to C0P: held by 2a
-    a.out.on_ack(C0S, Ack((1, 1)))
-    assert a.out.buffers[0].hwm == [(2, 1), (1, 1)]
-    assert a.out.buffers[0].sent == [(2, 1), NO_SN]
+        a.out.put(0, (k, 0), sub(k))
+    a.out.flush(0, PRIM, (3,))  # (1,0), (2,0) to C0P: held by 2a
+    a.out.on_ack(C0S, Ack((1, 0)))
+    assert a.out.buffers[0].hwm == [(2, 0), (1, 0)]
+    assert a.out.buffers[0].sent == [(2, 0), NO_SN]
     state = msgpack.unpackb(msgpack.packb(a.get_state(), use_bin_type=True), raw=False)
 
     x = FluxProducer(A0S, CONSUMERS, 8, 2)
     x.p_fail, x.r_done = True, [True, True]
     x.install_state(state, reverse=True)
     buf = x.out.buffers[0]
-    assert buf.entries() == [((2, 1), "t2"), ((3, 1), "t3")]
-    assert buf.hwm == [(1, 1), (2, 1)]
-    assert buf.sent == [NO_SN, (2, 1)]
+    assert plain(buf.entries()) == [((2, 0), t(2)), ((3, 0), t(3))]  # the rows too
+    assert buf.hwm == [(1, 0), (2, 0)]
+    assert buf.sent == [NO_SN, (2, 0)]
     assert buf.delete == {PRIM, SEC}
-    assert buf.peek(PRIM) == ((2, 1), "t2")  # X's primary C0S holds only (1,1)
-    assert buf.peek(SEC) == ((3, 1), "t3")
+    assert plain(buf.peek(PRIM)) == ((2, 0), t(2))  # X's primary C0S holds only (1,0)
+    assert plain(buf.peek(SEC)) == ((3, 0), t(3))
     # a's partition 1: [C1P ACTIVE, C1S DEAD]; x's peers are (C1S, C1P)
     assert statuses(x.out) == [[ACTIVE, ACTIVE], [DEAD, ACTIVE]]
     assert modes(x.out) == [[SEND, ACK], [NONE, ACK]]
@@ -317,16 +349,18 @@ def test_install_state_reversed_keeps_the_egress_ghost_dead():
     eg, ghost = Addr(3, 0, P), Addr(3, 0, S)
     a = FluxProducer(Addr(2, 0, S), [(eg, ghost)], 8, 2, absent={ghost})
     assert a.out.peers == [(ghost, eg)] and statuses(a.out) == [[DEAD, ACTIVE]]
-    a.out.put(0, (1, 1, 1), "x")
-    a.out.on_ack(eg, Ack((1, 1, 1)))
+    a.out.put(0, (1, 0), rows(((1, 1, 1), "x")))
+    a.out.put(0, (2, 0), rows(((2, 1, 1), "y")))
+    a.out.on_ack(eg, Ack((1, 0)))
     x = FluxProducer(Addr(2, 0, P), [(eg, ghost)], 8, 2, absent={ghost})
     x.install_state(a.get_state(), reverse=True)
+    assert plain(x.out.buffers[0].entries()) == [((2, 0), (((2, 1, 1), "y"),))]
     assert statuses(x.out) == [[ACTIVE, DEAD]]
     assert modes(x.out) == [[SEND, NONE]]
     assert x.out.buffers[0].delete == {PRIM}
     x.out.check_invariants()
     with pytest.raises(RemoteProtocolError):
-        x.out.on_ack(ghost, Ack((1, 1, 1)))
+        x.out.on_ack(ghost, Ack((1, 0)))
     with pytest.raises(RemoteProtocolError):
         x.install_state(a.get_state() * 2, reverse=True)
 
@@ -355,9 +389,9 @@ def consumer_with_standby_source(me, version=4):
     A0P is the survivor A; A0S is the new replica X."""
     c = FluxConsumer(me, PRODUCERS)
     if me.replica == S:
-        c.on_batch(A0S, Batch(items((1, 1)), (1,)))
+        c.on_batch(A0S, Batch(items((1, 0)), (1,)))
     else:
-        c.on_batch(A0P, Batch(items((1, 1)), (1,)))
+        c.on_batch(A0P, Batch(items((1, 0)), (1,)))
     effects = c.on_fail({A0S})
     c.on_avail(A0S, version)
     return c, effects
@@ -382,7 +416,7 @@ def test_consumer_on_the_actives_side_standby_psync_first():
     assert second == [FoldedIn(C0P, A0S, 4)]
     assert statuses(c)[0] == [ACTIVE, ACTIVE]
     assert data_from(c) == [P, P] and ack_to(c) == [S, S]
-    assert c.on_batch(A0P, Batch(items((2, 1)), (2,))) == [Send(C0P, A0S, Ack((2, 1)))]
+    assert c.on_batch(A0P, Batch(items((2, 0)), (2,))) == [Send(C0P, A0S, Ack((2, 0)))]
     # a repeated psync does not fold in again
     assert c.on_psync(A0P, PSync(4)) == []
     assert count_folded(effects + second) == 1
@@ -405,9 +439,9 @@ def test_consumer_on_the_actives_side_active_psync_first_waits():
 
 def test_consumer_on_the_standbys_side_active_psync_first():
     c, eff = consumer_with_standby_source(C0S)
-    assert eff == [Send(C0S, A0P, Reverse((1, 1)))]  # take-over: reversed to A
+    assert eff == [Send(C0S, A0P, Reverse((1, 0)))]  # take-over: reversed to A
     assert data_from(c)[0] == P and ack_to(c)[0] is None
-    c.on_batch(A0P, Batch(items((2, 1)), (2,)))
+    c.on_batch(A0P, Batch(items((2, 0)), (2,)))
     assert not c.ready_for(A0S, PSync(4))
     assert c.ready_for(A0P, PSync(4))
     assert c.on_psync(A0P, PSync(4)) == []
@@ -417,9 +451,9 @@ def test_consumer_on_the_standbys_side_active_psync_first():
     assert c.on_psync(A0S, PSync(4)) == [FoldedIn(C0S, A0S, 4)]
     assert statuses(c)[0] == [ACTIVE, ACTIVE]
     assert data_from(c) == [S, S] and ack_to(c) == [P, P]
-    assert c.on_batch(A0S, Batch(items((3, 1)), (3,))) == [Send(C0S, A0P, Ack((3, 1)))]
+    assert c.on_batch(A0S, Batch(items((3, 0)), (3,))) == [Send(C0S, A0P, Ack((3, 0)))]
     with pytest.raises(RemoteProtocolError):
-        c.on_batch(A0P, Batch(items((4, 1)), (4,)))
+        c.on_batch(A0P, Batch(items((4, 0)), (4,)))
 
 
 def test_consumer_on_the_standbys_side_standby_psync_first_waits():
@@ -438,12 +472,12 @@ def test_consumer_on_the_standbys_side_standby_psync_first_waits():
 
 def test_a_stale_psync_from_a_reversed_source_answers_reverse():
     c, _ = consumer_with_standby_source(C0S)
-    c.on_batch(A0P, Batch(items((2, 1)), (2,)))
+    c.on_batch(A0P, Batch(items((2, 0)), (2,)))
     # X dies before A's psync is taken: nothing to do yet, A is our source
     assert c.on_fail({A0S}) == []
     assert statuses(c)[0] == [ACTIVE, DEAD] and data_from(c)[0] == P
     assert c.ready_for(A0P, PSync(4))
-    assert c.on_psync(A0P, PSync(4)) == [Send(C0S, A0P, Reverse((2, 1)))]
+    assert c.on_psync(A0P, PSync(4)) == [Send(C0S, A0P, Reverse((2, 0)))]
     assert data_from(c)[0] == P and ack_to(c)[0] is None
     assert vers(c)[0] == [0, 0]
 
@@ -457,13 +491,13 @@ def test_a_stale_psync_from_a_same_side_source_changes_nothing():
 
 def test_a_standby_dying_after_the_actives_psync_reverses_to_the_active():
     c, _ = consumer_with_standby_source(C0S)
-    c.on_batch(A0P, Batch(items((2, 1)), (2,)))
+    c.on_batch(A0P, Batch(items((2, 0)), (2,)))
     c.on_psync(A0P, PSync(4))
     assert data_from(c)[0] is None
-    assert c.on_fail({A0S}) == [Send(C0S, A0P, Reverse((2, 1)))]
+    assert c.on_fail({A0S}) == [Send(C0S, A0P, Reverse((2, 0)))]
     assert data_from(c)[0] == P and ack_to(c)[0] is None and statuses(c)[0] == [ACTIVE, DEAD]
     # The guard that waited for X is gone; X's late psync would be fenced by its host.
-    assert c.on_batch(A0P, Batch(items((3, 1)), (3,))) == []
+    assert c.on_batch(A0P, Batch(items((3, 0)), (3,))) == []
 
 
 def test_a_standby_dying_after_its_psync_releases_the_actives_psync():
@@ -489,9 +523,9 @@ def test_mark_dead_notes_failures_without_effects():
 
 def test_reverse_dead_sources():
     c = FluxConsumer(C0S, PRODUCERS)
-    c.merge.install_state([[0, [], [3], [3, 1]], [1, [], [2], [2, 1]]])
+    c.merge.install_state([[0, [], [3], [3, 0]], [1, [], [2], [2, 1]]])
     c.mark_dead({A0S, A1P})
-    assert c.reverse_dead_sources() == [Send(C0S, A0P, Reverse((3, 1)))]
+    assert c.reverse_dead_sources() == [Send(C0S, A0P, Reverse((3, 0)))]
     assert data_from(c) == [P, S]
     assert ack_to(c) == [None, None]
 
@@ -520,6 +554,9 @@ class Chain:
         self.count += 1
         return [record]
 
+    def process_many(self, records):
+        return [self.process(r) for r in records]
+
     def get_state(self):
         return [self.count]
 
@@ -540,11 +577,13 @@ def middle(addr=M, mode=PROCESSING):
 
 
 def after_takeover():
-    """M took over from its dead dual MX: D0S and D1S reversed to it."""
+    """M took over from its dead dual MX: D0S and D1S reversed to it. It processed item 1;
+    A1's part of item 2 waits in its merge (A0 may still send a part of it)."""
     seg = middle()
-    seg.on_message(A0P, Batch((((1, 1), 10),), (1,)))
-    seg.on_message(A1P, Batch((((2, 1), 21),), (2,)))
+    seg.on_message(A0P, Batch((((1, 0), rows(((1, 1), 10))),), (1,)))
+    seg.on_message(A1P, Batch((((2, 1), rows(((2, 1), 21))),), (2,)))
     seg.process()
+    assert seg.chain.count == 1 and seg.fcons.queued() == 1
     assert seg.on_fail({MX}) == []
     return seg
 
@@ -589,12 +628,14 @@ def test_sm_ready_drains_to_the_last_pause_ack_then_moves_the_state():
                               SourcesPaused(TRANSFER)]
     assert seg.mode == DRAINING
     # draining: data is taken, acked and processed as usual
-    assert seg.ready_for(A0P, Batch(items((3, 1)), (3,)))
-    assert seg.on_message(A0P, Batch((((3, 1), 30),), (3,))) == [Send(M, A0S, Ack((3, 1)))]
+    assert seg.ready_for(A0P, Batch(items((3, 0)), (3,)))
+    assert seg.on_message(A0P, Batch((((3, 0), rows(((3, 1), 30))),), (3,))) == [
+        Send(M, A0S, Ack((3, 0)))]
     assert seg.on_message(A0P, PauseAck(5)) == []
     assert seg.mode == DRAINING and seg.chain.calls == []
     assert seg.can_process()
-    seg.process()
+    seg.process()  # item 2: A0's item 3 proves A0 sends no part of it
+    assert not seg.can_process()  # item 3 waits for A1's bound
     effects = seg.on_message(A1P, PauseAck(5))
     assert seg.mode == MOVING
     assert seg.chain.calls == ["init_trans"]
@@ -604,10 +645,11 @@ def test_sm_ready_drains_to_the_last_pause_ack_then_moves_the_state():
     state = msgpack.unpackb(call.data, raw=False, strict_map_key=False)
     assert state == wire_form(seg.get_state())
     assert state["operators"] == [2]
-    # (3,1) was drained but cannot be merged yet: it travels in the state
-    assert [q[1] for q in state["fcons"]] == [[[[3, 1], 30]], []]
+    # item 3 was drained but cannot be merged yet: it travels in the state, rows and all
+    assert [[(tuple(sn), Rows.from_state(r).pairs()) for sn, r in q[1]]
+            for q in state["fcons"]] == [[((3, 0), [((3, 1), 30)])], []]
     # quiesced: takes no message, processes and sends nothing
-    for src, msg in [(A0P, Batch((), (4,))), (D0S, Ack((1, 1, 1))), (A0S, CSync(5)),
+    for src, msg in [(A0P, Batch((), (4,))), (D0S, Ack((1, 0))), (A0S, CSync(5)),
                      (A1P, PSync(9)), (D0P, Pause(6))]:
         assert not seg.ready_for(src, msg)
     assert not seg.can_process() and seg.flushable() == []
@@ -642,7 +684,7 @@ def test_a_standby_segment_holds_everything_then_installs_and_syncs():
     x = middle(MX, AWAITING_STATE)
     assert x.expect_state(CatchUp(5, "sm@node0")) == [
         RequestRecv(TRANSFER, "sm@node0")]
-    for src, msg in [(A0S, Batch(items((1, 1)), (1,))), (D0P, Ack((1, 1, 1))), (A0P, CSync(5)),
+    for src, msg in [(A0S, Batch(items((1, 0)), (1,))), (D0P, Ack((1, 0))), (A0P, CSync(5)),
                      (A0S, PSync(5)), (D0S, Reverse(NO_SN)), (D0S, Pause(5))]:
         assert not x.ready_for(src, msg)
     assert not x.can_process() and x.flushable() == []
@@ -654,12 +696,14 @@ def test_a_standby_segment_holds_everything_then_installs_and_syncs():
                        Send(MX, D1S, PSync(5)), Send(MX, D1P, PSync(5))]
     assert x.mode == PROCESSING and x.catchup is None
     assert x.chain.calls == ["install"] and x.chain.count == 1
-    assert list(x.fcons.merge.queues[1]) == [((2, 1), 21)]  # queued input moved too
+    # the queued sub-item moved too, rows and all
+    assert plain(list(x.fcons.merge.queues[1])) == [((2, 1), (((2, 1), 21),))]
     assert x.fcons.merge.last == active.fcons.merge.last
     assert data_from(x.fcons) == [S, S] and ack_to(x.fcons) == [P, P]
     for xb, ab in zip(x.fprod.out.buffers, active.fprod.out.buffers):
         assert xb.hwm == ab.hwm[::-1] and xb.sent == ab.sent[::-1]
-        assert xb.entries() == ab.entries()
+        assert plain(xb.entries()) == plain(ab.entries())
+    assert [sn for b in x.fprod.out.buffers for sn, _ in b.entries()] == [(1, 0)]  # item 1's
     with pytest.raises(LocalProtocolError):
         x.state_received(data)
 

@@ -11,6 +11,9 @@ from flux.protocol.egress import Egress
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.protocol.host import Host
+from items import rows
+
+pytestmark = pytest.mark.timeout(60)
 
 A, B, C = Addr(1, 0, P), Addr(1, 0, S), Addr(2, 0, P)
 PEER = Addr(2, 0, S)
@@ -57,21 +60,21 @@ def test_initial_state():
 # --- delivery and wrapping ------------------------------------------------------------
 
 def test_delivers_to_the_destination_machine_and_wraps_sends():
-    h = make_host(a_replies=[Send(A, PEER, Ack((1,))), TakeoverDone(A), Send(A, B, Reverse(()))])
-    msg = Batch((((1,), "x"),), (1,))
+    h = make_host(a_replies=[Send(A, PEER, Ack((1, 0))), TakeoverDone(A), Send(A, B, Reverse(()))])
+    msg = Batch((((1, 0), rows(((1,), "x"))),), (1,))
     sends, others = h.on_envelope(env(PEER, A, 0, msg))
-    assert sends == [Envelope(A, PEER, 0, Ack((1,))), Envelope(A, B, 0, Reverse(()))]
+    assert sends == [Envelope(A, PEER, 0, Ack((1, 0))), Envelope(A, B, 0, Reverse(()))]
     assert others == [TakeoverDone(A)]
     assert h.machines[A].calls == [("msg", PEER, msg)]
     assert h.machines[C].calls == []
 
 
 def test_envelopes_are_stamped_with_the_hosts_current_view():
-    h = make_host(a_replies=[Send(A, PEER, Ack((1,)))])
+    h = make_host(a_replies=[Send(A, PEER, Ack((1, 0)))])
     h.on_view(View(1, frozenset()))
     h.on_view(View(2, frozenset()))
     sends, _ = h.on_envelope(env(PEER, A, 1, "m"))
-    assert sends == [Envelope(A, PEER, 2, Ack((1,)))]
+    assert sends == [Envelope(A, PEER, 2, Ack((1, 0)))]
 
 
 def test_unknown_destination_raises():
@@ -149,18 +152,18 @@ def test_dead_set_accumulates_over_views():
 # --- fencing -------------------------------------------------------------------------
 
 def test_messages_from_a_dead_incarnation_are_dropped_without_calling_the_machine():
-    h = make_host(a_replies=[Send(A, PEER, Ack((1,)))])
+    h = make_host(a_replies=[Send(A, PEER, Ack((1, 0)))])
     h.on_view(View(1, frozenset({PEER}), frozenset({PEER_INC})))
     calls_before = list(h.machines[A].calls)
     # Sent before the failure (view 0) or stamped later: both are dropped.
-    old = env(PEER, A, 0, Batch((((1,), "x"),), (1,)), PEER_INC)
+    old = env(PEER, A, 0, Batch((((1, 0), rows(((1,), "x"))),), (1,)), PEER_INC)
     assert h.fenced(old)
     assert h.accepts(old)  # taken off its connection, to be dropped
     assert h.on_envelope(old) == ([], [])
     assert h.on_envelope(env(PEER, A, 1, "m", PEER_INC)) == ([], [])
     assert h.machines[A].calls == calls_before
     # A live sender still gets through.
-    assert h.on_envelope(env(B, A, 1, "m")) == ([Envelope(A, PEER, 1, Ack((1,)))], [])
+    assert h.on_envelope(env(B, A, 1, "m")) == ([Envelope(A, PEER, 1, Ack((1, 0)))], [])
     assert h.machines[A].calls == calls_before + [("msg", B, "m")]
 
 
@@ -188,19 +191,23 @@ def test_hosting_the_egress():
     eg = Egress(1, 1)  # one partition: replicas L0P, L0S
     L0P, L0S = Addr(1, 0, P), Addr(1, 0, S)
     h = Host("egress", {eg.addr: eg})
-    sends, others = h.on_envelope(env(L0P, eg.addr, 0, Batch((((1, 1), "a"),), (1,))))
-    # acked to the dual, credited to the data source (back-pressure)
-    assert sends == [Envelope(eg.addr, L0S, 0, Ack((1, 1))), Envelope(eg.addr, L0P, 0, Credit((1, 1)))]
-    assert others == [Deliver((((1, 1), "a"),))]
+    # item 2 (inputs 1 and 2), partition 0's part: (2, 0)
+    first = Batch((((2, 0), rows(((1, 1), "a"), ((2, 1), "b"))),), (2,))
+    sends, others = h.on_envelope(env(L0P, eg.addr, 0, first))
+    # acked to the dual, credited to the data source (back-pressure), by connection SN
+    assert sends == [Envelope(eg.addr, L0S, 0, Ack((2, 0))),
+                     Envelope(eg.addr, L0P, 0, Credit((2, 0)))]
+    assert others == [Deliver((((1, 1), "a"), ((2, 1), "b")))]
     # The view that kills L0P makes the egress reverse, stamped with that view.
     assert h.on_view(View(1, frozenset({L0P}), frozenset({PEER_INC}))) == (
-        [Envelope(eg.addr, L0S, 1, Reverse((1, 1)))],
+        [Envelope(eg.addr, L0S, 1, Reverse((2, 0)))],
         [],
     )
     # A late batch from the dead replica is fenced (it would raise in the machine).
-    late = env(L0P, eg.addr, 0, Batch((((2, 1), "b"),), (2,)), PEER_INC)
+    late = env(L0P, eg.addr, 0, Batch((((3, 0), rows(((3, 1), "c"))),), (3,)), PEER_INC)
     assert h.on_envelope(late) == ([], [])
-    assert h.on_envelope(env(L0S, eg.addr, 1, Batch((((2, 1), "b"),), (2,)))) == (
-        [Envelope(eg.addr, L0S, 1, Credit((2, 1)))],  # the survivor is the data source now
-        [Deliver((((2, 1), "b"),))],
+    assert h.on_envelope(env(L0S, eg.addr, 1, Batch((((3, 0), rows(((3, 1), "c"))),), (3,)))) == (
+        [Envelope(eg.addr, L0S, 1, Credit((3, 0)))],  # the survivor is the data source now
+        [Deliver((((3, 1), "c"),))],
     )
+    assert eg.delivered == 3 and eg.settled() == 3

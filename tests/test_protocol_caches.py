@@ -72,9 +72,9 @@ def test_what_the_machines_keep_is_what_they_would_ask_anew(params):
 
 def test_a_stale_answer_is_caught():
     merge = OrderedMerge([0, 1])
-    merge.push(0, [((1,), "a")])
-    merge.push(1, [((2,), "b")])
-    assert merge.frontier() == (0,)
+    merge.push(0, [((1, 0), "a")])
+    merge.push(1, [((2, 1), "b")])
+    assert merge.frontier() == (1, -1)
     merge.queues[0].clear()  # behind the merge's back: what it kept is now wrong
     with pytest.raises(AssertionError):
         merge.check_invariants()

@@ -152,12 +152,12 @@ def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one
     assert len(batches) == 4  # one per replica of each of the 2 partitions, no more
     # the three records (their keys hash to one partition) leave as one batch to each
     # replica; the other partition's replicas get their progress bound
-    assert sorted(len(b.items) for b in batches) == [0, 0, 3, 3]
+    assert sorted(sum(len(rows) for _, rows in b.items) for b in batches) == [0, 0, 3, 3]
 
 
 class EndlessWork:
     """A machine that only processes (``flux.protocol.machine.Processes``) and always has
-    input ready; each record takes 0.1 ms of the fake clock."""
+    input ready; each item takes 1 ms of the fake clock."""
 
     def __init__(self, now):
         self.now, self.processed = now, 0
@@ -166,7 +166,7 @@ class EndlessWork:
         return True
 
     def process(self):
-        self.now[0] += 0.0001
+        self.now[0] += 0.001
         self.processed += 1
 
     def process_ready(self, limit):
@@ -194,8 +194,9 @@ def test_a_busy_loop_reports_every_bounded_turn():
                     on_turn=lambda: turns.append(now[0]), max_turn=0.02)
     for _ in range(10):
         loop.turn(5)
-    # a turn ends after the step that passed 20 ms (256 records, 25.6 ms)
-    assert work.processed == 10 * 256
+    # a turn ends after the step that passed 20 ms (steps of PROCESS_PER_STEP = 8 items of
+    # 1 ms: three steps, 24 ms)
+    assert work.processed == 10 * 24
     assert len(turns) == 10 and max(b - a for a, b in zip(turns, turns[1:])) < 0.03
     assert loop._busy()  # the next turn would not wait: there is more to do
 

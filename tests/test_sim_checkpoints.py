@@ -63,8 +63,8 @@ def test_the_ingress_stamps_its_cut_on_every_batch_from_then_on():
               dataflow="packets-ttl"),
 ], ids=["no-failure", "crashes-and-catch-up", "3x3-packets-ttl"])
 def test_checkpoints_are_exact_and_complete_through_failures(params):
-    results = all_ok(params, range(1, 31))
-    assert sum(r.snapshots for r in results) > 30 * params.checkpoints
+    results = all_ok(params, range(1, 41))
+    assert sum(r.snapshots for r in results) > 40 * params.checkpoints
     assert sum(len(r.complete) for r in results) >= 30
 
 
@@ -102,22 +102,34 @@ def test_quick_checkpoints_and_restarts_through_crashes():
 # -- a source of several partitions: the input log (DESIGN 10) ------------------------------
 
 def test_an_ingress_with_an_input_log_sends_nothing_before_it_is_logged():
-    builder = MachineBuilder(counting_dataflow(1), 2, capacity=3, batch_size=4)
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=3, batch_size=4, batch_rows=2)
     ingress = builder.ingress(log_inputs=True)
     records = [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
-    for record in records[:3]:
+    for record in records[:3]:  # item 2 is cut (inputs 1 and 2), input 3 is pending
         assert ingress.accept(record) is not None
-    assert ingress.log_due() and not ingress.flushable() and ingress.frontier() == NO_PROGRESS
-    ingress.inputs_logged(2)
-    sent = [t for i, d in ingress.flushable() for s in ingress.flush(i, d) for t in s.msg.items]
-    assert sorted(sn for sn, _ in sent) == [(1,), (1,), (2,), (2,)]  # both replicas each
-    assert ingress.frontier() == (2,) and ingress.log_due()
-    with pytest.raises(LocalProtocolError, match="logged up to 1: 2 were logged"):
-        ingress.inputs_logged(1)
-    # held inputs count against their partition's buffer: back-pressure, not growth
+    def flushed():
+        return [s.msg for i, d in ingress.flushable() for s in ingress.flush(i, d)]
+
+    # only bounds below item 2 leave (nothing of (2, ...) can come before them)
+    assert ingress.log_due() and ingress.frontier() == (1,)
+    assert all(not b.items and b.bound == (1,) for b in flushed())
+    ingress.inputs_logged(1)  # not the whole item: it stays held
+    assert not flushed() and ingress.frontier() == (1,)
+    ingress.inputs_logged(3)  # item 2, and input 3 ahead of its item
+    sent = [t for b in flushed() for t in b.items]
+    assert sorted(sn for sub_sn, rows in sent for sn, _ in rows.pairs()) == [
+        (1,), (1,), (2,), (2,)]  # both replicas each
+    assert {sub_sn for sub_sn, _ in sent} == {(2, 0)}
+    assert ingress.frontier() == (2,) and not ingress.log_due()
+    assert ingress.cut_item() == 3  # logged before it was cut: it leaves at once
+    assert ingress.frontier() == (3,) and not ingress.log_due()
+    with pytest.raises(LocalProtocolError, match="logged up to 2: 3 were logged"):
+        ingress.inputs_logged(2)
+    # held items count against their partitions' buffers: back-pressure, not growth
     while ingress.can_accept(records[3]):
         ingress.accept(records[3])
     assert all(len(b) + h <= 3 for b, h in zip(ingress.out.buffers, ingress.held_for))
+    assert ingress.log_due()
 
 
 @pytest.mark.sim

@@ -166,7 +166,7 @@ def test_a_restart_that_does_not_verify_restores_damage_and_is_caught():
 @pytest.mark.timeout(60)
 def test_without_damage_nothing_falls_back():
     results = run(SimParams(checkpoints=3, restarts=2, source_partitions=3,
-                            keep_checkpoints=1), range(1, 9))
+                            keep_checkpoints=1), range(1, 17))
     assert all(r.status == OK and not r.fallbacks and not r.damaged for r in results)
     assert any(k is not None for r in results for k in r.restarts)
 

@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import enum
 from bisect import bisect_right
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from flux.data_messages import Item
 from flux.errors import LocalProtocolError
 from flux.sequence import NO_SN, SN
+
+
+def _same(payload: Any) -> Any:
+    return payload
 
 
 class Dest(enum.IntEnum):
@@ -193,11 +197,12 @@ class Buffer:
         self._evict()
 
     # -- state movement (5.3) ----------------------------------------------
-    def to_state(self) -> dict:
-        """The buffer as plain, msgpack-safe data (SNs as lists)."""
+    def to_state(self, encode: Callable[[Any], Any] = _same) -> dict:
+        """The buffer as plain, msgpack-safe data (SNs as lists, payloads by ``encode``)."""
         live = slice(self._head, None)
         return {
-            "entries": [[list(sn), item] for sn, item in zip(self._sns[live], self._items[live])],
+            "entries": [[list(sn), encode(item)]
+                        for sn, item in zip(self._sns[live], self._items[live])],
             "last_put": list(self.last_put),
             "hwm": [list(h) for h in self.hwm],
             "sent": [list(c) for c in self.sent],
@@ -205,13 +210,14 @@ class Buffer:
         }
 
     @classmethod
-    def from_state(cls, state: dict, capacity: int, reverse: bool = False) -> "Buffer":
+    def from_state(cls, state: dict, capacity: int, reverse: bool = False,
+                   decode: Callable[[Any], Any] = _same) -> "Buffer":
         """Rebuild a buffer; ``reverse`` swaps PRIM and SEC, marks and cursors (5.3):
         the new replica's primary consumers are the active replica's secondaries."""
         buf = cls(capacity, ())
         order = (SEC, PRIM) if reverse else (PRIM, SEC)
         buf._sns = [tuple(sn) for sn, _ in state["entries"]]
-        buf._items = [item for _, item in state["entries"]]
+        buf._items = [decode(item) for _, item in state["entries"]]
         buf.last_put = tuple(state["last_put"])
         buf.hwm = [tuple(state["hwm"][d]) for d in order]
         buf.sent = [tuple(state["sent"][d]) for d in order]

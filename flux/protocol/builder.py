@@ -28,11 +28,12 @@ class MachineBuilder:
     def __init__(self, dataflow, partitions: int, capacity: int, batch_size: int,
                  ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
                  replication: str = "flux", spare_chains: dict = None,
-                 window: int = None, full_every: int = 1):
-        """``window``: tuples a consumer may hold untaken per connection (back-pressure,
+                 window: int = None, full_every: int = 1, batch_rows: int = 1024):
+        """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
-        others the changes of its keyed stores since its last one (DESIGN 10)."""
+        others the changes of its keyed stores since its last one (DESIGN 10).
+        ``batch_rows``: the most inputs the ingress puts in one item (DESIGN 11)."""
         if replication not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
         self.replication = replication
@@ -43,11 +44,12 @@ class MachineBuilder:
         self.ingress_capacity = ingress_capacity or capacity
         self.batch_size = batch_size
         if window is not None and window < 1:
-            raise ValueError(f"window must be >= 1 tuple, got {window}")
+            raise ValueError(f"window must be >= 1 sub-item, got {window}")
         self.window = window
         if full_every < 1:
             raise ValueError(f"full_every must be >= 1 snapshot, got {full_every}")
         self.full_every = full_every
+        self.batch_rows = batch_rows
         #: a credit per half window: the producer never idles while a credit is on its way
         self.credit_every = max(1, window // 2) if window else 1
         self.buffer_factory = buffer_factory
@@ -102,7 +104,7 @@ class MachineBuilder:
         return ingress_class(self.partitions, self.part.router(self.dataflow.stages[0].key),
                              self.ingress_capacity, self.batch_size, self.buffer_factory,
                              absent=self.absent_replicas(1), window=self.window,
-                             log_inputs=log_inputs)
+                             log_inputs=log_inputs, batch_rows=self.batch_rows)
 
     def egress(self) -> Egress:
         return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),

@@ -3,7 +3,8 @@
 It merges the last stage's partitions by SN into one totally ordered output,
 takes data from the P replicas and acks to the S replicas; when a P replica
 dies it reverses that partition to the S replica. Output leaves only in SN
-order, so a run with failures delivers exactly the failure-free sequence.
+order, item by item, each item's rows merged by row SN (DESIGN 11), so a run
+with failures delivers exactly the failure-free sequence, SN for SN.
 
 It has no local work (``flux.protocol.machine``): outputs and their credits
 leave as the merge releases them, in ``on_message``, and it only acks.
@@ -19,7 +20,7 @@ from flux.protocol.cuts import Cuts
 from flux.effects import Deliver, SinkCommit
 from flux.errors import RemoteProtocolError
 from flux.protocol.flux_consumer import FluxConsumer
-from flux.sequence import INF, covers, input_sn
+from flux.sequence import INF, item_bound
 
 
 def egress_addr(stages: int) -> Addr:
@@ -37,26 +38,18 @@ class Egress:
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in range(partitions)]
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every)
         self.delivered = 0
-        self.last_delivered_input = 0  # the input number of the last output delivered
         self.cuts = Cuts()  # checkpoints whose cut the output has not passed yet
 
     def finished(self, accepted: int) -> bool:
-        """Every output of the first ``accepted`` inputs was delivered: nothing is queued
-        and the progress bound covers the last input, so no output can still come
-        (DESIGN 4.3)."""
-        return accepted == 0 or (self.fcons.queued() == 0
-                                 and covers(self.fcons.frontier(), input_sn(accepted)))
+        """Every output of the first ``accepted`` inputs was delivered (DESIGN 4.3)."""
+        return self.settled() >= accepted
 
     def settled(self) -> int:
-        """The largest n such that every output of inputs 1..n was delivered: outputs
-        leave in SN order, so every input before the last one delivered; with nothing
-        queued, every input before the progress bound (DESIGN 4.3)."""
-        n = self.last_delivered_input - 1
-        if not self.fcons.queued():
-            bound = self.fcons.frontier()
-            if bound and bound[0] != INF:
-                n = max(n, bound[0] - 1)
-        return max(n, 0)
+        """The largest n such that every output of inputs 1..n was delivered: an item is
+        numbered by its last input and leaves whole, so every item the merge's frontier
+        covers whole is out (DESIGN 4.3, 11)."""
+        bound = item_bound(self.fcons.frontier())
+        return max(bound[0], 0) if bound and bound[0] != INF else 0
 
     def stats(self) -> SegmentStats:
         """Counters for monitoring, as a segment's: outputs delivered and the
@@ -75,11 +68,13 @@ class Egress:
             self.cuts.learn(msg.cut)
         else:
             raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
-        out = self.fcons.release_ready()
+        out = []
+        while self.fcons.can_release():
+            out.extend(self.fcons.release()[1].pairs())
         if out:
             self.delivered += len(out)
-            self.last_delivered_input = out[-1][0][0]
             effects.append(Deliver(tuple(out)))
+        if self.fcons.credits_due():
             # credited as handed to the sink: the runtime takes the next message only
             # once the sink returned, so a slow sink slows the last stage (back-pressure)
             effects.extend(self.fcons.credits())

@@ -16,7 +16,7 @@ take data from it and ack to it.
 
 Back-pressure (docs/design/backpressure.md): acks say what we *hold*, credits what we
 *took* from the merge to process. A credit goes to the data source of that
-feed once ``credit_every`` tuples were taken since the last one, or once the
+feed once ``credit_every`` sub-items were taken since the last one, or once the
 feed's queue is empty (so a full window never waits on a feed the merge does
 not need). Credits are cumulative SNs: one lost in a change of roles costs
 nothing, the next one covers it.
@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from exchange.merge import OrderedMerge
+from exchange.rows import Rows
+from exchange.rows import merge as merge_rows
 from flux.addresses import Addr, other
-from flux.data_messages import Ack, Batch, Credit, Item
+from flux.data_messages import Ack, Batch, Credit
 from flux.effects import Send
 from flux.errors import RemoteProtocolError
 from flux.protocol.consumer_roles import ConsumerRoles
@@ -114,41 +116,21 @@ class FluxConsumer(ConsumerRoles):
             return [Send(self.addr, feed.replicas[feed.ack_to].addr, Ack(last))]
         return []
 
-    # -- the merge, for the segment and the egress (4.1) ----------------------
+    # -- the merge, for the segment and the egress (4.1, DESIGN 11) --------------
     def can_release(self) -> bool:
-        """An input may leave the merge in SN order."""
+        """An item may leave the merge whole, in SN order."""
         return self.merge.ready()
 
-    def release(self) -> Item:
-        """The next input in SN order; call only when ``can_release``."""
-        j, item = self.merge.pop_from()
-        feed = self.feeds[j]
-        feed.owed += 1
-        feed.taken = item[0]
-        return item
-
-    def release_run(self, limit: int) -> List[Tuple[int, Item]]:
-        """Up to ``limit`` inputs that may leave the merge now, in SN order, each with its
-        feed. The caller says which it ``took`` and may ``put_back`` the rest."""
-        return self.merge.pop_ready_from(limit)
-
-    def took(self, released: List[Tuple[int, Item]]) -> None:
-        """Inputs of ``release_run`` were taken: count them for the credits."""
+    def release(self) -> Tuple[SN, Rows]:
+        """The next item in SN order, its sub-items merged by row SN; call only when
+        ``can_release``. Each sub-item taken counts toward its feed's credit."""
+        released = self.merge.pop_item()
         feeds = self.feeds
-        for j, item in released:
+        for j, (sn, _) in released:
             feed = feeds[j]
             feed.owed += 1
-            feed.taken = item[0]
-
-    def put_back(self, released: List[Tuple[int, Item]]) -> None:
-        """Inputs of ``release_run`` that were not taken: the merge's heads again."""
-        self.merge.unpop(released)
-
-    def release_ready(self) -> List[Item]:
-        """Every input that may leave the merge now, in SN order."""
-        released = self.merge.pop_ready_from()
-        self.took(released)
-        return [item for _, item in released]
+            feed.taken = sn
+        return released[0][1][0][:-1], merge_rows([rows for _, (_, rows) in released])
 
     # -- back-pressure ---------------------------------------------------------
     def _credit_due(self, j: int) -> bool:
@@ -179,10 +161,10 @@ class FluxConsumer(ConsumerRoles):
         return self.merge.queued()
 
     def get_state(self) -> list:
-        return self.merge.to_state()
+        return self.merge.to_state(Rows.to_state)
 
     def install_state(self, state: list) -> None:
-        self.merge.install_state(state)
+        self.merge.install_state(state, Rows.from_state)
 
     def idle(self) -> bool:
         return self.merge.queued() == 0

@@ -1,24 +1,31 @@
 """The ingress: the base-case producer (paper 3.1.2, Figure 4 action 3).
 
-It numbers inputs 1, 2, 3, ..., routes each to one stage-1 partition, and
-sends it to *both* replicas of that partition; each replica acks it back.
-A tuple leaves the buffer once both replicas hold it, so the buffer bounds
-how far the two replicas may drift apart. One bounded buffer per partition:
-a full one stops the source (back-pressure), it never drops an input.
+It numbers inputs 1, 2, 3, ... and cuts them into items (DESIGN 11): at most
+``batch_rows`` inputs, or fewer when the runtime says the pending ones waited
+long enough (``cut_item``). Item x is numbered by its last input; its rows are
+routed to the stage-1 partitions, one sub-item per partition that gets rows,
+with the connection SN ``(x, 0)``, sent to *both* replicas of that partition;
+each replica acks it back. A sub-item leaves the buffer once both replicas
+hold it, so the buffer bounds how far the two replicas may drift apart. One
+bounded buffer per partition: a full one stops the source (back-pressure), it
+never drops an input.
 
 A source that interleaves several partitions of its own (Kafka's) may
 interleave them otherwise after a restart; every input that may have
 influenced a committed output must get its SN again (DESIGN 10). With
-``log_inputs`` the ingress holds each accepted input until the runtime says
-the assignment of SNs up to it is durable (``inputs_logged``): nothing
-leaves before it is in the input log, so the sink can only ever see outputs
-of logged inputs, and a restart replays the log's order.
+``log_inputs`` the ingress holds each item until the runtime says the
+assignment of SNs up to it is durable (``inputs_logged``): nothing leaves
+before it is in the input log, so the sink can only ever see outputs of logged
+inputs, and a restart replays the log's order.
 """
 from __future__ import annotations
 
 from collections import deque
 from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Set, Tuple
 
+import numpy as np
+
+from exchange.rows import Rows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
 from flux.control_messages import SegmentStats
@@ -33,7 +40,8 @@ INGRESS = Addr(0, 0, P)
 
 
 class Ingress:
-    """Accepts the source's records in order and feeds both replicas of stage 1."""
+    """Accepts the source's records in order, cuts them into items and feeds both
+    replicas of stage 1."""
 
     def __init__(
         self,
@@ -45,27 +53,38 @@ class Ingress:
         absent: Iterable[Addr] = (),
         window: Optional[int] = None,
         log_inputs: bool = False,
+        batch_rows: int = 1024,
     ):
         """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
-        ``window``: tuples each stage-1 replica may hold untaken (back-pressure);
-        ``log_inputs``: inputs leave only once logged (``inputs_logged``)."""
+        ``window``: sub-items each stage-1 replica may hold untaken (back-pressure);
+        ``log_inputs``: items leave only once logged (``inputs_logged``);
+        ``batch_rows``: the most inputs an item holds."""
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
         self.addr = INGRESS
         self.route = route
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         # 3.1.3: sends to and acks from both replicas
         self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
                             normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window)
+        self.partitions = partitions
+        self.batch_rows = batch_rows
         self.accepted = 0
         self.capacity = capacity
         self.log_inputs = log_inputs
-        #: inputs whose SN assignment is durable (all of them without an input log)
+        #: accepted inputs not yet in an item, and the stage-1 partition of each
+        self.pending: List[Any] = []
+        self.pending_routes: List[int] = []
+        #: the number of the last item cut (its last input; 0: none yet)
+        self.last_item = 0
+        #: items up to this number may leave (all of them without an input log)
         self.logged = 0
-        #: accepted inputs waiting for the log: (partition, SN, record), and per partition
-        self.held: Deque[Tuple[int, SN, Any]] = deque()
+        #: items cut and waiting for the log: (item number, sub-item per partition)
+        self.held: Deque[Tuple[int, List[Optional[Rows]]]] = deque()
         self.held_for = [0] * partitions
 
     def stats(self) -> SegmentStats:
-        """Counters for monitoring, as a segment's: inputs accepted, tuples
+        """Counters for monitoring, as a segment's: inputs accepted, sub-items
         buffered (not yet held by both replicas), in flight and full windows."""
         in_flight, blocked = self.out.window_use()
         return SegmentStats(self.addr, self.accepted, self.accepted, 0, self.out.buffered(),
@@ -73,61 +92,84 @@ class Ingress:
 
     # -- the source side ---------------------------------------------------
     def frontier(self) -> SN:
-        """Every input not sent yet will get an SN above this: with an input log, inputs
-        held for it are not sent yet."""
-        last = min(self.accepted, self.logged) if self.log_inputs else self.accepted
-        return input_sn(last) if last else NO_PROGRESS
+        """Every item not sent yet will get an SN above this (DESIGN 4.3): with an input
+        log, items held for it are not sent yet."""
+        last = self.held[0][0] - 1 if self.held else self.last_item
+        return (last,) if last else NO_PROGRESS
 
-    def can_accept(self, record: Any) -> bool:
-        return not self._full_for(self.route(record))
+    def can_accept(self, record: Any = None) -> bool:
+        """Is there room for one more input? (An item's worth waits for a buffer.)"""
+        return len(self.pending) < self.batch_rows or self.can_cut()
 
-    def _full_for(self, i: int) -> bool:
-        held = self.held_for[i]
-        return self.out.full_for(i) or (held and len(self.out.buffers[i]) + held >= self.capacity)
+    def can_cut(self) -> bool:
+        """Inputs pending, and room for their item in every partition's buffer."""
+        if not self.pending:
+            return False
+        buffers, held_for, capacity = self.out.buffers, self.held_for, self.capacity
+        for i, buffer in enumerate(buffers):
+            if buffer.full() or (held_for[i] and len(buffer) + held_for[i] >= capacity):
+                return False
+        return True
 
     def accept(self, record: Any) -> Optional[SN]:
-        """Figure 3 action 1; None (back-pressure) when the partition's buffer is full."""
+        """Figure 3 action 1: the input's SN, or None (back-pressure) when its item is
+        full and cannot leave; a full item leaves at once when it can."""
+        if len(self.pending) >= self.batch_rows and not self.cut_item():
+            return None
         try:
             i = self.route(record)
         except Exception as exc:
             raise self._key_error(self.accepted + 1, exc) from exc
-        if self._full_for(i):
-            return None
         self.accepted += 1
-        sn = (self.accepted,)  # input_sn(accepted), >= 1 by construction
-        if self.log_inputs:
-            self.held.append((i, sn, record))
-            self.held_for[i] += 1
-        else:
-            self.out.put(i, sn, record)
-        return sn
+        self.pending.append(record)
+        self.pending_routes.append(i)
+        if len(self.pending) >= self.batch_rows:
+            self.cut_item()
+        return (self.accepted,)  # input_sn(accepted), >= 1 by construction
 
     def accept_many(self, records: Sequence[Any]) -> int:
         """``accept`` for each of ``records`` in order until one meets back-pressure;
-        returns how many were accepted (one call a run of inputs, the guard
-        asked of the partition's buffer straight)."""
-        if self.log_inputs:
-            n = 0
-            for record in records:
-                if self.accept(record) is None:
-                    break
-                n += 1
-            return n
-        route, buffers, put = self.route, self.out.buffers, self.out.put
-        first = accepted = self.accepted
-        try:
-            for record in records:
-                try:  # the user's key only: a fault of the buffers is not theirs
-                    i = route(record)
-                except Exception as exc:
-                    raise self._key_error(accepted + 1, exc) from exc
-                if buffers[i].full():
-                    break
-                accepted += 1
-                put(i, (accepted,), record)
-        finally:  # a key that raises leaves what went before accepted
-            self.accepted = accepted
-        return accepted - first
+        returns how many were accepted."""
+        n = 0
+        accept = self.accept
+        for record in records:
+            if accept(record) is None:
+                break
+            n += 1
+        return n
+
+    def cut_item(self) -> int:
+        """Make the pending inputs an item and buffer its sub-items (DESIGN 11); returns
+        the item's number (its last input), or 0 when nothing is pending or a buffer has
+        no room (back-pressure)."""
+        return self._cut() if self.can_cut() else 0
+
+    def _cut(self) -> int:
+        x = self.accepted
+        rows = Rows.of_inputs(x - len(self.pending) + 1, self.pending)
+        subs = rows.split(np.asarray(self.pending_routes, dtype=np.int64), self.partitions)
+        self.pending, self.pending_routes = [], []
+        self.last_item = x
+        if self.log_inputs and x > self.logged:  # its inputs are not all in the log yet
+            self.held.append((x, subs))
+            for i, sub in enumerate(subs):
+                if sub is not None:
+                    self.held_for[i] += 1
+        else:
+            self._put(x, subs)
+        return x
+
+    def _put(self, x: int, subs: List[Optional[Rows]]) -> None:
+        put, sn = self.out.put, (x, 0)
+        for i, sub in enumerate(subs):
+            if sub is not None:
+                put(i, sn, sub)
+
+    def resume_after(self, n: int) -> None:
+        """A restart from a checkpoint of inputs 1..n: numbering goes on from n + 1."""
+        if self.accepted or self.pending:
+            raise LocalProtocolError("resume of an ingress that accepted inputs")
+        self.accepted = self.last_item = self.logged = n
 
     def _key_error(self, n: int, exc: Exception) -> OperatorError:
         """The first stage's key raised on input ``n``: user code, as an operator's error
@@ -136,21 +178,24 @@ class Ingress:
                              self.addr.partition, input_sn(n), describe(exc))
 
     def log_due(self) -> bool:
-        """Are inputs waiting for the input log?"""
-        return self.log_inputs and self.logged < self.accepted
+        """Are items waiting for the input log?"""
+        return self.log_inputs and bool(self.held)
 
     def inputs_logged(self, n: int) -> List:
-        """The SNs of inputs 1..n and their source positions are durable: they may leave."""
+        """The SNs of inputs 1..n and their source positions are durable: the items they
+        complete may leave."""
         if not self.log_inputs:
             raise LocalProtocolError("inputs logged by an ingress without an input log")
         if not self.logged <= n <= self.accepted:
             raise LocalProtocolError(f"inputs logged up to {n}: {self.logged} were logged, "
                                      f"{self.accepted} accepted")
         held = self.held
-        while held and held[0][1][0] <= n:
-            i, sn, record = held.popleft()
-            self.held_for[i] -= 1
-            self.out.put(i, sn, record)
+        while held and held[0][0] <= n:
+            x, subs = held.popleft()
+            for i, sub in enumerate(subs):
+                if sub is not None:
+                    self.held_for[i] -= 1
+            self._put(x, subs)
         self.logged = n
         return []
 
@@ -159,6 +204,8 @@ class Ingress:
         travels on every batch from here on."""
         if self.out.cut is not None and number <= self.out.cut[0]:
             raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
+        if self.pending:  # a cut lies between items: the pending inputs are the last one,
+            self._cut()  # with or without room (a buffer holds one item more at most)
         self.out.cut = (number, self.accepted)
         return [CutChosen(number, self.accepted)]
 
@@ -197,7 +244,8 @@ class Ingress:
         return []
 
     def idle(self) -> bool:
-        return self.out.idle()
+        """Nothing waits in a buffer, for an item or for the input log."""
+        return self.out.idle() and not self.pending and not self.held
 
     def check_invariants(self) -> None:
         self.out.check_invariants()

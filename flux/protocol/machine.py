@@ -51,24 +51,37 @@ class Machine(Protocol):
 
 @runtime_checkable
 class Processes(Protocol):
-    """Takes the inputs its merge releases through operators, at the driver's pace, and
+    """Takes the items its merge releases through operators, at the driver's pace, and
     credits them back to their producers (Figure 3 action 1; back-pressure)."""
 
     def can_process(self) -> bool:
-        """Is an input ready to go through the operators (Figure 3 action 1's guard)?"""
+        """Is an item ready to go through the operators (Figure 3 action 1's guard)?"""
 
     def process(self) -> int:
-        """Run the next input; returns how many outputs it made."""
+        """Run the next item; returns how many outputs it made."""
 
     def process_ready(self, limit: int) -> int:
-        """``process`` while ``can_process`` holds, up to ``limit`` inputs, in one step;
-        returns how many inputs it took."""
+        """``process`` while ``can_process`` holds, up to ``limit`` items, in one step;
+        returns how many items it took."""
 
     def credits_due(self) -> bool:
         """Did it take inputs whose credits should go to their producers (back-pressure)?"""
 
     def send_credits(self) -> List:
         """Those credits, as effects."""
+
+
+@runtime_checkable
+class CutsItems(Protocol):
+    """Gathers inputs into items and lets them go when the driver says (the ingress,
+    DESIGN 11): a driver that cuts whenever its source has nothing more at hand keeps
+    items small at low rates (latency) and full at high ones (throughput)."""
+
+    def can_cut(self) -> bool:
+        """Are inputs pending, with room for their item?"""
+
+    def cut_item(self) -> int:
+        """Make the pending inputs an item; returns its number (0: none made)."""
 
 
 @runtime_checkable
@@ -119,10 +132,12 @@ class LocalWork:
     flushes: Optional[Flushes] = None
     parts: Optional[SendsParts] = None
     snapshots: Optional[Snapshots] = None
+    items: Optional[CutsItems] = None
 
     @classmethod
     def of(cls, machine: Machine) -> "LocalWork":
         return cls(machine if isinstance(machine, Processes) else None,
                    machine if isinstance(machine, Flushes) else None,
                    machine if isinstance(machine, SendsParts) else None,
-                   machine if isinstance(machine, Snapshots) else None)
+                   machine if isinstance(machine, Snapshots) else None,
+                   machine if isinstance(machine, CutsItems) else None)

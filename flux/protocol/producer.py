@@ -25,7 +25,7 @@ every change of a link's status, modes or pause (``_links_changed``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from flux.addresses import Addr
 from flux.data_messages import Ack, Batch, Credit
@@ -177,17 +177,8 @@ class Producer(ConnectionRoles):
 
     # -- actions ---------------------------------------------------------
     def put(self, i: int, sn: SN, item) -> None:
-        """Action 1: a produced tuple for consumer partition i."""
+        """Action 1: a produced tuple (a sub-item, DESIGN 11) for consumer partition i."""
         self.buffers[i].put(sn, item)
-
-    def put_outputs(self, sn: SN, outputs: List[Any], routes: List[int]) -> None:
-        """Action 1 for one input's outputs: the k-th (SN ``sn + (k,)``, DESIGN 4.1) to
-        consumer partition ``routes[k - 1]``, in order (a call per input, not per
-        output)."""
-        buffers, k = self.buffers, 0
-        for item, i in zip(outputs, routes):
-            k += 1
-            buffers[i].put(sn + (k,), item)
 
     def flush(self, i: int, d: int, frontier: SN) -> Optional[Send]:
         """Action 2 (and 2a): the next batch for destination d, with a progress bound."""

@@ -24,10 +24,12 @@ class NodeConfig:
     stages: int
     partitions: int
     replication: str = "flux"
-    capacity: int = 1024
-    batch_size: int = 256
-    #: back-pressure: tuples a consumer may hold untaken per connection (credits)
-    window: int = 1024
+    #: the most inputs in one item (DESIGN 11); capacity and batch_size count sub-items
+    batch_rows: int = 1024
+    capacity: int = 16
+    batch_size: int = 4
+    #: back-pressure: sub-items a consumer may hold untaken per connection (credits)
+    window: int = 16
     #: seconds between a node's heartbeats, and without the controller's before it stops
     heartbeat: float = 0.05
     lease: float = 3.0
@@ -55,7 +57,7 @@ class NodeConfig:
         for name in ("heartbeat", "lease", "flush_delay", "register_timeout", "stats_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("capacity", "batch_size", "window", "chunk_size", "partitions", "stages",
+        for name in ("batch_rows", "capacity", "batch_size", "window", "chunk_size", "partitions", "stages",
                      "checkpoint_full_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

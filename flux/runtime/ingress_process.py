@@ -273,7 +273,8 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
     spec = msg[1]
     builder = MachineBuilder(cloudpickle.loads(spec["dataflow"]), spec["partitions"],
                              spec["capacity"], spec["batch_size"],
-                             replication=spec["replication"], window=spec["window"])
+                             replication=spec["replication"], window=spec["window"],
+                             batch_rows=spec["batch_rows"])
     transport = Transport(ctx, INGRESS_PROCESS, spec["inc"], host=spec["host"],
                           keys=spec["keys"], ports=spec["ports"])
     try:
@@ -283,7 +284,7 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
             return
         begin = msg[1]
         ingress = builder.ingress()
-        ingress.accepted = ingress.logged = begin["accepted"]
+        ingress.resume_after(begin["accepted"])
         host = Host(INGRESS_PROCESS, {ingress.addr: ingress}, spec["inc"],
                     peer_incs=begin["peer_incs"])
         source = FeedSource(feed)

@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from flux.protocol.host import Host
 from flux.protocol.machine import Flushes
 
-#: inputs one segment processes before the loop looks at its other work
-PROCESS_PER_STEP = 256
+#: items one segment processes before the loop looks at its other work
+PROCESS_PER_STEP = 8
 
 
 class LocalSteps:
@@ -66,6 +66,9 @@ class LocalSteps:
                     moved |= self._flush(addr, work.flushes, fresh=False)
                 continue
             did = False
+            if work.items is not None and work.items.can_cut():
+                work.items.cut_item()  # the source had no more at hand: an item leaves
+                did = True
             processes, snapshots = work.processes, work.snapshots
             left = PROCESS_PER_STEP
             while left > 0:

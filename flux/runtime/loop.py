@@ -241,7 +241,7 @@ class HostLoop:
         ingress = self.host.machines.get(INGRESS)
         if ingress is None or self.intake.done:
             return False
-        if not self.intake.feed(ingress):
+        if not self.intake.feed(ingress, ingress.batch_rows):
             return False
         self.local.touch(INGRESS)
         return True

@@ -58,6 +58,8 @@ class WorldConfig:
     capacity: int = 4
     ingress_capacity: int = 4
     batch_size: int = 2
+    #: the most inputs in one item; the scheduler cuts items of any size up to it
+    batch_rows: int = 4
     buffer_factory: Callable[[int], Buffer] = Buffer
     segment_class: type = Segment
     standbys: int = 0

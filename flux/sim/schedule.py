@@ -5,6 +5,8 @@ running its seed again (``python -m flux.sim --seed S --schedules 1 -v``).
 """
 from __future__ import annotations
 
+import os
+
 import random
 from bisect import bisect_right as bisect
 from dataclasses import dataclass, field
@@ -434,6 +436,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     except Violation as exc:
         result.status, result.reason = VIOLATION, str(exc)
     except Exception as exc:  # a machine raised: a protocol error is a violation too
+        if os.environ.get("FLUX_SIM_RAISE"):  # to read where: the traceback, not a verdict
+            raise
         result.status, result.reason = VIOLATION, f"{type(exc).__name__}: {exc}"
     result.steps = t
     result.delivered = len(world.outcome.delivered)

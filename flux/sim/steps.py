@@ -134,6 +134,8 @@ class Steps:
             steps = [("flush", INGRESS, i, d) for i, d in ingress.flushable()]
             if w.next_input < len(w.inputs) and ingress.can_accept(w.inputs[w.next_input]):
                 steps.append(("accept",))
+            if ingress.can_cut():
+                steps.append(("item",))  # the pending inputs leave as an item (DESIGN 11)
             if w.checkpoints_left and ingress.accepted > w.last_cut:
                 steps.append(("checkpoint",))
             if ingress.log_due():
@@ -171,7 +173,7 @@ class Steps:
             return CHECKPOINT_STORE
         if kind == "sink-commit":
             return EGRESS_HOST
-        if kind in ("accept", "checkpoint"):
+        if kind in ("accept", "item", "checkpoint"):
             return INGRESS_HOST
         return w.host_of[step[1]]
 
@@ -225,7 +227,7 @@ class Steps:
             w.faults.halt(step[1])  # a zombie heard again: the controller told it to stop
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], w.hosts[step[1]])
-        elif kind in ("accept", "log", "checkpoint"):
+        elif kind in ("accept", "item", "log", "checkpoint"):
             self._apply_ingress(kind)
         elif kind == "sink-commit":
             w.sink_committed = len(w.outcome.delivered)
@@ -255,6 +257,9 @@ class Steps:
         if kind == "accept":
             ingress.accept(w.inputs[w.next_input])
             w.next_input += 1
+            self.dirty.add(INGRESS)
+        elif kind == "item":
+            ingress.cut_item()
             self.dirty.add(INGRESS)
         elif kind == "log":
             n = ingress.accepted

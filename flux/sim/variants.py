@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+import numpy as np
+
+from exchange.rows import Rows
+
 from flux.protocol.buffer import PRIM, Buffer
 from flux.data_messages import Credit
 from flux.effects import Send
 from flux.protocol.host import Host
 from flux.protocol.ingress import Ingress
 from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
-from flux.sequence import NO_PROGRESS, input_sn
+from flux.sequence import NO_PROGRESS
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -111,20 +115,22 @@ class SegmentForgettingAChange(Segment):
 
 
 class IngressSendingBeforeTheLog(Ingress):
-    """Sends inputs before their SNs are in the input log (DESIGN 10 broken): a restart
+    """Sends items before their SNs are in the input log (DESIGN 10 broken): a restart
     may number them otherwise though outputs of theirs were committed."""
 
-    def accept(self, record):
-        i = self.route(record)
-        if self._full_for(i):
-            return None
-        self.accepted += 1
-        sn = input_sn(self.accepted)
-        self.out.put(i, sn, record)
-        return sn
+    def cut_item(self) -> int:
+        if not self.can_cut():
+            return 0
+        x = self.accepted
+        rows = Rows.of_inputs(x - len(self.pending) + 1, self.pending)
+        subs = rows.split(np.asarray(self.pending_routes, dtype=np.int64), self.partitions)
+        self.pending, self.pending_routes = [], []
+        self.last_item = x
+        self._put(x, subs)
+        return x
 
     def frontier(self):
-        return input_sn(self.accepted) if self.accepted else NO_PROGRESS
+        return (self.last_item,) if self.last_item else NO_PROGRESS
 
 
 class HostHearingTheDead(Host):

@@ -102,7 +102,8 @@ class World:
         self.builder = MachineBuilder(dataflow, partitions, config.capacity, config.batch_size,
                                       config.ingress_capacity, config.buffer_factory,
                                       segment_class, window=config.window,
-                                      full_every=config.full_every)
+                                      full_every=config.full_every,
+                                      batch_rows=config.batch_rows)
         self.placement = placement
         self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim")
         self.checkpoints_left = config.checkpoints
@@ -141,8 +142,8 @@ class World:
         self.ingress = builder.ingress(log_inputs=self.restarts.source_parts is not None,
                                        ingress_class=config.ingress_class)
         if restored is not None:
-            self.ingress.accepted = self.next_input = restored[1]  # numbered from cut + 1
-            self.ingress.logged = restored[1]
+            self.ingress.resume_after(restored[1])  # numbered from cut + 1
+            self.next_input = restored[1]
         self.egress = builder.egress()
         for name, machine in ((INGRESS_HOST, self.ingress), (EGRESS_HOST, self.egress)):
             self._add_host(config.host_class(name, {machine.addr: machine},

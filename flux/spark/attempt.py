@@ -98,7 +98,8 @@ class Attempt:
         self.ingress_process = IngressProcess(dict(
             dataflow=config.dataflow, partitions=p.nodes, capacity=config.capacity,
             batch_size=config.batch_size, replication=config.replication,
-            window=config.window, inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
+            window=config.window, batch_rows=config.batch_rows,
+            inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
             keys=config.keys, ports=config.ports, flush_delay=config.flush_delay))
         self.ctx = zmq.Context()
         try:  # whatever fails from here on, the ingress process and the sockets go with it

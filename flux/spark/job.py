@@ -98,7 +98,7 @@ class FluxJob:
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
             replication=opts.replication.mode, capacity=tuning.capacity,
-            batch_size=tuning.batch_size, window=tuning.window,
+            batch_size=tuning.batch_size, window=tuning.window, batch_rows=tuning.batch_rows,
             heartbeat=opts.network.heartbeat, lease=opts.network.lease,
             chunk_size=tuning.chunk_size, flush_delay=tuning.flush_delay, secret=self.secret,
             curve=opts.network.authenticate, ports=opts.network.ports,
@@ -195,7 +195,8 @@ class FluxJob:
         self._parts = JobParts(
             spark=self.spark, config=self.config, builder=MachineBuilder(
                 self.dataflow, rep.nodes, self.config.capacity, self.config.batch_size,
-                replication=rep.mode, window=self.config.window),
+                replication=rep.mode, window=self.config.window,
+                batch_rows=self.config.batch_rows),
             metrics=self.metrics, output=self.output, checkpoints=self._checkpointing,
             source=self.source, nodes=rep.nodes, standbys=rep.standbys,
             detect_after=net.detect_after,

@@ -79,9 +79,12 @@ class Checkpointing:
 class Tuning:
     """Sizes and delays of the data path (docs/operations.md measures their trade-offs)."""
 
-    capacity: int = 1024
-    batch_size: int = 256
-    window: int = 1024
+    #: items (DESIGN 11): the most inputs in one, and, counted in sub-items, what a
+    #: connection's buffer holds, what one message carries, and the back-pressure window
+    batch_rows: int = 1024
+    capacity: int = 16
+    batch_size: int = 4
+    window: int = 16
     flush_delay: float = 0.002
     chunk_size: int = 1 << 20
     metrics_interval: float = 0.1

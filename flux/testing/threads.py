@@ -33,15 +33,16 @@ class ThreadCluster:
     """Every process of a Flux job on a thread of its own, over real ZeroMQ sockets."""
 
     def __init__(self, dataflow, partitions: int, records: Iterable[Any], standbys: int = 1,
-                 capacity: int = 256, batch_size: int = 64, heartbeat: float = 0.02,
+                 capacity: int = 16, batch_size: int = 4, heartbeat: float = 0.02,
                  detect_after: float = 1.0, chunk_size: int = 1 << 20,
                  replication: str = "flux", secret: Optional[str] = None,
-                 window: int = 256):
+                 window: int = 16, batch_rows: int = 1024):
         # every node shares this process and its GIL: kills are detected by the dropped
         # connection, the heartbeat timeout (detect_after) only catches hangs: it is generous
         self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
                                                 replication=replication, window=window,
-                                                segment_class=StreamedSegment)
+                                                segment_class=StreamedSegment,
+                                                batch_rows=batch_rows)
         placement = placement_for(replication, len(dataflow.stages), partitions)
         self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
                                                      standbys)
