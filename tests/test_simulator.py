@@ -188,12 +188,15 @@ def test_credits_only_every_half_window_deadlock_and_are_caught():
     oracle sees it as output that stalls, or, when the stuck consumers are S replicas (the
     egress takes P's data), as replicas left holding tuples at quiescence, behind the
     failure-free state."""
-    params = SimParams(variant="lazy-credit", stages=2, partitions=4, crashes=0)
+    # traffic enough for a window to fill: items group inputs, so 24 inputs make too few
+    # sub-items per connection
+    params = SimParams(variant="lazy-credit", stages=2, partitions=4, crashes=0, inputs=60)
     seed, r = first_violation(params)
     assert "stalled" in r.reason or (
         "still holds tuples at quiescence" in r.reason
         and "state differs from the failure-free state" in r.reason), f"seed {seed}: {r.reason}"
-    ok = run_schedule(seed, SimParams(stages=2, partitions=4, crashes=0), crash_window(params))
+    ok = run_schedule(seed, SimParams(stages=2, partitions=4, crashes=0, inputs=60),
+                      crash_window(params))
     assert ok.status == OK, f"the correct protocol fails seed {seed} too: {ok.reason}"
 
 

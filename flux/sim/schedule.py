@@ -36,6 +36,7 @@ STORE_SPEEDS = (0.002, 0.005, 0.02)
 TRIGGERS = ("any", "during", "after")
 #: tuples a consumer may hold untaken per connection, for one schedule (None: no credits)
 WINDOWS = (1, 2, 3, 4, 5, 8, None)
+BATCH_ROWS = (1, 1, 2, 3, 4, 8)
 #: the chance, at each step of a catch-up, that a "during" crash strikes
 DURING_RATE = 0.05
 #: how long a cut or a starved process lasts, in ticks of the detector's clock: below the
@@ -203,6 +204,10 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # back-pressure: small windows, so credits decide when data moves; drawn from a
         # stream of their own, so a seed's other draws are what they were before credits
         window=random.Random(f"window {seed}").choice(WINDOWS),
+        # items (DESIGN 11): at most this many inputs each, cut at random below it; 1 is
+        # the per-record protocol's traffic (many sub-items, full windows), larger ones
+        # group inputs; a stream of its own
+        batch_rows=random.Random(f"items {seed}").choice(BATCH_ROWS),
         mover_loss=params.lossy_mover,
         checkpoints=params.checkpoints,
         restarts_on_pair_lost=3 if params.checkpoints else 0,
