@@ -8,6 +8,8 @@ from typing import Any, Tuple
 import numpy as np
 
 from exchange.rows import Rows
+from flux.data_messages import Batch
+from flux.effects import Send
 
 
 def rows(*pairs: Tuple[Tuple[int, ...], Any]) -> Rows:
@@ -25,3 +27,17 @@ def inputs(first: int, *records: Any) -> Rows:
 def pairs(items) -> list:
     """``(row SN, record)`` of every row of ``(connection SN, Rows)`` tuples, in order."""
     return [pair for _, sub in items for pair in sub.pairs()]
+
+
+def plain(x):
+    """``x`` with every ``Rows`` as its ``(row SN, record)`` pairs: Rows compare by
+    identity, so assertions compare what they hold."""
+    if isinstance(x, Rows):
+        return tuple(x.pairs())
+    if isinstance(x, Send):
+        return Send(x.src, x.dst, plain(x.msg))
+    if isinstance(x, Batch):
+        return Batch(plain(x.items), x.bound, x.cut)
+    if isinstance(x, (list, tuple)):
+        return type(x)(plain(y) for y in x)
+    return x

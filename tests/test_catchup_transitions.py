@@ -34,7 +34,7 @@ from flux.protocol.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, 
 from flux.sequence import NO_SN
 from statemover.messages import (CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendPart,
                                  SendState)
-from items import rows
+from items import plain, rows
 
 
 # -- views of the per-connection records, for assertions ---------------------------
@@ -96,20 +96,6 @@ def sub(k):
 def t(k):
     """``sub(k)`` as ``plain`` shows it."""
     return (((k, 1), f"t{k}"),)
-
-
-def plain(x):
-    """``x`` with every ``Rows`` as its ``(row SN, record)`` pairs: Rows compare by
-    identity, so assertions compare what they hold."""
-    if isinstance(x, Rows):
-        return tuple(x.pairs())
-    if isinstance(x, Send):
-        return Send(x.src, x.dst, plain(x.msg))
-    if isinstance(x, Batch):
-        return Batch(plain(x.items), x.bound, x.cut)
-    if isinstance(x, (list, tuple)):
-        return type(x)(plain(y) for y in x)
-    return x
 
 
 def producer_state(prod):

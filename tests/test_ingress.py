@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from exchange.partitioner import HashPartitioner
-from exchange.rows import Rows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import PRIM, SEC
 from flux.data_messages import Ack, Batch, Reverse
@@ -15,7 +14,7 @@ from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.protocol.ingress import INGRESS, Ingress
 from flux.protocol.producer import ACK, ACTIVE, DEAD, NONE, SEND
 from flux.sequence import NO_PROGRESS, covers
-from items import pairs
+from items import pairs, plain
 
 
 # -- views of the per-connection records, for assertions ---------------------------
@@ -30,20 +29,6 @@ def modes(prod):
 
 def statuses(m):
     return [[x.status for x in row] for row in _rows(m)]
-
-
-def plain(x):
-    """``x`` with every ``Rows`` as its ``(row SN, record)`` pairs: Rows compare by
-    identity, so assertions compare what they hold."""
-    if isinstance(x, Rows):
-        return tuple(x.pairs())
-    if isinstance(x, Send):
-        return Send(x.src, x.dst, plain(x.msg))
-    if isinstance(x, Batch):
-        return Batch(plain(x.items), x.bound, x.cut)
-    if isinstance(x, (list, tuple)):
-        return type(x)(plain(y) for y in x)
-    return x
 
 
 def entries(ing, i):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from exchange.rows import Rows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import PRIM
 from flux.control_messages import TakeoverDone
@@ -18,7 +17,7 @@ from flux.protocol.ingress import INGRESS
 from flux.operator import Map, OperatorChain
 from flux.protocol.segment import Segment
 from flux.sequence import covers
-from items import inputs, rows
+from items import inputs, plain, rows
 
 
 class Chain:
@@ -39,20 +38,6 @@ class Chain:
 
     def process_many(self, records):
         return [self.process(r) for r in records]
-
-
-def plain(x):
-    """``x`` with every ``Rows`` as its ``(row SN, record)`` pairs: Rows compare by
-    identity, so assertions compare what they hold."""
-    if isinstance(x, Rows):
-        return tuple(x.pairs())
-    if isinstance(x, Send):
-        return Send(x.src, x.dst, plain(x.msg))
-    if isinstance(x, Batch):
-        return Batch(plain(x.items), x.bound, x.cut)
-    if isinstance(x, (list, tuple)):
-        return type(x)(plain(y) for y in x)
-    return x
 
 
 def entries(seg, i):
