@@ -74,7 +74,7 @@ def test_delivers_in_global_sn_order_across_partitions():
 def test_delivers_an_item_only_whole_its_rows_merged_by_row_sn():
     """Two stages: input 3's outputs at stage 1 went to both stage-2 partitions, so the
     rows of item 4 (inputs 3 and 4) reach the egress from both, interleaved."""
-    eg = Egress(2, 2)
+    eg = Egress(2, 2, batch_rows=2)
     M0P, M0S, M1P, M1S = Addr(2, 0, P), Addr(2, 0, S), Addr(2, 1, P), Addr(2, 1, S)
     item4_0 = ((4, 0), ((3, 1, 1), "a"), ((4, 1, 1), "c"))
     item4_1 = ((4, 1), ((3, 2, 1), "b"), ((4, 2, 1), "d"))
@@ -82,10 +82,11 @@ def test_delivers_an_item_only_whole_its_rows_merged_by_row_sn():
     # partition 1's bound (3,), then one inside item 4: its part may still come
     assert eg.on_message(M1P, b(bound=(3,))) == []
     assert eg.on_message(M1P, b(bound=(4, 0))) == []
-    assert eg.delivered == 0 and eg.settled() == 3
+    # items up to 3 are out, but input 3 is in item 4: only what lies a whole item back
+    assert eg.delivered == 0 and eg.settled() == 1
     # its part, with no bound covering item 4: it might still send more of it
     assert eg.on_message(M1P, b(item4_1, bound=(4, 0))) == [Send(eg.addr, M1S, Ack((4, 1)))]
-    assert eg.delivered == 0 and eg.settled() == 3
+    assert eg.delivered == 0 and eg.settled() == 1
     # a later item from partition 1 proves item 4 whole: its rows leave merged
     assert eg.on_message(M1P, b(((6, 1), ((6, 1, 1), "f")), bound=(5,))) == [
         Send(eg.addr, M1S, Ack((6, 1))),
@@ -96,7 +97,8 @@ def test_delivers_an_item_only_whole_its_rows_merged_by_row_sn():
     assert eg.delivered == 4 and eg.settled() == 4
     # item 6 is held until both partitions cover it, the one that sent it too
     assert eg.on_message(M0P, b(bound=(6,))) == []
-    assert eg.delivered == 4 and eg.settled() == 5  # item 5 had no part anywhere
+    # items up to 5 are out, but item 6 may hold input 5: the last item released says more
+    assert eg.delivered == 4 and eg.settled() == 4
     assert eg.on_message(M1P, b(bound=(6,))) == [Deliver((((6, 1, 1), "f"),)),
                                                   Send(eg.addr, M1P, Credit((6, 1)))]
     assert eg.delivered == 5 and eg.settled() == 6 and eg.idle()
@@ -216,7 +218,7 @@ def test_settled_names_the_inputs_whose_outputs_were_all_delivered():
     """What lets the driver forget their arrival times (issue 12): an item is numbered by
     its last input and delivered whole, so every input of an item the frontier covers
     whole (``item_bound``) had all its outputs delivered."""
-    eg = Egress(1, 2)
+    eg = Egress(1, 2, batch_rows=3)
     assert eg.settled() == 0
     # item 3: inputs 1..3
     eg.on_message(L0P, b(((3, 0), ((1, 1), "a"), ((3, 1), "c")), bound=(3,)))
@@ -230,9 +232,13 @@ def test_settled_names_the_inputs_whose_outputs_were_all_delivered():
     assert eg.settled() == 7  # item 7 delivered, nothing queued, both bounds past 7
     eg.on_message(L1P, b(((9, 1), ((9, 1), "e")), bound=(8,)))
     # item 9 is queued and partition 1 may send more of it: the frontier (9, 0) covers
-    # item 8 (no part of it anywhere) but only part of item 9
+    # items up to 8, but item 9 holds inputs 8 and 9 (items of at most 3 inputs: from 7
+    # on, the frontier alone proves only inputs up to 8 - 3)
     assert eg.fcons.frontier() == (9, 0) and eg.delivered == 4
-    assert eg.settled() == 8 and eg.finished(8) and not eg.finished(9)
+    assert eg.settled() == 7 and not eg.finished(9)
     eg.on_message(L1P, b(bound=(12,)))
-    assert eg.delivered == 5
-    assert eg.settled() == 10  # partition 0's bound (10,)
+    assert eg.delivered == 5 and eg.finished(9)
+    assert eg.settled() == 9  # item 9 released; the bound (10,) proves inputs up to 7
+    eg.on_message(L1P, b(bound=(15,)))
+    eg.on_message(L0P, b(bound=(16,)))
+    assert eg.settled() == 12  # no item since 9: the frontier (15,) proves up to 15 - 3

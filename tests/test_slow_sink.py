@@ -14,7 +14,8 @@ from flux.testing.workloads import PacketWorkload
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-WINDOW, CAPACITY, NODES = 64, 128, 4
+#: sub-items of items of at most BATCH_ROWS inputs: about what 64 and 128 tuples were
+WINDOW, CAPACITY, BATCH_ROWS, NODES = 8, 16, 8, 4
 
 
 #: executors of this module's Spark session (the ``spark`` fixture, conftest)
@@ -31,7 +32,8 @@ def test_a_slow_sink_slows_the_source_and_queues_stay_bounded(spark):
                         backlog=500)
     sink = CheckingSink(dataflow, NODES, feed, sink_rate)
     job = FluxJob(spark, dataflow, feed, nodes=NODES, standbys=0, sink=sink, window=WINDOW,
-                  capacity=CAPACITY, batch_size=32, metrics_port=0, metrics_addr="127.0.0.1")
+                  capacity=CAPACITY, batch_size=4, batch_rows=BATCH_ROWS, metrics_port=0,
+                  metrics_addr="127.0.0.1")
     most: dict = {}
     progress = []  # (records the feed offered, inputs the ingress took)
     with job:

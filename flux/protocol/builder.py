@@ -108,7 +108,7 @@ class MachineBuilder:
 
     def egress(self) -> Egress:
         return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),
-                      credit_every=self.credit_every)
+                      credit_every=self.credit_every, batch_rows=self.batch_rows)
 
     @property
     def egress_addr(self) -> Any:

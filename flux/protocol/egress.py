@@ -31,25 +31,33 @@ class Egress:
     """Ordered output of a dataflow with ``stages`` stages of ``partitions`` partitions."""
 
     def __init__(self, stages: int, partitions: int, absent: Iterable[Addr] = (),
-                 credit_every: int = 1):
+                 credit_every: int = 1, batch_rows: int = 1024):
         """``absent``: last-stage replicas that never exist (replication "none", DESIGN 7);
-        the egress acks nobody where they would be. ``credit_every``: see FluxConsumer."""
+        the egress acks nobody where they would be. ``credit_every``: see FluxConsumer.
+        ``batch_rows``: the most inputs an item holds (the ingress's)."""
         self.addr = egress_addr(stages)
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in range(partitions)]
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every)
         self.delivered = 0
+        self.batch_rows = batch_rows
+        self.released = 0  # the number of the last item released (its last input)
         self.cuts = Cuts()  # checkpoints whose cut the output has not passed yet
 
     def finished(self, accepted: int) -> bool:
-        """Every output of the first ``accepted`` inputs was delivered (DESIGN 4.3)."""
-        return self.settled() >= accepted
+        """Every output of the first ``accepted`` inputs was delivered: every item is
+        numbered by its last input, so none of them is above ``accepted``, and the merge's
+        frontier covers them all (DESIGN 4.3, 11)."""
+        return accepted == 0 or self.fcons.frontier() + (INF,) >= (accepted, INF)
 
     def settled(self) -> int:
-        """The largest n such that every output of inputs 1..n was delivered: an item is
-        numbered by its last input and leaves whole, so every item the merge's frontier
-        covers whole is out (DESIGN 4.3, 11)."""
+        """A largest n known such that every output of inputs 1..n was delivered: the
+        last item released (numbered by its last input); or, from the frontier, every item
+        up to a bound b is out, and an item holds at most ``batch_rows`` inputs, so the
+        last of them is numbered above b - batch_rows (DESIGN 4.3, 11). A bound is no
+        input count itself: b may lie inside an item that is still to come."""
         bound = item_bound(self.fcons.frontier())
-        return max(bound[0], 0) if bound and bound[0] != INF else 0
+        covered = bound[0] - self.batch_rows if bound and bound[0] != INF else 0
+        return max(self.released, covered, 0)
 
     def stats(self) -> SegmentStats:
         """Counters for monitoring, as a segment's: outputs delivered and the
@@ -70,7 +78,9 @@ class Egress:
             raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
         out = []
         while self.fcons.can_release():
-            out.extend(self.fcons.release()[1].pairs())
+            item, rows = self.fcons.release()
+            self.released = item[0]
+            out.extend(rows.pairs())
         if out:
             self.delivered += len(out)
             effects.append(Deliver(tuple(out)))
