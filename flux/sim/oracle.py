@@ -5,14 +5,18 @@
 - at quiescence no buffer or merge queue still holds a tuple (buffers stay
   bounded: nothing is kept forever waiting for an ack that never comes);
 - every live replica's operator state equals the failure-free state of its
-  partition, so the two replicas of a pair are equal.
+  partition, so the two replicas of a pair are equal;
+- the egress never claims more than it delivered: ``settled()`` and ``finished(n)``
+  stay below the first failure-free output it has not delivered yet.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from collections import deque
+from typing import Any, Deque, List, Optional, Sequence
 
 from flux.addresses import S, Addr
 from flux.operator import wire_form
+from flux.reference import ReferenceRun
 
 
 class Violation(Exception):
@@ -38,6 +42,100 @@ class PrefixOracle:
             if got != ref[pos]:
                 raise Violation(f"output #{pos} is {got!r}, reference has {ref[pos]!r}")
         self.checked = len(delivered)
+
+
+class SettledOracle:
+    """The egress's claims on what it delivered, against the failure-free run.
+
+    ``settled()`` = n says every output of inputs 1..n was delivered (the driver then
+    forgets their arrival times, flux/runtime/metrics.py); ``finished(n)`` says the same
+    once no item numbered above n can hold an input up to n (the driver asks it of every
+    input read when the source is exhausted, and ends the job): n is the last input of an
+    item cut, or of the last item to come. Neither may claim the input of the first
+    failure-free output the egress has not delivered yet (DESIGN 4.3, 11).
+
+    Judged within an incarnation of the job: a restarted egress is new and numbers the
+    inputs after the restored cut (whose outputs were delivered and committed before), in
+    the world's current order of the inputs (a restart may read the unlogged ones in
+    another). The outputs the egress delivers are followed one by one, so a check costs
+    O(1) amortized and a run O(outputs): the failure-free outputs are computed once per
+    order of the inputs, and each delivered output is matched against the next one.
+    Should the egress deliver one that is not the next (a duplicate, a lost tuple), the
+    prefix oracle judges the output; its claims are not judged again in that incarnation.
+    """
+
+    def __init__(self, dataflow, partitions: int):
+        self.dataflow = dataflow
+        self.partitions = partitions
+        self.inputs: Optional[list] = None  # the order the outputs below are of
+        self.outputs: list = []  # the failure-free (sn, record) outputs, in SN order
+        self.upto = [0]  # [n]: how many of them the first n inputs make
+        self.cut = 0  # the cut this incarnation resumed after
+        self.next = 0  # the position of the next failure-free output to be delivered
+        self.diverged = False
+        #: the numbers (last inputs) of items cut, as seen at checks, not below the input
+        #: of the next output still to come: finished(n) of any of them must be false
+        self.items: Deque[int] = deque()
+
+    def begin(self, inputs: Sequence[Any], cut: int) -> None:
+        """A new egress, numbering the inputs after ``cut``."""
+        if self.inputs != inputs:
+            run = ReferenceRun(self.dataflow, self.partitions)
+            outputs: list = []
+            upto = [0]
+            for record in inputs:
+                outputs += run.feed(record)
+                upto.append(len(outputs))
+            self.inputs, self.outputs, self.upto = list(inputs), outputs, upto
+        self.cut = cut
+        self.next = self.upto[cut]
+        self.diverged = False
+        self.items.clear()
+
+    def delivered(self, items: Sequence[Any]) -> None:
+        """The egress delivered ``items``, (sn, record) each, in order."""
+        if self.diverged:
+            return
+        pos, outputs = self.next, self.outputs
+        for item in items:
+            sn = item[0]
+            if pos >= len(outputs) or (sn != outputs[pos][0] and tuple(sn) != outputs[pos][0]):
+                self.diverged = True
+                return
+            pos += 1
+        self.next = pos
+
+    def check(self, egress, ingress, source_done: bool) -> None:
+        """Raise a Violation if ``egress`` claims an output it has not delivered.
+        ``ingress``: the last item it cut bounds ``finished``'s claims; ``source_done``:
+        it accepted every input, so the item still pending is the last."""
+        pos = self.next
+        if self.diverged or pos >= len(self.outputs):
+            return
+        missing = self.outputs[pos]
+        first = missing[0][0]  # the input of the first output still to come
+        settled = egress.settled()
+        if settled >= first:
+            raise Violation(self._claim(f"settled() is {settled}", missing, first))
+        items, last = self.items, ingress.last_item
+        if last >= first and (not items or last > items[-1]):
+            items.append(last)
+        while items and items[0] < first:
+            items.popleft()
+        # items cut whole at or past the input of the first output still to come (the
+        # first seen, the last cut): finished(n) of each claims that output, so is false
+        asked = [items[0], items[-1]] if items else []
+        if source_done and ingress.accepted > last and ingress.accepted >= first:
+            asked.append(ingress.accepted)  # the last item, still to be cut
+        for n in asked:
+            if egress.finished(n):
+                raise Violation(self._claim(f"finished({n}) is true", missing, first))
+
+    def _claim(self, what: str, missing, first: int) -> str:
+        done = self.next - self.upto[self.cut]
+        return (f"the egress's {what}, but the output {wire_form(missing)!r} of input {first} "
+                f"was not delivered (the egress resumed after input {self.cut} and "
+                f"delivered {done} outputs since)")
 
 
 def writer_lost(world, k: int) -> bool:
@@ -73,6 +171,11 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
     if unfinished:
         problems.append(f"checkpoints {unfinished} never completed: " + "; ".join(
             f"{k} waits for {', '.join(world.coordinator.missing(k))}" for k in unfinished))
+    try:
+        world.settled_oracle.check(world.egress, world.ingress,
+                                   world.next_input >= len(world.inputs))
+    except Violation as exc:
+        problems.append(str(exc))
     rec = world.recovery
     if rec.missing and (rec.free or rec.attempts):
         problems.append(f"catch-up stalled: {sorted(map(str, rec.missing))} still missing "

@@ -62,6 +62,7 @@ from flux.sim.config import (
 )
 from flux.sim.detection import Detection
 from flux.sim.faults import REMOVED_SHARE, Faults
+from flux.sim.oracle import SettledOracle
 from flux.sim.restarts import Restarts
 from flux.sim.steps import Steps
 from flux.sim.store import CheckpointStore, StoredFile, checksum
@@ -114,6 +115,8 @@ class World:
         self.judge_commit = lambda *a: None
         #: the sink: ``outcome.delivered`` is what it holds; this much of it is committed
         self.sink_committed = 0
+        #: the oracle of what the egress claims it delivered (``settled``, ``finished``)
+        self.settled_oracle = SettledOracle(dataflow, partitions)
         self.store = CheckpointStore(self)
         self.restarts = Restarts(self)
         self.faults = Faults(self, corrupt_rng or random.Random(0))
@@ -145,6 +148,7 @@ class World:
             self.ingress.resume_after(restored[1])  # numbered from cut + 1
             self.next_input = restored[1]
         self.egress = builder.egress()
+        self.settled_oracle.begin(self.inputs, 0 if restored is None else restored[1])
         for name, machine in ((INGRESS_HOST, self.ingress), (EGRESS_HOST, self.egress)):
             self._add_host(config.host_class(name, {machine.addr: machine},
                                              topology.incarnations[name], peer_incs=peer_incs))
@@ -194,6 +198,7 @@ class World:
         outcome = self.outcome
         for e in others:
             if isinstance(e, Deliver):  # into the sink, which drops what it committed
+                self.settled_oracle.delivered(e.items)
                 held, done = outcome.delivered, self.sink_committed
                 floor = held[done - 1][0] if done else None
                 held.extend(item for item in e.items if floor is None or item[0] > floor)
@@ -229,6 +234,9 @@ class World:
                 pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")
+        if host is not None and host.name == EGRESS_HOST:  # a step of the egress
+            self.settled_oracle.check(self.egress, self.ingress,
+                                      self.next_input >= len(self.inputs))
 
     def broadcast(self, views: List[View]) -> None:
         """The controller's views, to every live process not declared dead."""
