@@ -26,6 +26,7 @@ Three operations keep that true through a dataflow:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -70,7 +71,8 @@ class Rows:
 
     def pairs(self) -> List[Tuple[SN, Any]]:
         """``(sn, record)`` per row, in order: what the egress delivers to a sink."""
-        return list(zip(map(tuple, self.sns.tolist()), self.records))
+        # zip over the columns makes the SN tuples in C (twice as fast as tuple() per row)
+        return list(zip(zip(*[column.tolist() for column in self.sns.T]), self.records))
 
     def __iter__(self) -> Iterator[Tuple[SN, Any]]:
         return iter(self.pairs())
@@ -103,7 +105,7 @@ class Rows:
         if len(produced) != len(self):
             raise ValueError(f"{len(self)} rows need {len(self)} output lists, "
                              f"got {len(produced)}")
-        counts = np.fromiter((len(p) for p in produced), dtype=np.int64, count=len(produced))
+        counts = np.array(list(map(len, produced)), dtype=np.int64)
         total = int(counts.sum())
         if not total:
             return Rows.empty(self.sns.shape[1] + 1)
@@ -112,7 +114,7 @@ class Rows:
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         ks = (np.arange(total, dtype=np.int64) - starts + 1).reshape(-1, 1)
         sns = np.hstack([self.sns[parents], ks])
-        return Rows(sns, [out for outs in produced for out in outs])
+        return Rows(sns, list(chain.from_iterable(produced)))
 
     def to_state(self) -> list:
         """Msgpack-safe: the SN matrix's shape and bytes, and the records."""

@@ -243,6 +243,23 @@ def _apply_batch(op: Any, records: list) -> list:
     return pairs
 
 
+def _apply_each(op: Any, records: list) -> list:
+    """``op``'s outputs per record, as lists; the index of a record it raised on goes
+    with the error (``OperatorRaised.row``)."""
+    out: list = []
+    append, process = out.append, op.process
+    try:
+        for record in records:
+            append(list(process(record)))
+    except DataflowError:
+        raise  # the library's own checks (e.g. a state round trip), not user code
+    except Exception as exc:
+        raised = OperatorRaised(op, exc)
+        raised.row = len(out)
+        raise raised from exc
+    return out
+
+
 def _apply(op: Any, record: Any) -> list:
     """``op``'s outputs for ``record``; what user code raises comes out as ``OperatorRaised``."""
     try:
@@ -279,8 +296,11 @@ class OperatorChain:
         turn). Each operator takes the whole batch, through its ``process_batch`` when it
         has one: every operator still sees the same inputs in the same order, so the
         outputs are the same as record by record."""
+        ops = self.operators
+        if len(ops) == 1 and not self._batched:  # the common case: one process(record)
+            return _apply_each(ops[0], records)
         pairs = [(i, record) for i, record in enumerate(records)]
-        for op in self.operators:
+        for op in ops:
             try:
                 done = _apply_batch(op, [record for _, record in pairs])
             except OperatorRaised as raised:

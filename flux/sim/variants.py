@@ -47,8 +47,8 @@ class BufferInstalledWithoutReversal(Buffer):
     """Installs the active's buffer as it is, not reversed (5.3 broken)."""
 
     @classmethod
-    def from_state(cls, state, capacity, reverse=False):
-        return super().from_state(state, capacity, reverse=False)
+    def from_state(cls, state, capacity, reverse=False, decode=lambda payload: payload):
+        return super().from_state(state, capacity, False, decode)
 
 
 class SegmentWithoutDrain(Segment):
