@@ -47,7 +47,7 @@ the rows before it.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, NamedTuple, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -423,6 +423,19 @@ class _Slots:
                        {name: col[live] for name, col in self.cols.items()})
 
 
+def _keyed_pairs(state: Optional[list]) -> Tuple[list, Optional[tuple]]:
+    """A per-record operator's snapshot as its ``(key, value)`` pairs (keys as tuples) and
+    the expiry's watermark entry, which is kept apart."""
+    pairs, watermark = [], None
+    for key, value in state or ():
+        key = tuplify(key)
+        if key == WATERMARK_KEY:
+            watermark = tuple(value)
+        else:
+            pairs.append((key, value))
+    return pairs, watermark
+
+
 def _snapshot(keys: list, values: list, watermark: Optional[tuple]) -> list:
     """``KeyedState.snapshot()`` of the per-record twin: ``[key, value]`` in key order."""
     data = dict(zip(keys, values))
@@ -624,12 +637,9 @@ class VectorizedSessions:
         return _snapshot(table.keys(live), list(values), self.watermark)
 
     def install_state(self, state: Optional[list]) -> None:
-        keys, apps, ts, self.watermark = [], [], [], None
-        for key, value in state or ():
-            key = tuplify(key)
-            if key == WATERMARK_KEY:
-                self.watermark = tuple(value)
-                continue
+        keys, apps, ts = [], [], []
+        pairs, self.watermark = _keyed_pairs(state)
+        for key, value in pairs:
             keys.append(key)
             apps.append(value[0])
             ts.append(value[1])
@@ -866,12 +876,8 @@ class VectorizedStats:
 
     def install_state(self, state: Optional[list]) -> None:
         keys, newest, updates, counts, t, d = [], [], [], [], [], []
-        self.watermark = None
-        for key, value in state or ():
-            key = tuplify(key)
-            if key == WATERMARK_KEY:
-                self.watermark = tuple(value)
-                continue
+        pairs, self.watermark = _keyed_pairs(state)
+        for key, value in pairs:
             keys.append(key)
             newest.append(value[0])
             updates.append(value[1])
