@@ -9,7 +9,7 @@ that compare equal but encode differently (``1`` and ``1.0``) do not.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import msgpack
 
@@ -61,3 +61,15 @@ class HashPartitioner:
 
     def __repr__(self) -> str:
         return f"HashPartitioner({self.partitions})"
+
+
+def first_refused(route: Callable[[Any], int], records: Sequence[Any]) -> int:
+    """The index of the first record ``route`` raises on: a run is routed in one call,
+    and when it raises, asking again record by record (routing is a pure function) names
+    the record, for the error."""
+    for i, record in enumerate(records):
+        try:
+            route(record)
+        except Exception:
+            return i
+    raise ValueError("routing raised on the run, and on none of its records alone")

@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Set
 
 import numpy as np
 
+from exchange.partitioner import first_refused
 from exchange.rows import Rows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
@@ -129,14 +130,32 @@ class Ingress:
 
     def accept_many(self, records: Sequence[Any]) -> int:
         """``accept`` for each of ``records`` in order until one meets back-pressure;
-        returns how many were accepted."""
-        n = 0
-        accept = self.accept
-        for record in records:
-            if accept(record) is None:
-                break
-            n += 1
+        returns how many were accepted (routed a run at a time, up to a full item)."""
+        n, total = 0, len(records)
+        while n < total:
+            room = self.batch_rows - len(self.pending)
+            if room <= 0:  # a full item: it leaves, or back-pressure stops the run
+                if not self.cut_item():
+                    break
+                continue
+            run = records[n:n + room]
+            try:  # the user's key only: a fault of the buffers is not theirs
+                routes = list(map(self.route, run))
+            except Exception as exc:  # which input: routing is pure, ask again
+                bad = first_refused(self.route, run)
+                self._take(run[:bad], [self.route(r) for r in run[:bad]])
+                raise self._key_error(self.accepted + 1, exc) from exc
+            self._take(run, routes)
+            n += len(run)
         return n
+
+    def _take(self, records: Sequence[Any], routes: List[int]) -> None:
+        """Accepted inputs, in order, into the pending item; a full one leaves when it can."""
+        self.accepted += len(records)
+        self.pending.extend(records)
+        self.pending_routes.extend(routes)
+        if len(self.pending) >= self.batch_rows:
+            self.cut_item()
 
     def cut_item(self) -> int:
         """Make the pending inputs an item and buffer its sub-items (DESIGN 11); returns

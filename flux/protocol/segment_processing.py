@@ -12,6 +12,7 @@ from typing import List
 
 import numpy as np
 
+from exchange.partitioner import first_refused
 from exchange.rows import Rows
 from flux.errors import LocalProtocolError, OperatorError
 from flux.operator import OperatorRaised, describe
@@ -74,12 +75,11 @@ class ProcessingSide:
         if count == 1:  # the last stage: everything to the egress
             put(0, sn, out)
             return
-        route, routes = self.route, np.empty(len(out), dtype=np.int64)
-        r = 0
+        route = self.route
         try:
-            for r, record in enumerate(out.records):
-                routes[r] = route(record)
-        except Exception as exc:
+            routes = np.array(list(map(route, out.records)), dtype=np.int64)
+        except Exception as exc:  # which record: routing is a pure function, ask again
+            r = first_refused(route, out.records)
             raise OperatorError("the partition key of the next stage", self.addr.stage,
                                 self.addr.partition, out.row_sn(r), describe(exc)) from exc
         for i, sub in enumerate(out.split(routes, count)):
