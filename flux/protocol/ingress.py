@@ -1,8 +1,8 @@
 """The ingress: the base-case producer (paper 3.1.2, Figure 4 action 3).
 
 It numbers inputs 1, 2, 3, ... and cuts them into items (DESIGN 11): at most
-``batch_rows`` inputs, or fewer when the runtime says the pending ones waited
-long enough (``cut_item``). Item x is numbered by its last input; its rows are
+``batch_rows`` inputs, or fewer when the driver lets the pending ones go
+(``cut_item``: the runtime does when its source has nothing more at hand). Item x is numbered by its last input; its rows are
 routed to the stage-1 partitions, one sub-item per partition that gets rows,
 with the connection SN ``(x, 0)``, sent to *both* replicas of that partition;
 each replica acks it back. A sub-item leaves the buffer once both replicas
@@ -121,11 +121,7 @@ class Ingress:
             i = self.route(record)
         except Exception as exc:
             raise self._key_error(self.accepted + 1, exc) from exc
-        self.accepted += 1
-        self.pending.append(record)
-        self.pending_routes.append(i)
-        if len(self.pending) >= self.batch_rows:
-            self.cut_item()
+        self._take((record,), (i,))
         return (self.accepted,)  # input_sn(accepted), >= 1 by construction
 
     def accept_many(self, records: Sequence[Any]) -> int:
@@ -149,7 +145,7 @@ class Ingress:
             n += len(run)
         return n
 
-    def _take(self, records: Sequence[Any], routes: List[int]) -> None:
+    def _take(self, records: Sequence[Any], routes: Sequence[int]) -> None:
         """Accepted inputs, in order, into the pending item; a full one leaves when it can."""
         self.accepted += len(records)
         self.pending.extend(records)
