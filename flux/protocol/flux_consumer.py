@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from exchange.merge import OrderedMerge
-from exchange.rows import Rows
-from exchange.rows import merge as merge_rows
+from exchange.rows import Rows, merge as merge_rows
 from flux.addresses import Addr, other
 from flux.data_messages import Ack, Batch, Credit
 from flux.effects import Send
