@@ -194,9 +194,9 @@ def test_a_busy_loop_reports_every_bounded_turn():
                     on_turn=lambda: turns.append(now[0]), max_turn=0.02)
     for _ in range(10):
         loop.turn(5)
-    # a turn ends after the step that passed 20 ms (steps of PROCESS_PER_STEP = 8 items of
-    # 1 ms: three steps, 24 ms)
-    assert work.processed == 10 * 24
+    # a turn ends with the step that reaches 20 ms (steps of PROCESS_PER_STEP = 1 item of
+    # 1 ms: twenty of them)
+    assert work.processed == 10 * 20
     assert len(turns) == 10 and max(b - a for a, b in zip(turns, turns[1:])) < 0.03
     assert loop._busy()  # the next turn would not wait: there is more to do
 

@@ -18,8 +18,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from flux.protocol.host import Host
 from flux.protocol.machine import Flushes
 
-#: items one segment processes before the loop looks at its other work
-PROCESS_PER_STEP = 8
+#: items one segment processes before the loop looks at its other work: one (up to
+#: ``batch_rows`` inputs), so acks, credits and flushes wait for no more than one item
+PROCESS_PER_STEP = 1
 
 
 class LocalSteps:
