@@ -20,8 +20,9 @@ Three operations keep that true through a dataflow:
 - ``outputs``: an operator chain's outputs per row become the rows of the
   output item, with one SN column more.
 
-``records`` is a list of Python objects here; a columnar item keeps the same
-``sns`` beside a ``pyarrow.RecordBatch``.
+``Rows`` holds a list of Python objects; ``exchange.columns.ArrowRows`` keeps the
+same ``sns`` beside a ``pyarrow.RecordBatch`` (a columnar stage's item). Both are
+``NumberedRows``: what the protocol does with an item needs only the SNs.
 """
 from __future__ import annotations
 
@@ -34,8 +35,65 @@ import numpy as np
 SN = Tuple[int, ...]
 
 
+class ColumnsError(ValueError):
+    """Records that do not fit a stage's columns, or bytes that are not an item's Arrow
+    batch; ``row``: the record's index in its item, where one record is at fault."""
+
+    def __init__(self, message: str, row: Optional[int] = None):
+        super().__init__(message)
+        self.row = row
+
+
+class NumberedRows:
+    """What every form of an item's rows has: the SN matrix ``sns`` (int64, one row per
+    record) and the operations of the module's docstring."""
+
+    sns: np.ndarray
+    #: the rows as a ``pyarrow.RecordBatch`` (a columnar item's), or None
+    batch: Any = None
+
+    def __len__(self) -> int:
+        return self.sns.shape[0]
+
+    def row_sn(self, r: int) -> SN:
+        return tuple(self.sns[r].tolist())
+
+    def first_sn(self) -> SN:
+        return self.row_sn(0)
+
+    def last_sn(self) -> SN:
+        return self.row_sn(len(self) - 1)
+
+    def sn_tuples(self) -> Iterator[SN]:
+        # zip over the columns makes the SN tuples in C (twice as fast as tuple() per row)
+        return zip(*[column.tolist() for column in self.sns.T])
+
+    def to_state(self) -> list:
+        raise NotImplementedError
+
+    def as_records(self) -> "Rows":
+        """The rows as Python records (what a per-record operator takes)."""
+        raise NotImplementedError
+
+
+def output_sns(sns: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """The SNs of outputs made by the rows ``parents`` (non-decreasing indices into
+    ``sns``): the k-th output of a row (k from 1) gets ``row SN + (k,)``."""
+    total = len(parents)
+    if not total:
+        return np.empty((0, sns.shape[1] + 1), dtype=np.int64)
+    # k restarts at 1 for every row: position minus the position of the row's first output
+    new_row = np.empty(total, dtype=bool)
+    new_row[0] = True
+    np.not_equal(parents[1:], parents[:-1], out=new_row[1:])
+    firsts = np.flatnonzero(new_row)
+    starts = np.repeat(firsts, np.diff(np.append(firsts, total)))
+    ks = (np.arange(total, dtype=np.int64) - starts + 1).reshape(-1, 1)
+    return np.hstack([sns[parents], ks])
+
+
 @dataclass(frozen=True, eq=False)  # == on the SN matrix would be an array, not a bool
-class Rows:
+class Rows(NumberedRows):
     """Rows of one item: per row its SN (a row of ``sns``) and its record."""
 
     sns: np.ndarray  # int64, shape (len(records), SN length)
@@ -46,8 +104,8 @@ class Rows:
             raise ValueError(f"{len(self.records)} records need an SN matrix of "
                              f"{len(self.records)} rows, got shape {self.sns.shape}")
 
-    def __len__(self) -> int:
-        return len(self.records)
+    def as_records(self) -> "Rows":
+        return self
 
     @classmethod
     def of_inputs(cls, first: int, records: Sequence[Any]) -> "Rows":
@@ -60,19 +118,9 @@ class Rows:
     def empty(cls, width: int) -> "Rows":
         return cls(np.empty((0, width), dtype=np.int64), [])
 
-    def row_sn(self, r: int) -> SN:
-        return tuple(self.sns[r].tolist())
-
-    def first_sn(self) -> SN:
-        return self.row_sn(0)
-
-    def last_sn(self) -> SN:
-        return self.row_sn(len(self) - 1)
-
     def pairs(self) -> List[Tuple[SN, Any]]:
         """``(sn, record)`` per row, in order: what the egress delivers to a sink."""
-        # zip over the columns makes the SN tuples in C (twice as fast as tuple() per row)
-        return list(zip(zip(*[column.tolist() for column in self.sns.T]), self.records))
+        return list(zip(self.sn_tuples(), self.records))
 
     def __iter__(self) -> Iterator[Tuple[SN, Any]]:
         return iter(self.pairs())
@@ -105,16 +153,9 @@ class Rows:
         if len(produced) != len(self):
             raise ValueError(f"{len(self)} rows need {len(self)} output lists, "
                              f"got {len(produced)}")
-        counts = np.array(list(map(len, produced)), dtype=np.int64)
-        total = int(counts.sum())
-        if not total:
-            return Rows.empty(self.sns.shape[1] + 1)
+        counts = np.fromiter(map(len, produced), dtype=np.int64, count=len(produced))
         parents = np.repeat(np.arange(len(self)), counts)
-        # k restarts at 1 for every row: position in the output minus the row's first position
-        starts = np.repeat(np.cumsum(counts) - counts, counts)
-        ks = (np.arange(total, dtype=np.int64) - starts + 1).reshape(-1, 1)
-        sns = np.hstack([self.sns[parents], ks])
-        return Rows(sns, list(chain.from_iterable(produced)))
+        return Rows(output_sns(self.sns, parents), list(chain.from_iterable(produced)))
 
     def to_state(self) -> list:
         """Msgpack-safe: the SN matrix's shape and bytes, and the records."""
@@ -128,22 +169,44 @@ class Rows:
         return cls(sns, list(records))
 
 
-def merge(parts: Sequence[Rows]) -> Rows:
+    @classmethod
+    def merge_parts(cls, parts: Sequence["Rows"], sns: np.ndarray, order: np.ndarray) -> "Rows":
+        records = [record for part in parts for record in part.records]
+        return Rows(sns[order], [records[i] for i in order.tolist()])
+
+
+def merge(parts: Sequence[NumberedRows]) -> NumberedRows:
     """One item from the sub-items of it that reached a consumer from its producers,
     rows in SN order (rows of one input record may come from several producers).
 
     Each part is in order already and no SN occurs twice (a record is routed to one
-    partition): a stable sort of the concatenation by the SN columns is the merge."""
+    partition): a stable sort of the concatenation by the SN columns is the merge.
+    The parts are of one form (one operator chain made them all)."""
     if not parts:
         raise ValueError("merge needs at least one part")
-    width = parts[0].sns.shape[1]
+    width, form = parts[0].sns.shape[1], type(parts[0])
     for part in parts:
         if part.sns.shape[1] != width:
             raise ValueError(f"parts of one item have SNs of one length: {width} and "
                              f"{part.sns.shape[1]}")
+        if type(part) is not form:
+            raise ValueError(f"parts of one item are of one form: {form.__name__} and "
+                             f"{type(part).__name__}")
     if len(parts) == 1:
         return parts[0]
     sns = np.vstack([part.sns for part in parts])
-    records = [record for part in parts for record in part.records]
-    order = np.lexsort(sns.T[::-1])
-    return Rows(sns[order], [records[i] for i in order.tolist()])
+    return form.merge_parts(parts, sns, np.lexsort(sns.T[::-1]))
+
+
+def rows_to_state(rows: NumberedRows) -> list:
+    """Msgpack-safe form of an item's rows, of either form (buffers' and merges' states)."""
+    return rows.to_state()
+
+
+def rows_from_state(state: Sequence[Any]) -> NumberedRows:
+    """The rows ``rows_to_state`` gave: Arrow IPC bytes in place of a record list are a
+    columnar item's (``exchange.columns``, imported only where one is met)."""
+    if len(state) == 4 and isinstance(state[3], (bytes, bytearray, memoryview)):
+        from exchange.columns import ArrowRows
+        return ArrowRows.from_state(state)
+    return Rows.from_state(state)

@@ -13,7 +13,9 @@ A batch's fields come in one of two forms, told apart by the first field:
   payload is one plain record;
 - rows form ``["rows", width, conn SN bytes, [[rows, sn_width, SN bytes, records],
   ...], bound, cut]``: each item's payload is an ``exchange.rows.Rows`` in its
-  ``to_state`` layout, its SN matrix decoded as a read-only view of the frame's bytes.
+  ``to_state`` layout, its SN matrix decoded as a read-only view of the frame's bytes;
+  Arrow IPC bytes in place of the records list are a columnar item
+  (``exchange.columns.ArrowRows``).
 
 Conn SN bytes are every item's connection SN, ``width`` little-endian int64s each.
 """
@@ -27,7 +29,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import msgpack
 import numpy as np
 
-from exchange.rows import Rows
+from exchange.rows import NumberedRows, Rows
 from flux.addresses import Addr, MoverAddr, ProcAddr
 from flux.control_messages import (
     Avail,
@@ -191,7 +193,7 @@ def _put_batch_items(items) -> list:
     if last[0] is items:
         return last[1]  # the same batch for a pair's other replica (Buffer.take)
     conn_sns, payloads = zip(*items)
-    if isinstance(payloads[0], Rows):
+    if isinstance(payloads[0], NumberedRows):
         fields = [ROWS_FORM, *_put_sns(conn_sns), _put_rows(payloads)]
     else:
         fields = [*_put_sns(conn_sns), list(payloads)]
@@ -218,7 +220,7 @@ _MIXED = "a batch's items are all Rows or all plain records, never a mix (no Row
 def _put_rows(payloads) -> list:
     """Every item's Rows as ``Rows.to_state``: the SN matrix as raw bytes, the records
     as one list. A rows-form batch holds nothing else."""
-    if not all(isinstance(p, Rows) for p in payloads):
+    if not all(isinstance(p, NumberedRows) for p in payloads):
         raise ValueError(_MIXED)
     return [p.to_state() for p in payloads]
 
@@ -227,7 +229,7 @@ def _no_rows(obj):
     """msgpack's hook for a value it cannot pack. A Rows there sat among a batch's plain
     records: msgpack finds it at no cost, where a scan would take ~27 us per 1024
     records of every batch."""
-    if isinstance(obj, Rows):
+    if isinstance(obj, NumberedRows):
         raise ValueError(_MIXED)
     raise TypeError(f"can not serialize {type(obj).__name__!r} object")
 
@@ -272,24 +274,37 @@ def _rows_shape(n, width) -> None:
         raise WireError(f"an item of {n} rows has SNs of length 0")
 
 
-def _rows(entry) -> Rows:
-    """One item's Rows from its ``Rows.to_state`` form, checked before anything is built;
+def _rows(entry) -> NumberedRows:
+    """One item's rows from their ``to_state`` form, checked before anything is built;
     the SN matrix is a read-only view of the frame's bytes, not a copy."""
     if not isinstance(entry, list) or len(entry) != 4:
         raise WireError(f"an item's rows are [rows, width, SN bytes, records], "
                         f"got {entry!r:.60}")
     n, width, raw, records = entry
     _rows_shape(n, width)
-    if not isinstance(raw, bytes) or not isinstance(records, list):
-        raise WireError("an item's rows must be SN bytes and a list of records")
-    if len(records) != n:
+    columnar = isinstance(records, bytes)
+    if not isinstance(raw, bytes) or not (columnar or isinstance(records, list)):
+        raise WireError("an item's rows must be SN bytes and a list of records "
+                        "or Arrow IPC bytes")
+    if not columnar and len(records) != n:
         raise WireError(f"an item of {n} rows has {len(records)} records")
     if len(raw) != 8 * n * width:
         raise WireError(f"an item of {n} rows has {len(raw)} bytes of SNs of length {width}")
     sns = np.frombuffer(raw, dtype="<i8").reshape(n, width)
     if _BIG_ENDIAN:
         sns = sns.astype(np.int64)
+    if columnar:
+        return _columns(sns, records)
     return Rows(sns, records)
+
+
+def _columns(sns: np.ndarray, ipc: bytes) -> NumberedRows:
+    """A columnar item: its batch from Arrow IPC, checked (pyarrow only where one comes)."""
+    from exchange.columns import ArrowRows, ColumnsError, from_ipc
+    try:
+        return ArrowRows(sns, from_ipc(ipc, sns.shape[0]))
+    except ColumnsError as exc:
+        raise WireError(str(exc)) from None
 
 
 def _segment_stats(v) -> tuple:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from flux.errors import DataflowError
-from flux.operator import OperatorChain, check_operator_api
+from exchange.routing import column_names
+from flux.operator import OperatorChain, check_operator_api, is_batch_operator
 
 
 def factory_name(factory: Any) -> str:
@@ -29,11 +30,18 @@ def factory_name(factory: Any) -> str:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage: its input partition key and the factories of its operator chain."""
+    """One stage: its input partition key and the factories of its operator chain.
+
+    ``key``: a function of a record, or the names of columns (a str or a tuple of str)
+    when the stage's input comes as Arrow columns. ``schema``: a ``pyarrow.Schema``, the
+    columns a stage of batch operators (``process_arrow``) takes when its input comes
+    as records (from the source or a stage of record operators); the records are
+    tuples (or lists) of values in the schema's order (DESIGN 11)."""
 
     name: str
-    key: Callable[[Any], Any]
+    key: Any
     operators: tuple[Callable[[], Any], ...] = ()
+    schema: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.operators, list):
@@ -52,11 +60,15 @@ class Dataflow:
         if not self.stages:
             raise DataflowError("a dataflow needs at least one stage")
         names = set()
+        columns_in = False  # does the stage's input come as Arrow columns?
         for stage in self.stages:
-            _check_stage(stage)
+            columnar = _check_stage(stage)
             if stage.name in names:
                 raise DataflowError(f"two stages are named {stage.name!r}")
             names.add(stage.name)
+            columns_in = stage.schema is not None or columns_in
+            _check_columns(stage, columnar, columns_in)
+            columns_in = columnar
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -65,18 +77,46 @@ class Dataflow:
         return f"Dataflow({[stage.name for stage in self.stages]})"
 
 
-def _check_stage(stage: Any) -> None:
+def _check_columns(stage: Stage, columnar: bool, columns_in: bool) -> None:
+    """A stage of batch operators, or keyed by columns, needs its input as columns: from
+    a stage of batch operators before it, or its own ``schema`` (DESIGN 11)."""
+    where = f"stage {stage.name!r}"
+    if stage.schema is not None:
+        import pyarrow as pa  # only where a dataflow has columns
+        if not isinstance(stage.schema, pa.Schema):
+            raise DataflowError(f"{where}: schema must be a pyarrow.Schema, "
+                                f"got {stage.schema!r:.80}")
+    if columnar and not columns_in:
+        raise DataflowError(f"{where}: its operators take Arrow batches (process_arrow), "
+                            f"and its input comes as records: give it schema=, the "
+                            f"columns of its input records")
+    columns = column_names(stage.key)
+    if columns is not None:
+        if not columns_in:
+            raise DataflowError(f"{where}: key {stage.key!r} names columns, and its input "
+                                f"comes as records: give it schema= (or key a function)")
+        if stage.schema is not None:
+            missing = [c for c in columns if c not in stage.schema.names]
+            if missing:
+                raise DataflowError(f"{where}: key columns {missing} are not in its schema "
+                                    f"{stage.schema.names}")
+
+
+def _check_stage(stage: Any) -> bool:
+    """The stage's own checks; is it a stage of batch operators?"""
     if not isinstance(stage, Stage):
         raise DataflowError(f"expected a Stage, got {stage!r}")
     if not isinstance(stage.name, str) or not stage.name:
         raise DataflowError(f"stage name must be a non-empty str, got {stage.name!r}")
-    if not callable(stage.key):
-        raise DataflowError(f"stage {stage.name!r}: key {stage.key!r} is not callable")
+    if not callable(stage.key) and column_names(stage.key) is None:
+        raise DataflowError(f"stage {stage.name!r}: key {stage.key!r} is neither callable "
+                            f"nor column names")
     if not isinstance(stage.operators, tuple):
         raise DataflowError(
             f"stage {stage.name!r}: operators must be a tuple of factories, "
             f"got {stage.operators!r}"
         )
+    kinds = set()
     for i, factory in enumerate(stage.operators):
         where = f"stage {stage.name!r} operator {i} ({factory_name(factory)})"
         if not callable(factory):
@@ -89,3 +129,9 @@ def _check_stage(stage: Any) -> None:
         if first is second:
             # Replicas of a pair must never share state (DESIGN 1).
             raise DataflowError(f"{where}: factory returns the same object twice")
+        kinds.add(is_batch_operator(first))
+    if len(kinds) > 1:
+        raise DataflowError(f"stage {stage.name!r} mixes operators on Arrow batches "
+                            f"(process_arrow) with operators on records: give each kind "
+                            f"a stage of its own")
+    return kinds == {True}

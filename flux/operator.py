@@ -60,6 +60,36 @@ class Operator(Protocol):
 REQUIRED_METHODS = ("process", "get_state", "install_state")
 
 
+@runtime_checkable
+class BatchOperator(Protocol):
+    """The operator API for whole Arrow batches (DESIGN 5, 11), as PySpark's
+    ``mapInArrow`` hands them: ``process_arrow(batch)`` gives ``(rows, outputs)``,
+    ``outputs`` a ``pyarrow.RecordBatch`` of everything the batch's rows produce and
+    ``rows[i]`` (int64, non-decreasing) the index in ``batch`` of the row that produced
+    output row ``i``, one row's outputs in the order a per-record ``process`` would emit
+    them, so outputs are numbered as record by record (DESIGN 4.1). No outputs: a
+    zero-row batch. A batch must give exactly what its rows give fed one batch each
+    (replicas and restarts may see other batch boundaries than the reference).
+    ``get_state``/``install_state``: as ``Operator``'s."""
+
+    def process_arrow(self, batch: Any) -> tuple:
+        """The outputs of ``batch``'s rows and, per output, the row that produced it."""
+
+    def get_state(self) -> Any:
+        """A msgpack-serializable snapshot that ``process_arrow`` will not mutate later."""
+
+    def install_state(self, state: Any) -> None:
+        """Replace the state by one ``get_state`` made, after a msgpack round trip."""
+
+
+BATCH_METHODS = ("process_arrow", "get_state", "install_state")
+
+
+def is_batch_operator(op: Any) -> bool:
+    """Does ``op`` take whole Arrow batches (``process_arrow``)?"""
+    return isinstance(op, BatchOperator)
+
+
 def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -77,12 +107,15 @@ class OperatorRaised(Exception):
 
 
 def check_operator_api(op: Any, name: str) -> None:
-    """Reject ``op`` unless it has every method of the operator API."""
-    for method in REQUIRED_METHODS:
+    """Reject ``op`` unless it has every method of the operator API (the record one, or
+    the batch one when it has ``process_arrow``)."""
+    methods = BATCH_METHODS if is_batch_operator(op) else REQUIRED_METHODS
+    for method in methods:
         if not callable(getattr(op, method, None)):
             raise DataflowError(
                 f"{name}: {type(op).__name__} object has no {method}() method; "
-                f"an operator needs {', '.join(REQUIRED_METHODS)}"
+                f"an operator needs {', '.join(REQUIRED_METHODS)} (or, on Arrow batches, "
+                f"{', '.join(BATCH_METHODS)})"
             )
 
 
@@ -270,6 +303,28 @@ def _apply(op: Any, record: Any) -> list:
         raise OperatorRaised(op, exc) from exc
 
 
+def _checked_rows(op: Any, produced: Any, batch: Any, size: int) -> Any:
+    """What ``process_arrow`` returned, refused unless it numbers its outputs right: the
+    SNs depend on it (DESIGN 4.1)."""
+    import numpy as np
+    import pyarrow as pa
+
+    def refuse(why: str) -> OperatorRaised:
+        return OperatorRaised(op, ValueError(f"process_arrow must return (rows, RecordBatch), "
+                                             f"rows non-decreasing in 0..{size - 1}: {why}"))
+
+    if not isinstance(batch, pa.RecordBatch):
+        raise refuse(f"outputs are a {type(batch).__name__}")
+    rows = np.asarray(produced)
+    if rows.ndim != 1 or len(rows) != batch.num_rows or (len(rows) and rows.dtype.kind not in "iu"):
+        raise refuse(f"{batch.num_rows} outputs and rows of shape {rows.shape}, "
+                     f"type {rows.dtype}")
+    rows = rows.astype(np.int64, copy=False)
+    if len(rows) and (rows[0] < 0 or rows[-1] >= size or (np.diff(rows) < 0).any()):
+        raise refuse("a row out of order or out of range")
+    return rows
+
+
 class OperatorChain:
     """The operators of one stage partition, run one after the other.
 
@@ -282,6 +337,24 @@ class OperatorChain:
     def __init__(self, operators: Sequence[Any]):
         self.operators = list(operators)
         self._batched = any(hasattr(op, "process_batch") for op in self.operators)
+        #: its operators take whole Arrow batches (a stage's are all of one kind)
+        self.columnar = bool(self.operators) and all(map(is_batch_operator, self.operators))
+
+    def process_arrow(self, batch: Any) -> tuple:
+        """A columnar chain's outputs for ``batch`` and, per output, the row of ``batch``
+        that caused it (the rows compose from operator to operator)."""
+        rows = None
+        for op in self.operators:
+            size = batch.num_rows
+            try:
+                produced, batch = op.process_arrow(batch)
+            except DataflowError:
+                raise
+            except Exception as exc:
+                raise OperatorRaised(op, exc) from exc
+            produced = _checked_rows(op, produced, batch, size)
+            rows = produced if rows is None else rows[produced]
+        return rows, batch
 
     def process(self, record: Any) -> list:
         """The outputs of ``record``; an operator that raises is named in ``OperatorRaised``."""

@@ -8,13 +8,19 @@ equal it tuple for tuple.
 Each input is pushed depth-first through the stages, so every partition of
 every stage sees its inputs in SN order, and the final outputs come out in
 SN order. Records are passed as Python objects (no msgpack between stages):
-compare with a runtime's output through ``flux.operator.wire_form``.
+compare with a runtime's output through ``flux.operator.wire_form``. A stage of
+batch operators (DESIGN 11) gets each record alone, as a one-row Arrow batch,
+and its outputs go on as one-row batches (a sink gets them as tuples), so the
+reference is also the check that a batch gives what its rows give one by one.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
-from exchange.partitioner import HashPartitioner
+import numpy as np
+
+from exchange.routing import RecordRouter, router_for
+from exchange.rows import NumberedRows, Rows
 from flux.operator import OperatorChain, OperatorRaised
 from flux.sequence import SN, input_sn, output_sn
 
@@ -31,7 +37,8 @@ class ReferenceRun:
 
     def __init__(self, dataflow: Dataflow, partitions: int):
         self.dataflow = dataflow
-        self.partitioner = HashPartitioner(partitions)
+        self.routers = [router_for(stage.key, partitions, stage.schema)
+                        for stage in dataflow.stages]
         self.chains: list[list[OperatorChain]] = [
             [stage.build_chain() for _ in range(partitions)] for stage in dataflow.stages
         ]
@@ -46,18 +53,43 @@ class ReferenceRun:
         return out
 
     def _push(self, s: int, sn: SN, record: Any, out: list) -> None:
+        """``record``: a Python record, or one row of columns (``ArrowRows``) a stage of
+        batch operators made."""
         if s == len(self.chains):
-            out.append((sn, record))
+            out.append((sn, _record(record)))
             return
         stage = self.dataflow.stages[s]
-        partition = self.partitioner(stage.key(record))
+        router = self.routers[s]
+        if isinstance(router, RecordRouter) and stage.schema is None:  # without numpy
+            partition = router.route(_record(record))
+        else:
+            record = router.prepare(_one_row(sn, record))
+            partition = int(router.partitions_of(record)[0])
+        chain = self.chains[s][partition]
         try:
-            produced = self.chains[s][partition].process(record)
+            if chain.columnar:
+                parents, batch = chain.process_arrow(record.batch)
+                produced = list(record.outputs(parents, batch).split(
+                    np.arange(batch.num_rows), batch.num_rows))
+            else:
+                produced = chain.process(_record(record))
         except OperatorRaised as exc:
             exc.where = exc.where or f"stage {s + 1} ({stage.name!r}), partition {partition}"
             raise
         for k, next_record in enumerate(produced, 1):
             self._push(s + 1, output_sn(sn, k), next_record, out)
+
+
+def _record(record: Any) -> Any:
+    """One row of columns as the tuple of its values; a record as itself."""
+    return record.records[0] if isinstance(record, NumberedRows) else record
+
+
+def _one_row(sn: SN, record: Any) -> NumberedRows:
+    """A record as an item of one row (one of columns stays as it is)."""
+    if isinstance(record, NumberedRows):
+        return record
+    return Rows(np.array([sn], dtype=np.int64), [record])
 
 
 def reference_output(

@@ -7,6 +7,7 @@ from typing import Any, Tuple
 
 import numpy as np
 
+from exchange.routing import RecordRouter
 from exchange.rows import Rows
 from flux.data_messages import Batch
 from flux.effects import Send
@@ -17,6 +18,11 @@ def rows(*pairs: Tuple[Tuple[int, ...], Any]) -> Rows:
     if not pairs:
         raise ValueError("a sub-item has rows; an empty one is never sent")
     return Rows(np.array([sn for sn, _ in pairs], dtype=np.int64), [r for _, r in pairs])
+
+
+def by(route) -> RecordRouter:
+    """A router that sends a record to ``route(record)`` (a test's own routing)."""
+    return RecordRouter(route, 0)
 
 
 def inputs(first: int, *records: Any) -> Rows:

@@ -19,7 +19,7 @@ from flux.protocol.ingress import INGRESS
 from flux.operator import Map, OperatorChain
 from flux.reference import reference_output
 from flux.protocol.segment import Segment
-from items import inputs
+from items import by, inputs
 
 X = Addr(1, 0, P)
 CONSUMERS = [(Addr(2, i, P), Addr(2, i, S)) for i in range(3)]
@@ -69,7 +69,7 @@ class Unordered(Doubler):
 def segment(chain, capacity):
     fcons = FluxConsumer(X, [(INGRESS, INGRESS)])
     fprod = FluxProducer(X, CONSUMERS, capacity, 16)
-    return Segment(X, fcons, chain, fprod, route)
+    return Segment(X, fcons, chain, fprod, by(route))
 
 
 def route(out):

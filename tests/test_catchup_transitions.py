@@ -34,7 +34,7 @@ from flux.protocol.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, 
 from flux.sequence import NO_SN
 from statemover.messages import (CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendPart,
                                  SendState)
-from items import plain, rows
+from items import by, plain, rows
 
 
 # -- views of the per-connection records, for assertions ---------------------------
@@ -156,7 +156,7 @@ def test_pause_from_an_ack_only_destination_raises():
 
 
 def test_ingress_pause_also_stops_bounds():
-    ing = Ingress(2, lambda r: r % 2, 8, 4, batch_rows=1)
+    ing = Ingress(2, by(lambda r: r % 2), 8, 4, batch_rows=1)
     assert ing.accept(0) == (1,) and len(ing.out.buffers[0]) == 1  # item 1, to partition 0
     X = Addr(1, 0, P)
     assert ing.on_message(X, Pause(3)) == [Send(INGRESS, X, PauseAck(3))]
@@ -245,7 +245,7 @@ def test_standby_csync_as_secondary_gets_ack_mode():
 
 
 def test_ingress_standby_csync_gets_send_and_ack():
-    ing = Ingress(2, lambda r: r % 2, 8, 4)
+    ing = Ingress(2, by(lambda r: r % 2), 8, 4)
     XP, XS = Addr(1, 0, P), Addr(1, 0, S)
     ing.on_fail({XS})
     ing.on_avail(Avail(XS, 40, 3, "standby0", "node0"))
@@ -529,6 +529,8 @@ DOWN = [(D0P, D0S), (D1P, D1S)]
 class Chain:
     """Passes records through and counts them; records its quiesce hooks."""
 
+    columnar = False  # operators on records
+
     def keyed_stores(self):
         return []  # no KeyedState: state moves whole
 
@@ -559,7 +561,7 @@ class Chain:
 
 def middle(addr=M, mode=PROCESSING):
     return Segment(addr, FluxConsumer(addr, PRODUCERS), Chain(),
-                   FluxProducer(addr, DOWN, 8, 4), lambda out: out % 2, mode)
+                   FluxProducer(addr, DOWN, 8, 4), by(lambda out: out % 2), mode)
 
 
 def after_takeover():

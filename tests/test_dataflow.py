@@ -56,8 +56,15 @@ def test_rejects_empty_dataflow():
         Dataflow([])
 
 
-def test_rejects_non_callable_key():
-    with pytest.raises(DataflowError, match="stage 'bad': key 'src' is not callable"):
+def test_rejects_a_key_that_is_neither_a_function_nor_columns():
+    with pytest.raises(DataflowError, match="stage 'bad': key 42 is neither callable nor "
+                                            "column names"):
+        Dataflow([Stage("bad", 42, (KeyedCounter,))])
+
+
+def test_a_key_of_columns_needs_its_input_as_columns():
+    with pytest.raises(DataflowError, match="stage 'bad': key 'src' names columns, and its "
+                                            "input comes as records: give it schema="):
         Dataflow([Stage("bad", "src", (KeyedCounter,))])
 
 

@@ -14,7 +14,7 @@ from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.protocol.ingress import INGRESS, Ingress
 from flux.protocol.producer import ACK, ACTIVE, DEAD, NONE, SEND
 from flux.sequence import NO_PROGRESS, covers
-from items import pairs, plain
+from items import by, pairs, plain
 
 
 # -- views of the per-connection records, for assertions ---------------------------
@@ -54,7 +54,7 @@ def route(record):
 
 
 def make(capacity=8, batch_size=16, partitions=2, batch_rows=1024):
-    return Ingress(partitions, route, capacity, batch_size, batch_rows=batch_rows)
+    return Ingress(partitions, by(route), capacity, batch_size, batch_rows=batch_rows)
 
 
 def rec(key, n):
@@ -104,7 +104,7 @@ def test_accept_numbers_inputs_and_routes_by_key():
 
 def test_accept_with_the_stable_hash_partitioner():
     part = HashPartitioner(4)
-    ing = Ingress(4, lambda r: part(r[0]), 8, 8)
+    ing = Ingress(4, by(lambda r: part(r[0])), 8, 8)
     # Known values: "alice" -> 0, 1 -> 3, 3.5 -> 2 for 4 partitions.
     assert ing.accept(("alice", 1)) == (1,)
     assert ing.accept((1, 2)) == (2,)
@@ -229,7 +229,7 @@ def test_choose_cut_cuts_the_pending_item_and_covers_every_accepted_input():
 
 
 def test_the_input_log_holds_items_until_logged():
-    ing = Ingress(2, route, 8, 16, log_inputs=True, batch_rows=2)
+    ing = Ingress(2, by(route), 8, 16, log_inputs=True, batch_rows=2)
     inputs = [rec("k0", 1), rec("k1", 2), rec("k0", 3), rec("k0", 4), rec("k1", 5)]
     assert ing.accept_many(inputs) == 5  # items 2 and 4 cut; input 5 pending
     assert ing.last_item == 4 and ing.log_due()
@@ -451,7 +451,7 @@ def test_ack_from_unknown_endpoint_raises():
 
 
 def test_absent_replicas_are_dead_from_the_start():
-    ing = Ingress(2, route, 8, 16, absent={S0}, batch_rows=1)
+    ing = Ingress(2, by(route), 8, 16, absent={S0}, batch_rows=1)
     assert statuses(ing.out) == [[ACTIVE, DEAD], [ACTIVE, ACTIVE]]
     assert modes(ing.out)[0] == [SEND | ACK, NONE]
     assert ing.out.buffers[0].delete == {PRIM}
@@ -494,19 +494,19 @@ def test_accept_many_is_accept_one_by_one_until_back_pressure(seed):
         assert got == [((k + 1,), r) for k, r in enumerate(records[:ing.accepted])]
 
 
-def test_accept_many_keeps_what_went_before_a_key_that_raises():
+def test_a_key_that_raises_names_its_input_and_nothing_of_its_item_leaves():
+    """Stage 1's key is applied when an item is cut, a run at a time; the error names
+    the input it raised on, and no sub-item of that item is buffered."""
     ing = make(capacity=8)
+    assert ing.accept_many([rec("k0", 1), rec("k1", 2)]) == 2
+    assert ing.cut_item() == 2
+    assert ing.accept_many([rec("k0", 3), rec("nope", 4), rec("k0", 5)]) == 3
     with pytest.raises(OperatorError, match=r"the partition key of the next stage failed in "
                                             r"stage 0, partition 0, on the record with sequence "
-                                            r"number \(3,\): KeyError: 'nope'"):
-        ing.accept_many([rec("k0", 1), rec("k1", 2), rec("nope", 3), rec("k0", 4)])
-    assert ing.accepted == 2 and ing.pending == [rec("k0", 1), rec("k1", 2)]
-    assert ing.accept(rec("k0", 5)) == (3,)
-    with pytest.raises(OperatorError, match=r"sequence number \(4,\): KeyError"):
-        ing.accept(rec("nope", 6))
-    assert ing.accepted == 3
-    assert ing.cut_item() == 3
-    assert entries(ing, 0) == [((3, 0), sub((1, rec("k0", 1)), (3, rec("k0", 5))))]
+                                            r"number \(4,\): KeyError: 'nope'"):
+        ing.cut_item()
+    assert entries(ing, 0) == [((2, 0), sub((1, rec("k0", 1))))]
+    assert entries(ing, 1) == [((2, 0), sub((2, rec("k1", 2))))]
 
 
 def test_accept_many_blames_the_key_only_for_what_the_key_raised():

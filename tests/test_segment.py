@@ -17,11 +17,13 @@ from flux.protocol.ingress import INGRESS
 from flux.operator import Map, OperatorChain
 from flux.protocol.segment import Segment
 from flux.sequence import covers
-from items import inputs, plain, rows
+from items import by, inputs, plain, rows
 
 
 class Chain:
     """Emits, for a record r: nothing if r < 0, else [r, r + 1] (or [r] when single)."""
+
+    columnar = False  # operators on records
 
     def keyed_stores(self):
         return []  # no KeyedState: state moves whole
@@ -54,7 +56,7 @@ C1P, C1S = Addr(2, 1, P), Addr(2, 1, S)
 def stage_one(capacity=8, batch_size=16):
     fcons = FluxConsumer(X, [(INGRESS, INGRESS)])
     fprod = FluxProducer(X, [(C0P, C0S), (C1P, C1S)], capacity, batch_size)
-    return Segment(X, fcons, Chain(), fprod, lambda out: out % 2)
+    return Segment(X, fcons, Chain(), fprod, by(lambda out: out % 2))
 
 
 def item(x, first, *records):
@@ -98,7 +100,7 @@ def test_process_of_an_input_without_outputs():
     # The item is still accounted for in the bound.
     assert plain(seg.flush(1, PRIM)) == [Send(X, C1P, Batch((), (1,)))]
     # An item whose outputs all go to partition 0: partition 1 gets only the bound.
-    seg.route = lambda out: 0
+    seg.router = by(lambda out: 0)
     seg.on_message(INGRESS, Batch((item(3, 2, 4, 6),), (3,)))
     assert seg.process() == 4
     assert entries(seg, 0) == [((3, 0), (((2, 1), 4), ((2, 2), 5), ((3, 1), 6), ((3, 2), 7)))]
@@ -193,7 +195,7 @@ EG, GHOST = Addr(3, 0, P), Addr(3, 0, S)
 def stage_two():
     fcons = FluxConsumer(Y, [(A0P, A0S), (A1P, A1S)])
     fprod = FluxProducer(Y, [(EG, GHOST)], 8, 16, absent={GHOST})
-    return Segment(Y, fcons, Chain(single=True), fprod, lambda out: 0)
+    return Segment(Y, fcons, Chain(single=True), fprod, by(lambda out: 0))
 
 
 def test_last_stage_merges_by_sn_and_bounds_by_the_merge_frontier():
@@ -276,7 +278,7 @@ def test_the_second_operator_of_a_chain_is_the_one_named():
 
 def test_a_partition_key_that_raises_is_reported_as_such():
     seg = stage_one()
-    seg.route = lambda out: hash(out)  # lists are unhashable
+    seg.router = by(lambda out: hash(out))  # lists are unhashable
     seg.chain = OperatorChain([Map(lambda r: [r])])
     seg.on_message(INGRESS, Batch((item(7, 7, 4),), (7,)))
     # named by the output's row SN: the first output of input (7,)

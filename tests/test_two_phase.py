@@ -42,7 +42,7 @@ from statemover.messages import (
     StatePart,
     TransferFailed,
 )
-from items import rows
+from items import by, rows
 
 A0P, A0S = Addr(1, 0, P), Addr(1, 0, S)
 A1P, A1S = Addr(1, 1, P), Addr(1, 1, S)
@@ -78,7 +78,7 @@ def chain():
 
 def segment(addr=M, mode=PROCESSING, bulk_pairs=2, per_step=True):
     seg = Segment(addr, FluxConsumer(addr, PRODUCERS), chain(), FluxProducer(addr, DOWN, 1000, 4),
-                  lambda out: out[1] % 2, mode)
+                  by(lambda out: out[1] % 2), mode)
     seg.bulk_pairs, seg.bulk_per_step = bulk_pairs, per_step
     return seg
 

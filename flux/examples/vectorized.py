@@ -47,39 +47,21 @@ the rows before it.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from exchange.columns import to_batch, to_records  # noqa: F401 (the examples' records)
 from flux.examples.stats import DEFAULT_WINDOW
 from flux.expiry import WATERMARK_KEY
 from flux.keys import sorted_keys, tuplify
+from flux.operator import BatchOperator
 
 
-@runtime_checkable
-class ArrowOperator(Protocol):
-    """The operator API (DESIGN 5) for whole batches on the columnar data plane (DESIGN 11).
-
-    ``process_arrow(batch)`` gives ``(rows, outputs)``: ``outputs`` a RecordBatch
-    of everything the batch's rows produce, ``rows[i]`` (int64, non-decreasing)
-    the index in ``batch`` of the input row that produced output row ``i``, one
-    input row's outputs in the order the per-record ``process`` emits them, so
-    the outputs are numbered as record by record (DESIGN 4.1). No outputs: a
-    zero-row batch of the output schema. ``get_state()`` /
-    ``install_state(state)``: as ``flux.operator.Operator``'s, a msgpack-safe
-    snapshot that later batches do not mutate, and a replacement by one that
-    crossed msgpack."""
-
-    def process_arrow(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
-        """The outputs of ``batch``'s rows and, per output, the row that produced it."""
-
-    def get_state(self) -> Any:
-        """A msgpack-serializable snapshot that ``process_arrow`` will not mutate later."""
-
-    def install_state(self, state: Any) -> None:
-        """Replace the state by one ``get_state`` made, after a msgpack round trip."""
+#: the batch operator API (``flux.operator.BatchOperator``), by the name this module used
+ArrowOperator = BatchOperator
 
 
 PACKET_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("app", pa.string()),
@@ -97,18 +79,6 @@ _COMPACT_SLOTS = 4096
 _COMPACT_ENTRIES = 65536
 _EXACT = 2 ** 53  # below it an int64 converts to float64 exactly
 _FAR = 2.0 ** 62  # shifted times stay below it (_shifts)
-
-
-def to_batch(records: Sequence[Sequence[Any]], schema: pa.Schema) -> pa.RecordBatch:
-    """Per-record tuples (or lists) as a batch of ``schema``: how records enter the plane."""
-    columns = list(zip(*records)) if records else [()] * len(schema)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(list(c), type=f.type) for c, f in zip(columns, schema)], schema=schema)
-
-
-def to_records(batch: pa.RecordBatch) -> list:
-    """A batch's rows as tuples, the per-record operators' form (to compare them)."""
-    return list(zip(*(column.to_pylist() for column in batch.columns)))
 
 
 def run_chain(operators: Sequence[ArrowOperator],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exchange.partitioner import HashPartitioner
+from exchange.routing import ToOne, router_for
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
 from flux.protocol.egress import Egress, egress_addr
@@ -54,7 +54,6 @@ class MachineBuilder:
         self.credit_every = max(1, window // 2) if window else 1
         self.buffer_factory = buffer_factory
         self.segment_class = segment_class
-        self.part = HashPartitioner(partitions)
         #: stage -> operator chains built ahead (fresh, never used): a segment takes one
         #: before building its own, so a standby does not build its operators (maybe big,
         #: a model loaded, a table filled) while its catch-up waits
@@ -75,19 +74,25 @@ class MachineBuilder:
             # the baselines have plain exchanges inside a replica set: no dual to ack
             absent = frozenset(c[other_set] for c in consumers) if self.replication != "flux" \
                 else frozenset()
-            route = self.part.router(self.dataflow.stages[s].key)
+            router = self.router(s)
         else:
             ghost = Addr(K + 1, 0, S)  # the egress has no replica S
             consumers = [(egress_addr(K), ghost)]
             absent = frozenset({ghost})
-            route = lambda rec: 0  # noqa: E731
+            router = ToOne()
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
                              self.buffer_factory, self.window)
         spares = self.spare_chains.get(s)
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
-        return self.segment_class(a, fcons, chain, fprod, route, mode,
+        return self.segment_class(a, fcons, chain, fprod, router, mode,
                                   full_every=self.full_every)
+
+    def router(self, stage: int) -> Any:
+        """Routes to the partitions of stage ``stage + 1`` (0-based ``stage``) by its key,
+        in the form it takes (columns of its ``schema``, if it has one)."""
+        target = self.dataflow.stages[stage]
+        return router_for(target.key, self.partitions, target.schema)
 
     def standby_segment(self, a: Addr) -> Segment:
         return self.segment(a, AWAITING_STATE)
@@ -101,7 +106,7 @@ class MachineBuilder:
     def ingress(self, log_inputs: bool = False, ingress_class: type = Ingress) -> Ingress:
         """``log_inputs``: the source interleaves partitions of its own, inputs leave
         once their SNs are in the input log (DESIGN 10)."""
-        return ingress_class(self.partitions, self.part.router(self.dataflow.stages[0].key),
+        return ingress_class(self.partitions, self.router(0),
                              self.ingress_capacity, self.batch_size, self.buffer_factory,
                              absent=self.absent_replicas(1), window=self.window,
                              log_inputs=log_inputs, batch_rows=self.batch_rows)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from exchange.merge import OrderedMerge
-from exchange.rows import Rows, merge as merge_rows
+from exchange.rows import NumberedRows, merge as merge_rows, rows_from_state, rows_to_state
 from flux.addresses import Addr, other
 from flux.data_messages import Ack, Batch, Credit
 from flux.effects import Send
@@ -120,7 +120,7 @@ class FluxConsumer(ConsumerRoles):
         """An item may leave the merge whole, in SN order."""
         return self.merge.ready()
 
-    def release(self) -> Tuple[SN, Rows]:
+    def release(self) -> Tuple[SN, NumberedRows]:
         """The next item in SN order, its sub-items merged by row SN; call only when
         ``can_release``. Each sub-item taken counts toward its feed's credit."""
         released = self.merge.pop_item()
@@ -160,10 +160,10 @@ class FluxConsumer(ConsumerRoles):
         return self.merge.queued()
 
     def get_state(self) -> list:
-        return self.merge.to_state(Rows.to_state)
+        return self.merge.to_state(rows_to_state)
 
     def install_state(self, state: list) -> None:
-        self.merge.install_state(state, Rows.from_state)
+        self.merge.install_state(state, rows_from_state)
 
     def idle(self) -> bool:
         return self.merge.queued() == 0

@@ -21,12 +21,11 @@ inputs, and a restart replays the log's order.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Deque, Iterable, List, Optional, Sequence, Set, Tuple
 
-import numpy as np
 
-from exchange.partitioner import first_refused
-from exchange.rows import Rows
+from exchange.routing import RouteRefused
+from exchange.rows import ColumnsError, NumberedRows, Rows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
 from flux.control_messages import SegmentStats
@@ -40,6 +39,13 @@ from flux.sequence import NO_PROGRESS, SN, input_sn
 INGRESS = Addr(0, 0, P)
 
 
+def _key_error(n: int, exc: Exception) -> OperatorError:
+    """Stage 1's key (or columns) refused input ``n``: user code, as an operator's error
+    in a segment (the job stops with it, naming the input)."""
+    return OperatorError("the partition key of the next stage", INGRESS.stage,
+                         INGRESS.partition, input_sn(n), describe(exc))
+
+
 class Ingress:
     """Accepts the source's records in order, cuts them into items and feeds both
     replicas of stage 1."""
@@ -47,7 +53,7 @@ class Ingress:
     def __init__(
         self,
         partitions: int,
-        route: Callable[[Any], int],
+        router: Any,
         capacity: int,
         batch_size: int,
         buffer_factory: BufferFactory = Buffer,
@@ -63,7 +69,8 @@ class Ingress:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
         self.addr = INGRESS
-        self.route = route
+        #: stage 1's key and input form (``exchange.routing``)
+        self.router = router
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         # 3.1.3: sends to and acks from both replicas
         self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
@@ -73,15 +80,14 @@ class Ingress:
         self.accepted = 0
         self.capacity = capacity
         self.log_inputs = log_inputs
-        #: accepted inputs not yet in an item, and the stage-1 partition of each
+        #: accepted inputs not yet in an item
         self.pending: List[Any] = []
-        self.pending_routes: List[int] = []
         #: the number of the last item cut (its last input; 0: none yet)
         self.last_item = 0
         #: items up to this number may leave (all of them without an input log)
         self.logged = 0
         #: items cut and waiting for the log: (item number, sub-item per partition)
-        self.held: Deque[Tuple[int, List[Optional[Rows]]]] = deque()
+        self.held: Deque[Tuple[int, List[Optional[NumberedRows]]]] = deque()
         self.held_for = [0] * partitions
 
     def stats(self) -> SegmentStats:
@@ -117,16 +123,12 @@ class Ingress:
         full and cannot leave; a full item leaves at once when it can."""
         if len(self.pending) >= self.batch_rows and not self.cut_item():
             return None
-        try:
-            i = self.route(record)
-        except Exception as exc:
-            raise self._key_error(self.accepted + 1, exc) from exc
-        self._take((record,), (i,))
+        self._take((record,))
         return (self.accepted,)  # input_sn(accepted), >= 1 by construction
 
     def accept_many(self, records: Sequence[Any]) -> int:
         """``accept`` for each of ``records`` in order until one meets back-pressure;
-        returns how many were accepted (routed a run at a time, up to a full item)."""
+        returns how many were accepted (a run at a time, up to a full item)."""
         n, total = 0, len(records)
         while n < total:
             room = self.batch_rows - len(self.pending)
@@ -135,21 +137,14 @@ class Ingress:
                     break
                 continue
             run = records[n:n + room]
-            try:  # the user's key only: a fault of the buffers is not theirs
-                routes = list(map(self.route, run))
-            except Exception as exc:  # which input: routing is pure, ask again
-                bad = first_refused(self.route, run)
-                self._take(run[:bad], [self.route(r) for r in run[:bad]])
-                raise self._key_error(self.accepted + 1, exc) from exc
-            self._take(run, routes)
+            self._take(run)
             n += len(run)
         return n
 
-    def _take(self, records: Sequence[Any], routes: Sequence[int]) -> None:
+    def _take(self, records: Sequence[Any]) -> None:
         """Accepted inputs, in order, into the pending item; a full one leaves when it can."""
         self.accepted += len(records)
         self.pending.extend(records)
-        self.pending_routes.extend(routes)
         if len(self.pending) >= self.batch_rows:
             self.cut_item()
 
@@ -161,11 +156,10 @@ class Ingress:
 
     def _cut(self) -> int:
         x = self.accepted
-        rows = Rows.of_inputs(x - len(self.pending) + 1, self.pending)
-        subs = rows.split(np.asarray(self.pending_routes, dtype=np.int64), self.partitions)
-        self.pending, self.pending_routes = [], []
+        subs = self._sub_items(x - len(self.pending) + 1)
+        self.pending = []
         self.last_item = x
-        if self.log_inputs and x > self.logged:  # its inputs are not all in the log yet
+        if self._waits_for_log(x):  # its inputs are not all in the log yet
             self.held.append((x, subs))
             for i, sub in enumerate(subs):
                 if sub is not None:
@@ -174,7 +168,30 @@ class Ingress:
             self._put(x, subs)
         return x
 
-    def _put(self, x: int, subs: List[Optional[Rows]]) -> None:
+    def _sub_items(self, first: int) -> List[Optional[NumberedRows]]:
+        """The pending inputs, numbered from ``first``, in the form stage 1 takes and
+        routed to its partitions by its key (a run at a time: the key is user code, and
+        the error names the input it raised on)."""
+        router = self.router
+        rows = Rows.of_inputs(first, self.pending)
+        try:
+            rows = router.prepare(rows)
+            if self.partitions == 1:
+                return [rows]
+            routes = router.partitions_of(rows)
+        except RouteRefused as refused:
+            raise _key_error(first + refused.row, refused.error) from refused.error
+        except ColumnsError as exc:  # records that do not fit stage 1's columns
+            raise _key_error(first + (exc.row or 0), exc) from exc
+        except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
+            raise _key_error(first, exc) from exc
+        return rows.split(routes, self.partitions)
+
+    def _waits_for_log(self, x: int) -> bool:
+        """Must item ``x`` wait for the input log before it leaves (DESIGN 10)?"""
+        return self.log_inputs and x > self.logged
+
+    def _put(self, x: int, subs: List[Optional[NumberedRows]]) -> None:
         put, sn = self.out.put, (x, 0)
         for i, sub in enumerate(subs):
             if sub is not None:
@@ -185,12 +202,6 @@ class Ingress:
         if self.accepted or self.pending:
             raise LocalProtocolError("resume of an ingress that accepted inputs")
         self.accepted = self.last_item = self.logged = n
-
-    def _key_error(self, n: int, exc: Exception) -> OperatorError:
-        """The first stage's key raised on input ``n``: user code, as an operator's error
-        in a segment (the job stops with it, naming the input)."""
-        return OperatorError("the partition key of the next stage", self.addr.stage,
-                             self.addr.partition, input_sn(n), describe(exc))
 
     def log_due(self) -> bool:
         """Are items waiting for the input log?"""

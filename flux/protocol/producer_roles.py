@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List, Set, Tuple
 
-from exchange.rows import Rows
+from exchange.rows import rows_from_state, rows_to_state
 from flux.addresses import Addr
 from flux.control_messages import FoldedIn
 from flux.data_messages import CSync, Pause, PauseAck, PSync
@@ -139,8 +139,8 @@ class ConnectionRoles:
     # -- state movement (5.3) -----------------------------------------------
     def to_state(self) -> list:
         """Every buffer with the status of its two destinations, msgpack-safe (its items
-        as ``Rows.to_state``)."""
-        return [[b.to_state(Rows.to_state), [link.status.value for link in row]]
+        as ``rows_to_state``)."""
+        return [[b.to_state(rows_to_state), [link.status.value for link in row]]
                 for b, row in zip(self.buffers, self.links)]
 
     def install_state(self, state: list, reverse: bool) -> None:
@@ -151,7 +151,7 @@ class ConnectionRoles:
                 f"{self.addr}: state for {len(state)} consumers, not {len(self.buffers)}")
         for i, (buffer_state, statuses) in enumerate(state):
             self.buffers[i] = self.buffer_factory.from_state(buffer_state, self.capacity, reverse,
-                                                             Rows.from_state)
+                                                             rows_from_state)
             if reverse:
                 statuses = list(reversed(statuses))
             for d in DESTS:

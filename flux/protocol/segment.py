@@ -14,7 +14,7 @@ segment, its guard, the messages of its neighbours and the views.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional, Set
+from typing import Any, Iterator, List, Optional, Set
 
 from flux.addresses import Addr, other
 from flux.control_messages import Avail, SegmentStats
@@ -59,7 +59,7 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         consumer: FluxConsumer,
         chain: Any,
         producer: FluxProducer,
-        route: Callable[[Any], int],
+        router: Any,
         mode: SegmentMode = PROCESSING,
         full_every: int = 1,
     ):
@@ -68,7 +68,8 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         self.fcons = consumer
         self.chain = chain
         self.fprod = producer
-        self.route = route
+        #: the next stage's key and input form (``exchange.routing``)
+        self.router = router
         self.mode = SegmentMode(mode)
         self.catchup: Optional[CatchUp] = None
         #: views applied while AWAITING_STATE, replayed over the installed state (it may be older)

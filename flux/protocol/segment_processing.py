@@ -8,13 +8,11 @@ A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
-import numpy as np
-
-from exchange.partitioner import first_refused
-from exchange.rows import Rows
-from flux.errors import LocalProtocolError, OperatorError
+from exchange.routing import RouteRefused
+from exchange.rows import ColumnsError, NumberedRows
+from flux.errors import DataflowError, LocalProtocolError, OperatorError
 from flux.operator import OperatorRaised, describe
 from flux.protocol.segment_mode import DRAINING, PROCESSING, STREAMING, Event
 from flux.sequence import SN, item_bound
@@ -44,18 +42,29 @@ class ProcessingSide:
         if not self.fcons.can_release():
             raise LocalProtocolError(f"{self.addr}: process with no item to release")
         item, rows = self.fcons.release()
+        chain = self.chain
         try:
-            produced = self.chain.process_many(rows.records)
+            if chain.columnar:  # batch operators: the item's columns in one call
+                parents, batch = chain.process_arrow(self._columns(rows))
+                out = rows.outputs(parents, batch)
+            else:  # record operators, through the batch of records
+                rows = rows.as_records()
+                out = rows.outputs(chain.process_many(rows.records))
         except OperatorRaised as raised:
             raise self._operator_error(rows, raised) from raised.error
-        out = rows.outputs(produced)
         self.taken += len(rows)
         self.emitted += len(out)
         if len(out):
             self._put(item, out)
         return len(out)
 
-    def _operator_error(self, rows: Rows, raised: OperatorRaised) -> OperatorError:
+    def _columns(self, rows: NumberedRows) -> Any:
+        if rows.batch is None:  # the dataflow's checks give such a stage columns
+            raise DataflowError(f"stage {self.addr.stage}'s operators take Arrow batches, "
+                                f"and its input came as Python records")
+        return rows.batch
+
+    def _operator_error(self, rows: NumberedRows, raised: OperatorRaised) -> OperatorError:
         """What user code raised in an item, naming the operator and the record; a
         ``process_batch`` that raised names the item's rows."""
         name = type(raised.op).__name__
@@ -66,22 +75,31 @@ class ProcessingSide:
                              f"{rows.first_sn()} to {rows.last_sn()})", self.addr.stage,
                              self.addr.partition, rows.first_sn(), describe(raised.error))
 
-    def _put(self, item: SN, out: Rows) -> None:
+    def _put(self, item: SN, out: NumberedRows) -> None:
         """Route an item's outputs and buffer one sub-item per consumer partition that
         gets rows (DESIGN 11: an empty one is never sent, the bound covers it)."""
         sn = item + (self.addr.partition,)
         put = self.fprod.out.put
         count = len(self.fprod.out.buffers)
-        if count == 1:  # the last stage: everything to the egress
-            put(0, sn, out)
-            return
-        route = self.route
+        router = self.router
         try:
-            routes = np.array(list(map(route, out.records)), dtype=np.int64)
-        except Exception as exc:  # which record: routing is a pure function, ask again
-            r = first_refused(route, out.records)
+            out = router.prepare(out)  # the next stage's form
+            if count == 1:  # the last stage (everything to the egress), or one partition
+                put(0, sn, out)
+                return
+            routes = router.partitions_of(out)
+        except RouteRefused as refused:
             raise OperatorError("the partition key of the next stage", self.addr.stage,
-                                self.addr.partition, out.row_sn(r), describe(exc)) from exc
+                                self.addr.partition, out.row_sn(refused.row),
+                                describe(refused.error)) from refused.error
+        except ColumnsError as exc:  # records that do not fit the next stage's columns
+            raise OperatorError("the columns of the next stage", self.addr.stage,
+                                self.addr.partition, out.row_sn(exc.row or 0),
+                                describe(exc)) from exc
+        except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
+            raise OperatorError(f"the key columns of the next stage (an item of {len(out)} "
+                                f"rows, {out.first_sn()} to {out.last_sn()})", self.addr.stage,
+                                self.addr.partition, out.first_sn(), describe(exc)) from exc
         for i, sub in enumerate(out.split(routes, count)):
             if sub is not None:
                 put(i, sn, sub)

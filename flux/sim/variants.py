@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-import numpy as np
-
-from exchange.rows import Rows
-
 from flux.protocol.buffer import PRIM, Buffer
 from flux.data_messages import Credit
 from flux.effects import Send
@@ -118,16 +114,8 @@ class IngressSendingBeforeTheLog(Ingress):
     """Sends items before their SNs are in the input log (DESIGN 10 broken): a restart
     may number them otherwise though outputs of theirs were committed."""
 
-    def cut_item(self) -> int:
-        if not self.can_cut():
-            return 0
-        x = self.accepted
-        rows = Rows.of_inputs(x - len(self.pending) + 1, self.pending)
-        subs = rows.split(np.asarray(self.pending_routes, dtype=np.int64), self.partitions)
-        self.pending, self.pending_routes = [], []
-        self.last_item = x
-        self._put(x, subs)
-        return x
+    def _waits_for_log(self, x: int) -> bool:
+        return False
 
     def frontier(self):
         return (self.last_item,) if self.last_item else NO_PROGRESS

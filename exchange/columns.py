@@ -1,0 +1,166 @@
+"""A columnar item: the rows' SNs beside a ``pyarrow.RecordBatch`` (DESIGN 11).
+
+A stage whose operators take whole Arrow batches (``process_arrow``) gets its
+items as ``ArrowRows``: the same SN matrix as ``exchange.rows.Rows`` (so the
+protocol, the merge and the output's numbering are unchanged) and the records
+as columns. On the wire and in buffer and checkpoint states the batch is Arrow
+IPC bytes: no per-row work, and the bytes are made once for both replicas.
+
+A row's record, where a per-record operator or a sink needs one, is the tuple of
+its values in column order (``to_records``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+from exchange.rows import SN, ColumnsError, NumberedRows, Rows, output_sns
+
+
+def to_records(batch: pa.RecordBatch) -> list:
+    """A batch's rows as tuples of their values in column order."""
+    if batch.num_columns == 0:
+        return [()] * batch.num_rows
+    return list(zip(*(column.to_pylist() for column in batch.columns)))
+
+
+def to_batch(records: Sequence[Sequence[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    """Per-record tuples (or lists) as a batch of ``schema``; a record that does not fit
+    is named (``ColumnsError``)."""
+    width = len(schema)
+    try:
+        if any(len(record) != width for record in records):
+            raise ValueError("wrong width")
+        columns = list(zip(*records)) if records else [()] * width
+        arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema)]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    except (TypeError, ValueError, pa.ArrowException):
+        for i, record in enumerate(records):  # which record: convert them one by one
+            try:
+                if len(record) != width:
+                    raise ValueError(f"{len(record)} values for {width} columns")
+                for value, field in zip(record, schema):
+                    pa.array([value], type=field.type)
+            except Exception as exc:
+                raise ColumnsError(f"record {record!r:.120} does not fit the columns "
+                                   f"{schema.names}: {type(exc).__name__}: {exc}",
+                                   row=i) from None
+        raise
+
+
+@dataclass(frozen=True, eq=False)  # == on the SN matrix would be an array, not a bool
+class ArrowRows(NumberedRows):
+    """Rows of one item as columns: per row its SN (a row of ``sns``) and a row of
+    ``batch``."""
+
+    sns: np.ndarray  # int64, shape (batch.num_rows, SN length)
+    batch: pa.RecordBatch
+
+    def __post_init__(self) -> None:
+        if self.sns.ndim != 2 or self.sns.shape[0] != self.batch.num_rows:
+            raise ValueError(f"a batch of {self.batch.num_rows} rows needs an SN matrix of "
+                             f"as many rows, got shape {self.sns.shape}")
+
+    @classmethod
+    def of(cls, rows: NumberedRows, schema: pa.Schema) -> "ArrowRows":
+        """``rows`` as columns of ``schema`` (a columnar stage's input from records)."""
+        if isinstance(rows, ArrowRows):
+            return rows
+        return cls(rows.sns, to_batch(rows.records, schema))
+
+    @cached_property
+    def records(self) -> List[tuple]:
+        """The rows as tuples (for a per-record operator, a key function or a sink)."""
+        return to_records(self.batch)
+
+    def as_records(self) -> Rows:
+        return Rows(self.sns, self.records)
+
+    def pairs(self) -> List[Tuple[SN, Any]]:
+        """``(sn, record)`` per row, in order: what the egress delivers to a sink."""
+        return list(zip(self.sn_tuples(), self.records))
+
+    def split(self, partitions: np.ndarray, count: int) -> list:
+        """Per destination ``0..count-1``, the sub-item of the rows routed there (row order
+        kept), or None where no row goes (as ``Rows.split``)."""
+        partitions = np.asarray(partitions)
+        if partitions.shape != (len(self),):
+            raise ValueError(f"one partition per row: {len(self)} rows, got {partitions.shape}")
+        out: list = [None] * count
+        if len(self) == 0:
+            return out
+        if count == 1 or (partitions == partitions[0]).all():
+            out[int(partitions[0])] = self
+            return out
+        order = np.argsort(partitions, kind="stable")
+        bounds = np.searchsorted(partitions[order], np.arange(count + 1))
+        for d in range(count):
+            lo, hi = bounds[d], bounds[d + 1]
+            if lo < hi:
+                taken = order[lo:hi]
+                out[d] = ArrowRows(self.sns[taken], self.batch.take(pa.array(taken)))
+        return out
+
+    def outputs(self, parents: np.ndarray, batch: pa.RecordBatch) -> "ArrowRows":
+        """The output rows ``batch``, output i made by row ``parents[i]`` (non-decreasing),
+        numbered as record by record."""
+        return ArrowRows(output_sns(self.sns, parents), batch)
+
+    def to_state(self) -> list:
+        """Msgpack-safe: the SN matrix's shape and bytes, and the batch as Arrow IPC."""
+        rows, width = self.sns.shape
+        return [rows, width, self.sns.astype("<i8").tobytes(), to_ipc(self.batch)]
+
+    @classmethod
+    def from_state(cls, state: Sequence[Any]) -> "ArrowRows":
+        rows, width, raw, ipc = state
+        sns = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(rows, width)
+        return cls(sns, from_ipc(ipc, rows))
+
+    @classmethod
+    def merge_parts(cls, parts: Sequence["ArrowRows"], sns: np.ndarray,
+                    order: np.ndarray) -> "ArrowRows":
+        schema = parts[0].batch.schema
+        for part in parts:
+            if not part.batch.schema.equals(schema):
+                raise ColumnsError(f"parts of one item have one schema: {schema} and "
+                                   f"{part.batch.schema}")
+        table = pa.Table.from_batches([part.batch for part in parts], schema=schema)
+        return cls(sns[order], _one_batch(table.take(pa.array(order)), schema))
+
+
+def _one_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+    """A table as one record batch (an empty one keeps its schema)."""
+    batches = table.combine_chunks().to_batches()
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    return batches[0]
+
+
+def to_ipc(batch: pa.RecordBatch) -> bytes:
+    """A batch as an Arrow IPC stream (schema and one batch)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: Any, rows: int) -> pa.RecordBatch:
+    """The one batch of ``rows`` rows an Arrow IPC stream holds; anything else is a
+    ``ColumnsError`` (a peer's bytes are never trusted, DESIGN 4.4)."""
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        batches = list(reader)
+        if len(batches) != 1:
+            raise ColumnsError(f"an item's columns are one batch, got {len(batches)}")
+        batch = batches[0]
+        batch.validate(full=True)
+    except pa.ArrowException as exc:
+        raise ColumnsError(f"an item's columns are not an Arrow IPC batch: {exc}") from None
+    if batch.num_rows != rows:
+        raise ColumnsError(f"an item of {rows} rows has a batch of {batch.num_rows}")
+    return batch

@@ -1,0 +1,181 @@
+"""Stages of batch operators on the columnar data plane (DESIGN 11): Arrow batches through
+the whole protocol, routed by key columns, with exactly the per-record dataflow's output,
+SN for SN, through failures too; and the errors that name what is wrong."""
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from flux.dataflow import Dataflow, Stage
+from flux.errors import DataflowError, OperatorError
+from flux.examples import paper_dataflow, vectorized_dataflow
+from flux.operator import Map, wire_form
+from flux.reference import reference_output
+from flux.testing.threads import ThreadCluster
+from flux.testing.workloads import packet_workload
+
+pytestmark = pytest.mark.timeout(120)
+
+SCHEMA = pa.schema([("k", pa.int64()), ("x", pa.int64())])
+
+
+class Spread:
+    """A batch operator without state: a row with x < 0 makes nothing, any other row
+    ``(k, x)`` makes x % 3 rows ``(k, x, i)``: some rows none, some several."""
+
+    def process_arrow(self, batch):
+        x = batch.column("x").to_numpy()
+        counts = np.where(x < 0, 0, x % 3)
+        rows = np.repeat(np.arange(batch.num_rows), counts)
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        i = np.arange(len(rows)) - first
+        out = pa.RecordBatch.from_arrays(
+            [batch.column("k").take(pa.array(rows)), batch.column("x").take(pa.array(rows)),
+             pa.array(i, pa.int64())], names=["k", "x", "i"])
+        return rows, out
+
+    def get_state(self):
+        return None
+
+    def install_state(self, state):
+        pass
+
+
+class Sums:
+    """A keyed running sum on batches: per row, ``(k, sum of x of k so far)``."""
+
+    def __init__(self):
+        self.sums = {}
+
+    def process_arrow(self, batch):
+        out = []
+        for k, x in zip(batch.column("k").to_pylist(), batch.column("x").to_pylist()):
+            self.sums[k] = self.sums.get(k, 0) + x
+            out.append(self.sums[k])
+        result = pa.RecordBatch.from_arrays([batch.column("k"), pa.array(out, pa.int64())],
+                                            names=["k", "sum"])
+        return np.arange(batch.num_rows), result
+
+    def get_state(self):
+        return sorted([k, v] for k, v in self.sums.items())
+
+    def install_state(self, state):
+        self.sums = {k: v for k, v in (state or [])}
+
+
+def paced(records, every=50, pause=0.003):
+    for k, r in enumerate(records):
+        if k % every == 0:
+            time.sleep(pause)
+        yield r
+
+
+def run(dataflow, records, partitions=3, kill=None, **knobs):
+    expected = reference_output(dataflow, records, partitions)
+    cluster = ThreadCluster(dataflow, partitions, paced(records) if kill else iter(records),
+                            standbys=1, **knobs)
+    with cluster:
+        if kill:
+            assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 3, 60)
+            cluster.kill(kill)
+        cluster.wait_until(lambda: len(cluster.delivered) >= len(expected) and
+                           not cluster.recovery.pending() or cluster.errors, 60)
+    return cluster, expected
+
+
+def test_the_vectorized_paper_dataflow_gives_the_per_record_output_sn_for_sn():
+    records = packet_workload(2500, seed=3, pairs=200, apps=4, sources=20)
+    expected = reference_output(paper_dataflow(), records, 4)
+    assert [wire_form(x) for x in reference_output(vectorized_dataflow(), records, 4)] == \
+        [wire_form(x) for x in expected]
+    cluster, _ = run(vectorized_dataflow(), records, partitions=4, batch_rows=256)
+    assert not cluster.errors, cluster.errors
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+@pytest.mark.parametrize("victim", ["node1", "node2"])
+def test_a_node_killed_under_batch_operators_changes_nothing_in_the_output(victim):
+    records = packet_workload(6000, seed=8, pairs=600, apps=4, sources=30)
+    expected = reference_output(paper_dataflow(), records, 4)
+    cluster, _ = run(vectorized_dataflow(), records, partitions=4, kill=victim)
+    assert not cluster.errors and not cluster.controller.error
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+    kinds = [what for _, what, _ in cluster.controller.events]
+    assert "take-over done" in kinds and "catch-up done" in kinds
+
+
+def test_batch_and_record_stages_mix_in_one_dataflow():
+    """Records become columns where a stage of batch operators begins (its schema) and
+    tuples where a stage of record operators follows one."""
+    dataflow = Dataflow([
+        Stage("spread", "k", (Spread,), schema=SCHEMA),
+        Stage("sums", ("k",), (Sums,)),
+        Stage("records", lambda r: r[0], (lambda: Map(lambda r: (r[0], r[1] * 10)),)),
+    ])
+    records = [(i % 7, (i * 5) % 11 - 2) for i in range(900)]
+    cluster, expected = run(dataflow, records, partitions=3, batch_rows=64)
+    assert not cluster.errors, cluster.errors
+    assert len(expected) > 500
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+def test_a_stage_of_batch_operators_needs_columns_in():
+    with pytest.raises(DataflowError, match="stage 'spread': its operators take Arrow batches "
+                                            r"\(process_arrow\), and its input comes as "
+                                            "records: give it schema="):
+        Dataflow([Stage("spread", lambda r: r[0], (Spread,))])
+    with pytest.raises(DataflowError, match=r"key columns \['y'\] are not in its schema"):
+        Dataflow([Stage("spread", ("k", "y"), (Spread,), schema=SCHEMA)])
+    with pytest.raises(DataflowError, match="mixes operators on Arrow batches"):
+        Dataflow([Stage("mixed", "k", (Spread, lambda: Map(str)), schema=SCHEMA)])
+    with pytest.raises(DataflowError, match="schema must be a pyarrow.Schema"):
+        Dataflow([Stage("spread", "k", (Spread,), schema=["k", "x"])])
+    # after a stage of batch operators, columns come without a schema
+    Dataflow([Stage("a", "k", (Spread,), schema=SCHEMA), Stage("b", ("k", "i"), (Spread,))])
+
+
+class Raises(Spread):
+    def process_arrow(self, batch):
+        if pc.any(pc.equal(batch.column("x"), 99)).as_py():
+            raise ValueError("x is 99")
+        return super().process_arrow(batch)
+
+
+class Misnumbers(Spread):
+    def process_arrow(self, batch):
+        rows, out = super().process_arrow(batch)
+        return rows[::-1].copy(), out
+
+
+def first_error(dataflow, records):
+    """The error that stops a job over ``records``."""
+    cluster = ThreadCluster(dataflow, 2, iter(records), standbys=1)
+    with cluster:
+        cluster.wait_until(lambda: cluster.errors or cluster.controller.error, 60)
+    return cluster.controller.error or (cluster.errors and cluster.errors[0])
+
+
+@pytest.mark.parametrize("operator, message", [
+    (Raises, r"operator Raises \(on a batch of \d+ records, \(\d+,\) to \(\d+,\)\) failed in "
+             r"stage 1, partition \d, on the record with sequence number \(\d+,\): "
+             r"ValueError: x is 99"),
+    (Misnumbers, r"operator Misnumbers .* process_arrow must return \(rows, RecordBatch\), "
+                 r"rows non-decreasing"),
+])
+def test_a_batch_operator_that_fails_is_named(operator, message):
+    records = [(i % 5, 99 if i == 300 else i % 7 + 1) for i in range(600)]
+    error = first_error(Dataflow([Stage("s", "k", (operator,), schema=SCHEMA)]), records)
+    assert isinstance(error, OperatorError), error
+    assert re.search(message, str(error)), str(error)
+
+
+def test_a_record_that_does_not_fit_the_schema_is_named_by_its_input():
+    records = [(i % 5, i) for i in range(100)] + [(1, "not an int")] + [(2, 3)] * 10
+    error = first_error(Dataflow([Stage("s", "k", (Spread,), schema=SCHEMA)]), records)
+    assert isinstance(error, OperatorError), error
+    assert "sequence number (101,)" in str(error) and "does not fit the columns" in str(error)
