@@ -3,7 +3,9 @@
 ``check_state_round_trip``: every operator's state must cross msgpack and be
 restored by ``install_state`` exactly, or a replica rebuilt by catch-up or a
 checkpoint would diverge from its twin. ``check_batch_api``: an operator's
-``process_batch`` must give what ``process`` gives record by record. Both run
+``process_batch`` must give what ``process`` gives record by record, and an
+operator on Arrow batches must give for a batch what its rows give one batch
+each (items are cut anywhere, DESIGN 11). Both run
 the dataflow as the failure-free reference does (``flux.reference``) and raise
 ``DataflowError`` naming the operator.
 """
@@ -15,7 +17,7 @@ import msgpack
 
 from flux.dataflow import Dataflow
 from flux.errors import DataflowError
-from flux.operator import OperatorChain, _apply, _apply_batch, wire_form
+from flux.operator import OperatorChain, _apply, _apply_batch, is_batch_operator, wire_form
 from flux.reference import ReferenceRun
 
 
@@ -91,6 +93,34 @@ class _Twin:
         return expected
 
 
+class _BatchTwin(_Twin):
+    """``_Twin`` for an operator on Arrow batches: the copy gets each batch as it would
+    off the wire (through Arrow IPC) and must give the same rows and outputs."""
+
+    def process(self, record: Any) -> list:
+        raise DataflowError(f"{self.where}: an operator on Arrow batches got a record")
+
+    def process_arrow(self, batch: Any) -> tuple:
+        from exchange.columns import from_ipc, to_ipc, to_records
+        rows, out = self.original.process_arrow(batch)
+        try:
+            got_rows, got = self.copy.process_arrow(from_ipc(to_ipc(batch), batch.num_rows))
+        except Exception as exc:
+            raise self._error(f"copy rebuilt from msgpack'd state failed on a batch: "
+                              f"{exc!r}") from exc
+        expected = (list(map(int, rows)), _comparable(to_records(out)))
+        if (list(map(int, got_rows)), _comparable(to_records(got))) != expected:
+            raise self._error(f"copy rebuilt from msgpack'd state emits {to_records(got)!r:.200}"
+                              f", the original emits {to_records(out)!r:.200}")
+        return rows, out
+
+    def get_state(self) -> Any:
+        return self.original.get_state()
+
+    def install_state(self, state: Any) -> None:
+        raise DataflowError(f"{self.where}: a twin of the deploy check takes no state")
+
+
 def _comparable(records: list) -> Any:
     """Records compared as they would cross the wire; as they are if msgpack cannot carry them."""
     try:
@@ -118,7 +148,7 @@ def check_state_round_trip(dataflow: Dataflow, inputs: Iterable[Any], partitions
     for s, stage in enumerate(dataflow.stages):
         for p, chain in enumerate(run.chains[s]):
             chain_twins = [
-                _Twin(
+                (_BatchTwin if is_batch_operator(op) else _Twin)(
                     f"stage {stage.name!r} operator {i} ({type(op).__name__}) "
                     f"in partition {p}",
                     factory,
@@ -142,12 +172,15 @@ def check_batch_api(dataflow: Dataflow, inputs: Iterable[Any]) -> None:
     (``inputs`` through the operators before it, unpartitioned), one record by record, the
     other in batches of uneven sizes; their (index, output) pairs must agree as they cross
     the wire. Raises DataflowError naming the operator."""
-    if not any(hasattr(factory(), "process_batch")
-               for stage in dataflow.stages for factory in stage.operators):
-        return  # nothing to compare
     batch = list(inputs)
+    schema = None  # the columns of ``batch``, after a stage of batch operators
     for stage in dataflow.stages:
+        schema = stage.schema if stage.schema is not None else schema
         for i, factory in enumerate(stage.operators):
+            if is_batch_operator(factory()):
+                batch, schema = _batch_pairs(stage, i, factory, batch, schema)
+                continue
+            schema = None
             single, batched = factory(), factory()
             pairs = [(n, out) for n, record in enumerate(batch) for out in _apply(single, record)]
             if hasattr(batched, "process_batch"):
@@ -162,3 +195,43 @@ def check_batch_api(dataflow: Dataflow, inputs: Iterable[Any]) -> None:
                         f"process_batch gives {got!r:.200}, process record by record gives "
                         f"{pairs!r:.200} (they must agree, with each output's input index)")
             batch = [out for _, out in pairs]
+
+
+def _batch_pairs(stage: Any, i: int, factory: Callable[[], Any], records: list,
+                 schema: Any) -> tuple:
+    """An operator on Arrow batches must give for a batch what it gives for its rows fed
+    one batch each (the reference feeds them so; the runtime's items are cut anywhere):
+    one instance on one-row batches, another on batches of uneven sizes. Returns its
+    outputs (as tuples) and their columns."""
+    from exchange.columns import to_batch, to_records
+    from flux.operator import OperatorChain, OperatorRaised
+
+    where = f"stage {stage.name!r} operator {i}"
+    single, batched = OperatorChain([factory()]), OperatorChain([factory()])
+    columns = to_batch(records, schema)
+
+    def run(chain: OperatorChain, sizes) -> tuple:
+        pairs, start, out_schema = [], 0, None
+        for size in sizes:
+            chunk = columns.slice(start, size)
+            try:
+                rows, out = chain.process_arrow(chunk)
+            except OperatorRaised as raised:
+                raise DataflowError(f"{where} ({type(raised.op).__name__}): "
+                                    f"{raised.error!r}") from raised.error
+            pairs += [(start + int(r), rec) for r, rec in zip(rows, to_records(out))]
+            start, out_schema = start + size, out.schema
+        return pairs, out_schema
+
+    one, out_schema = run(single, [1] * len(records))
+    sizes, left, size = [], len(records), 1
+    while left > 0:
+        sizes.append(min(size, left))
+        left, size = left - sizes[-1], size % 7 + 3
+    many, _ = run(batched, sizes)
+    if _comparable(one) != _comparable(many):
+        raise DataflowError(
+            f"{where} ({type(batched.operators[0]).__name__}): a batch gives {many!r:.200}, "
+            f"its rows one batch each give {one!r:.200} (they must agree, with each "
+            f"output's row)")
+    return [record for _, record in one], out_schema

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pytest
 
 from flux.dataflow import Dataflow, Stage
+from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.errors import DataflowError, OperatorError
 from flux.examples import paper_dataflow, vectorized_dataflow
 from flux.operator import Map, wire_form
@@ -179,3 +180,29 @@ def test_a_record_that_does_not_fit_the_schema_is_named_by_its_input():
     error = first_error(Dataflow([Stage("s", "k", (Spread,), schema=SCHEMA)]), records)
     assert isinstance(error, OperatorError), error
     assert "sequence number (101,)" in str(error) and "does not fit the columns" in str(error)
+
+
+class PerBatch(Spread):
+    """Breaks the batch contract: one output per batch, whatever its rows."""
+
+    def process_arrow(self, batch):
+        return np.array([0]), batch.slice(0, 1)
+
+
+class Forgets(Sums):
+    """Breaks the state contract: its snapshot leaves the last key out."""
+
+    def get_state(self):
+        return super().get_state()[:-1]
+
+
+def test_the_deploy_checks_run_batch_operators_and_name_the_one_that_breaks_a_rule():
+    records = packet_workload(300, seed=1, pairs=20, apps=3, sources=5)
+    check_state_round_trip(vectorized_dataflow(), records, 3)
+    check_batch_api(vectorized_dataflow(), records)
+    ints = [(i % 4, i) for i in range(60)]
+    with pytest.raises(DataflowError, match=r"stage 'p' operator 0 \(PerBatch\): a batch gives"):
+        check_batch_api(Dataflow([Stage("p", "k", (PerBatch,), schema=SCHEMA)]), ints)
+    with pytest.raises(DataflowError, match=r"stage 'f' operator 0 \(Forgets\) in partition "
+                                            r"\d: .*state does not round-trip|emits"):
+        check_state_round_trip(Dataflow([Stage("f", "k", (Forgets,), schema=SCHEMA)]), ints, 2)

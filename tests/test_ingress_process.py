@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(60)
 def spec(dataflow=None) -> dict:
     return dict(dataflow=cloudpickle.dumps(dataflow or counting_dataflow(2)), partitions=2,
                 capacity=64, batch_size=8, replication="flux", window=64, batch_rows=16, inc=-1,
-                host="127.0.0.1", keys=None, ports=None, flush_delay=0.002)
+                host="127.0.0.1", keys=None, ports=None, flush_delay=0.002,
+                item_delay=0.005)
 
 
 def gone(pid: int) -> bool:

@@ -15,6 +15,7 @@ import zmq
 from controller.placement import ChainedDeclustering
 from flux.protocol.builder import MachineBuilder
 from flux.effects import Deliver
+from flux.connectors.sources import NOT_YET
 from flux.examples import paper_dataflow
 from flux.testing.dataflows import counting_dataflow
 from flux.protocol.host import Host
@@ -140,7 +141,7 @@ def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one
     records = iter([("a", 1), ("b", 2), ("a", 3)])
     loop = HostLoop(Host("ingress", {INGRESS: ingress}, 1), transport, where,
                     {n: "tcp://x" for n in where.values()}, source=records,
-                    clock=lambda: now[0], flush_delay=0.01)
+                    clock=lambda: now[0], flush_delay=0.01, item_delay=0.0)
     loop.turn(0)
     assert loop.source_done and transport.sent == []  # taken, and waiting for more
     now[0] = 0.009
@@ -153,6 +154,45 @@ def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one
     # the three records (their keys hash to one partition) leave as one batch to each
     # replica; the other partition's replicas get their progress bound
     assert sorted(sum(len(rows) for _, rows in b.items) for b in batches) == [0, 0, 3, 3]
+
+
+def test_pending_inputs_wait_the_item_delay_and_leave_as_one_item():
+    """Inputs that come while an item waits join it: at a moderate rate items are
+    larger than what the source had at hand each time (an operator on batches pays
+    per batch); none waits longer than ``item_delay``."""
+    from flux.addresses import Addr
+    from flux.data_messages import Batch
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
+    ingress = builder.ingress()
+    where = {Addr(1, i, replica): f"node{i}{replica}" for i in range(2) for replica in (0, 1)}
+    now = [0.0]
+    transport = RecordingTransport()
+    fed = []
+
+    def source():
+        for record in [("a", 1), ("b", 2), ("a", 3)]:
+            fed.append(record)
+            yield record
+            yield NOT_YET  # nothing more at hand until the next turn
+    loop = HostLoop(Host("ingress", {INGRESS: ingress}, 1), transport, where,
+                    {n: "tcp://x" for n in where.values()}, source=source(),
+                    clock=lambda: now[0], flush_delay=0.0, item_delay=0.005)
+    for t in (0.0, 0.001, 0.002):
+        now[0] = t
+        loop.turn(0)
+    assert len(fed) == 3 and ingress.pending_rows() == 3 and ingress.last_item == 0
+    assert loop.local.cut_due() == pytest.approx(0.005)  # the loop wakes for it
+    now[0] = 0.0049
+    loop.turn(0)
+    assert ingress.last_item == 0
+    now[0] = 0.005
+    loop.turn(0)
+    assert ingress.last_item == 3 and ingress.pending_rows() == 0  # one item of all three
+    loop.turn(0)
+    items = {sn for _, env in transport.sent if isinstance(env.msg, Batch)
+             for sn, _ in env.msg.items}
+    assert items == {(3, 0)}
 
 
 class EndlessWork:

@@ -46,6 +46,26 @@ def _key_error(n: int, exc: Exception) -> OperatorError:
                          INGRESS.partition, input_sn(n), describe(exc))
 
 
+def _sub_items(router, partitions: int, first: int,
+               pending: List[Any]) -> List[Optional[NumberedRows]]:
+    """Inputs numbered from ``first``, in the form stage 1 takes and routed to its
+    ``partitions`` by its key (a run at a time: the key is user code, and the error
+    names the input it raised on)."""
+    rows = Rows.of_inputs(first, pending)
+    try:
+        rows = router.prepare(rows)
+        if partitions == 1:
+            return [rows]
+        routes = router.partitions_of(rows)
+    except RouteRefused as refused:
+        raise _key_error(first + refused.row, refused.error) from refused.error
+    except ColumnsError as exc:  # records that do not fit stage 1's columns
+        raise _key_error(first + (exc.row or 0), exc) from exc
+    except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
+        raise _key_error(first, exc) from exc
+    return rows.split(routes, partitions)
+
+
 class Ingress:
     """Accepts the source's records in order, cuts them into items and feeds both
     replicas of stage 1."""
@@ -108,6 +128,15 @@ class Ingress:
         """Is there room for one more input? (An item's worth waits for a buffer.)"""
         return len(self.pending) < self.batch_rows or self.can_cut()
 
+    def pending_rows(self) -> int:
+        return len(self.pending)
+
+    def untaken(self) -> float:
+        """Sub-items stage 1's replicas hold and have not taken yet (sent, not credited),
+        per connection: how far behind stage 1 is."""
+        in_flight, _ = self.out.window_use()
+        return in_flight / (2 * self.partitions)
+
     def can_cut(self) -> bool:
         """Inputs pending, and room for their item in every partition's buffer."""
         if not self.pending:
@@ -148,15 +177,14 @@ class Ingress:
         if len(self.pending) >= self.batch_rows:
             self.cut_item()
 
-    def cut_item(self) -> int:
+    def cut_item(self, force: bool = False) -> int:
         """Make the pending inputs an item and buffer its sub-items (DESIGN 11); returns
         the item's number (its last input), or 0 when nothing is pending or a buffer has
-        no room (back-pressure)."""
-        return self._cut() if self.can_cut() else 0
-
-    def _cut(self) -> int:
+        no room (back-pressure). ``force``: with or without room (a checkpoint's cut)."""
+        if not (self.can_cut() or (force and self.pending)):
+            return 0
         x = self.accepted
-        subs = self._sub_items(x - len(self.pending) + 1)
+        subs = _sub_items(self.router, self.partitions, x - len(self.pending) + 1, self.pending)
         self.pending = []
         self.last_item = x
         if self._waits_for_log(x):  # its inputs are not all in the log yet
@@ -167,25 +195,6 @@ class Ingress:
         else:
             self._put(x, subs)
         return x
-
-    def _sub_items(self, first: int) -> List[Optional[NumberedRows]]:
-        """The pending inputs, numbered from ``first``, in the form stage 1 takes and
-        routed to its partitions by its key (a run at a time: the key is user code, and
-        the error names the input it raised on)."""
-        router = self.router
-        rows = Rows.of_inputs(first, self.pending)
-        try:
-            rows = router.prepare(rows)
-            if self.partitions == 1:
-                return [rows]
-            routes = router.partitions_of(rows)
-        except RouteRefused as refused:
-            raise _key_error(first + refused.row, refused.error) from refused.error
-        except ColumnsError as exc:  # records that do not fit stage 1's columns
-            raise _key_error(first + (exc.row or 0), exc) from exc
-        except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
-            raise _key_error(first, exc) from exc
-        return rows.split(routes, self.partitions)
 
     def _waits_for_log(self, x: int) -> bool:
         """Must item ``x`` wait for the input log before it leaves (DESIGN 10)?"""
@@ -231,7 +240,7 @@ class Ingress:
         if self.out.cut is not None and number <= self.out.cut[0]:
             raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
         if self.pending:  # a cut lies between items: the pending inputs are the last one,
-            self._cut()  # with or without room (a buffer holds one item more at most)
+            self.cut_item(force=True)  # with or without room (a buffer holds one item more at most)
         self.out.cut = (number, self.accepted)
         return [CutChosen(number, self.accepted)]
 

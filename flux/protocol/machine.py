@@ -74,8 +74,15 @@ class Processes(Protocol):
 @runtime_checkable
 class CutsItems(Protocol):
     """Gathers inputs into items and lets them go when the driver says (the ingress,
-    DESIGN 11): a driver that cuts whenever its source has nothing more at hand keeps
-    items small at low rates (latency) and full at high ones (throughput)."""
+    DESIGN 11): a full item leaves by itself; the driver lets one go that waited long
+    enough (``item_delay``), so items are small at low rates (latency) and full at high
+    ones (throughput)."""
+
+    def pending_rows(self) -> int:
+        """How many inputs wait for their item."""
+
+    def untaken(self) -> float:
+        """Items sent and not yet taken by their consumers, per connection."""
 
     def can_cut(self) -> bool:
         """Are inputs pending, with room for their item?"""

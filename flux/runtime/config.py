@@ -35,6 +35,8 @@ class NodeConfig:
     lease: float = 3.0
     chunk_size: int = 1 << 20
     flush_delay: float = 0.002
+    #: seconds an item waits for more inputs before the ingress lets it go unfilled
+    item_delay: float = 0.005
     #: seconds between a node's reports of its segments' counters (monitoring)
     stats_every: float = 1.0
     register_timeout: float = 60.0
@@ -54,7 +56,8 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         check_port_range(self.ports)
-        for name in ("heartbeat", "lease", "flush_delay", "register_timeout", "stats_every"):
+        for name in ("heartbeat", "lease", "flush_delay", "item_delay", "register_timeout",
+                     "stats_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("batch_rows", "capacity", "batch_size", "window", "chunk_size", "partitions", "stages",

@@ -289,7 +289,8 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
                     peer_incs=begin["peer_incs"])
         source = FeedSource(feed)
         loop = HostLoop(host, transport, begin["where"], begin["addresses"], source=source,
-                        incarnations=begin["incarnations"], flush_delay=spec["flush_delay"])
+                        incarnations=begin["incarnations"], flush_delay=spec["flush_delay"],
+                        item_delay=spec["item_delay"])
         source.on_cut = loop.choose_cut
         transport.also_wake_on(feed)
         told, stats_at = ingress.accepted, 0.0

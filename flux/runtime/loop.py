@@ -38,7 +38,7 @@ from flux.envelope import Envelope
 from flux.protocol.host import Host
 from flux.protocol.ingress import INGRESS
 from flux.runtime.catchup_timing import CatchUpTiming
-from flux.runtime.local_steps import LocalSteps
+from flux.runtime.local_steps import ITEM_DELAY, LocalSteps
 from flux.runtime.metrics import Metrics
 from flux.runtime.outbox import Outbox
 from flux.runtime.source_intake import SourceIntake
@@ -62,8 +62,9 @@ class HostLoop:
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
                  max_turn: float = 0.02, stats_every: Optional[float] = None,
                  snapshots=None,
-                 ack_delay: float = 0.005):
+                 ack_delay: float = 0.005, item_delay: float = ITEM_DELAY):
         """``flush_delay``: a batch waits this long for more (``LocalSteps``);
+        ``item_delay``: an ingress's item waits this long for more inputs (``LocalSteps``);
         ``ack_delay``: an ack or credit waits this long for a later one (``Outbox``)."""
         self.host = host
         self.me = ProcAddr(host.name)
@@ -92,7 +93,8 @@ class HostLoop:
         self.mover_relay = mover_relay
         self.outbox = Outbox(transport, addresses, self.dead_processes, clock, ack_delay)
         self.ack_delay = ack_delay
-        self.local = LocalSteps(host, self._emit, clock, flush_delay, self._keeps_snapshot)
+        self.local = LocalSteps(host, self._emit, clock, flush_delay, self._keeps_snapshot,
+                                item_delay)
         self.timing = CatchUpTiming(host, clock)
         #: envelopes taken off the wire, per connection, until the host may take them
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
@@ -161,7 +163,7 @@ class HostLoop:
         due_in = self.intake.due_in()
         if due_in is not None:
             timeout_ms = min(timeout_ms, math.ceil(due_in * 1000))
-        for due in (self.local.flush_due(), self.outbox.acks_due()):
+        for due in (self.local.flush_due(), self.local.cut_due(), self.outbox.acks_due()):
             if due is not None:
                 timeout_ms = max(0, min(timeout_ms, math.ceil((due - self.clock()) * 1000)))
         return timeout_ms

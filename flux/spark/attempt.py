@@ -100,7 +100,8 @@ class Attempt:
             batch_size=config.batch_size, replication=config.replication,
             window=config.window, batch_rows=config.batch_rows,
             inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
-            keys=config.keys, ports=config.ports, flush_delay=config.flush_delay))
+            keys=config.keys, ports=config.ports, flush_delay=config.flush_delay,
+            item_delay=config.item_delay))
         self.ctx = zmq.Context()
         try:  # whatever fails from here on, the ingress process and the sockets go with it
             for n, inc in DRIVER_INCS.items():

@@ -100,7 +100,8 @@ class FluxJob:
             replication=opts.replication.mode, capacity=tuning.capacity,
             batch_size=tuning.batch_size, window=tuning.window, batch_rows=tuning.batch_rows,
             heartbeat=opts.network.heartbeat, lease=opts.network.lease,
-            chunk_size=tuning.chunk_size, flush_delay=tuning.flush_delay, secret=self.secret,
+            chunk_size=tuning.chunk_size, flush_delay=tuning.flush_delay,
+            item_delay=tuning.item_delay, secret=self.secret,
             curve=opts.network.authenticate, ports=opts.network.ports,
             checkpoint_full_every=opts.checkpoints.full_every)
         self._checkpointing: Optional[DriverCheckpoints] = None

@@ -85,6 +85,10 @@ class Tuning:
     capacity: int = 16
     batch_size: int = 4
     window: int = 16
+    #: seconds the ingress lets an item wait for more inputs before it leaves unfilled:
+    #: larger items at moderate rates (an operator on batches pays per batch), at most
+    #: this much latency more
+    item_delay: float = 0.005
     flush_delay: float = 0.002
     chunk_size: int = 1 << 20
     metrics_interval: float = 0.1
