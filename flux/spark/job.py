@@ -98,7 +98,8 @@ class FluxJob:
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
             replication=opts.replication.mode, capacity=tuning.capacity,
-            batch_size=tuning.batch_size, window=tuning.window, batch_rows=tuning.batch_rows,
+            batch_size=tuning.batch_size, window=tuning.window,
+            batch_rows=tuning.batch_rows or dataflow.default_batch_rows(),
             heartbeat=opts.network.heartbeat, lease=opts.network.lease,
             chunk_size=tuning.chunk_size, flush_delay=tuning.flush_delay,
             item_delay=tuning.item_delay, secret=self.secret,
