@@ -96,13 +96,15 @@ class ArrowRows(NumberedRows):
         if count == 1 or (partitions == partitions[0]).all():
             out[int(partitions[0])] = self
             return out
+        # one gather into destination order, then zero-copy slices (a gather per
+        # destination cost twice as much)
         order = np.argsort(partitions, kind="stable")
-        bounds = np.searchsorted(partitions[order], np.arange(count + 1))
+        bounds = np.searchsorted(partitions[order], np.arange(count + 1)).tolist()
+        batch, sns = self.batch.take(pa.array(order)), self.sns[order]
         for d in range(count):
             lo, hi = bounds[d], bounds[d + 1]
             if lo < hi:
-                taken = order[lo:hi]
-                out[d] = ArrowRows(self.sns[taken], self.batch.take(pa.array(taken)))
+                out[d] = ArrowRows(sns[lo:hi], batch.slice(lo, hi - lo))
         return out
 
     def outputs(self, parents: np.ndarray, batch: pa.RecordBatch) -> "ArrowRows":
@@ -129,16 +131,8 @@ class ArrowRows(NumberedRows):
             if not part.batch.schema.equals(schema):
                 raise ColumnsError(f"parts of one item have one schema: {schema} and "
                                    f"{part.batch.schema}")
-        table = pa.Table.from_batches([part.batch for part in parts], schema=schema)
-        return cls(sns[order], _one_batch(table.take(pa.array(order)), schema))
-
-
-def _one_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    """A table as one record batch (an empty one keeps its schema)."""
-    batches = table.combine_chunks().to_batches()
-    if not batches:
-        return pa.RecordBatch.from_pylist([], schema=schema)
-    return batches[0]
+        batch = pa.concat_batches([part.batch for part in parts])
+        return cls(sns[order], batch.take(pa.array(order)))
 
 
 def to_ipc(batch: pa.RecordBatch) -> bytes:

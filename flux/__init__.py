@@ -31,7 +31,7 @@ from flux.errors import (
     SinkFenced,
     SourceOrderUnknown,
 )
-from flux.examples import paper_dataflow
+from flux.examples import paper_dataflow, vectorized_dataflow
 from flux.expiry import Expiry
 from flux.keyed_state import KeyedOperator, KeyedState
 from flux.operator import (
@@ -39,6 +39,7 @@ from flux.operator import (
     FlatMap,
     KeyedAggregate,
     Map,
+    BatchOperator,
     Operator,
     keyed_state,
     keyed_table,
@@ -57,6 +58,8 @@ _LAZY = {
     "JsonLinesSink": "flux.connectors.sinks",
     "read_json_lines": "flux.connectors.sinks",
     "FileSource": "flux.connectors.file_source",
+    "MapInPandas": "flux.pandas_map",
+    "MapInArrow": "flux.pandas_map",
     "FileSink": "flux.connectors.file_sink",
     "read_file_sink": "flux.connectors.file_sink",
     "DeltaSink": "flux.connectors.delta_sink",
@@ -76,7 +79,9 @@ __all__ = [
     # operators: the contract, stateless helpers, keyed state, the paper's operators
     "Operator", "Map", "Filter", "FlatMap", "KeyedAggregate", "keyed_state", "keyed_table",
     "tuplify", "SessionReconstruction", "session_key", "WindowedDurationStats", "stats_key",
-    "paper_dataflow",
+    "paper_dataflow", "vectorized_dataflow",
+    # operators on Arrow batches: the contract, pandas and Arrow functions
+    "BatchOperator", "MapInPandas", "MapInArrow",
     "KeyedState", "KeyedOperator", "Expiry",
     # sources, sinks, inputs and the failure-free reference
     "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",

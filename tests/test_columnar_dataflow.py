@@ -206,3 +206,40 @@ def test_the_deploy_checks_run_batch_operators_and_name_the_one_that_breaks_a_ru
     with pytest.raises(DataflowError, match=r"stage 'f' operator 0 \(Forgets\) in partition "
                                             r"\d: .*state does not round-trip|emits"):
         check_state_round_trip(Dataflow([Stage("f", "k", (Forgets,), schema=SCHEMA)]), ints, 2)
+
+
+def explode_even(df):
+    """Drops odd x, and makes x // 2 rows (k, x, j) of each even one (pandas keeps the
+    input row's position as the index through the filter and the explode)."""
+    df = df[df.x % 2 == 0]
+    df = df.assign(j=[list(range(x // 2)) for x in df.x]).explode("j")
+    return df.dropna(subset=["j"]).astype({"j": "int64"})
+
+
+def test_a_pandas_function_is_an_operator_numbered_as_record_by_record():
+    from flux import MapInPandas
+
+    dataflow = Dataflow([Stage("pandas", "k", (lambda: MapInPandas(explode_even),),
+                               schema=SCHEMA),
+                         Stage("sums", ("k",), (Sums,))])
+    records = [(i % 6, i % 9) for i in range(700)]
+    cluster, expected = run(dataflow, records, partitions=2, batch_rows=50)
+    assert not cluster.errors, cluster.errors
+    # by hand: input n = (k, x) with x even makes x // 2 rows, each (k, running sum of k)
+    sums, by_hand = {}, []
+    for n, (k, x) in enumerate(records, 1):
+        for j in range(x // 2 if x % 2 == 0 else 0):
+            sums[k] = sums.get(k, 0) + x
+            by_hand.append(((n, j + 1, 1), (k, sums[k])))
+    assert expected == by_hand
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in by_hand]
+
+
+def test_a_pandas_function_that_loses_the_index_is_named():
+    from flux import MapInPandas
+
+    records = [(i % 3, i) for i in range(40)]
+    error = first_error(Dataflow([Stage("p", "k", (lambda: MapInPandas(
+        lambda df: df.reset_index(drop=True).iloc[::-1]),), schema=SCHEMA)]), records)
+    assert isinstance(error, OperatorError), error
+    assert "rows non-decreasing" in str(error)
