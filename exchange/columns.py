@@ -67,9 +67,17 @@ class ArrowRows(NumberedRows):
 
     @classmethod
     def of(cls, rows: NumberedRows, schema: pa.Schema) -> "ArrowRows":
-        """``rows`` as columns of ``schema`` (a columnar stage's input from records)."""
+        """``rows`` as columns of ``schema`` (a columnar stage's input from records, or
+        from a columnar source whose batches have other types: cast where Arrow can)."""
         if isinstance(rows, ArrowRows):
-            return rows
+            if rows.batch.schema.equals(schema):
+                return rows
+            try:
+                return cls(rows.sns, rows.batch.select(schema.names).cast(schema))
+            except (KeyError, ValueError, pa.ArrowException) as exc:
+                raise ColumnsError(f"a batch of columns {rows.batch.schema.names} "
+                                   f"({', '.join(map(str, rows.batch.schema.types))}) does "
+                                   f"not fit the columns {schema.names}: {exc}") from None
         return cls(rows.sns, to_batch(rows.records, schema))
 
     @cached_property

@@ -26,6 +26,7 @@ same ``sns`` beside a ``pyarrow.RecordBatch`` (a columnar stage's item). Both ar
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
@@ -33,6 +34,13 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 SN = Tuple[int, ...]
+
+
+def is_columnar(run: Any) -> bool:
+    """Is ``run`` a ``pyarrow.RecordBatch`` (inputs as columns), not a record or a list
+    of records? (No object is one where pyarrow was never imported.)"""
+    arrow = sys.modules.get("pyarrow")
+    return arrow is not None and isinstance(run, arrow.RecordBatch)
 
 
 class ColumnsError(ValueError):

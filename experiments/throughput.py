@@ -19,7 +19,9 @@ Measures in one run, on one machine (DESIGN 9):
 
 All of it for each kind of operators (``--operators``): the paper's per-record
 operators, and their twins on Arrow batches (``flux.examples.vectorized``; alone
-they run on batches of 1024 rows made beforehand), each replicated run's output
+they run on batches of 1024 rows made beforehand, and the replicated runs are fed
+the same batches, a columnar source's, unless ``--vectorized-input records``;
+the steady-rate probes feed records for both kinds), each replicated run's output
 checked against the per-record reference (the two give it SN for SN). Runs of
 both kinds and every mode alternate, so ratios between them come from one
 stretch of the machine's speed.
@@ -88,14 +90,21 @@ def operators_alone(dataflow, records: List[Any]) -> Callable[[], int]:
     return run
 
 
+def as_batches(records: List[Any]) -> List[Any]:
+    """The packets as Arrow batches of ``ALONE_BATCH`` rows (a columnar source's)."""
+    from exchange.columns import to_batch
+    from flux.examples.vectorized import PACKET_SCHEMA
+
+    return [to_batch(records[i:i + ALONE_BATCH], PACKET_SCHEMA)
+            for i in range(0, len(records), ALONE_BATCH)]
+
+
 def vectorized_alone(records: List[Any]) -> Callable[[], int]:
     """The vectorized operators, one instance each, on batches of ``ALONE_BATCH`` rows
-    made beforehand (the columns the ingress makes are the data plane's work)."""
-    from exchange.columns import to_batch
-    from flux.examples.vectorized import PACKET_SCHEMA, VectorizedSessions, VectorizedStats
+    made beforehand."""
+    from flux.examples.vectorized import VectorizedSessions, VectorizedStats
 
-    batches = [to_batch(records[i:i + ALONE_BATCH], PACKET_SCHEMA)
-               for i in range(0, len(records), ALONE_BATCH)]
+    batches = as_batches(records)
 
     def run() -> int:
         sessions, stats, outputs = VectorizedSessions(), VectorizedStats(), 0
@@ -138,7 +147,10 @@ def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
     """One run of ``mode`` fed as fast as the ingress takes input."""
     from flux.spark.job import FluxJob
 
-    job = FluxJob(spark, dataflow_of(kind), records, nodes=args.nodes, standbys=0,
+    source = records
+    if kind == "vectorized" and args.vectorized_input == "batches":
+        source = as_batches(records)
+    job = FluxJob(spark, dataflow_of(kind), source, nodes=args.nodes, standbys=0,
                   replication=mode, authenticate=authenticate)
     with job:
         job.wait_until(lambda: job.controller.started, 120)
@@ -250,6 +262,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--operators", default=",".join(KINDS),
                     help="per-record, vectorized or both (alternated)")
+    ap.add_argument("--vectorized-input", choices=("batches", "records"), default="batches",
+                    help="what the vectorized kind's full-rate runs are fed")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5, help="single-process measurements")
     ap.add_argument("--probes", type=int, default=6, help="steps of the steady-rate search")

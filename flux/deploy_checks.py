@@ -18,7 +18,7 @@ import msgpack
 from flux.dataflow import Dataflow
 from flux.errors import DataflowError
 from flux.operator import OperatorChain, _apply, _apply_batch, is_batch_operator, wire_form
-from flux.reference import ReferenceRun
+from flux.reference import ReferenceRun, input_records
 
 
 # --- state round trip (DESIGN 4.1) ----------------------------------------
@@ -172,7 +172,7 @@ def check_batch_api(dataflow: Dataflow, inputs: Iterable[Any]) -> None:
     (``inputs`` through the operators before it, unpartitioned), one record by record, the
     other in batches of uneven sizes; their (index, output) pairs must agree as they cross
     the wire. Raises DataflowError naming the operator."""
-    batch = list(inputs)
+    batch = input_records(inputs)
     schema = None  # the columns of ``batch``, after a stage of batch operators
     for stage in dataflow.stages:
         schema = stage.schema if stage.schema is not None else schema

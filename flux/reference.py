@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from exchange.routing import RecordRouter, router_for
-from exchange.rows import NumberedRows, Rows
+from exchange.rows import NumberedRows, Rows, is_columnar
 from flux.operator import OperatorChain, OperatorRaised
 from flux.sequence import SN, input_sn, output_sn
 
@@ -46,9 +46,18 @@ class ReferenceRun:
         self.fed = 0
 
     def feed(self, record: Any) -> list[tuple[SN, Any]]:
-        """Push the next input through every stage; the final outputs it caused, in SN order."""
-        self.fed += 1
+        """Push the next input through every stage; the final outputs it caused, in SN order.
+        A ``pyarrow.RecordBatch`` (a columnar source's) is as many inputs as its rows."""
         out: list[tuple[SN, Any]] = []
+        if is_columnar(record):
+            from exchange.columns import ArrowRows
+            for i in range(record.num_rows):
+                self.fed += 1
+                sn = input_sn(self.fed)
+                self._push(0, sn, ArrowRows(np.array([sn], dtype=np.int64),
+                                            record.slice(i, 1)), out)
+            return out
+        self.fed += 1
         self._push(0, input_sn(self.fed), record, out)
         return out
 
@@ -90,6 +99,19 @@ def _one_row(sn: SN, record: Any) -> NumberedRows:
     if isinstance(record, NumberedRows):
         return record
     return Rows(np.array([sn], dtype=np.int64), [record])
+
+
+def input_records(inputs: Iterable[Any]) -> list:
+    """The inputs one record each: a columnar source's batches as the tuples of their
+    rows."""
+    out: list = []
+    for record in inputs:
+        if is_columnar(record):
+            from exchange.columns import to_records
+            out.extend(to_records(record))
+        else:
+            out.append(record)
+    return out
 
 
 def reference_output(

@@ -243,3 +243,27 @@ def test_a_pandas_function_that_loses_the_index_is_named():
         lambda df: df.reset_index(drop=True).iloc[::-1]),), schema=SCHEMA)]), records)
     assert isinstance(error, OperatorError), error
     assert "rows non-decreasing" in str(error)
+
+
+def test_a_source_of_arrow_batches_gives_the_output_of_its_rows_as_records():
+    """A columnar source's batches are as many inputs as their rows, numbered in order;
+    records between them make items of their own kind."""
+    from exchange.columns import to_batch
+    from flux.examples.vectorized import PACKET_SCHEMA
+
+    records = packet_workload(3000, seed=5, pairs=150, apps=3, sources=10)
+    source, i, size = [], 0, 1
+    while i < len(records):
+        chunk = records[i:i + size]
+        if size % 5 == 0:
+            source.extend(chunk)  # now and then plain records between batches
+        else:
+            source.append(to_batch(chunk, PACKET_SCHEMA))
+        i, size = i + size, size % 97 + 3
+    expected = reference_output(paper_dataflow(), records, 3)
+    assert reference_output(vectorized_dataflow(), source, 3) == expected
+    cluster = ThreadCluster(vectorized_dataflow(), 3, iter(source), standbys=1, batch_rows=512)
+    with cluster:
+        cluster.wait_until(lambda: len(cluster.delivered) >= len(expected) or cluster.errors, 60)
+    assert not cluster.errors, cluster.errors
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]

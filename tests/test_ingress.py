@@ -70,7 +70,7 @@ def test_initial_state():
     assert modes(ing.out) == [[SEND | ACK, SEND | ACK], [SEND | ACK, SEND | ACK]]
     assert statuses(ing.out) == [[ACTIVE, ACTIVE], [ACTIVE, ACTIVE]]
     assert all(b.delete == {PRIM, SEC} for b in ing.out.buffers)
-    assert ing.accepted == 0 and ing.pending == [] and ing.last_item == 0
+    assert ing.accepted == 0 and ing.pending.records == [] and ing.last_item == 0
     assert ing.batch_rows == 1024
     assert not ing.can_cut() and ing.cut_item() == 0  # nothing pending: no item
     assert ing.frontier() == NO_PROGRESS
@@ -88,13 +88,13 @@ def test_accept_numbers_inputs_and_routes_by_key():
     assert ing.accept(a) == (1,)
     assert ing.accept(b) == (2,)
     assert ing.accept(c) == (3,)
-    assert ing.accepted == 3 and ing.pending == [a, b, c]
+    assert ing.accepted == 3 and ing.pending.records == [a, b, c]
     # no item yet: nothing buffered, nothing promised
     assert ing.frontier() == NO_PROGRESS
     assert all(len(buf) == 0 for buf in ing.out.buffers)
     assert ing.can_cut()
     assert ing.cut_item() == 3  # an item is numbered by its last input
-    assert ing.pending == [] and ing.last_item == 3
+    assert ing.pending.records == [] and ing.last_item == 3
     assert ing.frontier() == (3,)
     # one sub-item per partition, its rows routed by key, in input order, row SN (n,)
     assert entries(ing, 0) == [((3, 0), sub((1, a), (3, c)))]
@@ -120,10 +120,10 @@ def test_an_item_is_cut_after_batch_rows_inputs_and_goes_only_where_it_has_rows(
     ing = make(partitions=3, batch_rows=3)
     x, y, z = rec("k0", "x"), rec("k2", "y"), rec("k0", "z")
     assert ing.accept(x) == (1,) and ing.accept(y) == (2,)
-    assert ing.last_item == 0 and ing.pending == [x, y]
+    assert ing.last_item == 0 and ing.pending.records == [x, y]
     assert ing.frontier() == NO_PROGRESS and ing.flushable() == []
     assert ing.accept(z) == (3,)  # the third input fills the item: it leaves at once
-    assert ing.pending == [] and ing.last_item == 3 and ing.frontier() == (3,)
+    assert ing.pending.records == [] and ing.last_item == 3 and ing.frontier() == (3,)
     # sub-items only for the partitions that got rows; partition 1 gets none
     assert [entries(ing, i) for i in range(3)] == [
         [((3, 0), sub((1, x), (3, z)))], [], [((3, 0), sub((2, y)))]]
@@ -138,7 +138,7 @@ def test_an_item_is_cut_after_batch_rows_inputs_and_goes_only_where_it_has_rows(
     assert ing.flushable() == []
     # the next input starts the next item and moves no bound
     assert ing.accept(rec("k1", "w")) == (4,)
-    assert ing.pending == [rec("k1", "w")] and ing.frontier() == (3,) and ing.flushable() == []
+    assert ing.pending.records == [rec("k1", "w")] and ing.frontier() == (3,) and ing.flushable() == []
 
 
 def test_full_partition_buffer_refuses_and_numbers_nothing():
@@ -149,7 +149,7 @@ def test_full_partition_buffer_refuses_and_numbers_nothing():
     before = entries(ing, 0)
     # the next input fills the pending item, which cannot leave
     assert ing.accept(rec("k0", 3)) == (3,)
-    assert ing.pending == [rec("k0", 3)] and not ing.can_cut() and ing.cut_item() == 0
+    assert ing.pending.records == [rec("k0", 3)] and not ing.can_cut() and ing.cut_item() == 0
     # back-pressure: the item is full and cannot leave, whatever partition the next
     # input would go to; the refused input gets no number
     assert not ing.can_accept(rec("k1", 4))
@@ -158,7 +158,7 @@ def test_full_partition_buffer_refuses_and_numbers_nothing():
     assert ing.accepted == 3
     assert ing.frontier() == (2,)
     assert entries(ing, 0) == before and entries(ing, 1) == []
-    assert ing.pending == [rec("k0", 3)]  # held, not dropped
+    assert ing.pending.records == [rec("k0", 3)]  # held, not dropped
 
 
 def test_refused_partition_accepts_again_once_both_replicas_acked():
@@ -173,7 +173,7 @@ def test_refused_partition_accepts_again_once_both_replicas_acked():
     assert ing.accept(rec("k0", 4)) == (4,)
     # item 3 left first, with input 3; input 4 waits for the next room
     assert entries(ing, 0) == [((2, 0), sub((2, rec("k0", 2)))), ((3, 0), sub((3, rec("k0", 3))))]
-    assert ing.pending == [rec("k0", 4)] and ing.last_item == 3
+    assert ing.pending.records == [rec("k0", 4)] and ing.last_item == 3
 
 
 def test_a_full_buffer_stops_the_cut_then_the_source_and_loses_no_pending_input():
@@ -184,19 +184,19 @@ def test_a_full_buffer_stops_the_cut_then_the_source_and_loses_no_pending_input(
     assert ing.accept(more[0]) == (4,) and ing.accept(more[1]) == (5,)
     # partition 0's buffer has no room: no item can be cut (partition 1's has room)
     assert not ing.can_cut() and ing.cut_item() == 0
-    assert ing.pending == more[:2] and ing.last_item == 3
+    assert ing.pending.records == more[:2] and ing.last_item == 3
     assert ing.accept(more[2]) == (6,)  # the item is full now, and cannot leave
     assert not ing.can_accept(more[3])
     assert ing.accept(more[3]) is None and ing.accept_many(more[3:]) == 0
     assert (ing.accepted, ing.last_item, ing.frontier()) == (6, 3, (3,))
-    assert ing.pending == more[:3]
+    assert ing.pending.records == more[:3]
     # both replicas of partition 0 hold item 3: there is room, the item leaves whole
     for d, replica in ((PRIM, P0), (SEC, S0)):
         ing.flush(0, d)
         ing.on_message(replica, Ack((3, 0)))
     assert ing.can_accept(more[3])
     assert ing.accept(more[3]) == (7,)
-    assert ing.last_item == 6 and ing.pending == [more[3]]
+    assert ing.last_item == 6 and ing.pending.records == [more[3]]
     assert entries(ing, 0) == [((6, 0), sub((5, more[1])))]
     assert entries(ing, 1) == [((6, 0), sub((4, more[0]), (6, more[2])))]
     # every input accepted while the buffer was full is in item 6, once
@@ -214,7 +214,7 @@ def test_choose_cut_cuts_the_pending_item_and_covers_every_accepted_input():
     # even without room (the checkpoint's cut lies between two items)
     assert ing.choose_cut(1) == [CutChosen(1, 5)]
     assert ing.out.cut == (1, ing.accepted) == (1, 5)
-    assert ing.pending == [] and ing.last_item == 5 and ing.frontier() == (5,)
+    assert ing.pending.records == [] and ing.last_item == 5 and ing.frontier() == (5,)
     assert entries(ing, 0) == [((2, 0), sub((1, rec("k0", 1)))),
                                ((5, 0), sub((3, rec("k0", 3)), (4, rec("k0", 4))))]
     assert entries(ing, 1) == [((2, 0), sub((2, rec("k1", 2)))), ((5, 0), sub((5, rec("k1", 5))))]
@@ -485,12 +485,12 @@ def test_accept_many_is_accept_one_by_one_until_back_pressure(seed):
         if rng.random() < 0.3:  # the driver cuts what is pending now and then
             assert many.cut_item() == one.cut_item()
     assert many.accepted == one.accepted and many.frontier() == one.frontier()
-    assert many.pending == one.pending
+    assert many.pending.records == one.pending.records
     assert [entries(many, i) for i in (0, 1)] == [entries(one, i) for i in (0, 1)]
     # nothing lost: every accepted input is pending or in exactly one item
     for ing in (one, many):
         got = sorted(pairs(ing.out.buffers[0].entries() + ing.out.buffers[1].entries()))
-        got += [((ing.accepted - len(ing.pending) + k + 1,), r) for k, r in enumerate(ing.pending)]
+        got += [((ing.accepted - len(ing.pending) + k + 1,), r) for k, r in enumerate(ing.pending.records)]
         assert got == [((k + 1,), r) for k, r in enumerate(records[:ing.accepted])]
 
 

@@ -25,7 +25,7 @@ from typing import Any, Deque, Iterable, List, Optional, Sequence, Set, Tuple
 
 
 from exchange.routing import RouteRefused
-from exchange.rows import ColumnsError, NumberedRows, Rows
+from exchange.rows import ColumnsError, NumberedRows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
 from flux.control_messages import SegmentStats
@@ -33,6 +33,7 @@ from flux.data_messages import Ack, Credit, CSync, Pause
 from flux.effects import CutChosen, Send
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.operator import describe
+from flux.protocol.pending_inputs import PendingInputs
 from flux.protocol.producer import ACK, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 
@@ -47,11 +48,11 @@ def _key_error(n: int, exc: Exception) -> OperatorError:
 
 
 def _sub_items(router, partitions: int, first: int,
-               pending: List[Any]) -> List[Optional[NumberedRows]]:
+               pending: PendingInputs) -> List[Optional[NumberedRows]]:
     """Inputs numbered from ``first``, in the form stage 1 takes and routed to its
     ``partitions`` by its key (a run at a time: the key is user code, and the error
     names the input it raised on)."""
-    rows = Rows.of_inputs(first, pending)
+    rows = pending.rows(first)
     try:
         rows = router.prepare(rows)
         if partitions == 1:
@@ -101,7 +102,7 @@ class Ingress:
         self.capacity = capacity
         self.log_inputs = log_inputs
         #: accepted inputs not yet in an item
-        self.pending: List[Any] = []
+        self.pending = PendingInputs()
         #: the number of the last item cut (its last input; 0: none yet)
         self.last_item = 0
         #: items up to this number may leave (all of them without an input log)
@@ -150,18 +151,22 @@ class Ingress:
     def accept(self, record: Any) -> Optional[SN]:
         """Figure 3 action 1: the input's SN, or None (back-pressure) when its item is
         full and cannot leave; a full item leaves at once when it can."""
-        if len(self.pending) >= self.batch_rows and not self.cut_item():
+        if (len(self.pending) >= self.batch_rows or not self.pending.takes([record])) \
+                and not self.cut_item():
             return None
-        self._take((record,))
+        self._take([record])
         return (self.accepted,)  # input_sn(accepted), >= 1 by construction
 
-    def accept_many(self, records: Sequence[Any]) -> int:
+    def accept_many(self, records: Any) -> int:
         """``accept`` for each of ``records`` in order until one meets back-pressure;
-        returns how many were accepted (a run at a time, up to a full item)."""
+        returns how many were accepted (a run at a time, up to a full item).
+        ``records``: a list of records, or an Arrow batch whose rows are the inputs (a
+        columnar source's); the pending item is cut first if it holds the other kind."""
         n, total = 0, len(records)
         while n < total:
             room = self.batch_rows - len(self.pending)
-            if room <= 0:  # a full item: it leaves, or back-pressure stops the run
+            if room <= 0 or not self.pending.takes(records):
+                # a full item, or one of the other kind: it leaves, or back-pressure stops
                 if not self.cut_item():
                     break
                 continue
@@ -170,10 +175,10 @@ class Ingress:
             n += len(run)
         return n
 
-    def _take(self, records: Sequence[Any]) -> None:
+    def _take(self, records: Any) -> None:
         """Accepted inputs, in order, into the pending item; a full one leaves when it can."""
         self.accepted += len(records)
-        self.pending.extend(records)
+        self.pending.add(records)
         if len(self.pending) >= self.batch_rows:
             self.cut_item()
 
@@ -185,7 +190,7 @@ class Ingress:
             return 0
         x = self.accepted
         subs = _sub_items(self.router, self.partitions, x - len(self.pending) + 1, self.pending)
-        self.pending = []
+        self.pending.clear()
         self.last_item = x
         if self._waits_for_log(x):  # its inputs are not all in the log yet
             self.held.append((x, subs))

@@ -31,6 +31,8 @@ from flux.runtime.ingress_process import (
 )
 from flux.connector_api import DroppingSource, Source, TimedSource, WaitingSource
 from flux.connectors.sources import NOT_YET
+from flux.errors import DataflowError
+from exchange.rows import is_columnar
 
 #: records handed over ahead of what the ingress accepted: enough to cover the round trip
 #: to the process at full rate, few enough to keep the feed's queue short
@@ -59,7 +61,8 @@ class IngressFeed:
         self.last_cut: Optional[int] = None  # the input the last checkpoint's cut follows
         self.input_log, self.logged_before = input_log, logged_before
         self._submitted = accepted  # the last input given to the log's writer
-        #: read and waiting for the log: [first input, records, partitions, position after]
+        #: read and waiting for the log: [first input, records, partitions, position after,
+        #: inputs]
         self._unlogged: Deque[list] = deque()
         self._ended = False  # END was sent
         self._source_waits_until = 0.0
@@ -122,7 +125,8 @@ class IngressFeed:
         parts: List[Any] = []
         logs, timed = self.input_log is not None, self._timed
         self._source_waits_until = 0.0
-        for _ in range(limit):
+        count = 0  # inputs read: a columnar source's batch is as many as its rows
+        while count < limit:
             record = next(source, None)
             if record is NOT_YET:
                 self._source_waits_until = time.monotonic() + (
@@ -131,8 +135,17 @@ class IngressFeed:
             if record is None:
                 self.source_done = True
                 break
+            n = 1
+            if is_columnar(record):
+                if logs:  # its partitions' interleaving would be logged per input
+                    raise DataflowError("a source that hands over Arrow batches cannot have "
+                                        "partitions of its own (an input log) yet")
+                n = len(record)
+                if not n:
+                    continue  # an empty batch holds no input
             records.append(record)
-            arrivals.append(source.arrival if timed else None)
+            count += n
+            arrivals.extend([source.arrival if timed else None] * n)
             if logs:
                 parts.append(source.last[0])
         self._dropped()
@@ -141,12 +154,12 @@ class IngressFeed:
         if self.metrics is not None:
             self.metrics.inputs_taken(arrivals)
         first = self.read + 1
-        self.read += len(records)
+        self.read += count
         position = source.position if self._placed else None
         if logs and first > self.logged_before:
-            self._unlogged.append([first, records, parts, position])
+            self._unlogged.append([first, records, parts, position, count])
         else:
-            self._hand_over(records, position)
+            self._hand_over(records, position, count)
         return True
 
     def _dropped(self) -> None:
@@ -159,21 +172,23 @@ class IngressFeed:
         writer, moved = self.input_log, False
         last = writer.done()
         if last is not None:
-            while self._unlogged and self._unlogged[0][0] + len(self._unlogged[0][1]) - 1 <= last:
-                _, records, _, position = self._unlogged.popleft()
-                self._hand_over(records, position)
+            while self._unlogged and self._unlogged[0][0] + self._unlogged[0][4] - 1 <= last:
+                _, records, _, position, count = self._unlogged.popleft()
+                self._hand_over(records, position, count)
                 moved = True
         if not writer.busy:
             todo = [c for c in self._unlogged if c[0] > self._submitted]
             if todo:
                 writer.submit(todo[0][0], [p for c in todo for p in c[2]])
-                self._submitted = todo[-1][0] + len(todo[-1][1]) - 1
+                self._submitted = todo[-1][0] + todo[-1][4] - 1
                 moved = True
         return moved
 
-    def _hand_over(self, records: List[Any], position: Any) -> None:
+    def _hand_over(self, records: List[Any], position: Any, count: int) -> None:
+        """``records``: records and batches of inputs as columns (pickled as Arrow
+        buffers), ``count`` inputs in all."""
         self.process.send(RECORDS, records)
-        self.handed += len(records)
+        self.handed += count
         self.position = position
 
     # -- checkpoints ---------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any, Deque, List, Optional, Tuple
 import zmq
 
 from flux.errors import IngressLost, OperatorError
+from exchange.rows import is_columnar
 from flux.runtime import temp_folders
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,8 @@ class _Cut:
 class FeedSource:
     """The records the driver handed over, in order, as the ``HostLoop``'s source, taken
     a run at a time (``take``); a checkpoint's cut is chosen once every input before it
-    was accepted."""
+    was accepted. A columnar source's batches (inputs as Arrow columns) stay batches:
+    a run is a list of records or a batch."""
 
     def __init__(self, feed: zmq.Socket):
         self.feed = feed
@@ -206,19 +208,27 @@ class FeedSource:
             self.pump()
         while waiting and type(waiting[0]) is _Cut:
             self.on_cut(waiting.popleft().number)
+        if waiting and is_columnar(waiting[0]):  # a batch of inputs as columns: a run
+            batch = waiting.popleft()
+            if len(batch) > limit:
+                waiting.appendleft(batch[limit:])
+            return batch[:limit]
         out: List[Any] = []
         popleft = waiting.popleft
         for _ in range(min(limit, len(waiting))):
-            if type(waiting[0]) is _Cut:
+            if type(waiting[0]) is _Cut or is_columnar(waiting[0]):
                 break
             out.append(popleft())
         if not out and not waiting and self.ended:
             self.finished = True
         return out
 
-    def put_back(self, records: List[Any]) -> None:
-        """Records ``take`` gave that the ingress could not accept: first again."""
-        self.waiting.extendleft(reversed(records))
+    def put_back(self, records: Any) -> None:
+        """A run ``take`` gave (its rest) that the ingress could not accept: first again."""
+        if is_columnar(records):
+            self.waiting.appendleft(records)
+        else:
+            self.waiting.extendleft(reversed(records))
 
     def pump(self) -> bool:
         """Take what the driver sent; True if records, a cut or the end came."""

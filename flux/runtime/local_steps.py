@@ -23,14 +23,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from flux.dataflow import ITEM_DELAY
 from flux.protocol.host import Host
 from flux.protocol.machine import Flushes
 
 #: items one segment processes before the loop looks at its other work: one (up to
 #: ``batch_rows`` inputs), so acks, credits and flushes wait for no more than one item
 PROCESS_PER_STEP = 1
-#: seconds an item waits for more inputs before it leaves not full
-ITEM_DELAY = 0.005
 
 
 class LocalSteps:

@@ -13,6 +13,7 @@ from typing import Any, Iterator, List, Optional, Protocol, runtime_checkable
 
 from flux.connector_api import DroppingSource, TimedSource, WaitingSource
 from flux.connectors.sources import NOT_YET
+from exchange.rows import is_columnar
 from flux.runtime.metrics import Metrics
 
 
@@ -78,6 +79,10 @@ class SourceIntake:
                     break
                 self._next_record = record
                 self._next_arrival = source.arrival if timed else None
+            if is_columnar(self._next_record):  # a batch of inputs as columns
+                if not self._accept_batch(ingress, arrivals):
+                    break
+                continue
             if accept(self._next_record) is None:
                 if self._drops:
                     source.arrive()  # a feed that cannot wait drops meanwhile: count it now
@@ -90,6 +95,19 @@ class SourceIntake:
             if self._drops:
                 self.metrics.inputs_dropped(source.dropped)
         return bool(arrivals)
+
+    def _accept_batch(self, ingress, arrivals: List[Optional[float]]) -> bool:
+        """The ingress accepts what it can of a columnar source's batch (its rows are
+        inputs, arrived together); the rest waits. Did it take it all?"""
+        batch = self._next_record
+        n = ingress.accept_many(batch)
+        arrivals.extend([self._next_arrival] * n)
+        if n < len(batch):
+            self._next_record = batch[n:]
+            self.held_back = True
+            return False
+        self._next_record = None
+        return True
 
     def _feed_run(self, ingress, limit: int) -> bool:
         """A source that hands records over in runs (the ingress process's feed, which

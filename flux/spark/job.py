@@ -30,6 +30,7 @@ from flux.protocol.builder import MachineBuilder
 from flux.connector_api import replay_order_of
 from flux.control_messages import JOB_STOPPED
 from flux.deploy_checks import check_batch_api, check_state_round_trip
+from flux.reference import input_records
 from flux.errors import DataflowError, IngressLost, PairLost
 from flux.operator import OperatorRaised, describe
 from flux.runtime.config import NodeConfig
@@ -53,6 +54,8 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
     disagrees with ``process``."""
     if not sample:
         return  # nothing to check yet; the executors build the operators and report
+    # a columnar source's batches: their first rows, as many as the records asked for
+    sample = input_records(sample)[:len(sample)]
     try:
         check_state_round_trip(dataflow, sample, partitions)
         check_batch_api(dataflow, sample)
@@ -102,7 +105,8 @@ class FluxJob:
             batch_rows=tuning.batch_rows or dataflow.default_batch_rows(),
             heartbeat=opts.network.heartbeat, lease=opts.network.lease,
             chunk_size=tuning.chunk_size, flush_delay=tuning.flush_delay,
-            item_delay=tuning.item_delay, secret=self.secret,
+            item_delay=dataflow.default_item_delay() if tuning.item_delay is None
+            else tuning.item_delay, secret=self.secret,
             curve=opts.network.authenticate, ports=opts.network.ports,
             checkpoint_full_every=opts.checkpoints.full_every)
         self._checkpointing: Optional[DriverCheckpoints] = None

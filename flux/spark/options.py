@@ -87,10 +87,10 @@ class Tuning:
     capacity: int = 16
     batch_size: int = 4
     window: int = 16
-    #: seconds the ingress lets an item wait for more inputs before it leaves unfilled:
-    #: larger items at moderate rates (an operator on batches pays per batch), at most
-    #: this much latency more
-    item_delay: float = 0.005
+    #: seconds the ingress lets an item wait for more inputs before it leaves unfilled
+    #: (and stage 1 took the items before it); None: 5 ms, or 25 ms where a stage takes
+    #: Arrow batches (such an operator pays per batch: larger items at moderate rates)
+    item_delay: Optional[float] = None
     flush_delay: float = 0.002
     chunk_size: int = 1 << 20
     metrics_interval: float = 0.1
