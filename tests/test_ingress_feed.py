@@ -39,7 +39,8 @@ class Pipe:
         return out
 
     def records(self):
-        return [r for m in self.sent if m[0] == RECORDS for r in m[1]]
+        """Every record handed over, in order (a hand-over is a list of runs)."""
+        return [r for m in self.sent if m[0] == RECORDS for run in m[1] for r in run]
 
 
 class Placed:

@@ -110,7 +110,7 @@ def test_a_killed_process_is_reported_by_the_next_send_which_never_blocks(folder
         process.proc.wait(10)
         with pytest.raises(IngressLost, match=f"pid {process.pid}\\) exited with code -9"):
             for _ in range(10_000):  # a PAIR socket without its peer would block here
-                process.send(RECORDS, list(range(100)))
+                process.send(RECORDS, [list(range(100))])
     finally:
         process.stop()
     assert folders() == []
@@ -185,7 +185,7 @@ def test_a_cut_is_chosen_when_every_input_before_it_was_taken(pipe):
     source, cuts, taken = FeedSource(b), [], []
     source.on_cut = lambda n: cuts.append((n, list(taken)))
     assert source.take(10) == [] and not source.finished  # nothing yet: not the end
-    for msg in [(RECORDS, [1, 2]), (CUT, 5), (RECORDS, [3]), (END,)]:
+    for msg in [(RECORDS, [[1, 2]]), (CUT, 5), (RECORDS, [[3]]), (END,)]:
         a.send(pickle.dumps(msg))
     while run := source.take(10):
         taken += run
@@ -199,7 +199,7 @@ def test_runs_taken_stop_before_a_cut_which_waits_for_what_was_put_back(pipe):
     a, b = pipe
     source, cuts = FeedSource(b), []
     source.on_cut = cuts.append
-    for msg in [(RECORDS, [1, 2, 3]), (CUT, 5), (RECORDS, [4]), (END,)]:
+    for msg in [(RECORDS, [[1, 2, 3]]), (CUT, 5), (RECORDS, [[4]]), (END,)]:
         a.send(pickle.dumps(msg))
     time.sleep(0.05)
     assert source.take(2) == [1, 2]
@@ -207,4 +207,26 @@ def test_runs_taken_stop_before_a_cut_which_waits_for_what_was_put_back(pipe):
     source.put_back([3])  # back-pressure held input 3: the cut waits for it
     assert source.take(10) == [3] and cuts == []
     assert source.take(10) == [4] and cuts == [5]
+    assert source.take(10) == [] and source.finished
+
+
+def test_a_columnar_sources_batches_are_runs_of_their_own(pipe):
+    """The driver hands a columnar source's batches over as they are: the ingress takes
+    each as one run (at most ``limit`` rows of it at a time), between the records."""
+    import pyarrow as pa
+
+    a, b = pipe
+    batch = pa.RecordBatch.from_pydict({"x": list(range(10, 17))})
+    source = FeedSource(b)
+    source.on_cut = lambda n: None
+    for msg in [(RECORDS, [[1, 2], batch, [3]]), (END,)]:
+        a.send(pickle.dumps(msg))
+    time.sleep(0.05)
+    assert source.take(5) == [1, 2]
+    run = source.take(5)
+    assert run.to_pydict() == {"x": [10, 11, 12, 13, 14]}
+    source.put_back(run[3:])  # the ingress took three rows
+    assert source.take(10).to_pydict() == {"x": [13, 14]}  # what was put back, first
+    assert source.take(10).to_pydict() == {"x": [15, 16]}
+    assert source.take(10) == [3]
     assert source.take(10) == [] and source.finished

@@ -16,6 +16,7 @@ records, and the ingress cuts its batches there.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import deque
 from typing import Any, Deque, List, Optional, Tuple
@@ -32,7 +33,6 @@ from flux.runtime.ingress_process import (
 from flux.connector_api import DroppingSource, Source, TimedSource, WaitingSource
 from flux.connectors.sources import NOT_YET
 from flux.errors import DataflowError
-from exchange.rows import is_columnar
 
 #: records handed over ahead of what the ingress accepted: enough to cover the round trip
 #: to the process at full rate, few enough to keep the feed's queue short
@@ -61,7 +61,7 @@ class IngressFeed:
         self.last_cut: Optional[int] = None  # the input the last checkpoint's cut follows
         self.input_log, self.logged_before = input_log, logged_before
         self._submitted = accepted  # the last input given to the log's writer
-        #: read and waiting for the log: [first input, records, partitions, position after,
+        #: read and waiting for the log: [first input, runs, partitions, position after,
         #: inputs]
         self._unlogged: Deque[list] = deque()
         self._ended = False  # END was sent
@@ -120,12 +120,15 @@ class IngressFeed:
         limit = min(room, READ_LIMIT)
         if self.read < self.logged_before:  # replayed inputs apart from new ones
             limit = min(limit, self.logged_before - self.read)
-        records: List[Any] = []
         arrivals: List[Optional[float]] = []
         parts: List[Any] = []
         logs, timed = self.input_log is not None, self._timed
         self._source_waits_until = 0.0
         count = 0  # inputs read: a columnar source's batch is as many as its rows
+        #: lists of records and batches of inputs as columns, in order
+        runs: List[Any] = []
+        arrow = sys.modules.get("pyarrow")  # no batch is one where it was never imported
+        batch_type = arrow.RecordBatch if arrow is not None else ()
         while count < limit:
             record = next(source, None)
             if record is NOT_YET:
@@ -135,21 +138,25 @@ class IngressFeed:
             if record is None:
                 self.source_done = True
                 break
-            n = 1
-            if is_columnar(record):
+            if isinstance(record, batch_type):  # a columnar source's: a run of inputs
                 if logs:  # its partitions' interleaving would be logged per input
                     raise DataflowError("a source that hands over Arrow batches cannot have "
                                         "partitions of its own (an input log) yet")
                 n = len(record)
-                if not n:
-                    continue  # an empty batch holds no input
-            records.append(record)
-            count += n
-            arrivals.extend([source.arrival if timed else None] * n)
+                if n:  # an empty batch holds no input
+                    runs.append(record)
+                    count += n
+                    arrivals.extend([source.arrival if timed else None] * n)
+                continue
+            if not runs or not isinstance(runs[-1], list):
+                runs.append([])
+            runs[-1].append(record)
+            count += 1
+            arrivals.append(source.arrival if timed else None)
             if logs:
                 parts.append(source.last[0])
         self._dropped()
-        if not records:
+        if not runs:
             return self.source_done
         if self.metrics is not None:
             self.metrics.inputs_taken(arrivals)
@@ -157,9 +164,9 @@ class IngressFeed:
         self.read += count
         position = source.position if self._placed else None
         if logs and first > self.logged_before:
-            self._unlogged.append([first, records, parts, position, count])
+            self._unlogged.append([first, runs, parts, position, count])
         else:
-            self._hand_over(records, position, count)
+            self._hand_over(runs, position, count)
         return True
 
     def _dropped(self) -> None:
@@ -173,8 +180,8 @@ class IngressFeed:
         last = writer.done()
         if last is not None:
             while self._unlogged and self._unlogged[0][0] + self._unlogged[0][4] - 1 <= last:
-                _, records, _, position, count = self._unlogged.popleft()
-                self._hand_over(records, position, count)
+                _, runs, _, position, count = self._unlogged.popleft()
+                self._hand_over(runs, position, count)
                 moved = True
         if not writer.busy:
             todo = [c for c in self._unlogged if c[0] > self._submitted]
@@ -184,10 +191,10 @@ class IngressFeed:
                 moved = True
         return moved
 
-    def _hand_over(self, records: List[Any], position: Any, count: int) -> None:
-        """``records``: records and batches of inputs as columns (pickled as Arrow
+    def _hand_over(self, runs: List[Any], position: Any, count: int) -> None:
+        """``runs``: lists of records and batches of inputs as columns (pickled as Arrow
         buffers), ``count`` inputs in all."""
-        self.process.send(RECORDS, records)
+        self.process.send(RECORDS, runs)
         self.handed += count
         self.position = position
 

@@ -33,7 +33,6 @@ from typing import Any, Deque, List, Optional, Tuple
 import zmq
 
 from flux.errors import IngressLost, OperatorError
-from exchange.rows import is_columnar
 from flux.runtime import temp_folders
 
 log = logging.getLogger(__name__)
@@ -192,43 +191,41 @@ class FeedSource:
 
     def __init__(self, feed: zmq.Socket):
         self.feed = feed
+        #: runs of inputs (lists of records, or batches of them as columns) and cuts, in
+        #: the order the driver sent them; ``queued`` inputs in all
         self.waiting: Deque[Any] = deque()
+        self.queued = 0
         self.ended = False  # the driver's source has no more
         self.finished = False  # ... and the loop took the last record
         self.stopped = False  # the driver said stop
         self.on_cut = None  # number -> None: the loop's ``choose_cut``
 
-    def take(self, limit: int) -> List[Any]:
-        """Up to ``limit`` records in order, in one call (the loop's ``accept_many``),
-        stopping before a cut; a cut at the head is chosen first (every input before it
-        was accepted: what back-pressure held came back with ``put_back``). Empty: none
-        is here yet, or none will come (``finished``)."""
+    def take(self, limit: int) -> Any:
+        """Up to ``limit`` inputs in order, one run (a list of records, or a batch of them
+        as columns) for the loop's ``accept_many``, stopping before a cut; a cut at the
+        head is chosen first (every input before it was accepted: what back-pressure held
+        came back with ``put_back``). Empty: none is here yet, or none will come
+        (``finished``)."""
         waiting = self.waiting
-        if len(waiting) < limit and not self.ended:
+        if self.queued < limit and not self.ended:
             self.pump()
         while waiting and type(waiting[0]) is _Cut:
             self.on_cut(waiting.popleft().number)
-        if waiting and is_columnar(waiting[0]):  # a batch of inputs as columns: a run
-            batch = waiting.popleft()
-            if len(batch) > limit:
-                waiting.appendleft(batch[limit:])
-            return batch[:limit]
-        out: List[Any] = []
-        popleft = waiting.popleft
-        for _ in range(min(limit, len(waiting))):
-            if type(waiting[0]) is _Cut or is_columnar(waiting[0]):
-                break
-            out.append(popleft())
-        if not out and not waiting and self.ended:
-            self.finished = True
-        return out
+        if not waiting:
+            if self.ended:
+                self.finished = True
+            return []
+        run = waiting.popleft()
+        if len(run) > limit:
+            waiting.appendleft(run[limit:])
+            run = run[:limit]
+        self.queued -= len(run)
+        return run
 
-    def put_back(self, records: Any) -> None:
-        """A run ``take`` gave (its rest) that the ingress could not accept: first again."""
-        if is_columnar(records):
-            self.waiting.appendleft(records)
-        else:
-            self.waiting.extendleft(reversed(records))
+    def put_back(self, run: Any) -> None:
+        """The rest of a run ``take`` gave, that the ingress could not accept: first again."""
+        self.waiting.appendleft(run)
+        self.queued += len(run)
 
     def pump(self) -> bool:
         """Take what the driver sent; True if records, a cut or the end came."""
@@ -238,8 +235,8 @@ class FeedSource:
                 kind, *rest = pickle.loads(self.feed.recv(zmq.NOBLOCK))
             except zmq.Again:
                 break
-            if kind == RECORDS:
-                self.waiting.extend(rest[0])
+            if kind == RECORDS:  # runs: lists of records, batches of inputs as columns
+                self._queue(rest[0])
             elif kind == CUT and self.finished:
                 self.on_cut(rest[0])  # the loop asks for no more: every input was accepted
             elif kind == CUT:
@@ -250,6 +247,14 @@ class FeedSource:
                 self.stopped = True
             got = True
         return got
+
+
+    def _queue(self, runs: List[Any]) -> None:
+        """A hand-over's runs: lists of records, and batches of inputs as columns."""
+        for run in runs:
+            if len(run):
+                self.waiting.append(run)
+                self.queued += len(run)
 
 
 def _wait_for(feed: zmq.Socket, kind: str, parent: int) -> Optional[tuple]:
