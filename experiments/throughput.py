@@ -218,15 +218,16 @@ def search(spark, args, records, hi: float, kind: str = "per-record") -> Dict[st
     return {"highest_steady_tps": round(best) if best else None, "probes": probes}
 
 
-def plot(summary: Dict[str, Any], path: pathlib.Path) -> None:
+def plot(summary: Dict[str, Any], path: pathlib.Path, kind: str = "per-record",
+         latency_ms: float = 50.0) -> None:
     """Rates (medians, min-max bars) beside the steady-rate search's latencies."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = [("operators\nalone", summary["operators_alone_tps"]),
-            ("reference\n(1 process)", summary["reference_tps"])]
+    bars = [(f"{kind}\noperators alone", summary["operators_alone_tps"]),
+            ("per-record\nreference", summary["reference_tps"])]
     bars += [(m, s) for m, s in summary.get("modes", {}).items()]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     med = [s["median"] / 1000 for _, s in bars]
@@ -235,7 +236,7 @@ def plot(summary: Dict[str, Any], path: pathlib.Path) -> None:
     left.bar([name for name, _ in bars], med, yerr=err, capsize=4,
              color=["#999999", "#bbbbbb"] + ["#4c72b0"] * (len(bars) - 2))
     left.set_ylabel("inputs/s (thousands), median, min-max")
-    left.set_title("as fast as taken (one machine, 2 cores)")
+    left.set_title(f"{kind} operators, as fast as taken (2 cores)")
     probes = summary.get("steady", {}).get("probes", [])
     if probes:
         probes = sorted(probes, key=lambda p: p["rate_asked_tps"])
@@ -244,7 +245,7 @@ def plot(summary: Dict[str, Any], path: pathlib.Path) -> None:
             right.plot([p["rate_asked_tps"] / 1000 for p in pts],
                        [p["latency_p50_ms"] for p in pts], marker, ms=8,
                        label="steady" if steady else "not steady")
-        right.axhline(50, color="red", lw=1, ls="--", label="50 ms")
+        right.axhline(latency_ms, color="red", lw=1, ls="--", label=f"{latency_ms:g} ms")
         right.set_xlabel("feed rate (thousand inputs/s), flux")
         right.set_ylabel("median latency (ms)")
         right.set_title(f"highest steady rate: {summary['steady']['highest_steady_tps']}/s")
@@ -340,7 +341,7 @@ def main(argv=None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     for kind in kinds:
         plot({**summary[kind], "reference_tps": summary["reference_tps"]},
-             out / f"throughput_{kind}.png")
+             out / f"throughput_{kind}.png", kind, args.latency_ms)
     print(json.dumps(summary, indent=2))
     return 0 if summary["output_matches_reference"] else 1
 
