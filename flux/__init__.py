@@ -58,6 +58,7 @@ _LAZY = {
     "JsonLinesSink": "flux.connectors.sinks",
     "read_json_lines": "flux.connectors.sinks",
     "FileSource": "flux.connectors.file_source",
+    "ParquetSource": "flux.connectors.parquet_source",
     "MapInPandas": "flux.pandas_map",
     "MapInArrow": "flux.pandas_map",
     "FileSink": "flux.connectors.file_sink",
@@ -87,7 +88,7 @@ __all__ = [
     "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",
     "reference_output",
     # replayable sources, exactly-once sinks, checkpoints
-    "Source", "Sink", "FileSource", "FileSink", "read_file_sink", "DeltaSink",
+    "Source", "Sink", "FileSource", "ParquetSource", "FileSink", "read_file_sink", "DeltaSink",
     "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource",
     # Kafka in and out
     "KafkaSource", "KafkaSink", "PartitionsChanged",

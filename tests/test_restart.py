@@ -159,3 +159,42 @@ def test_a_double_failure_under_batch_operators_restarts_from_the_checkpoint(spa
         job.wait(timeout=240)
     assert len(job.restart_log) == 1 and job.restart_log[0][1] is not None
     assert [wire_form(x) for x in read_file_sink(out)] == expected
+
+
+def test_a_parquet_fed_job_restarts_after_the_batch_its_checkpoint_holds(spark, tmp_path):
+    """A ParquetSource's position lies between two batches; a double failure restarts
+    from the checkpoint's and the sink holds the failure-free output of the rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from exchange.columns import to_batch
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.parquet_source import ParquetSource
+    from flux.connectors.sources import Paced
+    from flux.examples import paper_dataflow, vectorized_dataflow
+    from flux.examples.vectorized import PACKET_SCHEMA
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+    from flux.spark.job import FluxJob
+    from flux.testing.workloads import packet_workload
+
+    records = packet_workload(60_000, seed=7, pairs=3000, apps=4, sources=60)
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        pq.write_table(pa.Table.from_batches([to_batch(records[i * 20_000:(i + 1) * 20_000],
+                                                       PACKET_SCHEMA)]),
+                       tmp_path / "in" / f"part-{i}.parquet", row_group_size=3000)
+    expected = [wire_form(x) for x in reference_output(paper_dataflow(), records, 4)]
+    out = str(tmp_path / "out")
+    source = Paced(ParquetSource(str(tmp_path / "in"), batch_rows=500), 16)  # 8K rows/s
+    job = FluxJob(spark, vectorized_dataflow(), source, nodes=4, standbys=1,
+                  sink=FileSink(out), checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
+        where = job.topology.where
+        for replica in (P, S):
+            job.kill_node(where[Addr(1, 2, replica)])
+        job.wait(timeout=240)
+    assert len(job.restart_log) == 1 and job.restart_log[0][1] is not None
+    assert [wire_form(x) for x in read_file_sink(out)] == expected
