@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Mapping
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
@@ -28,9 +29,12 @@ def to_records(batch: pa.RecordBatch) -> list:
     return list(zip(*(column.to_pylist() for column in batch.columns)))
 
 
-def to_batch(records: Sequence[Sequence[Any]], schema: pa.Schema) -> pa.RecordBatch:
-    """Per-record tuples (or lists) as a batch of ``schema``; a record that does not fit
-    is named (``ColumnsError``)."""
+def to_batch(records: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
+    """Per-record tuples (or lists) of values in the schema's order, or dicts by column
+    name, as a batch of ``schema``; a record that does not fit is named
+    (``ColumnsError``)."""
+    if records and isinstance(records[0], Mapping):
+        return _dicts_to_batch(records, schema)
     width = len(schema)
     try:
         if any(len(record) != width for record in records):
@@ -45,6 +49,28 @@ def to_batch(records: Sequence[Sequence[Any]], schema: pa.Schema) -> pa.RecordBa
                     raise ValueError(f"{len(record)} values for {width} columns")
                 for value, field in zip(record, schema):
                     pa.array([value], type=field.type)
+            except Exception as exc:
+                raise ColumnsError(f"record {record!r:.120} does not fit the columns "
+                                   f"{schema.names}: {type(exc).__name__}: {exc}",
+                                   row=i) from None
+        raise
+
+
+def _dicts_to_batch(records: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
+    """Dict records (a column name to its value) as a batch of ``schema``: a missing
+    column is a null, a name not in the schema an error naming the record."""
+    names = set(schema.names)
+    try:
+        for i, record in enumerate(records):
+            if not isinstance(record, Mapping) or not names.issuperset(record):
+                raise ColumnsError(f"record {record!r:.120} does not fit the columns "
+                                   f"{schema.names}: a dict of those names (or a tuple of "
+                                   f"their values) expected", row=i)
+        return pa.RecordBatch.from_pylist(list(records), schema=schema)
+    except (TypeError, pa.ArrowException):
+        for i, record in enumerate(records):
+            try:
+                pa.RecordBatch.from_pylist([record], schema=schema)
             except Exception as exc:
                 raise ColumnsError(f"record {record!r:.120} does not fit the columns "
                                    f"{schema.names}: {type(exc).__name__}: {exc}",

@@ -303,9 +303,9 @@ def _apply(op: Any, record: Any) -> list:
         raise OperatorRaised(op, exc) from exc
 
 
-def _checked_rows(op: Any, produced: Any, batch: Any, size: int) -> Any:
+def _checked_rows(op: Any, produced: Any, batch: Any, size: int) -> tuple:
     """What ``process_arrow`` returned, refused unless it numbers its outputs right: the
-    SNs depend on it (DESIGN 4.1)."""
+    SNs depend on it (DESIGN 4.1). A ``pyarrow.Table`` is taken as one batch."""
     import numpy as np
     import pyarrow as pa
 
@@ -313,6 +313,9 @@ def _checked_rows(op: Any, produced: Any, batch: Any, size: int) -> Any:
         return OperatorRaised(op, ValueError(f"process_arrow must return (rows, RecordBatch), "
                                              f"rows non-decreasing in 0..{size - 1}: {why}"))
 
+    if isinstance(batch, pa.Table):  # one batch of its rows
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else \
+            pa.RecordBatch.from_pylist([], schema=batch.schema)
     if not isinstance(batch, pa.RecordBatch):
         raise refuse(f"outputs are a {type(batch).__name__}")
     rows = np.asarray(produced)
@@ -322,7 +325,7 @@ def _checked_rows(op: Any, produced: Any, batch: Any, size: int) -> Any:
     rows = rows.astype(np.int64, copy=False)
     if len(rows) and (rows[0] < 0 or rows[-1] >= size or (np.diff(rows) < 0).any()):
         raise refuse("a row out of order or out of range")
-    return rows
+    return rows, batch
 
 
 class OperatorChain:
@@ -352,7 +355,7 @@ class OperatorChain:
                 raise
             except Exception as exc:
                 raise OperatorRaised(op, exc) from exc
-            produced = _checked_rows(op, produced, batch, size)
+            produced, batch = _checked_rows(op, produced, batch, size)
             rows = produced if rows is None else rows[produced]
         return rows, batch
 

@@ -267,3 +267,23 @@ def test_a_source_of_arrow_batches_gives_the_output_of_its_rows_as_records():
         cluster.wait_until(lambda: len(cluster.delivered) >= len(expected) or cluster.errors, 60)
     assert not cluster.errors, cluster.errors
     assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+class AsTable(Spread):
+    """Returns its outputs as a pyarrow.Table (taken as one batch)."""
+
+    def process_arrow(self, batch):
+        rows, out = super().process_arrow(batch)
+        return rows, pa.Table.from_batches([out.slice(0, 2), out.slice(2)], schema=out.schema)
+
+
+def test_dict_records_and_table_outputs_are_taken():
+    """Records may be dicts by column name; an operator may return a Table."""
+    records = [(i % 5, i % 7) for i in range(400)]
+    as_dicts = [{"k": k, "x": x} for k, x in records]
+    expected = reference_output(Dataflow([Stage("s", "k", (Spread,), schema=SCHEMA)]),
+                                records, 2)
+    cluster, _ = run(Dataflow([Stage("s", "k", (AsTable,), schema=SCHEMA)]), as_dicts,
+                     partitions=2, batch_rows=64)
+    assert not cluster.errors, cluster.errors
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]

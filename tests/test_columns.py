@@ -140,3 +140,14 @@ def test_a_key_column_that_cannot_be_hashed_is_named():
         column_hash(batch, ("l",))
     with pytest.raises(KeyError, match="key column 'nope' is not among"):
         column_hash(batch, ("nope",))
+
+
+def test_dict_records_become_columns_by_name():
+    batch = to_batch([{"k": 1, "s": "a", "x": 0.5}, {"s": "b", "k": 2}], SCHEMA)
+    assert to_records(batch) == [(1, "a", 0.5), (2, "b", None)]  # a missing column: null
+    with pytest.raises(ColumnsError, match=r"record \{'k': 3, 'y': 1\} does not fit") as caught:
+        to_batch([{"k": 1}, {"k": 3, "y": 1}], SCHEMA)
+    assert caught.value.row == 1
+    with pytest.raises(ColumnsError, match="does not fit") as caught:
+        to_batch([{"k": 1}, {"k": "three"}], SCHEMA)
+    assert caught.value.row == 1
