@@ -136,6 +136,27 @@ class KeyedState(ChangeRecords, StateTransfer):
                 del record[key]  # created and deleted since the baseline: no net change
         return value
 
+    def get_many(self, keys: Iterable[Any], default: Any = None) -> list:
+        """The values of ``keys`` (``default`` where absent), in one call: an operator on
+        Arrow batches reads a batch's distinct keys at once."""
+        get = self._data.get
+        try:
+            return [get(key, default) for key in keys]
+        except TypeError:  # unhashable: keys with lists in them
+            return [get(tuplify(key), default) for key in keys]
+
+    def set_many(self, keys: Iterable[Any], values: Iterable[Any]) -> None:
+        """``self[key] = value`` for each pair, in order, in one call (changes recorded as
+        one by one)."""
+        if self._order is None and self._dirty is None and self._since is None:
+            try:
+                self._data.update(zip(keys, values))
+                return
+            except TypeError:  # unhashable: keys with lists in them
+                pass
+        for key, value in zip(keys, values):
+            self[key] = value
+
     def setdefault(self, key: Any, default: Any = None) -> Any:
         """``key``'s value; if absent, set it to ``default`` (a change) and return that."""
         value = self.get(key, _MISSING)

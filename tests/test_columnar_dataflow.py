@@ -15,6 +15,7 @@ from flux.dataflow import Dataflow, Stage
 from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.errors import DataflowError, OperatorError
 from flux.examples import paper_dataflow, vectorized_dataflow
+from flux.keyed_state import KeyedOperator, KeyedState
 from flux.operator import Map, wire_form
 from flux.reference import reference_output
 from flux.testing.threads import ThreadCluster
@@ -287,3 +288,41 @@ def test_dict_records_and_table_outputs_are_taken():
                      partitions=2, batch_rows=64)
     assert not cluster.errors, cluster.errors
     assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+class KeyedSums(KeyedOperator):
+    """``Sums`` with its state in a KeyedState: per row, (k, the running sum of x)."""
+
+    def __init__(self):
+        self.state = KeyedState()
+
+    def process_arrow(self, batch):
+        keys = batch.column("k").to_pylist()
+        xs = batch.column("x").to_pylist()
+        distinct = list(dict.fromkeys(keys))
+        sums = dict(zip(distinct, self.state.get_many(distinct, 0)))
+        out = []
+        for k, x in zip(keys, xs):
+            sums[k] += x
+            out.append(sums[k])
+        self.state.set_many(list(sums), list(sums.values()))
+        return np.arange(batch.num_rows), pa.RecordBatch.from_arrays(
+            [batch.column("k"), pa.array(out, pa.int64())], names=["k", "sum"])
+
+
+def test_a_batch_operator_on_a_keyed_state_catches_up_in_parts():
+    """A batch operator whose state is a KeyedState is offered to the two-phase catch-up
+    as a record operator is: the new replica installs bulk parts, then the keys changed
+    meanwhile, and the output stays exact."""
+    from flux.operator import OperatorChain
+
+    assert OperatorChain([KeyedSums()]).keyed_stores()[0] is not None
+    dataflow = Dataflow([Stage("sums", "k", (KeyedSums,), schema=SCHEMA)])
+    records = [(i % 3000, i % 11) for i in range(30_000)]  # 3000 keys: several parts
+    cluster, expected = run(dataflow, records, partitions=2, kill="node1", batch_rows=128)
+    assert not cluster.errors and not cluster.controller.error
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+    rebuilt = [m for loop in cluster.loops.values() for m in loop.host.machines.values()
+               if getattr(m, "installed", None)]
+    assert rebuilt and all(m.installed["parts"] > 0 for m in rebuilt), \
+        [m.installed for m in rebuilt]
