@@ -19,7 +19,7 @@ from typing import Any, List, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
-from exchange.rows import SN, ColumnsError, NumberedRows, Rows, output_sns
+from exchange.rows import SN, ColumnsError, NumberedRows, Rows, output_sns, sns_of_state
 
 
 def to_records(batch: pa.RecordBatch) -> list:
@@ -118,28 +118,11 @@ class ArrowRows(NumberedRows):
         """``(sn, record)`` per row, in order: what the egress delivers to a sink."""
         return list(zip(self.sn_tuples(), self.records))
 
-    def split(self, partitions: np.ndarray, count: int) -> list:
-        """Per destination ``0..count-1``, the sub-item of the rows routed there (row order
-        kept), or None where no row goes (as ``Rows.split``)."""
-        partitions = np.asarray(partitions)
-        if partitions.shape != (len(self),):
-            raise ValueError(f"one partition per row: {len(self)} rows, got {partitions.shape}")
-        out: list = [None] * count
-        if len(self) == 0:
-            return out
-        if count == 1 or (partitions == partitions[0]).all():
-            out[int(partitions[0])] = self
-            return out
-        # one gather into destination order, then zero-copy slices (a gather per
-        # destination cost twice as much)
-        order = np.argsort(partitions, kind="stable")
-        bounds = np.searchsorted(partitions[order], np.arange(count + 1)).tolist()
-        batch, sns = self.batch.take(pa.array(order)), self.sns[order]
-        for d in range(count):
-            lo, hi = bounds[d], bounds[d + 1]
-            if lo < hi:
-                out[d] = ArrowRows(sns[lo:hi], batch.slice(lo, hi - lo))
-        return out
+    def taken(self, order: np.ndarray) -> "ArrowRows":
+        return ArrowRows(self.sns[order], self.batch.take(pa.array(order)))
+
+    def sliced(self, lo: int, hi: int) -> "ArrowRows":
+        return ArrowRows(self.sns[lo:hi], self.batch.slice(lo, hi - lo))  # zero-copy
 
     def outputs(self, parents: np.ndarray, batch: pa.RecordBatch) -> "ArrowRows":
         """The output rows ``batch``, output i made by row ``parents[i]`` (non-decreasing),
@@ -147,15 +130,13 @@ class ArrowRows(NumberedRows):
         return ArrowRows(output_sns(self.sns, parents), batch)
 
     def to_state(self) -> list:
-        """Msgpack-safe: the SN matrix's shape and bytes, and the batch as Arrow IPC."""
-        rows, width = self.sns.shape
-        return [rows, width, self.sns.astype("<i8").tobytes(), to_ipc(self.batch)]
+        """Msgpack-safe: ``sn_state()`` and the batch as Arrow IPC."""
+        return [*self.sn_state(), to_ipc(self.batch)]
 
     @classmethod
     def from_state(cls, state: Sequence[Any]) -> "ArrowRows":
         rows, width, raw, ipc = state
-        sns = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(rows, width)
-        return cls(sns, from_ipc(ipc, rows))
+        return cls(sns_of_state(rows, width, raw), from_ipc(ipc, rows))
 
     @classmethod
     def merge_parts(cls, parts: Sequence["ArrowRows"], sns: np.ndarray,

@@ -76,12 +76,54 @@ class NumberedRows:
         # zip over the columns makes the SN tuples in C (twice as fast as tuple() per row)
         return zip(*[column.tolist() for column in self.sns.T])
 
+    def split(self, partitions: np.ndarray, count: int) -> list:
+        """Per destination ``0..count-1``, the sub-item of the rows routed there (row order
+        kept), or None where no row goes: a bound, not an empty item, says so."""
+        partitions = np.asarray(partitions)
+        if partitions.shape != (len(self),):
+            raise ValueError(f"one partition per row: {len(self)} rows, got {partitions.shape}")
+        out: list = [None] * count
+        if len(self) == 0:
+            return out
+        if count == 1 or (partitions == partitions[0]).all():
+            out[int(partitions[0])] = self
+            return out
+        # one gather into destination order, then slices (a gather per destination cost
+        # twice as much)
+        order = np.argsort(partitions, kind="stable")
+        bounds = np.searchsorted(partitions[order], np.arange(count + 1)).tolist()
+        ordered = self.taken(order)
+        for d in range(count):
+            lo, hi = bounds[d], bounds[d + 1]
+            if lo < hi:
+                out[d] = ordered.sliced(lo, hi)
+        return out
+
+    def taken(self, order: np.ndarray) -> "NumberedRows":
+        """The rows in the order of the indices ``order``."""
+        raise NotImplementedError
+
+    def sliced(self, lo: int, hi: int) -> "NumberedRows":
+        """Rows ``lo`` to ``hi - 1``."""
+        raise NotImplementedError
+
+    def sn_state(self) -> list:
+        """The SN matrix, msgpack-safe: its shape and its little-endian bytes."""
+        rows, width = self.sns.shape
+        return [rows, width, self.sns.astype("<i8").tobytes()]
+
     def to_state(self) -> list:
+        """Msgpack-safe: ``sn_state()`` and the records (or their columns)."""
         raise NotImplementedError
 
     def as_records(self) -> "Rows":
         """The rows as Python records (what a per-record operator takes)."""
         raise NotImplementedError
+
+
+def sns_of_state(rows: int, width: int, raw: bytes) -> np.ndarray:
+    """The SN matrix of ``NumberedRows.sn_state``."""
+    return np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(rows, width)
 
 
 def output_sns(sns: np.ndarray, parents: np.ndarray) -> np.ndarray:
@@ -133,27 +175,12 @@ class Rows(NumberedRows):
     def __iter__(self) -> Iterator[Tuple[SN, Any]]:
         return iter(self.pairs())
 
-    def split(self, partitions: np.ndarray, count: int) -> List[Optional["Rows"]]:
-        """Per destination ``0..count-1``, the sub-item of the rows routed there (row order
-        kept), or None where no row goes: a bound, not an empty item, says so."""
-        partitions = np.asarray(partitions)
-        if partitions.shape != (len(self),):
-            raise ValueError(f"one partition per row: {len(self)} rows, got {partitions.shape}")
-        out: List[Optional[Rows]] = [None] * count
-        if len(self) == 0:
-            return out
-        if count == 1 or (partitions == partitions[0]).all():
-            out[int(partitions[0])] = self
-            return out
-        order = np.argsort(partitions, kind="stable")
-        bounds = np.searchsorted(partitions[order], np.arange(count + 1))
+    def taken(self, order: np.ndarray) -> "Rows":
         records = self.records
-        for d in range(count):
-            lo, hi = bounds[d], bounds[d + 1]
-            if lo < hi:
-                taken = order[lo:hi]
-                out[d] = Rows(self.sns[taken], [records[i] for i in taken.tolist()])
-        return out
+        return Rows(self.sns[order], [records[i] for i in order.tolist()])
+
+    def sliced(self, lo: int, hi: int) -> "Rows":
+        return Rows(self.sns[lo:hi], self.records[lo:hi])
 
     def outputs(self, produced: Sequence[Sequence[Any]]) -> "Rows":
         """The output rows: per row, in order, its outputs ``produced[r]``, the k-th with SN
@@ -166,15 +193,12 @@ class Rows(NumberedRows):
         return Rows(output_sns(self.sns, parents), list(chain.from_iterable(produced)))
 
     def to_state(self) -> list:
-        """Msgpack-safe: the SN matrix's shape and bytes, and the records."""
-        rows, width = self.sns.shape
-        return [rows, width, self.sns.astype("<i8").tobytes(), list(self.records)]
+        return [*self.sn_state(), list(self.records)]
 
     @classmethod
     def from_state(cls, state: Sequence[Any]) -> "Rows":
         rows, width, raw, records = state
-        sns = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(rows, width)
-        return cls(sns, list(records))
+        return cls(sns_of_state(rows, width, raw), list(records))
 
 
     @classmethod

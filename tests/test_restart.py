@@ -133,6 +133,18 @@ def test_without_a_checkpoint_the_ingress_process_killed_stops_the_job_with_why(
             job.wait(timeout=60)
 
 
+def kill_a_pair_after_two_checkpoints(job, stage: int, partition: int) -> None:
+    """Both replicas of one partition die once two checkpoints are complete; the job
+    restarts once, from a checkpoint, and runs to its end."""
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
+        where = job.topology.where
+        for replica in (P, S):
+            job.kill_node(where[Addr(stage, partition, replica)])
+        job.wait(timeout=240)
+    assert len(job.restart_log) == 1 and job.restart_log[0][1] is not None
+
+
 def test_a_double_failure_under_batch_operators_restarts_from_the_checkpoint(spark, tmp_path):
     """The vectorized paper dataflow (operators on Arrow batches, columnar items in the
     buffers and states) loses a pair: it restarts from its checkpoint, and the sink holds
@@ -151,13 +163,7 @@ def test_a_double_failure_under_batch_operators_restarts_from_the_checkpoint(spa
     job = FluxJob(spark, vectorized_dataflow(), Paced(SequenceSource(records), 8000), nodes=4,
                   standbys=1, sink=FileSink(out), checkpoint=str(tmp_path / "ckpt"),
                   checkpoint_interval=1.0)
-    with job:
-        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
-        where = job.topology.where
-        for replica in (P, S):
-            job.kill_node(where[Addr(2, 1, replica)])
-        job.wait(timeout=240)
-    assert len(job.restart_log) == 1 and job.restart_log[0][1] is not None
+    kill_a_pair_after_two_checkpoints(job, 2, 1)
     assert [wire_form(x) for x in read_file_sink(out)] == expected
 
 
@@ -190,11 +196,5 @@ def test_a_parquet_fed_job_restarts_after_the_batch_its_checkpoint_holds(spark, 
     job = FluxJob(spark, vectorized_dataflow(), source, nodes=4, standbys=1,
                   sink=FileSink(out), checkpoint=str(tmp_path / "ckpt"),
                   checkpoint_interval=1.0)
-    with job:
-        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
-        where = job.topology.where
-        for replica in (P, S):
-            job.kill_node(where[Addr(1, 2, replica)])
-        job.wait(timeout=240)
-    assert len(job.restart_log) == 1 and job.restart_log[0][1] is not None
+    kill_a_pair_after_two_checkpoints(job, 1, 2)
     assert [wire_form(x) for x in read_file_sink(out)] == expected

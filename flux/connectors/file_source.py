@@ -18,15 +18,14 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
-from flux.connectors.folder_files import FolderFiles
-from flux.connectors.sources import NOT_YET
+from flux.connectors.folder_files import END_OF_FILE, FolderFiles, FolderSource
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".jsonl", ".json")
 
 
-class FileSource:
+class FileSource(FolderSource):
     """Records from the JSON-lines files of ``path``, in file-name order.
 
     ``follow``: at the end of the files, wait for more (``NOT_YET``, looking again
@@ -57,30 +56,20 @@ class FileSource:
         self._close()
         self._file, self._offset = name, offset
 
-    def __iter__(self) -> "FileSource":
-        return self
+    # -- one file ---------------------------------------------------------------------
+    def _next_in_file(self) -> Any:
+        line = self._line()
+        if line is None:
+            return END_OF_FILE
+        self.records += 1
+        try:
+            return json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"FileSource: {self._file!r} at byte "
+                             f"{self._offset - len(line)} is not JSON: {exc}") from None
 
-    def __next__(self) -> Any:
-        while True:
-            line = self._line()
-            if line is not None:
-                self.records += 1
-                try:
-                    return json.loads(line)
-                except ValueError as exc:
-                    raise ValueError(f"FileSource: {self._file!r} at byte "
-                                     f"{self._offset - len(line)} is not JSON: {exc}") from None
-            following = self.files.following(self._file)
-            if following is not None:  # this file is done: on to the next one
-                self._close()
-                self._file, self._offset = following, 0
-                continue
-            if self.follow:
-                return NOT_YET
-            raise StopIteration
-
-    def close(self) -> None:
-        self._close()
+    def _begin(self, name: str) -> None:
+        self._file, self._offset = name, 0
 
     # -- reading ------------------------------------------------------------------------
     def _line(self) -> Optional[bytes]:

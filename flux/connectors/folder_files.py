@@ -7,9 +7,14 @@ Spark's file source. The folder is a local path or any ``fsspec`` URL.
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import fsspec
+
+from flux.connectors.sources import NOT_YET
+
+#: what ``FolderSource._next_in_file`` returns at the end of the current file
+END_OF_FILE = object()
 
 
 class FolderFiles:
@@ -59,3 +64,44 @@ class FolderFiles:
             if name.endswith(self.suffixes) and not name.startswith((".", "_")):
                 names.append(name)
         return sorted(names)
+
+
+class FolderSource:
+    """A source over a folder's files (a base): the current file's items, then the next
+    file's, and at the end ``NOT_YET`` when following the folder, else the end.
+    A subclass reads one file (``_next_in_file``, ``_begin``, ``_close``)."""
+
+    files: FolderFiles
+    follow: bool
+    _file: Optional[str]
+
+    def __iter__(self) -> "FolderSource":
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            item = self._next_in_file()
+            if item is not END_OF_FILE:
+                return item
+            following = self.files.following(self._file)
+            if following is not None:  # this file is done: on to the next one
+                self._close()
+                self._begin(following)
+                continue
+            if self.follow:
+                return NOT_YET
+            raise StopIteration
+
+    def close(self) -> None:
+        self._close()
+
+    def _next_in_file(self) -> Any:
+        """The current file's next item, or ``END_OF_FILE`` (also when there is none)."""
+        raise NotImplementedError
+
+    def _begin(self, name: str) -> None:
+        """Read ``name`` from its start next."""
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError

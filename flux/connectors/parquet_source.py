@@ -17,13 +17,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from flux.connectors.folder_files import FolderFiles
-from flux.connectors.sources import NOT_YET
+from flux.connectors.folder_files import END_OF_FILE, FolderFiles, FolderSource
 
 SUFFIXES = (".parquet",)
 
 
-class ParquetSource:
+class ParquetSource(FolderSource):
     """Arrow batches from the Parquet files of ``path``, in file-name order."""
 
     replay_order = "position"  # files in name order, read again alike
@@ -59,27 +58,17 @@ class ParquetSource:
         self._close()
         self._file, self._read = name, read
 
-    def __iter__(self) -> "ParquetSource":
-        return self
+    # -- one file ---------------------------------------------------------------------
+    def _next_in_file(self) -> Any:
+        batch = self._next_batch()
+        if batch is None:
+            return END_OF_FILE
+        self._read += 1
+        self.rows += batch.num_rows
+        return batch
 
-    def __next__(self) -> Any:
-        while True:
-            batch = self._next_batch()
-            if batch is not None:
-                self._read += 1
-                self.rows += batch.num_rows
-                return batch
-            following = self.files.following(self._file)
-            if following is not None:  # this file is done: on to the next one
-                self._close()
-                self._file, self._read = following, 0
-                continue
-            if self.follow:
-                return NOT_YET
-            raise StopIteration
-
-    def close(self) -> None:
-        self._close()
+    def _begin(self, name: str) -> None:
+        self._file, self._read = name, 0
 
     # -- reading ------------------------------------------------------------------------
     def _next_batch(self) -> Any:
