@@ -228,17 +228,3 @@ def merge(parts: Sequence[NumberedRows]) -> NumberedRows:
         return parts[0]
     sns = np.vstack([part.sns for part in parts])
     return form.merge_parts(parts, sns, np.lexsort(sns.T[::-1]))
-
-
-def rows_to_state(rows: NumberedRows) -> list:
-    """Msgpack-safe form of an item's rows, of either form (buffers' and merges' states)."""
-    return rows.to_state()
-
-
-def rows_from_state(state: Sequence[Any]) -> NumberedRows:
-    """The rows ``rows_to_state`` gave: Arrow IPC bytes in place of a record list are a
-    columnar item's (``exchange.columns``, imported only where one is met)."""
-    if len(state) == 4 and isinstance(state[3], (bytes, bytearray, memoryview)):
-        from exchange.columns import ArrowRows
-        return ArrowRows.from_state(state)
-    return Rows.from_state(state)

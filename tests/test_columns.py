@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from exchange import wire
 from exchange.columns import ArrowRows, to_batch, to_records
 from exchange.routing import ColumnRouter, column_hash
-from exchange.rows import ColumnsError, Rows, merge, rows_from_state, rows_to_state
+from exchange.row_states import rows_from_state, rows_to_state
+from exchange.rows import ColumnsError, Rows, merge
 from flux.addresses import Addr, P
 from flux.data_messages import Batch
 from flux.envelope import Envelope

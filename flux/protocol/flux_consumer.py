@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from exchange.merge import OrderedMerge
-from exchange.rows import NumberedRows, merge as merge_rows, rows_from_state, rows_to_state
+from exchange.row_states import rows_from_state, rows_to_state
+from exchange.rows import NumberedRows, merge as merge_rows
 from flux.addresses import Addr, other
 from flux.data_messages import Ack, Batch, Credit
 from flux.effects import Send

@@ -21,7 +21,7 @@ inputs, and a restart replays the log's order.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Deque, Iterable, List, Optional, Set, Tuple
 
 
 from exchange.routing import RouteRefused

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List, Set, Tuple
 
-from exchange.rows import rows_from_state, rows_to_state
+from exchange.row_states import rows_from_state, rows_to_state
 from flux.addresses import Addr
 from flux.control_messages import FoldedIn
 from flux.data_messages import CSync, Pause, PauseAck, PSync
