@@ -81,8 +81,8 @@ class Tuning:
 
     #: items (DESIGN 11): the most inputs in one, and, counted in sub-items, what a
     #: connection's buffer holds, what one message carries, and the back-pressure window
-    #: None: 1024, or 8192 when a stage's operators take Arrow batches (such an operator
-    #: pays ~0.5 ms a batch, and a partition's share of an item is 1/nodes of it)
+    #: None: 16384 (``Dataflow.default_batch_rows``: every item costs each replica a
+    #: fixed amount, and a partition's share of an item is 1/nodes of it)
     batch_rows: Optional[int] = None
     capacity: int = 16
     batch_size: int = 4
