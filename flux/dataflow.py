@@ -63,13 +63,16 @@ class Stage:
 class Dataflow:
     """A linear pipeline of stages, validated when built."""
 
+    #: per stage: do its operators take whole Arrow batches? (set when built; a dataflow
+    #: made without its checks reads as taking none)
+    columnar: tuple = ()
+
     def __init__(self, stages: Sequence[Stage]):
         self.stages: tuple[Stage, ...] = tuple(stages)
         if not self.stages:
             raise DataflowError("a dataflow needs at least one stage")
         names = set()
-        #: per stage: do its operators take whole Arrow batches?
-        self.columnar: tuple[bool, ...] = ()
+        self.columnar = ()
         columns_in = False  # does the stage's input come as Arrow columns?
         for stage in self.stages:
             columnar = _check_stage(stage)
