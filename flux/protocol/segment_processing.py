@@ -82,12 +82,10 @@ class ProcessingSide:
         put = self.fprod.out.put
         count = len(self.fprod.out.buffers)
         router = self.router
-        try:
+        try:  # the user's key and columns only: a fault of the buffers is not theirs
             out = router.prepare(out)  # the next stage's form
-            if count == 1:  # the last stage (everything to the egress), or one partition
-                put(0, sn, out)
-                return
-            routes = router.partitions_of(out)
+            # the last stage (everything to the egress), or one partition: no key asked
+            routes = None if count == 1 else router.partitions_of(out)
         except RouteRefused as refused:
             raise OperatorError("the partition key of the next stage", self.addr.stage,
                                 self.addr.partition, out.row_sn(refused.row),
@@ -100,6 +98,9 @@ class ProcessingSide:
             raise OperatorError(f"the key columns of the next stage (an item of {len(out)} "
                                 f"rows, {out.first_sn()} to {out.last_sn()})", self.addr.stage,
                                 self.addr.partition, out.first_sn(), describe(exc)) from exc
+        if routes is None:
+            put(0, sn, out)
+            return
         for i, sub in enumerate(out.split(routes, count)):
             if sub is not None:
                 put(i, sn, sub)
