@@ -14,15 +14,30 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from exchange.partitioner import HashPartitioner, first_refused
-from exchange.rows import NumberedRows
+from exchange.rows import ColumnsError, NumberedRows
 
 
 class RouteRefused(Exception):
-    """The key of row ``row`` could not be routed: ``error`` is what it raised."""
+    """Row ``row`` could not be put in the next stage's form or routed: ``error`` is what
+    user code (the key, the records against the columns) raised; ``what`` names it."""
 
-    def __init__(self, row: int, error: BaseException):
+    def __init__(self, row: int, error: BaseException,
+                 what: str = "the partition key of the next stage"):
         super().__init__(f"row {row}: {type(error).__name__}: {error}")
-        self.row, self.error = row, error
+        self.row, self.error, self.what = row, error, what
+
+
+def routed(router: Any, rows: NumberedRows, count: int) -> tuple:
+    """``rows`` in the next stage's form, and per row its partition of ``count`` (None for
+    one: no key asked). What the user's key or records refuse is a ``RouteRefused``
+    naming the row: a segment and the ingress report it as the user's error."""
+    try:
+        rows = router.prepare(rows)
+        return rows, (None if count == 1 else router.partitions_of(rows))
+    except ColumnsError as exc:  # records that do not fit the next stage's columns
+        raise RouteRefused(exc.row or 0, exc, "the columns of the next stage") from exc
+    except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
+        raise RouteRefused(0, exc, "the key columns of the next stage") from exc
 
 
 def column_names(key: Any) -> Optional[tuple]:

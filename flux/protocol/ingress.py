@@ -1,8 +1,9 @@
 """The ingress: the base-case producer (paper 3.1.2, Figure 4 action 3).
 
 It numbers inputs 1, 2, 3, ... and cuts them into items (DESIGN 11): at most
-``batch_rows`` inputs, or fewer when the driver lets the pending ones go
-(``cut_item``: the runtime does when its source has nothing more at hand). Item x is numbered by its last input; its rows are
+``batch_rows`` inputs, or fewer when the runtime lets the pending ones go
+(``cut_item``: once they waited ``item_delay`` and stage 1 took the items before
+them). Item x is numbered by its last input; its rows are
 routed to the stage-1 partitions, one sub-item per partition that gets rows,
 with the connection SN ``(x, 0)``, sent to *both* replicas of that partition;
 each replica acks it back. A sub-item leaves the buffer once both replicas
@@ -23,9 +24,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Deque, Iterable, List, Optional, Set, Tuple
 
-
-from exchange.routing import RouteRefused
-from exchange.rows import ColumnsError, NumberedRows
+from exchange.routing import RouteRefused, routed
+from exchange.rows import NumberedRows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
 from flux.control_messages import SegmentStats
@@ -40,31 +40,18 @@ from flux.sequence import NO_PROGRESS, SN, input_sn
 INGRESS = Addr(0, 0, P)
 
 
-def _key_error(n: int, exc: Exception) -> OperatorError:
-    """Stage 1's key (or columns) refused input ``n``: user code, as an operator's error
-    in a segment (the job stops with it, naming the input)."""
-    return OperatorError("the partition key of the next stage", INGRESS.stage,
-                         INGRESS.partition, input_sn(n), describe(exc))
-
-
 def _sub_items(router, partitions: int, first: int,
                pending: PendingInputs) -> List[Optional[NumberedRows]]:
     """Inputs numbered from ``first``, in the form stage 1 takes and routed to its
-    ``partitions`` by its key (a run at a time: the key is user code, and the error
-    names the input it raised on)."""
-    rows = pending.rows(first)
+    ``partitions`` by its key (a run at a time). The key is user code: what it refuses
+    stops the job as an operator's error in a segment would, naming the input."""
     try:
-        rows = router.prepare(rows)
-        if partitions == 1:
-            return [rows]
-        routes = router.partitions_of(rows)
+        rows, routes = routed(router, pending.rows(first), partitions)
     except RouteRefused as refused:
-        raise _key_error(first + refused.row, refused.error) from refused.error
-    except ColumnsError as exc:  # records that do not fit stage 1's columns
-        raise _key_error(first + (exc.row or 0), exc) from exc
-    except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
-        raise _key_error(first, exc) from exc
-    return rows.split(routes, partitions)
+        raise OperatorError(refused.what, INGRESS.stage, INGRESS.partition,
+                            input_sn(first + refused.row),
+                            describe(refused.error)) from refused.error
+    return [rows] if routes is None else rows.split(routes, partitions)
 
 
 class Ingress:

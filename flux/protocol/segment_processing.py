@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from exchange.routing import RouteRefused
-from exchange.rows import ColumnsError, NumberedRows
+from exchange.routing import RouteRefused, routed
+from exchange.rows import NumberedRows
 from flux.errors import DataflowError, LocalProtocolError, OperatorError
 from flux.operator import OperatorRaised, describe
 from flux.protocol.segment_mode import DRAINING, PROCESSING, STREAMING, Event
@@ -81,23 +81,13 @@ class ProcessingSide:
         sn = item + (self.addr.partition,)
         put = self.fprod.out.put
         count = len(self.fprod.out.buffers)
-        router = self.router
         try:  # the user's key and columns only: a fault of the buffers is not theirs
-            out = router.prepare(out)  # the next stage's form
             # the last stage (everything to the egress), or one partition: no key asked
-            routes = None if count == 1 else router.partitions_of(out)
+            out, routes = routed(self.router, out, count)
         except RouteRefused as refused:
-            raise OperatorError("the partition key of the next stage", self.addr.stage,
-                                self.addr.partition, out.row_sn(refused.row),
+            raise OperatorError(refused.what, self.addr.stage, self.addr.partition,
+                                out.row_sn(refused.row),
                                 describe(refused.error)) from refused.error
-        except ColumnsError as exc:  # records that do not fit the next stage's columns
-            raise OperatorError("the columns of the next stage", self.addr.stage,
-                                self.addr.partition, out.row_sn(exc.row or 0),
-                                describe(exc)) from exc
-        except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
-            raise OperatorError(f"the key columns of the next stage (an item of {len(out)} "
-                                f"rows, {out.first_sn()} to {out.last_sn()})", self.addr.stage,
-                                self.addr.partition, out.first_sn(), describe(exc)) from exc
         if routes is None:
             put(0, sn, out)
             return
