@@ -77,9 +77,8 @@ class ReferenceRun:
         chain = self.chains[s][partition]
         try:
             if chain.columnar:
-                parents, batch = chain.process_arrow(record.batch)
-                produced = list(record.outputs(parents, batch).split(
-                    np.arange(batch.num_rows), batch.num_rows))
+                outputs = record.outputs(*chain.process_arrow(record.batch))
+                produced = [outputs.sliced(k, k + 1) for k in range(len(outputs))]
             else:
                 produced = chain.process(_record(record))
         except OperatorRaised as exc:
