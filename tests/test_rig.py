@@ -159,3 +159,26 @@ def test_the_rig_leaves_nothing_behind_even_when_its_body_fails():
     assert bridge not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+@pytest.mark.timeout(60)
+def test_a_rig_takes_another_name_when_a_bridge_of_its_name_is_left_behind(monkeypatch):
+    """A killed rig leaves its bridge; the next one whose process id ends the same must
+    not fail on it (``RTNETLINK answers: File exists``)."""
+    from flux.testing import rig as rigs
+
+    stale = f"flxbr{os.getpid() % 10000:04d}00"
+    subprocess.run(["ip", "link", "add", stale, "type", "bridge"], check=True)
+    draws = iter([0, 0, 1])
+    monkeypatch.setattr(rigs.random, "randrange", lambda n: next(draws))
+    rig = rigs.Rig(1)
+    try:
+        rig._claim_bridge()
+        assert rig.bridge == f"flxbr{os.getpid() % 10000:04d}01"
+        assert rig.bridge in subprocess.run(["ip", "link"], capture_output=True,
+                                            text=True).stdout
+    finally:
+        rig.close()
+        subprocess.run(["ip", "link", "del", stale], check=False)
+    assert rig.bridge not in subprocess.run(["ip", "link"], capture_output=True,
+                                            text=True).stdout

@@ -98,9 +98,9 @@ class Rig:
             raise ValueError(f"a rig needs at least one host, got {hosts}")
         self.count, self.cores, self.memory_mb = hosts, cores, memory_mb
         self.ready_timeout = ready_timeout
-        self.id = f"{os.getpid() % 10000:04d}{random.randrange(100):02d}"
+        self.id = ""  # chosen with the bridge: names no other rig on this machine uses
         self.hosts: List[RigHost] = []
-        self.bridge = f"flxbr{self.id}"
+        self.bridge = ""
         self.address = ""
         self.master: Optional[subprocess.Popen] = None
         self.master_url = ""
@@ -132,14 +132,30 @@ class Rig:
                 return prefix
         raise RigUnavailable("no free 10.213.x.0/24 subnet for the rig's bridge")
 
+    def _claim_bridge(self) -> None:
+        """Make a bridge under a name nothing on this machine has: another rig may
+        run beside this one, and a killed one may have left its links behind."""
+        for _ in range(50):
+            rig_id = f"{os.getpid() % 10000:04d}{random.randrange(100):02d}"
+            taken = _ip("link").stdout + _ip("netns", "list").stdout
+            if f"flx{rig_id}" in taken or f"flxbr{rig_id}" in taken:
+                continue
+            made = _ip("link", "add", f"flxbr{rig_id}", "type", "bridge", check=False)
+            if made.returncode == 0:
+                self.id, self.bridge, self._made_bridge = rig_id, f"flxbr{rig_id}", True
+                return
+            if "File exists" not in made.stderr:
+                raise subprocess.CalledProcessError(made.returncode, made.args,
+                                                    made.stdout, made.stderr)
+        raise RigUnavailable("no free name for the rig's bridge after 50 tries")
+
     def _build(self) -> None:
         started = time.monotonic()
         temp_folders.sweep("flux-rig-")  # those of killed rigs
-        self.tmp = temp_folders.make(f"flux-rig-{self.id}-")
         prefix = self._subnet()
         self.address = prefix + "1"
-        _ip("link", "add", self.bridge, "type", "bridge")
-        self._made_bridge = True
+        self._claim_bridge()
+        self.tmp = temp_folders.make(f"flux-rig-{self.id}-")
         _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for i in range(self.count):
