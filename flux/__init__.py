@@ -61,6 +61,9 @@ _LAZY = {
     "ParquetSource": "flux.connectors.parquet_source",
     "MapInPandas": "flux.pandas_map",
     "MapInArrow": "flux.pandas_map",
+    "TransformWithStateInPandas": "flux.transform_with_state",
+    "StatefulProcessor": "flux.stateful_processor",
+    "StatefulProcessorHandle": "flux.stateful_processor",
     "FileSink": "flux.connectors.file_sink",
     "read_file_sink": "flux.connectors.file_sink",
     "DeltaSink": "flux.connectors.delta_sink",
@@ -82,7 +85,8 @@ __all__ = [
     "tuplify", "SessionReconstruction", "session_key", "WindowedDurationStats", "stats_key",
     "paper_dataflow", "vectorized_dataflow",
     # operators on Arrow batches: the contract, pandas and Arrow functions
-    "BatchOperator", "MapInPandas", "MapInArrow",
+    "BatchOperator", "MapInPandas", "MapInArrow", "TransformWithStateInPandas",
+    "StatefulProcessor", "StatefulProcessorHandle",
     "KeyedState", "KeyedOperator", "Expiry",
     # sources, sinks, inputs and the failure-free reference
     "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",

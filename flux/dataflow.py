@@ -137,6 +137,21 @@ def _check_columns(stage: Stage, columnar: bool, columns_in: bool) -> None:
                                     f"{stage.schema.names}")
 
 
+def _check_grouping(stage: Stage, op: Any, where: str) -> None:
+    """A per-key handler sees all of a key's rows only if the stage routes every row of
+    a key to one partition: its key columns must be among the handler's."""
+    from flux.transform_with_state import TransformWithStateInPandas
+
+    if not isinstance(op, TransformWithStateInPandas):
+        return
+    columns = column_names(stage.key)
+    if columns is None or not set(columns) <= set(op.key):
+        raise DataflowError(f"{where}: groups rows by {list(op.key)}, and the stage routes "
+                            f"them by {stage.key!r}: give the stage key= some of "
+                            f"{list(op.key)} (columns), so each key's rows meet in one "
+                            f"partition")
+
+
 def _check_stage(stage: Any) -> bool:
     """The stage's own checks; is it a stage of batch operators?"""
     if not isinstance(stage, Stage):
@@ -165,6 +180,7 @@ def _check_stage(stage: Any) -> bool:
             # Replicas of a pair must never share state (DESIGN 1).
             raise DataflowError(f"{where}: factory returns the same object twice")
         kinds.add(is_batch_operator(first))
+        _check_grouping(stage, first, where)
     if len(kinds) > 1:
         raise DataflowError(f"stage {stage.name!r} mixes operators on Arrow batches "
                             f"(process_arrow) with operators on records: give each kind "

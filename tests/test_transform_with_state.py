@@ -1,0 +1,222 @@
+"""A per-key handler with state on Arrow batches, in the style of PySpark 4's
+transformWithStateInPandas: the output equals the failure-free reference (one row at a
+time) through a kill, whatever the batches; its state catches up in parts and survives
+msgpack; a handler that breaks the rules is named."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from flux import StatefulProcessor, TransformWithStateInPandas
+from flux.dataflow import Dataflow, Stage
+from flux.deploy_checks import check_batch_api, check_state_round_trip
+from flux.errors import DataflowError
+from flux.operator import OperatorChain, wire_form
+from flux.reference import reference_output
+from flux.testing.threads import ThreadCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+PAYMENTS = pa.schema([("account", pa.int64()), ("amount", pa.int64())])
+ALERTS = pa.schema([("account", pa.int64()), ("amount", pa.int64()),
+                    ("average", pa.float64()), ("recent", pa.int64())])
+
+
+class LargePayments(StatefulProcessor):
+    """Per account: the count and sum of its payments, its last three amounts and how
+    often each amount was seen; a payment over twice the account's average is an alert."""
+
+    def init(self, handle):
+        self.totals = handle.getValueState("totals")
+        self.recent = handle.getListState("recent")
+        self.seen = handle.getMapState("seen")
+
+    def handleInputRows(self, key, rows, timerValues):
+        count, total = self.totals.get() or (0, 0)
+        alerts = []
+        for frame in rows:
+            for amount in frame["amount"]:
+                if count and amount > 2 * total / count:
+                    alerts.append((key[0], amount, total / count, len(list(self.recent.get()))))
+                count, total = count + 1, total + amount
+                self.recent.put((list(self.recent.get()) + [(amount,)])[-3:])
+                times = self.seen.getValue((amount,)) or (0,)
+                self.seen.updateValue((amount,), (times[0] + 1,))
+        self.totals.update((count, total))
+        yield pd.DataFrame(alerts, columns=ALERTS.names)
+
+
+class RunningCounts(StatefulProcessor):
+    """Per key a running count, vectorized over the key's rows: one output per row,
+    its index the row's (correct for calls='per key')."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count")
+
+    def handleInputRows(self, key, rows, timerValues):
+        (count,) = self.count.get() or (0,)
+        for frame in rows:
+            counts = count + np.arange(1, len(frame) + 1)
+            count = int(counts[-1])
+            yield pd.DataFrame({"account": key[0], "count": counts}, index=frame.index)
+        self.count.update((count,))
+
+
+class CountPerCall(RunningCounts):
+    """Breaks the rule in calls='per key': one output per call, at its last row."""
+
+    def handleInputRows(self, key, rows, timerValues):
+        (count,) = self.count.get() or (0,)
+        for frame in rows:
+            count += len(frame)
+            yield pd.DataFrame({"account": [key[0]], "count": [count]},
+                               index=frame.index[-1:])
+        self.count.update((count,))
+
+
+COUNTS = pa.schema([("account", pa.int64()), ("count", pa.int64())])
+
+
+def payments(n, accounts=40, seed=5):
+    rng = np.random.default_rng(seed)
+    amounts = rng.integers(1, 100, n)
+    amounts[rng.random(n) < 0.05] *= 7
+    return [(int(a), int(x)) for a, x in zip(rng.integers(0, accounts, n), amounts)]
+
+
+def large_payments(calls="per row"):
+    return Dataflow([Stage("alerts", "account", (lambda: TransformWithStateInPandas(
+        LargePayments, "account", ALERTS, calls=calls),), schema=PAYMENTS)])
+
+
+def running_counts(processor=RunningCounts, calls="per key"):
+    return Dataflow([Stage("counts", "account", (lambda: TransformWithStateInPandas(
+        processor, "account", COUNTS, calls=calls),), schema=PAYMENTS)])
+
+
+def paced(records, every=50, pause=0.003):
+    for k, r in enumerate(records):
+        if k % every == 0:
+            time.sleep(pause)
+        yield r
+
+
+def run(dataflow, records, partitions=3, kill=None, **knobs):
+    expected = reference_output(dataflow, records, partitions)
+    cluster = ThreadCluster(dataflow, partitions, paced(records) if kill else iter(records),
+                            standbys=1, **knobs)
+    with cluster:
+        if kill:
+            assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 3, 60)
+            cluster.kill(kill)
+        cluster.wait_until(lambda: len(cluster.delivered) >= len(expected) and
+                           not cluster.recovery.pending() or cluster.errors, 60)
+    return cluster, expected
+
+
+def test_one_batch_gives_what_its_rows_give_one_at_a_time():
+    op = TransformWithStateInPandas(LargePayments, "account", ALERTS)
+    one_by_one = TransformWithStateInPandas(LargePayments, "account", ALERTS)
+    records = payments(400, accounts=6)
+    rows, out = op.process_arrow(pa.RecordBatch.from_pylist(
+        [dict(zip(PAYMENTS.names, r)) for r in records], schema=PAYMENTS))
+    singles = []
+    for i, r in enumerate(records):
+        _, single = one_by_one.process_arrow(pa.RecordBatch.from_pylist(
+            [dict(zip(PAYMENTS.names, r))], schema=PAYMENTS))
+        singles += [(i, row) for row in single.to_pylist()]
+    assert len(singles) > 10  # the workload raises alerts
+    assert list(zip(rows.tolist(), out.to_pylist())) == singles
+    assert op.get_state() == one_by_one.get_state()
+
+
+@pytest.mark.slow  # ~20 s: a pandas call per row, in both replicas and the reference
+def test_a_handler_keeps_its_output_through_a_kill_and_catches_up_in_parts():
+    records = payments(8000, accounts=1500)
+    cluster, expected = run(large_payments(), records, partitions=2, kill="node1",
+                            batch_rows=128)
+    assert not cluster.errors and not cluster.controller.error
+    assert len(expected) > 100
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+    rebuilt = [m for loop in cluster.loops.values() for m in loop.host.machines.values()
+               if getattr(m, "installed", None)]
+    assert rebuilt and all(m.installed["parts"] > 0 for m in rebuilt), \
+        [m.installed for m in rebuilt]
+
+
+def test_calls_per_key_give_the_output_of_calls_per_row():
+    records = payments(1500, accounts=25)
+    per_row = reference_output(running_counts(calls="per row"), records, 3)
+    assert [wire_form(x) for x in reference_output(running_counts(), records, 3)] == \
+        [wire_form(x) for x in per_row]
+    cluster, expected = run(running_counts(), records, partitions=3, batch_rows=300)
+    assert not cluster.errors, cluster.errors
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in per_row]
+
+
+def test_the_state_round_trips_and_the_deploy_checks_pass():
+    records = payments(300, accounts=7)
+    check_state_round_trip(large_payments(), records, 2)
+    check_batch_api(large_payments(), records)
+    check_batch_api(running_counts(), records)
+
+
+def test_a_per_key_handler_that_counts_per_call_is_refused_at_deploy():
+    with pytest.raises(DataflowError, match=r"stage 'counts' operator 0 .*a batch gives"):
+        check_batch_api(running_counts(CountPerCall), payments(300, accounts=7))
+
+
+def test_a_per_key_output_that_names_no_row_of_its_call_is_refused():
+    class LosesTheIndex(RunningCounts):
+        def handleInputRows(self, key, rows, timerValues):
+            for frame in super().handleInputRows(key, rows, timerValues):
+                yield frame.reset_index(drop=True)
+
+    op = TransformWithStateInPandas(LosesTheIndex, "account", COUNTS, calls="per key")
+    batch = pa.RecordBatch.from_pylist([{"account": 1, "amount": 2},
+                                        {"account": 2, "amount": 3}], schema=PAYMENTS)
+    with pytest.raises(ValueError, match=r"index names the input row.*calls='per row'"):
+        op.process_arrow(batch)
+
+
+def test_a_stage_that_routes_by_other_columns_is_refused():
+    with pytest.raises(DataflowError, match=r"groups rows by \['account'\], and the stage "
+                                            r"routes them by 'amount'"):
+        Dataflow([Stage("alerts", "amount", (lambda: TransformWithStateInPandas(
+            LargePayments, "account", ALERTS),), schema=PAYMENTS)])
+
+
+@pytest.mark.parametrize("declare, message", [
+    (lambda h: h.getValueState("v", ttlDurationMs=1000), "TTL is not supported yet"),
+    (lambda h: h.registerTimer(5), "timers are not supported yet"),
+    (lambda h: [h.getValueState("v"), h.getListState("v")], "declared twice"),
+    (lambda h: None, "declared no state"),
+])
+def test_what_is_not_built_or_wrong_in_init_is_named(declare, message):
+    class Declares(StatefulProcessor):
+        def init(self, handle):
+            declare(handle)
+
+    with pytest.raises((NotImplementedError, ValueError), match=message):
+        TransformWithStateInPandas(Declares, "account", COUNTS)
+
+
+def test_a_value_that_is_not_a_row_is_named():
+    class Scalar(RunningCounts):
+        def handleInputRows(self, key, rows, timerValues):
+            self.count.update(3)
+            return iter(())
+
+    op = TransformWithStateInPandas(Scalar, "account", COUNTS)
+    with pytest.raises(TypeError, match=r"ValueState.update takes a row .*got int"):
+        op.process_arrow(pa.RecordBatch.from_pylist([{"account": 1, "amount": 2}],
+                                                    schema=PAYMENTS))
+
+
+def test_the_store_is_offered_to_the_catch_up():
+    assert OperatorChain([TransformWithStateInPandas(LargePayments, "account", ALERTS)]
+                         ).keyed_stores()[0] is not None
