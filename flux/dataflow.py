@@ -139,7 +139,8 @@ def _check_columns(stage: Stage, columnar: bool, columns_in: bool) -> None:
 
 def _check_grouping(stage: Stage, op: Any, where: str) -> None:
     """A per-key handler sees all of a key's rows only if the stage routes every row of
-    a key to one partition: its key columns must be among the handler's."""
+    a key to one partition: its key columns must be among the handler's (and they, and
+    its event time, among the stage's columns where it names them)."""
     from flux.transform_with_state import TransformWithStateInPandas
 
     if not isinstance(op, TransformWithStateInPandas):
@@ -150,6 +151,10 @@ def _check_grouping(stage: Stage, op: Any, where: str) -> None:
                             f"them by {stage.key!r}: give the stage key= some of "
                             f"{list(op.key)} (columns), so each key's rows meet in one "
                             f"partition")
+    needed = op.key + ((op.event_time,) if op.event_time else ())
+    if stage.schema is not None and not set(needed) <= set(stage.schema.names):
+        raise DataflowError(f"{where}: columns {sorted(set(needed) - set(stage.schema.names))} "
+                            f"are not in the stage's schema {stage.schema.names}")
 
 
 def _check_stage(stage: Any) -> bool:

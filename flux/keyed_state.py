@@ -53,7 +53,7 @@ class KeyedState(ChangeRecords, StateTransfer):
     checkpoint after ``start_changes()`` (``flux.keyed_changes``).
     """
 
-    __slots__ = ("_data", "_dirty", "_since", "_order", "decode")
+    __slots__ = ("_data", "_dirty", "_since", "_order", "decode", "installs")
 
     def __init__(self, pairs: Iterable | None = None,
                  decode: Callable[[Any], Any] | None = None, track_dirty: bool = False):
@@ -64,6 +64,7 @@ class KeyedState(ChangeRecords, StateTransfer):
         # The same, since this replica's last checkpoint snapshot (None: not recorded).
         self._since: Optional[dict] = None
         self._order: Optional[list] = None  # the sorted keys, None when stale
+        self.installs = 0
         self.decode = decode
         if pairs is not None:
             self.restore(pairs)

@@ -50,6 +50,9 @@ class StateTransfer:
     _dirty: Optional[dict]
     _since: Optional[dict]
     _order: Optional[list]
+    #: how many times state came in from elsewhere (an index kept beside the store, e.g.
+    #: of timers, is rebuilt when it moved)
+    installs: int
     decode: Optional[Callable[[Any], Any]]
     keys: Callable[[], list]  # KeyedState's: the keys in key order
 
@@ -97,6 +100,7 @@ class StateTransfer:
         """Add the ``[key, value]`` pairs of one slice of a snapshot; they are not dirty."""
         data, dirty, decode = self._data, self._dirty, self.decode
         self._since = None  # the state came from elsewhere: no checkpoint baseline holds
+        self.installs += 1
         for key, value in pairs or ():
             key = tuplify(key)
             data[key] = decode(value) if decode is not None else value
@@ -112,6 +116,7 @@ class StateTransfer:
             try:
                 self._data.update(zip(keys, values))  # one C call
                 self._order = self._since = None
+                self.installs += 1
                 return
             except TypeError:  # unhashable: keys with lists in them (they crossed msgpack)
                 pass

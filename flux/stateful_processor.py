@@ -10,8 +10,9 @@ plain values (numpy scalars are taken as Python ones), msgpack-safe, because the
 state moves between replicas and into checkpoints as msgpack (DESIGN 4.1, 10).
 
 What differs from PySpark: no processing time (the output must not depend on when
-a replica ran, DESIGN 4.8), so ``TimerValues`` give -1 for it, and timers and TTL,
-which need event time carried in band, are not built yet (refused when asked).
+a replica ran, DESIGN 4.8), so ``TimerValues`` give -1 for it, processing-time
+timers and TTL (which expire by the clock) are refused, and the event-time
+watermark advances per input row, not per micro-batch (``flux.transform_with_state``).
 ``close()`` is not called: a job's state lives on in its checkpoints.
 
 Pure: no I/O, no clock.
@@ -21,6 +22,8 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 VALUE, LIST, MAP = "value", "list", "map"
+#: the name a key's timers are kept under beside its states (a state's name is never "")
+TIMERS = ""
 
 
 def _plain(value: Any) -> Any:
@@ -46,10 +49,16 @@ class KeyStates:
     def __init__(self):
         self.values: Dict[str, Any] = {}
         self.changed = False
+        #: timers registered by the call under way (the operator indexes them after it)
+        self.registered: List[int] = []
 
     def load(self, stored: Optional[dict]) -> None:
         self.values = dict(stored) if stored else {}
         self.changed = False
+        self.registered = []
+
+    def timers(self) -> Tuple[int, ...]:
+        return tuple(self.values.get(TIMERS) or ())
 
     def stored(self) -> Optional[dict]:
         """What goes back into the store (None: nothing left, the key is deleted)."""
@@ -147,21 +156,35 @@ class MapState(_State):
 
 
 class TimerValues:
-    """What PySpark passes as ``timerValues``: no processing time here (-1), and the
-    watermark is not built yet (-1)."""
+    """What PySpark passes as ``timerValues``: no processing time here (-1); the event-time
+    watermark in ms (-1 before the first row, or without event time)."""
+
+    def __init__(self, watermark_ms: Optional[int] = None):
+        self._watermark = -1 if watermark_ms is None else watermark_ms
 
     def getCurrentProcessingTimeInMs(self) -> int:  # noqa: N802
         return -1
 
     def getCurrentWatermarkInMs(self) -> int:  # noqa: N802
-        return -1
+        return self._watermark
+
+
+class ExpiredTimerInfo:
+    """What ``handleExpiredTimer`` gets: the timer's expiry."""
+
+    def __init__(self, expiry_ms: int):
+        self._expiry = expiry_ms
+
+    def getExpiryTimeInMs(self) -> int:  # noqa: N802
+        return self._expiry
 
 
 class StatefulProcessorHandle:
     """What ``init`` gets: it declares the processor's state, by name."""
 
-    def __init__(self, key_states: KeyStates):
+    def __init__(self, key_states: KeyStates, event_time: bool = False):
         self._key_states = key_states
+        self._event_time = event_time
         self.declared: Dict[str, str] = {}
 
     def _declare(self, name: str, kind: str, ttl: Optional[int]) -> None:
@@ -193,14 +216,32 @@ class StatefulProcessorHandle:
         return MapState(stateName, self._key_states)
 
     def registerTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
-        raise NotImplementedError("timers are not supported yet (they need event time "
-                                  "carried in band, DESIGN 4.8)")
+        """A timer of the key being handled, at event time ``expiryTimestampMs`` (ms):
+        ``handleExpiredTimer`` is called once the watermark reaches it."""
+        expiry = self._timer(expiryTimestampMs)
+        timers = self._key_states.timers()
+        if expiry not in timers:
+            self._key_states.put(TIMERS, tuple(sorted(timers + (expiry,))))
+            self._key_states.registered.append(expiry)
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
-        self.registerTimer(expiryTimestampMs)
+        expiry = self._timer(expiryTimestampMs)
+        timers = self._key_states.timers()
+        if expiry in timers:
+            self._key_states.put(TIMERS, tuple(t for t in timers if t != expiry) or None)
 
     def listTimers(self) -> Iterator[int]:  # noqa: N802
-        return iter(())
+        return iter(self._key_states.timers())
+
+    def _timer(self, expiry: Any) -> int:
+        if not self._event_time:
+            raise NotImplementedError(
+                "timers need time_mode='EventTime' (processing-time timers read a clock "
+                "replicas do not share, DESIGN 4.8)")
+        expiry = _plain(expiry)
+        if not isinstance(expiry, int) or isinstance(expiry, bool):
+            raise TypeError(f"a timer's expiry is an int of ms, got {expiry!r:.40}")
+        return expiry
 
 
 class StatefulProcessor:
@@ -214,6 +255,11 @@ class StatefulProcessor:
     def handleInputRows(self, key: tuple, rows: Iterator[Any],  # noqa: N802,N803
                         timerValues: TimerValues) -> Iterator[Any]:
         raise NotImplementedError
+
+    def handleExpiredTimer(self, key: tuple, timerValues: TimerValues,  # noqa: N802,N803
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[Any]:
+        """A timer of ``key`` expired (event time): its outputs, if any."""
+        return iter(())
 
     def close(self) -> None:
         """Not called by Flux (see the module's docstring); here for PySpark's processors."""

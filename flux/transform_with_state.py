@@ -16,9 +16,17 @@ Two ways to call the handler keep that rule:
   deploy check runs batches of uneven sizes against one-row batches and says so when
   a handler breaks it; an index not among the call's rows is refused at once.
 
+With ``time_mode="EventTime"`` the rows carry their event time (``event_time``, a
+column of int ms or timestamps) and the watermark is the largest event time seen by the
+partition minus ``watermark_delay_ms``, advanced after each row, so it is the same at
+every row whatever the cut. Rows go to the handler one at a time in row order; a row
+older than the watermark is late and dropped (as PySpark drops it); after each row every
+timer at or below the watermark fires (``handleExpiredTimer``), in (expiry, key) order,
+its outputs that row's. The watermark is state too (under the key ``()``).
+
 The state is a ``KeyedState`` (the key: a tuple of the key columns' values; the value:
-the key's named states), so catch-up moves it in parts and checkpoints take only the
-changed keys (DESIGN 10).
+the key's named states and timers), so catch-up moves it in parts and checkpoints take
+only the changed keys (DESIGN 10).
 """
 from __future__ import annotations
 
@@ -28,14 +36,24 @@ import numpy as np
 
 from flux.keyed_state import KeyedOperator, KeyedState
 from flux.stateful_processor import (
+    TIMERS,
+    ExpiredTimerInfo,
     KeyStates,
     StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
     _plain,
 )
+from flux.timer_index import TimerIndex
 
 PER_ROW, PER_KEY = "per row", "per key"
+TIME_MODES = ("None", "EventTime")
+#: the store's key of the partition's watermark (a handler's keys have one value or more)
+WATERMARK = ()
+
+
+def _timers_of(key: Any, stored: Any) -> tuple:
+    return tuple(stored.get(TIMERS) or ()) if key != WATERMARK and stored else ()
 
 
 class TransformWithStateInPandas(KeyedOperator):
@@ -43,7 +61,8 @@ class TransformWithStateInPandas(KeyedOperator):
     ``key`` columns, its outputs in ``output_schema`` (a ``pyarrow.Schema``)."""
 
     def __init__(self, processor: Any, key: Any, output_schema: Any,
-                 calls: str = PER_ROW, time_mode: str = "None"):
+                 calls: str = PER_ROW, time_mode: str = "None",
+                 event_time: Any = None, watermark_delay_ms: int = 0):
         import pyarrow as pa
 
         self.key: Tuple[str, ...] = (key,) if isinstance(key, str) else tuple(key)
@@ -54,9 +73,18 @@ class TransformWithStateInPandas(KeyedOperator):
                             f"{type(output_schema).__name__}")
         if calls not in (PER_ROW, PER_KEY):
             raise ValueError(f"calls is {PER_ROW!r} or {PER_KEY!r}, got {calls!r}")
-        if time_mode != "None":
-            raise NotImplementedError(f"time_mode {time_mode!r} is not supported yet: "
-                                      f"timers need event time carried in band")
+        if time_mode not in TIME_MODES:
+            raise NotImplementedError(f"time_mode {time_mode!r}: only {TIME_MODES} (processing "
+                                      f"time is a clock replicas do not share, DESIGN 4.8)")
+        self.event_time = event_time if time_mode == "EventTime" else None
+        if time_mode == "EventTime":
+            if not isinstance(event_time, str):
+                raise ValueError("time_mode='EventTime' needs event_time=, the column of "
+                                 "each row's event time (int ms or timestamps)")
+            if calls != PER_ROW:
+                raise ValueError("time_mode='EventTime' calls the handler per row (a timer "
+                                 "fires between two rows): leave calls='per row'")
+        self.watermark_delay_ms = int(watermark_delay_ms)
         self.output_schema, self.calls = output_schema, calls
         self.processor = processor() if not isinstance(processor, StatefulProcessor) \
             else processor
@@ -66,7 +94,8 @@ class TransformWithStateInPandas(KeyedOperator):
         self.state = KeyedState()
         self._key_states = KeyStates()
         self._timers = TimerValues()
-        handle = StatefulProcessorHandle(self._key_states)
+        self._index = TimerIndex(_timers_of)
+        handle = StatefulProcessorHandle(self._key_states, event_time=self.event_time is not None)
         self.processor.init(handle)
         if not handle.declared:
             raise ValueError(f"{type(self.processor).__name__}.init declared no state: "
@@ -76,30 +105,86 @@ class TransformWithStateInPandas(KeyedOperator):
     def process_arrow(self, batch: Any) -> tuple:
         import pyarrow as pa
 
-        missing = [c for c in self.key if c not in batch.schema.names]
+        needed = self.key + ((self.event_time,) if self.event_time else ())
+        missing = [c for c in needed if c not in batch.schema.names]
         if missing:
-            raise KeyError(f"key columns {missing} are not in the batch's columns "
+            raise KeyError(f"columns {missing} are not in the batch's columns "
                            f"{batch.schema.names}")
         frame = batch.to_pandas()
         rows: List[np.ndarray] = []
         outputs: List[Any] = []
-        for key, positions in self._groups(frame):
-            self._key_states.load(self.state.get(key))
-            if self.calls == PER_ROW:
-                for p in positions:
-                    self._call(key, frame.iloc[p:p + 1], rows, outputs, row=int(p))
-            else:
-                self._call(key, frame.iloc[positions], rows, outputs, row=None)
-            if self._key_states.changed:
-                stored = self._key_states.stored()
-                if stored is None:
-                    self.state.pop(key, None)
+        if self.event_time is not None:
+            self._in_event_time(batch, frame, rows, outputs)
+        else:
+            for key, positions in self._groups(frame):
+                self._load(key)
+                if self.calls == PER_ROW:
+                    for p in positions:
+                        self._call(key, frame.iloc[p:p + 1], rows, outputs, row=int(p))
                 else:
-                    self.state[key] = stored
+                    self._call(key, frame.iloc[positions], rows, outputs, row=None)
+                self._store(key)
         if not outputs:
             return np.zeros(0, np.int64), pa.RecordBatch.from_pylist(
                 [], schema=self.output_schema)
         return self._assemble(rows, outputs)
+
+    def _in_event_time(self, batch: Any, frame: Any, rows: list, outputs: list) -> None:
+        """Row by row: the handler (unless the row is late), the watermark, due timers."""
+        times = self._event_times(batch)
+        keys = list(zip(*[frame[c].tolist() for c in self.key]))
+        store, index = self.state, self._index
+        index.follow(store)
+        watermark = store.get(WATERMARK)
+        for r, (key, at) in enumerate(zip(keys, times.tolist())):
+            if watermark is None or at >= watermark:
+                self._timers = TimerValues(watermark)
+                self._load(key)
+                self._call(key, frame.iloc[r:r + 1], rows, outputs, row=r)
+                self._store(key)
+            if watermark is None or at - self.watermark_delay_ms > watermark:
+                watermark = at - self.watermark_delay_ms
+            self._timers = TimerValues(watermark)
+            for expiry, due in index.pop_due(watermark, store):
+                self._load(due)
+                self._key_states.put(TIMERS, tuple(
+                    t for t in self._key_states.timers() if t != expiry) or None)
+                out = self.processor.handleExpiredTimer(due, self._timers,
+                                                        ExpiredTimerInfo(expiry))
+                self._collect(out, rows, outputs, r, None)
+                self._store(due)
+        if watermark is not None and watermark != store.get(WATERMARK):
+            store[WATERMARK] = watermark
+
+    def _event_times(self, batch: Any) -> np.ndarray:
+        import pyarrow as pa
+
+        column = batch.column(self.event_time)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("ms"), safe=False).cast(pa.int64())
+        elif not pa.types.is_integer(column.type):
+            raise TypeError(f"event_time column {self.event_time!r} holds {column.type}: "
+                            f"int ms or timestamps")
+        if column.null_count:
+            raise ValueError(f"event_time column {self.event_time!r} has a null at row "
+                             f"{column.is_null().to_pylist().index(True)}")
+        return column.to_numpy().astype(np.int64, copy=False)
+
+    def _load(self, key: tuple) -> None:
+        self._key_states.load(self.state.get(key))
+
+    def _store(self, key: tuple) -> None:
+        """The key's states back into the store, its new timers into the index."""
+        states = self._key_states
+        for expiry in states.registered:
+            self._index.add(key, expiry)
+        states.registered = []
+        if states.changed:
+            stored = states.stored()
+            if stored is None:
+                self.state.pop(key, None)
+            else:
+                self.state[key] = stored
 
     def _groups(self, frame: Any) -> List[Tuple[tuple, np.ndarray]]:
         """(key, its rows' positions), keys in the order of their first row."""
@@ -113,12 +198,18 @@ class TransformWithStateInPandas(KeyedOperator):
 
     def _call(self, key: tuple, rows_frame: Any, rows: List[np.ndarray],
               outputs: List[Any], row: Any) -> None:
+        yielded = self.processor.handleInputRows(key, iter([rows_frame]), self._timers)
+        self._collect(yielded, rows, outputs, row, rows_frame)
+
+    def _collect(self, yielded: Any, rows: List[np.ndarray], outputs: List[Any], row: Any,
+                 rows_frame: Any) -> None:
+        """A call's outputs, each with the row it comes from: ``row``, or (per key) the
+        output's index, which must name one of ``rows_frame``'s rows."""
         import pandas as pd
 
-        yielded = self.processor.handleInputRows(key, iter([rows_frame]), self._timers)
         for out in yielded or ():
             if not isinstance(out, pd.DataFrame):
-                raise TypeError(f"handleInputRows must yield pandas DataFrames, got "
+                raise TypeError(f"the handler must yield pandas DataFrames, got "
                                 f"{type(out).__name__}")
             if not len(out):
                 continue

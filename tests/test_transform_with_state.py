@@ -192,7 +192,7 @@ def test_a_stage_that_routes_by_other_columns_is_refused():
 
 @pytest.mark.parametrize("declare, message", [
     (lambda h: h.getValueState("v", ttlDurationMs=1000), "TTL is not supported yet"),
-    (lambda h: h.registerTimer(5), "timers are not supported yet"),
+    (lambda h: h.registerTimer(5), "timers need time_mode=.EventTime."),
     (lambda h: [h.getValueState("v"), h.getListState("v")], "declared twice"),
     (lambda h: None, "declared no state"),
 ])
@@ -220,3 +220,149 @@ def test_a_value_that_is_not_a_row_is_named():
 def test_the_store_is_offered_to_the_catch_up():
     assert OperatorChain([TransformWithStateInPandas(LargePayments, "account", ALERTS)]
                          ).keyed_stores()[0] is not None
+
+
+# -- event time: the watermark per row, timers ----------------------------------------
+
+CLICKS = pa.schema([("user", pa.int64()), ("ts", pa.int64())])
+SESSIONS = pa.schema([("user", pa.int64()), ("clicks", pa.int64()), ("start", pa.int64()),
+                      ("end", pa.int64()), ("watermark", pa.int64())])
+GAP = 1_000
+
+
+class Sessions(StatefulProcessor):
+    """A user's session ends GAP ms of event time after its last click: a timer,
+    moved at every click; when it fires the session is emitted and forgotten."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.session = handle.getValueState("session")  # (clicks, start, last)
+
+    def handleInputRows(self, key, rows, timerValues):
+        for frame in rows:
+            for ts in frame["ts"]:
+                clicks, start, last = self.session.get() or (0, ts, ts)
+                if clicks:
+                    self.handle.deleteTimer(last + GAP)
+                self.session.update((clicks + 1, start, max(last, ts)))
+                self.handle.registerTimer(max(last, ts) + GAP)
+        return iter(())
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        clicks, start, last = self.session.get()
+        assert expiredTimerInfo.getExpiryTimeInMs() == last + GAP
+        assert list(self.handle.listTimers()) == []
+        self.session.clear()
+        yield pd.DataFrame([(key[0], clicks, start, last,
+                             timerValues.getCurrentWatermarkInMs())], columns=SESSIONS.names)
+
+
+def sessions_op(delay=200):
+    return TransformWithStateInPandas(Sessions, "user", SESSIONS, time_mode="EventTime",
+                                      event_time="ts", watermark_delay_ms=delay)
+
+
+def clicks(n, users=30, seed=2):
+    """Clicks in roughly increasing event time, some out of order by up to 300 ms."""
+    rng = np.random.default_rng(seed)
+    ts = np.cumsum(rng.integers(0, 40, n)) + rng.integers(-300, 1, n)
+    return [(int(u), int(t)) for u, t in zip(rng.integers(0, users, n), ts)]
+
+
+def batch_of(records, schema=CLICKS):
+    return pa.RecordBatch.from_pylist([dict(zip(schema.names, r)) for r in records],
+                                      schema=schema)
+
+
+def outputs_in_batches(op, records, sizes):
+    out, start = [], 0
+    for size in sizes:
+        part = records[start:start + size]
+        if part:
+            rows, batch = op.process_arrow(batch_of(part))
+            out += [(start + r, row) for r, row in zip(rows.tolist(), batch.to_pylist())]
+        start += size
+    return out
+
+
+def test_timers_fire_at_the_same_row_whatever_the_batches():
+    records = clicks(3000)
+    whole = outputs_in_batches(sessions_op(), records, [len(records)])
+    assert len(whole) > 100  # sessions end all along
+    rng = np.random.default_rng(7)
+    uneven = outputs_in_batches(sessions_op(), records, rng.integers(1, 200, 200).tolist())
+    assert uneven == whole
+    ends = [row["end"] for _, row in whole]
+    assert all(row["watermark"] >= row["end"] + GAP for _, row in whole), ends[:5]
+
+
+def test_a_state_that_moved_fires_the_timers_its_twin_fires():
+    """The timer index is rebuilt from a state installed after msgpack (a catch-up, a
+    restore): both replicas go on giving the same outputs."""
+    records = clicks(2000)
+    twin, moved = sessions_op(), sessions_op()
+    first = outputs_in_batches(twin, records[:1000], [1000])
+    assert first == outputs_in_batches(sessions_op(), records[:1000], [1000])
+    moved.install_state(wire_form(twin.get_state()))
+    assert outputs_in_batches(moved, records[1000:], [300, 700]) == \
+        outputs_in_batches(twin, records[1000:], [1000])
+
+
+def test_a_late_row_is_dropped_and_the_watermark_is_handed_over():
+    seen = []
+
+    class Watches(Sessions):
+        def handleInputRows(self, key, rows, timerValues):
+            seen.append((key[0], timerValues.getCurrentWatermarkInMs()))
+            return super().handleInputRows(key, rows, timerValues)
+
+    op = TransformWithStateInPandas(Watches, "user", SESSIONS, time_mode="EventTime",
+                                    event_time="ts", watermark_delay_ms=100)
+    op.process_arrow(batch_of([(1, 1000), (2, 1500), (3, 1300), (4, 1450)]))
+    assert seen == [(1, -1), (2, 900), (4, 1400)]  # user 3's click is older than 1400
+
+
+def test_an_event_time_of_timestamps_is_taken_in_ms():
+    class OnTimestamps(Sessions):
+        def handleInputRows(self, key, rows, timerValues):
+            in_ms = (frame.assign(ts=frame.ts.astype("int64") // 1000) for frame in rows)
+            return super().handleInputRows(key, in_ms, timerValues)
+
+    schema = pa.schema([("user", pa.int64()), ("ts", pa.timestamp("us"))])
+    op = TransformWithStateInPandas(OnTimestamps, "user", SESSIONS, time_mode="EventTime",
+                                    event_time="ts")
+    batch = pa.RecordBatch.from_pylist([{"user": 1, "ts": 1_000_000}, {"user": 2, "ts": 3_000_000}],
+                                       schema=schema)
+    rows, out = op.process_arrow(batch)
+    assert out.to_pylist() == [{"user": 1, "clicks": 1, "start": 1000, "end": 1000,
+                                "watermark": 3000}]
+
+
+def test_sessions_end_exactly_through_a_kill():
+    records = clicks(4000, users=200)
+    dataflow = Dataflow([Stage("sessions", "user", (sessions_op,), schema=CLICKS)])
+    cluster, expected = run(dataflow, records, partitions=2, kill="node1", batch_rows=64)
+    assert not cluster.errors and not cluster.controller.error
+    assert len(expected) > 50
+    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: TransformWithStateInPandas(Sessions, "user", SESSIONS, time_mode="EventTime"),
+     ValueError, "needs event_time="),
+    (lambda: TransformWithStateInPandas(Sessions, "user", SESSIONS, time_mode="EventTime",
+                                        event_time="ts", calls="per key"),
+     ValueError, "calls the handler per row"),
+    (lambda: TransformWithStateInPandas(Sessions, "user", SESSIONS, time_mode="ProcessingTime"),
+     NotImplementedError, "processing time is a clock"),
+    (lambda: TransformWithStateInPandas(Sessions, "user", SESSIONS).process_arrow(
+        batch_of([(1, 5)])), NotImplementedError, "timers need time_mode='EventTime'"),
+])
+def test_timers_without_event_time_are_refused_with_the_reason(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_a_stage_without_the_event_time_column_is_refused():
+    with pytest.raises(DataflowError, match=r"columns \['ts'\] are not in the stage's schema"):
+        Dataflow([Stage("s", "user", (sessions_op,), schema=pa.schema([("user", pa.int64())]))])
