@@ -62,6 +62,7 @@ _LAZY = {
     "MapInPandas": "flux.pandas_map",
     "MapInArrow": "flux.pandas_map",
     "TransformWithStateInPandas": "flux.transform_with_state",
+    "ColumnarKeyedState": "flux.columnar_state",
     "StatefulProcessor": "flux.stateful_processor",
     "StatefulProcessorHandle": "flux.stateful_processor",
     "FileSink": "flux.connectors.file_sink",
@@ -86,7 +87,7 @@ __all__ = [
     "paper_dataflow", "vectorized_dataflow",
     # operators on Arrow batches: the contract, pandas and Arrow functions
     "BatchOperator", "MapInPandas", "MapInArrow", "TransformWithStateInPandas",
-    "StatefulProcessor", "StatefulProcessorHandle",
+    "StatefulProcessor", "StatefulProcessorHandle", "ColumnarKeyedState",
     "KeyedState", "KeyedOperator", "Expiry",
     # sources, sinks, inputs and the failure-free reference
     "RateLimited", "JsonLinesSink", "read_json_lines", "packet_workload", "keyed_workload",

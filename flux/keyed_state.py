@@ -31,7 +31,7 @@ Pure: no I/O, no clock, no randomness.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 from flux.keyed_changes import DELETED, ChangeRecords
 from flux.keyed_transfer import StateTransfer
@@ -211,10 +211,11 @@ class KeyedState(ChangeRecords, StateTransfer):
 
 
 class KeyedOperator:
-    """Mixin: an operator whose state is the ``KeyedState`` in ``self.state``
-    gets ``get_state()`` (its snapshot) and ``install_state()`` (a restore)."""
+    """Mixin: an operator whose state is the ``KeyedState`` (or ``ColumnarKeyedState``)
+    in ``self.state`` gets ``get_state()`` (its snapshot) and ``install_state()`` (a
+    restore)."""
 
-    state: KeyedState
+    state: Any
 
     def get_state(self) -> list:
         """Sorted ``[key, value]`` pairs (``KeyedState.snapshot``)."""
@@ -224,13 +225,38 @@ class KeyedOperator:
         self.state.restore(state)
 
 
-def keyed_state_of(op: Any) -> Optional[KeyedState]:
-    """The ``KeyedState`` that holds ``op``'s whole state, or None if it keeps its own."""
+@runtime_checkable
+class KeyedStore(Protocol):
+    """What the runtime calls on a keyed store (``KeyedState``, ``ColumnarKeyedState``):
+    a catch-up's parts and delta, a checkpoint's changes, installs (DESIGN 10)."""
+
+    installs: int
+
+    def snapshot(self) -> list: ...
+    def parts(self, max_keys: int) -> Iterator[tuple]: ...
+    def restore(self, pairs: Iterable | None) -> None: ...
+    def install_part(self, keys: Any, values: Any) -> None: ...
+    def apply_delta(self, delta: dict) -> None: ...
+    def clear_dirty(self) -> None: ...
+    def stop_tracking(self) -> None: ...
+    def delta(self) -> dict: ...
+    def start_changes(self) -> None: ...
+    def changes(self) -> dict: ...
+    def stop_changes(self) -> None: ...
+
+    @property
+    def records_changes(self) -> bool: ...
+
+
+def keyed_state_of(op: Any) -> Optional[KeyedStore]:
+    """The keyed store that holds ``op``'s whole state, or None if it keeps its own."""
+    from flux.columnar_state import ColumnarKeyedState
+
     if isinstance(op, KeyedOperator):
         state = getattr(op, "state", None)
-        if isinstance(state, KeyedState):
+        if isinstance(state, (KeyedState, ColumnarKeyedState)):
             return state
     return None
 
 
-__all__ = ["KeyedState", "KeyedOperator", "keyed_state_of", "DELETED", "tuplify", "sorted_keys"]
+__all__ = ["KeyedState", "KeyedOperator", "KeyedStore", "keyed_state_of", "DELETED", "tuplify", "sorted_keys"]
