@@ -104,6 +104,21 @@ class ColumnarKeyedState(ColumnarTransfer):
         self._live[slots] = False
         self._free.extend(slots.tolist())
 
+    def expire(self, name: str, before: Any, keep: Iterable[Any] = ()) -> int:
+        """Forget every key whose ``name`` column is below ``before`` (event time: an
+        operator passes its watermark minus a ttl, DESIGN 4.8), except the keys in
+        ``keep`` (e.g. where it keeps its watermark); returns how many went. One scan
+        of the column: call it when the watermark has moved enough to be worth one."""
+        size = self._size
+        old = self._live[:size] & (self._columns[name][:size] < before)
+        for key in keep:
+            slot = self._index.get(tuplify(key))
+            if slot is not None:
+                old[slot] = False
+        slots = np.flatnonzero(old)
+        self.delete(slots)
+        return len(slots)
+
     def keys_of(self, slots: np.ndarray) -> list:
         keys = self._keys
         return [keys[s] for s in np.asarray(slots).tolist()]

@@ -152,3 +152,14 @@ def test_the_state_speed_experiment_writes_both_stores_figures(tmp_path):
     for record in ("not_recording", "recording_changes"):
         assert summary[record]["columnar"]["ns_per_row_median"] > 0
         assert summary[record]["speed_columnar_over_keyed_state"] > 0
+
+
+def test_keys_left_behind_by_event_time_expire_and_the_record_says_so():
+    columnar = ColumnarKeyedState(last=np.int64, count=np.int64)
+    slots = columnar.slots([1, 2, 3, (float("-inf"),)])
+    columnar.put("last", slots, [100, 250, 300, 400])  # the last key keeps a watermark
+    columnar.start_changes()
+    assert columnar.expire("last", 260, keep=[(float("-inf"),)]) == 2
+    assert columnar.keys() == [3, (float("-inf"),)]
+    assert columnar.changes() == {"set": [], "deleted": [1, 2]}
+    assert columnar.expire("last", 0) == 0
