@@ -259,3 +259,26 @@ def test_a_file_source_into_a_file_sink_and_a_rerun_duplicates_nothing(spark, tm
             job.wait(timeout=240)
         assert sink.skipped == (len(expected) if run else 0)
         assert read_file_sink(out) == expected
+
+
+def test_a_per_key_handler_with_event_time_timers_keeps_its_output_through_a_kill(spark):
+    """Click sessions (TransformWithStateInPandas, a timer per user) on Spark: a node
+    killed mid-stream, the sessions still those of the failure-free run."""
+    from flux.examples.click_sessions import click_sessions_dataflow, click_workload
+    from flux.spark.job import FluxJob
+
+    dataflow = click_sessions_dataflow(gap_ms=20_000)
+    records = click_workload(12_000, users=60, seed=4)
+    expected = reference_output(dataflow, records, 3)
+    assert len(expected) > 300
+    job = FluxJob(spark, dataflow, paced(records, every=100), nodes=3, standbys=1)
+    with job:
+        assert job.wait_until(lambda: len(job.delivered) > len(expected) // 3, 240)
+        job.kill_node("node1")
+        rec = lambda: job.controller.recovery  # noqa: E731
+        assert job.wait_until(lambda: rec().completed and not rec().pending(), 120), \
+            rec().missing
+        assert job.wait_until(lambda: len(job.delivered) >= len(expected), 240), (
+            len(job.delivered), len(expected))
+    assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
+    assert job.metrics.summary()["state_bytes_moved"] > 0
