@@ -4,7 +4,6 @@ SN for SN, through failures too; and the errors that name what is wrong."""
 from __future__ import annotations
 
 import re
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +19,7 @@ from flux.operator import Map, wire_form
 from flux.reference import reference_output
 from flux.testing.threads import ThreadCluster
 from flux.testing.workloads import packet_workload
+from thread_runs import assert_exact_and_caught_up_in_parts, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,26 +68,6 @@ class Sums:
 
     def install_state(self, state):
         self.sums = {k: v for k, v in (state or [])}
-
-
-def paced(records, every=50, pause=0.003):
-    for k, r in enumerate(records):
-        if k % every == 0:
-            time.sleep(pause)
-        yield r
-
-
-def run(dataflow, records, partitions=3, kill=None, **knobs):
-    expected = reference_output(dataflow, records, partitions)
-    cluster = ThreadCluster(dataflow, partitions, paced(records) if kill else iter(records),
-                            standbys=1, **knobs)
-    with cluster:
-        if kill:
-            assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 3, 60)
-            cluster.kill(kill)
-        cluster.wait_until(lambda: len(cluster.delivered) >= len(expected) and
-                           not cluster.recovery.pending() or cluster.errors, 60)
-    return cluster, expected
 
 
 def test_the_vectorized_paper_dataflow_gives_the_per_record_output_sn_for_sn():
@@ -320,9 +300,4 @@ def test_a_batch_operator_on_a_keyed_state_catches_up_in_parts():
     dataflow = Dataflow([Stage("sums", "k", (KeyedSums,), schema=SCHEMA)])
     records = [(i % 3000, i % 11) for i in range(30_000)]  # 3000 keys: several parts
     cluster, expected = run(dataflow, records, partitions=2, kill="node1", batch_rows=128)
-    assert not cluster.errors and not cluster.controller.error
-    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
-    rebuilt = [m for loop in cluster.loops.values() for m in loop.host.machines.values()
-               if getattr(m, "installed", None)]
-    assert rebuilt and all(m.installed["parts"] > 0 for m in rebuilt), \
-        [m.installed for m in rebuilt]
+    assert_exact_and_caught_up_in_parts(cluster, expected)

@@ -16,6 +16,7 @@ from flux.dataflow import Dataflow, Stage
 from flux.keyed_state import KeyedOperator, KeyedState
 from flux.operator import OperatorChain, wire_form
 from flux.snapshot_chain import rebuild
+from thread_runs import assert_exact_and_caught_up_in_parts, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -129,18 +130,11 @@ class ColumnarSums(KeyedOperator):
 
 
 def test_a_batch_operator_on_columnar_state_catches_up_in_parts_through_a_kill():
-    from test_columnar_dataflow import run
-
     assert OperatorChain([ColumnarSums()]).keyed_stores()[0] is not None
     dataflow = Dataflow([Stage("sums", "k", (ColumnarSums,), schema=SCHEMA)])
     records = [(i % 3000, i % 11) for i in range(18_000)]
     cluster, expected = run(dataflow, records, partitions=2, kill="node1", batch_rows=128)
-    assert not cluster.errors and not cluster.controller.error
-    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
-    rebuilt = [m for loop in cluster.loops.values() for m in loop.host.machines.values()
-               if getattr(m, "installed", None)]
-    assert rebuilt and all(m.installed["parts"] > 0 for m in rebuilt), \
-        [m.installed for m in rebuilt]
+    assert_exact_and_caught_up_in_parts(cluster, expected)
 
 
 def test_the_state_speed_experiment_writes_both_stores_figures(tmp_path):

@@ -4,8 +4,6 @@ time) through a kill, whatever the batches; its state catches up in parts and su
 msgpack; a handler that breaks the rules is named."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -17,7 +15,7 @@ from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.errors import DataflowError
 from flux.operator import OperatorChain, wire_form
 from flux.reference import reference_output
-from flux.testing.threads import ThreadCluster
+from thread_runs import assert_exact_and_caught_up_in_parts, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,26 +96,6 @@ def running_counts(processor=RunningCounts, calls="per key"):
         processor, "account", COUNTS, calls=calls),), schema=PAYMENTS)])
 
 
-def paced(records, every=50, pause=0.003):
-    for k, r in enumerate(records):
-        if k % every == 0:
-            time.sleep(pause)
-        yield r
-
-
-def run(dataflow, records, partitions=3, kill=None, **knobs):
-    expected = reference_output(dataflow, records, partitions)
-    cluster = ThreadCluster(dataflow, partitions, paced(records) if kill else iter(records),
-                            standbys=1, **knobs)
-    with cluster:
-        if kill:
-            assert cluster.wait_until(lambda: len(cluster.delivered) > len(expected) // 3, 60)
-            cluster.kill(kill)
-        cluster.wait_until(lambda: len(cluster.delivered) >= len(expected) and
-                           not cluster.recovery.pending() or cluster.errors, 60)
-    return cluster, expected
-
-
 def test_one_batch_gives_what_its_rows_give_one_at_a_time():
     op = TransformWithStateInPandas(LargePayments, "account", ALERTS)
     one_by_one = TransformWithStateInPandas(LargePayments, "account", ALERTS)
@@ -139,13 +117,8 @@ def test_a_handler_keeps_its_output_through_a_kill_and_catches_up_in_parts():
     records = payments(8000, accounts=1500)
     cluster, expected = run(large_payments(), records, partitions=2, kill="node1",
                             batch_rows=128)
-    assert not cluster.errors and not cluster.controller.error
     assert len(expected) > 100
-    assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
-    rebuilt = [m for loop in cluster.loops.values() for m in loop.host.machines.values()
-               if getattr(m, "installed", None)]
-    assert rebuilt and all(m.installed["parts"] > 0 for m in rebuilt), \
-        [m.installed for m in rebuilt]
+    assert_exact_and_caught_up_in_parts(cluster, expected)
 
 
 def test_calls_per_key_give_the_output_of_calls_per_row():
