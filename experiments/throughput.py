@@ -52,11 +52,17 @@ from flux.testing.workloads import packet_workload
 MODES = ("none", "cluster-pairs", "flux")
 #: the operators: the paper's per-record ones, or their twins on Arrow batches
 KINDS = ("per-record", "vectorized")
+#: also measurable: the per-record operators with their stages keyed by columns
+#: (``paper_dataflow_on_columns``: Arrow between stages, vectorized routing)
+MORE_KINDS = ("per-record-columns",)
 #: rows per batch of the vectorized operators run alone
 ALONE_BATCH = 1024
 
 
 def dataflow_of(kind: str):
+    if kind == "per-record-columns":
+        from flux.examples.dataflows import paper_dataflow_on_columns
+        return paper_dataflow_on_columns()
     return vectorized_dataflow() if kind == "vectorized" else paper_dataflow()
 
 
@@ -262,7 +268,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="runs per replication mode")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--operators", default=",".join(KINDS),
-                    help="per-record, vectorized or both (alternated)")
+                    help="per-record, vectorized (default: both, alternated), or also "
+                         "per-record-columns (per-record operators, stages keyed by "
+                         "columns)")
     ap.add_argument("--vectorized-input", choices=("batches", "records"), default="batches",
                     help="what the vectorized kind's full-rate runs are fed")
     ap.add_argument("--nodes", type=int, default=4)
@@ -278,9 +286,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     kinds = [k.strip() for k in args.operators.split(",") if k.strip()]
-    if any(m not in MODES for m in modes) or any(k not in KINDS for k in kinds) or \
+    if any(m not in MODES for m in modes) or any(k not in KINDS + MORE_KINDS for k in kinds) or \
             not kinds or args.runs < 1 or args.inputs < 1000:
-        ap.error(f"--modes from {MODES}, --operators from {KINDS}, --runs >= 1, "
+        ap.error(f"--modes from {MODES}, --operators from {KINDS + MORE_KINDS}, --runs >= 1, "
                  f"--inputs >= 1000")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -291,6 +299,7 @@ def main(argv=None) -> int:
     reference = paper_dataflow()
     alone = {"per-record": operators_alone(reference, records),
              "vectorized": vectorized_alone(records)}
+    alone["per-record-columns"] = alone["per-record"]
     summary: Dict[str, Any] = {"inputs": args.inputs, "nodes": args.nodes,
                                "runs_per_mode": args.runs}
     for kind in kinds:
@@ -315,9 +324,10 @@ def main(argv=None) -> int:
         for kind in kinds:
             summary[kind].update(_figures(rows, kind, modes,
                                           summary[kind]["operators_alone_tps"]["median"]))
-        if "flux" in modes and len(kinds) == 2:
-            summary["vectorized_vs_per_record_flux"] = _ratios(
-                _rates(rows, "vectorized", "flux"), _rates(rows, "per-record", "flux"))
+        for other in ("vectorized", "per-record-columns"):
+            if "flux" in modes and {other, "per-record"} <= set(kinds):
+                summary[f"{other}_vs_per_record_flux"] = _ratios(
+                    _rates(rows, other, "flux"), _rates(rows, "per-record", "flux"))
         if not args.no_search:
             for kind in kinds:
                 figures = summary[kind]
