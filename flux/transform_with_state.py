@@ -52,6 +52,12 @@ TIME_MODES = ("None", "EventTime")
 WATERMARK = ()
 
 
+def _key(values: tuple) -> tuple:
+    """A key as the store holds it: plain values, a null (None or NaN: pandas' view of
+    a null) as None, so all of a null key's rows meet in one entry, as PySpark groups them."""
+    return tuple(None if v is None or v != v else _plain(v) for v in values)
+
+
 def _timers_of(key: Any, stored: Any) -> tuple:
     return tuple(stored.get(TIMERS) or ()) if key != WATERMARK and stored else ()
 
@@ -132,7 +138,7 @@ class TransformWithStateInPandas(KeyedOperator):
     def _in_event_time(self, batch: Any, frame: Any, rows: list, outputs: list) -> None:
         """Row by row: the handler (unless the row is late), the watermark, due timers."""
         times = self._event_times(batch)
-        keys = list(zip(*[frame[c].tolist() for c in self.key]))
+        keys = [_key(row) for row in zip(*[frame[c].tolist() for c in self.key])]
         store, index = self.state, self._index
         index.follow(store)
         watermark = store.get(WATERMARK)
@@ -191,7 +197,7 @@ class TransformWithStateInPandas(KeyedOperator):
         groups = frame.groupby(list(self.key), sort=False, dropna=False).indices
         out = []
         for k, positions in groups.items():
-            key = tuple(_plain(v) for v in (k if isinstance(k, tuple) else (k,)))
+            key = _key(k if isinstance(k, tuple) else (k,))
             out.append((key, np.asarray(positions, np.int64)))
         out.sort(key=lambda kp: kp[1][0])
         return out
@@ -230,12 +236,13 @@ class TransformWithStateInPandas(KeyedOperator):
 
     def _assemble(self, rows: Sequence[np.ndarray], outputs: Sequence[Any]) -> tuple:
         """The outputs in the order of the rows that made them (one row's in the order
-        they were yielded), as one batch of ``output_schema``."""
+        they were yielded), as one batch of ``output_schema`` (one conversion for all:
+        ~0.2 ms each)."""
         import pandas as pd
         import pyarrow as pa
 
         made_by = np.concatenate(rows)
-        frame = pd.concat(outputs, ignore_index=True)
+        frame = outputs[0] if len(outputs) == 1 else pd.concat(outputs, ignore_index=True)
         try:
             batch = pa.RecordBatch.from_pandas(frame, schema=self.output_schema,
                                                preserve_index=False)

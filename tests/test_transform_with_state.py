@@ -339,3 +339,14 @@ def test_timers_without_event_time_are_refused_with_the_reason(make, error, mess
 def test_a_stage_without_the_event_time_column_is_refused():
     with pytest.raises(DataflowError, match=r"columns \['ts'\] are not in the stage's schema"):
         Dataflow([Stage("s", "user", (sessions_op,), schema=pa.schema([("user", pa.int64())]))])
+
+
+def test_rows_with_a_null_key_share_one_state():
+    op = TransformWithStateInPandas(RunningCounts, "account", COUNTS)
+    batch = pa.RecordBatch.from_pylist([{"account": None, "amount": 1}, {"account": 3, "amount": 1},
+                                        {"account": None, "amount": 2}], schema=PAYMENTS)
+    rows, out = op.process_arrow(batch)
+    assert out.to_pylist() == [{"account": None, "count": 1}, {"account": 3, "count": 1},
+                               {"account": None, "count": 2}]
+    _, again = op.process_arrow(batch.slice(0, 1))
+    assert again.to_pylist() == [{"account": None, "count": 3}]
