@@ -53,14 +53,19 @@ class Checkpoint:
     #: computed it (a restore verifies every file against it)
     digests: Dict[str, str] = field(default_factory=dict)
     sink: Optional[Tuple[int, ...]] = None  # the last SN the sink committed at the cut
-    has_sink: bool = False
+    has_sink: bool = False  # every sink partition committed
+    #: sink partition -> the last SN it committed at the cut (an egress per partition)
+    sinks: Dict[int, Optional[Tuple[int, ...]]] = field(default_factory=dict)
 
 
 class CheckpointCoordinator:
     """Hears the reports of every checkpoint; returns manifests of complete ones."""
 
-    def __init__(self, stages: int, partitions: int, fingerprint: str):
+    def __init__(self, stages: int, partitions: int, fingerprint: str, sinks: int = 1):
+        """``sinks``: the sink partitions that commit at each cut (1: ordered output; the
+        partitions: an egress per partition, docs/design/parallel_io.md)."""
         self.stages, self.partitions, self.fingerprint = stages, partitions, fingerprint
+        self.sinks = sinks
         self.checkpoints: Dict[int, Checkpoint] = {}
         self.latest_complete: Optional[int] = None
 
@@ -108,13 +113,20 @@ class CheckpointCoordinator:
             c.digests.update((f"{k}/{n}", d) for (k, n), d in zip(chain, digests))
         return self._maybe_complete(c)
 
-    def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]]) -> Optional[dict]:
-        """The sink committed every output derived from inputs up to the cut; ``sn`` the
-        last (None: no output yet)."""
+    def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]],
+                       partition: int = 0) -> Optional[dict]:
+        """The sink (partition) committed every output derived from inputs up to the cut;
+        ``sn`` the last (None: no output yet). The checkpoint's ``sink`` is the largest of
+        its partitions': what a restart's input log must still cover."""
+        if not 0 <= partition < self.sinks:
+            raise ValueError(f"no sink partition {partition} in this job ({self.sinks})")
         c = self._open(number)
         if c is None:
             return None
-        c.sink, c.has_sink = (tuple(sn) if sn is not None else None), True
+        c.sinks.setdefault(partition, tuple(sn) if sn is not None else None)
+        if len(c.sinks) == self.sinks:
+            c.has_sink = True
+            c.sink = max((s for s in c.sinks.values() if s is not None), default=None)
         return self._maybe_complete(c)
 
     def restarted(self, restored: Optional[int] = None) -> None:
@@ -143,7 +155,9 @@ class CheckpointCoordinator:
         if not c.has_position:
             want.append("the source position")
         if not c.has_sink:
-            want.append("the sink's commit")
+            want.append("the sink's commit" if self.sinks == 1 else "the commits of sink "
+                        "partitions " + ", ".join(str(p) for p in range(self.sinks)
+                                                  if p not in c.sinks))
         return want
 
     # -- rules ---------------------------------------------------------------------------
@@ -161,11 +175,15 @@ class CheckpointCoordinator:
             if older.number < c.number and older.phase is Phase.OPEN:
                 older.phase = Phase.ABANDONED
         self.latest_complete = c.number
-        return {"fingerprint": self.fingerprint, "partitions": self.partitions,
-                "stages": self.stages, "cut": c.cut, "source": c.position,
-                "sink": list(c.sink) if c.sink is not None else None,
-                "files": [c.parts[s, p] for s in range(1, self.stages + 1)
-                          for p in range(self.partitions)],
-                "chains": [[list(f) for f in c.chains[s, p]] for s in range(1, self.stages + 1)
-                           for p in range(self.partitions)],
-                "digests": dict(sorted(c.digests.items()))}
+        manifest = {"fingerprint": self.fingerprint, "partitions": self.partitions,
+                    "stages": self.stages, "cut": c.cut, "source": c.position,
+                    "sink": list(c.sink) if c.sink is not None else None,
+                    "files": [c.parts[s, p] for s in range(1, self.stages + 1)
+                              for p in range(self.partitions)],
+                    "chains": [[list(f) for f in c.chains[s, p]]
+                               for s in range(1, self.stages + 1) for p in range(self.partitions)],
+                    "digests": dict(sorted(c.digests.items()))}
+        if self.sinks > 1:  # each sink partition's last committed SN
+            manifest["sinks"] = [list(c.sinks[p]) if c.sinks[p] is not None else None
+                                 for p in range(self.sinks)]
+        return manifest

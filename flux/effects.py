@@ -23,9 +23,11 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """Effect of the egress: these items leave the dataflow, in order."""
+    """Effect of the egress: these items leave the dataflow, in order; ``partition``:
+    the last-stage partition they come from, with an egress per partition (else 0)."""
 
     items: Tuple[Item, ...]
+    partition: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,9 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class SinkCommit:
     """The egress delivered every output of inputs up to ``cut`` (and maybe more): the
-    sink commits what it has, for checkpoint ``number``."""
+    sink (of ``partition``, with an egress per partition) commits what it has, for
+    checkpoint ``number``."""
 
     number: int
     cut: int
+    partition: int = 0

@@ -44,6 +44,8 @@ class ReferenceRun:
         ]
         #: Number of inputs fed so far; the next input gets ISN (fed + 1,).
         self.fed = 0
+        #: the last-stage partition of every output so far, in the order ``feed`` gave them
+        self.output_partitions: list[int] = []
 
     def feed(self, record: Any) -> list[tuple[SN, Any]]:
         """Push the next input through every stage; the final outputs it caused, in SN order.
@@ -61,11 +63,12 @@ class ReferenceRun:
         self._push(0, input_sn(self.fed), record, out)
         return out
 
-    def _push(self, s: int, sn: SN, record: Any, out: list) -> None:
+    def _push(self, s: int, sn: SN, record: Any, out: list, came_from: int = 0) -> None:
         """``record``: a Python record, or one row of columns (``ArrowRows``) a stage of
-        batch operators made."""
+        batch operators made; ``came_from``: the partition of stage ``s - 1`` it left."""
         if s == len(self.chains):
             out.append((sn, _record(record)))
+            self.output_partitions.append(came_from)
             return
         stage = self.dataflow.stages[s]
         router = self.routers[s]
@@ -85,7 +88,7 @@ class ReferenceRun:
             exc.where = exc.where or f"stage {s + 1} ({stage.name!r}), partition {partition}"
             raise
         for k, next_record in enumerate(produced, 1):
-            self._push(s + 1, output_sn(sn, k), next_record, out)
+            self._push(s + 1, output_sn(sn, k), next_record, out, partition)
 
 
 def _record(record: Any) -> Any:

@@ -43,7 +43,7 @@ def world_with_complete_checkpoints(n: int, seed: int = 1, **params):
     complete in its store (damage is on, so its rules are, but no "corrupt" step is taken)."""
     params = SimParams(**{"checkpoints": n, "crashes": 0, "full_every": 1,
                           "corrupt_checkpoints": 1, **params})
-    world, _, _ = make_world(params, seed, random.Random(seed))
+    world, _, _, _ = make_world(params, seed, random.Random(seed))
     world.test_rng = random.Random(seed)
     return run_until_complete(world, n)
 

@@ -7,7 +7,7 @@ build their machines here, so they run the same wiring.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 from exchange.routing import ToOne, router_for
 from flux.addresses import Addr, P, S
@@ -28,12 +28,16 @@ class MachineBuilder:
     def __init__(self, dataflow, partitions: int, capacity: int, batch_size: int,
                  ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
                  replication: str = "flux", spare_chains: dict = None,
-                 window: int = None, full_every: int = 1, batch_rows: int = 1024):
+                 window: int = None, full_every: int = 1, batch_rows: int = 1024,
+                 ordered_output: bool = True):
         """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
         others the changes of its keyed stores since its last one (DESIGN 10).
-        ``batch_rows``: the most inputs the ingress puts in one item (DESIGN 11)."""
+        ``batch_rows``: the most inputs the ingress puts in one item (DESIGN 11).
+        ``ordered_output``: one egress merging every partition into one order; False: an
+        egress per last-stage partition (docs/design/parallel_io.md)."""
+        self.ordered_output = ordered_output
         if replication not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
         self.replication = replication
@@ -76,8 +80,9 @@ class MachineBuilder:
                 else frozenset()
             router = self.router(s)
         else:
-            ghost = Addr(K + 1, 0, S)  # the egress has no replica S
-            consumers = [(egress_addr(K), ghost)]
+            to = 0 if self.ordered_output else a.partition
+            ghost = Addr(K + 1, to, S)  # the egress has no replica S
+            consumers = [(egress_addr(K, to), ghost)]
             absent = frozenset({ghost})
             router = ToOne()
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
@@ -112,8 +117,17 @@ class MachineBuilder:
                              log_inputs=log_inputs, batch_rows=self.batch_rows)
 
     def egress(self) -> Egress:
-        return Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),
-                      credit_every=self.credit_every, batch_rows=self.batch_rows)
+        """The one egress of ordered output."""
+        if not self.ordered_output:
+            raise ValueError("an egress per partition: ask for egresses()")
+        return self.egresses()[0]
+
+    def egresses(self) -> List[Egress]:
+        """The egress, or one per last-stage partition (``ordered_output=False``)."""
+        partitions = [None] if self.ordered_output else range(self.partitions)
+        return [Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),
+                       credit_every=self.credit_every, batch_rows=self.batch_rows,
+                       partition=p) for p in partitions]
 
     @property
     def egress_addr(self) -> Any:

@@ -1,6 +1,8 @@
 """The egress: the base-case consumer (paper 3.1.2, Figure 4 action 1).
 
-It merges the last stage's partitions by SN into one totally ordered output,
+It merges the last stage's partitions by SN into one totally ordered output (or,
+one egress per last-stage partition, that partition's output in SN order:
+``docs/design/parallel_io.md``),
 takes data from the P replicas and acks to the S replicas; when a P replica
 dies it reverses that partition to the S replica. Output leaves only in SN
 order, item by item, each item's rows merged by row SN (DESIGN 11), so a run
@@ -11,7 +13,7 @@ leave as the merge releases them, in ``on_message``, and it only acks.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Set
+from typing import Iterable, List, Optional, Set
 
 from flux.addresses import Addr, P, S
 from flux.control_messages import SegmentStats
@@ -23,20 +25,24 @@ from flux.protocol.flux_consumer import FluxConsumer
 from flux.sequence import INF, item_bound
 
 
-def egress_addr(stages: int) -> Addr:
-    return Addr(stages + 1, 0, P)
+def egress_addr(stages: int, partition: int = 0) -> Addr:
+    return Addr(stages + 1, partition, P)
 
 
 class Egress:
     """Ordered output of a dataflow with ``stages`` stages of ``partitions`` partitions."""
 
     def __init__(self, stages: int, partitions: int, absent: Iterable[Addr] = (),
-                 credit_every: int = 1, batch_rows: int = 1024):
+                 credit_every: int = 1, batch_rows: int = 1024,
+                 partition: Optional[int] = None):
         """``absent``: last-stage replicas that never exist (replication "none", DESIGN 7);
         the egress acks nobody where they would be. ``credit_every``: see FluxConsumer.
-        ``batch_rows``: the most inputs an item holds (the ingress's)."""
-        self.addr = egress_addr(stages)
-        producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in range(partitions)]
+        ``batch_rows``: the most inputs an item holds (the ingress's). ``partition``: the
+        one last-stage partition this egress delivers (None: all of them, merged)."""
+        self.partition = partition
+        self.addr = egress_addr(stages, partition or 0)
+        among = range(partitions) if partition is None else (partition,)
+        producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in among]
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every)
         self.delivered = 0
         self.batch_rows = batch_rows
@@ -83,14 +89,14 @@ class Egress:
             out.extend(rows.pairs())
         if out:
             self.delivered += len(out)
-            effects.append(Deliver(tuple(out)))
+            effects.append(Deliver(tuple(out), self.partition or 0))
         if self.fcons.credits_due():
             # credited as handed to the sink: the runtime takes the next message only
             # once the sink returned, so a slow sink slows the last stage (back-pressure)
             effects.extend(self.fcons.credits())
         while self.cuts.pending and (due := self.cuts.due(self.fcons.frontier())) is not None:
             self.cuts.crossed(due[0])  # every output of inputs up to the cut is out
-            effects.append(SinkCommit(*due))
+            effects.append(SinkCommit(*due, self.partition or 0))
         return effects
 
     def on_fail(self, dead: Set[Addr]) -> List:

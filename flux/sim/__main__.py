@@ -119,6 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-checkpoints", type=int, default=0, metavar="N",
                     help="complete checkpoints the store keeps, and the input log what the "
                          "oldest of them covers (0: 2 with --corrupt-checkpoints, else all)")
+    ap.add_argument("--partitioned-egress", action="store_true",
+                    help="an egress and a sink per last-stage partition, each committing by "
+                         "itself at the cuts (docs/design/parallel_io.md)")
     ap.add_argument("--fingerprint", action="store_true",
                     help="print a digest of every schedule's steps and outcome (to compare "
                          "two versions: the same digest, the same schedules)")
@@ -136,7 +139,8 @@ def main(argv=None) -> int:
                        full_every=args.full_every,
                        source_partitions=args.source_partitions,
                        corrupt_checkpoints=args.corrupt_checkpoints,
-                       keep_checkpoints=args.keep_checkpoints)
+                       keep_checkpoints=args.keep_checkpoints,
+                       partitioned_egress=args.partitioned_egress)
     try:
         params.validate()
     except ValueError as exc:

@@ -105,6 +105,9 @@ class WorldConfig:
     #: after a restart the ingress's next cut may be any input after the restored cut, as
     #: the runtime's (else only one after every cut chosen before the restart)
     cuts_follow_restore: bool = False
+    #: one egress merging every partition (False: an egress and a sink per last-stage
+    #: partition, docs/design/parallel_io.md)
+    ordered_output: bool = True
 
 
 @dataclass

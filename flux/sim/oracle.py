@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, List, Optional, Sequence
+from itertools import repeat
+from typing import Any, Deque, Dict, List, Optional, Sequence
 
 from flux.addresses import S, Addr
 from flux.operator import wire_form
@@ -24,24 +25,46 @@ class Violation(Exception):
 
 
 class PrefixOracle:
-    """Checks each delivered item against the reference as it arrives.
+    """Checks each delivered item against the reference as it arrives: what each sink
+    partition holds is a prefix of the failure-free output of its partition (with one
+    ordered egress, one partition: the whole output).
 
     Items are compared in msgpack's wire form: state that moved to a new
     replica travelled as msgpack, so its tuples come back as lists."""
 
-    def __init__(self, reference: Sequence[Any]):
-        self.reference = [wire_form(item) for item in reference]
-        self.checked = 0
+    def __init__(self, reference: Sequence[Any], parts: Optional[Sequence[int]] = None):
+        self.set_reference(reference, parts)
 
-    def check(self, delivered: Sequence[Any]) -> None:
-        ref = self.reference
-        for pos in range(self.checked, len(delivered)):
-            got = wire_form(delivered[pos])
-            if pos >= len(ref):
-                raise Violation(f"extra output #{pos}: {got!r} (reference has {len(ref)})")
-            if got != ref[pos]:
-                raise Violation(f"output #{pos} is {got!r}, reference has {ref[pos]!r}")
-        self.checked = len(delivered)
+    def set_reference(self, reference: Sequence[Any],
+                      parts: Optional[Sequence[int]] = None) -> None:
+        """The failure-free outputs and (an egress per partition) each one's partition;
+        what the sink holds is judged again from its start."""
+        self.partitioned = parts is not None
+        self.by_part: Dict[int, List[Any]] = {}
+        for item, p in zip(reference, parts if parts is not None else repeat(0)):
+            self.by_part.setdefault(p, []).append(wire_form(item))
+        self.checked = 0
+        self.pos: Dict[int, int] = {}
+
+    def rewind(self, sink) -> None:
+        """The sink dropped what it had not committed (each partition keeps a prefix of
+        its outputs): what was judged of what it still holds stays judged."""
+        self.pos = {p: min(at, len(sink.held.get(p, ()))) for p, at in self.pos.items()}
+        self.checked = sum(self.pos.values())
+
+    def check(self, sink) -> None:
+        arrivals, parts, pos = sink.arrivals, sink.parts, self.pos
+        for i in range(self.checked, len(arrivals)):
+            p = parts[i]
+            ref, at = self.by_part.get(p, []), pos.get(p, 0)
+            got = wire_form(arrivals[i])
+            where = f" of partition {p}" if self.partitioned else ""
+            if at >= len(ref):
+                raise Violation(f"extra output #{at}{where}: {got!r} (reference has {len(ref)})")
+            if got != ref[at]:
+                raise Violation(f"output #{at}{where} is {got!r}, reference has {ref[at]!r}")
+            pos[p] = at + 1
+        self.checked = len(arrivals)
 
 
 class SettledOracle:
@@ -64,9 +87,12 @@ class SettledOracle:
     prefix oracle judges the output; its claims are not judged again in that incarnation.
     """
 
-    def __init__(self, dataflow, partitions: int):
+    def __init__(self, dataflow, partitions: int, partition: Optional[int] = None):
+        """``partition``: the one last-stage partition an egress of its own delivers
+        (None: the ordered egress, all of them)."""
         self.dataflow = dataflow
         self.partitions = partitions
+        self.partition = partition
         self.inputs: Optional[list] = None  # the order the outputs below are of
         self.outputs: list = []  # the failure-free (sn, record) outputs, in SN order
         self.upto = [0]  # [n]: how many of them the first n inputs make
@@ -84,7 +110,11 @@ class SettledOracle:
             outputs: list = []
             upto = [0]
             for record in inputs:
-                outputs += run.feed(record)
+                made = run.feed(record)
+                if self.partition is not None:
+                    of = run.output_partitions[len(run.output_partitions) - len(made):]
+                    made = [o for o, p in zip(made, of) if p == self.partition]
+                outputs += made
                 upto.append(len(outputs))
             self.inputs, self.outputs, self.upto = list(inputs), outputs, upto
         self.cut = cut
@@ -133,7 +163,8 @@ class SettledOracle:
 
     def _claim(self, what: str, missing, first: int) -> str:
         done = self.next - self.upto[self.cut]
-        return (f"the egress's {what}, but the output {wire_form(missing)!r} of input {first} "
+        egress = "the egress" if self.partition is None else f"partition {self.partition}'s egress"
+        return (f"{egress}'s {what}, but the output {wire_form(missing)!r} of input {first} "
                 f"was not delivered (the egress resumed after input {self.cut} and "
                 f"delivered {done} outputs since)")
 
@@ -172,8 +203,8 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
         problems.append(f"checkpoints {unfinished} never completed: " + "; ".join(
             f"{k} waits for {', '.join(world.coordinator.missing(k))}" for k in unfinished))
     try:
-        world.settled_oracle.check(world.egress, world.ingress,
-                                   world.next_input >= len(world.inputs))
+        for oracle, egress in zip(world.settled_oracles, world.egresses):
+            oracle.check(egress, world.ingress, world.next_input >= len(world.inputs))
     except Violation as exc:
         problems.append(str(exc))
     rec = world.recovery

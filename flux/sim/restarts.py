@@ -36,8 +36,8 @@ class Restarts:
         w = self.world
         outcome, store = w.outcome, w.store
         if driver_lives:
-            w.sink_committed = len(outcome.delivered)
-        del outcome.delivered[w.sink_committed:]
+            w.sink.commit()
+        w.sink.drop_uncommitted()
         self.due = False
         skipped = len(outcome.fallbacks)
         k = store.restorable()

@@ -91,6 +91,8 @@ class SimParams:
     corrupt_checkpoints: int = 0
     #: complete checkpoints the store keeps (0: 2 with --corrupt-checkpoints, else all)
     keep_checkpoints: int = 0
+    #: an egress and a sink per last-stage partition instead of one ordered egress
+    partitioned_egress: bool = False
     max_steps: int = 200_000
 
     def validate(self) -> None:
@@ -186,7 +188,8 @@ def build_dataflow(params: SimParams, seed: int):
 
 def make_world(params: SimParams, seed: int, rng: random.Random):
     dataflow, inputs = build_dataflow(params, seed)
-    reference, outputs_upto, states_after, states = reference_run(dataflow, inputs, params)
+    reference, outputs_upto, states_after, states, parts = reference_run(dataflow, inputs,
+                                                                         params)
     placement = (ChainedDeclustering if params.placement == "chained" else OneSegmentPerNode)(
         params.stages, params.partitions)
     config = WorldConfig(
@@ -225,6 +228,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # a fallback abandons complete checkpoints past the restored one: the next cuts
         # may lie before theirs (without damage, as before: after every earlier cut)
         cuts_follow_restore=bool(params.corrupt_checkpoints),
+        ordered_output=not params.partitioned_egress,
         **WORLD_VARIANTS.get(params.variant, {}),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
@@ -236,17 +240,18 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
 
     def reorder(new_inputs):
         """The failure-free run of the inputs' new order (its lists changed in place)."""
-        for old, new in zip((reference, outputs_upto, states_after, states),
+        for old, new in zip((reference, outputs_upto, states_after, states, parts),
                             reference_run(dataflow, new_inputs, params)):
             old[:] = new
 
     world.on_reorder = reorder
-    return world, reference, states
+    return world, reference, states, parts if params.partitioned_egress else None
 
 
 def reference_run(dataflow, inputs, params: SimParams):
-    """The failure-free run of ``inputs``: its outputs, how many the first n inputs make,
-    the operators' states after n inputs (with checkpoints) and at the end."""
+    """The failure-free run of ``inputs``: its outputs, how many the first n inputs make
+    (with an egress per partition: per partition, ``[n][p]``), the operators' states after
+    n inputs (with checkpoints) and at the end, and each output's last-stage partition."""
     from flux.reference import ReferenceRun
 
     run = ReferenceRun(dataflow, params.partitions)
@@ -257,13 +262,22 @@ def reference_run(dataflow, inputs, params: SimParams):
         return [[wire_form(c.get_state()) for c in stage] for stage in run.chains]
 
     states_after = [operator_states()] if params.checkpoints else []  # [n]: after n inputs
+    per_part = [0] * params.partitions
+    if params.partitioned_egress:
+        outputs_upto = [tuple(per_part)]
     for record in inputs:
-        reference += run.feed(record)
-        outputs_upto.append(len(reference))
+        made = run.feed(record)
+        reference += made
+        if params.partitioned_egress:
+            for p in run.output_partitions[len(reference) - len(made):]:
+                per_part[p] += 1
+            outputs_upto.append(tuple(per_part))
+        else:
+            outputs_upto.append(len(reference))
         if params.checkpoints:
             states_after.append(operator_states())
     states = [[chain.get_state() for chain in stage] for stage in run.chains]
-    return reference, outputs_upto, states_after, states
+    return reference, outputs_upto, states_after, states, list(run.output_partitions)
 
 
 def judge_snapshot(states_after, snap) -> None:
@@ -277,10 +291,14 @@ def judge_snapshot(states_after, snap) -> None:
 
 
 def judge_commit(outputs_upto, commit, delivered: int) -> None:
-    """When the egress passes a cut, every output of the inputs up to it is delivered."""
-    if delivered < outputs_upto[commit.cut]:
+    """When the egress passes a cut, every output of the inputs up to it is delivered (of
+    its partition, with an egress per partition)."""
+    due = outputs_upto[commit.cut]
+    if isinstance(due, tuple):
+        due = due[commit.partition]
+    if delivered < due:
         raise Violation(f"checkpoint {commit.number}: the sink commits at cut {commit.cut} "
-                        f"with {delivered} outputs, {outputs_upto[commit.cut]} are due")
+                        f"with {delivered} outputs, {due} are due")
 
 
 def run_schedule(seed: int, params: SimParams, crash_window: int) -> ScheduleResult:
@@ -373,14 +391,14 @@ class RandomChooser:
 def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     """Build the world for ``seed`` and apply the steps ``choose`` gives until it gives None."""
     rng = random.Random(seed)
-    world, reference, states = make_world(params, seed, rng)
-    oracle = PrefixOracle(reference)
+    world, reference, states, parts = make_world(params, seed, rng)
+    oracle = PrefixOracle(reference, parts)
     reorder = world.on_reorder
 
     def on_reorder(new_inputs):
         reorder(new_inputs)
-        oracle.reference = [wire_form(item) for item in reference]
-        oracle.checked = 0  # what the sink holds is judged again, against the new order
+        # what the sink holds is judged again, against the new order
+        oracle.set_reference(reference, parts)
 
     world.on_reorder = on_reorder
     result = ScheduleResult(seed, OK, expected=len(reference))
@@ -406,7 +424,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                     trace.append((step, None))
                     continue
                 world.restart()
-                oracle.checked = min(oracle.checked, len(outcome.delivered))
+                oracle.rewind(world.sink)
                 trace.append((step, None))
                 if outcome.checkpoint_corrupt:
                     result.status, result.reason = CHECKPOINT_CORRUPT, outcome.checkpoint_corrupt
@@ -419,9 +437,9 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                 trace[-1] = (step, outcome.damaged[-1])
             if outcome.checkpoint_corrupt or len(outcome.restarts) > restarts:
                 # the sink dropped what it had not committed
-                oracle.checked = min(oracle.checked, len(outcome.delivered))
+                oracle.rewind(world.sink)
             if len(outcome.delivered) != oracle.checked:
-                oracle.check(outcome.delivered)
+                oracle.check(world.sink)
             if outcome.pair_lost:
                 result.status = PAIR_LOST
                 result.reason = "both replicas lost: " + ", ".join(

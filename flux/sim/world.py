@@ -64,6 +64,7 @@ from flux.sim.detection import Detection
 from flux.sim.faults import REMOVED_SHARE, Faults
 from flux.sim.oracle import SettledOracle
 from flux.sim.restarts import Restarts
+from flux.sim.sink import SimSink
 from flux.sim.steps import Steps
 from flux.sim.store import CheckpointStore, StoredFile, checksum
 from flux.snapshot_chain import install
@@ -104,19 +105,25 @@ class World:
                                       config.ingress_capacity, config.buffer_factory,
                                       segment_class, window=config.window,
                                       full_every=config.full_every,
-                                      batch_rows=config.batch_rows)
+                                      batch_rows=config.batch_rows,
+                                      ordered_output=config.ordered_output)
         self.placement = placement
-        self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim")
+        #: the sink partitions: one with ordered output, else one per last-stage partition
+        self.sink_partitions = 1 if config.ordered_output else partitions
+        self.coordinator = CheckpointCoordinator(self.stages, partitions, "sim",
+                                                 sinks=self.sink_partitions)
         self.checkpoints_left = config.checkpoints
         #: the ingress chooses a cut only once it has sent an input after this one
         self.last_cut = 0
         #: the oracle's view of a snapshot and of a sink commit (set by ``make_world``)
         self.judge_snapshot = lambda *a: None
         self.judge_commit = lambda *a: None
-        #: the sink: ``outcome.delivered`` is what it holds; this much of it is committed
-        self.sink_committed = 0
-        #: the oracle of what the egress claims it delivered (``settled``, ``finished``)
-        self.settled_oracle = SettledOracle(dataflow, partitions)
+        #: the sink: ``outcome.delivered`` is what it holds, per partition what it committed
+        self.sink = SimSink(self.outcome.delivered)
+        #: the oracles of what each egress claims it delivered (``settled``, ``finished``)
+        self.settled_oracles = [SettledOracle(dataflow, partitions,
+                                              None if config.ordered_output else p)
+                                for p in range(self.sink_partitions)]
         self.store = CheckpointStore(self)
         self.restarts = Restarts(self)
         self.faults = Faults(self, corrupt_rng or random.Random(0))
@@ -147,10 +154,12 @@ class World:
         if restored is not None:
             self.ingress.resume_after(restored[1])  # numbered from cut + 1
             self.next_input = restored[1]
-        self.egress = builder.egress()
-        self.settled_oracle.begin(self.inputs, 0 if restored is None else restored[1])
-        for name, machine in ((INGRESS_HOST, self.ingress), (EGRESS_HOST, self.egress)):
-            self._add_host(config.host_class(name, {machine.addr: machine},
+        self.egresses = builder.egresses()
+        self.egress = self.egresses[0]
+        for oracle in self.settled_oracles:
+            oracle.begin(self.inputs, 0 if restored is None else restored[1])
+        for name, machines in ((INGRESS_HOST, [self.ingress]), (EGRESS_HOST, self.egresses)):
+            self._add_host(config.host_class(name, {m.addr: m for m in machines},
                                              topology.incarnations[name], peer_incs=peer_incs))
         self.recovery = Recovery(topology)
         self.alive: Dict[str, bool] = {h: True for h in self.hosts}
@@ -198,10 +207,8 @@ class World:
         outcome = self.outcome
         for e in others:
             if isinstance(e, Deliver):  # into the sink, which drops what it committed
-                self.settled_oracle.delivered(e.items)
-                held, done = outcome.delivered, self.sink_committed
-                floor = held[done - 1][0] if done else None
-                held.extend(item for item in e.items if floor is None or item[0] > floor)
+                self.settled_oracles[e.partition].delivered(e.items)
+                self.sink.deliver(e.partition, e.items)
             elif isinstance(e, TakeoverDone):
                 outcome.takeovers.append(e.addr)
             elif isinstance(e, FoldedIn):
@@ -225,18 +232,23 @@ class World:
             elif isinstance(e, Snapshot):
                 self.store.write(e, host)
             elif isinstance(e, SinkCommit):
-                delivered = outcome.delivered
-                self.judge_commit(e, len(delivered))
-                self.sink_committed = len(delivered)
-                last = delivered[-1][0] if delivered else None
-                self.store.report(self.coordinator.sink_committed(e.number, last))
+                self.judge_commit(e, self.sink.holds(e.partition))
+                self.sink.commit(e.partition)
+                last = self.sink.last_committed(e.partition)
+                self.store.report(self.coordinator.sink_committed(e.number, last, e.partition))
             elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed)):
                 pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")
-        if host is not None and host.name == EGRESS_HOST:  # a step of the egress
-            self.settled_oracle.check(self.egress, self.ingress,
-                                      self.next_input >= len(self.inputs))
+        if host is not None and host.name == EGRESS_HOST:  # a step of an egress
+            done = self.next_input >= len(self.inputs)
+            for oracle, egress in zip(self.settled_oracles, self.egresses):
+                oracle.check(egress, self.ingress, done)
+
+    @property
+    def sink_committed(self) -> int:
+        """How many outputs the sink committed (all partitions)."""
+        return self.sink.total_committed
 
     def broadcast(self, views: List[View]) -> None:
         """The controller's views, to every live process not declared dead."""
