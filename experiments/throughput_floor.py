@@ -56,9 +56,9 @@ class CountingRun(ReferenceRun):
         super().__init__(dataflow, partitions)
         self.entered = [0] * (len(dataflow.stages) + 1)
 
-    def _push(self, s: int, sn, record, out: list) -> None:
+    def _push(self, s: int, sn, record, out: list, came_from: int = 0) -> None:
         self.entered[s] += 1
-        super()._push(s, sn, record, out)
+        super()._push(s, sn, record, out, came_from)
 
 
 def tuples_per_stage(dataflow, records: List[Any], partitions: int) -> List[float]:
