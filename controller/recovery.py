@@ -196,13 +196,18 @@ class Recovery:
         s = addr.stage
         below = {self.ingress} if s == 1 else {
             Addr(s - 1, j, r) for j in range(self.partitions) for r in (P, S)}
-        above = {self.egress} if s == self.stages else {
+        above = {self._egress_of(addr)} if s == self.stages else {
             Addr(s + 1, k, r) for k in range(self.partitions) for r in (P, S)}
         return below | above
 
+    def _egress_of(self, addr: Addr) -> Addr:
+        """The egress a last-stage replica feeds: the one, or its partition's."""
+        egresses = self.topology.egresses
+        return egresses[addr.partition] if len(egresses) > 1 else egresses[0]
+
     def _live_endpoints(self) -> Set[Addr]:
         live = {a for a in self.node_of if a not in self.missing}
-        return live | {self.ingress, self.egress}
+        return live | {self.ingress} | set(self.topology.egresses)
 
     def _next_view(self, **kw) -> View:
         self.view += 1

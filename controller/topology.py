@@ -37,11 +37,15 @@ class Topology:
     """Processes, the endpoints each one hosts at the start, and their incarnations."""
 
     def __init__(self, placement: Placement, stages: int, partitions: int,
-                 incarnations: Mapping[str, int], standbys: Sequence[str] = ()):
+                 incarnations: Mapping[str, int], standbys: Sequence[str] = (),
+                 egresses: int = 1):
+        """``egresses``: 1 (one ordered egress), or one per last-stage partition, all in
+        the egress process (docs/design/parallel_io.md)."""
         self.placement = placement
         self.stages, self.partitions = stages, partitions
         self.ingress = Addr(0, 0, P)
         self.egress = Addr(stages + 1, 0, P)
+        self.egresses = tuple(Addr(stages + 1, p, P) for p in range(egresses))
         #: node name <-> placement index: the only place a node's number is kept
         self.index_of: Dict[str, int] = {node_name(k): k for k in placement.nodes}
         self.nodes: Tuple[str, ...] = tuple(self.index_of)
@@ -54,17 +58,17 @@ class Topology:
         self.where: Dict[Addr, str] = {a: name for name, addrs in self.hosted.items()
                                        for a in addrs}
         self.where[self.ingress] = INGRESS_PROCESS
-        self.where[self.egress] = EGRESS_PROCESS
+        self.where.update((e, EGRESS_PROCESS) for e in self.egresses)
 
     @classmethod
     def numbered(cls, placement: Placement, stages: int, partitions: int,
-                 standbys: int = 0) -> "Topology":
+                 standbys: int = 0, egresses: int = 1) -> "Topology":
         """Every process known in advance (the simulator, the thread cluster): incarnations
         1, 2, 3, ... in the order controller, ingress, egress, nodes, standbys."""
         names = list(DRIVER_PROCESSES) + [node_name(k) for k in placement.nodes] + [
             standby_name(k) for k in range(standbys)]
         return cls(placement, stages, partitions, {n: i for i, n in enumerate(names, 1)},
-                   [standby_name(k) for k in range(standbys)])
+                   [standby_name(k) for k in range(standbys)], egresses)
 
     # -- who is who -------------------------------------------------------------------
     @property

@@ -138,7 +138,7 @@ class World:
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
         topology = self.topology = Topology.numbered(self.placement, self.stages, partitions,
-                                                     config.standbys)
+                                                     config.standbys, self.sink_partitions)
         peer_incs = topology.peer_incs()
         for name in topology.workers:
             machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
