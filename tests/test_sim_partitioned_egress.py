@@ -83,6 +83,8 @@ def test_broken_variants_are_still_caught(variant, extra):
     (dict(stages=3, partitions=5, crashes=2), 200),
     (dict(stages=2, partitions=4, crashes=2, checkpoints=4, restarts=2, source_partitions=2,
           corrupt_checkpoints=1), 300),
-], ids=["2x4", "3x5", "checkpoints-restarts-corrupt"])
+    (dict(stages=2, partitions=4, crashes=3, standbys=2, checkpoints=3, restarts=1,
+          source_partitions=3), 300),
+], ids=["2x4", "3x5", "checkpoints-restarts-corrupt", "standbys-checkpoints-restarts"])
 def test_many_schedules_of_partitioned_egress_hold(shape, schedules):
     all_ok(SimParams(partitioned_egress=True, **shape), range(1, schedules + 1))
