@@ -268,10 +268,12 @@ def test_a_per_key_handler_with_event_time_timers_keeps_its_output_through_a_kil
     from flux.spark.job import FluxJob
 
     dataflow = click_sessions_dataflow(gap_ms=20_000)
-    records = click_workload(12_000, users=60, seed=4)
+    records = click_workload(8_000, users=60, seed=4)
     expected = reference_output(dataflow, records, 3)
-    assert len(expected) > 300
-    job = FluxJob(spark, dataflow, paced(records, every=100), nodes=3, standbys=1)
+    assert len(expected) > 200
+    # ~2K clicks/s, below what a pandas call per row takes on these cores: a saturated
+    # node's long turns on a shared machine were once declared dead before the kill
+    job = FluxJob(spark, dataflow, paced(records, every=20), nodes=3, standbys=1)
     with job:
         assert job.wait_until(lambda: len(job.delivered) > len(expected) // 3, 240)
         job.kill_node("node1")

@@ -339,7 +339,11 @@ class FluxJob:
                     "Python worker" if how == "worker" else "executor JVM",
                     pid if how == "worker" else jvm)
         self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
-        os.kill(pid if how == "worker" else jvm, signal.SIGKILL)
+        try:
+            os.kill(pid if how == "worker" else jvm, signal.SIGKILL)
+        except ProcessLookupError:
+            raise RuntimeError(f"{name}'s process {pid if how == 'worker' else jvm} is gone "
+                               f"already (declared dead and stopped, or ended)") from None
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every task and thread this job started, then close every socket (before
