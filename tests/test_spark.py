@@ -284,3 +284,30 @@ def test_a_per_key_handler_with_event_time_timers_keeps_its_output_through_a_kil
             len(job.delivered), len(expected))
     assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in expected]
     assert job.metrics.summary()["state_bytes_moved"] > 0
+
+
+def test_an_egress_per_partition_on_spark_keeps_each_partitions_output_through_a_kill(spark):
+    """ordered_output=False: every last-stage partition's outputs come out in SN order,
+    those of the failure-free run, through a kill; no one order across partitions."""
+    from flux.reference import ReferenceRun
+    from flux.spark.job import FluxJob
+
+    records = packet_workload(30000, seed=6, pairs=3000, apps=4, sources=200)
+    run = ReferenceRun(paper_dataflow(), 4)
+    expected = [o for r in records for o in run.feed(r)]
+    partition_of = {tuple(sn): p for (sn, _), p in zip(expected, run.output_partitions)}
+    job = FluxJob(spark, paper_dataflow(), paced(records), nodes=4, standbys=1,
+                  ordered_output=False)
+    with job:
+        assert job.wait_until(lambda: len(job.delivered) > len(expected) // 3, 240)
+        job.kill_node("node2")
+        assert job.wait_until(lambda: len(job.delivered) >= len(expected), 240), (
+            len(job.delivered), len(expected))
+    got: dict = {}
+    want: dict = {}
+    for sn, record in job.delivered:
+        got.setdefault(partition_of[tuple(sn)], []).append(wire_form((sn, record)))
+    for sn, record in expected:
+        want.setdefault(partition_of[tuple(sn)], []).append(wire_form((sn, record)))
+    assert got == want and len(want) == 4
+    assert [tuple(sn) for sn, _ in job.delivered] != [tuple(sn) for sn, _ in expected]

@@ -53,6 +53,8 @@ class NodeConfig:
     restore: int = -1
     #: a replica's snapshots are whole once in this many, else its keyed stores' changes
     checkpoint_full_every: int = 10
+    #: one egress of one order, or one per last-stage partition (all in the driver)
+    ordered_output: bool = True
 
     def __post_init__(self) -> None:
         check_port_range(self.ports)
@@ -80,7 +82,7 @@ class NodeConfig:
     def topology(self, incarnations=None, standbys=()) -> Topology:
         """Who hosts what, with the incarnations known so far."""
         return Topology(self.placement(), self.stages, self.partitions, incarnations or {},
-                        standbys)
+                        standbys, 1 if self.ordered_output else self.partitions)
 
     def with_controller(self, address: str) -> "NodeConfig":
         return replace(self, controller=address)

@@ -83,6 +83,7 @@ class Attempt:
         self.task_results: List[Any] = []
         self.feed: Optional[IngressFeed] = None
         self.egress = None
+        self.egresses: list = []
         self.ingress_process: Optional[IngressProcess] = None
         self.transports: Dict[str, Transport] = {}
         self._named, self._enough_since = False, None
@@ -247,7 +248,9 @@ class Attempt:
             p.metrics.begin()
         else:  # a restart: when its data starts again
             p.metrics.events.append((time.monotonic(), "data starts", restored))
-        self.egress = egress = p.builder.egress()
+        # one egress, or one per last-stage partition (``ordered_output=False``)
+        self.egresses = egresses = p.builder.egresses()
+        self.egress = egresses[0]
         accepted = logged_before = 0
         log_writer = None
         if p.checkpoints is not None:
@@ -260,7 +263,7 @@ class Attempt:
             accepted=accepted))
         feed = IngressFeed(self.ingress_process, iter(p.source), p.metrics, accepted,
                            input_log=log_writer, logged_before=logged_before)
-        host = Host(EGRESS_PROCESS, {egress.addr: egress}, DRIVER_INCS[EGRESS_PROCESS],
+        host = Host(EGRESS_PROCESS, {e.addr: e for e in egresses}, DRIVER_INCS[EGRESS_PROCESS],
                     peer_incs=topology.peer_incs())
         loop = HostLoop(host, self.transports[EGRESS_PROCESS], topology.where,
                         dict(c.addresses), self._on_effect, None, dict(c.incarnations),
@@ -276,7 +279,7 @@ class Attempt:
             loop.turn(5)
             if loop.stopped not in (None, JOB_STOPPED):  # the driver's end has no twin
                 raise RuntimeError(f"{loop.host.name}: {loop.stopped}")
-            p.metrics.settled(self.egress.settled())
+            p.metrics.settled(min(e.settled() for e in self.egresses))
             if not p.finished.is_set():
                 self._check_finished()
 
@@ -289,13 +292,13 @@ class Attempt:
         feed = self.feed
         if feed is None or not feed.source_done:
             return  # source_done is set after the last read: then ``read`` is final
-        if self.egress.finished(feed.read):
+        if all(e.finished(feed.read) for e in self.egresses):
             self.parts.finished.set()
 
     def _on_effect(self, e) -> None:
         p = self.parts
         if isinstance(e, Deliver):
-            p.output.deliver(e.items)
+            p.output.deliver(e.items, e.partition)
         elif isinstance(e, SinkCommit) and p.checkpoints is not None:
             # the egress passed checkpoint ``number``'s cut: the sink makes durable what it
             # has and says so
@@ -360,6 +363,5 @@ class Attempt:
     def driver_stats(self) -> list:
         """The counters of the ingress (as its process last reported them) and the
         egress, as a segment's."""
-        feed, egress = self.feed, self.egress
-        return [s for s in (feed.stats if feed is not None else None,
-                            egress.stats() if egress is not None else None) if s is not None]
+        stats = [self.feed.stats] if self.feed is not None else []
+        return [s for s in stats + [e.stats() for e in self.egresses] if s is not None]

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from pyspark import cloudpickle
 
 from flux.protocol.builder import MachineBuilder
-from flux.connector_api import replay_order_of
+from flux.connector_api import is_exactly_once, replay_order_of
 from flux.control_messages import JOB_STOPPED
 from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.reference import input_records
@@ -78,6 +78,11 @@ class FluxJob:
                  sink: Optional[Callable[[Any], None]] = None, **options: Any):
         self.options = opts = JobOptions.from_kwargs(**options)
         nodes, tuning = opts.replication.nodes, opts.tuning
+        if not tuning.ordered_output and (opts.checkpoints.location is not None
+                                          or is_exactly_once(sink)):
+            raise ValueError("ordered_output=False (an egress per partition) is not built "
+                             "yet with checkpoint= or an exactly-once sink: their commits "
+                             "per sink partition come next (docs/design/parallel_io.md)")
         replay_order = None
         if opts.checkpoints.location is not None:
             replay = replayable(source)
@@ -108,7 +113,8 @@ class FluxJob:
             item_delay=dataflow.default_item_delay() if tuning.item_delay is None
             else tuning.item_delay, secret=self.secret,
             curve=opts.network.authenticate, ports=opts.network.ports,
-            checkpoint_full_every=opts.checkpoints.full_every)
+            checkpoint_full_every=opts.checkpoints.full_every,
+            ordered_output=tuning.ordered_output)
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,
@@ -202,7 +208,7 @@ class FluxJob:
             spark=self.spark, config=self.config, builder=MachineBuilder(
                 self.dataflow, rep.nodes, self.config.capacity, self.config.batch_size,
                 replication=rep.mode, window=self.config.window,
-                batch_rows=self.config.batch_rows),
+                batch_rows=self.config.batch_rows, ordered_output=self.config.ordered_output),
             metrics=self.metrics, output=self.output, checkpoints=self._checkpointing,
             source=self.source, nodes=rep.nodes, standbys=rep.standbys,
             detect_after=net.detect_after,

@@ -275,7 +275,8 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     builder = MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
                              replication=config.replication, window=config.window,
                              segment_class=StreamedSegment, spare_chains=spares,
-                             full_every=config.checkpoint_full_every)
+                             full_every=config.checkpoint_full_every,
+                             ordered_output=config.ordered_output)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     if config.restore >= 0 and machines:
         restore_operators(snapshots.store, config.restore, machines)

@@ -97,6 +97,10 @@ class Tuning:
     check_records: int = 200
     #: keep every output in ``job.delivered``; None: only without a sink
     keep_output: Optional[bool] = None
+    #: one egress merging every partition into one order (True), or one per last-stage
+    #: partition, each delivering its partition's outputs in SN order, so that one
+    #: partition's pause holds up no other's output (docs/design/parallel_io.md)
+    ordered_output: bool = True
 
 
 @dataclass(frozen=True)

@@ -25,21 +25,28 @@ class OutputWriter:
         self.keep_output = keep_output
         #: the outputs so far, in order, when kept (``keep_output``)
         self.delivered: List[Any] = []
-        #: the last output handed to the sink by this driver
+        #: the last output handed to the sink by this driver (of any partition)
         self.last_sn: Optional[SN] = None
+        #: per last-stage partition with an egress of its own (else all in 0): its last
+        #: output handed, below which a restart's replay is dropped
+        self._last_of: dict = {}
         self._on_outputs = on_outputs
 
-    def deliver(self, items: Iterable[Tuple[SN, Any]]) -> None:
-        """Outputs from the egress, in SN order: those not handed yet go to the sink."""
+    def deliver(self, items: Iterable[Tuple[SN, Any]], partition: int = 0) -> None:
+        """Outputs from the egress (of ``partition``), in SN order: those not handed yet
+        go to the sink."""
         items = tuple(items)
         if not items:
             return
-        if self.last_sn is not None and tuple(items[0][0]) <= self.last_sn:
-            last = self.last_sn  # after a restart: given to the sink already
+        last = self._last_of.get(partition)
+        if last is not None and tuple(items[0][0]) <= last:
+            # after a restart: given to the sink already
             items = tuple(it for it in items if tuple(it[0]) > last)
             if not items:
                 return
-        self.last_sn = tuple(items[-1][0])
+        self._last_of[partition] = newest = tuple(items[-1][0])
+        if self.last_sn is None or newest > self.last_sn:
+            self.last_sn = newest
         if self.keep_output:
             self.delivered.extend(items)
         self._on_outputs([sn for sn, _ in items])

@@ -36,22 +36,24 @@ class ThreadCluster:
                  capacity: int = 16, batch_size: int = 4, heartbeat: float = 0.02,
                  detect_after: float = 1.0, chunk_size: int = 1 << 20,
                  replication: str = "flux", secret: Optional[str] = None,
-                 window: int = 16, batch_rows: int = 1024):
+                 window: int = 16, batch_rows: int = 1024, ordered_output: bool = True):
         # every node shares this process and its GIL: kills are detected by the dropped
         # connection, the heartbeat timeout (detect_after) only catches hangs: it is generous
         self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
                                                 replication=replication, window=window,
                                                 segment_class=StreamedSegment,
-                                                batch_rows=batch_rows)
+                                                batch_rows=batch_rows,
+                                                ordered_output=ordered_output)
         placement = placement_for(replication, len(dataflow.stages), partitions)
+        egresses = builder.egresses()
         self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
-                                                     standbys)
+                                                     standbys, len(egresses))
         self.incarnations = dict(topology.incarnations)
         machines: Dict[str, Dict] = {
             **{n: {a: builder.segment(a) for a in topology.endpoints_of(n)}
                for n in topology.workers},
             INGRESS_PROCESS: {topology.ingress: builder.ingress()},
-            EGRESS_PROCESS: {topology.egress: builder.egress()}}
+            EGRESS_PROCESS: {e.addr: e for e in egresses}}
         peer_incs = topology.peer_incs()
         self.ctx = zmq.Context()
         #: with a ``secret``: CURVE on every socket, as a FluxJob on Spark does
@@ -60,6 +62,8 @@ class ThreadCluster:
                            for n in topology.processes}
         addresses = {n: t.address for n, t in self.transports.items()}
         self.delivered: List[Any] = []
+        #: with an egress per partition (``ordered_output=False``): each one's outputs
+        self.by_partition: Dict[int, List[Any]] = {}
         self.recovery = Recovery(topology)
         self.controller = ControllerService(self.transports[CONTROLLER_PROCESS], detect_after)
         self.loops: Dict[str, HostLoop] = {}
@@ -94,6 +98,7 @@ class ThreadCluster:
     def _on_effect(self, e) -> None:
         if isinstance(e, Deliver):
             self.delivered.extend(e.items)
+            self.by_partition.setdefault(e.partition, []).extend(e.items)
 
     def _run(self, name: str, turn: Callable[[int], Any]) -> None:
         stop = self._stop[name]
