@@ -70,6 +70,14 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
                             f"{describe(exc)}") from exc
 
 
+def _kill(name: str, pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        raise RuntimeError(f"{name}'s process {pid} is gone already (declared dead and "
+                           f"stopped, or ended)") from None
+
+
 class FluxJob:
     """``FluxJob(spark, dataflow, source, sink=None, **options)``: the keyword arguments
     are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them)."""
@@ -78,11 +86,7 @@ class FluxJob:
                  sink: Optional[Callable[[Any], None]] = None, **options: Any):
         self.options = opts = JobOptions.from_kwargs(**options)
         nodes, tuning = opts.replication.nodes, opts.tuning
-        if not tuning.ordered_output and (opts.checkpoints.location is not None
-                                          or is_exactly_once(sink)):
-            raise ValueError("ordered_output=False (an egress per partition) is not built "
-                             "yet with checkpoint= or an exactly-once sink: their commits "
-                             "per sink partition come next (docs/design/parallel_io.md)")
+        opts.check_output(is_exactly_once(sink))
         replay_order = None
         if opts.checkpoints.location is not None:
             replay = replayable(source)
@@ -345,11 +349,7 @@ class FluxJob:
                     "Python worker" if how == "worker" else "executor JVM",
                     pid if how == "worker" else jvm)
         self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
-        try:
-            os.kill(pid if how == "worker" else jvm, signal.SIGKILL)
-        except ProcessLookupError:
-            raise RuntimeError(f"{name}'s process {pid if how == 'worker' else jvm} is gone "
-                               f"already (declared dead and stopped, or ended)") from None
+        _kill(name, pid if how == "worker" else jvm)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every task and thread this job started, then close every socket (before

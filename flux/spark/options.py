@@ -116,6 +116,14 @@ class JobOptions:
                "checkpoint_keep": ("checkpoints", "keep"),
                "checkpoint_full_every": ("checkpoints", "full_every")}
 
+    def check_output(self, exactly_once_sink: bool) -> None:
+        """Refuse what an egress per partition does not do yet."""
+        if not self.tuning.ordered_output and (self.checkpoints.location is not None
+                                               or exactly_once_sink):
+            raise ValueError("ordered_output=False (an egress per partition) is not built "
+                             "yet with checkpoint= or an exactly-once sink: their commits "
+                             "per sink partition come next (docs/design/parallel_io.md)")
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "JobOptions":
         """The record of ``FluxJob``'s keyword arguments; an unknown one is refused."""
