@@ -155,7 +155,6 @@ class World:
             self.ingress.resume_after(restored[1])  # numbered from cut + 1
             self.next_input = restored[1]
         self.egresses = builder.egresses()
-        self.egress = self.egresses[0]
         for oracle in self.settled_oracles:
             oracle.begin(self.inputs, 0 if restored is None else restored[1])
         for name, machines in ((INGRESS_HOST, [self.ingress]), (EGRESS_HOST, self.egresses)):

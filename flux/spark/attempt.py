@@ -82,7 +82,6 @@ class Attempt:
         self.threads: List[threading.Thread] = []
         self.task_results: List[Any] = []
         self.feed: Optional[IngressFeed] = None
-        self.egress = None
         self.egresses: list = []
         self.ingress_process: Optional[IngressProcess] = None
         self.transports: Dict[str, Transport] = {}
@@ -250,7 +249,6 @@ class Attempt:
             p.metrics.events.append((time.monotonic(), "data starts", restored))
         # one egress, or one per last-stage partition (``ordered_output=False``)
         self.egresses = egresses = p.builder.egresses()
-        self.egress = egresses[0]
         accepted = logged_before = 0
         log_writer = None
         if p.checkpoints is not None:

@@ -195,10 +195,6 @@ class FluxJob:
         c = self.controller
         return placement_of(c, self.topology, len(self.dataflow.stages)) if c else {}
 
-    @property
-    def _egress(self):
-        return self.attempt.egress if self.attempt else None
-
     # -- life cycle ---------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":
         """Launch the nodes and return once every node registered, built its operators,
