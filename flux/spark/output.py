@@ -25,8 +25,6 @@ class OutputWriter:
         self.keep_output = keep_output
         #: the outputs so far, in order, when kept (``keep_output``)
         self.delivered: List[Any] = []
-        #: the last output handed to the sink by this driver (of any partition)
-        self.last_sn: Optional[SN] = None
         #: per last-stage partition with an egress of its own (else all in 0): its last
         #: output handed, below which a restart's replay is dropped
         self._last_of: dict = {}
@@ -44,9 +42,7 @@ class OutputWriter:
             items = tuple(it for it in items if tuple(it[0]) > last)
             if not items:
                 return
-        self._last_of[partition] = newest = tuple(items[-1][0])
-        if self.last_sn is None or newest > self.last_sn:
-            self.last_sn = newest
+        self._last_of[partition] = tuple(items[-1][0])
         if self.keep_output:
             self.delivered.extend(items)
         self._on_outputs([sn for sn, _ in items])
@@ -55,6 +51,11 @@ class OutputWriter:
         elif self.sink is not None:
             for item in items:
                 self.sink(item)
+
+    @property
+    def last_sn(self) -> Optional[SN]:
+        """The last output handed to the sink by this driver (of any partition)."""
+        return max(self._last_of.values(), default=None)
 
     def commit(self) -> Optional[SN]:
         """Make what the sink was handed durable (an exactly-once sink commits; a callable
