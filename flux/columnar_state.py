@@ -59,8 +59,7 @@ class ColumnarKeyedState(ColumnarTransfer):
         """The slot of each key (a list, a numpy array or a ``pyarrow.Array``); keys not
         held yet get a new slot, their values zero."""
         codes, distinct = _factorized(keys)
-        found = np.fromiter(map(self._index.get, distinct, repeat(-1)), np.int64,
-                            len(distinct))
+        found = self._lookup(distinct)
         missing = np.flatnonzero(found < 0)
         if len(missing):
             found[missing] = self._allocate([distinct[i] for i in missing])
@@ -69,9 +68,13 @@ class ColumnarKeyedState(ColumnarTransfer):
     def find(self, keys: Any) -> np.ndarray:
         """The slot of each key, -1 where it is not held."""
         codes, distinct = _factorized(keys)
-        found = np.fromiter(map(self._index.get, distinct, repeat(-1)), np.int64,
-                            len(distinct))
+        found = self._lookup(distinct)
         return found[codes] if codes is not None else found
+
+    def _lookup(self, distinct: list) -> np.ndarray:
+        """The slot of each distinct key, -1 where it is not held (one C loop)."""
+        return np.fromiter(map(self._index.get, distinct, repeat(-1)), np.int64,
+                           len(distinct))
 
     def get(self, name: str, slots: np.ndarray) -> np.ndarray:
         return self._columns[name][slots]
