@@ -19,7 +19,7 @@ import importlib
 from typing import Any
 
 from flux.dataflow import Dataflow, Stage
-from flux.connector_api import PartitionedSource, Sink, Source
+from flux.connector_api import PartitionedSource, Sink, SinkPerPartition, Source
 from flux.errors import (
     CheckpointCorrupt,
     CheckpointMismatch,
@@ -94,7 +94,7 @@ __all__ = [
     "reference_output",
     # replayable sources, exactly-once sinks, checkpoints
     "Source", "Sink", "FileSource", "ParquetSource", "FileSink", "read_file_sink", "DeltaSink",
-    "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource",
+    "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource", "SinkPerPartition",
     # Kafka in and out
     "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch

@@ -15,7 +15,7 @@ so the sink's content has no gap and no duplicate. A plain callable sink
 """
 from __future__ import annotations
 
-from typing import (Any, Iterable, Iterator, Optional, Protocol, Sequence, Tuple,
+from typing import (Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, Tuple,
                     runtime_checkable)
 
 SN = Tuple[int, ...]
@@ -170,6 +170,30 @@ class ClosingSink(Protocol):
 def is_exactly_once(sink: Any) -> bool:
     """Does ``sink`` commit by SN (else a restart may repeat outputs)?"""
     return isinstance(sink, Sink)
+
+
+class SinkPerPartition:
+    """A sink of its own for every last-stage partition, for ``ordered_output=False``
+    (docs/design/parallel_io.md): each partition's outputs come in SN order, but the
+    partitions' outputs interleave, so an exactly-once sink, which drops every SN not above
+    its last, takes one partition's only. ``open(partition)`` returns that partition's sink
+    (an exactly-once ``Sink`` or a plain callable), called once per partition when the job
+    starts; each commits at the checkpoints' cuts by itself and reads its own last SN back
+    after a restart. ``open`` must give each partition a place of its own (a folder, a Delta
+    ``app_id``, a Kafka ``transactional_id``) and the same one on every run."""
+
+    def __init__(self, open: Callable[[int], Any]):
+        if not callable(open):
+            raise TypeError(f"SinkPerPartition takes a function of the partition, got "
+                            f"{type(open).__name__}")
+        self._open = open
+
+    def open(self, partition: int) -> Any:
+        sink = self._open(partition)
+        if not callable(sink) and not is_exactly_once(sink):
+            raise TypeError(f"SinkPerPartition: the sink of partition {partition} is a "
+                            f"{type(sink).__name__}, neither a flux.Sink nor a callable")
+        return sink
 
 
 class CommitsBySN:

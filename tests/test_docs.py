@@ -59,8 +59,9 @@ def test_the_docs_have_python_blocks_to_run():
 #: (page, a string only that block holds) -> the slow test that runs it
 SPARK_BLOCKS = {
     ("README.md", "job.kill_node(\"node1\")"): "tests/test_readme.py",
-    ("docs/api.md", "FileSource(\"/data/packets\")"): "test_the_resumable_file_job_runs",
+    ("docs/api.md", "format=\"parquet\"),"): "test_the_resumable_file_job_runs",
     ("docs/api.md", "KafkaSource(\"broker:9092\""): "test_the_kafka_job_runs",
+    ("docs/api.md", "SinkPerPartition(lambda p"): "test_the_job_with_a_sink_per_partition_runs",
     ("docs/operations.md", "getOrCreate()"): "tests/test_walkthrough.py",
 }
 
@@ -113,17 +114,38 @@ def test_the_resumable_file_job_runs(tmp_path):
     from flux.operator import wire_form
 
     packets = packets_as_json(20_000)
-    folder = tmp_path / "packets"
-    folder.mkdir()
-    for i in range(4):
-        with open(folder / f"part-{i}.jsonl", "w") as f:
-            f.writelines(json.dumps(p) + "\n" for p in packets[i * 5_000:(i + 1) * 5_000])
-    namespace = run_with(spark_block("docs/api.md", "FileSource(\"/data/packets\")"),
+    packet_files(tmp_path / "packets", packets)
+    namespace = run_with(spark_block("docs/api.md", "format=\"parquet\"),"),
                          {"/data/": f"{tmp_path}/"}, "docs/api.md (FileSource)")
     assert namespace["job"].resumed_from is None
     written = read_file_sink(str(tmp_path / "stats"))
     assert [wire_form(r) for _, r in written] == failure_free(packets)
     assert len(written) > 1_000
+
+
+def packet_files(folder, packets: list, files: int = 4) -> None:
+    folder.mkdir()
+    per = -(-len(packets) // files)
+    for i in range(files):
+        with open(folder / f"part-{i}.jsonl", "w") as f:
+            f.writelines(json.dumps(p) + "\n" for p in packets[i * per:(i + 1) * per])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_job_with_a_sink_per_partition_runs(tmp_path):
+    from flux.operator import wire_form
+
+    packets = packets_as_json(20_000)
+    packet_files(tmp_path / "packets", packets)
+    namespace = run_with(spark_block("docs/api.md", "SinkPerPartition(lambda p"),
+                         {"/data/": f"{tmp_path}/"}, "docs/api.md (SinkPerPartition)")
+    parts = namespace["parts"]
+    assert all(parts)  # every partition had outputs of its own
+    for part in parts:
+        assert [sn for sn, _ in part] == sorted({sn for sn, _ in part})
+    merged = sorted(row for part in parts for row in part)
+    assert [wire_form(r) for _, r in merged] == failure_free(packets)
 
 
 @pytest.mark.slow

@@ -323,3 +323,15 @@ def test_sinks_sharing_a_topic_each_read_back_their_own_sn(broker):
     b.close()
     assert KafkaSink(broker.bootstrap, topic, f"a-{topic}").committed() == (2, 0)
     assert KafkaSink(broker.bootstrap, topic, f"b-{topic}").committed() == (100, 1)
+
+
+def test_a_sink_with_a_partition_writes_only_there_and_a_missing_one_is_refused(broker):
+    topic = fresh(broker, 3)
+    with KafkaSink(broker.bootstrap, topic, f"p2-{topic}", key=lambda r: r["k"],
+                   partition=2) as sink:
+        sink.write(outputs(1, 12))
+    rows = read_back(broker, topic)
+    check_exactly_once_in_sn_order(rows, 12)
+    assert {p for p, _, _ in rows} == {2}  # the partition, whatever the key says
+    with pytest.raises(ValueError, match=f"KafkaSink {topic}: no partition 3 .the topic has 3"):
+        KafkaSink(broker.bootstrap, topic, f"p3-{topic}", partition=3)

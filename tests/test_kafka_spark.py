@@ -25,12 +25,17 @@ INPUTS, RATE, TOPIC_PARTITIONS = 24_000, 4_000, 3
 SPARK_EXECUTORS = 5
 
 
-@pytest.mark.parametrize("double", [False, True], ids=["node-kill", "double-failure"])
-def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path, double):
+@pytest.mark.parametrize("double,per_partition", [(False, False), (True, False), (True, True)],
+                         ids=["node-kill", "double-failure", "double-failure-sink-per-partition"])
+def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path, double,
+                                                        per_partition):
+    """``per_partition``: an egress per partition (``ordered_output=False``), each with a
+    transactional producer of its own into its own partition of the output topic."""
     from experiments.kafka_io import Feed, RecordedOrder, read_output
     from flux.testing.dataflows import counting_dataflow
     from flux.operator import wire_form
     from flux.reference import reference_output
+    from flux.connector_api import SinkPerPartition
     from flux.connectors.kafka_sink import KafkaSink
     from flux.connectors.kafka_source import KafkaSource
     from flux.spark.job import FluxJob
@@ -39,16 +44,21 @@ def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path,
     name = uuid.uuid4().hex[:8]
     topic_in, topic_out = f"in-{name}", f"out-{name}"
     broker.create_topic(topic_in, TOPIC_PARTITIONS)
-    broker.create_topic(topic_out, 2)
+    broker.create_topic(topic_out, 4 if per_partition else 2)
     records = keyed_workload(INPUTS, seed=3, keys=40)
     dataflow = counting_dataflow(2)
     feed = Feed(broker.bootstrap, topic_in, records, TOPIC_PARTITIONS, RATE).start()
     source = RecordedOrder(KafkaSource(broker.bootstrap, topic_in, group=f"g-{name}",
                                        ending=feed.ending))
-    sink = KafkaSink(broker.bootstrap, topic_out, f"flux-{name}", key=lambda r: r[0])
+    if per_partition:
+        sink = SinkPerPartition(lambda p: KafkaSink(broker.bootstrap, topic_out,
+                                                    f"flux-{name}-{p}", partition=p))
+    else:
+        sink = KafkaSink(broker.bootstrap, topic_out, f"flux-{name}", key=lambda r: r[0])
     try:
         job = FluxJob(spark, dataflow, source, nodes=4, standbys=1, sink=sink,
-                      checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+                      checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0,
+                      ordered_output=not per_partition)
         with job:
             assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
             where = job.topology.where

@@ -59,11 +59,62 @@ def test_the_sinks_dedup_after_a_restart_is_per_partition():
     assert writer.last_sn == (11, 1)
 
 
-@pytest.mark.parametrize("options", [dict(checkpoint="/tmp/x"), {}])
-def test_what_an_egress_per_partition_does_not_do_yet_is_refused(options, tmp_path):
+def test_a_sink_per_partition_commits_and_dedups_each_partition_by_itself(tmp_path):
+    """Each partition's FileSink drops what it committed (a restart's replay), commits at
+    its own cuts, and the job's ``holds`` is the largest any partition holds."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink, read_file_sink
+
+    def folder(p):
+        return str(tmp_path / f"partition-{p}")
+
+    per_partition = SinkPerPartition(lambda p: FileSink(folder(p)))
+    writer = OutputWriter(per_partition, keep_output=False, partitions=2)
+    writer.deliver([((5, 1), "a5"), ((9, 1), "a9")], partition=0)
+    writer.deliver([((3, 1), "b3")], partition=1)
+    assert writer.commit(0) == (9, 1)  # partition 0's cut: partition 1 not committed
+    assert read_file_sink(folder(1)) == []
+    writer.deliver([((7, 1), "b7")], partition=1)
+    assert writer.commit(1) == (7, 1)
+    writer.deliver([((11, 1), "a11")], partition=0)  # handed, not committed
+    assert writer.holds() == (11, 1)
+    writer.close()
+    # a new driver (a restart): each partition's sink reads back its own last SN, and a
+    # replay from an earlier cut adds nothing twice to either partition
+    again = OutputWriter(per_partition, keep_output=False, partitions=2)
+    assert again.holds() == (11, 1)
+    again.deliver([((5, 1), "a5"), ((9, 1), "a9"), ((11, 1), "a11"), ((13, 1), "a13")], 0)
+    again.deliver([((3, 1), "b3"), ((7, 1), "b7"), ((8, 1), "b8")], 1)
+    assert again.commit() == (13, 1)
+    assert [v for _, v in read_file_sink(folder(0))] == ["a5", "a9", "a11", "a13"]
+    assert [v for _, v in read_file_sink(folder(1))] == ["b3", "b7", "b8"]
+
+
+def test_a_sink_per_partition_must_give_sinks(tmp_path):
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink
+
+    with pytest.raises(TypeError, match="partition 1 is a str, neither a flux.Sink nor"):
+        OutputWriter(SinkPerPartition(lambda p: print if p == 0 else "out"), False,
+                     partitions=2)
+    with pytest.raises(TypeError, match="exactly-once sinks for some partitions"):
+        OutputWriter(SinkPerPartition(lambda p: FileSink(str(tmp_path)) if p else print),
+                     False, partitions=2)
+    with pytest.raises(TypeError, match="a function of the partition"):
+        SinkPerPartition("out/")
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_an_exactly_once_sink_and_the_egresses_must_match(ordered, tmp_path):
+    """One exactly-once sink takes one ordered stream; a sink per partition needs an
+    egress per partition: each mismatch is refused with what to give instead."""
+    from flux.connector_api import SinkPerPartition
     from flux.connectors.file_sink import FileSink
     from flux.spark.job import FluxJob
 
-    sink = None if options else FileSink(str(tmp_path / "out"))
-    with pytest.raises(ValueError, match="ordered_output=False .* not built yet"):
-        FluxJob(None, paper_dataflow(), [], sink, ordered_output=False, **options)
+    if ordered:
+        sink, match = SinkPerPartition(lambda p: print), "SinkPerPartition needs ordered_outp"
+    else:
+        sink, match = FileSink(str(tmp_path / "out")), "give each partition its own, sink=fl"
+    with pytest.raises(ValueError, match=match):
+        FluxJob(None, paper_dataflow(), [], sink, ordered_output=ordered)

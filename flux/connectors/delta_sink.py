@@ -52,12 +52,16 @@ class DeltaSink(CommitsBySN):
         super().__init__(committed, commit_every)
 
     def _sn_of_last_commit(self, table, limit: int) -> Tuple[int, ...]:
-        for entry in table.history(limit):  # newest first
-            if entry.get(APP_KEY) == self.app_id and SN_KEY in entry:
-                return tuple(json.loads(entry[SN_KEY]))
+        """From the table's history, newest first: the last ``limit`` commits, then (sinks
+        sharing a table, one per partition, may have committed far more than this one
+        since its last) the whole history."""
+        for entries in (table.history(limit), table.history()):
+            for entry in entries:
+                if entry.get(APP_KEY) == self.app_id and SN_KEY in entry:
+                    return tuple(json.loads(entry[SN_KEY]))
         raise RuntimeError(f"DeltaSink: {self.uri} has transaction version {self.version} "
-                           f"for {self.app_id!r} but no commit in its last {limit} says "
-                           f"which SN it committed")
+                           f"for {self.app_id!r} but no commit in its history says which SN "
+                           f"it committed")
 
     def _commit(self, rows: list, sn: tuple) -> None:
         """One Delta commit: the rows, the app transaction and the SN, together."""

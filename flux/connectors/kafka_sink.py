@@ -56,20 +56,24 @@ def _fence_codes():
 class KafkaSink(CommitsBySN):
     """Exactly-once outputs into ``topic`` (which must exist), under ``transactional_id``
     (one per sink of a job; the same across its restarts). ``key``: a record's Kafka key
-    (str or bytes; None: no key). ``state_topic``: where the last SN goes. ``config``:
-    more librdkafka producer settings. Also a plain callable sink (``sink(item)``)."""
+    (str or bytes; None: no key). ``partition``: the topic's partition every output goes
+    to (None: by key, or the client's choice; a sink per job partition,
+    ``flux.SinkPerPartition``, may give each its own). ``state_topic``: where the last SN
+    goes. ``config``: more librdkafka producer settings. Also a plain callable sink
+    (``sink(item)``)."""
 
     name = "KafkaSink"
 
     def __init__(self, bootstrap: str, topic: str, transactional_id: str,
-                 key: Optional[Callable[[Any], Any]] = None, state_topic: Optional[str] = None,
+                 key: Optional[Callable[[Any], Any]] = None, partition: Optional[int] = None,
+                 state_topic: Optional[str] = None,
                  config: Optional[Dict[str, Any]] = None, commit_every: int = 10_000,
                  timeout: float = 30.0):
         from confluent_kafka import KafkaException, Producer
 
         self.bootstrap, self.topic, self.transactional_id = bootstrap, topic, transactional_id
         self.state_topic = state_topic or topic + STATE_SUFFIX
-        self.key, self.timeout = key, timeout
+        self.key, self.partition, self.timeout = key, partition, timeout
         self.commits = 0
         self._broken: Optional[str] = None  # why the sink refuses every further call
         settings = {"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
@@ -99,7 +103,8 @@ class KafkaSink(CommitsBySN):
             self.producer.begin_transaction()
             for row_sn, record in rows:
                 self._produce(self.topic, json.dumps(record).encode(), self._key_of(record),
-                              [(SN_HEADER, json.dumps(list(row_sn)).encode())], deadline)
+                              [(SN_HEADER, json.dumps(list(row_sn)).encode())], deadline,
+                              self.partition)
             self._produce(self.state_topic, json.dumps({"sn": list(sn)}).encode(),
                           self.transactional_id.encode(), None, deadline)
             self._commit_transaction(deadline)
@@ -120,10 +125,12 @@ class KafkaSink(CommitsBySN):
                 self.producer = None
 
     # -- producing ------------------------------------------------------------------------------
-    def _produce(self, topic: str, value: bytes, key, headers, deadline: float) -> None:
+    def _produce(self, topic: str, value: bytes, key, headers, deadline: float,
+                 partition: Optional[int] = None) -> None:
+        where = {} if partition is None else {"partition": partition}
         while True:
             try:
-                self.producer.produce(topic, value, key=key, headers=headers)
+                self.producer.produce(topic, value, key=key, headers=headers, **where)
                 return
             except BufferError:  # the client's queue is full: let it send
                 if time.monotonic() >= deadline:
@@ -185,11 +192,18 @@ class KafkaSink(CommitsBySN):
 
     # -- the state topic --------------------------------------------------------------------------
     def _ensure_state_topic(self) -> None:
+        """The state topic created if missing; the output partition checked."""
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": log})
-        if self.state_topic in admin.list_topics(timeout=self.timeout).topics:
+        topics = admin.list_topics(timeout=self.timeout).topics
+        if self.partition is not None:  # a missing one would fail only at the first commit
+            have = len(topics[self.topic].partitions) if self.topic in topics else 0
+            if not 0 <= self.partition < have:
+                raise ValueError(f"KafkaSink {self.topic}: no partition {self.partition} "
+                                 f"(the topic has {have})")
+        if self.state_topic in topics:
             return
         topic = NewTopic(self.state_topic, 1, -1, config={"cleanup.policy": "compact"})
         try:

@@ -65,8 +65,9 @@ class CheckpointService:
     def snapshot_written(self, msg: SnapshotWritten) -> None:
         self._reports.put(("part", msg))
 
-    def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]]) -> None:
-        self._reports.put(("sink", number, sn))
+    def sink_committed(self, number: int, sn: Optional[Tuple[int, ...]],
+                       partition: int = 0) -> None:
+        self._reports.put(("sink", number, sn, partition))
 
     @property
     def latest(self) -> Optional[Completed]:
@@ -119,8 +120,8 @@ class CheckpointService:
                                                       msg.addr.partition, msg.name, msg.chain,
                                                       msg.digests))
         elif kind == "sink":
-            _, number, sn = report
-            self._complete(number, c.sink_committed(number, sn))
+            _, number, sn, partition = report
+            self._complete(number, c.sink_committed(number, sn, partition))
 
     def _complete(self, number: int, manifest: Optional[dict]) -> None:
         if manifest is None:

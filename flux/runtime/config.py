@@ -79,10 +79,15 @@ class NodeConfig:
     def placement(self) -> Placement:
         return placement_for(self.replication, self.stages, self.partitions)
 
+    @property
+    def egresses(self) -> int:
+        """One egress of one order, or one per last-stage partition."""
+        return 1 if self.ordered_output else self.partitions
+
     def topology(self, incarnations=None, standbys=()) -> Topology:
         """Who hosts what, with the incarnations known so far."""
         return Topology(self.placement(), self.stages, self.partitions, incarnations or {},
-                        standbys, 1 if self.ordered_output else self.partitions)
+                        standbys, self.egresses)
 
     def with_controller(self, address: str) -> "NodeConfig":
         return replace(self, controller=address)

@@ -300,7 +300,8 @@ class Attempt:
         elif isinstance(e, SinkCommit) and p.checkpoints is not None:
             # the egress passed checkpoint ``number``'s cut: the sink makes durable what it
             # has and says so
-            p.checkpoints.service.sink_committed(e.number, p.output.commit())
+            p.checkpoints.service.sink_committed(e.number, p.output.commit(e.partition),
+                                                 e.partition)
 
     def _feed_ingress(self, feed: IngressFeed) -> None:
         """The source's thread: read it, feed the ingress process, choose the cuts."""

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 class DriverCheckpoints:
     def __init__(self, options: Checkpointing, dataflow, partitions: int, source,
-                 replay_order: str, events: list):
+                 replay_order: str, events: list, sinks: int = 1):
+        """``sinks``: the sink partitions committing at every cut (an egress each)."""
         url = options.location
         if "://" not in url:
             url = os.path.abspath(url)  # executors run elsewhere
@@ -49,7 +50,7 @@ class DriverCheckpoints:
         #: the logged partitions of the inputs after the restored cut
         self.replay: List[Any] = []
         self.service = CheckpointService(store, CheckpointCoordinator(
-            len(dataflow.stages), partitions, print_), events=events, input_log=self.input_log)
+            len(dataflow.stages), partitions, print_, sinks), events=events, input_log=self.input_log)
         self.next_number = max(store.ids(), default=0) + 1
         self._cut_at = 0.0
         self._offsets_reported: Optional[int] = None

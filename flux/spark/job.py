@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from pyspark import cloudpickle
 
 from flux.protocol.builder import MachineBuilder
-from flux.connector_api import is_exactly_once, replay_order_of
+from flux.connector_api import replay_order_of
 from flux.control_messages import JOB_STOPPED
 from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.reference import input_records
@@ -86,7 +86,7 @@ class FluxJob:
                  sink: Optional[Callable[[Any], None]] = None, **options: Any):
         self.options = opts = JobOptions.from_kwargs(**options)
         nodes, tuning = opts.replication.nodes, opts.tuning
-        opts.check_output(is_exactly_once(sink))
+        opts.check_output(sink)
         replay_order = None
         if opts.checkpoints.location is not None:
             replay = replayable(source)
@@ -106,7 +106,8 @@ class FluxJob:
         #: every output kept in ``delivered`` only when asked or without a sink, so an
         #: endless job with a sink holds no object per output
         keep = sink is None if tuning.keep_output is None else tuning.keep_output
-        self.output = OutputWriter(sink, keep, on_outputs=self.metrics.outputs)
+        self.output = OutputWriter(sink, keep, on_outputs=self.metrics.outputs,
+                                   partitions=1 if tuning.ordered_output else nodes)
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
             replication=opts.replication.mode, capacity=tuning.capacity,
@@ -122,7 +123,8 @@ class FluxJob:
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,
-                                                    replay_order, self.metrics.events)
+                                                    replay_order, self.metrics.events,
+                                                    sinks=self.config.egresses)
             self._checkpointing.plan(self.output.holds())
             self.config = replace(self.config, checkpoint=self._checkpointing.url)
         #: the manifest of the checkpoint this job started from, or None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple
 
+from flux.connector_api import SinkPerPartition, is_exactly_once
 from flux.protocol.builder import REPLICATIONS
 
 
@@ -116,13 +117,20 @@ class JobOptions:
                "checkpoint_keep": ("checkpoints", "keep"),
                "checkpoint_full_every": ("checkpoints", "full_every")}
 
-    def check_output(self, exactly_once_sink: bool) -> None:
-        """Refuse what an egress per partition does not do yet."""
-        if not self.tuning.ordered_output and (self.checkpoints.location is not None
-                                               or exactly_once_sink):
-            raise ValueError("ordered_output=False (an egress per partition) is not built "
-                             "yet with checkpoint= or an exactly-once sink: their commits "
-                             "per sink partition come next (docs/design/parallel_io.md)")
+    def check_output(self, sink: Any) -> None:
+        """An exactly-once sink drops every SN not above its last: it takes one ordered
+        stream, so with an egress per partition it takes one partition's outputs only."""
+        per_partition = isinstance(sink, SinkPerPartition)
+        if self.tuning.ordered_output and per_partition:
+            raise ValueError("a SinkPerPartition needs ordered_output=False (an egress per "
+                             "partition); with ordered_output=True give one sink")
+        if not self.tuning.ordered_output and is_exactly_once(sink):
+            raise ValueError(
+                f"ordered_output=False: the {type(sink).__name__} would take the outputs of "
+                f"every partition interleaved, and an exactly-once sink drops every output "
+                f"whose SN is not above its last: give each partition its own, "
+                f"sink=flux.SinkPerPartition(lambda partition: ...) (a folder, Delta app_id "
+                f"or Kafka transactional_id per partition)")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "JobOptions":

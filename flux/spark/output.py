@@ -7,21 +7,35 @@ replay), and for an exactly-once sink (``flux.Sink``) nothing at or below what t
 had committed before this driver started (its own ``committed()``, applied by the sink:
 ``CommitsBySN``). It commits at every checkpoint's cut and before a restart, and says
 what the sink holds, so a restart can check that the input log still covers it.
+
+With an egress per partition (``ordered_output=False``) all of this holds per partition:
+each partition's outputs come in SN order, and a ``SinkPerPartition`` gives each its own
+sink, committing at the cuts that partition's egress passes.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from flux.connector_api import ClosingSink, is_exactly_once
+from flux.connector_api import ClosingSink, SinkPerPartition, is_exactly_once
 
 SN = Tuple[int, ...]
 
 
 class OutputWriter:
-    def __init__(self, sink: Optional[Callable[[Any], None]], keep_output: bool,
-                 on_outputs: Callable[[List[SN]], None] = lambda sns: None):
-        self.sink = sink
-        self.exactly_once = is_exactly_once(sink)
+    def __init__(self, sink: Any, keep_output: bool,
+                 on_outputs: Callable[[List[SN]], None] = lambda sns: None,
+                 partitions: int = 1):
+        """``sink``: a callable, an exactly-once ``Sink``, or a ``SinkPerPartition``, opened
+        here for each of the ``partitions`` (an egress per partition)."""
+        #: the sink of each partition (``SinkPerPartition``), else the one sink, in [0]
+        self.sinks: List[Any] = ([sink.open(p) for p in range(partitions)]
+                                 if isinstance(sink, SinkPerPartition) else [sink])
+        kinds = {is_exactly_once(s) for s in self.sinks}
+        if len(kinds) > 1:
+            raise TypeError("SinkPerPartition opened exactly-once sinks for some partitions "
+                            "and plain callables for others: a restart could repeat outputs "
+                            "of some and not of others")
+        self.exactly_once = kinds == {True}
         self.keep_output = keep_output
         #: the outputs so far, in order, when kept (``keep_output``)
         self.delivered: List[Any] = []
@@ -30,9 +44,12 @@ class OutputWriter:
         self._last_of: dict = {}
         self._on_outputs = on_outputs
 
+    def _sink_of(self, partition: int) -> Any:
+        return self.sinks[partition if len(self.sinks) > 1 else 0]
+
     def deliver(self, items: Iterable[Tuple[SN, Any]], partition: int = 0) -> None:
         """Outputs from the egress (of ``partition``), in SN order: those not handed yet
-        go to the sink."""
+        go to the sink (of that partition)."""
         items = tuple(items)
         if not items:
             return
@@ -46,33 +63,43 @@ class OutputWriter:
         if self.keep_output:
             self.delivered.extend(items)
         self._on_outputs([sn for sn, _ in items])
+        sink = self._sink_of(partition)
         if self.exactly_once:
-            self.sink.write(items)
-        elif self.sink is not None:
+            sink.write(items)
+        elif sink is not None:
             for item in items:
-                self.sink(item)
+                sink(item)
 
     @property
     def last_sn(self) -> Optional[SN]:
         """The last output handed to the sink by this driver (of any partition)."""
         return max(self._last_of.values(), default=None)
 
-    def commit(self) -> Optional[SN]:
-        """Make what the sink was handed durable (an exactly-once sink commits; a callable
-        has it already); returns the last SN the sink holds for certain."""
+    def commit(self, partition: Optional[int] = None) -> Optional[SN]:
+        """Make what the sink (of ``partition``; None: every one) was handed durable (an
+        exactly-once sink commits; a callable has it already); returns the last SN it
+        holds for certain (of every partition: the largest)."""
+        parts = range(len(self.sinks)) if partition is None else (partition,)
         if not self.exactly_once:
-            return self.last_sn
-        committed = self.sink.committed()
-        if self.last_sn is not None and (committed is None or self.last_sn > committed):
-            self.sink.commit(self.last_sn)
-        return self.sink.committed()
+            have = self._last_of.values() if partition is None else [
+                self._last_of.get(partition)]
+            return max((sn for sn in have if sn is not None), default=None)
+        done = []
+        for p in parts:
+            sink, last = self._sink_of(p), self._last_of.get(p)
+            committed = sink.committed()
+            if last is not None and (committed is None or last > committed):
+                sink.commit(last)
+            done.append(sink.committed())
+        return max((sn for sn in done if sn is not None), default=None)
 
     def holds(self) -> Optional[SN]:
         """The last SN the sink may hold: committed before this driver, or handed since."""
-        have = [sn for sn in (self.last_sn, self.sink.committed() if self.exactly_once
-                              else None) if sn is not None]
-        return max(have) if have else None
+        have = [self.last_sn] + ([s.committed() for s in self.sinks] if self.exactly_once
+                                 else [])
+        return max((sn for sn in have if sn is not None), default=None)
 
     def close(self) -> None:
-        if isinstance(self.sink, ClosingSink):  # a callable sink may have nothing to close
-            self.sink.close()
+        for sink in self.sinks:
+            if isinstance(sink, ClosingSink):  # a callable sink may have nothing to close
+                sink.close()
