@@ -1,0 +1,189 @@
+"""python -m experiments.partition_pauses: does one partition's pause hold up the others'
+output? An egress per partition (``ordered_output=False``) against the one ordered egress
+(docs/design/parallel_io.md).
+
+A keyed dataflow (``KeyedCounter`` stages with ``--state-mb`` of keyed state per
+partition, so a catch-up moves real state and pauses its partition at the end) runs on
+an embedded local-cluster at a steady rate; one node is killed. Its partitions' outputs
+wait for the detection, and the partitions whose replica is rebuilt pause during their
+catch-up; every other last-stage partition has no reason to wait, except what couples it:
+the one ordered egress (its merge releases an output only once every partition has passed
+its SN), or an upstream stage whose partition paused (every last-stage partition merges
+every upstream partition's items by SN, DESIGN 4.3). The two modes run alternately,
+``--runs`` times each, on one Spark session.
+
+Per run and last-stage partition it records the largest wait between two of that
+partition's outputs before the kill (steady state) and after it (detection, take-over,
+catch-up), and writes
+
+- ``runs.csv``: one row per run and partition;
+- ``summary.json``: per mode, the medians (and spreads) over runs of the largest wait after
+  the kill of the partitions the kill touched and of those it did not, and of the steady
+  state's; and whether every partition's output equalled the failure-free run's.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import pathlib
+import statistics
+import threading
+import time
+from typing import Any, Dict, List
+
+from flux.connector_api import SinkPerPartition
+from flux.operator import wire_form
+from flux.reference import ReferenceRun
+from flux.testing.dataflows import counting_dataflow, with_ballast
+from flux.testing.workloads import keyed_workload
+
+MODES = ("ordered", "per-partition")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m experiments.partition_pauses",
+                                 description="Per-partition output gaps through a kill: one "
+                                             "ordered egress against an egress per partition.")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each mode, alternated")
+    ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--rate", type=int, default=4000, help="inputs per second")
+    ap.add_argument("--duration", type=float, default=16.0, help="seconds of input")
+    ap.add_argument("--kill-at", type=float, default=6.0)
+    ap.add_argument("--state-mb", type=float, default=50.0, help="keyed state per partition")
+    ap.add_argument("--victim", default="node1")
+    ap.add_argument("--out", default="docs/results/partition_pauses")
+    return ap.parse_args(argv)
+
+
+class Arrivals:
+    """When each output reached the sink, per last-stage partition: the sinks are called
+    in the driver's egress thread."""
+
+    def __init__(self, partition_of: Dict[tuple, int]):
+        self.partition_of = partition_of
+        self.times: Dict[int, List[float]] = {}
+        self.outputs: Dict[int, List[Any]] = {}
+        self._lock = threading.Lock()
+
+    def sink(self, partition=None):
+        def take(item):
+            sn = tuple(item[0])
+            p = self.partition_of[sn] if partition is None else partition
+            with self._lock:
+                self.times.setdefault(p, []).append(time.monotonic())
+                self.outputs.setdefault(p, []).append(wire_form(item))
+        return take
+
+
+def largest_gap(times: List[float], start: float, end: float) -> float:
+    """The longest wait between two outputs, of the waits that ended in ``(start, end]``."""
+    return max((b - a for a, b in zip(times, times[1:]) if start < b <= end), default=0.0)
+
+
+def one_run(spark, mode: str, args, records, expected) -> List[Dict[str, Any]]:
+    from flux.connectors.sources import RateLimited
+    from flux.spark.job import FluxJob
+
+    dataflow = with_ballast(counting_dataflow(args.stages), args.state_mb)
+    arrivals = Arrivals(expected["partition_of"])
+    per_partition = mode == "per-partition"
+    sink = SinkPerPartition(arrivals.sink) if per_partition else arrivals.sink()
+    job = FluxJob(spark, dataflow, RateLimited(records, args.rate), nodes=args.nodes,
+                  standbys=1, sink=sink, ordered_output=not per_partition)
+    with job:
+        touched = {a.partition for a, n in job.topology.where.items()
+                   if n == args.victim and a.stage == args.stages}
+        assert job.wait_until(lambda: job.metrics.t0 is not None and
+                              time.monotonic() - job.metrics.t0 >= args.kill_at, 120)
+        killed = time.monotonic()
+        try:
+            job.kill_node(args.victim)
+        except RuntimeError:  # it died before: say what the job saw
+            print("the job's events before the kill:", job.metrics.relative_events())
+            raise
+        rec = lambda: job.controller.recovery  # noqa: E731
+        job.wait(timeout=args.duration * 4 + 120)
+        assert job.wait_until(lambda: rec().completed and not rec().pending(), 120)
+        t0 = job.metrics.t0
+        ended = time.monotonic()
+    rows = []
+    for p in range(args.nodes):
+        times = arrivals.times.get(p, [])
+        rows.append({
+            "mode": mode, "partition": p, "touched": p in touched,
+            "outputs": len(times),
+            "same_as_failure_free": arrivals.outputs.get(p, []) == expected["by_partition"][p],
+            # steady state: from a second in, up to the kill
+            "largest_gap_before_s": round(largest_gap(times, t0 + 1.0, killed), 4),
+            "largest_gap_after_s": round(largest_gap(times, killed, ended), 4),
+        })
+    return rows
+
+
+def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    def spread(values):
+        values = sorted(values)
+        return {"median": round(statistics.median(values), 4), "min": values[0],
+                "max": values[-1], "n": len(values)} if values else None
+
+    out: Dict[str, Any] = {}
+    for mode in MODES:
+        mine = [r for r in rows if r["mode"] == mode]
+        out[mode] = {
+            "largest_gap_after_kill_untouched_s": spread(
+                [r["largest_gap_after_s"] for r in mine if not r["touched"]]),
+            "largest_gap_after_kill_touched_s": spread(
+                [r["largest_gap_after_s"] for r in mine if r["touched"]]),
+            "largest_gap_steady_s": spread([r["largest_gap_before_s"] for r in mine]),
+            "every_partition_same_as_failure_free": all(r["same_as_failure_free"]
+                                                        for r in mine),
+        }
+    return out
+
+
+def reference(args, records) -> Dict[str, Any]:
+    run = ReferenceRun(with_ballast(counting_dataflow(args.stages), 0), args.nodes)
+    outputs = [o for r in records for o in run.feed(r)]
+    by: Dict[int, list] = {p: [] for p in range(args.nodes)}
+    partition_of = {}
+    for output, p in zip(outputs, run.output_partitions):
+        by[p].append(wire_form(output))
+        partition_of[tuple(output[0])] = p
+    return {"by_partition": by, "partition_of": partition_of}
+
+
+def main(argv=None) -> int:
+    from flux.spark.session import local_cluster
+
+    args = parse_args(argv)
+    records = keyed_workload(int(args.rate * args.duration), seed=11, keys=2000)
+    expected = reference(args, records)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: List[Dict[str, Any]] = []
+    with local_cluster(args.nodes + 2) as spark:
+        for run in range(args.runs):
+            for mode in (MODES if run % 2 == 0 else MODES[::-1]):  # alternated
+                print(f"run {run + 1}/{args.runs}: {mode} ...", flush=True)
+                for row in one_run(spark, mode, args, records, expected):
+                    rows.append({"run": run, **row})
+    with open(out / "runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    summary = {"settings": vars(args), **summarize(rows)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for mode in MODES:
+        s = summary[mode]
+        print(f"{mode:14s} largest gap after the kill: untouched partitions "
+              f"{s['largest_gap_after_kill_untouched_s']}, touched "
+              f"{s['largest_gap_after_kill_touched_s']}; steady {s['largest_gap_steady_s']}; "
+              f"same as failure-free: {s['every_partition_same_as_failure_free']}")
+    print(f"wrote {out}/runs.csv, summary.json")
+    return 0 if all(summary[m]["every_partition_same_as_failure_free"] for m in MODES) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""The partition-pauses experiment: its measure of waits, and a short run end to end
+(slow: Spark)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.partition_pauses import largest_gap, summarize
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_the_largest_gap_counts_the_waits_that_ended_in_the_window():
+    times = [0.0, 1.0, 1.5, 4.0, 4.1, 9.0]
+    assert largest_gap(times, 0.0, 4.1) == 2.5  # 1.5 -> 4.0
+    assert largest_gap(times, 4.0, 8.0) == pytest.approx(0.1)  # 9.0 ended after the window
+    assert largest_gap(times, 4.1, 9.0) == pytest.approx(4.9)
+    assert largest_gap([], 0.0, 1.0) == 0.0
+
+
+def test_the_summary_splits_touched_from_untouched_partitions_per_mode():
+    rows = [dict(mode=m, partition=p, touched=p < 2, same_as_failure_free=True,
+                 largest_gap_before_s=0.01, largest_gap_after_s=(0.2 if p < 2 else gap))
+            for m, gap in (("ordered", 0.2), ("per-partition", 0.05)) for p in range(4)]
+    s = summarize(rows)
+    assert s["ordered"]["largest_gap_after_kill_untouched_s"]["median"] == 0.2
+    assert s["per-partition"]["largest_gap_after_kill_untouched_s"]["median"] == 0.05
+    assert s["per-partition"]["largest_gap_after_kill_touched_s"]["n"] == 2
+    assert s["per-partition"]["every_partition_same_as_failure_free"] is True
+
+
+@pytest.mark.slow
+def test_a_short_run_writes_its_rows_and_summary(tmp_path):
+    from experiments.partition_pauses import main
+
+    out = tmp_path / "pauses"
+    assert main(["--runs", "1", "--duration", "8", "--kill-at", "3", "--state-mb", "2",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for mode in ("ordered", "per-partition"):
+        assert summary[mode]["every_partition_same_as_failure_free"] is True
+        assert summary[mode]["largest_gap_after_kill_untouched_s"]["n"] == 2
+    assert len((out / "runs.csv").read_text().splitlines()) == 1 + 2 * 4
