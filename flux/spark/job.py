@@ -34,6 +34,7 @@ from flux.reference import input_records
 from flux.errors import DataflowError, IngressLost, PairLost
 from flux.operator import OperatorRaised, describe
 from flux.runtime.config import NodeConfig
+from flux.runtime.determinism import check_deterministic
 from flux.runtime.metrics import Metrics
 from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
@@ -47,11 +48,13 @@ from flux.spark.settings import check_settings, is_local
 log = logging.getLogger(__name__)
 
 
-def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
+def check_before_deploy(dataflow, sample: List[Any], partitions: int,
+                        determinism: bool = True) -> None:
     """Refuse, before any task starts, a dataflow that fails on the source's first records:
     an operator or key that raises, a key msgpack cannot hash, a state msgpack cannot
     serialize or ``install_state`` does not restore (DESIGN 4.1), a ``process_batch`` that
-    disagrees with ``process``."""
+    disagrees with ``process``; and (``determinism``) one that computes otherwise in two
+    processes with different hash seeds, as the two replicas of a pair are."""
     if not sample:
         return  # nothing to check yet; the executors build the operators and report
     # a columnar source's batches: their first rows, as many as the records asked for
@@ -59,6 +62,8 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int) -> None:
     try:
         check_state_round_trip(dataflow, sample, partitions)
         check_batch_api(dataflow, sample)
+        if determinism:
+            check_deterministic(dataflow, sample, partitions)
     except DataflowError:
         raise
     except OperatorRaised as exc:
@@ -99,7 +104,7 @@ class FluxJob:
             # with LOGGED the ingress logs each input's partition (DESIGN 10): never guessed
             replay_order = replay_order_of(source)
         sample, source = peek(source, tuning.check_records)
-        check_before_deploy(dataflow, sample, nodes)
+        check_before_deploy(dataflow, sample, nodes, tuning.check_determinism)
         self.spark, self.dataflow, self.source = spark, dataflow, source
         self.secret = secrets.token_hex(16)
         self.metrics = Metrics(tuning.metrics_interval)

@@ -96,6 +96,9 @@ class Tuning:
     chunk_size: int = 1 << 20
     metrics_interval: float = 0.1
     check_records: int = 200
+    #: run the dataflow over those records in two fresh processes with different hash
+    #: seeds, and refuse it if they disagree (``flux.testing.check_deterministic``)
+    check_determinism: bool = True
     #: keep every output in ``job.delivered``; None: only without a sink
     keep_output: Optional[bool] = None
     #: one egress merging every partition into one order (True), or one per last-stage

@@ -2,7 +2,8 @@
 test broker (``kafka_broker``), ``ThreadCluster`` (a whole job in threads of one
 process), the reference output a failure-free run gives, seeded workloads, and
 load operators (``Ballast``: state of a given size; ``BusyWork``: CPU per record;
-``KeyedCounter``).
+``KeyedCounter``), and ``check_deterministic`` (a dataflow run twice in fresh
+processes with different hash seeds must agree).
 
 Names are imported on first use, so importing this package starts nothing.
 """
@@ -22,6 +23,7 @@ _LAZY = {
     "Ballast": "flux.testing.ballast",
     "BusyWork": "flux.testing.busy",
     "KeyedCounter": "flux.testing.counter",
+    "check_deterministic": "flux.runtime.determinism",
 }
 
 __all__ = sorted(_LAZY)
