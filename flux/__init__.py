@@ -52,6 +52,8 @@ from flux.reference import reference_output
 #: name -> the module that defines it, imported on first use (it does I/O)
 _LAZY = {
     "FluxJob": "flux.spark.job",
+    "lineage": "flux.runtime.lineage",
+    "Lineage": "flux.runtime.lineage",
     "local_cluster": "flux.spark.session",
     "RateLimited": "flux.connectors.sources",
     "Paced": "flux.connectors.sources",
@@ -95,6 +97,8 @@ __all__ = [
     # replayable sources, exactly-once sinks, checkpoints
     "Source", "Sink", "FileSource", "ParquetSource", "FileSink", "read_file_sink", "DeltaSink",
     "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource", "SinkPerPartition",
+    # where an output came from
+    "lineage", "Lineage",
     # Kafka in and out
     "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch

@@ -83,5 +83,20 @@ def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path,
         source.close()
     inputs = source.inputs
     assert sorted(r[1] for r in inputs) == list(range(1, INPUTS + 1))  # each input once
-    expected = [wire_form(r) for _, r in reference_output(dataflow, inputs, 4)]
+    reference = reference_output(dataflow, inputs, 4)
+    expected = [wire_form(r) for _, r in reference]
     assert read_output(broker.bootstrap, topic_out) == expected
+    if double:  # outputs lead back to their inputs, in the order the input log kept
+        oldest = min(job.checkpoints.store.manifest(k)["cut"]
+                     for k in job.checkpoints.store.complete_ids())
+        later = [sn for sn, _ in reference if sn[0] > oldest]
+        assert len(later) > 1000, (oldest, len(later))  # most of the run, restart included
+        for sn in later[::max(1, len(later) // 40)]:
+            fresh = KafkaSource(broker.bootstrap, topic_in, group=f"lineage-{name}",
+                                ending=feed.ending)
+            try:
+                found = job.lineage(sn, fresh)
+            finally:
+                fresh.close()
+            assert wire_form(found.record) == wire_form(inputs[sn[0] - 1]), sn
+            assert found.partition is not None

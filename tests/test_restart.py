@@ -46,6 +46,11 @@ def test_a_double_failure_restarts_from_the_last_checkpoint(spark, tmp_path, fmt
     assert restored is not None and restored >= 2 and "both replicas" in why
     assert when - killed < 5
     assert read_sink(fmt, out) == expected
+    # every output leads back to its input, across the restart (a sample: each is a read)
+    as_read = list(FileSource(str(tmp_path / "in")))
+    for sn, _ in expected[::len(expected) // 60] + expected[-3:]:
+        found = job.lineage(sn, FileSource(str(tmp_path / "in")))
+        assert found.record == as_read[sn[0] - 1], sn
     if keep == 50:
         from flux.runtime.checkpoint_store import CheckpointStore
 

@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from pyspark import cloudpickle
 
@@ -42,7 +42,7 @@ from flux.spark.attempt import Attempt, JobParts
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
-from flux.spark.placement import placement_of
+from flux.spark.job_views import JobViews
 from flux.spark.settings import check_settings, is_local
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,10 @@ def _kill(name: str, pid: int) -> None:
                            f"stopped, or ended)") from None
 
 
-class FluxJob:
+class FluxJob(JobViews):
     """``FluxJob(spark, dataflow, source, sink=None, **options)``: the keyword arguments
-    are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them)."""
+    are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them); what
+    users read of a running job is in ``JobViews``."""
 
     def __init__(self, spark, dataflow, source: Iterable[Any],
                  sink: Optional[Callable[[Any], None]] = None, **options: Any):
@@ -146,61 +147,6 @@ class FluxJob:
         self._stopped = False
         self._finished = threading.Event()
         self._parts: Optional[JobParts] = None
-
-    # -- what users read ----------------------------------------------------------------
-    @property
-    def delivered(self) -> List[Any]:
-        """The outputs so far, in order, when kept (``keep_output``)."""
-        return self.output.delivered
-
-    @property
-    def resumed_from(self) -> Optional[dict]:
-        """The manifest of the checkpoint this job started from (it found one at its
-        checkpoint location), or None: it started from the source's first input."""
-        return self._resumed_from
-
-    @property
-    def checkpoints(self):
-        """The checkpoint service (``completed``, ``latest``), or None without checkpoints."""
-        return self._checkpointing.service if self._checkpointing else None
-
-    @property
-    def input_log(self):
-        """The input log of a source whose order is logged, or None."""
-        return self._checkpointing.input_log if self._checkpointing else None
-
-    @property
-    def controller(self):
-        return self.attempt.controller if self.attempt else None
-
-    @property
-    def topology(self):
-        """Who hosts what in the current attempt (``topology.where[addr]``: the node)."""
-        return self.attempt.topology if self.attempt else self.config.topology()
-
-    @property
-    def task_results(self) -> List[Any]:
-        return self.attempt.task_results if self.attempt else []
-
-    @property
-    def ingress_pid(self) -> Optional[int]:
-        """The process the ingress runs in (this attempt's), or None before it starts."""
-        a = self.attempt
-        return a.ingress_process.pid if a is not None and a.ingress_process else None
-
-    @property
-    def metrics_url(self) -> Optional[str]:
-        """Where Prometheus scrapes this job (``metrics_port``), or None."""
-        return self.endpoint.url if self.endpoint is not None else None
-
-    def driver_stats(self) -> list:
-        """The counters of the ingress and the egress, as a segment's."""
-        return self.attempt.driver_stats() if self.attempt else []
-
-    def placement(self) -> Dict[str, dict]:
-        """Where the job's tasks run now (``flux.spark.placement``)."""
-        c = self.controller
-        return placement_of(c, self.topology, len(self.dataflow.stages)) if c else {}
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":
