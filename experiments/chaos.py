@@ -58,7 +58,8 @@ from flux.errors import PairLost
 from flux.examples import paper_dataflow
 from flux.testing.dataflows import counting_dataflow, with_ballast
 from flux.operator import wire_form
-from flux.reference import reference_output
+from flux.reference import ReferenceRun
+from flux.connector_api import SinkPerPartition
 from flux.connectors.file_sink import FileSink, read_file_sink
 from flux.connectors.sources import Paced, RateLimited
 from controller.topology import node_name
@@ -102,6 +103,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="extra keyed state per partition (MB, Ballast in the first stage)")
     ap.add_argument("--hosts", type=int, default=0,
                     help="run on the multi-host rig with this many hosts (needs root)")
+    ap.add_argument("--per-partition", action="store_true",
+                    help="an egress per partition (ordered_output=False), each with a sink "
+                         "of its own; driver-kill is left out (its program has one order)")
     ap.add_argument("--out", default="results/chaos")
     args = ap.parse_args(argv)
     if args.runs < 1:
@@ -112,8 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--rate must be > 0")
     if args.scenarios is None:
         args.scenarios = ",".join(s for s in SCENARIOS
-                                  if (s not in HOST_SCENARIOS) != bool(args.hosts)
-                                  or args.hosts and s != "driver-kill")
+                                  if ((s not in HOST_SCENARIOS) != bool(args.hosts)
+                                      or args.hosts and s != "driver-kill")
+                                  and not (args.per_partition and s == "driver-kill"))
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown or not args.scenarios:
@@ -142,6 +147,43 @@ def workload(rng: random.Random, packets: int):
         packets, seed=rng.randrange(1 << 30), keys=64)
 
 
+class ExpectedOutput:
+    """The reference a run's output must equal: in one order, or, with an egress per
+    partition (``per_partition``), each last-stage partition's outputs in its order (the
+    partitions' interleave as they come)."""
+
+    def __init__(self, dataflow, records, per_partition: bool):
+        run = ReferenceRun(dataflow, NODES)
+        outputs = [(tuple(sn), wire_form(r)) for rec in records for sn, r in run.feed(rec)]
+        self.ordered, self.per_partition = outputs, per_partition
+        self.partition_of = {sn: p for (sn, _), p in zip(outputs, run.output_partitions)}
+        self.parts = self._split(outputs)
+
+    def _split(self, outputs) -> List[list]:
+        parts: List[list] = [[] for _ in range(NODES)]
+        for sn, record in outputs:
+            parts[self.partition_of[sn]].append((sn, record))
+        return parts
+
+    def _wire(self, output) -> list:
+        return [(tuple(sn), wire_form(r)) for sn, r in output]
+
+    def equals(self, output) -> bool:
+        got = self._wire(output)
+        return self.equals_by_partition(self._split(got)) if self.per_partition \
+            else got == self.ordered
+
+    def equals_by_partition(self, parts: List[list]) -> bool:
+        return [self._wire(p) for p in parts] == self.parts
+
+    def is_prefix(self, output) -> bool:
+        got = self._wire(output)
+        if not self.per_partition:
+            return got == self.ordered[:len(got)]
+        return all(part == want[:len(part)] for part, want in
+                   zip(self._split(got), self.parts))
+
+
 class Chaos:
     """One run: a job, its kills, and the checks."""
 
@@ -153,7 +195,8 @@ class Chaos:
         if args.state_mb:
             dataflow = with_ballast(dataflow, args.state_mb)
         run.dataflow = name
-        self.expected = reference_output(dataflow, records, NODES)
+        self.output = ExpectedOutput(dataflow, records, args.per_partition)
+        egresses = dict(ordered_output=False) if args.per_partition else {}
         self.duration = args.packets / args.rate
         self.sink = None
         if run.scenario in CHECKPOINTED:  # a replayable feed, checkpoints, maybe a sink
@@ -161,15 +204,19 @@ class Chaos:
             self.feed = Paced(records, args.rate)
             interval = rng.choice((0.5, 1.0, 2.0))
             if rng.random() < 0.5:
-                self.sink = FileSink(f"{self.folder}/out", commit_every=50_000)
+                self.sink = FileSink(f"{self.folder}/out", commit_every=50_000) \
+                    if not args.per_partition else SinkPerPartition(
+                        lambda p: FileSink(f"{self.folder}/out/{p}", commit_every=50_000))
             run.kills.append(f"checkpoints every {interval}s"
                              + (", FileSink" if self.sink else ""))
             self.job = FluxJob(spark, dataflow, self.feed, nodes=NODES, standbys=STANDBYS,
                                sink=self.sink, keep_output=True,
-                               checkpoint=f"{self.folder}/ckpt", checkpoint_interval=interval)
+                               checkpoint=f"{self.folder}/ckpt", checkpoint_interval=interval,
+                               **egresses)
             return
         self.feed = RateLimited(records, args.rate)
-        self.job = FluxJob(spark, dataflow, self.feed, nodes=NODES, standbys=STANDBYS)
+        self.job = FluxJob(spark, dataflow, self.feed, nodes=NODES, standbys=STANDBYS,
+                           **egresses)
 
     # -- helpers -----------------------------------------------------------------------
     def recovery(self):
@@ -265,9 +312,7 @@ class Chaos:
             try:
                 job.wait(timeout=120)
             except PairLost as exc:
-                got = [wire_form(x) for x in job.delivered]
-                want = [wire_form(x) for x in self.expected[:len(got)]]
-                if got != want:
+                if not self.output.is_prefix(job.delivered):
                     raise AssertionError("the output before the double failure is not a "
                                          "prefix of the reference") from exc
                 if "partition" not in str(exc):
@@ -282,9 +327,9 @@ class Chaos:
                   "every pair to be rebuilt")
         if self.job.controller.dead and not self.recovery().completed:
             raise AssertionError("a node was declared dead and nothing was rebuilt")
-        if [wire_form(x) for x in output] != [wire_form(x) for x in self.expected]:
+        if not self.output.equals(output):
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
-                                 f"{len(self.expected)} expected)")
+                                 f"{len(self.output.ordered)} expected)")
         if self.feed.dropped:
             raise AssertionError(f"the feed dropped {self.feed.dropped} records")
 
@@ -296,16 +341,22 @@ class Chaos:
         for when, restored, why in job.restart_log:
             run.kills.append(f"restarted from checkpoint {restored} "
                              f"at {when - job.metrics.t0:.2f}s")
-        want = [wire_form(x) for x in self.expected]
-        if [wire_form(x) for x in output] != want:
+        if not self.output.equals(output):
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
-                                 f"{len(self.expected)} expected)")
+                                 f"{len(self.output.ordered)} expected)")
 
     def check_sink(self) -> None:
         """Once the job stopped (it owns its sink until then, and closes it): the FileSink's
         committed content is the reference."""
-        if self.sink is not None and read_file_sink(f"{self.folder}/out") != [
-                (tuple(sn), wire_form(r)) for sn, r in self.expected]:
+        if self.sink is None:
+            return
+        if self.args.per_partition:
+            got = [[(tuple(sn), r) for sn, r in read_file_sink(f"{self.folder}/out/{p}")]
+                   for p in range(NODES)]
+            if not self.output.equals_by_partition(got):
+                raise AssertionError("the sinks' committed content is not the reference's, "
+                                     "partition by partition")
+        elif read_file_sink(f"{self.folder}/out") != self.output.ordered:
             raise AssertionError("the FileSink's committed content is not the reference")
 
     def close(self) -> None:

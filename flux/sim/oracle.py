@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import Any, Deque, Dict, List, Optional, Sequence
 
 from flux.addresses import S, Addr
@@ -67,6 +67,30 @@ class PrefixOracle:
         self.checked = len(arrivals)
 
 
+class FailureFreeOutputs:
+    """The failure-free outputs of one order of the inputs, computed once for every oracle
+    that asks: with an egress per partition, each egress's oracle takes its partition's."""
+
+    def __init__(self, dataflow, partitions: int):
+        self.dataflow, self.partitions = dataflow, partitions
+        self.inputs: Optional[list] = None
+        self.outputs: list = []  # (sn, record), in SN order
+        self.partition_of: list = []  # the last-stage partition of each output
+        self.made: list = []  # how many outputs each input made
+
+    def of(self, inputs: Sequence[Any]) -> "FailureFreeOutputs":
+        if self.inputs != inputs:
+            run = ReferenceRun(self.dataflow, self.partitions)
+            outputs, made = [], []
+            for record in inputs:
+                new = run.feed(record)
+                outputs += new
+                made.append(len(new))
+            self.inputs, self.outputs, self.made = list(inputs), outputs, made
+            self.partition_of = run.output_partitions
+        return self
+
+
 class SettledOracle:
     """The egress's claims on what it delivered, against the failure-free run.
 
@@ -87,11 +111,12 @@ class SettledOracle:
     prefix oracle judges the output; its claims are not judged again in that incarnation.
     """
 
-    def __init__(self, dataflow, partitions: int, partition: Optional[int] = None):
+    def __init__(self, dataflow, partitions: int, partition: Optional[int] = None,
+                 reference: Optional[FailureFreeOutputs] = None):
         """``partition``: the one last-stage partition an egress of its own delivers
-        (None: the ordered egress, all of them)."""
-        self.dataflow = dataflow
-        self.partitions = partitions
+        (None: the ordered egress, all of them); ``reference``: the failure-free outputs,
+        shared by the oracles of a world's egresses."""
+        self.reference = reference or FailureFreeOutputs(dataflow, partitions)
         self.partition = partition
         self.inputs: Optional[list] = None  # the order the outputs below are of
         self.outputs: list = []  # the failure-free (sn, record) outputs, in SN order
@@ -106,16 +131,18 @@ class SettledOracle:
     def begin(self, inputs: Sequence[Any], cut: int) -> None:
         """A new egress, numbering the inputs after ``cut``."""
         if self.inputs != inputs:
-            run = ReferenceRun(self.dataflow, self.partitions)
-            outputs: list = []
-            upto = [0]
-            for record in inputs:
-                made = run.feed(record)
-                if self.partition is not None:
-                    of = run.output_partitions[len(run.output_partitions) - len(made):]
-                    made = [o for o, p in zip(made, of) if p == self.partition]
-                outputs += made
-                upto.append(len(outputs))
+            ref = self.reference.of(inputs)
+            mine = None if self.partition is None else [p == self.partition
+                                                        for p in ref.partition_of]
+            if mine is None:  # every output: the shared list, never changed
+                outputs, upto = ref.outputs, [0, *accumulate(ref.made)]
+            else:
+                outputs, upto, at = [], [0], 0
+                for made in ref.made:
+                    outputs += [o for o, m in zip(ref.outputs[at:at + made],
+                                                  mine[at:at + made]) if m]
+                    at += made
+                    upto.append(len(outputs))
             self.inputs, self.outputs, self.upto = list(inputs), outputs, upto
         self.cut = cut
         self.next = self.upto[cut]

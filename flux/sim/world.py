@@ -62,7 +62,7 @@ from flux.sim.config import (
 )
 from flux.sim.detection import Detection
 from flux.sim.faults import REMOVED_SHARE, Faults
-from flux.sim.oracle import SettledOracle
+from flux.sim.oracle import FailureFreeOutputs, SettledOracle
 from flux.sim.restarts import Restarts
 from flux.sim.sink import SimSink
 from flux.sim.steps import Steps
@@ -121,8 +121,9 @@ class World:
         #: the sink: ``outcome.delivered`` is what it holds, per partition what it committed
         self.sink = SimSink(self.outcome.delivered)
         #: the oracles of what each egress claims it delivered (``settled``, ``finished``)
+        reference = FailureFreeOutputs(dataflow, partitions)
         self.settled_oracles = [SettledOracle(dataflow, partitions,
-                                              None if config.ordered_output else p)
+                                              None if config.ordered_output else p, reference)
                                 for p in range(self.sink_partitions)]
         self.store = CheckpointStore(self)
         self.restarts = Restarts(self)
