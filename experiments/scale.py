@@ -1,24 +1,27 @@
 """python -m experiments.scale: where a job's CPU goes as it grows, per process, and the
 ceiling that projects (docs/design/parallel_io.md, step 5).
 
-The paper's dataflow runs at one fixed total rate on ``--nodes`` nodes (2, 4 and 8 by
-default) plus a standby, on the multi-host rig (a Spark standalone cluster of one host per
-executor, each in a network namespace of its own; ``--local``: an embedded local-cluster).
-Once the data has flowed for ``--warmup`` seconds, the CPU time of every process of the
-job is read from ``/proc`` twice, ``--window`` seconds apart: the driver's Python and its
-JVM, the ingress process, and each node's Python worker and executor JVM. Divided by the
-inputs taken meanwhile: each process's CPU per input.
+The paper's dataflow runs at fixed total rates (``--rates``) on ``--nodes`` nodes (2, 4
+and 8 by default) plus a standby, on the multi-host rig (a Spark standalone cluster of
+one host per executor, each in a network namespace of its own; ``--local``: an embedded
+local-cluster). Once the data has flowed for ``--warmup`` seconds, the CPU time of every
+process of the job is read from ``/proc`` twice, ``--window`` seconds apart: the
+driver's Python and its JVM, the ingress process, and each node's Python worker and
+executor JVM. Divided by the inputs taken meanwhile: each process's CPU per input; by
+the seconds: its busy share of a core.
 
-The model: the driver and the ingress process pay for every input whatever the number of
-nodes (constants); a node pays for its share of the inputs and for every item it handles,
-``a / N + b`` per input of the job. Fitted to the measured points, the job's ceiling on
-``N`` machines is what the busiest single-threaded process allows:
-``1 / max(driver, ingress, a / N + b)`` inputs per second. Each measured point is also
-predicted from a fit to the others (leave one out), to show whether the model holds.
+The model: a process's busy share is ``t + c * rate``: what it pays per second whatever
+comes (loops that wake, heartbeats, items that leave half empty on their delay) and
+what it pays per input. Fitted per process kind and node count over the rates (and
+checked: fitted to all rates but the highest, it predicts that one). The driver and the
+ingress pay per input whatever the number of nodes; a node's ``c`` is ``a / N + b`` (its
+share, and what every item costs each node), fitted over the counts. The job's ceiling
+on ``N`` machines is the rate at which its busiest single-threaded process is busy all
+the time: ``min over processes of (1 - t) / c``.
 
-Writes ``processes.csv`` (one row per run and process), ``summary.json`` (per node
-count: the medians over ``--runs`` of each kind of process's CPU per input, the busiest
-process; the model, its check, and its projection).
+Writes ``processes.csv`` (one row per run, rate and process) and ``summary.json`` (per
+node count and rate: each kind's CPU per input, the busiest process; the fits, their
+check, and the projection).
 """
 from __future__ import annotations
 
@@ -46,11 +49,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  description="CPU per input of every process of a job at "
                                              "2, 4 and 8 nodes, and the ceiling it projects.")
     ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--rate", type=int, default=3000, help="inputs per second, in total")
+    ap.add_argument("--rates", type=int, nargs="+", default=[2000, 5000, 8000],
+                    help="total inputs per second, each measured in turn on one cluster")
     ap.add_argument("--warmup", type=float, default=6.0)
     ap.add_argument("--window", type=float, default=10.0)
-    ap.add_argument("--runs", type=int, default=2, help="runs per node count, alternated")
+    ap.add_argument("--runs", type=int, default=1, help="runs per node count, alternated")
     ap.add_argument("--local", action="store_true", help="an embedded local-cluster, no rig")
+    ap.add_argument("--summarize", action="store_true",
+                    help="no runs: the summary of the processes.csv in --out, again")
     ap.add_argument("--out", default="docs/results/scale")
     return ap.parse_args(argv)
 
@@ -124,7 +130,7 @@ def measure(job, args) -> List[Dict[str, Any]]:
     return rows
 
 
-def one_run(spark, nodes: int, args, records) -> List[Dict[str, Any]]:
+def one_run(spark, nodes: int, rate: int, args, records) -> List[Dict[str, Any]]:
     from flux.spark.job import FluxJob
 
     outputs = [0]
@@ -132,11 +138,11 @@ def one_run(spark, nodes: int, args, records) -> List[Dict[str, Any]]:
     def count(item) -> None:
         outputs[0] += 1
 
-    job = FluxJob(spark, paper_dataflow(), RateLimited(records, args.rate), nodes=nodes,
+    job = FluxJob(spark, paper_dataflow(), RateLimited(records, rate), nodes=nodes,
                   standbys=1, sink=count)
     with job:
         rows = measure(job, args)
-    return [{"nodes": nodes, **row} for row in rows]
+    return [{"nodes": nodes, "rate": rate, **row} for row in rows]
 
 
 def fit(points: Dict[int, float]) -> tuple:
@@ -147,10 +153,33 @@ def fit(points: Dict[int, float]) -> tuple:
     return float(a), float(b)
 
 
+def line(points: Dict[float, float]) -> tuple:
+    """``t, c`` of ``t + c * rate`` by least squares over ``{rate: busy share}``."""
+    rates = np.array(sorted(points), dtype=float)
+    busy = np.array([points[r] for r in sorted(points)])
+    t, c = np.linalg.lstsq(np.vstack([np.ones_like(rates), rates]).T, busy, rcond=None)[0]
+    return float(t), float(c)
+
+
+def busy_points(rows: List[Dict[str, Any]], nodes: int, kind: str) -> Dict[float, float]:
+    """``{rate: busy share}`` of a kind of process at ``nodes`` (the busiest node; the
+    median over runs)."""
+    out: Dict[float, float] = {}
+    for rate in sorted({r["rate"] for r in rows if r["nodes"] == nodes}):
+        per_run: Dict[int, float] = {}
+        for r in rows:
+            if r["nodes"] == nodes and r["rate"] == rate and r["kind"] == kind:
+                per_run[r["run"]] = max(per_run.get(r["run"], 0.0), r["busy_share"])
+        if per_run:
+            out[rate] = statistics.median(per_run.values())
+    return out
+
+
 def summarize(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
-    by_nodes: Dict[int, Dict[str, Any]] = {}
-    for n in sorted({r["nodes"] for r in rows}):
-        mine = [r for r in rows if r["nodes"] == n and r["cpu_us_per_input"] is not None]
+    by: Dict[str, Any] = {}
+    for n, rate in sorted({(r["nodes"], r["rate"]) for r in rows}):
+        mine = [r for r in rows if r["nodes"] == n and r["rate"] == rate
+                and r["cpu_us_per_input"] is not None]
         kinds: Dict[str, Any] = {}
         for kind in ("driver", "driver-jvm", "ingress", "node", "node-jvm"):
             per_run: Dict[int, List[float]] = {}
@@ -166,32 +195,65 @@ def summarize(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
                            "spread_us": [round(min(means), 3), round(max(means), 3)],
                            "busiest_us": round(statistics.median(tops), 3)}
         busiest = max(kinds.items(), key=lambda kv: kv[1]["busiest_us"])
-        by_nodes[n] = {"kinds": kinds, "busiest": busiest[0],
-                       "busiest_us": busiest[1]["busiest_us"],
-                       "input_rate": statistics.median(r["input_rate"] for r in mine)}
-    model = None
-    node_points = {n: v["kinds"]["node"]["busiest_us"] for n, v in by_nodes.items()
-                   if "node" in v["kinds"]}
-    if len(node_points) >= 2:
-        a, b = fit(node_points)
-        fixed = {k: statistics.median(v["kinds"][k]["median_us"] for v in by_nodes.values()
-                                      if k in v["kinds"])
-                 for k in ("driver", "ingress")}
-        check = {}
-        if len(node_points) >= 3:
-            for n in node_points:
-                a1, b1 = fit({m: y for m, y in node_points.items() if m != n})
-                check[n] = {"measured_us": node_points[n], "predicted_us": round(a1 / n + b1, 3)}
-        projection = {}
-        for n in (2, 4, 8, 16, 32, 64):
-            costs = {"node": a / n + b, **fixed}
-            worst = max(costs, key=costs.get)
-            projection[n] = {"ceiling_inputs_per_s": round(1e6 / costs[worst]),
-                             "limited_by": worst}
-        model = {"node_us": {"a": round(a, 3), "b": round(b, 3)},
-                 "fixed_us": {k: round(v, 3) for k, v in fixed.items()},
-                 "leave_one_out": check, "projection": projection}
-    return {"settings": vars(args), "by_nodes": by_nodes, "model": model}
+        by[f"{n} nodes at {rate}/s"] = {
+            "nodes": n, "rate": rate, "kinds": kinds, "busiest": busiest[0],
+            "busiest_us": busiest[1]["busiest_us"],
+            "input_rate": statistics.median(r["input_rate"] for r in mine)}
+    return {"settings": vars(args), "measured": by, "model": model(rows)}
+
+
+def model(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The fits of ``t + c * rate`` per kind and node count, their check, the nodes' ``c``
+    as ``a / N + b``, and the ceiling they project."""
+    counts = sorted({r["nodes"] for r in rows})
+    if len({r["rate"] for r in rows}) < 2:
+        return None
+    fits: Dict[str, Dict[int, Any]] = {}
+    for kind in ("driver", "ingress", "node"):
+        for n in counts:
+            points = busy_points(rows, n, kind)
+            if len(points) < 2:
+                continue
+            t, c = line(points)
+            entry = {"per_second": round(t, 4), "per_input_us": round(c * 1e6, 3)}
+            if len(points) >= 3:  # fitted without the highest rate, it predicts it
+                top = max(points)
+                t1, c1 = line({r: b for r, b in points.items() if r != top})
+                entry["check"] = {"rate": top, "measured": round(points[top], 4),
+                                  "predicted": round(t1 + c1 * top, 4)}
+            fits.setdefault(kind, {})[n] = entry
+    if "node" not in fits or len(fits["node"]) < 2:
+        return {"fits": fits}
+    a, b = fit({n: f["per_input_us"] for n, f in fits["node"].items()})
+    node_t = statistics.median(f["per_second"] for f in fits["node"].values())
+    fixed = {k: (statistics.median(f["per_second"] for f in fits[k].values()),
+                 statistics.median(f["per_input_us"] for f in fits[k].values()))
+             for k in ("driver", "ingress") if k in fits}
+    projection = {}
+    for n in (2, 4, 8, 16, 32, 64):
+        costs = {"node": (node_t, a / n + b), **fixed}
+        # a cost per input the fit puts at or below zero limits nothing
+        ceilings = {k: (1 - t) / (c / 1e6) if c > 0 else float("inf")
+                    for k, (t, c) in costs.items()}
+        worst = min(ceilings, key=ceilings.get)
+        projection[n] = {"ceiling_inputs_per_s": _rounded(ceilings[worst]),
+                         "limited_by": worst,
+                         "without_driver_and_ingress": _rounded(ceilings["node"])}
+    return {"fits": fits, "node_per_input_us": {"a": round(a, 3), "b": round(b, 3)},
+            "node_per_second": round(node_t, 4), "projection": projection}
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _rounded(value: float) -> Optional[int]:
+    return None if value == float("inf") else round(value)
 
 
 @contextlib.contextmanager
@@ -212,27 +274,33 @@ def cluster(nodes: int, local: bool):
 def main(argv=None) -> int:
     args = parse_args(argv)
     seconds = args.warmup + args.window + 30
-    records = packet_workload(int(args.rate * seconds), seed=5, pairs=100_000, apps=10,
-                              sources=1_000)
+    records = packet_workload(int(max(args.rates) * seconds), seed=5, pairs=100_000,
+                              apps=10, sources=1_000)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: List[Dict[str, Any]] = []
-    for run in range(args.runs):
+    if args.summarize:
+        rows = [{k: _number(v) for k, v in r.items()}
+                for r in csv.DictReader(open(out / "processes.csv"))]
+    for run in range(0 if args.summarize else args.runs):
         order = args.nodes if run % 2 == 0 else args.nodes[::-1]  # alternated
-        for nodes in order:
-            print(f"run {run + 1}/{args.runs}: {nodes} nodes ...", flush=True)
+        for k, nodes in enumerate(order):
             with cluster(nodes, args.local) as spark:
-                rows += [{"run": run, **r} for r in one_run(spark, nodes, args, records)]
-    with open(out / "processes.csv", "w", newline="") as f:
+                rates = args.rates if (run + k) % 2 == 0 else args.rates[::-1]
+                for rate in rates:
+                    print(f"run {run + 1}/{args.runs}: {nodes} nodes at {rate}/s ...",
+                          flush=True)
+                    rows += [{"run": run, **r} for r in one_run(spark, nodes, rate, args,
+                                                                records)]
+    with open(out / "processes.csv", "w", newline="") as f:  # again, if read
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     summary = summarize(rows, args)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    for n, v in summary["by_nodes"].items():
+    for name, v in summary["measured"].items():
         kinds = ", ".join(f"{k} {s['median_us']} us" for k, s in v["kinds"].items())
-        print(f"{n} nodes at {v['input_rate']:.0f} inputs/s: {kinds}; busiest "
-              f"{v['busiest']} {v['busiest_us']} us")
+        print(f"{name}: {kinds}; busiest {v['busiest']} {v['busiest_us']} us")
     if summary["model"]:
         print("model:", json.dumps(summary["model"]))
     print(f"wrote {out}/processes.csv, summary.json")

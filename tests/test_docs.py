@@ -107,28 +107,34 @@ def failure_free(records: list) -> list:
     return [wire_form(r) for _, r in reference_output(paper_dataflow(), records, 4)]
 
 
+def run_on_packet_files(tmp_path, marker: str, files: int = 4):
+    """The paper's packets as JSON-lines files in ``/data/packets``, and the api.md block
+    holding ``marker`` run over them (``/data/`` a temporary folder)."""
+    packets = packets_as_json(20_000)
+    folder = tmp_path / "packets"
+    folder.mkdir()
+    per = -(-len(packets) // files)
+    for i in range(files):
+        with open(folder / f"part-{i}.jsonl", "w") as f:
+            f.writelines(json.dumps(p) + "\n" for p in packets[i * per:(i + 1) * per])
+    namespace = run_with(spark_block("docs/api.md", marker), {"/data/": f"{tmp_path}/"},
+                         f"docs/api.md ({marker})")
+    return packets, namespace
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_resumable_file_job_runs(tmp_path):
     from flux import read_file_sink
     from flux.operator import wire_form
 
-    packets = packets_as_json(20_000)
-    packet_files(tmp_path / "packets", packets)
-    namespace = run_with(spark_block("docs/api.md", "format=\"parquet\"),"),
-                         {"/data/": f"{tmp_path}/"}, "docs/api.md (FileSource)")
+    packets, namespace = run_on_packet_files(tmp_path, "format=\"parquet\"),")
     assert namespace["job"].resumed_from is None
     written = read_file_sink(str(tmp_path / "stats"))
     assert [wire_form(r) for _, r in written] == failure_free(packets)
     assert len(written) > 1_000
 
 
-def packet_files(folder, packets: list, files: int = 4) -> None:
-    folder.mkdir()
-    per = -(-len(packets) // files)
-    for i in range(files):
-        with open(folder / f"part-{i}.jsonl", "w") as f:
-            f.writelines(json.dumps(p) + "\n" for p in packets[i * per:(i + 1) * per])
 
 
 @pytest.mark.slow
@@ -136,10 +142,7 @@ def packet_files(folder, packets: list, files: int = 4) -> None:
 def test_the_job_with_a_sink_per_partition_runs(tmp_path):
     from flux.operator import wire_form
 
-    packets = packets_as_json(20_000)
-    packet_files(tmp_path / "packets", packets)
-    namespace = run_with(spark_block("docs/api.md", "SinkPerPartition(lambda p"),
-                         {"/data/": f"{tmp_path}/"}, "docs/api.md (SinkPerPartition)")
+    packets, namespace = run_on_packet_files(tmp_path, "SinkPerPartition(lambda p")
     parts = namespace["parts"]
     assert all(parts)  # every partition had outputs of its own
     for part in parts:
