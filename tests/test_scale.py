@@ -67,5 +67,6 @@ def test_a_short_run_on_a_local_cluster_writes_every_process(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     kinds = summary["measured"]["2 nodes at 2000/s"]["kinds"]
     assert {"driver", "ingress", "node"} <= set(kinds)
-    assert all(k["median_us"] > 0 for k in kinds.values())
+    # the Python processes work for every input; a JVM may idle through a short window
+    assert all(kinds[k]["median_us"] > 0 for k in ("driver", "ingress", "node"))
     assert summary["model"]["fits"]["ingress"]["2"]["per_input_us"] > 0
