@@ -15,7 +15,7 @@ reference is also the check that a batch gives what its rows give one by one.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -35,8 +35,12 @@ class ReferenceRun:
     (0-based), so tests can compare operator states with ``get_state()``.
     """
 
-    def __init__(self, dataflow: Dataflow, partitions: int):
+    def __init__(self, dataflow: Dataflow, partitions: int,
+                 watch: Optional[Callable[[int, SN, Any], None]] = None):
+        """``watch(stage, sn, record)``: told of every record a stage (0-based) takes in,
+        in order (the determinism check compares what each stage made)."""
         self.dataflow = dataflow
+        self.watch = watch
         self.routers = [router_for(stage.key, partitions, stage.schema)
                         for stage in dataflow.stages]
         self.chains: list[list[OperatorChain]] = [
@@ -70,6 +74,8 @@ class ReferenceRun:
             out.append((sn, _record(record)))
             self.output_partitions.append(came_from)
             return
+        if self.watch is not None:
+            self.watch(s, sn, _record(record))
         stage = self.dataflow.stages[s]
         router = self.routers[s]
         if isinstance(router, RecordRouter) and stage.schema is None:  # without numpy

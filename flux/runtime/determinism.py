@@ -31,31 +31,18 @@ from flux.reference import ReferenceRun
 SEEDS = ("1", "2")
 
 
-class _RecordingRun(ReferenceRun):
-    """The reference run, keeping what every stage took in, in order."""
-
-    def __init__(self, dataflow: Dataflow, partitions: int):
-        super().__init__(dataflow, partitions)
-        self.taken: List[list] = [[] for _ in dataflow.stages]
-
-    def _push(self, s, sn, record, out, came_from=0):
-        if s < len(self.taken):
-            from flux.reference import _record
-
-            self.taken[s].append((tuple(sn), wire_form(_record(record))))
-        super()._push(s, sn, record, out, came_from)
-
-
 def run_once(dataflow: Dataflow, records: Sequence[Any], partitions: int) -> dict:
     """What the check compares, from one process: every stage's inputs, the outputs, and
     every operator's state (msgpack'd, as catch-up and checkpoints move it)."""
     import msgpack
 
-    run = _RecordingRun(dataflow, partitions)
+    taken: List[list] = [[] for _ in dataflow.stages]  # what every stage took in, in order
+    run = ReferenceRun(dataflow, partitions,
+                       watch=lambda s, sn, record: taken[s].append((tuple(sn), wire_form(record))))
     outputs = [(tuple(sn), wire_form(r)) for record in records for sn, r in run.feed(record)]
     states = [[[msgpack.packb(op.get_state(), use_bin_type=True) for op in chain.operators]
                for chain in stage] for stage in run.chains]
-    return {"taken": run.taken, "outputs": outputs, "states": states}
+    return {"taken": taken, "outputs": outputs, "states": states}
 
 
 def _in_fresh_process(seed: str) -> subprocess.Popen:
