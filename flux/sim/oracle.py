@@ -143,7 +143,7 @@ class SettledOracle:
                                                   mine[at:at + made]) if m]
                     at += made
                     upto.append(len(outputs))
-            self.inputs, self.outputs, self.upto = list(inputs), outputs, upto
+            self.inputs, self.outputs, self.upto = ref.inputs, outputs, upto  # shared, kept
         self.cut = cut
         self.next = self.upto[cut]
         self.diverged = False
