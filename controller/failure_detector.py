@@ -184,18 +184,30 @@ class FailureDetector:
 
     def tick(self, now: float, holds_last_replica: Callable[[str], bool]) -> List[Verdict]:
         """Judge silences at ``now``. ``holds_last_replica(name)``: would declaring
-        ``name`` dead lose a pair (the recovery logic knows)?"""
+        ``name`` dead lose a pair (the recovery logic knows)?
+
+        A silence past ``timeout`` but within ``last_replica_timeout`` is declared only
+        if its process holds no last replica, and that depends on who else is dead: so
+        at most one such declaration per tick. Two partners silenced together by a load
+        spike: the first is declared, the caller acts on it, and at the next tick the
+        second holds the last replica and gets its grace (declaring both at once would
+        lose the pair to one stall)."""
         if not self.armed:
             return []
         t = self.timings
         verdicts: List[Verdict] = []
+        judged_by_replicas = False
         for name, record in list(self.watched.items()):
             if record.health is Health.DEAD:
                 continue
             silent = now - record.seen
-            if silent > t.timeout and (silent > t.last_replica_timeout
-                                       or not holds_last_replica(name)):
-                verdicts += self._declare(name, f"silent for {silent:.3f}s")
+            if silent <= t.timeout:
+                continue
+            if silent <= t.last_replica_timeout:
+                if judged_by_replicas or holds_last_replica(name):
+                    continue
+                judged_by_replicas = True
+            verdicts += self._declare(name, f"silent for {silent:.3f}s")
         return verdicts
 
     def _declare(self, name: str, why: str) -> List[Verdict]:

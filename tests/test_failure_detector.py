@@ -130,3 +130,28 @@ def test_nothing_is_judged_once_the_job_stops():
     fd = armed("node0", "node1")
     fd.disarm()  # every process was told to stop: they close their connections
     assert fd.connection_dropped("node0") == [] and fd.tick(100.0, NOBODY) == []
+
+
+def test_partners_silent_together_are_declared_one_per_tick():
+    """Both replicas of a pair silenced by one stall: declaring both in one tick would
+    lose the pair; the first is declared, and once the recovery knows it, the second
+    holds the last replica and gets its grace."""
+    fd = armed("node0", "node1", "node2")
+    fd.heard("node2", 0.5)
+    dead = set()
+    partners = {"node0": "node1", "node1": "node0", "node2": None}
+
+    def holds_last_replica(name):
+        return partners[name] in dead
+
+    first = fd.tick(0.6, holds_last_replica)
+    assert [v.name for v in first] == ["node0"]
+    dead.update(v.name for v in first)
+    assert fd.tick(0.61, holds_last_replica) == []  # node1 now holds the last replica
+    fd.heard("node2", 2.0)
+    assert [v.name for v in fd.tick(2.1, holds_last_replica)] == ["node1"]
+
+
+def test_silences_past_every_grace_are_all_declared_in_one_tick():
+    fd = armed("node0", "node1")
+    assert [v.name for v in fd.tick(2.5, EVERYBODY)] == ["node0", "node1"]

@@ -358,3 +358,34 @@ def test_the_pause_of_a_catch_up_is_reported_from_pause_to_resume():
     reports = [env.msg for _, env in transport.sent if isinstance(env.msg, CatchUpPaused)]
     assert reports == [CatchUpPaused(seg.addr, reports[0].seconds)]
     assert abs(reports[0].seconds - 0.04) < 1e-9
+
+
+def test_a_welcome_heard_again_after_joining_is_dropped():
+    """Registration is idempotent: a task that registered again before it heard the
+    controller's Welcome gets a second one, after its loop runs. It must not reach a
+    machine: once, it reached the StateMover (``ProcAddr(n) == MoverAddr(n)`` as tuples)
+    and crashed the node at the job's start."""
+    from flux.addresses import CONTROLLER, Addr, ProcAddr
+    from flux.control_messages import Welcome
+    from flux.envelope import Envelope
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+    seg = builder.segment(Addr(1, 0, 0))
+    host = Host("node0", {seg.addr: seg}, 5, segment_factory=builder.segment)
+    loop = HostLoop(host, RecordingTransport(), {}, {"controller": "tcp://x"})
+    loop.receive(Envelope(CONTROLLER, ProcAddr("node0"), 0, Welcome("node0"), 0, None))
+    assert not loop._busy() and loop._deliver() is False  # nothing held for a machine
+
+
+def test_a_message_for_the_process_never_reaches_its_state_mover():
+    from flux.addresses import CONTROLLER, Addr, ProcAddr
+    from flux.control_messages import Welcome
+    from flux.envelope import Envelope
+    from flux.errors import RemoteProtocolError
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+    seg = builder.segment(Addr(1, 0, 0))
+    host = Host("node0", {seg.addr: seg}, 5, segment_factory=builder.segment)
+    with pytest.raises(RemoteProtocolError, match="no endpoint @node0"):
+        host.on_envelope(Envelope(CONTROLLER, ProcAddr("node0"), 0, Welcome("node0"), 0,
+                                  None))

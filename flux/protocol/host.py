@@ -74,6 +74,12 @@ class Host:
         if self.mover is not None:
             yield self.mover_addr
 
+    def _for_mover(self, dst) -> bool:
+        """Is ``dst`` this host's StateMover? By type too: named tuples compare as tuples,
+        and ``ProcAddr(name) == MoverAddr(name)`` (a message for the process is not the
+        mover's)."""
+        return type(dst) is MoverAddr and dst == self.mover_addr
+
     def fenced(self, env: Envelope) -> bool:
         """From an incarnation a view declared dead, or meant for an earlier incarnation
         of the destination: dropped, never acted on."""
@@ -90,7 +96,7 @@ class Host:
             return False
         if self.fenced(env):
             return True  # it will be dropped
-        if env.dst == self.mover_addr:
+        if self._for_mover(env.dst):
             return True  # the StateMover takes every message in order
         machine = self.machines.get(env.dst)
         return machine is None or machine.ready_for(env.src, env.msg)
@@ -102,12 +108,12 @@ class Host:
             raise LocalProtocolError(f"{self.name}: {env.msg!r} from {env.src} taken before it may be")
         if self.fenced(env):
             return [], []  # a dead incarnation can never act
-        if env.dst == self.mover_addr and self.mover is not None:
+        if self._for_mover(env.dst) and self.mover is not None:
             return self._run(self.mover.on_message(env.src, env.msg))
         machine = self.machines.get(env.dst)
         if machine is None:
             raise RemoteProtocolError(f"{self.name}: no endpoint {env.dst} here (from {env.src})")
-        if env.dst != self.mover_addr and not machine.ready_for(env.src, env.msg):
+        if not machine.ready_for(env.src, env.msg):
             raise LocalProtocolError(f"{self.name}: {env.msg!r} from {env.src} taken before it may be")
         return self._run(machine.on_message(env.src, env.msg))
 

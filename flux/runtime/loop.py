@@ -32,6 +32,7 @@ from flux.control_messages import (
     Stop,
     TakeoverDone,
     View,
+    Welcome,
 )
 from flux.effects import Deliver, Snapshot, SourcesPaused, SourcesResumed, StateInstalled
 from flux.envelope import Envelope
@@ -219,8 +220,8 @@ class HostLoop:
             self._apply_members(env.msg)
         elif env.dst == self.me and isinstance(env.msg, Stop):
             self.stopped = env.msg.reason
-        elif env.dst == self.me and isinstance(env.msg, Heartbeat):
-            pass
+        elif env.dst == self.me and isinstance(env.msg, (Heartbeat, Welcome)):
+            pass  # a Welcome again: the task registered again before it heard the first
         else:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
 
