@@ -1,0 +1,42 @@
+"""``python -m flux.sim --jobs J``: the schedules run in J processes and what is printed is
+what one process prints (violations, counts, fingerprint), in the seeds' order."""
+from __future__ import annotations
+
+import pytest
+
+from flux.sim.__main__ import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def printed(capsys, argv):
+    status = main(argv)
+    out = capsys.readouterr()
+    counts = [line for line in out.err.splitlines() if line.startswith("# pair_lost")]
+    return status, out.out, counts
+
+
+@pytest.mark.parametrize("argv", [
+    ["--schedules", "8", "--seed", "3", "--fingerprint"],
+    # a broken variant: the violations, each with its seed, in the seeds' order
+    ["--schedules", "8", "--seed", "1", "--variant", "no-dup-filter", "--standbys", "1",
+     "--crashes", "3", "--fingerprint"],
+])
+def test_the_same_schedules_in_two_processes_print_the_same(capsys, argv):
+    alone = printed(capsys, argv)
+    apart = printed(capsys, argv + ["--jobs", "2"])
+    assert apart == alone
+    assert "fingerprint=" in alone[1]
+
+
+def test_a_broken_variant_is_caught_in_two_processes(capsys):
+    status, out, _ = printed(capsys, ["--schedules", "8", "--seed", "1", "--variant",
+                                      "no-dup-filter", "--standbys", "1", "--crashes", "3",
+                                      "--jobs", "2"])
+    assert status == 1 and "violation seed=" in out
+
+
+def test_jobs_below_one_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--jobs", "0"])
+    assert "--jobs must be >= 1" in capsys.readouterr().err
