@@ -93,10 +93,9 @@ def run_schedules(seeds: range, params: SimParams, window: int, jobs: int,
     processes. Schedules share nothing (each is one seed), so running them apart changes
     none of them."""
     work = [(seed, params, window, want_fingerprint) for seed in seeds]
-    # A schedule allocates a world of small objects that refer to each other: with the
-    # default thresholds the cycle collector ran hundreds of times a schedule (about 7%
-    # of the time). The nodes' thresholds (flux.runtime.gc_tuning); forked workers
-    # inherit them.
+    # A schedule allocates a world of small objects that refer to each other, and the
+    # cycle collector ran often (py-spy: about 7% of a run). With the nodes' thresholds
+    # (flux.runtime.gc_tuning) a run takes 0.98 of the time; forked workers inherit them.
     with data_path_gc():
         if jobs <= 1:
             yield from map(_run_one, work)
