@@ -412,6 +412,16 @@ def heal_all(rig) -> None:
             rig.heal(i)
 
 
+def detected_before_the_first_kill(events: List[tuple]) -> List[str]:
+    """The detections that came before the run's first kill: false ones, which change
+    what the scenario meant to test (a pair already rebuilt elsewhere, a standby used);
+    named in a failed run's reason, so its cause is read at once."""
+    first_kill = next((t for t, what, _ in events if what == "killed"), None)
+    if first_kill is None:
+        return []
+    return [str(detail) for t, what, detail in events if what == "detected" and t < first_kill]
+
+
 def run_one(spark, seed: int, args, rig=None) -> Run:
     rng = random.Random(seed)
     run = Run(seed, rng.choice(args.scenarios), "")
@@ -442,6 +452,9 @@ def run_one(spark, seed: int, args, rig=None) -> Run:
     finally:
         if chaos is not None:
             run.events = chaos.job.metrics.relative_events()
+            early = detected_before_the_first_kill(run.events)
+            if early and not run.ok:
+                run.why += f" (declared dead before the first kill: {'; '.join(early)})"
             chaos.close()
         heal_all(rig)
         run.seconds = round(time.monotonic() - started, 1)

@@ -63,3 +63,17 @@ def test_with_an_egress_per_partition_each_partition_is_checked_in_its_own_order
     assert not per.equals(swapped)  # out of order within a partition
     assert per.is_prefix(interleaved[:100]) and not per.is_prefix(swapped)
     assert not per.equals(interleaved[:-1])  # one lost
+
+
+def test_a_failed_run_names_the_detections_that_came_before_its_first_kill():
+    """A false detection before the kills changes the scenario (CI once saw 'double' go on
+    because a node had died at the start): a failed run's reason names it."""
+    from experiments.chaos import detected_before_the_first_kill
+
+    events = [(0.004, "detected", "node2 (its connection dropped)"),
+              (0.013, "take-over done", "2.1P"),
+              (1.216, "killed", "node3 (worker)"),
+              (1.243, "detected", "node3 (its connection dropped)")]
+    assert detected_before_the_first_kill(events) == ["node2 (its connection dropped)"]
+    assert detected_before_the_first_kill(events[1:]) == []
+    assert detected_before_the_first_kill(events[:2]) == []  # no kill: nothing to compare
