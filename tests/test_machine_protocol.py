@@ -70,3 +70,17 @@ def test_the_host_learns_the_work_of_a_machine_as_it_takes_it_in(builder):
     assert list(host.work) == list(host.machines)
     host.on_view(View(3, failed=frozenset({new}), failed_incs=frozenset({10})))
     assert new not in host.work and list(host.work) == list(host.machines)  # discarded
+
+
+def test_the_kinds_learnt_once_per_class_are_what_isinstance_says(builder):
+    """``LocalWork.of`` asks each class once (a protocol's isinstance is slow): a class made
+    at run time, as the simulator makes one per world, gets the kinds of its instances."""
+    seg = builder.segment(Addr(1, 0, P))
+    made = type("Segment", (type(seg),), {"bulk_pairs": 2})
+    twin = made.__new__(made)
+    twin.__dict__.update(seg.__dict__)
+    for machine in (seg, twin, builder.ingress(), builder.egress()):
+        work = LocalWork.of(machine)
+        got = {kind for kind, does in zip(KINDS, (work.processes, work.flushes, work.parts,
+                                                  work.snapshots)) if does is machine}
+        assert got == kinds_of(machine), type(machine).__name__

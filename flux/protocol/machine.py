@@ -14,6 +14,7 @@ The host learns once, when it takes a machine in, which kinds it does
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional, Protocol, Set, Tuple, runtime_checkable
 
@@ -143,8 +144,23 @@ class LocalWork:
 
     @classmethod
     def of(cls, machine: Machine) -> "LocalWork":
-        return cls(machine if isinstance(machine, Processes) else None,
-                   machine if isinstance(machine, Flushes) else None,
-                   machine if isinstance(machine, SendsParts) else None,
-                   machine if isinstance(machine, Snapshots) else None,
-                   machine if isinstance(machine, CutsItems) else None)
+        kinds = _kinds_of(type(machine))
+        return cls(*(machine if does else None for does in kinds))
+
+
+#: machine class -> which kinds of local work its instances do. A protocol's isinstance
+#: walks its members at every call (the five: 35 us here; ``LocalWork.of`` now 1.9 us),
+#: and a simulated world builds dozens of machines of a few classes per schedule. Weak
+#: keys: the simulator makes a segment class per world.
+_KINDS: "weakref.WeakKeyDictionary[type, Tuple[bool, ...]]" = weakref.WeakKeyDictionary()
+
+
+def _kinds_of(machine_class: type) -> Tuple[bool, ...]:
+    """Does a machine of ``machine_class`` process, flush, send parts, snapshot, cut
+    items? Its methods say, and they are its class's."""
+    kinds = _KINDS.get(machine_class)
+    if kinds is None:
+        kinds = _KINDS[machine_class] = tuple(
+            issubclass(machine_class, kind)
+            for kind in (Processes, Flushes, SendsParts, Snapshots, CutsItems))
+    return kinds
