@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import flux.examples.vectorized as vectorized
 from flux.examples.sessions import SessionReconstruction
 from flux.examples.stats import DEFAULT_WINDOW, WindowedDurationStats
+from flux.examples.vectorized import stats as vectorized_stats
+from flux.examples.vectorized import tables as vectorized_tables
 from flux.examples.vectorized import (
     PACKET_SCHEMA,
     SESSION_SCHEMA,
@@ -200,8 +201,8 @@ def test_no_outputs_is_an_empty_batch_of_the_output_schema():
 def test_keys_that_fill_no_small_rectangle(spread, monkeypatch):
     """Keys far apart (a hash table instead of the rectangle of ids), or strings, in tables
     rebuilt often (few dead slots are let pile up)."""
-    monkeypatch.setattr(vectorized, "_COMPACT_SLOTS", 8)
-    monkeypatch.setattr(vectorized, "_COMPACT_ENTRIES", 16)
+    monkeypatch.setattr(vectorized_tables, "_COMPACT_SLOTS", 8)
+    monkeypatch.setattr(vectorized_stats, "_COMPACT_ENTRIES", 16)
     rng = random.Random(3)
     wide = {v: rng.randrange(-2 ** 62, 2 ** 62) for v in range(1000)}
     name = (lambda v: wide[v]) if spread == "wide ints" else (lambda v: f"host-{v}")
