@@ -1,18 +1,131 @@
-"""``ColumnarKeyedState`` taken out and put in, and its change records: the runtime's
-side, with ``KeyedState``'s surface and wire form (``flux.keyed_transfer``,
-``flux.keyed_changes``), so catch-up and checkpoints take either store.
+"""Keyed stores kept in slots, taken out and put in: the runtime's side, with
+``KeyedState``'s surface and wire form (``flux.keyed_transfer``, ``flux.keyed_changes``),
+so catch-up and checkpoints take any of them.
 
-A change record keeps, per slot, "changed since the baseline" and "created since the
-baseline" as boolean columns, and the keys held at the baseline and deleted since;
+``SlotTransfer`` is that surface over a few primitives a store gives (the keys it
+holds, the values of some keys, writing and forgetting keys, a change record and its
+net changes), so each store keeps its keys and values and records its changes in the
+way its operators write them, and moves them the one way (DESIGN 10).
+``ColumnarTransfer`` gives ``ColumnarKeyedState``'s: a dict from the key to its slot,
+and a change record (``Record``) of two boolean columns, "changed since the baseline"
+and "created since the baseline", and the keys held at the baseline and deleted since;
 what it reports nets out as ``flux.keyed_changes`` says. Pure: no I/O.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from flux.keys import sorted_keys, tuplify
+
+
+class SlotTransfer:
+    """Snapshots, bulk parts, installs, deltas and the two change records of a keyed store
+    (``flux.KeyedStore``), over the store's primitives:
+
+    - ``_held()``: the keys held now (a list, any order);
+    - ``_read(keys)``: ``(held, values)``, those of ``keys`` still held and their values
+      in wire form (msgpack-safe), in the order given;
+    - ``_write(keys, values)``: add or replace keys (tuples) with values (as they come
+      off the wire); they are not dirty afterwards;
+    - ``_forget(keys)``: delete those of ``keys`` held;
+    - ``_clear()``: hold nothing;
+    - ``_new_record()`` and ``_net(record)``: a change record whose baseline is now,
+      and its net changes, ``{"set": [[key, value], ...], "deleted": [key, ...]}`` in
+      key order.
+    """
+
+    installs: int
+    _dirty: Optional[Any]  # the record a catch-up's phase 2 reads (None: not tracking)
+    _since: Optional[Any]  # the record since this replica's last checkpoint snapshot
+    _held: Callable[[], list]
+    _read: Callable[[Sequence[Any]], tuple]
+    _write: Callable[[List[Any], List[Any]], None]
+    _forget: Callable[[List[Any]], None]
+    _clear: Callable[[], None]
+    _new_record: Callable[[], Any]
+    _net: Callable[[Any], dict]
+
+    # -- out: the same pairs as KeyedState's -----------------------------------------
+    def snapshot(self) -> list:
+        keys, values = self._read(sorted_keys(self._held()))
+        return [[k, v] for k, v in zip(keys, values)]
+
+    def items(self) -> list:
+        return [(k, v) for k, v in self.snapshot()]
+
+    def parts(self, max_keys: int) -> Iterator[tuple]:
+        """Bulk parts as ``KeyedState.parts`` gives them: the keys held now, each part's
+        values read as it is taken (a key deleted meanwhile is left out)."""
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be >= 1, got {max_keys}")
+        return _parts(self, self._held(), max_keys)
+
+    # -- in --------------------------------------------------------------------------
+    def restore(self, pairs: Optional[Iterable]) -> None:
+        self._clear()
+        if self._dirty is not None:
+            self._dirty = self._new_record()
+        self.install_chunk(pairs)
+
+    def install_chunk(self, pairs: Optional[Iterable]) -> None:
+        pairs = list(pairs or ())
+        self.install_part([k for k, _ in pairs], [v for _, v in pairs])
+
+    def install_part(self, keys: Sequence[Any], values: Sequence[Any]) -> None:
+        """Add or replace keys with their values; the keys are not dirty afterwards, and
+        no checkpoint baseline holds any more."""
+        if len(keys) != len(values):
+            raise ValueError(f"a part of {len(keys)} keys and {len(values)} values")
+        self.installs += 1
+        self._since = None
+        if keys:
+            self._write([tuplify(k) for k in keys], list(values))
+
+    def apply_delta(self, delta: dict) -> None:
+        self.install_chunk(delta.get("set"))
+        self._forget([tuplify(k) for k in delta.get("deleted") or ()])
+        if self._dirty is not None:
+            self._dirty = self._new_record()
+
+    # -- change records: KeyedState's surface (flux.keyed_changes) ------------------
+    @property
+    def tracking(self) -> bool:
+        return self._dirty is not None
+
+    def clear_dirty(self) -> None:
+        self._dirty = self._new_record()
+
+    def stop_tracking(self) -> None:
+        self._dirty = None
+
+    def delta(self) -> dict:
+        if self._dirty is None:
+            raise RuntimeError(f"{type(self).__name__} is not tracking changes: call "
+                               f"clear_dirty() to set a baseline first")
+        return self._net(self._dirty)
+
+    @property
+    def records_changes(self) -> bool:
+        return self._since is not None
+
+    def start_changes(self) -> None:
+        self._since = self._new_record()
+
+    def changes(self) -> dict:
+        if self._since is None:
+            raise RuntimeError(f"{type(self).__name__} records no changes for a checkpoint: "
+                               f"call start_changes() at a full snapshot first")
+        return self._net(self._since)
+
+    def stop_changes(self) -> None:
+        self._since = None
+
+
+def _parts(store: SlotTransfer, keys: List[Any], size: int) -> Iterator[tuple]:
+    for start in range(0, len(keys), size):
+        yield store._read(keys[start:start + size])
 
 
 class Record:
@@ -33,12 +146,11 @@ class Record:
             setattr(self, name, new)
 
 
-class ColumnarTransfer:
-    """The store's ways out and in (a base class of ``ColumnarKeyedState``)."""
+class ColumnarTransfer(SlotTransfer):
+    """``ColumnarKeyedState``'s primitives for ``SlotTransfer`` (a base class of it)."""
 
     names: tuple
     dtypes: Dict[str, np.dtype]
-    installs: int
     _index: Dict[Any, int]
     _columns: Dict[str, np.ndarray]
     _live: np.ndarray
@@ -49,114 +161,40 @@ class ColumnarTransfer:
     slots: Callable[[Any], np.ndarray]
     delete: Callable[[np.ndarray], None]
     keys_of: Callable[[np.ndarray], list]
-    _clear: Callable[[], None]
 
-    # -- out: the same pairs as KeyedState's -----------------------------------------
     def _values(self, slots: np.ndarray) -> list:
         columns = [self._columns[n][slots].tolist() for n in self.names]
         return [list(v) for v in zip(*columns)]
 
-    def _slots_in_key_order(self, keys: Iterable[Any]) -> tuple:
-        ordered = sorted_keys(keys)
-        return ordered, np.fromiter(map(self._index.__getitem__, ordered), np.int64,
-                                    len(ordered))
+    def _held(self) -> list:
+        return list(self._index)
 
-    def snapshot(self) -> list:
-        keys, slots = self._slots_in_key_order(self._index)
-        return [[k, v] for k, v in zip(keys, self._values(slots))]
+    def _read(self, keys: Sequence[Any]) -> tuple:
+        index = self._index
+        held = [k for k in keys if k in index]
+        slots = np.fromiter(map(index.__getitem__, held), np.int64, len(held))
+        return held, self._values(slots)
 
-    def items(self) -> list:
-        return [(k, v) for k, v in self.snapshot()]
-
-    def parts(self, max_keys: int) -> Iterator[tuple]:
-        """Bulk parts as ``KeyedState.parts`` gives them: the keys held now, each part's
-        values read as it is taken (a key deleted meanwhile is left out)."""
-        if max_keys < 1:
-            raise ValueError(f"max_keys must be >= 1, got {max_keys}")
-        keys = list(self._index)
-        for start in range(0, len(keys), max_keys):
-            part = [k for k in keys[start:start + max_keys] if k in self._index]
-            slots = np.fromiter(map(self._index.__getitem__, part), np.int64, len(part))
-            yield part, self._values(slots)
-
-    # -- in --------------------------------------------------------------------------
-    def restore(self, pairs: Optional[Iterable]) -> None:
-        self._clear()
-        if self._dirty is not None:
-            self._dirty = Record(len(self._live))
-        self.install_chunk(pairs)
-
-    def install_chunk(self, pairs: Optional[Iterable]) -> None:
-        pairs = list(pairs or ())
-        self.install_part([k for k, _ in pairs], [v for _, v in pairs])
-
-    def install_part(self, keys: Sequence[Any], values: Sequence[Any]) -> None:
-        """Add or replace keys with their values (lists of one value per column); the
-        keys are not dirty afterwards, and no checkpoint baseline holds any more."""
-        if len(keys) != len(values):
-            raise ValueError(f"a part of {len(keys)} keys and {len(values)} values")
-        self.installs += 1
-        self._since = None
-        if not keys:
-            return
-        keys = [tuplify(k) for k in keys]
+    def _write(self, keys: List[Any], values: List[Any]) -> None:
         slots = self.slots(keys)
-        rows = list(values)
-        if any(len(row) != len(self.names) for row in rows):
+        if any(len(row) != len(self.names) for row in values):
             raise ValueError(f"values of {len(self.names)} columns {self.names} expected")
-        for name, column in zip(self.names, zip(*rows)):
+        for name, column in zip(self.names, zip(*values)):
             self._columns[name][slots] = np.array(column, self.dtypes[name])
         if self._dirty is not None:
             self._dirty.changed[slots] = False
             self._dirty.fresh[slots] = False
             self._dirty.deleted.difference_update(keys)
 
-    def apply_delta(self, delta: dict) -> None:
-        self.install_chunk(delta.get("set"))
-        gone = [tuplify(k) for k in delta.get("deleted") or ()]
-        self.delete(np.array([s for s in map(self._index.get, gone) if s is not None],
+    def _forget(self, keys: List[Any]) -> None:
+        self.delete(np.array([s for s in map(self._index.get, keys) if s is not None],
                              np.int64))
-        if self._dirty is not None:
-            self._dirty = Record(len(self._live))
 
-    # -- change records: KeyedState's surface (flux.keyed_changes) ------------------
-    @property
-    def tracking(self) -> bool:
-        return self._dirty is not None
-
-    def clear_dirty(self) -> None:
-        self._dirty = Record(len(self._live))
-
-    def stop_tracking(self) -> None:
-        self._dirty = None
-
-    def delta(self) -> dict:
-        if self._dirty is None:
-            raise RuntimeError("ColumnarKeyedState is not tracking changes: call "
-                               "clear_dirty() to set a baseline first")
-        return self._net(self._dirty)
-
-    @property
-    def records_changes(self) -> bool:
-        return self._since is not None
-
-    def start_changes(self) -> None:
-        self._since = Record(len(self._live))
-
-    def changes(self) -> dict:
-        if self._since is None:
-            raise RuntimeError("ColumnarKeyedState records no changes for a checkpoint: "
-                               "call start_changes() at a full snapshot first")
-        return self._net(self._since)
-
-    def stop_changes(self) -> None:
-        self._since = None
+    def _new_record(self) -> Record:
+        return Record(len(self._live))
 
     def _net(self, record: Record) -> dict:
         changed = np.flatnonzero(record.changed[:self._size] & self._live[:self._size])
-        keys, slots = self._slots_in_key_order(self.keys_of(changed))
+        keys, values = self._read(sorted_keys(self.keys_of(changed)))
         deleted = sorted_keys(k for k in record.deleted if k not in self._index)
-        return {"set": [[k, v] for k, v in zip(keys, self._values(slots))],
-                "deleted": deleted}
-
-
+        return {"set": [[k, v] for k, v in zip(keys, values)], "deleted": deleted}

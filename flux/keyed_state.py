@@ -211,8 +211,8 @@ class KeyedState(ChangeRecords, StateTransfer):
 
 
 class KeyedOperator:
-    """Mixin: an operator whose state is the ``KeyedState`` (or ``ColumnarKeyedState``)
-    in ``self.state`` gets ``get_state()`` (its snapshot) and ``install_state()`` (a
+    """Mixin: an operator whose state is the ``KeyedState`` (or a store of slots, e.g.
+    ``ColumnarKeyedState``) in ``self.state`` gets ``get_state()`` (its snapshot) and ``install_state()`` (a
     restore)."""
 
     state: Any
@@ -227,8 +227,9 @@ class KeyedOperator:
 
 @runtime_checkable
 class KeyedStore(Protocol):
-    """What the runtime calls on a keyed store (``KeyedState``, ``ColumnarKeyedState``):
-    a catch-up's parts and delta, a checkpoint's changes, installs (DESIGN 10)."""
+    """What the runtime calls on a keyed store (``KeyedState``, or any store of slots:
+    ``ColumnarKeyedState``, the vectorized examples' tables): a catch-up's parts and
+    delta, a checkpoint's changes, installs (DESIGN 10)."""
 
     installs: int
 
@@ -249,12 +250,14 @@ class KeyedStore(Protocol):
 
 
 def keyed_state_of(op: Any) -> Optional[KeyedStore]:
-    """The keyed store that holds ``op``'s whole state, or None if it keeps its own."""
-    from flux.columnar_state import ColumnarKeyedState
+    """The keyed store that holds ``op``'s whole state, or None if it keeps its own: a
+    ``KeyedState``, or a store of slots (``flux.columnar_transfer.SlotTransfer``:
+    ``ColumnarKeyedState``, the vectorized examples' tables)."""
+    from flux.columnar_transfer import SlotTransfer
 
     if isinstance(op, KeyedOperator):
         state = getattr(op, "state", None)
-        if isinstance(state, (KeyedState, ColumnarKeyedState)):
+        if isinstance(state, (KeyedState, SlotTransfer)):
             return state
     return None
 
