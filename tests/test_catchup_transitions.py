@@ -29,7 +29,7 @@ from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.host import Host
 from flux.protocol.ingress import INGRESS, Ingress
 from flux.operator import wire_form
-from flux.protocol.producer import ACK, ACTIVE, DEAD, NONE, SEND, STDBY
+from flux.protocol.producer import ACK, ACTIVE, DEAD, NONE, PAUSE_ROOM, SEND, STDBY
 from flux.protocol.segment import AWAITING_STATE, DRAINING, MOVING, PROCESSING, STREAMING, CatchUp, Segment
 from flux.sequence import NO_SN
 from statemover.messages import (CancelTransfer, Handshake, RequestRecv, RequestSend, Role, SendPart,
@@ -163,6 +163,33 @@ def test_ingress_pause_also_stops_bounds():
     # partition 1 gets a bound, partition 0's other replica data: not the paused one
     assert ing.flushable() == [(0, SEC), (1, PRIM), (1, SEC)]
     assert ing.flush(0, PRIM) == []
+
+
+def test_a_paused_partition_does_not_hold_the_others_at_its_capacity():
+    """While consumer partition 0 pauses for its catch-up, its buffer may grow past the
+    capacity (PAUSE_ROOM), so partition 1's tuples keep going; the room ends with the
+    pause, and the buffer is full again until it drains (5.3.1, back-pressure)."""
+    fp = FluxProducer(A0P, CONSUMERS, 2, 4)
+    fp.on_fail({C0S})
+    fp.out.on_avail(C0S, 7)
+    fp.out.on_pause(C0P, Pause(7))
+    for k in range(1, 2 * PAUSE_ROOM + 1):
+        assert not fp.out.full()  # a segment would process its next input
+        fp.out.put(0, (k, 0), sub(k))
+    assert fp.out.full() and len(fp.out.buffers[0]) == 2 * PAUSE_ROOM > 2  # bounded all the same
+    fp.out.on_csync(C0P, CSync(7))
+    assert fp.out.full() and fp.out.buffers[0].capacity == 2
+
+
+def test_the_ingress_cuts_items_while_one_partition_pauses():
+    ing = Ingress(2, by(lambda r: r % 2), 1, 4, batch_rows=1)
+    X = Addr(1, 0, P)
+    ing.on_message(X, Pause(3))
+    for r in range(0, 2 * PAUSE_ROOM, 2):  # every input to the paused partition 0
+        assert ing.accept(r) is not None
+        assert ing.cut_item() or not ing.pending
+    assert len(ing.out.buffers[0]) == PAUSE_ROOM > 1
+    assert ing.accept(2 * PAUSE_ROOM) is None or not ing.can_cut()  # its room is used up
 
 
 def fprod_with_standby_consumer(me):

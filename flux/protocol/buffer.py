@@ -93,6 +93,13 @@ class Buffer:
     def full(self) -> bool:
         return len(self._sns) - self._head >= self.capacity
 
+    def resize(self, capacity: int) -> None:
+        """A new capacity (a paused destination's room, ``Producer``); entries beyond it
+        stay, and the buffer is full until they are evicted."""
+        if capacity < 1:
+            raise ValueError(f"buffer capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+
     def entries(self) -> List[Item]:
         """The buffered (SN, tuple) pairs, oldest first."""
         return list(zip(self._sns[self._head:], self._items[self._head:]))

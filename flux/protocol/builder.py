@@ -15,6 +15,7 @@ from flux.protocol.buffer import Buffer
 from flux.protocol.egress import Egress, egress_addr
 from flux.protocol.flux_consumer import FluxConsumer
 from flux.protocol.flux_producer import FluxProducer
+from flux.protocol.producer import PAUSE_ROOM
 from flux.protocol.ingress import INGRESS, Ingress
 from flux.protocol.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
 
@@ -29,15 +30,18 @@ class MachineBuilder:
                  ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
                  replication: str = "flux", spare_chains: dict = None,
                  window: int = None, full_every: int = 1, batch_rows: int = 1024,
-                 ordered_output: bool = True):
+                 ordered_output: bool = True, pause_room: int = PAUSE_ROOM):
         """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
         others the changes of its keyed stores since its last one (DESIGN 10).
         ``batch_rows``: the most inputs the ingress puts in one item (DESIGN 11).
         ``ordered_output``: one egress merging every partition into one order; False: an
-        egress per last-stage partition (docs/design/parallel_io.md)."""
+        egress per last-stage partition (docs/design/parallel_io.md). ``pause_room``: how
+        many times the capacity a partition paused for its catch-up may hold at each of
+        its producers (``flux.protocol.producer``)."""
         self.ordered_output = ordered_output
+        self.pause_room = pause_room
         if replication not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {replication!r}")
         self.replication = replication
@@ -86,7 +90,7 @@ class MachineBuilder:
             absent = frozenset({ghost})
             router = ToOne()
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
-                             self.buffer_factory, self.window)
+                             self.buffer_factory, self.window, self.pause_room)
         spares = self.spare_chains.get(s)
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
@@ -114,7 +118,8 @@ class MachineBuilder:
         return ingress_class(self.partitions, self.router(0),
                              self.ingress_capacity, self.batch_size, self.buffer_factory,
                              absent=self.absent_replicas(1), window=self.window,
-                             log_inputs=log_inputs, batch_rows=self.batch_rows)
+                             log_inputs=log_inputs, batch_rows=self.batch_rows,
+                             pause_room=self.pause_room)
 
     def egress(self) -> Egress:
         """The one egress of ordered output."""

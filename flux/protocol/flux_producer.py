@@ -30,7 +30,7 @@ from flux.protocol.buffer import SEC, Buffer
 from flux.control_messages import Avail, TakeoverDone
 from flux.data_messages import Reverse
 from flux.effects import Send
-from flux.protocol.producer import ACK, DEAD, SEND, BufferFactory, Producer
+from flux.protocol.producer import ACK, DEAD, PAUSE_ROOM, SEND, BufferFactory, Producer
 
 
 class FluxProducer:
@@ -45,17 +45,20 @@ class FluxProducer:
         absent: Set[Addr] = frozenset(),
         buffer_factory: BufferFactory = Buffer,
         window: Optional[int] = None,
+        pause_room: int = PAUSE_ROOM,
     ):
         """``consumers[i]`` is (replica P, replica S) of consumer partition i;
         ``absent`` lists consumer replicas that never exist (the egress's S);
-        ``window``: tuples each consumer may hold untaken (back-pressure)."""
+        ``window``: tuples each consumer may hold untaken (back-pressure);
+        ``pause_room``: see ``Producer``."""
         r = addr.replica
         peers = [(pair[r], pair[other(r)]) for pair in consumers]
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(r))
         # 5.1: data only to the primary consumer, acks only from the secondary consumer
         self.out = Producer(addr, peers, capacity, batch_size, buffer_factory,
-                            normal_modes=(SEND, ACK), absent=absent, window=window)
+                            normal_modes=(SEND, ACK), absent=absent, window=window,
+                            pause_room=pause_room)
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False

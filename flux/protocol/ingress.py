@@ -34,7 +34,7 @@ from flux.effects import CutChosen, Send
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.operator import describe
 from flux.protocol.pending_inputs import PendingInputs
-from flux.protocol.producer import ACK, SEND, BufferFactory, Producer
+from flux.protocol.producer import ACK, PAUSE_ROOM, SEND, BufferFactory, Producer
 from flux.sequence import NO_PROGRESS, SN, input_sn
 
 INGRESS = Addr(0, 0, P)
@@ -69,11 +69,12 @@ class Ingress:
         window: Optional[int] = None,
         log_inputs: bool = False,
         batch_rows: int = 1024,
+        pause_room: int = PAUSE_ROOM,
     ):
         """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
         ``window``: sub-items each stage-1 replica may hold untaken (back-pressure);
         ``log_inputs``: items leave only once logged (``inputs_logged``);
-        ``batch_rows``: the most inputs an item holds."""
+        ``batch_rows``: the most inputs an item holds; ``pause_room``: see ``Producer``."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
         self.addr = INGRESS
@@ -82,7 +83,8 @@ class Ingress:
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         # 3.1.3: sends to and acks from both replicas
         self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
-                            normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window)
+                            normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window,
+                            pause_room=pause_room)
         self.partitions = partitions
         self.batch_rows = batch_rows
         self.accepted = 0
@@ -129,9 +131,9 @@ class Ingress:
         """Inputs pending, and room for their item in every partition's buffer."""
         if not self.pending:
             return False
-        buffers, held_for, capacity = self.out.buffers, self.held_for, self.capacity
+        buffers, held_for = self.out.buffers, self.held_for
         for i, buffer in enumerate(buffers):
-            if buffer.full() or (held_for[i] and len(buffer) + held_for[i] >= capacity):
+            if buffer.full() or (held_for[i] and len(buffer) + held_for[i] >= buffer.capacity):
                 return False
         return True
 

@@ -22,6 +22,13 @@ the catch-up's control messages are never held back by it.
 ``flushable`` is asked at every step a driver may take, far more often than a
 connection opens or closes: the open connections are kept (``_open``), and forgotten at
 every change of a link's status, modes or pause (``_links_changed``).
+
+A consumer partition paused for its catch-up (5.3.1) takes nothing until it resumes;
+if its buffer held the producer at its capacity, every other partition would wait
+for that pause too (an item, or a segment's next input, has rows for all of them).
+So a paused partition's buffer may hold ``pause_room`` times the capacity: memory
+bounded by the pause's share of the input, and the back-pressure of any longer
+pause as before (docs/design/backpressure.md).
 """
 from __future__ import annotations
 
@@ -46,6 +53,9 @@ from flux.protocol.links import (  # noqa: F401 (the producer's vocabulary, impo
 from flux.protocol.producer_roles import ConnectionRoles
 from flux.sequence import INF, SN, before, bound_key, weakest
 
+#: how many times its capacity a paused consumer partition's buffer may hold (default)
+PAUSE_ROOM = 8
+
 BufferFactory = Callable[[int], Buffer]
 
 
@@ -62,12 +72,17 @@ class Producer(ConnectionRoles):
         normal_modes: Tuple[ConnMode, ConnMode] = (NONE, NONE),
         absent: Iterable[Addr] = (),
         window: Optional[int] = None,
+        pause_room: int = PAUSE_ROOM,
     ):
         """``normal_modes[d]``: the modes of destination d in the normal case, restored at
         fold-in; ``absent``: consumer replicas that never exist (dead from the start);
-        ``window``: tuples a consumer may hold untaken per connection (None: no limit)."""
+        ``window``: tuples a consumer may hold untaken per connection (None: no limit);
+        ``pause_room``: how many times the capacity a paused partition's buffer holds."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if pause_room < 1:
+            raise ValueError(f"pause_room must be >= 1, got {pause_room}")
+        self.pause_room = pause_room
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 tuple, got {window}")
         self.addr = addr
@@ -111,7 +126,7 @@ class Producer(ConnectionRoles):
     def input_room(self) -> int:
         """Inputs that may be taken before a buffer can be full, if each puts at most one
         tuple in each buffer (0 when one is full)."""
-        return max(0, min(self.capacity - len(b) for b in self.buffers))
+        return max(0, min(b.capacity - len(b) for b in self.buffers))
 
     def full_for(self, i: int) -> bool:
         """Figure 3 action 1's guard for a tuple of consumer partition i."""
@@ -172,8 +187,12 @@ class Producer(ConnectionRoles):
                 if row[d].is_open()]
 
     def _links_changed(self) -> None:
-        """A link's status, modes or pause changed: the open connections are asked anew."""
+        """A link's status, modes or pause changed: the open connections are asked anew,
+        and a paused partition's buffer gets its room (``pause_room``)."""
         self._open = None
+        for buffer, (prim, sec) in zip(self.buffers, self.links):
+            paused = prim.paused or sec.paused
+            buffer.resize(self.capacity * self.pause_room if paused else self.capacity)
 
     # -- actions ---------------------------------------------------------
     def put(self, i: int, sn: SN, item) -> None:

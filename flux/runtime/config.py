@@ -30,6 +30,8 @@ class NodeConfig:
     batch_size: int = 4
     #: back-pressure: sub-items a consumer may hold untaken per connection (credits)
     window: int = 16
+    #: how many times ``capacity`` a paused partition's buffer holds (``flux.protocol.producer``)
+    pause_room: int = 8
     #: seconds between a node's heartbeats, and without the controller's before it stops
     heartbeat: float = 0.05
     lease: float = 3.0
@@ -63,7 +65,7 @@ class NodeConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("batch_rows", "capacity", "batch_size", "window", "chunk_size", "partitions", "stages",
-                     "checkpoint_full_every"):
+                     "checkpoint_full_every", "pause_room"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

@@ -98,7 +98,7 @@ class Attempt:
         self.ingress_process = IngressProcess(dict(
             dataflow=config.dataflow, partitions=p.nodes, capacity=config.capacity,
             batch_size=config.batch_size, replication=config.replication,
-            window=config.window, batch_rows=config.batch_rows,
+            window=config.window, batch_rows=config.batch_rows, pause_room=config.pause_room,
             inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
             keys=config.keys, ports=config.ports, flush_delay=config.flush_delay,
             item_delay=config.item_delay))

@@ -117,7 +117,7 @@ class FluxJob(JobViews):
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
             replication=opts.replication.mode, capacity=tuning.capacity,
-            batch_size=tuning.batch_size, window=tuning.window,
+            batch_size=tuning.batch_size, window=tuning.window, pause_room=tuning.pause_room,
             batch_rows=tuning.batch_rows or dataflow.default_batch_rows(),
             heartbeat=opts.network.heartbeat, lease=opts.network.lease,
             chunk_size=tuning.chunk_size, flush_delay=tuning.flush_delay,
@@ -161,7 +161,8 @@ class FluxJob(JobViews):
             spark=self.spark, config=self.config, builder=MachineBuilder(
                 self.dataflow, rep.nodes, self.config.capacity, self.config.batch_size,
                 replication=rep.mode, window=self.config.window,
-                batch_rows=self.config.batch_rows, ordered_output=self.config.ordered_output),
+                batch_rows=self.config.batch_rows, ordered_output=self.config.ordered_output,
+                pause_room=self.config.pause_room),
             metrics=self.metrics, output=self.output, checkpoints=self._checkpointing,
             source=self.source, nodes=rep.nodes, standbys=rep.standbys,
             detect_after=net.detect_after,

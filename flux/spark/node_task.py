@@ -276,7 +276,8 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              replication=config.replication, window=config.window,
                              segment_class=StreamedSegment, spare_chains=spares,
                              full_every=config.checkpoint_full_every,
-                             ordered_output=config.ordered_output)
+                             ordered_output=config.ordered_output,
+                             pause_room=config.pause_room)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     if config.restore >= 0 and machines:
         restore_operators(snapshots.store, config.restore, machines)

@@ -88,6 +88,9 @@ class Tuning:
     capacity: int = 16
     batch_size: int = 4
     window: int = 16
+    #: how many times ``capacity`` a partition paused for its catch-up may hold at each of
+    #: its producers, so the other partitions go on through the pause (1: they wait)
+    pause_room: int = 8
     #: seconds the ingress lets an item wait for more inputs before it leaves unfilled
     #: (and stage 1 took the items before it); None: 5 ms, or 25 ms where a stage takes
     #: Arrow batches (such an operator pays per batch: larger items at moderate rates)
