@@ -21,6 +21,9 @@ def printed(capsys, argv):
     # a broken variant: the violations, each with its seed, in the seeds' order
     ["--schedules", "8", "--seed", "1", "--variant", "no-dup-filter", "--standbys", "1",
      "--crashes", "3", "--fingerprint"],
+    # violations whose traces hold a state transfer's chunks (memory views)
+    ["--schedules", "3", "--seed", "1", "--variant", "early-evict", "--standbys", "1",
+     "--fingerprint", "-v"],
 ])
 def test_the_same_schedules_in_two_processes_print_the_same(capsys, argv):
     alone = printed(capsys, argv)

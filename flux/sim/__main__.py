@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import hashlib
 import multiprocessing
+import multiprocessing.reduction
 import sys
 import time
 from typing import Iterator, Optional, Tuple
@@ -87,6 +88,10 @@ def _run_one(job: Tuple[int, SimParams, int, bool]):
     return result, digest
 
 
+def _as_bytes(view: memoryview):
+    return bytes, (view.tobytes(),)
+
+
 def run_schedules(seeds: range, params: SimParams, window: int, jobs: int,
                   want_fingerprint: bool) -> Iterator[Tuple[object, Optional[bytes]]]:
     """Every schedule's (result, fingerprint bytes) in the seeds' order, run in ``jobs``
@@ -100,6 +105,9 @@ def run_schedules(seeds: range, params: SimParams, window: int, jobs: int,
         if jobs <= 1:
             yield from map(_run_one, work)
             return
+        # a violation's trace goes back whole, and a state transfer's chunks are memory
+        # views of the part they cut: they travel as their bytes
+        multiprocessing.reduction.ForkingPickler.register(memoryview, _as_bytes)
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
             yield from pool.imap(_run_one, work, chunksize=4)
 
