@@ -9,8 +9,10 @@ wait for the detection, and the partitions whose replica is rebuilt pause during
 catch-up; every other last-stage partition has no reason to wait, except what couples it:
 the one ordered egress (its merge releases an output only once every partition has passed
 its SN), or an upstream stage whose partition paused (every last-stage partition merges
-every upstream partition's items by SN, DESIGN 4.3). The two modes run alternately,
-``--runs`` times each, on one Spark session.
+every upstream partition's items by SN, DESIGN 4.3), or a paused partition's full buffer
+at the producers that feed every partition (``pause_room=1``; by default a paused
+partition's buffer may hold 8 times its capacity, docs/design/backpressure.md). The modes
+run alternately, ``--runs`` times each, on one Spark session.
 
 Per run and last-stage partition it records the largest wait between two of that
 partition's outputs before the kill (steady state) and after it (detection, take-over,
@@ -38,7 +40,9 @@ from flux.reference import ReferenceRun
 from flux.testing.dataflows import counting_dataflow, with_ballast
 from flux.testing.workloads import keyed_workload
 
-MODES = ("ordered", "per-partition")
+#: mode -> (ordered_output, pause_room)
+MODES = {"ordered": (True, 8), "per-partition": (False, 8),
+         "per-partition-room-1": (False, 1)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,12 +50,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  description="Per-partition output gaps through a kill: one "
                                              "ordered egress against an egress per partition.")
     ap.add_argument("--runs", type=int, default=3, help="runs of each mode, alternated")
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--rate", type=int, default=4000, help="inputs per second")
     ap.add_argument("--duration", type=float, default=16.0, help="seconds of input")
     ap.add_argument("--kill-at", type=float, default=6.0)
     ap.add_argument("--state-mb", type=float, default=50.0, help="keyed state per partition")
+    ap.add_argument("--capacity", type=int, default=16,
+                    help="sub-items a connection's buffer holds (the job's capacity)")
     ap.add_argument("--victim", default="node1")
     ap.add_argument("--out", default="docs/results/partition_pauses")
     return ap.parse_args(argv)
@@ -88,10 +95,11 @@ def one_run(spark, mode: str, args, records, expected) -> List[Dict[str, Any]]:
 
     dataflow = with_ballast(counting_dataflow(args.stages), args.state_mb)
     arrivals = Arrivals(expected["partition_of"])
-    per_partition = mode == "per-partition"
-    sink = SinkPerPartition(arrivals.sink) if per_partition else arrivals.sink()
+    ordered, pause_room = MODES[mode]
+    sink = arrivals.sink() if ordered else SinkPerPartition(arrivals.sink)
     job = FluxJob(spark, dataflow, RateLimited(records, args.rate), nodes=args.nodes,
-                  standbys=1, sink=sink, ordered_output=not per_partition)
+                  standbys=1, sink=sink, ordered_output=ordered, pause_room=pause_room,
+                  capacity=args.capacity)
     with job:
         touched = {a.partition for a, n in job.topology.where.items()
                    if n == args.victim and a.stage == args.stages}
@@ -122,14 +130,14 @@ def one_run(spark, mode: str, args, records, expected) -> List[Dict[str, Any]]:
     return rows
 
 
-def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+def summarize(rows: List[Dict[str, Any]], modes) -> Dict[str, Any]:
     def spread(values):
         values = sorted(values)
         return {"median": round(statistics.median(values), 4), "min": values[0],
                 "max": values[-1], "n": len(values)} if values else None
 
     out: Dict[str, Any] = {}
-    for mode in MODES:
+    for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
         out[mode] = {
             "largest_gap_after_kill_untouched_s": spread(
@@ -165,7 +173,8 @@ def main(argv=None) -> int:
     rows: List[Dict[str, Any]] = []
     with local_cluster(args.nodes + 2) as spark:
         for run in range(args.runs):
-            for mode in (MODES if run % 2 == 0 else MODES[::-1]):  # alternated
+            k = run % len(args.modes)  # alternated: each mode leads in turn
+            for mode in args.modes[k:] + args.modes[:k]:
                 print(f"run {run + 1}/{args.runs}: {mode} ...", flush=True)
                 for row in one_run(spark, mode, args, records, expected):
                     rows.append({"run": run, **row})
@@ -173,16 +182,17 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    summary = {"settings": vars(args), **summarize(rows)}
+    summary = {"settings": vars(args), **summarize(rows, args.modes)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    for mode in MODES:
+    for mode in args.modes:
         s = summary[mode]
-        print(f"{mode:14s} largest gap after the kill: untouched partitions "
+        print(f"{mode:20s} largest gap after the kill: untouched partitions "
               f"{s['largest_gap_after_kill_untouched_s']}, touched "
               f"{s['largest_gap_after_kill_touched_s']}; steady {s['largest_gap_steady_s']}; "
               f"same as failure-free: {s['every_partition_same_as_failure_free']}")
     print(f"wrote {out}/runs.csv, summary.json")
-    return 0 if all(summary[m]["every_partition_same_as_failure_free"] for m in MODES) else 1
+    return 0 if all(summary[m]["every_partition_same_as_failure_free"]
+                    for m in args.modes) else 1
 
 
 if __name__ == "__main__":

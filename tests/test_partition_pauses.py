@@ -23,7 +23,7 @@ def test_the_summary_splits_touched_from_untouched_partitions_per_mode():
     rows = [dict(mode=m, partition=p, touched=p < 2, same_as_failure_free=True,
                  largest_gap_before_s=0.01, largest_gap_after_s=(0.2 if p < 2 else gap))
             for m, gap in (("ordered", 0.2), ("per-partition", 0.05)) for p in range(4)]
-    s = summarize(rows)
+    s = summarize(rows, ["ordered", "per-partition"])
     assert s["ordered"]["largest_gap_after_kill_untouched_s"]["median"] == 0.2
     assert s["per-partition"]["largest_gap_after_kill_untouched_s"]["median"] == 0.05
     assert s["per-partition"]["largest_gap_after_kill_touched_s"]["n"] == 2
@@ -36,7 +36,7 @@ def test_a_short_run_writes_its_rows_and_summary(tmp_path):
 
     out = tmp_path / "pauses"
     assert main(["--runs", "1", "--duration", "8", "--kill-at", "3", "--state-mb", "2",
-                 "--out", str(out)]) == 0
+                 "--modes", "ordered", "per-partition", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     for mode in ("ordered", "per-partition"):
         assert summary[mode]["every_partition_same_as_failure_free"] is True
