@@ -30,6 +30,7 @@ only the changed keys (DESIGN 10).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
@@ -242,7 +243,16 @@ class TransformWithStateInPandas(KeyedOperator):
         import pyarrow as pa
 
         made_by = np.concatenate(rows)
-        frame = outputs[0] if len(outputs) == 1 else pd.concat(outputs, ignore_index=True)
+        if len(outputs) == 1:
+            frame = outputs[0]
+        else:
+            with warnings.catch_warnings():
+                # pandas warns that it will stop ignoring all-null columns (a null key's)
+                # when it infers a column's dtype; output_schema decides the types below
+                # either way, so the inference pandas changes is not used
+                warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation",
+                                        FutureWarning)
+                frame = pd.concat(outputs, ignore_index=True)
         try:
             batch = pa.RecordBatch.from_pandas(frame, schema=self.output_schema,
                                                preserve_index=False)

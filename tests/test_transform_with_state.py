@@ -341,6 +341,7 @@ def test_a_stage_without_the_event_time_column_is_refused():
         Dataflow([Stage("s", "user", (sessions_op,), schema=pa.schema([("user", pa.int64())]))])
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")  # none escapes to a user's log
 def test_rows_with_a_null_key_share_one_state():
     op = TransformWithStateInPandas(RunningCounts, "account", COUNTS)
     batch = pa.RecordBatch.from_pylist([{"account": None, "amount": 1}, {"account": 3, "amount": 1},
