@@ -18,7 +18,10 @@ Per run and last-stage partition it records the largest wait between two of that
 partition's outputs before the kill (steady state) and after it (detection, take-over,
 catch-up), and writes
 
-- ``runs.csv``: one row per run and partition;
+- ``runs.csv``: one row per run and partition (with when its longest wait after the
+  kill ended);
+- ``events.csv``: what the job did after each kill (detection, take-over, the catch-up's
+  pause, its end), in seconds after the kill;
 - ``summary.json``: per mode, the medians (and spreads) over runs of the largest wait after
   the kill of the partitions the kill touched and of those it did not, and of the steady
   state's; and whether every partition's output equalled the failure-free run's.
@@ -86,7 +89,13 @@ class Arrivals:
 
 def largest_gap(times: List[float], start: float, end: float) -> float:
     """The longest wait between two outputs, of the waits that ended in ``(start, end]``."""
-    return max((b - a for a, b in zip(times, times[1:]) if start < b <= end), default=0.0)
+    return largest_gap_and_end(times, start, end)[0]
+
+
+def largest_gap_and_end(times: List[float], start: float, end: float) -> tuple:
+    """The longest wait ending in ``(start, end]``, and when it ended (None: no wait)."""
+    return max(((b - a, b) for a, b in zip(times, times[1:]) if start < b <= end),
+               default=(0.0, None))
 
 
 def one_run(spark, mode: str, args, records, expected) -> List[Dict[str, Any]]:
@@ -116,18 +125,24 @@ def one_run(spark, mode: str, args, records, expected) -> List[Dict[str, Any]]:
         assert job.wait_until(lambda: rec().completed and not rec().pending(), 120)
         t0 = job.metrics.t0
         ended = time.monotonic()
+        # what the job did after the kill, to place each partition's longest wait
+        events = [(round(t - killed, 4), what, str(detail)) for t, what, detail
+                  in job.metrics.events if t >= killed]
     rows = []
     for p in range(args.nodes):
         times = arrivals.times.get(p, [])
+        gap, gap_end = largest_gap_and_end(times, killed, ended)
         rows.append({
             "mode": mode, "partition": p, "touched": p in touched,
             "outputs": len(times),
             "same_as_failure_free": arrivals.outputs.get(p, []) == expected["by_partition"][p],
             # steady state: from a second in, up to the kill
             "largest_gap_before_s": round(largest_gap(times, t0 + 1.0, killed), 4),
-            "largest_gap_after_s": round(largest_gap(times, killed, ended), 4),
+            "largest_gap_after_s": round(gap, 4),
+            # seconds from the kill to the end of that wait
+            "largest_gap_after_ends_s": None if gap_end is None else round(gap_end - killed, 4),
         })
-    return rows
+    return rows, events
 
 
 def summarize(rows: List[Dict[str, Any]], modes) -> Dict[str, Any]:
@@ -171,17 +186,24 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: List[Dict[str, Any]] = []
+    timeline: List[Dict[str, Any]] = []
     with local_cluster(args.nodes + 2) as spark:
         for run in range(args.runs):
             k = run % len(args.modes)  # alternated: each mode leads in turn
             for mode in args.modes[k:] + args.modes[:k]:
                 print(f"run {run + 1}/{args.runs}: {mode} ...", flush=True)
-                for row in one_run(spark, mode, args, records, expected):
-                    rows.append({"run": run, **row})
+                mine, events = one_run(spark, mode, args, records, expected)
+                rows.extend({"run": run, **row} for row in mine)
+                timeline.extend({"run": run, "mode": mode, "after_kill_s": t, "event": what,
+                                 "detail": detail} for t, what, detail in events)
     with open(out / "runs.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    with open(out / "events.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["run", "mode", "after_kill_s", "event", "detail"])
+        writer.writeheader()
+        writer.writerows(timeline)
     summary = {"settings": vars(args), **summarize(rows, args.modes)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     for mode in args.modes:
@@ -190,7 +212,7 @@ def main(argv=None) -> int:
               f"{s['largest_gap_after_kill_untouched_s']}, touched "
               f"{s['largest_gap_after_kill_touched_s']}; steady {s['largest_gap_steady_s']}; "
               f"same as failure-free: {s['every_partition_same_as_failure_free']}")
-    print(f"wrote {out}/runs.csv, summary.json")
+    print(f"wrote {out}/runs.csv, events.csv, summary.json")
     return 0 if all(summary[m]["every_partition_same_as_failure_free"]
                     for m in args.modes) else 1
 

@@ -42,3 +42,6 @@ def test_a_short_run_writes_its_rows_and_summary(tmp_path):
         assert summary[mode]["every_partition_same_as_failure_free"] is True
         assert summary[mode]["largest_gap_after_kill_untouched_s"]["n"] == 2
     assert len((out / "runs.csv").read_text().splitlines()) == 1 + 2 * 4
+    # each kill's events, placed after it: the detection comes first
+    events = (out / "events.csv").read_text().splitlines()
+    assert events[0] == "run,mode,after_kill_s,event,detail" and len(events) > 2
