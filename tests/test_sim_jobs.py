@@ -43,3 +43,22 @@ def test_jobs_below_one_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--jobs", "0"])
     assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
+def test_the_command_line_runs_on_every_cpu_unless_told():
+    """``python -m flux.sim`` uses every CPU it may (its rate line says how many
+    processes); ``--jobs 1`` one, as ``main(argv)`` from code does by default."""
+    import os
+    import subprocess
+    import sys
+
+    cpus = len(os.sched_getaffinity(0))
+    run = subprocess.run([sys.executable, "-m", "flux.sim", "--schedules", "4", "--seed", "1"],
+                         capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run.stderr
+    rate = run.stderr.strip().splitlines()[-1]
+    assert (f"{cpus} processes" in rate) if cpus > 1 else ("processes" not in rate), rate
+    one = subprocess.run([sys.executable, "-m", "flux.sim", "--schedules", "4", "--seed", "1",
+                          "--jobs", "1"], capture_output=True, text=True, timeout=100)
+    assert "processes" not in one.stderr.strip().splitlines()[-1]
+    assert one.stdout == run.stdout  # the same schedules, the same lines

@@ -11,7 +11,8 @@ status is non-zero exactly when V > 0. With ``--fingerprint`` a line
 carried and how each schedule ended, so two versions of the simulator or the protocol can
 be shown to take exactly the same steps. With ``--jobs J`` the schedules run in J
 processes; what is printed (violations, counts, fingerprint) is the same, in the seeds'
-order, whatever J.
+order, whatever J. From the command line J is every CPU the process may use unless
+given; ``main(argv)`` called with arguments runs in one process unless told.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import dataclasses
 import hashlib
 import multiprocessing
 import multiprocessing.reduction
+import os
 import sys
 import time
 from typing import Iterator, Optional, Tuple
@@ -167,13 +169,16 @@ def main(argv=None) -> int:
     ap.add_argument("--fingerprint", action="store_true",
                     help="print a digest of every schedule's steps and outcome (to compare "
                          "two versions: the same digest, the same schedules)")
-    ap.add_argument("--jobs", type=int, default=1, metavar="J",
+    ap.add_argument("--jobs", type=int, default=None, metavar="J",
                     help="run the schedules in J processes (the same output, faster on J "
-                         "cores)")
+                         "cores; default: every CPU this process may use)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the whole trace of violations")
     ap.add_argument("--shrink", action="store_true",
                     help="shrink each violation to a short script and print its trace")
+    from_command_line = argv is None
     args = ap.parse_args(argv)
+    if args.jobs is None:
+        args.jobs = len(os.sched_getaffinity(0)) if from_command_line else 1
     if args.schedules < 1:
         ap.error("--schedules must be >= 1")
     if args.jobs < 1:
