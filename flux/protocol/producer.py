@@ -237,6 +237,9 @@ class Producer(ConnectionRoles):
                 f"{self.addr}: open connections kept as {self._open}, are {self._open_links()}")
         for buffer, row in zip(self.buffers, self.links):
             buffer.check_invariants()
+            room = self.pause_room if row[0].paused or row[1].paused else 1
+            assert buffer.capacity == self.capacity * room, (
+                f"{self.addr}: buffer capacity {buffer.capacity}, paused={room > 1}")
             for d in DESTS:
                 if row[d].status is DEAD:
                     assert d not in buffer.delete, f"{self.addr}: dead destination {row[d].peer} in delete"
