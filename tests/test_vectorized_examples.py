@@ -278,7 +278,7 @@ def test_more_keys_than_a_16_bit_sort_can_group():
     for batch in (opened, mixed):
         rows, out = vec.process_arrow(to_batch(batch, PACKET_SCHEMA))
         assert arrow_pairs(rows, out) == per_record(reference, batch)
-    assert vec.table.size > 1 << 16
+    assert vec.state.size > 1 << 16
     assert vec.get_state() == reference.get_state()
 
 

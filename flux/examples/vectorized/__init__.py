@@ -29,12 +29,16 @@ query over ranges (``_stab_max``); event time out of order within a key is
 exact the same way. Expiry (``flux.expiry``) is replayed with running maxima,
 one loop step per sweep, none per row.
 
-The state is columnar (``_Slots``): a key is two int64s (a column's integers, or
-codes of its strings), found by one gather when the keys fill a small rectangle
-(``_Box``: the paper's ids) and by a vectorized hash table otherwise
-(``_PairMap``), and a key's slot indexes numpy columns; the stats' windows are
-segments of two flat arrays (``_Entries``). Python objects appear only in
-``get_state``/``install_state`` and for a batch's distinct strings.
+The state is columnar (``tables.KeyTable``): a key is two int64s (a column's
+integers, or codes of its strings), found by one gather when the keys fill a
+small rectangle (``_Box``: the paper's ids) and by a vectorized hash table
+otherwise (``_PairMap``), and a key's slot indexes numpy columns; the stats'
+windows are segments of two flat arrays (``_Entries``). Each operator's table is
+its ``self.state`` and a ``flux.KeyedStore`` (``store.SlotStore``) with the
+per-record twin's wire form, so the runtime moves it in a catch-up's two phases
+and checkpoints only the keys changed (DESIGN 10); while it records changes, a
+batch marks the slots it wrote in one numpy call. Python objects appear only
+where the state is taken out or put in, and for a batch's distinct strings.
 
 Exact within int64 (the per-record operators' Python ints have no bound): event
 times, durations and a window's sum of durations must fit; an average is divided

@@ -1,17 +1,36 @@
 """Session reconstruction on whole batches (``flux.examples.vectorized``)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from flux.examples.vectorized.columns import SESSION_SCHEMA, _column, _ints, _is_start, _is_string
 from flux.examples.vectorized.rows import _Expiry, _group, _Groups
-from flux.examples.vectorized.tables import _keyed_pairs, _Slots, _snapshot, _Strings
+from flux.examples.vectorized.store import SlotStore
+from flux.examples.vectorized.tables import _Strings
+from flux.keyed_state import KeyedOperator
 
 
-class VectorizedSessions:
+class SessionTable(SlotStore):
+    """The open sessions: per ``(src, dst)`` the start's app (a code of ``apps``) and
+    time; its values ``(app, ts_start)`` as ``SessionReconstruction`` keeps them."""
+
+    def __init__(self) -> None:
+        self.apps = _Strings()
+        super().__init__(app=np.int64, ts=np.int64)
+
+    def _values(self, slots: np.ndarray) -> list:
+        return list(zip(self.apps.decode(self.cols["app"][slots]).tolist(),
+                        self.cols["ts"][slots].tolist()))
+
+    def _put(self, slots: np.ndarray, values: List[Any]) -> None:
+        self.cols["app"][slots] = self.apps.python([value[0] for value in values])
+        self.cols["ts"][slots] = np.array([value[1] for value in values], dtype=np.int64)
+
+
+class VectorizedSessions(KeyedOperator):
     """``SessionReconstruction`` on whole batches (``ArrowOperator``), same outputs, same state.
 
     An "end" closes what the row before it of its key left: that row's session if
@@ -19,15 +38,14 @@ class VectorizedSessions:
     the key's first row in the batch. The key's last row decides the state. With
     ``ttl``, an end whose start is more than ``ttl`` behind the watermark emits
     nothing, and the batch's last sweep drops what the per-record sweeps drop (an
-    earlier one drops nothing the last would keep)."""
+    earlier one drops nothing the last would keep). The state is ``self.state``, a
+    ``SessionTable``: a ``flux.KeyedStore`` with the twin's wire form."""
 
     def __init__(self, ttl: Optional[int] = None) -> None:
         """``ttl``: event-time units after which an open session expires (None: never)."""
         self.ttl = ttl
         self._expiry = _Expiry.of(ttl)
-        self.apps = _Strings()
-        self.table = _Slots(app=np.int64, ts=np.int64)
-        self.watermark: Optional[tuple] = None  # the per-record state's (-inf,) entry
+        self.state = SessionTable()
 
     def process_arrow(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
         src, dst = _column(batch, "src"), _column(batch, "dst")
@@ -35,10 +53,10 @@ class VectorizedSessions:
         if not (_is_string(app_column.type) or pa.types.is_dictionary(app_column.type)):
             raise ValueError(f"column 'app' must be strings, got {app_column.type}")
         starts = _is_start(_column(batch, "kind"))
-        apps, n = self.apps.encode(app_column), len(ts)
+        table = self.state
+        apps, n = table.apps.encode(app_column), len(ts)
         if n == 0:
             return np.zeros(0, dtype=np.int64), self._outputs(src, apps, apps, ts, ts)
-        table = self.table
         slots = table.slots(src, dst)
         groups = _group(slots, table.size)
         order = groups.order
@@ -51,7 +69,7 @@ class VectorizedSessions:
         emit = is_open & ~starts
         sweep = -1
         if self._expiry is not None:
-            watermark, self.watermark, sweep = self._expiry.advance(ts, self.watermark)
+            watermark, table.watermark, sweep = self._expiry.advance(ts, table.watermark)
             emit &= start_ts >= watermark - self._expiry.cut
         rows = np.flatnonzero(emit)
         self._keep(groups, starts, apps, ts, sweep)
@@ -60,16 +78,17 @@ class VectorizedSessions:
     def _outputs(self, src: pa.Array, rows: np.ndarray, start_app: np.ndarray,
                  start_ts: np.ndarray, ends: np.ndarray) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays(
-            [self.apps.take(start_app), src.take(pa.array(rows, type=pa.int64())),
+            [self.state.apps.take(start_app), src.take(pa.array(rows, type=pa.int64())),
              pa.array(ends - start_ts, type=pa.int64()), pa.array(ends, type=pa.int64())],
             names=SESSION_SCHEMA.names)
 
     def _keep(self, groups: _Groups, starts: np.ndarray, apps: np.ndarray, ts: np.ndarray,
               sweep: int) -> None:
         """The state after the batch: each key's last row opens or closes its session."""
-        table, last = self.table, groups.last_rows
+        table, last = self.state, groups.last_rows
         opened = starts[last]
         kept = groups.slots[opened]
+        table.mark(groups.slots)
         table.live[kept] = True
         table.live[groups.slots[~opened]] = False
         table.cols["app"][kept] = apps[last[opened]]
@@ -80,21 +99,3 @@ class VectorizedSessions:
             doomed[kept[last[opened] >= sweep]] = False
             table.live[:size] &= ~doomed
         table.compact()
-
-    def get_state(self) -> list:
-        """What ``SessionReconstruction.get_state()`` gives: sorted
-        ``[(src, dst), (app, ts_start)]`` pairs, and the watermark's with a ttl."""
-        table = self.table
-        live = table.live_slots()
-        values = zip(self.apps.decode(table.cols["app"][live]).tolist(),
-                     table.cols["ts"][live].tolist())
-        return _snapshot(table.keys(live), list(values), self.watermark)
-
-    def install_state(self, state: Optional[list]) -> None:
-        keys, apps, ts = [], [], []
-        pairs, self.watermark = _keyed_pairs(state)
-        for key, value in pairs:
-            keys.append(key)
-            apps.append(value[0])
-            ts.append(value[1])
-        self.table.install(keys, {"app": self.apps.python(apps), "ts": ts})

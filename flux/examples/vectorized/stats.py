@@ -1,7 +1,7 @@
 """Windowed duration statistics on whole batches (``flux.examples.vectorized``)."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import Any, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -9,7 +9,9 @@ import pyarrow as pa
 from flux.examples.stats import DEFAULT_WINDOW
 from flux.examples.vectorized.columns import STATS_SCHEMA, _column, _ints, _is_string
 from flux.examples.vectorized.rows import _Expiry, _first_reaching, _group, _Groups, _running_max
-from flux.examples.vectorized.tables import _grown, _keyed_pairs, _Slots, _snapshot
+from flux.examples.vectorized.store import SlotStore
+from flux.examples.vectorized.tables import _grown
+from flux.keyed_state import KeyedOperator
 
 _I64_MIN = np.iinfo(np.int64).min
 #: the stats' windows are rebuilt once their garbage outweighs the live entries and this
@@ -52,6 +54,53 @@ class _Entries:
         t, d = self.gather(off, cnt)
         self.t, self.d, self.used, self.garbage = t, d, len(t), 0
         return np.cumsum(cnt) - cnt
+
+
+class StatsTable(SlotStore):
+    """Per ``(app, src)``: the newest ``ts_end``, the update count, and the window as a
+    segment (``off``, ``cnt``) of ``entries``; its values ``(newest, updates, ((ts_end,
+    duration), ...))`` as ``WindowedDurationStats`` keeps them."""
+
+    def __init__(self) -> None:
+        self.entries = _Entries()
+        super().__init__(newest=np.int64, updates=np.int64, off=np.int64, cnt=np.int64)
+
+    def _clear(self) -> None:
+        self.entries = _Entries()
+        super()._clear()
+
+    def _values(self, slots: np.ndarray) -> list:
+        cols = self.cols
+        counts = cols["cnt"][slots]
+        t, d = self.entries.gather(cols["off"][slots], counts)
+        pairs = list(zip(t.tolist(), d.tolist()))
+        ends = np.cumsum(counts).tolist()
+        windows = [tuple(pairs[a:b]) for a, b in zip([0] + ends[:-1], ends)]
+        return list(zip(cols["newest"][slots].tolist(), cols["updates"][slots].tolist(), windows))
+
+    def _put(self, slots: np.ndarray, values: List[Any]) -> None:
+        cols, windows = self.cols, [value[2] for value in values]
+        counts = np.fromiter(map(len, windows), np.int64, len(windows))
+        start = self.entries.append(
+            np.array([entry[0] for window in windows for entry in window], dtype=np.int64),
+            np.array([entry[1] for window in windows for entry in window], dtype=np.int64))
+        self.entries.garbage += int(cols["cnt"][slots[self.live[slots]]].sum())
+        cols["newest"][slots] = np.array([value[0] for value in values], dtype=np.int64)
+        cols["updates"][slots] = np.array([value[1] for value in values], dtype=np.int64)
+        cols["off"][slots], cols["cnt"][slots] = start + np.cumsum(counts) - counts, counts
+
+    def _drop(self, slots: np.ndarray) -> None:
+        self.entries.garbage += int(self.cols["cnt"][slots].sum())
+        super()._drop(slots)
+
+    def compact(self) -> None:
+        """The table's rebuild, then the windows' (their garbage is the dead keys' and
+        the replaced segments)."""
+        super().compact()
+        cols, live = self.cols, self.live_slots()
+        moved = self.entries.compact(cols["off"][live], cols["cnt"][live])
+        if moved is not None:
+            cols["off"][live] = moved
 
 
 def _stab_max(starts: np.ndarray, stops: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -99,7 +148,7 @@ class _Window(NamedTuple):
     until: np.ndarray
 
 
-class VectorizedStats:
+class VectorizedStats(KeyedOperator):
     """``WindowedDurationStats`` on whole batches (``ArrowOperator``), same outputs, same state.
 
     A key's rows since its last fresh start (a new key, or one idle past
@@ -107,7 +156,8 @@ class VectorizedStats:
     state's count, its newest the running max. Each window entry (the state's, and
     each row's) lives over a range of the run's rows, up to the first whose
     ``newest - window`` reaches its ``ts_end``: window sums are difference arrays,
-    maxima ``_stab_max``; the key's last row's window is its state."""
+    maxima ``_stab_max``; the key's last row's window is its state. The state is
+    ``self.state``, a ``StatsTable``: a ``flux.KeyedStore`` with the twin's wire form."""
 
     def __init__(self, window: int = DEFAULT_WINDOW, emit_every: int = 2,
                  idle_ttl: Optional[int] = None) -> None:
@@ -117,23 +167,21 @@ class VectorizedStats:
             raise ValueError(f"emit_every must be >= 1, got {emit_every}")
         self.window, self.emit_every, self.idle_ttl = window, emit_every, idle_ttl
         self._expiry = _Expiry.of(idle_ttl)
-        self.table = _Slots(newest=np.int64, updates=np.int64, off=np.int64, cnt=np.int64)
-        self.entries = _Entries()
-        self.watermark: Optional[tuple] = None  # the per-record state's (-inf,) entry
+        self.state = StatsTable()
 
     def process_arrow(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
         app, src = _column(batch, "app"), _column(batch, "src")
         if not (_is_string(app.type) or pa.types.is_dictionary(app.type)):
             raise ValueError(f"column 'app' must be strings, got {app.type}")
         duration, ts = _ints(batch, "duration"), _ints(batch, "ts_end")
-        n, table = len(ts), self.table
+        n, table = len(ts), self.state
         if n == 0:
             return ts, self._outputs(app, src, ts, ts, ts, np.zeros(0))
         groups = _group(table.slots(app, src), table.size)
         alive = table.live[groups.slots]
         watermark, sweep, horizon = None, -1, 0
         if self._expiry is not None:
-            watermark, self.watermark, sweep = self._expiry.advance(ts, self.watermark)
+            watermark, table.watermark, sweep = self._expiry.advance(ts, table.watermark)
             horizon = int(ts[sweep]) - self._expiry.cut
         t = ts[groups.order]
         runs = self._runs(groups, t, alive, watermark)
@@ -151,7 +199,7 @@ class VectorizedStats:
 
     def _runs(self, groups: _Groups, t: np.ndarray, alive: np.ndarray,
               watermark: Optional[np.ndarray]) -> _Runs:
-        n, gid, cols = len(t), groups.gid, self.table.cols
+        n, gid, cols = len(t), groups.gid, self.state.cols
         prior_newest = np.where(alive, cols["newest"][groups.slots], _I64_MIN)
         first = np.zeros(n, dtype=bool)
         first[groups.starts] = True
@@ -173,13 +221,13 @@ class VectorizedStats:
         return _Runs(run, updates, newest, pos, np.append(pos[1:], n), group, based)
 
     def _window(self, groups: _Groups, runs: _Runs, t: np.ndarray, d: np.ndarray) -> _Window:
-        cols, n, run = self.table.cols, len(t), runs.run
+        cols, n, run = self.state.cols, len(t), runs.run
         owner = groups.slots[runs.group]
         kept = np.where(runs.based, cols["cnt"][owner], 0)
         size = kept + runs.end - runs.pos
         off = np.cumsum(size) - size
         b = np.flatnonzero(kept)
-        kept_t, kept_d = self.entries.gather(cols["off"][owner[b]], kept[b])
+        kept_t, kept_d = self.state.entries.gather(cols["off"][owner[b]], kept[b])
         at_kept = _ragged(off[b], kept[b])
         at_rows = off[run] + kept[run] + np.arange(n) - runs.pos[run]
         e_t, e_d, since = (np.empty(int(size.sum()), dtype=np.int64) for _ in range(3))
@@ -193,7 +241,7 @@ class VectorizedStats:
     def _keep(self, groups: _Groups, alive: np.ndarray, runs: _Runs, window: _Window,
               sweep: int, horizon: int) -> None:
         """The state after the batch: each key's last row's value and window."""
-        table, cols, last, slots = self.table, self.table.cols, groups.ends - 1, groups.slots
+        table, cols, last, slots = self.state, self.state.cols, groups.ends - 1, groups.slots
         final = np.zeros(len(runs.pos), dtype=bool)
         final[runs.run[last]] = True
         stay = final[window.run] & (window.until == runs.end[window.run])
@@ -203,22 +251,19 @@ class VectorizedStats:
             ordered = np.lexsort((d, t, run))
             t, d, run = t[ordered], d[ordered], run[ordered]
         counts = np.bincount(runs.group[run], minlength=len(last))
-        start = self.entries.append(t, d)
-        self.entries.garbage += int(cols["cnt"][slots[alive]].sum())
+        start = table.entries.append(t, d)
+        table.entries.garbage += int(cols["cnt"][slots[alive]].sum())
         table.live[slots] = True
+        table.mark(slots)
         cols["newest"][slots], cols["updates"][slots] = runs.newest[last], runs.updates[last]
         cols["off"][slots], cols["cnt"][slots] = start + np.cumsum(counts) - counts, counts
         if sweep >= 0:  # idle before the last sweep, more than idle_ttl before it
             size = table.size
             doomed = table.live[:size] & (cols["newest"][:size] < horizon)
             doomed[slots[groups.last_rows >= sweep]] = False
-            self.entries.garbage += int(cols["cnt"][:size][doomed].sum())
+            table.entries.garbage += int(cols["cnt"][:size][doomed].sum())
             table.live[:size] &= ~doomed
         table.compact()
-        cols, live = table.cols, table.live_slots()
-        moved = self.entries.compact(cols["off"][live], cols["cnt"][live])
-        if moved is not None:
-            cols["off"][live] = moved
 
     @staticmethod
     def _outputs(app: pa.Array, src: pa.Array, rows: np.ndarray, high: np.ndarray,
@@ -229,34 +274,6 @@ class VectorizedStats:
             [apps if apps.type == pa.string() else apps.cast(pa.string()), src.take(at),
              pa.array(high, type=pa.int64()), pa.array(average, type=pa.float64()),
              pa.array(newest, type=pa.int64())], names=STATS_SCHEMA.names)
-
-    def get_state(self) -> list:
-        """What ``WindowedDurationStats.get_state()`` gives: sorted ``[(app, src), (newest,
-        updates, ((ts_end, duration), ...))]`` pairs, and the watermark's with an idle_ttl."""
-        table, cols = self.table, self.table.cols
-        live = table.live_slots()
-        counts = cols["cnt"][live]
-        t, d = self.entries.gather(cols["off"][live], counts)
-        pairs = list(zip(t.tolist(), d.tolist()))
-        ends = np.cumsum(counts).tolist()
-        windows = [tuple(pairs[a:b]) for a, b in zip([0] + ends[:-1], ends)]
-        values = zip(cols["newest"][live].tolist(), cols["updates"][live].tolist(), windows)
-        return _snapshot(table.keys(live), list(values), self.watermark)
-
-    def install_state(self, state: Optional[list]) -> None:
-        keys, newest, updates, counts, t, d = [], [], [], [], [], []
-        pairs, self.watermark = _keyed_pairs(state)
-        for key, value in pairs:
-            keys.append(key)
-            newest.append(value[0])
-            updates.append(value[1])
-            counts.append(len(value[2]))
-            t.extend(entry[0] for entry in value[2])
-            d.extend(entry[1] for entry in value[2])
-        self.entries = _Entries(t, d)
-        counts = np.array(counts, dtype=np.int64)
-        self.table.install(keys, {"newest": newest, "updates": updates,
-                                  "off": np.cumsum(counts) - counts, "cnt": counts})
 
 
 def _aggregates(window: _Window, n: int, emit: np.ndarray) -> tuple:

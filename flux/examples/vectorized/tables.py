@@ -1,17 +1,16 @@
 """The operators' keyed state in columns (``flux.examples.vectorized``): a key is two
 int64s, found by one gather (``_Box``) or a vectorized hash table (``_PairMap``), and its
-slot indexes numpy columns (``_Slots``)."""
+slot indexes numpy columns (``KeyTable``); while a catch-up or incremental checkpoints
+need them, change records (``Marks``) are columns of the slots too (DESIGN 10)."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from flux.examples.vectorized.columns import _int64, _is_string, _objects
-from flux.expiry import WATERMARK_KEY
-from flux.keys import sorted_keys, tuplify
 
 #: a table of keys is rebuilt once its dead slots outnumber its live ones and this
 _COMPACT_SLOTS = 4096
@@ -173,7 +172,30 @@ def _index(first: np.ndarray, second: np.ndarray, also: tuple = ()) -> Any:
     return box
 
 
-class _Slots:
+class Marks:
+    """A change record with ``flux.keyed_changes``' meaning, as columns of the slots:
+    ``changed`` since the baseline, ``was`` held at it; and the watermark then. A key held
+    at the baseline and deleted since is a slot with ``was`` that is not live: the slot
+    stays through the table's rebuilds while a record needs it, so a deletion costs no
+    Python object, and a batch's writes are marked in one numpy call."""
+
+    __slots__ = ("changed", "was", "watermark")
+
+    def __init__(self, live: np.ndarray, watermark: Optional[tuple]) -> None:
+        self.changed = np.zeros(len(live), dtype=bool)
+        self.was = live.copy()
+        self.watermark = watermark
+
+    def grow(self, capacity: int) -> None:
+        self.changed, self.was = _grown(self.changed, capacity), _grown(self.was, capacity)
+
+    def take(self, kept: np.ndarray, capacity: int) -> None:
+        """The marks of the slots ``kept``, renumbered in order (a rebuild of the table)."""
+        self.changed = _grown(self.changed[kept], capacity)
+        self.was = _grown(self.was[kept], capacity)
+
+
+class KeyTable:
     """Key -> slot, and numpy columns per slot: a keyed state in columns (DESIGN 5).
 
     A key is two int64 parts, a column's own integers or its strings' ``_Strings``
@@ -182,27 +204,39 @@ class _Slots:
     state now. A key deleted keeps its slot and gets it back if it returns; once
     the dead slots outnumber the live ones the table is rebuilt from the live ones,
     so an endless feed of new keys under expiry stays bounded (a string column's
-    codes are not: they grow with its distinct strings)."""
+    codes are not: they grow with its distinct strings).
+
+    The operators write the columns and ``live`` themselves and call ``mark`` with the
+    slots a batch wrote; deletions need no mark (``Marks``)."""
+
+    _dirty: Optional[Marks]
+    _since: Optional[Marks]
 
     def __init__(self, **dtypes: Any) -> None:
         self.dtypes = dtypes
-        self.kinds: list = [None, None]
         self.strings = (_Strings(), _Strings())
-        self.install([], {})
+        self._dirty = self._since = None
+        self.size, self.live = 0, np.zeros(0, dtype=bool)
+        self.k1 = self.k2 = np.zeros(0, dtype=np.int64)
+        self.cols = {name: np.zeros(0, dtype=dtype) for name, dtype in dtypes.items()}
+        self._clear()
 
-    def install(self, keys: Sequence[tuple], columns: dict) -> None:
-        """Replace everything by ``keys`` (live) and their ``columns``' values."""
-        self.kinds = [None, None]
-        parts = [self._python(i, [key[i] for key in keys]) for i in (0, 1)]
-        self._fill(parts[0], parts[1], {name: np.asarray(columns.get(name, ()), dtype=dtype)
-                                        for name, dtype in self.dtypes.items()})
+    def _clear(self) -> None:
+        """Hold no key (the strings keep their codes)."""
+        self.kinds: list = [None, None]
+        self._rebuild(np.zeros(0, dtype=np.int64))
 
-    def _fill(self, first: np.ndarray, second: np.ndarray, columns: dict) -> None:
-        n = self.size = len(first)
+    def _rebuild(self, kept: np.ndarray) -> None:
+        """Keep only the slots ``kept``, renumbered in order, their records' marks with them."""
+        first, second = self.k1[kept], self.k2[kept]
+        n = self.size = len(kept)
         capacity = max(16, n)
-        self.live = _grown(np.ones(n, dtype=bool), capacity)
+        self.live = _grown(self.live[kept], capacity)
         self.k1, self.k2 = _grown(first, capacity), _grown(second, capacity)
-        self.cols = {name: _grown(col, capacity) for name, col in columns.items()}
+        self.cols = {name: _grown(col[kept], capacity) for name, col in self.cols.items()}
+        for record in (self._dirty, self._since):
+            if record is not None:
+                record.take(kept, capacity)
         self.index = _index(first, second)
 
     def _kind(self, i: int, kind: str) -> None:
@@ -231,9 +265,16 @@ class _Slots:
             return self.strings[i].python(values)
         raise ValueError(f"keys whose part {i + 1} is neither all ints nor all strs")
 
+    def encode(self, keys: Sequence[tuple]) -> tuple:
+        """The two int64 parts of the per-record operator's key tuples."""
+        return self._python(0, [key[0] for key in keys]), self._python(1, [key[1] for key in keys])
+
     def slots(self, first: pa.Array, second: pa.Array) -> np.ndarray:
         """Per row, the slot of its key ``(first, second)``; new keys get new, dead slots."""
-        a, b = self._part(0, first), self._part(1, second)
+        return self.slots_of(self._part(0, first), self._part(1, second))
+
+    def slots_of(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per key ``(a[i], b[i])`` (encoded), its slot; new keys get new, dead slots."""
         if isinstance(self.index, _Box) and not self.index.covers(a, b):  # grow, or fall back
             self.index = _index(self.k1[:self.size], self.k2[:self.size], (a, b))
         slots = self.index.get(a, b)
@@ -246,15 +287,34 @@ class _Slots:
             new[1:] = (ma[1:] != ma[:-1]) | (mb[1:] != mb[:-1])
             start, stop = self.size, self.size + int(new.sum())
             if stop > len(self.live):
-                capacity = max(stop, 2 * len(self.live))
-                self.live = _grown(self.live, capacity)
-                self.k1, self.k2 = _grown(self.k1, capacity), _grown(self.k2, capacity)
-                self.cols = {name: _grown(col, capacity) for name, col in self.cols.items()}
+                self._grow(max(stop, 2 * len(self.live)))
             self.k1[start:stop], self.k2[start:stop] = ma[new], mb[new]
             self.index.put(ma[new], mb[new], np.arange(start, stop))
             self.size = stop
             slots[missing[order]] = start + np.cumsum(new) - 1
         return slots
+
+    def _grow(self, capacity: int) -> None:
+        self.live = _grown(self.live, capacity)
+        self.k1, self.k2 = _grown(self.k1, capacity), _grown(self.k2, capacity)
+        self.cols = {name: _grown(col, capacity) for name, col in self.cols.items()}
+        for record in (self._dirty, self._since):
+            if record is not None:
+                record.grow(capacity)
+
+    def find(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per key ``(a[i], b[i])`` (encoded), its slot if the state holds it now, else -1."""
+        index = self.index
+        if isinstance(index, _Box):  # a key outside the box was never held
+            inside = ((index.lo[0] <= a) & (a <= index.hi[0])
+                      & (index.lo[1] <= b) & (b <= index.hi[1]))
+            slots = np.full(len(a), -1, dtype=np.int64)
+            slots[inside] = index.get(a[inside], b[inside])
+        else:
+            slots = index.get(a, b)
+        held = slots >= 0
+        held[held] = self.live[slots[held]]
+        return np.where(held, slots, -1)
 
     def keys(self, slots: np.ndarray) -> list:
         """The per-record operator's key tuples of ``slots``."""
@@ -265,29 +325,22 @@ class _Slots:
     def live_slots(self) -> np.ndarray:
         return np.flatnonzero(self.live[:self.size])
 
+    def mark(self, slots: np.ndarray) -> None:
+        """The keys of ``slots`` were written: changed, for each record kept."""
+        for record in (self._dirty, self._since):
+            if record is not None:
+                record.changed[slots] = True
+
     def compact(self) -> None:
+        """Rebuild from the live slots once the dead outnumber them, keeping the dead
+        slots whose keys a record's baseline held (their deletion is read from them)."""
         live = self.live_slots()
-        if self.size - len(live) > max(len(live), _COMPACT_SLOTS):
-            self._fill(self.k1[live], self.k2[live],
-                       {name: col[live] for name, col in self.cols.items()})
-
-
-def _keyed_pairs(state: Optional[list]) -> Tuple[list, Optional[tuple]]:
-    """A per-record operator's snapshot as its ``(key, value)`` pairs (keys as tuples) and
-    the expiry's watermark entry, which is kept apart."""
-    pairs, watermark = [], None
-    for key, value in state or ():
-        key = tuplify(key)
-        if key == WATERMARK_KEY:
-            watermark = tuple(value)
-        else:
-            pairs.append((key, value))
-    return pairs, watermark
-
-
-def _snapshot(keys: list, values: list, watermark: Optional[tuple]) -> list:
-    """``KeyedState.snapshot()`` of the per-record twin: ``[key, value]`` in key order."""
-    data = dict(zip(keys, values))
-    if watermark is not None:
-        data[WATERMARK_KEY] = watermark
-    return [[key, data[key]] for key in sorted_keys(data)]
+        if self.size - len(live) <= max(len(live), _COMPACT_SLOTS):
+            return
+        keep = self.live[:self.size].copy()
+        for record in (self._dirty, self._since):
+            if record is not None:
+                keep |= record.was[:self.size]
+        kept = np.flatnonzero(keep)
+        if self.size - len(kept) > max(len(kept), _COMPACT_SLOTS):
+            self._rebuild(kept)
