@@ -10,7 +10,10 @@ no runtime: the operators' own cost. The batches are built before the clock
 starts, as the data plane hands them over. ``--rounds`` rounds, the modes'
 order rotating from round to round (the machine's speed drifts); per mode the
 median with its min-max. The outputs and states are checked equal once,
-untimed. Writes ``docs/results/vectorized_operators/summary.json``.
+untimed. With ``--changes``, also ``changes-N``: the vectorized operators while their
+stores record the changes since a checkpoint (as under incremental checkpoints, DESIGN
+10), the changes read and a new baseline taken every ``--checkpoint-every`` batches (0:
+never read). Writes ``docs/results/vectorized_operators/summary.json``.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import pathlib
 import platform
 import statistics
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from flux.examples.sessions import SessionReconstruction
 from flux.examples.stats import DEFAULT_WINDOW, WindowedDurationStats
@@ -32,6 +35,7 @@ from flux.examples.vectorized import (
     to_batch,
     to_records,
 )
+from flux.keyed_state import keyed_state_of
 from flux.testing.workloads import packet_workload
 
 PARTS = ("sessions", "stats", "chain")
@@ -46,11 +50,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW)
     ap.add_argument("--emit-every", type=int, default=2)
+    ap.add_argument("--changes", action="store_true",
+                    help="also time the vectorized operators recording changes (changes-N)")
+    ap.add_argument("--checkpoint-every", type=int, default=10,
+                    help="with --changes: batches between reads of the changes (0: never)")
     ap.add_argument("--out", default="docs/results/vectorized_operators")
     args = ap.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     if args.inputs < 1 or args.rounds < 1 or not args.batches or min(args.batches) < 1:
         ap.error("--inputs, --rounds and every batch size must be >= 1")
+    if args.checkpoint_every < 0:
+        ap.error("--checkpoint-every must be >= 0")
     return args
 
 
@@ -105,24 +115,50 @@ def per_record(w: Workload) -> Dict[str, float]:
     return {"sessions": timed(sessions), "stats": timed(stats), "chain": timed(chain)}
 
 
-def vectorized(w: Workload, size: int) -> Dict[str, float]:
-    """Seconds of each part, batch by batch."""
+def checkpoints(ops: list, every: Optional[int]) -> Callable[[], None]:
+    """What a batch of ``ops`` is followed by: nothing (``every`` None), or, with their
+    stores recording the changes since a checkpoint, a read of the changes and a new
+    baseline every ``every`` batches (0: never)."""
+    if every is None:
+        return lambda: None
+    stores = [keyed_state_of(op) for op in ops]
+    for store in stores:
+        store.start_changes()
+    done = [0]
+
+    def after_batch() -> None:
+        done[0] += 1
+        if every and done[0] % every == 0:
+            for store in stores:
+                store.changes()
+                store.start_changes()
+    return after_batch
+
+
+def vectorized(w: Workload, size: int, every: Optional[int] = None) -> Dict[str, float]:
+    """Seconds of each part, batch by batch (``every``: as ``checkpoints`` says)."""
     batches, session_batches = w.batches[size], w.session_batches[size]
 
     def sessions():
         op = VectorizedSessions()
+        after = checkpoints([op], every)
         for b in batches:
             op.process_arrow(b)
+            after()
 
     def stats():
         op = w.vstats()
+        after = checkpoints([op], every)
         for b in session_batches:
             op.process_arrow(b)
+            after()
 
     def chain():
         ops = [VectorizedSessions(), w.vstats()]
+        after = checkpoints(ops, every)
         for b in batches:
             run_chain(ops, b)
+            after()
 
     return {"sessions": timed(sessions), "stats": timed(stats), "chain": timed(chain)}
 
@@ -148,18 +184,22 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     w = Workload(args)
     modes = ["per-record"] + [f"vectorized-{size}" for size in args.batches]
+    if args.changes:
+        modes += [f"changes-{size}" for size in args.batches]
     inputs = {"sessions": len(w.packets), "stats": len(w.sessions), "chain": len(w.packets)}
     checked = {size: check(w, size) for size in args.batches}
     us: Dict[str, Dict[str, List[float]]] = {m: {part: [] for part in PARTS} for m in modes}
     for r in range(args.rounds):
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
-            seconds = (per_record(w) if mode == "per-record"
-                       else vectorized(w, int(mode.split("-")[1])))
+            kind, _, size = mode.partition("-")
+            seconds = (per_record(w) if mode == "per-record" else vectorized(
+                w, int(size), args.checkpoint_every if kind == "changes" else None))
             for part in PARTS:
                 us[mode][part].append(seconds[part] / inputs[part] * 1e6)
     summary = {
         "inputs": args.inputs, "session_records": len(w.sessions), "seed": args.seed,
         "window": args.window, "emit_every": args.emit_every, "rounds": args.rounds,
+        "checkpoint_every": args.checkpoint_every if args.changes else None,
         "batches": args.batches, "python": platform.python_version(),
         "unit": "microseconds per input (sessions, chain: per packet; stats: per session record)",
         "outputs_and_states_equal": {str(size): ok for size, ok in checked.items()},
