@@ -10,10 +10,12 @@ no runtime: the operators' own cost. The batches are built before the clock
 starts, as the data plane hands them over. ``--rounds`` rounds, the modes'
 order rotating from round to round (the machine's speed drifts); per mode the
 median with its min-max. The outputs and states are checked equal once,
-untimed. With ``--changes``, also ``changes-N``: the vectorized operators while their
-stores record the changes since a checkpoint (as under incremental checkpoints, DESIGN
-10), the changes read and a new baseline taken every ``--checkpoint-every`` batches (0:
-never read). Writes ``docs/results/vectorized_operators/summary.json``.
+untimed. With ``--changes``, also the vectorized operators checkpointed every
+``--checkpoint-every`` batches, the collector paused as a segment pauses it:
+``changes-N`` while their stores record the changes since a checkpoint, read at each
+(incremental checkpoints, DESIGN 10; 0: recorded, never read), ``whole-N`` with a whole
+snapshot at each (how they were checkpointed before their state was a keyed store).
+Writes ``docs/results/vectorized_operators/summary.json``.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import pathlib
 import platform
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 from flux.examples.sessions import SessionReconstruction
 from flux.examples.stats import DEFAULT_WINDOW, WindowedDurationStats
@@ -36,6 +38,7 @@ from flux.examples.vectorized import (
     to_records,
 )
 from flux.keyed_state import keyed_state_of
+from flux.state_codec import paused_gc
 from flux.testing.workloads import packet_workload
 
 PARTS = ("sessions", "stats", "chain")
@@ -51,9 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW)
     ap.add_argument("--emit-every", type=int, default=2)
     ap.add_argument("--changes", action="store_true",
-                    help="also time the vectorized operators recording changes (changes-N)")
+                    help="also time the vectorized operators checkpointed (changes-N, whole-N)")
     ap.add_argument("--checkpoint-every", type=int, default=10,
-                    help="with --changes: batches between reads of the changes (0: never)")
+                    help="with --changes: batches between checkpoints (0: never)")
     ap.add_argument("--out", default="docs/results/vectorized_operators")
     args = ap.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
@@ -115,47 +118,53 @@ def per_record(w: Workload) -> Dict[str, float]:
     return {"sessions": timed(sessions), "stats": timed(stats), "chain": timed(chain)}
 
 
-def checkpoints(ops: list, every: Optional[int]) -> Callable[[], None]:
-    """What a batch of ``ops`` is followed by: nothing (``every`` None), or, with their
-    stores recording the changes since a checkpoint, a read of the changes and a new
-    baseline every ``every`` batches (0: never)."""
-    if every is None:
+def checkpoints(ops: list, kind: str, every: int) -> Callable[[], None]:
+    """What follows each batch of ``ops``: nothing (``kind`` "vectorized"), or a checkpoint
+    every ``every`` batches (0: none), the collector paused: the changes since the last,
+    read from stores that record them ("changes"), or a whole snapshot ("whole")."""
+    if kind == "vectorized":
         return lambda: None
     stores = [keyed_state_of(op) for op in ops]
-    for store in stores:
-        store.start_changes()
+    if kind == "changes":
+        for store in stores:
+            store.start_changes()
     done = [0]
 
     def after_batch() -> None:
         done[0] += 1
         if every and done[0] % every == 0:
-            for store in stores:
-                store.changes()
-                store.start_changes()
+            with paused_gc():
+                for store in stores:
+                    if kind == "changes":
+                        store.changes()
+                        store.start_changes()
+                    else:
+                        store.snapshot()
     return after_batch
 
 
-def vectorized(w: Workload, size: int, every: Optional[int] = None) -> Dict[str, float]:
-    """Seconds of each part, batch by batch (``every``: as ``checkpoints`` says)."""
+def vectorized(w: Workload, size: int, kind: str = "vectorized",
+               every: int = 0) -> Dict[str, float]:
+    """Seconds of each part, batch by batch (``kind``, ``every``: as ``checkpoints`` says)."""
     batches, session_batches = w.batches[size], w.session_batches[size]
 
     def sessions():
         op = VectorizedSessions()
-        after = checkpoints([op], every)
+        after = checkpoints([op], kind, every)
         for b in batches:
             op.process_arrow(b)
             after()
 
     def stats():
         op = w.vstats()
-        after = checkpoints([op], every)
+        after = checkpoints([op], kind, every)
         for b in session_batches:
             op.process_arrow(b)
             after()
 
     def chain():
         ops = [VectorizedSessions(), w.vstats()]
-        after = checkpoints(ops, every)
+        after = checkpoints(ops, kind, every)
         for b in batches:
             run_chain(ops, b)
             after()
@@ -185,15 +194,15 @@ def main(argv=None) -> int:
     w = Workload(args)
     modes = ["per-record"] + [f"vectorized-{size}" for size in args.batches]
     if args.changes:
-        modes += [f"changes-{size}" for size in args.batches]
+        modes += [f"{kind}-{size}" for kind in ("changes", "whole") for size in args.batches]
     inputs = {"sessions": len(w.packets), "stats": len(w.sessions), "chain": len(w.packets)}
     checked = {size: check(w, size) for size in args.batches}
     us: Dict[str, Dict[str, List[float]]] = {m: {part: [] for part in PARTS} for m in modes}
     for r in range(args.rounds):
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
             kind, _, size = mode.partition("-")
-            seconds = (per_record(w) if mode == "per-record" else vectorized(
-                w, int(size), args.checkpoint_every if kind == "changes" else None))
+            seconds = (per_record(w) if mode == "per-record"
+                       else vectorized(w, int(size), kind, args.checkpoint_every))
             for part in PARTS:
                 us[mode][part].append(seconds[part] / inputs[part] * 1e6)
     summary = {
