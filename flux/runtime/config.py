@@ -13,6 +13,7 @@ from controller.placement import Placement, placement_for
 from flux.runtime.network import check_port_range, local_host
 from flux.runtime.transport import job_keys
 from controller.topology import Topology
+from flux.protocol.producer import PAUSE_ROOM
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class NodeConfig:
     #: back-pressure: sub-items a consumer may hold untaken per connection (credits)
     window: int = 16
     #: how many times ``capacity`` a paused partition's buffer holds (``flux.protocol.producer``)
-    pause_room: int = 8
+    pause_room: int = PAUSE_ROOM
     #: seconds between a node's heartbeats, and without the controller's before it stops
     heartbeat: float = 0.05
     lease: float = 3.0

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from flux.connector_api import SinkPerPartition, is_exactly_once
 from flux.protocol.builder import REPLICATIONS
+from flux.protocol.producer import PAUSE_ROOM
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class Tuning:
     window: int = 16
     #: how many times ``capacity`` a partition paused for its catch-up may hold at each of
     #: its producers, so the other partitions go on through the pause (1: they wait)
-    pause_room: int = 8
+    pause_room: int = PAUSE_ROOM
     #: seconds the ingress lets an item wait for more inputs before it leaves unfilled
     #: (and stage 1 took the items before it); None: 5 ms, or 25 ms where a stage takes
     #: Arrow batches (such an operator pays per batch: larger items at moderate rates)
