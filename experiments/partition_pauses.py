@@ -35,16 +35,17 @@ import pathlib
 import statistics
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from flux.connector_api import SinkPerPartition
 from flux.operator import wire_form
+from flux.protocol.producer import PAUSE_ROOM
 from flux.reference import ReferenceRun
 from flux.testing.dataflows import counting_dataflow, with_ballast
 from flux.testing.workloads import keyed_workload
 
 #: mode -> (ordered_output, pause_room)
-MODES = {"ordered": (True, 8), "per-partition": (False, 8),
+MODES = {"ordered": (True, PAUSE_ROOM), "per-partition": (False, PAUSE_ROOM),
          "per-partition-room-1": (False, 1)}
 
 
@@ -98,7 +99,7 @@ def largest_gap_and_end(times: List[float], start: float, end: float) -> tuple:
                default=(0.0, None))
 
 
-def one_run(spark, mode: str, args, records, expected) -> List[Dict[str, Any]]:
+def one_run(spark, mode: str, args, records, expected) -> Tuple[List[Dict[str, Any]], list]:
     from flux.connectors.sources import RateLimited
     from flux.spark.job import FluxJob
 
