@@ -28,6 +28,7 @@ from flux.addresses import Addr, MoverAddr, P, S
 from flux.control_messages import Avail, View
 from flux.errors import PairLost
 from controller.topology import Topology
+from controller.writers import WriterPlacement
 
 
 @dataclass
@@ -41,7 +42,10 @@ class Attempt:
 class Recovery:
     """Membership and catch-up orchestration for one job."""
 
-    def __init__(self, topology: Topology, hosts: Optional[Mapping[str, str]] = None):
+    def __init__(self, topology: Topology, hosts: Optional[Mapping[str, str]] = None,
+                 writers: bool = False):
+        """``writers``: each last-stage partition's sink writer runs on a node, and moves
+        when that node fails (``controller.writers``)."""
         self.topology = topology
         #: process -> its machine, when pairs must span machines (unknown: its own)
         self.host_of: Dict[str, str] = dict(hosts or {})
@@ -61,6 +65,8 @@ class Recovery:
         self.dead: Set[str] = set()
         self.completed: List[Addr] = []
         self._first_seen: Dict[tuple, float] = {}  # (addr, version) -> for ``overdue``
+        self.writers = WriterPlacement(self.stages, self.partitions, self.node_of) \
+            if writers else None
         for addr in list(self.node_of):  # replicas a placement never has (replication "none")
             if self._twin(addr) not in self.node_of:
                 self.missing[self._twin(addr)] = "absent"
@@ -95,7 +101,9 @@ class Recovery:
             if self._twin(addr) in self.missing:
                 raise PairLost(addr.stage, addr.partition)
         incs = frozenset(self.inc[n] for n in group)
-        views = [self._next_view(failed=failed, failed_incs=incs)]
+        moves = self.writers.after_failure(group, self.node_of, self.missing, self.inc) \
+            if self.writers else ()
+        views = [self._next_view(failed=failed, failed_incs=incs, writers=moves)]
         return views + self._schedule()
 
     def folded_in(self, reporter: Addr, addr: Addr, version: int) -> List[View]:

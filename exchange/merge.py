@@ -68,6 +68,14 @@ class OrderedMerge:
             self.bound(producer, bound)
         return last
 
+    def resume_after(self, producer: Hashable, sn: SN) -> None:
+        """A fresh merge takes ``producer``'s stream from after ``sn`` (a sink's writer
+        started again from what its sink committed: docs/design/parallel_io.md)."""
+        if self.queues[producer] or self.last[producer] > sn:
+            raise ValueError(f"resume {producer} after {sn}: it sent {self.last[producer]}")
+        self.last[producer] = sn
+        self._changed()
+
     def bound(self, producer: Hashable, bound: SN) -> None:
         """Record a progress bound; a bound never moves back (DESIGN 4.3)."""
         self.bounds[producer] = strongest(self.bounds[producer], bound)

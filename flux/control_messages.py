@@ -212,6 +212,16 @@ class Avail:
 
 
 @dataclass(frozen=True, slots=True)
+class WriterMove:
+    """A sink's writer ``addr`` starts again on node ``node`` (incarnation ``inc``), from
+    what its sink committed: the node it ran on died (docs/design/parallel_io.md)."""
+
+    addr: Addr
+    inc: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class View:
     """A controller view update (paper 3.2.1): endpoints that failed, with the
     incarnations now fenced, and standbys that became available.
@@ -224,3 +234,4 @@ class View:
     failed: frozenset = frozenset()
     failed_incs: frozenset = frozenset()
     avail: tuple = ()
+    writers: tuple = ()  # WriterMove, after the failures that made them

@@ -41,9 +41,14 @@ class Credit:
 
 @dataclass(frozen=True, slots=True)
 class Reverse:
-    """Consumer to the surviving producer: send me data from after ``hwm`` (Figure 4, 5.2)."""
+    """Consumer to the surviving producer: send me data from after ``hwm`` (Figure 4, 5.2).
+
+    A sink's writer (docs/design/parallel_io.md) holds more than it may let the producer
+    evict: ``hwm`` is then what its sink committed (the producer's ack), ``held`` what
+    it received (the producer sends from after it); None: ``held`` is ``hwm``."""
 
     hwm: SN
+    held: Optional[SN] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Optional, Tuple
 
 from flux.data_messages import Item
+from flux.sequence import SN
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +88,12 @@ class Snapshot:
 class SinkCommit:
     """The egress delivered every output of inputs up to ``cut`` (and maybe more): the
     sink (of ``partition``, with an egress per partition) commits what it has, for
-    checkpoint ``number``."""
+    checkpoint ``number`` (0: a sink's writer commits between checkpoints, to let its
+    producers evict)."""
 
     number: int
     cut: int
     partition: int = 0
+    #: a sink's writer (docs/design/parallel_io.md): the last SN the commit covers, which
+    #: it acks to both replicas once the sink returns; None for a driver-side egress
+    through: Optional[SN] = None

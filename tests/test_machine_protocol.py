@@ -59,7 +59,7 @@ def test_the_host_learns_the_work_of_a_machine_as_it_takes_it_in(builder):
     seg, ingress, egress = builder.segment(Addr(1, 0, P)), builder.ingress(), builder.egress()
     host = Host("node0", {seg.addr: seg, ingress.addr: ingress, egress.addr: egress},
                 segment_factory=builder.standby_segment)
-    assert host.work[seg.addr] == LocalWork(seg, seg, seg, seg)
+    assert host.work[seg.addr] == LocalWork(seg, seg, seg, seg, feeds_writers=seg)
     assert host.work[ingress.addr] == LocalWork(flushes=ingress, items=ingress)
     assert host.work[egress.addr] == LocalWork()
     assert list(host.work) == list(host.machines)

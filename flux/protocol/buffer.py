@@ -194,9 +194,10 @@ class Buffer:
         self._first[dest] = UNKNOWN
         self._evict()
 
-    def rewind(self, dest: int) -> None:
-        """Restart ``dest``'s cursor right after what it holds (reverse assigns, DESIGN 4.2)."""
-        self.sent[dest] = NO_SN
+    def rewind(self, dest: int, after: SN = NO_SN) -> None:
+        """Restart ``dest``'s cursor right after what it holds, or after ``after`` if that
+        is later (reverse assigns, DESIGN 4.2): a sink's writer holds more than it acked."""
+        self.sent[dest] = after
         self._first[dest] = UNKNOWN
 
     def set_delete(self, delete: Iterable[int]) -> None:

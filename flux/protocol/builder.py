@@ -7,7 +7,7 @@ build their machines here, so they run the same wiring.
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 from exchange.routing import ToOne, router_for
 from flux.addresses import Addr, P, S
@@ -17,6 +17,7 @@ from flux.protocol.flux_consumer import FluxConsumer
 from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.producer import PAUSE_ROOM
 from flux.protocol.ingress import INGRESS, Ingress
+from flux.protocol.sink_writer import SinkWriter
 from flux.protocol.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
 
 #: DESIGN 7: partition pairs; one replica, no acks; two replica sets joined only at the ends
@@ -30,7 +31,8 @@ class MachineBuilder:
                  ingress_capacity: int = None, buffer_factory=Buffer, segment_class=Segment,
                  replication: str = "flux", spare_chains: dict = None,
                  window: int = None, full_every: int = 1, batch_rows: int = 1024,
-                 ordered_output: bool = True, pause_room: int = PAUSE_ROOM):
+                 ordered_output: bool = True, pause_room: int = PAUSE_ROOM,
+                 writers_on_nodes: bool = False):
         """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
@@ -39,7 +41,12 @@ class MachineBuilder:
         ``ordered_output``: one egress merging every partition into one order; False: an
         egress per last-stage partition (docs/design/parallel_io.md). ``pause_room``: how
         many times the capacity a partition paused for its catch-up may hold at each of
-        its producers (``flux.protocol.producer``)."""
+        its producers (``flux.protocol.producer``). ``writers_on_nodes``: each partition's
+        egress is a sink's writer on a node, acked at its commits (``SinkWriter``)."""
+        if writers_on_nodes and ordered_output:
+            raise ValueError("writers on the nodes need an egress per partition "
+                             "(ordered_output=False)")
+        self.writers_on_nodes = writers_on_nodes
         self.ordered_output = ordered_output
         self.pause_room = pause_room
         if replication not in REPLICATIONS:
@@ -90,7 +97,8 @@ class MachineBuilder:
             absent = frozenset({ghost})
             router = ToOne()
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
-                             self.buffer_factory, self.window, self.pause_room)
+                             self.buffer_factory, self.window, self.pause_room,
+                             to_writer=s == K and self.writers_on_nodes)
         spares = self.spare_chains.get(s)
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
@@ -133,6 +141,13 @@ class MachineBuilder:
         return [Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),
                        credit_every=self.credit_every, batch_rows=self.batch_rows,
                        partition=p) for p in partitions]
+
+    def writer(self, partition: int, commit_every: Optional[int] = None) -> SinkWriter:
+        """Last-stage partition ``partition``'s sink writer; it commits at least every
+        ``commit_every`` items (default: the last stage's buffer capacity, which is as
+        long as its replicas can wait for a commit)."""
+        return SinkWriter(self.stages, self.partitions, partition,
+                          commit_every or self.capacity, self.credit_every, self.batch_rows)
 
     @property
     def egress_addr(self) -> Any:

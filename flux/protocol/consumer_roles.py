@@ -12,7 +12,7 @@ from typing import List, Set
 
 from flux.addresses import Addr, other
 from flux.control_messages import FoldedIn
-from flux.data_messages import CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import Ack, CSync, Pause, PauseAck, PSync
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.protocol.links import ACTIVE, DEAD, STDBY
@@ -41,7 +41,7 @@ class ConsumerRoles:
                 # did: the survivor sends from what we hold (Figure 4 action 1).
                 if y_alive:
                     y = y_alive[0]
-                    effects.append(Send(self.addr, feed.replicas[y].addr, Reverse(self.merge.last[j])))
+                    effects.append(self.reverse_to(j, y))
                     feed.data_from, feed.ack_to = y, None
                 else:
                     feed.data_from = None  # both replicas lost: the job stops
@@ -68,7 +68,7 @@ class ConsumerRoles:
             mine, theirs = feed.replicas[r], feed.replicas[other(r)]
             if mine.status is DEAD and theirs.status is ACTIVE:
                 feed.data_from, feed.ack_to = other(r), None
-                effects.append(Send(self.addr, theirs.addr, Reverse(self.merge.last[j])))
+                effects.append(self.reverse_to(j, other(r)))
             elif theirs.status is DEAD:
                 feed.ack_to = None
         return effects
@@ -157,7 +157,7 @@ class ConsumerRoles:
             feed = self.feeds[j]
             x = 0 if feed.replicas[0].addr == src else 1
             if feed.data_from == x and x != self.addr.replica:
-                return [Send(self.addr, src, Reverse(self.merge.last[j]))]
+                return [self.reverse_to(j, x)]
             return []
         j, x, active, standby = roles
         feed, v = self.feeds[j], msg.version
@@ -173,4 +173,11 @@ class ConsumerRoles:
         feed.replicas[standby].status = ACTIVE
         feed.data_from = self.addr.replica
         feed.ack_to = other(self.addr.replica)
-        return [FoldedIn(self.addr, feed.replicas[standby].addr, v)]
+        effects = [FoldedIn(self.addr, feed.replicas[standby].addr, v)]
+        if self.acks_at_commit and feed.committed:
+            # a sink's writer: the new replica's buffer is the active's at its snapshot,
+            # our commits since acked only the active, and none of them between its psync
+            # and this one (no data source then) (docs/design/parallel_io.md)
+            effects += [Send(self.addr, replica.addr, Ack(feed.committed))
+                        for replica in feed.replicas]
+        return effects

@@ -34,7 +34,7 @@ class Egress:
 
     def __init__(self, stages: int, partitions: int, absent: Iterable[Addr] = (),
                  credit_every: int = 1, batch_rows: int = 1024,
-                 partition: Optional[int] = None):
+                 partition: Optional[int] = None, acks_at_commit: bool = False):
         """``absent``: last-stage replicas that never exist (replication "none", DESIGN 7);
         the egress acks nobody where they would be. ``credit_every``: see FluxConsumer.
         ``batch_rows``: the most inputs an item holds (the ingress's). ``partition``: the
@@ -43,7 +43,8 @@ class Egress:
         self.addr = egress_addr(stages, partition or 0)
         among = range(partitions) if partition is None else (partition,)
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in among]
-        self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every)
+        self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every,
+                                  acks_at_commit)
         self.delivered = 0
         self.batch_rows = batch_rows
         self.released = 0  # the number of the last item released (its last input)
@@ -82,11 +83,12 @@ class Egress:
             self.cuts.learn(msg.cut)
         else:
             raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
-        out = []
+        out, items = [], 0
         while self.fcons.can_release():
             item, rows = self.fcons.release()
             self.released = item[0]
             out.extend(rows.pairs())
+            items += 1
         if out:
             self.delivered += len(out)
             effects.append(Deliver(tuple(out), self.partition or 0))
@@ -96,8 +98,16 @@ class Egress:
             effects.extend(self.fcons.credits())
         while self.cuts.pending and (due := self.cuts.due(self.fcons.frontier())) is not None:
             self.cuts.crossed(due[0])  # every output of inputs up to the cut is out
-            effects.append(SinkCommit(*due, self.partition or 0))
-        return effects
+            effects.append(self.commit(*due))
+        return effects + self.released_items(items)
+
+    def commit(self, number: int, cut: int) -> SinkCommit:
+        """The sink commits what it holds, for checkpoint ``number`` (DESIGN 10)."""
+        return SinkCommit(number, cut, self.partition or 0)
+
+    def released_items(self, items: int) -> List:
+        """``items`` more items went to the sink (a sink's writer counts them)."""
+        return []
 
     def on_fail(self, dead: Set[Addr]) -> List:
         return self.fcons.on_fail(dead)

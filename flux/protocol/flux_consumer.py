@@ -33,7 +33,7 @@ from exchange.merge import OrderedMerge
 from exchange.row_states import rows_from_state, rows_to_state
 from exchange.rows import NumberedRows, merge as merge_rows
 from flux.addresses import Addr, other
-from flux.data_messages import Ack, Batch, Credit
+from flux.data_messages import Ack, Batch, Credit, Reverse
 from flux.effects import Send
 from flux.errors import RemoteProtocolError
 from flux.protocol.consumer_roles import ConsumerRoles
@@ -64,6 +64,8 @@ class ProducerPair:
     #: back-pressure: tuples taken from the merge since the last credit, the last one's SN
     owed: int = 0
     taken: SN = NO_SN
+    #: a sink's writer: the last SN its sink committed, acked to both replicas
+    committed: SN = NO_SN
 
     def single(self) -> bool:
         """Both replicas are one process (the ingress): it never fails over."""
@@ -77,10 +79,13 @@ class FluxConsumer(ConsumerRoles):
     """Receives, acks and merges the streams of every producer partition."""
 
     def __init__(self, addr: Addr, producers: Sequence[Sequence[Addr]], absent: Set[Addr] = frozenset(),
-                 credit_every: int = 1):
+                 credit_every: int = 1, acks_at_commit: bool = False):
         """``producers[j]`` is (replica P, replica S) of producer partition j; ``absent``
         lists producer replicas that never exist (the baselines of DESIGN 7);
-        ``credit_every``: tuples taken before a credit goes out (a fraction of the window)."""
+        ``credit_every``: tuples taken before a credit goes out (a fraction of the window);
+        ``acks_at_commit``: a sink's writer, which acks nothing on receipt and both
+        replicas at its sink's commits (``commit_acks``, docs/design/parallel_io.md)."""
+        self.acks_at_commit = acks_at_commit
         if credit_every < 1:
             raise ValueError(f"credit_every must be >= 1, got {credit_every}")
         r = addr.replica
@@ -112,9 +117,45 @@ class FluxConsumer(ConsumerRoles):
             raise RemoteProtocolError(f"{self.addr}: data from {src}, which is not a data source")
         feed = self.feeds[j]
         last = self.merge.push(j, msg.items, msg.bound)
-        if msg.items and feed.ack_to is not None:
+        if msg.items and feed.ack_to is not None and not self.acks_at_commit:
             return [Send(self.addr, feed.replicas[feed.ack_to].addr, Ack(last))]
         return []
+
+    # -- a sink's writer (docs/design/parallel_io.md) ------------------------------
+    def commit_acks(self) -> List[Send]:
+        """The sink committed everything released: both replicas may evict it now."""
+        effects = []
+        for feed in self.feeds:
+            if feed.taken <= feed.committed:
+                continue
+            feed.committed = feed.taken
+            for y in {feed.data_from, feed.ack_to} - {None}:
+                effects.append(Send(self.addr, feed.replicas[y].addr, Ack(feed.committed)))
+        return effects
+
+    def reverse_to(self, j: int, y: int) -> Send:
+        """Figure 4 action 1's reverse, to replica y of producer partition j: send from
+        after what we hold; a writer lets the producer evict only what its sink committed."""
+        feed = self.feeds[j]
+        held = self.merge.last[j]
+        msg = Reverse(feed.committed, held) if self.acks_at_commit else Reverse(held)
+        return Send(self.addr, feed.replicas[y].addr, msg)
+
+    def resume(self, committed: SN) -> List[Send]:
+        """A sink's writer started again (its old node died) from what the sink committed
+        of its one producer partition: data from a live replica (ours first), acks to the
+        other if it lives, and a reverse that tells the data source where to start."""
+        feed = self.feeds[0]
+        alive = [y for y in (self.addr.replica, other(self.addr.replica))
+                 if feed.replicas[y].status is ACTIVE]
+        if not alive:
+            feed.data_from = feed.ack_to = None
+            return []
+        feed.data_from = alive[0]
+        feed.ack_to = alive[1] if len(alive) > 1 else None
+        feed.committed = feed.taken = committed
+        self.merge.resume_after(0, committed)
+        return [self.reverse_to(0, alive[0])]
 
     # -- the merge, for the segment and the egress (4.1, DESIGN 11) --------------
     def can_release(self) -> bool:

@@ -46,18 +46,21 @@ class FluxProducer:
         buffer_factory: BufferFactory = Buffer,
         window: Optional[int] = None,
         pause_room: int = PAUSE_ROOM,
+        to_writer: bool = False,
     ):
         """``consumers[i]`` is (replica P, replica S) of consumer partition i;
         ``absent`` lists consumer replicas that never exist (the egress's S);
         ``window``: tuples each consumer may hold untaken (back-pressure);
-        ``pause_room``: see ``Producer``."""
+        ``pause_room``: see ``Producer``; ``to_writer``: the consumer is a sink's writer
+        that acks both replicas at its commits (docs/design/parallel_io.md)."""
         r = addr.replica
         peers = [(pair[r], pair[other(r)]) for pair in consumers]
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(r))
-        # 5.1: data only to the primary consumer, acks only from the secondary consumer
+        # 5.1: data only to the primary consumer, acks only from the secondary consumer;
+        # a sink's writer acks its data source too, and only what its sink committed
         self.out = Producer(addr, peers, capacity, batch_size, buffer_factory,
-                            normal_modes=(SEND, ACK), absent=absent, window=window,
+                            normal_modes=(SEND | ACK if to_writer else SEND, ACK), absent=absent, window=window,
                             pause_room=pause_room)
         self.p_fail = False
         self.r_done = [False] * len(peers)
@@ -66,9 +69,13 @@ class FluxProducer:
     # -- take-over events (5.2) ----------------------------------------------
     def on_reverse(self, src: Addr, msg: Reverse) -> List:
         """5.2 (replaces Figure 4-(2)): conn_i[SEC] := {SEND}; r_done_i; del_i += {SEC}."""
-        i = self.out.reverse(src, msg.hwm)
+        i = self.out.reverse(src, msg.hwm, msg.held or ())
         self.r_done[i] = True
         return self._report_takeover()
+
+    def on_writer_moved(self, writer: Addr) -> None:
+        """The sink's writer starts again elsewhere (docs/design/parallel_io.md)."""
+        self.out.writer_moved(writer)
 
     def on_fail(self, dead: Set[Addr]) -> List:
         """fail(): dead consumer replicas as at the ingress; note a dead dual (p_fail)."""

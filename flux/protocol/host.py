@@ -47,9 +47,12 @@ class Host:
     def __init__(self, name: str, machines: Dict[Addr, Machine], inc: int = 0,
                  segment_factory: Optional[Callable[[Addr], Machine]] = None,
                  chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None,
-                 view: int = 0, dead_incs: Iterable[int] = ()):
+                 view: int = 0, dead_incs: Iterable[int] = (),
+                 writer_factory: Optional[Callable[[Addr, Set[Addr]], Tuple[Machine, List]]] = None):
         """``view`` and ``dead_incs``: where a process joining a running job starts (the
-        controller's welcome), not from view 0."""
+        controller's welcome), not from view 0. ``writer_factory(addr, dead)``: a sink's
+        writer started again here, and its first effects (docs/design/parallel_io.md)."""
+        self.writer_factory = writer_factory
         self.name = name
         self.inc = inc
         #: the incarnation of every endpoint as this host's views say (DESIGN 4.4)
@@ -152,7 +155,30 @@ class Host:
             for addr, machine in self.machines.items():
                 if addr != avail.addr:
                     effects.extend(machine.on_avail(avail, MoverAddr(avail.node)))
+        for move in view.writers:
+            effects.extend(self._writer_moved(move, view.number))
         return self._run(effects)
+
+    def _writer_moved(self, move, view: int) -> List:
+        """A sink's writer starts again on ``move.node``: there it is created; everywhere
+        the last stage stops sending to it until its reverse (DESIGN 4.4: what the old
+        one was sent before this view is fenced at the new one)."""
+        self.peer_incs[move.addr] = move.inc
+        self.valid_from[(move.addr, move.inc)] = view
+        effects: List = []
+        for addr, work in self.work.items():
+            if addr != move.addr and work.feeds_writers is not None:
+                effects.extend(work.feeds_writers.on_writer_moved(move.addr))
+        if move.node == self.name:
+            writer, first = self.writer_factory(move.addr, set(self.dead))
+            self.machines[move.addr] = writer
+            self.work[move.addr] = LocalWork.of(writer)
+            self.created_at[move.addr] = view
+            effects.extend(first)
+        elif move.addr in self.machines:  # the old writer, on a process that lives on
+            del self.machines[move.addr]
+            del self.work[move.addr]
+        return effects
 
     def run_local(self, effects) -> Tuple[List[Envelope], List]:
         """Carry out effects of a local step (a process, a flush, or a segment's

@@ -131,6 +131,15 @@ class Snapshots(Protocol):
         """A snapshot of it may not be in the store: the next one is whole."""
 
 
+@runtime_checkable
+class FeedsWriters(Protocol):
+    """May feed a sink's writer (a segment of the last stage may): told when a view
+    starts one again elsewhere (docs/design/parallel_io.md)."""
+
+    def on_writer_moved(self, writer: Addr) -> List:
+        """Keep for ``writer`` what it did not ack, and send from its next reverse."""
+
+
 @dataclass(frozen=True)
 class LocalWork:
     """The kinds of local work one machine does, each the machine itself typed by what
@@ -141,6 +150,8 @@ class LocalWork:
     parts: Optional[SendsParts] = None
     snapshots: Optional[Snapshots] = None
     items: Optional[CutsItems] = None
+    #: not local work, but learnt the same way: a view event only segments take
+    feeds_writers: Optional[FeedsWriters] = None
 
     @classmethod
     def of(cls, machine: Machine) -> "LocalWork":
@@ -157,10 +168,10 @@ _KINDS: "weakref.WeakKeyDictionary[type, Tuple[bool, ...]]" = weakref.WeakKeyDic
 
 def _kinds_of(machine_class: type) -> Tuple[bool, ...]:
     """Does a machine of ``machine_class`` process, flush, send parts, snapshot, cut
-    items? Its methods say, and they are its class's."""
+    items, feed writers? Its methods say, and they are its class's."""
     kinds = _KINDS.get(machine_class)
     if kinds is None:
         kinds = _KINDS[machine_class] = tuple(
             issubclass(machine_class, kind)
-            for kind in (Processes, Flushes, SendsParts, Snapshots, CutsItems))
+            for kind in (Processes, Flushes, SendsParts, Snapshots, CutsItems, FeedsWriters))
     return kinds

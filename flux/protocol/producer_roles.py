@@ -16,7 +16,7 @@ from flux.control_messages import FoldedIn
 from flux.data_messages import CSync, Pause, PauseAck, PSync
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
-from flux.protocol.buffer import DESTS, SEC
+from flux.protocol.buffer import DESTS, PRIM, SEC
 from flux.protocol.links import ACK, ACTIVE, DEAD, NONE, SEND, STDBY, Status
 from flux.sequence import NO_PROGRESS, SN
 
@@ -45,20 +45,46 @@ class ConnectionRoles:
                     changed.append((i, d))
         return changed
 
-    def reverse(self, src: Addr, hwm: SN) -> int:
+    def reverse(self, src: Addr, hwm: SN, held: SN = ()) -> int:
         """5.2 (replaces Figure 4-(2)): the secondary consumer ``src`` lost its data source;
-        conn_i[SEC] := {SEND}, del_i += {SEC}. Returns i."""
+        conn_i[SEC] := {SEND}, del_i += {SEC}. Returns i.
+
+        A sink's writer (docs/design/parallel_io.md) acks both replicas, and only what its
+        sink committed: its connections have ACK on both sides, a reversed one sends as
+        a primary does (keeping the acks), and ``held`` (what it received, above the
+        committed ``hwm``) is where sending resumes, while the buffer keeps the rest. A
+        writer started again elsewhere reverses its old data source as well: whichever
+        connection it comes on, it must not be one we send on."""
         i, d = self.locate(src, ACK)
-        if d != SEC:
+        link = self.links[i][d]
+        if d != SEC and ACK not in self.normal_modes[PRIM]:
             raise RemoteProtocolError(f"{self.addr}: reverse from primary consumer {src}")
+        if SEND in link.modes:
+            raise RemoteProtocolError(f"{self.addr}: reverse from {src}, which we send to")
         buffer = self.buffers[i]
-        buffer.ack(hwm, SEC)  # the hwm travels inside reverse (DESIGN 4.2)
-        buffer.rewind(SEC)  # start after what SEC holds, whatever an old cursor said
-        self.links[i][SEC].modes = SEND
+        buffer.ack(hwm, d)  # the hwm travels inside reverse (DESIGN 4.2)
+        buffer.rewind(d, held)  # start after what it holds, whatever an old cursor said
+        link.modes = self.normal_modes[PRIM] | SEND
         self._links_changed()
-        self.links[i][SEC].reset_window()
-        buffer.set_delete(buffer.delete | {SEC})
+        link.reset_window()
+        buffer.set_delete(buffer.delete | {d})
         return i
+
+    def writer_moved(self, writer: Addr) -> None:
+        """The sink's writer ``writer`` starts again on another node, from what its sink
+        committed (docs/design/parallel_io.md): stop sending to it until its reverse says
+        from where, keep every tuple it did not ack, and tell it bounds and the cut anew
+        (the new writer knows none of what was told the old one)."""
+        for i, d in self._where.get(writer, ()):
+            link = self.links[i][d]
+            if link.status is not ACTIVE or ACK not in link.modes:
+                continue
+            link.modes = ACK
+            link.sent_bound = NO_PROGRESS
+            link.told_cut = None
+            link.reset_window()
+            self.buffers[i].rewind(d)
+        self._links_changed()
 
     def restore_secondaries(self) -> None:
         """5.3.2 at the active: stop forwarding to secondaries that reversed to us."""

@@ -173,6 +173,16 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
             self.catchup = CatchUp(avail.version, peer_mover)
         return self._maybe_start()
 
+    def on_writer_moved(self, writer: Addr) -> List:
+        """A view moved a sink's writer (docs/design/parallel_io.md): a last stage keeps
+        for it, from its next reverse, what it did not ack."""
+        self._next(Event.WRITER)
+        if self.mode is AWAITING_STATE:
+            self.missed.append(("writer", writer))
+            return []
+        self.fprod.on_writer_moved(writer)
+        return []
+
     def idle(self) -> bool:
         return self.fcons.idle() and self.fprod.out.idle()
 

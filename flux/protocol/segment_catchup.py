@@ -220,6 +220,8 @@ class CatchUpSide:
         for kind, what in self.missed:  # what happened since the snapshot was taken
             if kind == "fail":
                 self.fprod.replay_fail(what)
+            elif kind == "writer":
+                self.fprod.on_writer_moved(what)
             else:
                 self.fprod.replay_avail(what)
         self.missed = []

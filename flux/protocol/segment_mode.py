@@ -33,6 +33,7 @@ class Event(enum.Enum):
     PAUSE_ACK = "pause-ack"
     FAIL = "fail"  # a view's fail()
     AVAIL = "avail"  # a view's avail()
+    WRITER = "writer"  # a view moved a sink's writer (docs/design/parallel_io.md)
     PROCESS = "process"  # local work: one input through the operators
     FLUSH = "flush"  # local work: one batch out
     EXPECT_STATE = "expect state"  # Figure 5 action 1 at the new replica
@@ -59,7 +60,7 @@ class Event(enum.Enum):
 TRANSITIONS = {
     **{(m, e): m for m in (PROCESSING, STREAMING, DRAINING)
        for e in (Event.MESSAGE, Event.PAUSE_ACK, Event.PROCESS, Event.FLUSH)},
-    **{(m, e): m for m in SegmentMode for e in (Event.FAIL, Event.AVAIL)},
+    **{(m, e): m for m in SegmentMode for e in (Event.FAIL, Event.AVAIL, Event.WRITER)},
     (AWAITING_STATE, Event.EXPECT_STATE): AWAITING_STATE,
     (PROCESSING, Event.SM_READY): STREAMING,
     (AWAITING_STATE, Event.SM_READY): AWAITING_STATE,

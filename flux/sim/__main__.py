@@ -166,6 +166,10 @@ def main(argv=None) -> int:
     ap.add_argument("--partitioned-egress", action="store_true",
                     help="an egress and a sink per last-stage partition, each committing by "
                          "itself at the cuts (docs/design/parallel_io.md)")
+    ap.add_argument("--writers-on-nodes", action="store_true",
+                    help="each last-stage partition's egress a sink's writer on a node, "
+                         "acking at its commits and started again beside the survivor when "
+                         "its node dies (docs/design/parallel_io.md)")
     ap.add_argument("--fingerprint", action="store_true",
                     help="print a digest of every schedule's steps and outcome (to compare "
                          "two versions: the same digest, the same schedules)")
@@ -192,7 +196,8 @@ def main(argv=None) -> int:
                        source_partitions=args.source_partitions,
                        corrupt_checkpoints=args.corrupt_checkpoints,
                        keep_checkpoints=args.keep_checkpoints,
-                       partitioned_egress=args.partitioned_egress)
+                       partitioned_egress=args.partitioned_egress,
+                       writers_on_nodes=args.writers_on_nodes)
     try:
         params.validate()
     except ValueError as exc:

@@ -108,6 +108,11 @@ class WorldConfig:
     #: one egress merging every partition (False: an egress and a sink per last-stage
     #: partition, docs/design/parallel_io.md)
     ordered_output: bool = True
+    #: each partition's egress is a sink's writer on a node (``SinkWriter``), committing
+    #: at least every ``commit_every`` items (None: the last stage's capacity)
+    writers_on_nodes: bool = False
+    commit_every: Optional[int] = None
+    writer_class: Optional[type] = None  # a broken variant's writer
 
 
 @dataclass
@@ -144,3 +149,5 @@ class Outcome:
     checkpoint_corrupt: str = ""
     #: snapshots not written: a delta whose chain lost a file (the runtime's writer refuses)
     failed_writes: int = 0
+    #: sinks' writers started again beside a survivor (their node died)
+    writer_moves: int = 0

@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from collections import deque
 from itertools import accumulate, repeat
 from typing import Any, Deque, Dict, List, Optional, Sequence
@@ -146,6 +148,17 @@ class SettledOracle:
             self.inputs, self.outputs, self.upto = ref.inputs, outputs, upto  # shared, kept
         self.cut = cut
         self.next = self.upto[cut]
+        self.diverged = False
+        self.items.clear()
+
+    def resume(self, committed: Optional[Any]) -> None:
+        """A sink's writer started again after ``committed``, the last output its sink
+        committed (None: none yet): the sink dropped what it had not."""
+        start = self.upto[self.cut]
+        if committed is not None:
+            sns = [tuple(o[0]) for o in self.outputs]
+            start = max(start, bisect_right(sns, tuple(committed)))
+        self.next = start
         self.diverged = False
         self.items.clear()
 

@@ -93,7 +93,13 @@ class SimParams:
     keep_checkpoints: int = 0
     #: an egress and a sink per last-stage partition instead of one ordered egress
     partitioned_egress: bool = False
+    #: each partition's egress a sink's writer on a node, moving when its node dies
+    writers_on_nodes: bool = False
     max_steps: int = 200_000
+
+    @property
+    def egress_per_partition(self) -> bool:
+        return self.partitioned_egress or self.writers_on_nodes
 
     def validate(self) -> None:
         if self.stages < 1:
@@ -161,6 +167,8 @@ class ScheduleResult:
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
+    #: sinks' writers started again beside a survivor (their node died)
+    writer_moves: int = 0
     fallbacks: List[int] = field(default_factory=list)
     failed_writes: int = 0
 
@@ -228,7 +236,11 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # a fallback abandons complete checkpoints past the restored one: the next cuts
         # may lie before theirs (without damage, as before: after every earlier cut)
         cuts_follow_restore=bool(params.corrupt_checkpoints),
-        ordered_output=not params.partitioned_egress,
+        ordered_output=not params.egress_per_partition,
+        writers_on_nodes=params.writers_on_nodes,
+        # a writer commits at least every this many items (at most the capacity): drawn
+        # from a stream of its own
+        commit_every=random.Random(f"commits {seed}").randint(1, 6),
         **WORLD_VARIANTS.get(params.variant, {}),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
@@ -245,7 +257,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
             old[:] = new
 
     world.on_reorder = reorder
-    return world, reference, states, parts if params.partitioned_egress else None
+    return world, reference, states, parts if params.egress_per_partition else None
 
 
 def reference_run(dataflow, inputs, params: SimParams):
@@ -263,12 +275,12 @@ def reference_run(dataflow, inputs, params: SimParams):
 
     states_after = [operator_states()] if params.checkpoints else []  # [n]: after n inputs
     per_part = [0] * params.partitions
-    if params.partitioned_egress:
+    if params.egress_per_partition:
         outputs_upto = [tuple(per_part)]
     for record in inputs:
         made = run.feed(record)
         reference += made
-        if params.partitioned_egress:
+        if params.egress_per_partition:
             for p in run.output_partitions[len(reference) - len(made):]:
                 per_part[p] += 1
             outputs_upto.append(tuple(per_part))
@@ -431,12 +443,13 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                     break
                 continue
             trace.append((step, _payload(world, step)))
-            restarts = len(outcome.restarts)
+            restarts, drops = len(outcome.restarts), world.sink.drops
             world.apply(step)
             if kind == "corrupt":
                 trace[-1] = (step, outcome.damaged[-1])
-            if outcome.checkpoint_corrupt or len(outcome.restarts) > restarts:
-                # the sink dropped what it had not committed
+            if outcome.checkpoint_corrupt or len(outcome.restarts) > restarts or \
+                    world.sink.drops > drops:
+                # the sink dropped what it had not committed (a restart, a new writer)
                 oracle.rewind(world.sink)
             if len(outcome.delivered) != oracle.checked:
                 oracle.check(world.sink)
@@ -478,6 +491,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.complete = list(world.outcome.complete)
     result.restarts = list(world.outcome.restarts)
     result.damaged = list(world.outcome.damaged)
+    result.writer_moves = world.outcome.writer_moves
     result.fallbacks = list(world.outcome.fallbacks)
     result.failed_writes = world.outcome.failed_writes
     return result

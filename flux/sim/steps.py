@@ -77,7 +77,7 @@ class Steps:
             self._refresh()
         steps.extend(chain.from_iterable(self.local.values()))
         hosts.extend(chain.from_iterable(self.local_hosts.values()))
-        if w.config.sink_commits and w.sink.uncommitted():
+        if w.writers.commits_due():
             steps.append(("sink-commit",))  # an exactly-once sink's own commit_every
             hosts.append(EGRESS_HOST)
         if faults.corruptions_left and w.store.files:
@@ -230,7 +230,7 @@ class Steps:
         elif kind in ("accept", "item", "log", "checkpoint"):
             self._apply_ingress(kind)
         elif kind == "sink-commit":
-            w.sink.commit()
+            w.writers.commit()
         elif kind == "corrupt":
             w.faults.damage()
         else:

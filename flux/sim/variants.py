@@ -7,6 +7,7 @@ report a violation for each, with a seed that reproduces it.
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import List
 
 from flux.protocol.buffer import PRIM, Buffer
 from flux.data_messages import Credit
@@ -14,6 +15,7 @@ from flux.effects import Send
 from flux.protocol.host import Host
 from flux.protocol.ingress import Ingress
 from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
+from flux.protocol.sink_writer import SinkWriter
 from flux.sequence import NO_PROGRESS
 
 
@@ -133,13 +135,23 @@ class HostHearingTheDead(Host):
             self.dead_incs = dead
 
 
+class WriterAckingOnReceipt(SinkWriter):
+    """Acks both replicas as outputs reach the sink, not once it committed them
+    (docs/design/parallel_io.md broken): the replicas evict outputs the sink may still
+    lose, and a writer started again after its node died finds them nowhere."""
+
+    def released_items(self, items: int) -> List:
+        return self.fcons.commit_acks() + super().released_items(items)
+
+
 #: variants of the host, by name (the others use ``Host``)
 HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead}
 INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
-WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False}}
+WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
+                  "eager-writer-acks": {"writer_class": WriterAckingOnReceipt}}
 
 #: name -> (buffer class, segment class)
 VARIANTS = {
@@ -155,4 +167,5 @@ VARIANTS = {
     "forgotten-change": (Buffer, SegmentForgettingAChange),
     "unlogged-send": (Buffer, Segment),
     "restore-unverified": (Buffer, Segment),
+    "eager-writer-acks": (Buffer, Segment),
 }

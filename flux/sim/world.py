@@ -66,6 +66,7 @@ from flux.sim.oracle import FailureFreeOutputs, SettledOracle
 from flux.sim.restarts import Restarts
 from flux.sim.sink import SimSink
 from flux.sim.steps import Steps
+from flux.sim.writers import SimWriters
 from flux.sim.store import CheckpointStore, StoredFile, checksum
 from flux.snapshot_chain import install
 from controller.topology import Topology
@@ -106,7 +107,8 @@ class World:
                                       segment_class, window=config.window,
                                       full_every=config.full_every,
                                       batch_rows=config.batch_rows,
-                                      ordered_output=config.ordered_output)
+                                      ordered_output=config.ordered_output,
+                                      writers_on_nodes=config.writers_on_nodes)
         self.placement = placement
         #: the sink partitions: one with ordered output, else one per last-stage partition
         self.sink_partitions = 1 if config.ordered_output else partitions
@@ -129,6 +131,7 @@ class World:
         self.restarts = Restarts(self)
         self.faults = Faults(self, corrupt_rng or random.Random(0))
         self.steps = Steps(self)
+        self.writers = SimWriters(self)
         self.build()
 
     def build(self, restored: Optional[Tuple[int, int]] = None) -> None:
@@ -140,6 +143,7 @@ class World:
         self.host_of: Dict[Any, str] = {}
         topology = self.topology = Topology.numbered(self.placement, self.stages, partitions,
                                                      config.standbys, self.sink_partitions)
+        writers = self.writers.place(topology)
         peer_incs = topology.peer_incs()
         for name in topology.workers:
             machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
@@ -147,21 +151,23 @@ class World:
                 chains = self.store.manifests[restored[0]][1]
                 for a, seg in machines.items():  # as the runtime's restore_operators
                     install(seg.chain, self.store.read(chains[a.stage, a.partition]))
+            machines.update((w.addr, w) for w in writers if self.writers.host[w.partition] == name)
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              builder.standby_segment, config.chunk_size,
-                                             peer_incs))
+                                             peer_incs, writer_factory=self.writers.factory(name)))
         self.ingress = builder.ingress(log_inputs=self.restarts.source_parts is not None,
                                        ingress_class=config.ingress_class)
         if restored is not None:
             self.ingress.resume_after(restored[1])  # numbered from cut + 1
             self.next_input = restored[1]
-        self.egresses = builder.egresses()
+        self.egresses = writers or builder.egresses()
         for oracle in self.settled_oracles:
             oracle.begin(self.inputs, 0 if restored is None else restored[1])
-        for name, machines in ((INGRESS_HOST, [self.ingress]), (EGRESS_HOST, self.egresses)):
+        for name, machines in ((INGRESS_HOST, [self.ingress]),
+                               (EGRESS_HOST, [] if writers else self.egresses)):
             self._add_host(config.host_class(name, {m.addr: m for m in machines},
                                              topology.incarnations[name], peer_incs=peer_incs))
-        self.recovery = Recovery(topology)
+        self.recovery = Recovery(topology, writers=bool(writers))
         self.alive: Dict[str, bool] = {h: True for h in self.hosts}
         self.stopped = False
         self.net = Channels(self)
@@ -207,6 +213,8 @@ class World:
         outcome = self.outcome
         for e in others:
             if isinstance(e, Deliver):  # into the sink, which drops what it committed
+                if not self.writers.writes(host, e.partition):
+                    continue  # a fenced writer (a zombie's)
                 self.settled_oracles[e.partition].delivered(e.items)
                 self.sink.deliver(e.partition, e.items)
             elif isinstance(e, TakeoverDone):
@@ -232,15 +240,24 @@ class World:
             elif isinstance(e, Snapshot):
                 self.store.write(e, host)
             elif isinstance(e, SinkCommit):
-                self.judge_commit(e, self.sink.holds(e.partition))
-                self.sink.commit(e.partition)
-                last = self.sink.last_committed(e.partition)
-                self.store.report(self.coordinator.sink_committed(e.number, last, e.partition))
+                if not self.writers.writes(host, e.partition):
+                    continue  # a fenced writer (a zombie's): the sink refuses it
+                if e.number:
+                    self.judge_commit(e, self.sink.holds(e.partition))
+                self.sink.commit(e.partition, e.through,
+                                 (e.number, e.cut) if e.number else None)
+                if e.through is not None:  # the writer hears its sink returned
+                    self.net.send(host.run_local(self.egresses[e.partition].committed())[0])
+                if e.number:
+                    last = self.sink.last_committed(e.partition)
+                    self.store.report(self.coordinator.sink_committed(e.number, last,
+                                                                      e.partition))
             elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed)):
                 pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")
-        if host is not None and host.name == EGRESS_HOST:  # a step of an egress
+        if host is not None and (host.name == EGRESS_HOST  # a step of an egress
+                                 or host.name in self.writers.host.values()):
             done = self.next_input >= len(self.inputs)
             for oracle, egress in zip(self.settled_oracles, self.egresses):
                 oracle.check(egress, self.ingress, done)

@@ -1,0 +1,64 @@
+"""A sink's writer: the egress of one last-stage partition, run on a node beside one of
+that partition's replicas instead of in the driver (docs/design/parallel_io.md).
+
+The last stage's replicas keep every output until the writer's sink has committed it:
+the writer acks nothing on receipt, and acks both replicas only once its sink returns
+from a commit (``committed``). So whichever replica survives the writer's node holds
+everything the sink may still lose, and a writer started again on the survivor's node
+(``resume``) reads back what its sink committed, reverses the survivor from there, and
+the sink (which fenced the old writer and dropped what it had not committed) gets every
+output once. It commits at the checkpoint cuts it crosses, as any egress does, and
+whenever ``commit_every`` items went to the sink since its last commit: its producers'
+buffers hold what it did not commit, so it must commit before they fill.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from flux.effects import SinkCommit
+from flux.protocol.egress import Egress
+from flux.sequence import SN
+
+
+class SinkWriter(Egress):
+    """The egress of last-stage partition ``partition``, acking at its sink's commits."""
+
+    def __init__(self, stages: int, partitions: int, partition: int, commit_every: int,
+                 credit_every: int = 1, batch_rows: int = 1024):
+        """``commit_every``: items sent to the sink before it commits (at most the last
+        stage's buffer capacity, or the buffers fill and nothing moves)."""
+        if commit_every < 1:
+            raise ValueError(f"commit_every must be >= 1 item, got {commit_every}")
+        super().__init__(stages, partitions, credit_every=credit_every, batch_rows=batch_rows,
+                         partition=partition, acks_at_commit=True)
+        self.commit_every = commit_every
+        self.uncommitted = 0  # items sent to the sink since its last commit
+
+    def commit(self, number: int, cut: int) -> SinkCommit:
+        self.uncommitted = 0
+        return SinkCommit(number, cut, self.partition, self.fcons.feeds[0].taken)
+
+    def released_items(self, items: int) -> List:
+        self.uncommitted += items
+        if self.uncommitted >= self.commit_every:
+            return [self.commit(0, 0)]
+        return []
+
+    def commit_now(self) -> List:
+        """A commit between checkpoints (a timer's, or the sink's own choice)."""
+        return [self.commit(0, 0)] if self.uncommitted else []
+
+    def committed(self) -> List:
+        """The sink returned from a commit: both replicas may evict what it covers."""
+        return self.fcons.commit_acks()
+
+    def resume(self, committed: SN, checkpoint: Optional[tuple], dead) -> List:
+        """Start again on another node (the old one died), after ``committed``, the last
+        SN the sink committed, and ``checkpoint``, its last checkpoint's (number, cut):
+        ``dead`` are the replicas the views declared failed."""
+        self.fcons.mark_dead(set(dead))
+        self.released = committed[0] if committed else 0
+        if checkpoint is not None:
+            self.cuts.learn(checkpoint)
+            self.cuts.crossed(checkpoint[0])
+        return self.fcons.resume(committed)

@@ -1,0 +1,92 @@
+"""The simulated sinks' writers on the nodes (docs/design/parallel_io.md).
+
+With ``writers_on_nodes`` each last-stage partition's egress is a ``SinkWriter`` on the
+node of that partition's P replica; a view that declares its node dead starts it again
+beside the survivor (``controller.writers``): the host there calls ``factory``, which
+fences the old writer at the sink (what it had not committed is dropped), resumes the
+new one from what the sink committed, and re-bases that partition's oracle. Deliveries
+and commits of a fenced writer (a zombie's) never reach the sink.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from flux.addresses import Addr, P
+from flux.protocol.host import Host
+from flux.protocol.sink_writer import SinkWriter
+
+
+class SimWriters:
+    """Where each partition's writer runs now, and what the sink asks of them."""
+
+    def __init__(self, world):
+        self.world = world
+        #: partition -> the process its writer runs on (empty: egresses in the driver)
+        self.host: Dict[int, str] = {}
+
+    def new(self, partition: int) -> SinkWriter:
+        w = self.world
+        config = w.config
+        return (config.writer_class or SinkWriter)(
+            w.stages, w.partitions, partition,
+            min(config.commit_every or config.capacity, config.capacity),
+            w.builder.credit_every, config.batch_rows)
+
+    def place(self, topology) -> List[SinkWriter]:
+        """Each partition's writer beside its P replica (as ``controller.writers``)."""
+        w = self.world
+        self.host = {}
+        if not w.config.writers_on_nodes:
+            return []
+        writers = []
+        for p in range(w.partitions):
+            writer = self.new(p)
+            self.host[p] = topology.where[writer.addr] = topology.where[Addr(w.stages, p, P)]
+            writers.append(writer)
+        return writers
+
+    def factory(self, name: str):
+        """What the host ``name`` calls when a view starts a writer there."""
+        def start(addr: Addr, dead) -> tuple:
+            w = self.world
+            p = addr.partition
+            writer = self.new(p)
+            w.sink.abort(p)
+            w.outcome.writer_moves += 1
+            first = writer.resume(w.sink.through.get(p, ()), w.sink.checkpoint.get(p), dead)
+            w.egresses[p] = writer
+            self.host[p] = w.host_of[addr] = name
+            w.settled_oracles[p].resume(w.sink.last_committed(p))
+            w.net.invalidate()
+            w.steps.rehost()
+            return writer, first
+        return start
+
+    def writes(self, host: Optional[Host], partition: int) -> bool:
+        """May ``host``'s writer of ``partition`` reach the sink? A fenced one may not."""
+        return not self.host or host is not None and self.host.get(partition) == host.name
+
+    def _live(self):
+        w = self.world
+        return [(p, name) for p, name in sorted(self.host.items())
+                if w.alive[name] and name not in w.detection.declared]
+
+    def commits_due(self) -> bool:
+        """May a sink commit by itself now? It holds outputs it has not committed, or a
+        live writer sent it items since its last commit (maybe without outputs: its
+        producers keep them until a commit)."""
+        w = self.world
+        if not self.host:
+            return w.config.sink_commits and w.sink.uncommitted()
+        return w.sink.uncommitted() or any(w.egresses[p].uncommitted for p, _ in self._live())
+
+    def commit(self) -> None:
+        """The sinks commit by themselves (their own ``commit_every``): through each
+        writer, or all at once for the driver's egresses."""
+        w = self.world
+        if not self.host:
+            w.sink.commit()
+            return
+        for p, name in self._live():
+            host = w.hosts[name]
+            w.effects(*host.run_local(w.egresses[p].commit_now()), host=host)
