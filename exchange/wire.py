@@ -50,6 +50,7 @@ from flux.control_messages import (
     TakeoverDone,
     View,
     Welcome,
+    WriterMove,
 )
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
@@ -160,11 +161,19 @@ def _avail(v) -> Avail:
                  _str(v[3], "avail node"), _str(v[4], "avail active node"))
 
 
-def _view(number, failed, failed_incs, avail) -> View:
+def _writer_move(v) -> WriterMove:
+    if not isinstance(v, list) or len(v) != 3:
+        raise WireError(f"a writer move is [addr, inc, node], got {v!r:.60}")
+    return WriterMove(_addr(v[0], "writer addr"), _int(v[1], "writer inc"),
+                      _str(v[2], "writer node"))
+
+
+def _view(number, failed, failed_incs, avail, writers) -> View:
     return View(_int(number, "view number"),
                 frozenset(_endpoint(a, "failed endpoint") for a in _list(failed, "failed")),
                 frozenset(_int(i, "failed inc") for i in _list(failed_incs, "failed incs")),
-                tuple(_avail(a) for a in _list(avail, "avail")))
+                tuple(_avail(a) for a in _list(avail, "avail")),
+                tuple(_writer_move(w) for w in _list(writers, "writers")))
 
 
 def _opt_int(v, what: str):
@@ -381,8 +390,9 @@ CODECS: Dict[str, _Codec] = {
     "view": (View, lambda m: [m.number, [_put_endpoint(a) for a in sorted(m.failed, key=str)],
                               sorted(m.failed_incs),
                               [[list(a.addr), a.inc, a.version, a.node, a.active_node]
-                               for a in m.avail]],
-             _arity(4, _view)),
+                               for a in m.avail],
+                              [[list(w.addr), w.inc, w.node] for w in m.writers]],
+             _arity(5, _view)),
     "node_stats": (NodeStats, lambda m: [[[list(x.addr), x.taken, x.emitted, x.queued, x.buffered,
                                            x.in_flight, x.blocked] for x in m.segments]],
                    _arity(1, lambda segs: NodeStats(_segment_stats(segs)))),

@@ -52,13 +52,18 @@ class SinkWriter(Egress):
         """The sink returned from a commit: both replicas may evict what it covers."""
         return self.fcons.commit_acks()
 
-    def resume(self, committed: SN, checkpoint: Optional[tuple], dead) -> List:
-        """Start again on another node (the old one died), after ``committed``, the last
-        SN the sink committed, and ``checkpoint``, its last checkpoint's (number, cut):
-        ``dead`` are the replicas the views declared failed."""
+    def resume(self, last_output: Optional[SN], dead) -> List:
+        """Start again on another node (the old one died) after ``last_output``, the SN of
+        the last output the sink committed (None: none), which every exactly-once sink
+        reads back; ``dead`` are the replicas the views declared failed.
+
+        An output's SN starts with its input's number n (DESIGN 4.1), and the sink
+        commits whole items, each numbered by its last input: the item that held n, and
+        every one before it, is committed, and items after it are numbered above n. So
+        the survivor sends from after sub-item (n - 1, partition): the committed item
+        again if it is numbered above n (the sink drops its outputs, none above
+        ``last_output``), and everything after it."""
         self.fcons.mark_dead(set(dead))
-        self.released = committed[0] if committed else 0
-        if checkpoint is not None:
-            self.cuts.learn(checkpoint)
-            self.cuts.crossed(checkpoint[0])
-        return self.fcons.resume(committed)
+        n = last_output[0] if last_output else 0
+        self.released = max(n - 1, 0)
+        return self.fcons.resume((n - 1, self.partition) if n else ())

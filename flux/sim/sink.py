@@ -9,7 +9,7 @@ the list the oracle and the results count.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 
 class SimSink:
@@ -18,10 +18,6 @@ class SimSink:
         self.parts: List[int] = []  # the partition of each arrival
         self.held: Dict[int, List[Any]] = {}  # partition -> its outputs, in SN order
         self.committed: Dict[int, int] = {}  # partition -> how many of them are committed
-        #: a sink's writer's commits (docs/design/parallel_io.md): partition -> the last SN
-        #: they covered, and the last checkpoint's (number, cut) among them
-        self.through: Dict[int, Any] = {}
-        self.checkpoint: Dict[int, Tuple[int, int]] = {}
         self.drops = 0  # how many times it dropped what it had not committed
 
     def deliver(self, partition: int, items: Sequence[Any]) -> None:
@@ -33,17 +29,11 @@ class SimSink:
         self.arrivals.extend(kept)
         self.parts.extend([partition] * len(kept))
 
-    def commit(self, partition: Optional[int] = None, through: Any = None,
-               checkpoint: Optional[Tuple[int, int]] = None) -> None:
-        """Partition ``partition`` (None: every one) commits everything it holds; a
-        writer's commit records, atomically with it, the last SN it covers and, at a
-        cut, the checkpoint."""
+    def commit(self, partition: Optional[int] = None) -> None:
+        """Partition ``partition`` (None: every one) commits everything it holds, and
+        with it (atomically) its last output's SN, all a new writer reads back."""
         for p in (self.held if partition is None else [partition]):
             self.committed[p] = len(self.held.get(p, ()))
-        if through is not None and through > self.through.get(partition, ()):
-            self.through[partition] = through
-        if checkpoint is not None and checkpoint > self.checkpoint.get(partition, (0, 0)):
-            self.checkpoint[partition] = checkpoint
 
     def abort(self, partition: int) -> None:
         """A new writer fenced the old one: what it had not committed is gone."""

@@ -244,8 +244,7 @@ class World:
                     continue  # a fenced writer (a zombie's): the sink refuses it
                 if e.number:
                     self.judge_commit(e, self.sink.holds(e.partition))
-                self.sink.commit(e.partition, e.through,
-                                 (e.number, e.cut) if e.number else None)
+                self.sink.commit(e.partition)
                 if e.through is not None:  # the writer hears its sink returned
                     self.net.send(host.run_local(self.egresses[e.partition].committed())[0])
                 if e.number:

@@ -53,7 +53,7 @@ class SimWriters:
             writer = self.new(p)
             w.sink.abort(p)
             w.outcome.writer_moves += 1
-            first = writer.resume(w.sink.through.get(p, ()), w.sink.checkpoint.get(p), dead)
+            first = writer.resume(w.sink.last_committed(p), dead)
             w.egresses[p] = writer
             self.host[p] = w.host_of[addr] = name
             w.settled_oracles[p].resume(w.sink.last_committed(p))
