@@ -34,7 +34,14 @@ from flux.control_messages import (
     View,
     Welcome,
 )
-from flux.effects import Deliver, Snapshot, SourcesPaused, SourcesResumed, StateInstalled
+from flux.effects import (
+    Deliver,
+    SinkCommit,
+    Snapshot,
+    SourcesPaused,
+    SourcesResumed,
+    StateInstalled,
+)
 from flux.envelope import Envelope
 from flux.protocol.host import Host
 from flux.protocol.ingress import INGRESS
@@ -63,7 +70,8 @@ class HostLoop:
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
                  max_turn: float = 0.02, stats_every: Optional[float] = None,
                  snapshots=None,
-                 ack_delay: float = 0.005, item_delay: float = ITEM_DELAY):
+                 ack_delay: float = 0.005, item_delay: float = ITEM_DELAY,
+                 writer_sinks=None):
         """``flush_delay``: a batch waits this long for more (``LocalSteps``);
         ``item_delay``: an ingress's item waits this long for more inputs (``LocalSteps``);
         ``ack_delay``: an ack or credit waits this long for a later one (``Outbox``)."""
@@ -105,6 +113,8 @@ class HostLoop:
         self._stats_sent = clock()
         #: where this node's checkpoint snapshots go (a SnapshotWriter); None: nowhere
         self.snapshots = snapshots
+        #: the sinks of the writers this node runs (``WriterSinks``); None: none here
+        self.writer_sinks = writer_sinks
 
     @property
     def source_done(self) -> bool:
@@ -140,6 +150,8 @@ class HostLoop:
         self.on_turn()
         if self.snapshots is not None:
             self._snapshots_written()
+        if self.writer_sinks is not None:  # writers commit at least this often
+            self._emit(*self.host.run_local(self.writer_sinks.commits_due(polled)))
         if self.stats_every is not None and polled - self._stats_sent >= self.stats_every:
             self._stats_sent = polled
             self.report(NodeStats(tuple(m.stats() for m in self.host.machines.values())))
@@ -204,6 +216,8 @@ class HostLoop:
     def _apply_view(self, view: View) -> None:
         for avail in view.avail:
             self.where[avail.addr] = avail.node
+        for move in view.writers:
+            self.where[move.addr] = move.node
         for name, inc in self.incarnations.items():
             if inc in view.failed_incs and name not in self.dead_processes:
                 self.dead_processes.add(name)  # fenced: forget what was queued for it
@@ -294,7 +308,15 @@ class HostLoop:
                 self.snapshots.write(e)  # to the store, off this thread
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
                 self.report(e)  # the controller retries a failed transfer (3.4)
+            elif isinstance(e, Deliver) and self.writer_sinks is not None:
+                self.writer_sinks.deliver(e.partition, e.items)
+            elif isinstance(e, SinkCommit) and e.through is not None:
+                self._writer_committed(e)
             self.on_effect(e)
+
+    def _writer_committed(self, e: SinkCommit) -> None:
+        """A writer here commits its sink; then it acks both replicas of its partition."""
+        self._emit(*self.host.run_local(self.writer_sinks.commit(e.partition)))
 
     def _report_if(self, msg) -> None:
         if msg is not None:

@@ -25,6 +25,8 @@ from flux.runtime.liveness import Liveness
 from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport, job_keys
+from flux.runtime.writer_sinks import WriterSinks
+from flux.addresses import P
 from flux.protocol.segment import StreamedSegment
 from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, Topology
 
@@ -36,14 +38,22 @@ class ThreadCluster:
                  capacity: int = 16, batch_size: int = 4, heartbeat: float = 0.02,
                  detect_after: float = 1.0, chunk_size: int = 1 << 20,
                  replication: str = "flux", secret: Optional[str] = None,
-                 window: int = 16, batch_rows: int = 1024, ordered_output: bool = True):
+                 window: int = 16, batch_rows: int = 1024, ordered_output: bool = True,
+                 sink=None):
+        """``sink``: a ``SinkPerPartition`` of exactly-once sinks: each last-stage
+        partition's egress then runs on a node as a sink's writer, writing to its own sink
+        and started again beside the survivor when its node dies (``ordered_output``
+        False; docs/design/parallel_io.md); None: the egresses run in a process of their
+        own and their outputs are collected in ``delivered`` and ``by_partition``."""
+        writers = sink is not None
         # every node shares this process and its GIL: kills are detected by the dropped
         # connection, the heartbeat timeout (detect_after) only catches hangs: it is generous
         self.builder = builder = MachineBuilder(dataflow, partitions, capacity, batch_size,
                                                 replication=replication, window=window,
                                                 segment_class=StreamedSegment,
                                                 batch_rows=batch_rows,
-                                                ordered_output=ordered_output)
+                                                ordered_output=ordered_output and not writers,
+                                                writers_on_nodes=writers)
         placement = placement_for(replication, len(dataflow.stages), partitions)
         egresses = builder.egresses()
         self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
@@ -53,8 +63,19 @@ class ThreadCluster:
             **{n: {a: builder.segment(a) for a in topology.endpoints_of(n)}
                for n in topology.workers},
             INGRESS_PROCESS: {topology.ingress: builder.ingress()},
-            EGRESS_PROCESS: {e.addr: e for e in egresses}}
-        peer_incs = topology.peer_incs()
+            EGRESS_PROCESS: {} if writers else {e.addr: e for e in egresses}}
+        #: a node's writers' sinks (with ``sink``)
+        self.writer_sinks: Dict[str, WriterSinks] = {}
+        if writers:  # each writer beside its partition's P replica (controller.writers)
+            stages = len(dataflow.stages)
+            for n in topology.workers:
+                ws = self.writer_sinks[n] = WriterSinks(sink.open, builder.writer)
+                for a in topology.endpoints_of(n):
+                    if a.stage == stages and a.replica == P:
+                        w = ws.adopt(builder.writer(a.partition))
+                        machines[n][w.addr] = w
+                        topology.where[w.addr] = n
+        peer_incs = topology.peer_incs()  # after the writers' places
         self.ctx = zmq.Context()
         #: with a ``secret``: CURVE on every socket, as a FluxJob on Spark does
         self.keys = job_keys(secret) if secret is not None else None
@@ -64,7 +85,7 @@ class ThreadCluster:
         self.delivered: List[Any] = []
         #: with an egress per partition (``ordered_output=False``): each one's outputs
         self.by_partition: Dict[int, List[Any]] = {}
-        self.recovery = Recovery(topology)
+        self.recovery = Recovery(topology, writers=writers)
         self.controller = ControllerService(self.transports[CONTROLLER_PROCESS], detect_after)
         self.loops: Dict[str, HostLoop] = {}
         #: every node's StateMover service (a thread and socket of its own, as on Spark)
@@ -73,7 +94,9 @@ class ThreadCluster:
         for name, ms in machines.items():
             worker = topology.is_worker(name)
             host = Host(name, ms, self.incarnations[name],
-                        builder.standby_segment if worker else None, chunk_size, peer_incs)
+                        builder.standby_segment if worker else None, chunk_size, peer_incs,
+                        writer_factory=self.writer_sinks[name].start
+                        if name in self.writer_sinks else None)
             if worker:
                 self.movers[name] = StateMoverService(self.ctx, name, self.incarnations[name],
                                                       self.keys)
@@ -89,7 +112,8 @@ class ThreadCluster:
                 iter(records) if name == INGRESS_PROCESS else None, self.incarnations,
                 on_turn=self.liveness[name].loop_turned if worker else lambda: None,
                 mover_relay=mover_peer(name) if worker else None,
-                stats_every=1.0 if worker else None)
+                stats_every=1.0 if worker else None,
+                writer_sinks=self.writer_sinks.get(name))
         self.controller.begin(self.recovery)
         self._stop: Dict[str, threading.Event] = {n: threading.Event() for n in self.topology.processes}
         self._threads: Dict[str, threading.Thread] = {}
@@ -129,6 +153,7 @@ class ThreadCluster:
         self._stop[name].set()
         self._threads[name].join(timeout=10)
         self.transports[name].close()
+        self.writer_sinks.pop(name, None)  # its sinks die with it: nothing more committed
         if name in self.movers:
             self.movers[name].stop()
             self.liveness[name].stop()
@@ -154,6 +179,8 @@ class ThreadCluster:
             liveness.stop()
         for t in self.transports.values():
             t.close()
+        for ws in self.writer_sinks.values():
+            ws.close()
         self.ctx.term()
 
     def __enter__(self) -> "ThreadCluster":

@@ -1,0 +1,93 @@
+"""The sinks of the writers a node runs (docs/design/parallel_io.md).
+
+A last-stage partition's egress may run on a node as a sink's writer
+(``flux.protocol.sink_writer``): its outputs go from that node's loop straight into the
+partition's exactly-once sink (a ``flux.Sink``, opened by the job's
+``SinkPerPartition`` on the node), and its commits are this sink's. After a commit the
+writer acks both replicas of its partition. A writer the controller starts here again
+(its old node died) opens its partition's sink anew (the sink fences the old writer:
+what it had not committed is gone) and resumes after the last output the sink
+committed.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Set, Tuple
+
+from flux.addresses import Addr
+from flux.connector_api import ClosingSink, is_exactly_once
+from flux.protocol.sink_writer import SinkWriter
+
+log = logging.getLogger(__name__)
+
+SN = Tuple[int, ...]
+
+
+class WriterSinks:
+    """Partition -> its sink, for the writers of one node."""
+
+    def __init__(self, open_sink: Callable[[int], Any],
+                 new_writer: Callable[[int], SinkWriter], commit_interval: float = 0.1):
+        """``open_sink(partition)``: that partition's exactly-once sink (the job's
+        ``SinkPerPartition.open``); ``new_writer(partition)``: a fresh writer;
+        ``commit_interval``: seconds a writer's items wait for a commit at most (its
+        replicas keep them until then)."""
+        self.commit_interval = commit_interval
+        self._committed_at = float("-inf")
+        self.open_sink = open_sink
+        self.new_writer = new_writer
+        self.sinks: Dict[int, Any] = {}
+        self.last: Dict[int, SN] = {}  # partition -> the last output written to its sink
+        self.writers: Dict[int, SinkWriter] = {}  # partition -> its writer here
+
+    def open(self, partition: int) -> Any:
+        sink = self.open_sink(partition)
+        if not is_exactly_once(sink):
+            raise TypeError(f"a writer on a node needs an exactly-once sink (a flux.Sink) "
+                            f"for partition {partition}, got {type(sink).__name__}: a "
+                            f"writer started again must read back what was committed")
+        self.sinks[partition] = sink
+        return sink
+
+    def adopt(self, writer: SinkWriter) -> SinkWriter:
+        """A writer built with the node (the job's start): its sink opened; a restart's
+        replay of what it committed is dropped by the sink."""
+        self.open(writer.partition)
+        self.writers[writer.partition] = writer
+        return writer
+
+    def start(self, addr: Addr, dead: Set[Addr]) -> Tuple[SinkWriter, List]:
+        """A view starts the writer ``addr`` here (``Host``'s ``writer_factory``)."""
+        p = addr.partition
+        self.last.pop(p, None)
+        sink = self.open(p)
+        writer = self.writers[p] = self.new_writer(p)
+        log.info("writer of partition %s starts here after output %s", p, sink.committed())
+        return writer, writer.resume(sink.committed(), dead)
+
+    def commits_due(self, now: float) -> List:
+        """Every ``commit_interval``: each writer with items since its last commit commits
+        (the effects: its ``SinkCommit``, which the loop carries out)."""
+        if now - self._committed_at < self.commit_interval:
+            return []
+        self._committed_at = now
+        return [e for writer in self.writers.values() for e in writer.commit_now()]
+
+    def deliver(self, partition: int, items) -> None:
+        if items:
+            self.sinks[partition].write(items)
+            self.last[partition] = tuple(items[-1][0])
+
+    def commit(self, partition: int) -> List:
+        """Make what the partition's sink was given durable; then its writer acks both
+        replicas (its effects)."""
+        sink, last = self.sinks[partition], self.last.get(partition)
+        committed = sink.committed()
+        if last is not None and (committed is None or last > committed):
+            sink.commit(last)
+        return self.writers[partition].committed()
+
+    def close(self) -> None:
+        for sink in self.sinks.values():
+            if isinstance(sink, ClosingSink):
+                sink.close()
