@@ -221,6 +221,13 @@ class Recovery:
         self.view += 1
         return View(self.view, **kw)
 
+    def placed(self) -> Dict[Addr, str]:
+        """Where every replica, and every sink's writer on a node, lives now."""
+        where = dict(self.node_of)
+        if self.writers is not None:
+            where.update((self.writers.writer(p), n) for p, n in self.writers.node.items())
+        return where
+
     def pair_states(self) -> Dict[tuple, str]:
         """Per ``(stage, partition)``: "whole" (both replicas live), "catching-up" (one is
         being rebuilt), "degraded" (one is lost and waits for a standby) or "single" (the

@@ -38,9 +38,10 @@ class Topology:
 
     def __init__(self, placement: Placement, stages: int, partitions: int,
                  incarnations: Mapping[str, int], standbys: Sequence[str] = (),
-                 egresses: int = 1):
+                 egresses: int = 1, writers: bool = False):
         """``egresses``: 1 (one ordered egress), or one per last-stage partition, all in
-        the egress process (docs/design/parallel_io.md)."""
+        the egress process, or (``writers``) each a sink's writer on the node of its
+        partition's P replica (docs/design/parallel_io.md)."""
         self.placement = placement
         self.stages, self.partitions = stages, partitions
         self.ingress = Addr(0, 0, P)
@@ -58,7 +59,9 @@ class Topology:
         self.where: Dict[Addr, str] = {a: name for name, addrs in self.hosted.items()
                                        for a in addrs}
         self.where[self.ingress] = INGRESS_PROCESS
-        self.where.update((e, EGRESS_PROCESS) for e in self.egresses)
+        self.writers = writers
+        self.where.update((e, self.where[Addr(stages, e.partition, P)] if writers
+                           else EGRESS_PROCESS) for e in self.egresses)
 
     @classmethod
     def numbered(cls, placement: Placement, stages: int, partitions: int,

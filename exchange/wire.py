@@ -50,7 +50,9 @@ from flux.control_messages import (
     TakeoverDone,
     View,
     Welcome,
+    SinkCommitted,
     WriterMove,
+    WriterProgress,
 )
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
@@ -393,6 +395,14 @@ CODECS: Dict[str, _Codec] = {
                                for a in m.avail],
                               [[list(w.addr), w.inc, w.node] for w in m.writers]],
              _arity(5, _view)),
+    "writer_progress": (WriterProgress, lambda m: [m.partition, list(m.bound), m.settled],
+                        _arity(3, lambda p, b, n: WriterProgress(
+                            _int(p, "partition"), _sn(b, "bound"), _int(n, "settled")))),
+    "sink_committed": (SinkCommitted, lambda m: [m.number, None if m.sn is None else list(m.sn),
+                                                 m.partition],
+                       _arity(3, lambda k, sn, p: SinkCommitted(
+                           _int(k, "checkpoint"), None if sn is None else _sn(sn),
+                           _int(p, "partition")))),
     "node_stats": (NodeStats, lambda m: [[[list(x.addr), x.taken, x.emitted, x.queued, x.buffered,
                                            x.in_flight, x.blocked] for x in m.segments]],
                    _arity(1, lambda segs: NodeStats(_segment_stats(segs)))),

@@ -7,7 +7,7 @@ fold-in done, state moved, a failure to start, an operator that raised).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from flux.addresses import Addr
 
@@ -209,6 +209,27 @@ class Avail:
     version: int
     node: str
     active_node: str
+
+
+@dataclass(frozen=True, slots=True)
+class WriterProgress:
+    """A node tells the controller how far partition ``partition``'s writer got: no
+    output at or below ``bound`` (its merge's frontier) can still come, and every output
+    of inputs up to ``settled`` is in its sink (docs/design/parallel_io.md)."""
+
+    partition: int
+    bound: Tuple[int, ...]
+    settled: int
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommitted:
+    """A writer's sink committed at checkpoint ``number``'s cut: its last output ``sn``
+    (None: none yet), for the checkpoint's manifest (DESIGN 10)."""
+
+    number: int
+    sn: Optional[Tuple[int, ...]]
+    partition: int
 
 
 @dataclass(frozen=True, slots=True)

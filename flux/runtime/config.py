@@ -56,13 +56,19 @@ class NodeConfig:
     restore: int = -1
     #: a replica's snapshots are whole once in this many, else its keyed stores' changes
     checkpoint_full_every: int = 10
-    #: one egress of one order, or one per last-stage partition (all in the driver)
+    #: one egress of one order, or one per last-stage partition (in the driver)
     ordered_output: bool = True
+    #: the egresses as sinks' writers on the nodes: the job's ``SinkPerPartition``,
+    #: pickled, which each node opens for the partitions whose writer it runs (b"": the
+    #: egresses run in the driver; docs/design/parallel_io.md)
+    writers_sink: bytes = b""
+    #: seconds a writer's outputs wait for its sink's commit at most
+    commit_interval: float = 0.1
 
     def __post_init__(self) -> None:
         check_port_range(self.ports)
         for name in ("heartbeat", "lease", "flush_delay", "item_delay", "register_timeout",
-                     "stats_every"):
+                     "stats_every", "commit_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("batch_rows", "capacity", "batch_size", "window", "chunk_size", "partitions", "stages",
@@ -90,7 +96,7 @@ class NodeConfig:
     def topology(self, incarnations=None, standbys=()) -> Topology:
         """Who hosts what, with the incarnations known so far."""
         return Topology(self.placement(), self.stages, self.partitions, incarnations or {},
-                        standbys, self.egresses)
+                        standbys, self.egresses, writers=bool(self.writers_sink))
 
     def with_controller(self, address: str) -> "NodeConfig":
         return replace(self, controller=address)

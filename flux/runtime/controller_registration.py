@@ -93,7 +93,7 @@ class RegistrationSide:
         if not self.started:
             return Welcome(name)
         rec = self.recovery
-        return Welcome(name, rec.view, tuple(sorted(rec.node_of.items())),
+        return Welcome(name, rec.view, tuple(sorted(rec.placed().items())),
                        tuple(sorted(self.incarnations[n] for n in self.dead)))
 
     def on_start_failure(self, msg: Failed) -> None:

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from controller.failure_detector import FailureDetector, Timings
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
+    SinkCommitted,
     SnapshotWritten,
+    WriterProgress,
     Failed,
     FoldedIn,
     Heartbeat,
@@ -64,8 +66,12 @@ class ControllerService(RegistrationSide, FailureSide):
                  name_for: Optional[Callable[[Register], Optional[str]]] = None,
                  events=None, stuck_after: float = 1.0,
                  stuck_timeout: float = 30.0, catchup_timeout: float = 120.0,
-                 on_snapshot: Optional[Callable[[SnapshotWritten], None]] = None):
+                 on_snapshot: Optional[Callable[[SnapshotWritten], None]] = None,
+                 on_writer: Optional[Callable[[Any], None]] = None):
+        """``on_writer``: told every ``WriterProgress`` and ``SinkCommitted`` of the sinks'
+        writers on the nodes (docs/design/parallel_io.md)."""
         self.transport = transport
+        self.on_writer = on_writer
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints
         self.on_snapshot = on_snapshot
         self.recovery: Optional[Recovery] = None
@@ -165,6 +171,8 @@ class ControllerService(RegistrationSide, FailureSide):
                 self.on_stopping(name, env.msg.reason)
             elif isinstance(env.msg, SnapshotWritten) and self.on_snapshot is not None:
                 self.on_snapshot(env.msg)
+            elif isinstance(env.msg, (WriterProgress, SinkCommitted)) and self.on_writer:
+                self.on_writer(env.msg)
             elif isinstance(env.msg, CatchUpPaused):
                 self.events.append((now, "paused", (env.msg.addr, env.msg.seconds)))
             elif isinstance(env.msg, Ready) and name in self.registered:

@@ -29,6 +29,7 @@ from flux.control_messages import (
     Heartbeat,
     Members,
     NodeStats,
+    SinkCommitted,
     Stop,
     TakeoverDone,
     View,
@@ -152,6 +153,8 @@ class HostLoop:
             self._snapshots_written()
         if self.writer_sinks is not None:  # writers commit at least this often
             self._emit(*self.host.run_local(self.writer_sinks.commits_due(polled)))
+            for report in self.writer_sinks.progress(polled):
+                self.report(report)
         if self.stats_every is not None and polled - self._stats_sent >= self.stats_every:
             self._stats_sent = polled
             self.report(NodeStats(tuple(m.stats() for m in self.host.machines.values())))
@@ -315,8 +318,12 @@ class HostLoop:
             self.on_effect(e)
 
     def _writer_committed(self, e: SinkCommit) -> None:
-        """A writer here commits its sink; then it acks both replicas of its partition."""
-        self._emit(*self.host.run_local(self.writer_sinks.commit(e.partition)))
+        """A writer here commits its sink; then it acks both replicas of its partition,
+        and at a checkpoint's cut the controller hears what the sink holds (DESIGN 10)."""
+        sn, acks = self.writer_sinks.commit(e.partition)
+        if e.number:
+            self.report(SinkCommitted(e.number, sn, e.partition))
+        self._emit(*self.host.run_local(acks))
 
     def _report_if(self, msg) -> None:
         if msg is not None:

@@ -15,6 +15,7 @@ import logging
 from typing import Any, Callable, Dict, List, Set, Tuple
 
 from flux.addresses import Addr
+from flux.control_messages import WriterProgress
 from flux.connector_api import ClosingSink, is_exactly_once
 from flux.protocol.sink_writer import SinkWriter
 
@@ -33,7 +34,8 @@ class WriterSinks:
         ``commit_interval``: seconds a writer's items wait for a commit at most (its
         replicas keep them until then)."""
         self.commit_interval = commit_interval
-        self._committed_at = float("-inf")
+        self._committed_at = self._reported_at = float("-inf")
+        self._reported: Dict[int, WriterProgress] = {}
         self.open_sink = open_sink
         self.new_writer = new_writer
         self.sinks: Dict[int, Any] = {}
@@ -78,14 +80,28 @@ class WriterSinks:
             self.sinks[partition].write(items)
             self.last[partition] = tuple(items[-1][0])
 
-    def commit(self, partition: int) -> List:
-        """Make what the partition's sink was given durable; then its writer acks both
-        replicas (its effects)."""
+    def commit(self, partition: int) -> Tuple[Any, List]:
+        """Make what the partition's sink was given durable: its last output's SN, and
+        then its writer's acks to both replicas (effects)."""
         sink, last = self.sinks[partition], self.last.get(partition)
         committed = sink.committed()
         if last is not None and (committed is None or last > committed):
             sink.commit(last)
-        return self.writers[partition].committed()
+        return sink.committed(), self.writers[partition].committed()
+
+    def progress(self, now: float) -> List[WriterProgress]:
+        """How far each writer got, for the driver (its end, its metrics), when it moved
+        on and at most every ``commit_interval``."""
+        if now - self._reported_at < self.commit_interval:
+            return []
+        self._reported_at = now
+        out = []
+        for p, writer in sorted(self.writers.items()):
+            report = WriterProgress(p, tuple(writer.fcons.frontier()), writer.settled())
+            if self._reported.get(p) != report:
+                self._reported[p] = report
+                out.append(report)
+        return out
 
     def close(self) -> None:
         for sink in self.sinks.values():

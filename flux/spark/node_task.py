@@ -46,6 +46,7 @@ from flux.runtime.config import NodeConfig
 from flux.runtime.liveness import Liveness
 from flux.runtime.gc_tuning import data_path_gc
 from flux.runtime.loop import HostLoop
+from flux.runtime.writer_sinks import WriterSinks
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.network import boot_id, is_loopback, split_tcp
 from flux.runtime.snapshot_writer import SnapshotWriter
@@ -277,18 +278,28 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              segment_class=StreamedSegment, spare_chains=spares,
                              full_every=config.checkpoint_full_every,
                              ordered_output=config.ordered_output,
-                             pause_room=config.pause_room)
+                             pause_room=config.pause_room,
+                             writers_on_nodes=bool(config.writers_sink))
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     if config.restore >= 0 and machines:
         restore_operators(snapshots.store, config.restore, machines)
+    writer_sinks = None
+    if config.writers_sink:  # this node writes the sinks of its partitions' writers
+        sink = cloudpickle.loads(config.writers_sink)
+        writer_sinks = WriterSinks(sink.open, builder.writer, config.commit_interval)
+        for e in topology.egresses:
+            if topology.where[e] == name:
+                machines[e] = writer_sinks.adopt(builder.writer(e.partition))
     where = dict(topology.where)
     where.update(dict(welcome.where))
     host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,
-                topology.peer_incs(where), view=welcome.view, dead_incs=welcome.dead_incs)
+                topology.peer_incs(where), view=welcome.view, dead_incs=welcome.dead_incs,
+                writer_factory=writer_sinks.start if writer_sinks is not None else None)
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
                     incarnations=incs, on_turn=on_turn, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay,
-                    stats_every=config.stats_every, snapshots=snapshots)
+                    stats_every=config.stats_every, snapshots=snapshots,
+                    writer_sinks=writer_sinks)
     return loop
 
 
