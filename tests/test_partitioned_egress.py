@@ -118,3 +118,20 @@ def test_an_exactly_once_sink_and_the_egresses_must_match(ordered, tmp_path):
         sink, match = FileSink(str(tmp_path / "out")), "give each partition its own, sink=fl"
     with pytest.raises(ValueError, match=match):
         FluxJob(None, paper_dataflow(), [], sink, ordered_output=ordered)
+
+
+def test_an_egress_on_the_executors_needs_a_sink_per_partition():
+    from flux.connector_api import SinkPerPartition
+    from flux.spark.options import JobOptions
+
+    per_partition = SinkPerPartition(lambda p: None)
+    with pytest.raises(ValueError, match="egress_on_executors=True needs ordered_output=False"):
+        JobOptions.from_kwargs(egress_on_executors=True).check_output(per_partition)
+    with pytest.raises(ValueError, match="egress_on_executors=True needs"):
+        JobOptions.from_kwargs(egress_on_executors=True, ordered_output=False).check_output(
+            print)
+    with pytest.raises(ValueError, match="keeps no output in the driver"):
+        JobOptions.from_kwargs(egress_on_executors=True, ordered_output=False,
+                               keep_output=True).check_output(per_partition)
+    JobOptions.from_kwargs(egress_on_executors=True, ordered_output=False).check_output(
+        per_partition)

@@ -38,6 +38,7 @@ from flux.runtime.transport import Transport
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.node_task import node_main
 from flux.spark.output import OutputWriter
+from flux.spark.writer_watch import WriterWatch
 from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class Attempt:
         self.task_results: List[Any] = []
         self.feed: Optional[IngressFeed] = None
         self.egresses: list = []
+        self.writers = WriterWatch(parts.config.partitions, parts.checkpoints and  # executors
+                                   parts.checkpoints.service.sink_committed)
         self.ingress_process: Optional[IngressProcess] = None
         self.transports: Dict[str, Transport] = {}
         self._named, self._enough_since = False, None
@@ -111,7 +114,8 @@ class Attempt:
             self.controller = ControllerService(
                 self.transports[CONTROLLER_PROCESS], p.detect_after, secret=config.secret,
                 name_for=self._name_for, events=p.metrics.events,
-                on_snapshot=p.checkpoints.service.snapshot_written if p.checkpoints else None)
+                on_snapshot=p.checkpoints.service.snapshot_written if p.checkpoints else None,
+                on_writer=self.writers.report)
             self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
                                        self.transports[EGRESS_PROCESS].address)
             address = self.ingress_process.wait_hello(timeout=60)
@@ -235,7 +239,8 @@ class Attempt:
         p, c = self.parts, self.controller
         standbys = [n for n in c.registered if n not in self.topology.index_of]
         self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
-        c.begin(Recovery(topology, dict(c.hosts) if p.distinct_hosts else None))
+        c.begin(Recovery(topology, dict(c.hosts) if p.distinct_hosts else None,
+                         writers=topology.writers))
         restored = self.restored["checkpoint"] if self.restored else None
         log.info("every node is built (%s; standbys %s): the data starts%s",
                  ", ".join(topology.nodes), ", ".join(standbys) or "none",
@@ -247,10 +252,9 @@ class Attempt:
             p.metrics.begin()
         else:  # a restart: when its data starts again
             p.metrics.events.append((time.monotonic(), "data starts", restored))
-        # one egress, or one per last-stage partition (``ordered_output=False``)
-        self.egresses = egresses = p.builder.egresses()
-        accepted = logged_before = 0
-        log_writer = None
+        # the egresses here, or none: each a sink's writer on a node (egress_on_executors)
+        self.egresses = egresses = [] if topology.writers else p.builder.egresses()
+        accepted, logged_before, log_writer = 0, 0, None
         if p.checkpoints is not None:
             accepted, logged_before, log_writer = p.checkpoints.open_source(p.metrics.events)
             p.metrics.renumber(accepted)
@@ -261,14 +265,18 @@ class Attempt:
             accepted=accepted))
         feed = IngressFeed(self.ingress_process, iter(p.source), p.metrics, accepted,
                            input_log=log_writer, logged_before=logged_before)
-        host = Host(EGRESS_PROCESS, {e.addr: e for e in egresses}, DRIVER_INCS[EGRESS_PROCESS],
-                    peer_incs=topology.peer_incs())
-        loop = HostLoop(host, self.transports[EGRESS_PROCESS], topology.where,
-                        dict(c.addresses), self._on_effect, None, dict(c.incarnations),
-                        metrics=p.metrics, flush_delay=self.config.flush_delay)
-        self._spawn(lambda: self._drive_egress(loop))
-        self._spawn(lambda: self._feed_ingress(feed))
         self.feed = feed
+        if topology.writers:
+            self._spawn(lambda: self.writers.watch(self.stop_event, p.metrics, p.finished,
+                                                   lambda: feed))
+        else:
+            host = Host(EGRESS_PROCESS, {e.addr: e for e in egresses},
+                        DRIVER_INCS[EGRESS_PROCESS], peer_incs=topology.peer_incs())
+            loop = HostLoop(host, self.transports[EGRESS_PROCESS], topology.where,
+                            dict(c.addresses), self._on_effect, None, dict(c.incarnations),
+                            metrics=p.metrics, flush_delay=self.config.flush_delay)
+            self._spawn(lambda: self._drive_egress(loop))
+        self._spawn(lambda: self._feed_ingress(feed))
 
     # -- the data's threads -----------------------------------------------------------
     def _drive_egress(self, loop: HostLoop) -> None:
@@ -287,10 +295,9 @@ class Attempt:
         output can still come (DESIGN 4.3), and every output released by the merge has
         been delivered. (Asked from another thread, the merge could already be empty while
         its last ``Deliver`` was still on its way to the sink.)"""
-        feed = self.feed
-        if feed is None or not feed.source_done:
-            return  # source_done is set after the last read: then ``read`` is final
-        if all(e.finished(feed.read) for e in self.egresses):
+        feed = self.feed  # source_done is set after the last read: then ``read`` is final
+        if feed is not None and feed.source_done and all(
+                e.finished(feed.read) for e in self.egresses):
             self.parts.finished.set()
 
     def _on_effect(self, e) -> None:

@@ -112,6 +112,7 @@ class FluxJob(JobViews):
         #: every output kept in ``delivered`` only when asked or without a sink, so an
         #: endless job with a sink holds no object per output
         keep = sink is None if tuning.keep_output is None else tuning.keep_output
+        keep = keep and not tuning.egress_on_executors  # no output reaches the driver
         self.output = OutputWriter(sink, keep, on_outputs=self.metrics.outputs,
                                    partitions=1 if tuning.ordered_output else nodes)
         self.config = NodeConfig(
@@ -125,7 +126,9 @@ class FluxJob(JobViews):
             else tuning.item_delay, secret=self.secret,
             curve=opts.network.authenticate, ports=opts.network.ports,
             checkpoint_full_every=opts.checkpoints.full_every,
-            ordered_output=tuning.ordered_output)
+            ordered_output=tuning.ordered_output,
+            writers_sink=cloudpickle.dumps(sink) if tuning.egress_on_executors else b"",
+            commit_interval=tuning.commit_interval)
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,

@@ -109,6 +109,13 @@ class Tuning:
     #: partition, each delivering its partition's outputs in SN order, so that one
     #: partition's pause holds up no other's output (docs/design/parallel_io.md)
     ordered_output: bool = True
+    #: each partition's egress runs on an executor, beside its last-stage replica, and
+    #: writes its partition's sink there: no output crosses the driver (needs
+    #: ordered_output=False and a SinkPerPartition of exactly-once sinks)
+    egress_on_executors: bool = False
+    #: seconds an output on an executor waits for its sink's commit at most (its
+    #: replicas keep it until then)
+    commit_interval: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,14 @@ class JobOptions:
         """An exactly-once sink drops every SN not above its last: it takes one ordered
         stream, so with an egress per partition it takes one partition's outputs only."""
         per_partition = isinstance(sink, SinkPerPartition)
+        if self.tuning.egress_on_executors:
+            if self.tuning.ordered_output or not per_partition:
+                raise ValueError("egress_on_executors=True needs ordered_output=False and "
+                                 "sink=flux.SinkPerPartition(...) of exactly-once sinks: "
+                                 "each partition's egress writes its own sink")
+            if self.tuning.keep_output:
+                raise ValueError("egress_on_executors=True keeps no output in the driver "
+                                 "(keep_output=True): read the sinks")
         if self.tuning.ordered_output and per_partition:
             raise ValueError("a SinkPerPartition needs ordered_output=False (an egress per "
                              "partition); with ordered_output=True give one sink")
