@@ -28,6 +28,9 @@ from flux.control_messages import (
     TakeoverDone,
     View,
     Welcome,
+    SinkCommitted,
+    WriterMove,
+    WriterProgress,
 )
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.envelope import Envelope
@@ -57,7 +60,9 @@ MESSAGES = [
     TransferFailed((1, 2, 3), "checksum mismatch"), Heartbeat(0.25),
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
-    View(5), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),
+    View(5), View(6, writers=(WriterMove(Addr(3, 1, 0), 9, "node2"),)),
+    Reverse((3, 1), (5, 1)), WriterProgress(2, (17, 2), 16), SinkCommitted(3, (9, 1, 2), 1),
+    SinkCommitted(4, None, 0), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),
     Register(2, 41, "tcp://127.0.0.1:5000", 123, 99, "s3cret", "tcp://127.0.0.1:5002"),
     Register(2, 41, "tcp://10.1.0.7:5000", 123, 99, "s3cret", "tcp://10.1.0.7:5002", "10.1.0.7",
              "exec-3", "6c1c9a52-2d7e-4b0e-9a7e-1f0e2d3c4b5a"),
