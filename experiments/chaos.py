@@ -21,6 +21,11 @@ runs, in one of these scenarios (drawn at random):
   beside the driver) is SIGKILLed, as the OOM killer would, in a job that
   checkpoints as above: it must restart from its last checkpoint, and the
   output must be the reference;
+- ``egress-kill`` (with ``--per-partition``, or named): each partition's egress on an
+  executor (``egress_on_executors``) writing a ``FileSink`` of its own; the node
+  running one partition's egress is killed (its worker or executor): the egress
+  must start again beside the surviving replica, and every partition's sink must
+  hold that partition's reference, in order, none twice;
 - ``driver-kill``: the driver of ``experiments.resumable_job`` (its own Spark,
   in a process group of its own) is SIGKILLed at a random moment, once or
   twice, and the program run again with the same checkpoint location: the
@@ -71,7 +76,7 @@ RESTART_SCENARIOS = ("double-restart", "ingress-kill", "driver-kill")
 #: scenarios that run with checkpoints and must restart from one
 CHECKPOINTED = ("double-restart", "ingress-kill")
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double",
-             *RESTART_SCENARIOS, *HOST_SCENARIOS)
+             *RESTART_SCENARIOS, *HOST_SCENARIOS, "egress-kill")
 NODES, STANDBYS = 4, 1
 
 
@@ -118,7 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.scenarios = ",".join(s for s in SCENARIOS
                                   if ((s not in HOST_SCENARIOS) != bool(args.hosts)
                                       or args.hosts and s != "driver-kill")
-                                  and not (args.per_partition and s == "driver-kill"))
+                                  and not (args.per_partition and s == "driver-kill")
+                                  and (args.per_partition or s != "egress-kill"))
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown or not args.scenarios:
@@ -195,10 +201,15 @@ class Chaos:
         if args.state_mb:
             dataflow = with_ballast(dataflow, args.state_mb)
         run.dataflow = name
-        self.output = ExpectedOutput(dataflow, records, args.per_partition)
+        egress_kill = run.scenario == "egress-kill"
+        self.output = ExpectedOutput(dataflow, records, args.per_partition or egress_kill)
         egresses = dict(ordered_output=False) if args.per_partition else {}
         self.duration = args.packets / args.rate
         self.sink = None
+        if egress_kill:  # each partition's egress on an executor, into its own FileSink
+            self.folder = tempfile.mkdtemp(prefix="flux-chaos-")
+            self.sink = SinkPerPartition(lambda p: FileSink(f"{self.folder}/out/{p}"))
+            egresses = dict(ordered_output=False, egress_on_executors=True, sink=self.sink)
         if run.scenario in CHECKPOINTED:  # a replayable feed, checkpoints, maybe a sink
             self.folder = tempfile.mkdtemp(prefix="flux-chaos-")
             self.feed = Paced(records, args.rate)
@@ -276,6 +287,11 @@ class Chaos:
             self.run.kills.append(f"healed at {self.now():.2f}s")
             self.rig.heal(i)
             return
+        if scenario == "egress-kill":  # the node that runs one partition's egress
+            partition = self.rng.randrange(NODES)
+            self.run.kills.append(f"partition {partition}'s egress:")
+            self.kill(self.recovery().writers.node[partition])
+            return
         if scenario == "ingress-kill":  # its process, as the OOM killer would
             pid = self.job.ingress_pid
             self.run.kills.append(f"the ingress process (pid {pid}) at {self.now():.2f}s")
@@ -323,11 +339,13 @@ class Chaos:
         if run.scenario in CHECKPOINTED:
             self.check_restarted(output)
             return
+        if run.scenario == "egress-kill":  # no output in the driver: the sinks hold it
+            output = []  # (``check_sink`` reads them once the job stopped)
         self.wait(lambda: not self.recovery().pending() and not self.catching_up(),
                   "every pair to be rebuilt")
         if self.job.controller.dead and not self.recovery().completed:
             raise AssertionError("a node was declared dead and nothing was rebuilt")
-        if not self.output.equals(output):
+        if run.scenario != "egress-kill" and not self.output.equals(output):
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
                                  f"{len(self.output.ordered)} expected)")
         if self.feed.dropped:
@@ -350,7 +368,7 @@ class Chaos:
         committed content is the reference."""
         if self.sink is None:
             return
-        if self.args.per_partition:
+        if self.args.per_partition or self.run.scenario == "egress-kill":
             got = [[(tuple(sn), r) for sn, r in read_file_sink(f"{self.folder}/out/{p}")]
                    for p in range(NODES)]
             if not self.output.equals_by_partition(got):
@@ -360,7 +378,7 @@ class Chaos:
             raise AssertionError("the FileSink's committed content is not the reference")
 
     def close(self) -> None:
-        if self.run.scenario in CHECKPOINTED:
+        if self.run.scenario in CHECKPOINTED or self.run.scenario == "egress-kill":
             shutil.rmtree(self.folder, ignore_errors=True)
 
 

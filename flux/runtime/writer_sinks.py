@@ -90,15 +90,22 @@ class WriterSinks:
         return sink.committed(), self.writers[partition].committed()
 
     def progress(self, now: float) -> List[WriterProgress]:
-        """How far each writer got, for the driver (its end, its metrics), when it moved
-        on and at most every ``commit_interval``."""
+        """How far each writer's committed outputs got, for the driver (the job's end,
+        its metrics), when it moved on and at most every ``commit_interval``: its bound
+        once everything it sent to its sink is committed, else the last one reported."""
         if now - self._reported_at < self.commit_interval:
             return []
         self._reported_at = now
         out = []
         for p, writer in sorted(self.writers.items()):
-            report = WriterProgress(p, tuple(writer.fcons.frontier()), writer.settled())
-            if self._reported.get(p) != report:
+            before = self._reported.get(p)
+            if writer.uncommitted:
+                if before is None:
+                    continue
+                report = before
+            else:
+                report = WriterProgress(p, tuple(writer.fcons.frontier()), writer.settled())
+            if before != report:
                 self._reported[p] = report
                 out.append(report)
         return out

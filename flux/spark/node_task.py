@@ -189,6 +189,8 @@ def run_loop(task: int, inc: int, name: str, loop: HostLoop, mover: StateMoverSe
         transport.close(linger_ms=500)
         raise NodeEnded(f"{name} (attempt {inc}) stopped: {loop.stopped}; "
                         f"a new attempt will join as a standby")
+    if loop.writer_sinks is not None:  # the job's end: its writers' last outputs commit
+        loop.writer_sinks.close()
     return iter([(task, inc, name, loop.stopped)])
 
 
