@@ -8,22 +8,12 @@ import pytest
 
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
-from flux.reference import ReferenceRun
 from flux.spark.output import OutputWriter
 from flux.testing.threads import ThreadCluster
 from flux.testing.workloads import packet_workload
-from thread_runs import paced
+from thread_runs import paced, reference_by_partition
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def reference_by_partition(dataflow, records, partitions):
-    run = ReferenceRun(dataflow, partitions)
-    outputs = [o for r in records for o in run.feed(r)]
-    by: dict = {}
-    for output, p in zip(outputs, run.output_partitions):
-        by.setdefault(p, []).append(wire_form(output))
-    return outputs, by
 
 
 @pytest.mark.parametrize("kill", [None, "node1"])

@@ -12,21 +12,11 @@ from flux.connector_api import SinkPerPartition
 from flux.connectors.file_sink import FileSink, read_file_sink
 from flux.examples import paper_dataflow
 from flux.operator import wire_form
-from flux.reference import ReferenceRun
 from flux.testing.threads import ThreadCluster
 from flux.testing.workloads import packet_workload
-from thread_runs import paced
+from thread_runs import paced, reference_by_partition
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def by_partition(dataflow, records, partitions):
-    run = ReferenceRun(dataflow, partitions)
-    outputs = [o for r in records for o in run.feed(r)]
-    by: dict = {}
-    for output, p in zip(outputs, run.output_partitions):
-        by.setdefault(p, []).append(wire_form(output))
-    return by
 
 
 def committed(folder):
@@ -36,7 +26,7 @@ def committed(folder):
 @pytest.mark.parametrize("kill", [None, "node1"])
 def test_each_partitions_sink_gets_its_failure_free_output_once(tmp_path, kill):
     records = packet_workload(6000, seed=8, pairs=600, apps=4, sources=30)
-    expected = by_partition(paper_dataflow(), records, 4)
+    expected = reference_by_partition(paper_dataflow(), records, 4)[1]
     folders = {p: str(tmp_path / f"partition-{p}") for p in range(4)}
     sink = SinkPerPartition(lambda p: FileSink(folders[p]))
     cluster = ThreadCluster(paper_dataflow(), 4, paced(records) if kill else iter(records),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from flux.operator import wire_form
-from flux.reference import reference_output
+from flux.reference import ReferenceRun, reference_output
 from flux.testing.threads import ThreadCluster
 
 
@@ -40,3 +40,13 @@ def assert_exact_and_caught_up_in_parts(cluster, expected):
                if getattr(m, "installed", None)]
     assert rebuilt and all(m.installed["parts"] > 0 for m in rebuilt), \
         [m.installed for m in rebuilt]
+
+
+def reference_by_partition(dataflow, records, partitions):
+    """The failure-free outputs, and each last-stage partition's (in wire form)."""
+    run = ReferenceRun(dataflow, partitions)
+    outputs = [o for r in records for o in run.feed(r)]
+    by: dict = {}
+    for output, p in zip(outputs, run.output_partitions):
+        by.setdefault(p, []).append(wire_form(output))
+    return outputs, by
