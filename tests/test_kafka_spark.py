@@ -25,12 +25,16 @@ INPUTS, RATE, TOPIC_PARTITIONS = 24_000, 4_000, 3
 SPARK_EXECUTORS = 5
 
 
-@pytest.mark.parametrize("double,per_partition", [(False, False), (True, False), (True, True)],
-                         ids=["node-kill", "double-failure", "double-failure-sink-per-partition"])
+@pytest.mark.parametrize("double,per_partition", [
+    (False, False), (True, False), (True, True), (False, "on executors")],
+    ids=["node-kill", "double-failure", "double-failure-sink-per-partition",
+         "egress-node-kill-on-executors"])
 def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path, double,
                                                         per_partition):
     """``per_partition``: an egress per partition (``ordered_output=False``), each with a
-    transactional producer of its own into its own partition of the output topic."""
+    transactional producer of its own into its own partition of the output topic; "on
+    executors": each egress on the executor of its last-stage replica
+    (``egress_on_executors``), and the node killed is the one running partition 1's."""
     from experiments.kafka_io import Feed, RecordedOrder, read_output
     from flux.testing.dataflows import counting_dataflow
     from flux.operator import wire_form
@@ -51,19 +55,22 @@ def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path,
     source = RecordedOrder(KafkaSource(broker.bootstrap, topic_in, group=f"g-{name}",
                                        ending=feed.ending))
     if per_partition:
-        sink = SinkPerPartition(lambda p: KafkaSink(broker.bootstrap, topic_out,
+        bootstrap = broker.bootstrap  # the open function goes to the executors: no broker
+        sink = SinkPerPartition(lambda p: KafkaSink(bootstrap, topic_out,
                                                     f"flux-{name}-{p}", partition=p))
     else:
         sink = KafkaSink(broker.bootstrap, topic_out, f"flux-{name}", key=lambda r: r[0])
     try:
         job = FluxJob(spark, dataflow, source, nodes=4, standbys=1, sink=sink,
                       checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0,
-                      ordered_output=not per_partition)
+                      ordered_output=not per_partition,
+                      egress_on_executors=per_partition == "on executors")
         with job:
             assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
             where = job.topology.where
+            stage = 2 if per_partition == "on executors" else 1  # there: with the egress
             for replica in ((P, S) if double else (P,)):
-                job.kill_node(where[Addr(1, 1, replica)])
+                job.kill_node(where[Addr(stage, 1, replica)])
             killed = time.monotonic()
             job.wait(timeout=240)
         assert not feed.error

@@ -125,3 +125,15 @@ def test_an_egress_on_the_executors_needs_a_sink_per_partition():
                                keep_output=True).check_output(per_partition)
     JobOptions.from_kwargs(egress_on_executors=True, ordered_output=False).check_output(
         per_partition)
+
+
+def test_an_egress_on_the_executors_needs_a_sink_that_pickles():
+    import threading
+
+    from flux.connector_api import SinkPerPartition
+    from flux.spark.job import shipped_sink
+
+    lock = threading.Lock()
+    with pytest.raises(ValueError, match="cannot be pickled.*never a lock"):
+        shipped_sink(SinkPerPartition(lambda p: (lock, p)))
+    assert shipped_sink(SinkPerPartition(lambda p: f"/data/{p}"))

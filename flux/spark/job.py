@@ -83,6 +83,17 @@ def _kill(name: str, pid: int) -> None:
                            f"stopped, or ended)") from None
 
 
+def shipped_sink(sink) -> bytes:
+    """The ``SinkPerPartition`` pickled for the executors (``egress_on_executors``)."""
+    try:
+        return cloudpickle.dumps(sink)
+    except Exception as exc:
+        raise ValueError(f"egress_on_executors=True sends the SinkPerPartition to the "
+                         f"executors, and it cannot be pickled ({type(exc).__name__}: {exc}): "
+                         f"its open function must capture only what pickles (a folder, "
+                         f"a bootstrap string), never a lock, a socket or a client") from exc
+
+
 class FluxJob(JobViews):
     """``FluxJob(spark, dataflow, source, sink=None, **options)``: the keyword arguments
     are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them); what
@@ -127,7 +138,7 @@ class FluxJob(JobViews):
             curve=opts.network.authenticate, ports=opts.network.ports,
             checkpoint_full_every=opts.checkpoints.full_every,
             ordered_output=tuning.ordered_output,
-            writers_sink=cloudpickle.dumps(sink) if tuning.egress_on_executors else b"",
+            writers_sink=shipped_sink(sink) if tuning.egress_on_executors else b"",
             commit_interval=tuning.commit_interval)
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
