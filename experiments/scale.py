@@ -32,11 +32,14 @@ import json
 import os
 import pathlib
 import statistics
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from flux.connector_api import SinkPerPartition
+from flux.connectors.file_sink import FileSink
 from flux.connectors.sources import RateLimited
 from flux.examples import paper_dataflow
 from flux.testing.workloads import packet_workload
@@ -55,6 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--runs", type=int, default=1, help="runs per node count, alternated")
     ap.add_argument("--local", action="store_true", help="an embedded local-cluster, no rig")
+    ap.add_argument("--egress", nargs="+", choices=("driver", "executors"),
+                    default=["driver"],
+                    help="where the egresses run (several: alternated at every rate): one "
+                         "ordered egress in the driver, or each partition's on an executor "
+                         "into a FileSink of its own (egress_on_executors)")
     ap.add_argument("--summarize", action="store_true",
                     help="no runs: the summary of the processes.csv in --out, again")
     ap.add_argument("--out", default="docs/results/scale")
@@ -130,19 +138,22 @@ def measure(job, args) -> List[Dict[str, Any]]:
     return rows
 
 
-def one_run(spark, nodes: int, rate: int, args, records) -> List[Dict[str, Any]]:
+def one_run(spark, nodes: int, rate: int, args, records,
+            egress: str = "driver") -> List[Dict[str, Any]]:
     from flux.spark.job import FluxJob
 
-    outputs = [0]
-
     def count(item) -> None:
-        outputs[0] += 1
+        pass
 
-    job = FluxJob(spark, paper_dataflow(), RateLimited(records, rate), nodes=nodes,
-                  standbys=1, sink=count)
-    with job:
-        rows = measure(job, args)
-    return [{"nodes": nodes, "rate": rate, **row} for row in rows]
+    with tempfile.TemporaryDirectory(prefix="flux-scale-") as folder:
+        where = dict(sink=count) if egress == "driver" else dict(
+            sink=SinkPerPartition(lambda p: FileSink(f"{folder}/{p}")),
+            ordered_output=False, egress_on_executors=True)
+        job = FluxJob(spark, paper_dataflow(), RateLimited(records, rate), nodes=nodes,
+                      standbys=1, **where)
+        with job:
+            rows = measure(job, args)
+    return [{"nodes": nodes, "rate": rate, "egress": egress, **row} for row in rows]
 
 
 def fit(points: Dict[int, float]) -> tuple:
@@ -177,8 +188,10 @@ def busy_points(rows: List[Dict[str, Any]], nodes: int, kind: str) -> Dict[float
 
 def summarize(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
     by: Dict[str, Any] = {}
-    for n, rate in sorted({(r["nodes"], r["rate"]) for r in rows}):
+    for n, rate, egress in sorted({(r["nodes"], r["rate"], r.get("egress", "driver"))
+                                   for r in rows}):
         mine = [r for r in rows if r["nodes"] == n and r["rate"] == rate
+                and r.get("egress", "driver") == egress
                 and r["cpu_us_per_input"] is not None]
         kinds: Dict[str, Any] = {}
         for kind in ("driver", "driver-jvm", "ingress", "node", "node-jvm"):
@@ -195,11 +208,15 @@ def summarize(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
                            "spread_us": [round(min(means), 3), round(max(means), 3)],
                            "busiest_us": round(statistics.median(tops), 3)}
         busiest = max(kinds.items(), key=lambda kv: kv[1]["busiest_us"])
-        by[f"{n} nodes at {rate}/s"] = {
-            "nodes": n, "rate": rate, "kinds": kinds, "busiest": busiest[0],
+        name = f"{n} nodes at {rate}/s" + ("" if egress == "driver" else ", egress on executors")
+        by[name] = {
+            "nodes": n, "rate": rate, "egress": egress, "kinds": kinds, "busiest": busiest[0],
             "busiest_us": busiest[1]["busiest_us"],
             "input_rate": statistics.median(r["input_rate"] for r in mine)}
-    return {"settings": vars(args), "measured": by, "model": model(rows)}
+    # the model: of the egress where it was measured first (the driver, as before)
+    mode = rows[0].get("egress", "driver") if rows else "driver"
+    first = [r for r in rows if r.get("egress", "driver") == mode]
+    return {"settings": vars(args), "measured": by, "model": model(first)}
 
 
 def model(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -287,11 +304,13 @@ def main(argv=None) -> int:
         for k, nodes in enumerate(order):
             with cluster(nodes, args.local) as spark:
                 rates = args.rates if (run + k) % 2 == 0 else args.rates[::-1]
-                for rate in rates:
-                    print(f"run {run + 1}/{args.runs}: {nodes} nodes at {rate}/s ...",
-                          flush=True)
-                    rows += [{"run": run, **r} for r in one_run(spark, nodes, rate, args,
-                                                                records)]
+                for j, rate in enumerate(rates):
+                    modes = args.egress if (run + k + j) % 2 == 0 else args.egress[::-1]
+                    for egress in modes:
+                        print(f"run {run + 1}/{args.runs}: {nodes} nodes at {rate}/s, "
+                              f"egress in the {egress} ...", flush=True)
+                        rows += [{"run": run, **r} for r in one_run(
+                            spark, nodes, rate, args, records, egress)]
     with open(out / "processes.csv", "w", newline="") as f:  # again, if read
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
