@@ -28,6 +28,17 @@ thread and the sockets. Everything that affects a transfer lives here:
 - Transfer ids are unique per catch-up attempt (3.4, DESIGN 4.6) and all
   state is keyed by id, so messages of an older attempt never mix into a
   newer one.
+- A link that loses envelopes (the transport reports the gap as ``LinkLost``, before
+  the message after it) costs a resend, not the attempt (``statemover.resend``): every
+  chunk and trailer is numbered, the sender keeps those not yet confirmed (a part's
+  until its ``PartAck``, the final state's until the receiver's ``StateAck``: the
+  transfer stays SENT until then, though ``StateSent`` was signalled at once), and the
+  receiver asks for everything from the first it misses (``Nack``) and takes only the
+  number it expects next. Data, or a ``Nack``, from a peer whose handshake was lost shows
+  that the peer asked for the transfer: it readies it as the handshake would have. Only a
+  loss with nothing after it on its link (no gap shown) is left to the catch-up's
+  deadline. Without this, an attempt succeeded only if each of its few dozen envelopes
+  arrived: at a fifth lost, never.
 - Crashes make late messages normal: a message for an unknown, finished or
   aborted transfer, or from a dead peer, is dropped. A message that no live
   transfer could accept is a ``RemoteProtocolError``; a local call out of turn
@@ -52,17 +63,20 @@ from statemover.messages import (
     Chunk,
     Handshake,
     LinkLost,
+    Nack,
     PartAck,
     PartAcked,
     PartTrailer,
     Role,
     SmReady,
+    StateAck,
     StatePart,
     StateReceived,
     StateSent,
     Trailer,
     TransferFailed,
 )
+from statemover.resend import SendLog
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 
@@ -76,11 +90,14 @@ class Mode(enum.Enum):
     REQUESTED = "requested"  # local request made, handshake sent, peer's not yet here
     READY = "ready"  # SmReady emitted; sender awaits send(), receiver awaits chunks
     RECEIVING = "receiving"  # receiver holds at least one chunk
+    SENT = "sent"  # sender: the final state handed out, kept for a resend until its ack
     DONE = "done"
     ABORTED = "aborted"
 
 
 TERMINAL = (Mode.DONE, Mode.ABORTED)
+#: what the sender numbers and keeps for a resend (``statemover.resend``)
+_NUMBERED = (Chunk, PartTrailer, Trailer)
 SEND, RECV = Role.SEND, Role.RECV
 
 #: (role, mode, event) -> next mode, for live transfers. An event not listed is
@@ -90,8 +107,12 @@ TRANSITIONS = {
     (SEND, Mode.REQUESTED, "handshake"): Mode.READY,
     (RECV, Mode.REQUESTED, "handshake"): Mode.READY,
     (SEND, Mode.READY, "part"): Mode.READY,  # send_part(): a bulk part, more may follow
-    (SEND, Mode.READY, "send"): Mode.DONE,  # send() hands out every chunk at once
+    (SEND, Mode.READY, "send"): Mode.SENT,  # send() hands out every chunk at once
+    (SEND, Mode.SENT, "state ack"): Mode.DONE,  # the receiver has it: forget it
     (SEND, Mode.READY, "part ack"): Mode.READY,  # the receiver has a part
+    (SEND, Mode.REQUESTED, "nack"): Mode.READY,  # the peer's handshake was lost (lossy only)
+    (SEND, Mode.READY, "nack"): Mode.READY,  # resend what the receiver misses
+    (SEND, Mode.SENT, "nack"): Mode.SENT,
     (RECV, Mode.READY, "chunk"): Mode.RECEIVING,
     (RECV, Mode.RECEIVING, "chunk"): Mode.RECEIVING,
     (RECV, Mode.READY, "part trailer"): Mode.READY,  # an empty part
@@ -112,6 +133,8 @@ class _Transfer:
     crc: int = 0
     parts: int = 0  # bulk parts sent (sender) or received whole (receiver)
     acked: int = 0  # bulk parts the receiver acknowledged (sender)
+    seq: int = 0  # receiver: the number of the chunk or trailer it takes next
+    log: Optional[SendLog] = None  # sender: what it sent and the receiver has not confirmed
 
 
 class StateMover:
@@ -126,9 +149,9 @@ class StateMover:
         self.dead: set = set()
         #: A peer's Handshake or Abort that came before our own request: (src, msg).
         self._early: Dict[Hashable, Tuple[Any, Any]] = {}
-        #: peers whose link lost messages: a message out of turn from one of them may
-        #: follow a lost one (e.g. a chunk whose handshake was lost before this side
-        #: asked for the transfer), so it fails that transfer instead of the process
+        #: peers whose link lost messages: from one of them a chunk or trailer out of turn
+        #: is dropped (a resend brings it), and another message out of turn may follow a
+        #: lost one, so it fails that transfer instead of the process
         self.lossy: set = set()
 
     # -- local events ------------------------------------------------------------
@@ -151,9 +174,13 @@ class StateMover:
         if t.mode is Mode.ABORTED:
             return []
         self._step(transfer, t, "send", LocalProtocolError)
+        for other in self.transfers.values():  # one final state kept per peer: the memory
+            if other.peer == t.peer and other.mode is Mode.SENT and other is not t:  # of one
+                self._finish(other)  # whose ack was lost stays bounded
         data = state if type(state) is bytes else bytes(state)  # snapshot, never aliased
         effects = self._chunks(transfer, t, data)
-        effects.append(Send(self.me, t.peer, Trailer(transfer, len(effects), len(data), zlib.crc32(data))))
+        trailer = Trailer(transfer, len(effects), len(data), zlib.crc32(data), t.log.next_seq)
+        effects.append(Send(self.me, t.peer, t.log.add(trailer)))
         effects.append(StateSent(transfer))
         return effects
 
@@ -168,14 +195,15 @@ class StateMover:
         self._step(transfer, t, "part", LocalProtocolError)
         data = part if type(part) is bytes else bytes(part)
         effects = self._chunks(transfer, t, data)
-        effects.append(Send(self.me, t.peer, PartTrailer(transfer, t.parts, len(effects), len(data),
-                                                         zlib.crc32(data))))
+        trailer = PartTrailer(transfer, t.parts, len(effects), len(data), zlib.crc32(data),
+                              t.log.next_seq)
+        effects.append(Send(self.me, t.peer, t.log.add(trailer)))
         t.parts += 1
         return effects
 
     def _chunks(self, transfer, t: _Transfer, data: bytes) -> list:
-        view, n = memoryview(data), self.chunk_size
-        return [Send(self.me, t.peer, Chunk(transfer, i, view[off:off + n]))
+        view, n, log = memoryview(data), self.chunk_size, t.log
+        return [Send(self.me, t.peer, log.add(Chunk(transfer, i, view[off:off + n], log.next_seq)))
                 for i, off in enumerate(range(0, len(data), n))]
 
     def cancel(self, transfer: Hashable, reason: str = CANCELLED) -> list:
@@ -189,6 +217,8 @@ class StateMover:
             self._early.pop(transfer, None)
             self.transfers[transfer] = _Transfer(None, None, Mode.ABORTED, reason)
             return []
+        if t.mode is Mode.SENT:
+            return self._finish(t)
         if t.mode in TERMINAL:
             return []
         tell = [] if t.peer in self.dead else [Send(self.me, t.peer, Abort(transfer, reason))]
@@ -202,21 +232,21 @@ class StateMover:
             del self._early[transfer]
         effects: list = []
         for transfer, t in self.transfers.items():
-            if t.peer in dead and t.mode not in TERMINAL:
+            if t.peer in dead and t.mode is Mode.SENT:
+                self._finish(t)  # StateSent was reported: fail(X) is catch-up's job
+            elif t.peer in dead and t.mode not in TERMINAL:
                 effects += self._abort(transfer, t, PEER_FAILED)
         return effects
 
     # -- messages from peer movers ---------------------------------------------
     def link_lost(self, peer: Hashable, why: str) -> list:
-        """Messages from ``peer`` were lost in transit: every live transfer with it misses
-        something, so each fails (and its catch-up is retried, DESIGN 4.6), now rather than
-        at the catch-up's deadline. Later transfers with the peer are not affected."""
+        """Messages from ``peer`` were lost in transit: each live transfer it sends to us
+        asks for everything from the first chunk or trailer it misses (``Nack``; ``why``
+        is for the caller's log). What a receiver lost (an ack, a nack) is covered by
+        what it sends next, so a sending transfer waits."""
         self.lossy.add(peer)
-        effects: list = []
-        for transfer, t in self.transfers.items():
-            if t.peer == peer and t.mode not in TERMINAL:
-                effects += self._abort(transfer, t, why)
-        return effects
+        return [Send(self.me, peer, Nack(transfer, t.seq)) for transfer, t in self.transfers.items()
+                if t.peer == peer and t.role is RECV and t.mode not in TERMINAL]
 
     def on_message(self, src: Hashable, msg) -> list:
         """A message from mover ``src``; stale ones are dropped (crashes make them normal)."""
@@ -239,12 +269,26 @@ class StateMover:
             return []  # late message of a finished or aborted attempt
         if src != t.peer:
             raise RemoteProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
+        if type(msg) in _NUMBERED and src in self.lossy:
+            ready = self._handshake_lost(msg.transfer, t)
+            if msg.seq != t.seq:
+                return ready  # after a gap, or sent again: the Nack brings it in its turn
+            return ready + handler(self, msg.transfer, t, msg)
         try:
             return handler(self, msg.transfer, t, msg)
         except RemoteProtocolError as exc:
             if src not in self.lossy:
                 raise
             return self._abort(msg.transfer, t, f"out of turn after lost messages ({exc})")
+
+    def _handshake_lost(self, transfer, t: _Transfer) -> list:
+        """A chunk or trailer reached a receiver still waiting for the sender's handshake,
+        after a loss: the handshake was lost, and the sender, which sends only once it has
+        ours, asked for the transfer."""
+        if t.role is not RECV or t.mode is not Mode.REQUESTED:
+            return []
+        self._step(transfer, t, "handshake")
+        return [SmReady(transfer)]
 
     def _on_handshake(self, transfer, t: _Transfer, msg: Handshake) -> list:
         if msg.role == t.role:
@@ -259,6 +303,7 @@ class StateMover:
             if msg.index < expected:
                 return self._abort(transfer, t, f"duplicate chunk {msg.index}")
             return self._abort(transfer, t, f"missing chunk {expected}")
+        t.seq += 1  # taken (from a lossy peer only in its turn: ``on_message``)
         t.chunks.append(msg.data)
         t.length += len(msg.data)
         t.crc = zlib.crc32(msg.data, t.crc)
@@ -269,9 +314,10 @@ class StateMover:
         problem = self._check(t, msg)
         if problem is not None:
             return self._abort(transfer, t, problem)
+        t.seq += 1  # taken (from a lossy peer only in its turn: ``on_message``)
         data = b"".join(t.chunks)  # the one copy of the whole state
         t.chunks, t.length, t.crc = [], 0, 0
-        return [StateReceived(transfer, data)]
+        return [StateReceived(transfer, data), Send(self.me, t.peer, StateAck(transfer))]
 
     def _on_part_trailer(self, transfer, t: _Transfer, msg: PartTrailer) -> list:
         self._step(transfer, t, "part trailer")
@@ -280,6 +326,7 @@ class StateMover:
         problem = self._check(t, msg)
         if problem is not None:
             return self._abort(transfer, t, problem)
+        t.seq += 1  # taken (from a lossy peer only in its turn: ``on_message``)
         data = b"".join(t.chunks)
         t.chunks, t.length, t.crc = [], 0, 0
         t.parts += 1
@@ -287,11 +334,31 @@ class StateMover:
 
     def _on_part_ack(self, transfer, t: _Transfer, msg: PartAck) -> list:
         self._step(transfer, t, "part ack")
-        if msg.part != t.acked or msg.part >= t.parts:  # FIFO: acks come in order, once
+        if not t.acked <= msg.part < t.parts:  # FIFO: acks come in order, once each
             raise RemoteProtocolError(f"{self.me!r}: ack of part {msg.part} of {transfer!r}, "
                                       f"expected {t.acked} of {t.parts} sent")
-        t.acked += 1
-        return [PartAcked(transfer, msg.part)]
+        first, t.acked = t.acked, msg.part + 1  # cumulative: an ack lost on the way is in it
+        t.log.confirm_part(msg.part)
+        return [PartAcked(transfer, p) for p in range(first, t.acked)]
+
+    def _on_nack(self, transfer, t: _Transfer, msg: Nack) -> list:
+        """The receiver misses messages from number ``msg.seq`` on: send them again. In
+        REQUESTED, from a peer whose messages were lost: its handshake was."""
+        if t.role is not SEND or (t.mode is Mode.REQUESTED and t.peer not in self.lossy):
+            raise RemoteProtocolError(f"{self.me!r}: {msg!r} in {t.mode.name} for {t.role} "
+                                      f"transfer {transfer!r}")
+        ready = [SmReady(transfer)] if t.mode is Mode.REQUESTED else []
+        self._step(transfer, t, "nack")
+        again = t.log.since(msg.seq)
+        if again is None:
+            raise RemoteProtocolError(f"{self.me!r}: {msg!r}, but messages #{t.log.base} to "
+                                      f"#{t.log.next_seq} are those kept")
+        return ready + [Send(self.me, t.peer, m) for m in again]
+
+    def _on_state_ack(self, transfer, t: _Transfer, msg: StateAck) -> list:
+        self._step(transfer, t, "state ack")
+        t.log.clear()
+        return []
 
     @staticmethod
     def _check(t: _Transfer, msg) -> Optional[str]:
@@ -308,10 +375,13 @@ class StateMover:
         return None
 
     def _on_abort(self, transfer, t: _Transfer, msg: Abort) -> list:
+        if t.mode is Mode.SENT:
+            return self._finish(t)  # the receiver gave up after we had finished
         return self._abort(transfer, t, f"peer aborted: {msg.reason}")
 
     _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer,
-                 PartTrailer: _on_part_trailer, PartAck: _on_part_ack, Abort: _on_abort}
+                 PartTrailer: _on_part_trailer, PartAck: _on_part_ack, Abort: _on_abort,
+                 Nack: _on_nack, StateAck: _on_state_ack}
 
     # -- helpers -----------------------------------------------------------------
     def _request(self, transfer, peer, role: Role) -> list:
@@ -328,7 +398,7 @@ class StateMover:
         if t is not None:  # cancelled before it was requested
             t.role, t.peer = role, peer
             return [TransferFailed(transfer, t.reason)]
-        t = self.transfers[transfer] = _Transfer(role, peer)
+        t = self.transfers[transfer] = _Transfer(role, peer, log=SendLog() if role is SEND else None)
         if peer in self.dead:
             return self._abort(transfer, t, PEER_FAILED)
         self._early.pop(transfer, None)
@@ -351,9 +421,19 @@ class StateMover:
             raise error(f"{self.me!r}: {event} in {t.mode.name} for {t.role} transfer {transfer!r}")
         t.mode = nxt
 
+    @staticmethod
+    def _finish(t: _Transfer) -> list:
+        """A SENT transfer ends without its ack (the peer died, or a later state went to
+        it): the state was reported sent, so nothing is signalled; only the copy goes."""
+        t.mode = Mode.DONE
+        t.log.clear()
+        return []
+
     def _abort(self, transfer, t: _Transfer, reason: str) -> list:
         t.mode, t.reason = Mode.ABORTED, reason
         t.chunks, t.length, t.crc = [], 0, 0  # never keep, nor deliver, a partial state
+        if t.log is not None:
+            t.log.clear()
         return [TransferFailed(transfer, reason)]
 
     # -- queries -----------------------------------------------------------------
@@ -371,3 +451,6 @@ class StateMover:
             assert t.chunks == [] or (t.role == RECV and t.mode is Mode.RECEIVING), f"{transfer!r}: stray chunks"
             assert t.length == sum(len(c) for c in t.chunks), f"{transfer!r}: length out of step"
             assert (t.reason is not None) == (t.mode is Mode.ABORTED), f"{transfer!r}: reason without abort"
+            assert t.log is None or t.role == SEND, f"{transfer!r}: a receiver with a send log"
+            assert t.log is None or t.mode not in TERMINAL or not t.log.messages, \
+                f"{transfer!r}: messages kept after the transfer ended"

@@ -42,7 +42,7 @@ def receive(t, n=1, timeout=5.0):
 
 def test_state_chunks_go_from_node_to_node_through_the_two_services(two_nodes):
     nodes, movers, _ = two_nodes
-    big = Envelope(A, B, 3, Chunk((2, 1, 4), 0, b"\x01" * 3_000_000), 11, 12)
+    big = Envelope(A, B, 3, Chunk((2, 1, 4), 0, b"\x01" * 3_000_000, 0), 11, 12)
     hello = Envelope(A, B, 3, Handshake((2, 1, 4), "send"), 11, 12)
     nodes["a"].send(mover_peer("a"), hello)
     nodes["a"].send(mover_peer("a"), big)
