@@ -51,10 +51,8 @@ chunk by chunk by the receiver. It guards against accidental corruption
 """
 from __future__ import annotations
 
-import enum
 import zlib
-from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, Iterable, Optional, Tuple
 
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
@@ -70,74 +68,25 @@ from statemover.messages import (
     Role,
     SmReady,
     StateAck,
-    StatePart,
-    StateReceived,
     StateSent,
     Trailer,
     TransferFailed,
 )
+from statemover.receiving import CHECKSUM_MISMATCH, ReceiverSide
 from statemover.resend import SendLog
+from statemover.transfer import NUMBERED, RECV, SEND, TERMINAL, TRANSITIONS, Mode, Transfer
+
+__all__ = ["CANCELLED", "CHECKSUM_MISMATCH", "DEFAULT_CHUNK_SIZE", "PEER_FAILED", "Mode",
+           "StateMover", "TERMINAL", "TRANSITIONS"]
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 
 #: Failure reasons that are not formatted with numbers.
 CANCELLED = "cancelled"
 PEER_FAILED = "peer failed"
-CHECKSUM_MISMATCH = "checksum mismatch"
 
 
-class Mode(enum.Enum):
-    REQUESTED = "requested"  # local request made, handshake sent, peer's not yet here
-    READY = "ready"  # SmReady emitted; sender awaits send(), receiver awaits chunks
-    RECEIVING = "receiving"  # receiver holds at least one chunk
-    SENT = "sent"  # sender: the final state handed out, kept for a resend until its ack
-    DONE = "done"
-    ABORTED = "aborted"
-
-
-TERMINAL = (Mode.DONE, Mode.ABORTED)
-#: what the sender numbers and keeps for a resend (``statemover.resend``)
-_NUMBERED = (Chunk, PartTrailer, Trailer)
-SEND, RECV = Role.SEND, Role.RECV
-
-#: (role, mode, event) -> next mode, for live transfers. An event not listed is
-#: a protocol error: local for ``send``, remote for a peer's message. Cancel, peer failure, peer abort and a failed check take
-#: any live transfer to ABORTED.
-TRANSITIONS = {
-    (SEND, Mode.REQUESTED, "handshake"): Mode.READY,
-    (RECV, Mode.REQUESTED, "handshake"): Mode.READY,
-    (SEND, Mode.READY, "part"): Mode.READY,  # send_part(): a bulk part, more may follow
-    (SEND, Mode.READY, "send"): Mode.SENT,  # send() hands out every chunk at once
-    (SEND, Mode.SENT, "state ack"): Mode.DONE,  # the receiver has it: forget it
-    (SEND, Mode.READY, "part ack"): Mode.READY,  # the receiver has a part
-    (SEND, Mode.REQUESTED, "nack"): Mode.READY,  # the peer's handshake was lost (lossy only)
-    (SEND, Mode.READY, "nack"): Mode.READY,  # resend what the receiver misses
-    (SEND, Mode.SENT, "nack"): Mode.SENT,
-    (RECV, Mode.READY, "chunk"): Mode.RECEIVING,
-    (RECV, Mode.RECEIVING, "chunk"): Mode.RECEIVING,
-    (RECV, Mode.READY, "part trailer"): Mode.READY,  # an empty part
-    (RECV, Mode.RECEIVING, "part trailer"): Mode.READY,  # a part whole: StatePart
-    (RECV, Mode.READY, "trailer"): Mode.DONE,  # the empty state has no chunks
-    (RECV, Mode.RECEIVING, "trailer"): Mode.DONE,
-}
-
-
-@dataclass(slots=True)
-class _Transfer:
-    role: Optional[Role]  # None: cancelled before it was requested (a tombstone)
-    peer: Any
-    mode: Mode = Mode.REQUESTED
-    reason: Optional[str] = None
-    chunks: List[Any] = field(default_factory=list)
-    length: int = 0
-    crc: int = 0
-    parts: int = 0  # bulk parts sent (sender) or received whole (receiver)
-    acked: int = 0  # bulk parts the receiver acknowledged (sender)
-    seq: int = 0  # receiver: the number of the chunk or trailer it takes next
-    log: Optional[SendLog] = None  # sender: what it sent and the receiver has not confirmed
-
-
-class StateMover:
+class StateMover(ReceiverSide):
     """Moves states between this node and its peers, one transfer per catch-up attempt."""
 
     def __init__(self, me: Hashable, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -145,7 +94,7 @@ class StateMover:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.me = me
         self.chunk_size = chunk_size
-        self.transfers: Dict[Hashable, _Transfer] = {}
+        self.transfers: Dict[Hashable, Transfer] = {}
         self.dead: set = set()
         #: A peer's Handshake or Abort that came before our own request: (src, msg).
         self._early: Dict[Hashable, Tuple[Any, Any]] = {}
@@ -201,7 +150,7 @@ class StateMover:
         t.parts += 1
         return effects
 
-    def _chunks(self, transfer, t: _Transfer, data: bytes) -> list:
+    def _chunks(self, transfer, t: Transfer, data: bytes) -> list:
         view, n, log = memoryview(data), self.chunk_size, t.log
         return [Send(self.me, t.peer, log.add(Chunk(transfer, i, view[off:off + n], log.next_seq)))
                 for i, off in enumerate(range(0, len(data), n))]
@@ -215,7 +164,7 @@ class StateMover:
         t = self.transfers.get(transfer)
         if t is None:
             self._early.pop(transfer, None)
-            self.transfers[transfer] = _Transfer(None, None, Mode.ABORTED, reason)
+            self.transfers[transfer] = Transfer(None, None, Mode.ABORTED, reason)
             return []
         if t.mode is Mode.SENT:
             return self._finish(t)
@@ -269,7 +218,7 @@ class StateMover:
             return []  # late message of a finished or aborted attempt
         if src != t.peer:
             raise RemoteProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
-        if type(msg) in _NUMBERED and src in self.lossy:
+        if type(msg) in NUMBERED and src in self.lossy:
             ready = self._handshake_lost(msg.transfer, t)
             if msg.seq != t.seq:
                 return ready  # after a gap, or sent again: the Nack brings it in its turn
@@ -281,58 +230,13 @@ class StateMover:
                 raise
             return self._abort(msg.transfer, t, f"out of turn after lost messages ({exc})")
 
-    def _handshake_lost(self, transfer, t: _Transfer) -> list:
-        """A chunk or trailer reached a receiver still waiting for the sender's handshake,
-        after a loss: the handshake was lost, and the sender, which sends only once it has
-        ours, asked for the transfer."""
-        if t.role is not RECV or t.mode is not Mode.REQUESTED:
-            return []
-        self._step(transfer, t, "handshake")
-        return [SmReady(transfer)]
-
-    def _on_handshake(self, transfer, t: _Transfer, msg: Handshake) -> list:
+    def _on_handshake(self, transfer, t: Transfer, msg: Handshake) -> list:
         if msg.role == t.role:
             raise RemoteProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {t.role!r}")
         self._step(transfer, t, "handshake")
         return [SmReady(transfer)]
 
-    def _on_chunk(self, transfer, t: _Transfer, msg: Chunk) -> list:
-        self._step(transfer, t, "chunk")
-        expected = len(t.chunks)
-        if msg.index != expected:  # FIFO links: anything else is a lost or repeated chunk
-            if msg.index < expected:
-                return self._abort(transfer, t, f"duplicate chunk {msg.index}")
-            return self._abort(transfer, t, f"missing chunk {expected}")
-        t.seq += 1  # taken (from a lossy peer only in its turn: ``on_message``)
-        t.chunks.append(msg.data)
-        t.length += len(msg.data)
-        t.crc = zlib.crc32(msg.data, t.crc)
-        return []
-
-    def _on_trailer(self, transfer, t: _Transfer, msg: Trailer) -> list:
-        self._step(transfer, t, "trailer")
-        problem = self._check(t, msg)
-        if problem is not None:
-            return self._abort(transfer, t, problem)
-        t.seq += 1  # taken (from a lossy peer only in its turn: ``on_message``)
-        data = b"".join(t.chunks)  # the one copy of the whole state
-        t.chunks, t.length, t.crc = [], 0, 0
-        return [StateReceived(transfer, data), Send(self.me, t.peer, StateAck(transfer))]
-
-    def _on_part_trailer(self, transfer, t: _Transfer, msg: PartTrailer) -> list:
-        self._step(transfer, t, "part trailer")
-        if msg.part != t.parts:  # FIFO links: a whole part lost or repeated
-            return self._abort(transfer, t, f"part {msg.part}, expected part {t.parts}")
-        problem = self._check(t, msg)
-        if problem is not None:
-            return self._abort(transfer, t, problem)
-        t.seq += 1  # taken (from a lossy peer only in its turn: ``on_message``)
-        data = b"".join(t.chunks)
-        t.chunks, t.length, t.crc = [], 0, 0
-        t.parts += 1
-        return [StatePart(transfer, msg.part, data), Send(self.me, t.peer, PartAck(transfer, msg.part))]
-
-    def _on_part_ack(self, transfer, t: _Transfer, msg: PartAck) -> list:
+    def _on_part_ack(self, transfer, t: Transfer, msg: PartAck) -> list:
         self._step(transfer, t, "part ack")
         if not t.acked <= msg.part < t.parts:  # FIFO: acks come in order, once each
             raise RemoteProtocolError(f"{self.me!r}: ack of part {msg.part} of {transfer!r}, "
@@ -341,7 +245,7 @@ class StateMover:
         t.log.confirm_part(msg.part)
         return [PartAcked(transfer, p) for p in range(first, t.acked)]
 
-    def _on_nack(self, transfer, t: _Transfer, msg: Nack) -> list:
+    def _on_nack(self, transfer, t: Transfer, msg: Nack) -> list:
         """The receiver misses messages from number ``msg.seq`` on: send them again. In
         REQUESTED, from a peer whose messages were lost: its handshake was."""
         if t.role is not SEND or (t.mode is Mode.REQUESTED and t.peer not in self.lossy):
@@ -355,33 +259,20 @@ class StateMover:
                                       f"#{t.log.next_seq} are those kept")
         return ready + [Send(self.me, t.peer, m) for m in again]
 
-    def _on_state_ack(self, transfer, t: _Transfer, msg: StateAck) -> list:
+    def _on_state_ack(self, transfer, t: Transfer, msg: StateAck) -> list:
         self._step(transfer, t, "state ack")
         t.log.clear()
         return []
 
-    @staticmethod
-    def _check(t: _Transfer, msg) -> Optional[str]:
-        """What is wrong with the chunks received, given their (part) trailer; None if whole."""
-        got = len(t.chunks)
-        if got < msg.count:
-            return f"missing chunk {got}"
-        if got > msg.count:
-            return f"{got} chunks, trailer says {msg.count}"
-        if t.length != msg.length:
-            return f"length {t.length}, trailer says {msg.length}"
-        if t.crc != msg.crc:
-            return CHECKSUM_MISMATCH
-        return None
-
-    def _on_abort(self, transfer, t: _Transfer, msg: Abort) -> list:
+    def _on_abort(self, transfer, t: Transfer, msg: Abort) -> list:
         if t.mode is Mode.SENT:
             return self._finish(t)  # the receiver gave up after we had finished
         return self._abort(transfer, t, f"peer aborted: {msg.reason}")
 
-    _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer,
-                 PartTrailer: _on_part_trailer, PartAck: _on_part_ack, Abort: _on_abort,
-                 Nack: _on_nack, StateAck: _on_state_ack}
+    _HANDLERS = {Handshake: _on_handshake, Chunk: ReceiverSide._on_chunk,
+                 Trailer: ReceiverSide._on_trailer, PartTrailer: ReceiverSide._on_part_trailer,
+                 PartAck: _on_part_ack, Abort: _on_abort, Nack: _on_nack,
+                 StateAck: _on_state_ack}
 
     # -- helpers -----------------------------------------------------------------
     def _request(self, transfer, peer, role: Role) -> list:
@@ -398,7 +289,7 @@ class StateMover:
         if t is not None:  # cancelled before it was requested
             t.role, t.peer = role, peer
             return [TransferFailed(transfer, t.reason)]
-        t = self.transfers[transfer] = _Transfer(role, peer, log=SendLog() if role is SEND else None)
+        t = self.transfers[transfer] = Transfer(role, peer, log=SendLog() if role is SEND else None)
         if peer in self.dead:
             return self._abort(transfer, t, PEER_FAILED)
         self._early.pop(transfer, None)
@@ -409,27 +300,27 @@ class StateMover:
             effects += self._on_handshake(transfer, t, early[1])
         return effects
 
-    def _known(self, transfer) -> _Transfer:
+    def _known(self, transfer) -> Transfer:
         t = self.transfers.get(transfer)
         if t is None or t.role is None:
             raise LocalProtocolError(f"{self.me!r}: transfer {transfer!r} was never requested")
         return t
 
-    def _step(self, transfer, t: _Transfer, event: str, error=RemoteProtocolError) -> None:
+    def _step(self, transfer, t: Transfer, event: str, error=RemoteProtocolError) -> None:
         nxt = TRANSITIONS.get((t.role, t.mode, event))
         if nxt is None:
             raise error(f"{self.me!r}: {event} in {t.mode.name} for {t.role} transfer {transfer!r}")
         t.mode = nxt
 
     @staticmethod
-    def _finish(t: _Transfer) -> list:
+    def _finish(t: Transfer) -> list:
         """A SENT transfer ends without its ack (the peer died, or a later state went to
         it): the state was reported sent, so nothing is signalled; only the copy goes."""
         t.mode = Mode.DONE
         t.log.clear()
         return []
 
-    def _abort(self, transfer, t: _Transfer, reason: str) -> list:
+    def _abort(self, transfer, t: Transfer, reason: str) -> list:
         t.mode, t.reason = Mode.ABORTED, reason
         t.chunks, t.length, t.crc = [], 0, 0  # never keep, nor deliver, a partial state
         if t.log is not None:
