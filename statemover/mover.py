@@ -218,12 +218,12 @@ class StateMover(ReceiverSide):
             return []  # late message of a finished or aborted attempt
         if src != t.peer:
             raise RemoteProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
-        if type(msg) in NUMBERED and src in self.lossy:
-            ready = self._handshake_lost(msg.transfer, t)
-            if msg.seq != t.seq:
-                return ready  # after a gap, or sent again: the Nack brings it in its turn
-            return ready + handler(self, msg.transfer, t, msg)
         try:
+            if type(msg) in NUMBERED and src in self.lossy:
+                ready = self._handshake_lost(msg.transfer, t)
+                if msg.seq != t.seq:
+                    return ready  # after a gap, or sent again: the Nack brings it in its turn
+                return ready + handler(self, msg.transfer, t, msg)
             return handler(self, msg.transfer, t, msg)
         except RemoteProtocolError as exc:
             if src not in self.lossy:

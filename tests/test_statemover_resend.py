@@ -245,3 +245,12 @@ def test_the_trailer_numbers_follow_the_chunks():
     msgs = [e.msg for e in a.send_part(T, b"abcdef") + a.send(T, b"xy") if isinstance(e, Send)]
     assert [m.seq for m in msgs] == [0, 1, 2, 3, 4]
     assert msgs[-1] == Trailer(T, 1, 2, zlib.crc32(b"xy"), 4)
+
+
+def test_a_chunk_to_the_sender_after_a_loss_fails_the_transfer_not_the_process():
+    a, b = StateMover(A, C), StateMover(B, C)
+    a.request_send(T, B)
+    a.on_message(B, Handshake(T, Role.RECV))
+    a.on_message(B, LinkLost(0, 1))
+    [failed] = a.on_message(B, Chunk(T, 0, b"x", 0))  # only a sender sends chunks
+    assert isinstance(failed, TransferFailed) and a.mode(T) is Mode.ABORTED
