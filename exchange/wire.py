@@ -61,15 +61,18 @@ from statemover.messages import (
     Chunk,
     Handshake,
     LinkLost,
+    Nack,
     PartAck,
     PartTrailer,
     Role,
+    StateAck,
     Trailer,
     TransferFailed,
 )
 
-#: 2: a batch's tuples travel as columns (``_put_batch_items``); 3: or as Rows (rows form)
-VERSION = 3
+#: 2: a batch's tuples travel as columns (``_put_batch_items``); 3: or as Rows (rows form);
+#: 4: the StateMover numbers its chunks and trailers and asks for lost ones again
+VERSION = 4
 #: the first field of a batch in rows form (the records form's is its SN length, an int)
 ROWS_FORM = "rows"
 #: SNs longer than this are refused: an SN has one int per stage a record went through
@@ -371,18 +374,24 @@ CODECS: Dict[str, _Codec] = {
     "psync": (PSync, lambda m: [m.version], _arity(1, lambda v: PSync(_int(v, "version")))),
     "sm_hello": (Handshake, lambda m: [list(m.transfer), Role(m.role).value],
                  _arity(2, lambda t, role: Handshake(_transfer(t), _role(role)))),
-    "sm_chunk": (Chunk, lambda m: [list(m.transfer), m.index, bytes(m.data)],
-                 _arity(3, lambda t, i, d: Chunk(_transfer(t), _int(i, "chunk index"),
-                                                 _bytes(d, "chunk data")))),
-    "sm_trailer": (Trailer, lambda m: [list(m.transfer), m.count, m.length, m.crc],
-                   _arity(4, lambda t, n, ln, crc: Trailer(_transfer(t), _int(n, "count"),
-                                                           _int(ln, "length"), _int(crc, "crc")))),
-    "sm_part_trailer": (PartTrailer, lambda m: [list(m.transfer), m.part, m.count, m.length, m.crc],
-                        _arity(5, lambda t, p, n, ln, crc: PartTrailer(
+    "sm_chunk": (Chunk, lambda m: [list(m.transfer), m.index, bytes(m.data), m.seq],
+                 _arity(4, lambda t, i, d, q: Chunk(_transfer(t), _int(i, "chunk index"),
+                                                    _bytes(d, "chunk data"), _int(q, "seq")))),
+    "sm_trailer": (Trailer, lambda m: [list(m.transfer), m.count, m.length, m.crc, m.seq],
+                   _arity(5, lambda t, n, ln, crc, q: Trailer(
+                       _transfer(t), _int(n, "count"), _int(ln, "length"), _int(crc, "crc"),
+                       _int(q, "seq")))),
+    "sm_part_trailer": (PartTrailer, lambda m: [list(m.transfer), m.part, m.count, m.length, m.crc,
+                                                m.seq],
+                        _arity(6, lambda t, p, n, ln, crc, q: PartTrailer(
                             _transfer(t), _int(p, "part"), _int(n, "count"), _int(ln, "length"),
-                            _int(crc, "crc")))),
+                            _int(crc, "crc"), _int(q, "seq")))),
     "sm_part_ack": (PartAck, lambda m: [list(m.transfer), m.part],
                     _arity(2, lambda t, p: PartAck(_transfer(t), _int(p, "part")))),
+    "sm_nack": (Nack, lambda m: [list(m.transfer), m.seq],
+                _arity(2, lambda t, q: Nack(_transfer(t), _int(q, "seq")))),
+    "sm_state_ack": (StateAck, lambda m: [list(m.transfer)],
+                     _arity(1, lambda t: StateAck(_transfer(t)))),
     "sm_link_lost": (LinkLost, lambda m: [m.expected, m.got],
                      _arity(2, lambda e, g: LinkLost(_int(e, "expected"), _int(g, "got")))),
     "sm_abort": (Abort, lambda m: [list(m.transfer), m.reason],

@@ -89,14 +89,18 @@ class Handshake:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class Chunk:
-    """Chunk number ``index`` (from 0) of the state; ``data`` is bytes-like."""
+    """Chunk number ``index`` (from 0) of the state; ``data`` is bytes-like. ``seq``
+    numbers every chunk and trailer of the transfer (from 0), so after a loss the
+    receiver can ask for what it misses (``Nack``) and tell a resent message from a
+    stale one."""
 
     transfer: Hashable
     index: int
     data: Any
+    seq: int
 
     def __repr__(self) -> str:  # a trace shows the size, not megabytes of bytes
-        return f"Chunk({self.transfer!r}, {self.index}, <{len(self.data)} bytes>)"
+        return f"Chunk({self.transfer!r}, {self.index}, <{len(self.data)} bytes>, #{self.seq})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,7 @@ class Trailer:
     count: int
     length: int
     crc: int
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +124,38 @@ class PartTrailer:
     count: int
     length: int
     crc: int
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
 class PartAck:
     """Bulk part number ``part`` arrived whole and was handed to the new replica (which
     installs it in the same step): the sender's window moves on, and phase 2 waits for
-    the last one, so the pause never waits behind a backlog of parts."""
+    the last one, so the pause never waits behind a backlog of parts. Cumulative: it
+    acknowledges every part up to ``part`` (an ack lost on the way is covered by the
+    next)."""
 
     transfer: Hashable
     part: int
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """The receiver saw messages of the sender lost (``LinkLost``): send again every
+    chunk and trailer of ``transfer`` from number ``seq`` on. A lost envelope costs a
+    resend, not the attempt: an attempt that needed every one of its envelopes to arrive
+    could never finish on a link that loses a few (DESIGN 4.6)."""
+
+    transfer: Hashable
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateAck:
+    """The receiver has the whole final state: the sender may forget it (until then it
+    keeps it, to answer a ``Nack``)."""
+
+    transfer: Hashable
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,17 @@ thread and the sockets. Everything that affects a transfer lives here:
 - Transfer ids are unique per catch-up attempt (3.4, DESIGN 4.6) and all
   state is keyed by id, so messages of an older attempt never mix into a
   newer one.
+- A link that loses envelopes (the transport reports the gap as ``LinkLost``, before
+  the message after it) costs a resend, not the attempt (``statemover.resend``): every
+  chunk and trailer is numbered, the sender keeps those not yet confirmed (a part's
+  until its ``PartAck``, the final state's until the receiver's ``StateAck``: the
+  transfer stays SENT until then, though ``StateSent`` was signalled at once), and the
+  receiver asks for everything from the first it misses (``Nack``) and takes only the
+  number it expects next. Data, or a ``Nack``, from a peer whose handshake was lost shows
+  that the peer asked for the transfer: it readies it as the handshake would have. Only a
+  loss with nothing after it on its link (no gap shown) is left to the catch-up's
+  deadline. Without this, an attempt succeeded only if each of its few dozen envelopes
+  arrived: at a fifth lost, never.
 - Crashes make late messages normal: a message for an unknown, finished or
   aborted transfer, or from a dead peer, is dropped. A message that no live
   transfer could accept is a ``RemoteProtocolError``; a local call out of turn
@@ -40,10 +51,8 @@ chunk by chunk by the receiver. It guards against accidental corruption
 """
 from __future__ import annotations
 
-import enum
 import zlib
-from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, Iterable, Optional, Tuple
 
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
@@ -52,69 +61,32 @@ from statemover.messages import (
     Chunk,
     Handshake,
     LinkLost,
+    Nack,
     PartAck,
     PartAcked,
     PartTrailer,
     Role,
     SmReady,
-    StatePart,
-    StateReceived,
+    StateAck,
     StateSent,
     Trailer,
     TransferFailed,
 )
+from statemover.receiving import CHECKSUM_MISMATCH, ReceiverSide
+from statemover.resend import SendLog
+from statemover.transfer import NUMBERED, RECV, SEND, TERMINAL, TRANSITIONS, Mode, Transfer
+
+__all__ = ["CANCELLED", "CHECKSUM_MISMATCH", "DEFAULT_CHUNK_SIZE", "PEER_FAILED", "Mode",
+           "StateMover", "TERMINAL", "TRANSITIONS"]
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 
 #: Failure reasons that are not formatted with numbers.
 CANCELLED = "cancelled"
 PEER_FAILED = "peer failed"
-CHECKSUM_MISMATCH = "checksum mismatch"
 
 
-class Mode(enum.Enum):
-    REQUESTED = "requested"  # local request made, handshake sent, peer's not yet here
-    READY = "ready"  # SmReady emitted; sender awaits send(), receiver awaits chunks
-    RECEIVING = "receiving"  # receiver holds at least one chunk
-    DONE = "done"
-    ABORTED = "aborted"
-
-
-TERMINAL = (Mode.DONE, Mode.ABORTED)
-SEND, RECV = Role.SEND, Role.RECV
-
-#: (role, mode, event) -> next mode, for live transfers. An event not listed is
-#: a protocol error: local for ``send``, remote for a peer's message. Cancel, peer failure, peer abort and a failed check take
-#: any live transfer to ABORTED.
-TRANSITIONS = {
-    (SEND, Mode.REQUESTED, "handshake"): Mode.READY,
-    (RECV, Mode.REQUESTED, "handshake"): Mode.READY,
-    (SEND, Mode.READY, "part"): Mode.READY,  # send_part(): a bulk part, more may follow
-    (SEND, Mode.READY, "send"): Mode.DONE,  # send() hands out every chunk at once
-    (SEND, Mode.READY, "part ack"): Mode.READY,  # the receiver has a part
-    (RECV, Mode.READY, "chunk"): Mode.RECEIVING,
-    (RECV, Mode.RECEIVING, "chunk"): Mode.RECEIVING,
-    (RECV, Mode.READY, "part trailer"): Mode.READY,  # an empty part
-    (RECV, Mode.RECEIVING, "part trailer"): Mode.READY,  # a part whole: StatePart
-    (RECV, Mode.READY, "trailer"): Mode.DONE,  # the empty state has no chunks
-    (RECV, Mode.RECEIVING, "trailer"): Mode.DONE,
-}
-
-
-@dataclass(slots=True)
-class _Transfer:
-    role: Optional[Role]  # None: cancelled before it was requested (a tombstone)
-    peer: Any
-    mode: Mode = Mode.REQUESTED
-    reason: Optional[str] = None
-    chunks: List[Any] = field(default_factory=list)
-    length: int = 0
-    crc: int = 0
-    parts: int = 0  # bulk parts sent (sender) or received whole (receiver)
-    acked: int = 0  # bulk parts the receiver acknowledged (sender)
-
-
-class StateMover:
+class StateMover(ReceiverSide):
     """Moves states between this node and its peers, one transfer per catch-up attempt."""
 
     def __init__(self, me: Hashable, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -122,13 +94,13 @@ class StateMover:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.me = me
         self.chunk_size = chunk_size
-        self.transfers: Dict[Hashable, _Transfer] = {}
+        self.transfers: Dict[Hashable, Transfer] = {}
         self.dead: set = set()
         #: A peer's Handshake or Abort that came before our own request: (src, msg).
         self._early: Dict[Hashable, Tuple[Any, Any]] = {}
-        #: peers whose link lost messages: a message out of turn from one of them may
-        #: follow a lost one (e.g. a chunk whose handshake was lost before this side
-        #: asked for the transfer), so it fails that transfer instead of the process
+        #: peers whose link lost messages: from one of them a chunk or trailer out of turn
+        #: is dropped (a resend brings it), and another message out of turn may follow a
+        #: lost one, so it fails that transfer instead of the process
         self.lossy: set = set()
 
     # -- local events ------------------------------------------------------------
@@ -151,9 +123,13 @@ class StateMover:
         if t.mode is Mode.ABORTED:
             return []
         self._step(transfer, t, "send", LocalProtocolError)
+        for other in self.transfers.values():  # one final state kept per peer: the memory
+            if other.peer == t.peer and other.mode is Mode.SENT and other is not t:  # of one
+                self._finish(other)  # whose ack was lost stays bounded
         data = state if type(state) is bytes else bytes(state)  # snapshot, never aliased
         effects = self._chunks(transfer, t, data)
-        effects.append(Send(self.me, t.peer, Trailer(transfer, len(effects), len(data), zlib.crc32(data))))
+        trailer = Trailer(transfer, len(effects), len(data), zlib.crc32(data), t.log.next_seq)
+        effects.append(Send(self.me, t.peer, t.log.add(trailer)))
         effects.append(StateSent(transfer))
         return effects
 
@@ -168,14 +144,15 @@ class StateMover:
         self._step(transfer, t, "part", LocalProtocolError)
         data = part if type(part) is bytes else bytes(part)
         effects = self._chunks(transfer, t, data)
-        effects.append(Send(self.me, t.peer, PartTrailer(transfer, t.parts, len(effects), len(data),
-                                                         zlib.crc32(data))))
+        trailer = PartTrailer(transfer, t.parts, len(effects), len(data), zlib.crc32(data),
+                              t.log.next_seq)
+        effects.append(Send(self.me, t.peer, t.log.add(trailer)))
         t.parts += 1
         return effects
 
-    def _chunks(self, transfer, t: _Transfer, data: bytes) -> list:
-        view, n = memoryview(data), self.chunk_size
-        return [Send(self.me, t.peer, Chunk(transfer, i, view[off:off + n]))
+    def _chunks(self, transfer, t: Transfer, data: bytes) -> list:
+        view, n, log = memoryview(data), self.chunk_size, t.log
+        return [Send(self.me, t.peer, log.add(Chunk(transfer, i, view[off:off + n], log.next_seq)))
                 for i, off in enumerate(range(0, len(data), n))]
 
     def cancel(self, transfer: Hashable, reason: str = CANCELLED) -> list:
@@ -187,8 +164,10 @@ class StateMover:
         t = self.transfers.get(transfer)
         if t is None:
             self._early.pop(transfer, None)
-            self.transfers[transfer] = _Transfer(None, None, Mode.ABORTED, reason)
+            self.transfers[transfer] = Transfer(None, None, Mode.ABORTED, reason)
             return []
+        if t.mode is Mode.SENT:
+            return self._finish(t)
         if t.mode in TERMINAL:
             return []
         tell = [] if t.peer in self.dead else [Send(self.me, t.peer, Abort(transfer, reason))]
@@ -202,21 +181,21 @@ class StateMover:
             del self._early[transfer]
         effects: list = []
         for transfer, t in self.transfers.items():
-            if t.peer in dead and t.mode not in TERMINAL:
+            if t.peer in dead and t.mode is Mode.SENT:
+                self._finish(t)  # StateSent was reported: fail(X) is catch-up's job
+            elif t.peer in dead and t.mode not in TERMINAL:
                 effects += self._abort(transfer, t, PEER_FAILED)
         return effects
 
     # -- messages from peer movers ---------------------------------------------
     def link_lost(self, peer: Hashable, why: str) -> list:
-        """Messages from ``peer`` were lost in transit: every live transfer with it misses
-        something, so each fails (and its catch-up is retried, DESIGN 4.6), now rather than
-        at the catch-up's deadline. Later transfers with the peer are not affected."""
+        """Messages from ``peer`` were lost in transit: each live transfer it sends to us
+        asks for everything from the first chunk or trailer it misses (``Nack``; ``why``
+        is for the caller's log). What a receiver lost (an ack, a nack) is covered by
+        what it sends next, so a sending transfer waits."""
         self.lossy.add(peer)
-        effects: list = []
-        for transfer, t in self.transfers.items():
-            if t.peer == peer and t.mode not in TERMINAL:
-                effects += self._abort(transfer, t, why)
-        return effects
+        return [Send(self.me, peer, Nack(transfer, t.seq)) for transfer, t in self.transfers.items()
+                if t.peer == peer and t.role is RECV and t.mode not in TERMINAL]
 
     def on_message(self, src: Hashable, msg) -> list:
         """A message from mover ``src``; stale ones are dropped (crashes make them normal)."""
@@ -240,78 +219,60 @@ class StateMover:
         if src != t.peer:
             raise RemoteProtocolError(f"{self.me!r}: {msg!r} from {src!r}, but the peer is {t.peer!r}")
         try:
+            if type(msg) in NUMBERED and src in self.lossy:
+                ready = self._handshake_lost(msg.transfer, t)
+                if msg.seq != t.seq:
+                    return ready  # after a gap, or sent again: the Nack brings it in its turn
+                return ready + handler(self, msg.transfer, t, msg)
             return handler(self, msg.transfer, t, msg)
         except RemoteProtocolError as exc:
             if src not in self.lossy:
                 raise
             return self._abort(msg.transfer, t, f"out of turn after lost messages ({exc})")
 
-    def _on_handshake(self, transfer, t: _Transfer, msg: Handshake) -> list:
+    def _on_handshake(self, transfer, t: Transfer, msg: Handshake) -> list:
         if msg.role == t.role:
             raise RemoteProtocolError(f"{self.me!r}: both ends of {transfer!r} are in role {t.role!r}")
         self._step(transfer, t, "handshake")
         return [SmReady(transfer)]
 
-    def _on_chunk(self, transfer, t: _Transfer, msg: Chunk) -> list:
-        self._step(transfer, t, "chunk")
-        expected = len(t.chunks)
-        if msg.index != expected:  # FIFO links: anything else is a lost or repeated chunk
-            if msg.index < expected:
-                return self._abort(transfer, t, f"duplicate chunk {msg.index}")
-            return self._abort(transfer, t, f"missing chunk {expected}")
-        t.chunks.append(msg.data)
-        t.length += len(msg.data)
-        t.crc = zlib.crc32(msg.data, t.crc)
-        return []
-
-    def _on_trailer(self, transfer, t: _Transfer, msg: Trailer) -> list:
-        self._step(transfer, t, "trailer")
-        problem = self._check(t, msg)
-        if problem is not None:
-            return self._abort(transfer, t, problem)
-        data = b"".join(t.chunks)  # the one copy of the whole state
-        t.chunks, t.length, t.crc = [], 0, 0
-        return [StateReceived(transfer, data)]
-
-    def _on_part_trailer(self, transfer, t: _Transfer, msg: PartTrailer) -> list:
-        self._step(transfer, t, "part trailer")
-        if msg.part != t.parts:  # FIFO links: a whole part lost or repeated
-            return self._abort(transfer, t, f"part {msg.part}, expected part {t.parts}")
-        problem = self._check(t, msg)
-        if problem is not None:
-            return self._abort(transfer, t, problem)
-        data = b"".join(t.chunks)
-        t.chunks, t.length, t.crc = [], 0, 0
-        t.parts += 1
-        return [StatePart(transfer, msg.part, data), Send(self.me, t.peer, PartAck(transfer, msg.part))]
-
-    def _on_part_ack(self, transfer, t: _Transfer, msg: PartAck) -> list:
+    def _on_part_ack(self, transfer, t: Transfer, msg: PartAck) -> list:
         self._step(transfer, t, "part ack")
-        if msg.part != t.acked or msg.part >= t.parts:  # FIFO: acks come in order, once
+        if not t.acked <= msg.part < t.parts:  # FIFO: acks come in order, once each
             raise RemoteProtocolError(f"{self.me!r}: ack of part {msg.part} of {transfer!r}, "
                                       f"expected {t.acked} of {t.parts} sent")
-        t.acked += 1
-        return [PartAcked(transfer, msg.part)]
+        first, t.acked = t.acked, msg.part + 1  # cumulative: an ack lost on the way is in it
+        t.log.confirm_part(msg.part)
+        return [PartAcked(transfer, p) for p in range(first, t.acked)]
 
-    @staticmethod
-    def _check(t: _Transfer, msg) -> Optional[str]:
-        """What is wrong with the chunks received, given their (part) trailer; None if whole."""
-        got = len(t.chunks)
-        if got < msg.count:
-            return f"missing chunk {got}"
-        if got > msg.count:
-            return f"{got} chunks, trailer says {msg.count}"
-        if t.length != msg.length:
-            return f"length {t.length}, trailer says {msg.length}"
-        if t.crc != msg.crc:
-            return CHECKSUM_MISMATCH
-        return None
+    def _on_nack(self, transfer, t: Transfer, msg: Nack) -> list:
+        """The receiver misses messages from number ``msg.seq`` on: send them again. In
+        REQUESTED, from a peer whose messages were lost: its handshake was."""
+        if t.role is not SEND or (t.mode is Mode.REQUESTED and t.peer not in self.lossy):
+            raise RemoteProtocolError(f"{self.me!r}: {msg!r} in {t.mode.name} for {t.role} "
+                                      f"transfer {transfer!r}")
+        ready = [SmReady(transfer)] if t.mode is Mode.REQUESTED else []
+        self._step(transfer, t, "nack")
+        again = t.log.since(msg.seq)
+        if again is None:
+            raise RemoteProtocolError(f"{self.me!r}: {msg!r}, but messages #{t.log.base} to "
+                                      f"#{t.log.next_seq} are those kept")
+        return ready + [Send(self.me, t.peer, m) for m in again]
 
-    def _on_abort(self, transfer, t: _Transfer, msg: Abort) -> list:
+    def _on_state_ack(self, transfer, t: Transfer, msg: StateAck) -> list:
+        self._step(transfer, t, "state ack")
+        t.log.clear()
+        return []
+
+    def _on_abort(self, transfer, t: Transfer, msg: Abort) -> list:
+        if t.mode is Mode.SENT:
+            return self._finish(t)  # the receiver gave up after we had finished
         return self._abort(transfer, t, f"peer aborted: {msg.reason}")
 
-    _HANDLERS = {Handshake: _on_handshake, Chunk: _on_chunk, Trailer: _on_trailer,
-                 PartTrailer: _on_part_trailer, PartAck: _on_part_ack, Abort: _on_abort}
+    _HANDLERS = {Handshake: _on_handshake, Chunk: ReceiverSide._on_chunk,
+                 Trailer: ReceiverSide._on_trailer, PartTrailer: ReceiverSide._on_part_trailer,
+                 PartAck: _on_part_ack, Abort: _on_abort, Nack: _on_nack,
+                 StateAck: _on_state_ack}
 
     # -- helpers -----------------------------------------------------------------
     def _request(self, transfer, peer, role: Role) -> list:
@@ -328,7 +289,7 @@ class StateMover:
         if t is not None:  # cancelled before it was requested
             t.role, t.peer = role, peer
             return [TransferFailed(transfer, t.reason)]
-        t = self.transfers[transfer] = _Transfer(role, peer)
+        t = self.transfers[transfer] = Transfer(role, peer, log=SendLog() if role is SEND else None)
         if peer in self.dead:
             return self._abort(transfer, t, PEER_FAILED)
         self._early.pop(transfer, None)
@@ -339,21 +300,31 @@ class StateMover:
             effects += self._on_handshake(transfer, t, early[1])
         return effects
 
-    def _known(self, transfer) -> _Transfer:
+    def _known(self, transfer) -> Transfer:
         t = self.transfers.get(transfer)
         if t is None or t.role is None:
             raise LocalProtocolError(f"{self.me!r}: transfer {transfer!r} was never requested")
         return t
 
-    def _step(self, transfer, t: _Transfer, event: str, error=RemoteProtocolError) -> None:
+    def _step(self, transfer, t: Transfer, event: str, error=RemoteProtocolError) -> None:
         nxt = TRANSITIONS.get((t.role, t.mode, event))
         if nxt is None:
             raise error(f"{self.me!r}: {event} in {t.mode.name} for {t.role} transfer {transfer!r}")
         t.mode = nxt
 
-    def _abort(self, transfer, t: _Transfer, reason: str) -> list:
+    @staticmethod
+    def _finish(t: Transfer) -> list:
+        """A SENT transfer ends without its ack (the peer died, or a later state went to
+        it): the state was reported sent, so nothing is signalled; only the copy goes."""
+        t.mode = Mode.DONE
+        t.log.clear()
+        return []
+
+    def _abort(self, transfer, t: Transfer, reason: str) -> list:
         t.mode, t.reason = Mode.ABORTED, reason
         t.chunks, t.length, t.crc = [], 0, 0  # never keep, nor deliver, a partial state
+        if t.log is not None:
+            t.log.clear()
         return [TransferFailed(transfer, reason)]
 
     # -- queries -----------------------------------------------------------------
@@ -371,3 +342,6 @@ class StateMover:
             assert t.chunks == [] or (t.role == RECV and t.mode is Mode.RECEIVING), f"{transfer!r}: stray chunks"
             assert t.length == sum(len(c) for c in t.chunks), f"{transfer!r}: length out of step"
             assert (t.reason is not None) == (t.mode is Mode.ABORTED), f"{transfer!r}: reason without abort"
+            assert t.log is None or t.role == SEND, f"{transfer!r}: a receiver with a send log"
+            assert t.log is None or t.mode not in TERMINAL or not t.log.messages, \
+                f"{transfer!r}: messages kept after the transfer ended"

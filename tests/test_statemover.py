@@ -19,11 +19,13 @@ from statemover.messages import (
     Chunk,
     Handshake,
     LinkLost,
+    Nack,
     PartAck,
     PartAcked,
     PartTrailer,
     Role,
     SmReady,
+    StateAck,
     StatePart,
     StateReceived,
     StateSent,
@@ -136,21 +138,24 @@ def test_exact_effects_of_send_and_receive():
     data = b"abcdefghij"
     effects = a.send(T, data)
     assert effects == [
-        Send(A, B, Chunk(T, 0, b"abcd")),
-        Send(A, B, Chunk(T, 1, b"efgh")),
-        Send(A, B, Chunk(T, 2, b"ij")),
-        Send(A, B, Trailer(T, 3, 10, zlib.crc32(data))),
+        Send(A, B, Chunk(T, 0, b"abcd", 0)),
+        Send(A, B, Chunk(T, 1, b"efgh", 1)),
+        Send(A, B, Chunk(T, 2, b"ij", 2)),
+        Send(A, B, Trailer(T, 3, 10, zlib.crc32(data), 3)),
         StateSent(T),
     ]
-    assert a.mode(T) is Mode.DONE
+    assert a.mode(T) is Mode.SENT  # kept until the receiver says it has it
     msgs = chunks_of(effects)
     assert b.on_message(A, msgs[0]) == []
     assert b.mode(T) is Mode.RECEIVING
     assert b.on_message(A, msgs[1]) == []
     assert b.on_message(A, msgs[2]) == []
-    [received] = b.on_message(A, msgs[3])
+    received, ack = b.on_message(A, msgs[3])
     assert received == StateReceived(T, data) and type(received.data) is bytes
+    assert ack == Send(B, A, StateAck(T))
     assert b.mode(T) is Mode.DONE
+    assert a.on_message(B, ack.msg) == [] and a.mode(T) is Mode.DONE
+    a.check_invariants()
     b.check_invariants()
 
 
@@ -280,7 +285,7 @@ def test_stale_chunks_of_an_aborted_attempt_are_ignored():
     interleaved = [m for pair in zip_longest(old[1:], new) for m in pair if m is not None]
     assert interleaved[0] == old[1] and interleaved[-1] == new[-1]
     out = [e for m in interleaved for e in b.on_message(A, m)]
-    assert out == [StateReceived(T_NEW, b"new state")]
+    assert out == [StateReceived(T_NEW, b"new state"), Send(B, A, StateAck(T_NEW))]
     b.check_invariants()
 
 
@@ -288,8 +293,8 @@ def test_a_stale_handshake_never_readies_a_newer_attempt():
     b = StateMover(B)
     assert b.on_message(A, Handshake(T_OLD, Role.SEND)) == []  # an attempt B never saw
     assert b.request_recv(T_NEW, A) == [Send(B, A, Handshake(T_NEW, Role.RECV))]
-    assert b.on_message(A, Chunk(T_OLD, 0, b"old")) == []
-    assert b.on_message(A, Trailer(T_OLD, 1, 3, zlib.crc32(b"old"))) == []
+    assert b.on_message(A, Chunk(T_OLD, 0, b"old", 0)) == []
+    assert b.on_message(A, Trailer(T_OLD, 1, 3, zlib.crc32(b"old"), 1)) == []
     assert b.mode(T_NEW) is Mode.REQUESTED and b.mode(T_OLD) is None
 
 
@@ -326,8 +331,10 @@ def test_sender_dies_mid_transfer():
 def test_receiver_dies_after_the_sender_finished():
     a, b = ready_pair()
     a.send(T, b"abcdefghij")
+    assert a.mode(T) is Mode.SENT  # kept for a resend
     assert a.on_fail({B}) == []  # StateSent was already reported; fail(X) is catch-up's job
     assert a.mode(T) is Mode.DONE
+    a.check_invariants()  # the copy is gone
 
 
 def test_failure_of_an_unrelated_peer_changes_nothing():
@@ -416,7 +423,7 @@ def test_local_misuse_is_a_protocol_error():
     a.send(T, b"x")
     with pytest.raises(LocalProtocolError):
         a.send(T, b"x")  # twice
-    assert a.mode(T) is Mode.DONE and b.mode(T) is Mode.READY
+    assert a.mode(T) is Mode.SENT and b.mode(T) is Mode.READY
 
 
 def test_messages_no_live_transfer_accepts_are_protocol_errors():
@@ -426,7 +433,7 @@ def test_messages_no_live_transfer_accepts_are_protocol_errors():
     with pytest.raises(RemoteProtocolError):
         a.on_message(B, Handshake(T, Role.SEND))  # both ends would send
     with pytest.raises(RemoteProtocolError):
-        b.on_message(A, Chunk(T, 0, b"x"))  # data before the handshake
+        b.on_message(A, Chunk(T, 0, b"x", 0))  # data before the handshake
     with pytest.raises(RemoteProtocolError):
         b.on_message("moverC", Handshake(T, Role.SEND))  # not the peer
     with pytest.raises(RemoteProtocolError):
@@ -436,7 +443,7 @@ def test_messages_no_live_transfer_accepts_are_protocol_errors():
         b.on_message(A, Handshake(T, Role.SEND))  # twice on a FIFO link
     a.on_message(B, Handshake(T, Role.RECV))
     with pytest.raises(RemoteProtocolError):
-        a.on_message(B, Chunk(T, 0, b"x"))  # the sender receives no chunks
+        a.on_message(B, Chunk(T, 0, b"x", 0))  # the sender receives no chunks
     assert a.mode(T) is b.mode(T) is Mode.READY
 
 
@@ -459,7 +466,7 @@ def test_chunk_size_must_be_positive():
 
 
 def test_chunk_repr_shows_the_size_not_the_bytes():
-    assert repr(Chunk(T, 3, b"x" * 1000)) == "Chunk((1, 0, 1, 7), 3, <1000 bytes>)"
+    assert repr(Chunk(T, 3, b"x" * 1000, 9)) == "Chunk((1, 0, 1, 7), 3, <1000 bytes>, #9)"
 
 
 # --- bulk parts of a two-phase catch-up (docs/design/catchup.md) ------------------------------
@@ -469,9 +476,9 @@ def test_exact_effects_of_a_part_then_the_final_state():
     part = b"abcdef"
     effects = a.send_part(T, part)
     assert effects == [
-        Send(A, B, Chunk(T, 0, b"abcd")),
-        Send(A, B, Chunk(T, 1, b"ef")),
-        Send(A, B, PartTrailer(T, 0, 2, 6, zlib.crc32(part))),
+        Send(A, B, Chunk(T, 0, b"abcd", 0)),
+        Send(A, B, Chunk(T, 1, b"ef", 1)),
+        Send(A, B, PartTrailer(T, 0, 2, 6, zlib.crc32(part), 2)),
     ]
     assert a.mode(T) is Mode.READY  # more parts, or the final state, may follow
     msgs = chunks_of(effects)
@@ -486,13 +493,14 @@ def test_exact_effects_of_a_part_then_the_final_state():
     with pytest.raises(RemoteProtocolError):
         a.on_message(B, PartAck(T, 0))  # acked twice
     # an empty part: a trailer alone; chunk indices start again at 0 in every part
-    assert a.send_part(T, b"") == [Send(A, B, PartTrailer(T, 1, 0, 0, zlib.crc32(b"")))]
-    assert b.on_message(A, PartTrailer(T, 1, 0, 0, zlib.crc32(b""))) == [
+    assert a.send_part(T, b"") == [Send(A, B, PartTrailer(T, 1, 0, 0, zlib.crc32(b""), 3))]
+    assert b.on_message(A, PartTrailer(T, 1, 0, 0, zlib.crc32(b""), 3)) == [
         StatePart(T, 1, b""), Send(B, A, PartAck(T, 1))]
     final = chunks_of(a.send(T, b"xyz"))
-    assert final == [Chunk(T, 0, b"xyz"), Trailer(T, 1, 3, zlib.crc32(b"xyz"))]
-    assert [e for m in final for e in b.on_message(A, m)] == [StateReceived(T, b"xyz")]
-    assert a.mode(T) is b.mode(T) is Mode.DONE
+    assert final == [Chunk(T, 0, b"xyz", 4), Trailer(T, 1, 3, zlib.crc32(b"xyz"), 5)]
+    assert [e for m in final for e in b.on_message(A, m)] == [StateReceived(T, b"xyz"),
+                                                              Send(B, A, StateAck(T))]
+    assert a.mode(T) is Mode.SENT and b.mode(T) is Mode.DONE
     a.check_invariants()
     b.check_invariants()
 
@@ -566,11 +574,11 @@ def test_send_part_out_of_turn_is_a_local_error_and_a_no_op_after_abort():
 def test_a_part_trailer_the_sender_never_made_is_a_remote_error():
     a, b = ready_pair()
     with pytest.raises(RemoteProtocolError):
-        a.on_message(B, PartTrailer(T, 0, 0, 0, 0))  # to the sender
+        a.on_message(B, PartTrailer(T, 0, 0, 0, 0, 0))  # to the sender
     b2 = StateMover(B)
     b2.request_recv(T, A)  # REQUESTED: no handshake yet
     with pytest.raises(RemoteProtocolError):
-        b2.on_message(A, PartTrailer(T, 0, 0, 0, 0))
+        b2.on_message(A, PartTrailer(T, 0, 0, 0, 0, 0))
 
 
 def test_parts_of_an_aborted_attempt_never_reach_the_next():
@@ -599,31 +607,31 @@ def test_the_receiver_dies_between_parts():
 
 # -- a link that lost messages (a lossy mover link, issue 13) -------------------------
 
-def test_lost_messages_from_a_peer_fail_its_live_transfers_and_no_others():
+def test_lost_messages_from_a_peer_ask_its_live_transfers_for_a_resend_and_no_others():
     a, b = ready_pair()
     other = StateMover("moverC", C)
     b.request_recv(T_NEW, "moverC")
     effects = b.on_message(A, LinkLost(3, 5))
-    assert effects == [TransferFailed(T, f"messages from {A} lost in transit (#3 to #4)")]
-    assert b.mode(T) is Mode.ABORTED and b.mode(T_NEW) is Mode.REQUESTED
-    assert b.on_message(A, Chunk(T, 0, b"abcd")) == []  # late, for a failed attempt
+    assert effects == [Send(B, A, Nack(T, 0))]  # nothing of T taken yet: all of it again
+    assert b.mode(T) is Mode.READY and b.mode(T_NEW) is Mode.REQUESTED
     b.check_invariants()
     assert other.transfers == {}
 
 
-def test_a_chunk_whose_handshake_was_lost_fails_the_transfer_not_the_process():
-    """The handshake of a transfer this side had not asked for yet was lost; the gap was
-    reported before the transfer existed here, so its first chunk comes out of turn."""
+def test_a_chunk_whose_handshake_was_lost_readies_the_transfer():
+    """The sender's handshake was lost; the sender sends data only once it has ours, so
+    its first chunk (after the gap the transport reported) stands for the handshake."""
     b = StateMover(B, C)
     assert b.on_message(A, LinkLost(1, 2)) == []
     b.request_recv(T, A)
-    effects = b.on_message(A, Chunk(T, 0, b"abcd"))
-    assert len(effects) == 1 and isinstance(effects[0], TransferFailed)
-    assert "out of turn after lost messages" in effects[0].reason
+    assert b.on_message(A, Chunk(T, 0, b"abcd", 0)) == [SmReady(T)]
+    assert b.mode(T) is Mode.RECEIVING
+    assert b.on_message(A, Trailer(T, 1, 4, zlib.crc32(b"abcd"), 1)) == [
+        StateReceived(T, b"abcd"), Send(B, A, StateAck(T))]
 
 
 def test_out_of_turn_from_a_peer_that_lost_nothing_is_still_a_protocol_error():
     b = StateMover(B, C)
     b.request_recv(T, A)
     with pytest.raises(RemoteProtocolError, match="chunk in REQUESTED"):
-        b.on_message(A, Chunk(T, 0, b"abcd"))
+        b.on_message(A, Chunk(T, 0, b"abcd", 0))

@@ -42,7 +42,7 @@ def receive(t, n=1, timeout=5.0):
 
 def test_state_chunks_go_from_node_to_node_through_the_two_services(two_nodes):
     nodes, movers, _ = two_nodes
-    big = Envelope(A, B, 3, Chunk((2, 1, 4), 0, b"\x01" * 3_000_000), 11, 12)
+    big = Envelope(A, B, 3, Chunk((2, 1, 4), 0, b"\x01" * 3_000_000, 0), 11, 12)
     hello = Envelope(A, B, 3, Handshake((2, 1, 4), "send"), 11, 12)
     nodes["a"].send(mover_peer("a"), hello)
     nodes["a"].send(mover_peer("a"), big)
@@ -77,8 +77,9 @@ def test_what_is_not_its_own_to_carry_is_dropped_with_a_log_line(two_nodes, env,
 
 def test_messages_a_peer_movers_link_lost_are_reported_to_the_node_in_order(two_nodes):
     """A gap in the connection numbers from another node's mover (ZeroMQ lost what was in
-    flight across a reconnect) reaches the local mover as a LinkLost from that mover, so
-    its transfers fail at once rather than at the catch-up's deadline (issue 13)."""
+    flight across a reconnect) reaches the local mover as a LinkLost from that mover, before
+    the message after the gap, so its transfers ask for what they miss at once rather than
+    wait for the catch-up's deadline."""
     from exchange.wire import encode
     from statemover.messages import LinkLost
 

@@ -15,8 +15,9 @@ service only carries its messages:
 Mover channels are FIFO per pair of movers, as in the simulator, where they
 were always channels of their own. Messages a link lost (a gap in its
 connection numbers) are reported to the local mover as a ``LinkLost`` from
-that peer, so the transfers with it fail and are retried at once instead of
-waiting for the catch-up's deadline. Envelopes for a process declared dead
+that peer, before the message after the gap, so the transfers it sends to us
+ask for what they miss again (``statemover.resend``) instead of waiting for
+the catch-up's deadline. Envelopes for a process declared dead
 are dropped (as TCP to it would fail); hostile frames are dropped by the
 transport with a log line.
 """
@@ -107,7 +108,7 @@ class StateMoverService:
                         mover_peer(self.name), gap.peer)
             return
         src = MoverAddr(peer[:-len("/mover")])
-        log.warning("%s: messages from %s lost in transit (#%d to #%d): its transfers fail",
+        log.warning("%s: messages from %s lost in transit (#%d to #%d): asked for again",
                     mover_peer(self.name), gap.peer, gap.expected, gap.got - 1)
         self.transport.send(LOCAL, Envelope(src, self.me, 0, LinkLost(gap.expected, gap.got),
                                             int(inc), None))

@@ -251,6 +251,9 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
     if rec.missing and (rec.free or rec.attempts):
         problems.append(f"catch-up stalled: {sorted(map(str, rec.missing))} still missing "
                         f"with standbys {rec.free or sorted(a.standby for a in rec.attempts.values())}")
+    for name, host in world.hosts.items():  # the StateMovers' own rules (kept copies too)
+        if world.alive[name] and host.mover is not None:
+            host.mover.check_invariants()
     for addr, m in world.live_machines():
         m.check_invariants()
         if not m.idle():

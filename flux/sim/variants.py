@@ -17,6 +17,7 @@ from flux.protocol.ingress import Ingress
 from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
 from flux.protocol.sink_writer import SinkWriter
 from flux.sequence import NO_PROGRESS
+from statemover.mover import TERMINAL, StateMover
 
 
 class BufferWithoutDuplicateFilter(Buffer):
@@ -144,8 +145,32 @@ class WriterAckingOnReceipt(SinkWriter):
         return self.fcons.commit_acks() + super().released_items(items)
 
 
+class StateMoverFailingOnLoss(StateMover):
+    """Fails every live transfer with a peer whose messages were lost instead of asking
+    for them again (the resend rule dropped, statemover/resend.py): an attempt then
+    finishes only if each of its envelopes arrives, and on a lossy link a replica may
+    never be rebuilt (a livelock the simulator reports as no quiescence)."""
+
+    def link_lost(self, peer, why: str) -> list:
+        self.lossy.add(peer)
+        effects: list = []
+        for transfer, t in self.transfers.items():
+            if t.peer == peer and t.mode not in TERMINAL:
+                effects += self._abort(transfer, t, why)
+        return effects
+
+
+class HostWithoutResends(Host):
+    """A node whose StateMover fails its transfers on a lost envelope."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.mover is not None:
+            self.mover = StateMoverFailingOnLoss(self.mover_addr, self.mover.chunk_size)
+
+
 #: variants of the host, by name (the others use ``Host``)
-HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead}
+HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead, "no-resend": HostWithoutResends}
 INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
@@ -168,4 +193,5 @@ VARIANTS = {
     "unlogged-send": (Buffer, Segment),
     "restore-unverified": (Buffer, Segment),
     "eager-writer-acks": (Buffer, Segment),
+    "no-resend": (Buffer, Segment),
 }
