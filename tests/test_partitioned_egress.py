@@ -137,3 +137,20 @@ def test_an_egress_on_the_executors_needs_a_sink_that_pickles():
     with pytest.raises(ValueError, match="cannot be pickled.*never a lock"):
         shipped_sink(SinkPerPartition(lambda p: (lock, p)))
     assert shipped_sink(SinkPerPartition(lambda p: f"/data/{p}"))
+
+
+def test_with_the_egresses_on_the_executors_the_driver_reads_what_the_sinks_hold(tmp_path):
+    """The driver never writes them; what they hold (for a restart's check of the input
+    log) is read from the sinks when asked, not from what the driver saw at its start."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink
+
+    per_partition = SinkPerPartition(lambda p: FileSink(str(tmp_path / f"partition-{p}")))
+    driver = OutputWriter(per_partition, keep_output=False, partitions=2, on_executors=True)
+    assert driver.holds() is None
+    on_an_executor = per_partition.open(1)  # a writer, elsewhere
+    on_an_executor.write([((4, 1), "x"), ((6, 1), "y")])
+    on_an_executor.commit((6, 1))
+    assert driver.holds() == (6, 1)
+    assert driver.commit() is None and driver.delivered == []
+    driver.close()

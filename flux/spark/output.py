@@ -24,13 +24,18 @@ SN = Tuple[int, ...]
 class OutputWriter:
     def __init__(self, sink: Any, keep_output: bool,
                  on_outputs: Callable[[List[SN]], None] = lambda sns: None,
-                 partitions: int = 1):
+                 partitions: int = 1, on_executors: bool = False):
         """``sink``: a callable, an exactly-once ``Sink``, or a ``SinkPerPartition``, opened
-        here for each of the ``partitions`` (an egress per partition)."""
+        here for each of the ``partitions`` (an egress per partition). ``on_executors``:
+        the egresses write the ``SinkPerPartition``'s sinks on the executors, and this
+        driver opens them only to read what they hold (``holds``), never to write."""
+        self.on_executors = on_executors
+        self.per_partition, self.partitions = sink, partitions
         #: the sink of each partition (``SinkPerPartition``), else the one sink, in [0]
-        self.sinks: List[Any] = ([sink.open(p) for p in range(partitions)]
-                                 if isinstance(sink, SinkPerPartition) else [sink])
-        kinds = {is_exactly_once(s) for s in self.sinks}
+        self.sinks: List[Any] = [] if on_executors else (
+            [sink.open(p) for p in range(partitions)]
+            if isinstance(sink, SinkPerPartition) else [sink])
+        kinds = {is_exactly_once(s) for s in self.sinks} or {True}
         if len(kinds) > 1:
             raise TypeError("SinkPerPartition opened exactly-once sinks for some partitions "
                             "and plain callables for others: a restart could repeat outputs "
@@ -94,7 +99,17 @@ class OutputWriter:
         return max((sn for sn in done if sn is not None), default=None)
 
     def holds(self) -> Optional[SN]:
-        """The last SN the sink may hold: committed before this driver, or handed since."""
+        """The last SN the sink may hold: committed before this driver, or handed since;
+        with the egresses on the executors, what the sinks committed, read now (the
+        executors' writers are gone when a restart asks: opening a sink fences none)."""
+        if self.on_executors:
+            have = []
+            for p in range(self.partitions):
+                sink = self.per_partition.open(p)
+                have.append(sink.committed())
+                if isinstance(sink, ClosingSink):
+                    sink.close()
+            return max((sn for sn in have if sn is not None), default=None)
         have = [self.last_sn] + ([s.committed() for s in self.sinks] if self.exactly_once
                                  else [])
         return max((sn for sn in have if sn is not None), default=None)
