@@ -65,13 +65,13 @@ class Topology:
 
     @classmethod
     def numbered(cls, placement: Placement, stages: int, partitions: int,
-                 standbys: int = 0, egresses: int = 1) -> "Topology":
+                 standbys: int = 0, egresses: int = 1, writers: bool = False) -> "Topology":
         """Every process known in advance (the simulator, the thread cluster): incarnations
         1, 2, 3, ... in the order controller, ingress, egress, nodes, standbys."""
         names = list(DRIVER_PROCESSES) + [node_name(k) for k in placement.nodes] + [
             standby_name(k) for k in range(standbys)]
         return cls(placement, stages, partitions, {n: i for i, n in enumerate(names, 1)},
-                   [standby_name(k) for k in range(standbys)], egresses)
+                   [standby_name(k) for k in range(standbys)], egresses, writers)
 
     # -- who is who -------------------------------------------------------------------
     @property

@@ -142,7 +142,8 @@ class World:
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
         topology = self.topology = Topology.numbered(self.placement, self.stages, partitions,
-                                                     config.standbys, self.sink_partitions)
+                                                     config.standbys, self.sink_partitions,
+                                                     config.writers_on_nodes)
         writers = self.writers.place(topology)
         peer_incs = topology.peer_incs()
         for name in topology.workers:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from flux.addresses import Addr, P
+from flux.addresses import Addr
 from flux.protocol.host import Host
 from flux.protocol.sink_writer import SinkWriter
 
@@ -33,16 +33,12 @@ class SimWriters:
             w.builder.credit_every, config.batch_rows)
 
     def place(self, topology) -> List[SinkWriter]:
-        """Each partition's writer beside its P replica (as ``controller.writers``)."""
-        w = self.world
+        """Each partition's writer where the topology puts it (beside its P replica)."""
         self.host = {}
-        if not w.config.writers_on_nodes:
+        if not topology.writers:
             return []
-        writers = []
-        for p in range(w.partitions):
-            writer = self.new(p)
-            self.host[p] = topology.where[writer.addr] = topology.where[Addr(w.stages, p, P)]
-            writers.append(writer)
+        writers = [self.new(p) for p in range(self.world.partitions)]
+        self.host = {w.partition: topology.where[w.addr] for w in writers}
         return writers
 
     def factory(self, name: str):

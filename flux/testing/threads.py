@@ -26,7 +26,6 @@ from flux.runtime.loop import HostLoop
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.transport import Transport, job_keys
 from flux.runtime.writer_sinks import WriterSinks
-from flux.addresses import P
 from flux.protocol.segment import StreamedSegment
 from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, Topology
 
@@ -57,7 +56,7 @@ class ThreadCluster:
         placement = placement_for(replication, len(dataflow.stages), partitions)
         egresses = builder.egresses()
         self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
-                                                     standbys, len(egresses))
+                                                     standbys, len(egresses), writers)
         self.incarnations = dict(topology.incarnations)
         machines: Dict[str, Dict] = {
             **{n: {a: builder.segment(a) for a in topology.endpoints_of(n)}
@@ -66,15 +65,12 @@ class ThreadCluster:
             EGRESS_PROCESS: {} if writers else {e.addr: e for e in egresses}}
         #: a node's writers' sinks (with ``sink``)
         self.writer_sinks: Dict[str, WriterSinks] = {}
-        if writers:  # each writer beside its partition's P replica (controller.writers)
-            stages = len(dataflow.stages)
+        if writers:  # each writer where the topology puts it (beside its P replica)
             for n in topology.workers:
                 ws = self.writer_sinks[n] = WriterSinks(sink.open, builder.writer)
-                for a in topology.endpoints_of(n):
-                    if a.stage == stages and a.replica == P:
-                        w = ws.adopt(builder.writer(a.partition))
-                        machines[n][w.addr] = w
-                        topology.where[w.addr] = n
+                for e in topology.egresses:
+                    if topology.where[e] == n:
+                        machines[n][e] = ws.adopt(builder.writer(e.partition))
         peer_incs = topology.peer_incs()  # after the writers' places
         self.ctx = zmq.Context()
         #: with a ``secret``: CURVE on every socket, as a FluxJob on Spark does
