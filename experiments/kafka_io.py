@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import zlib
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from flux.connectors.sources import NOT_YET
 
@@ -28,23 +28,35 @@ def partition_of(key: Any, partitions: int) -> int:
 
 class Feed:
     """``records`` produced into ``topic`` at ``rate`` per second, by a thread; ``ending``
-    is the position after the last of them (a KafkaSource bounded there ends with them)."""
+    is the position after the last of them (a KafkaSource bounded there ends with them).
+
+    ``hold_at``: the feed stops after that many records until ``release()``, then goes on at
+    ``rate`` from there, so a job bounded by ``ending`` cannot finish before a test's failure
+    lands, however slow the machine is that day."""
 
     def __init__(self, bootstrap: str, topic: str, records: Sequence[Any], partitions: int,
-                 rate: float, key: Callable[[Any], Any] = lambda r: r[0]):
+                 rate: float, key: Callable[[Any], Any] = lambda r: r[0],
+                 hold_at: Optional[int] = None):
         self.bootstrap, self.topic, self.records, self.rate = bootstrap, topic, records, rate
         self.parts = [partition_of(key(r), partitions) for r in records]
         self.ending = {str(p): self.parts.count(p) for p in range(partitions)}
         self.error: List[BaseException] = []
         self._stop = threading.Event()
+        self._hold_at = hold_at
+        self._released = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-feed", daemon=True)
 
     def start(self) -> "Feed":
         self._thread.start()
         return self
 
+    def release(self) -> None:
+        """Let a feed held at ``hold_at`` go on."""
+        self._released.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._released.set()
         self._thread.join(30)
 
     def _run(self) -> None:
@@ -54,6 +66,11 @@ class Feed:
             producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
             start = time.monotonic()
             for i, (record, part) in enumerate(zip(self.records, self.parts)):
+                if i == self._hold_at:
+                    held = time.monotonic()
+                    while not self._released.wait(0.05):
+                        producer.poll(0)
+                    start += time.monotonic() - held
                 due = start + i / self.rate
                 while not self._stop.is_set() and time.monotonic() < due:
                     producer.poll(0)

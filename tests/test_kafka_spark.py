@@ -51,7 +51,10 @@ def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path,
     broker.create_topic(topic_out, 4 if per_partition else 2)
     records = keyed_workload(INPUTS, seed=3, keys=40)
     dataflow = counting_dataflow(2)
-    feed = Feed(broker.bootstrap, topic_in, records, TOPIC_PARTITIONS, RATE).start()
+    # the feed waits at half way for the first checkpoint: on a slow day the job could
+    # otherwise read everything and end before the kill lands
+    feed = Feed(broker.bootstrap, topic_in, records, TOPIC_PARTITIONS, RATE,
+                hold_at=INPUTS // 2).start()
     source = RecordedOrder(KafkaSource(broker.bootstrap, topic_in, group=f"g-{name}",
                                        ending=feed.ending))
     if per_partition:
@@ -66,7 +69,9 @@ def test_kafka_in_and_out_exactly_once_through_failures(spark, broker, tmp_path,
                       ordered_output=not per_partition,
                       egress_on_executors=per_partition == "on executors")
         with job:
-            assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 60)
+            assert job.wait_until(lambda: len(job.checkpoints.completed) >= 1, 60)
+            feed.release()  # inputs past that checkpoint's cut, then the kill
+            assert job.wait_until(lambda: job.metrics.input_total >= INPUTS // 2 + 2000, 60)
             where = job.topology.where
             stage = 2 if per_partition == "on executors" else 1  # there: with the egress
             for replica in ((P, S) if double else (P,)):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
@@ -69,4 +70,7 @@ def test_a_short_run_on_a_local_cluster_writes_every_process(tmp_path):
     assert {"driver", "ingress", "node"} <= set(kinds)
     # the Python processes work for every input; a JVM may idle through a short window
     assert all(kinds[k]["median_us"] > 0 for k in ("driver", "ingress", "node"))
-    assert summary["model"]["fits"]["ingress"]["2"]["per_input_us"] > 0
+    # two 3-second windows on a shared machine fit a line, not a trustworthy slope (once
+    # -9.8 us): the fits' arithmetic is tested above on known points
+    fit = summary["model"]["fits"]["ingress"]["2"]
+    assert math.isfinite(fit["per_input_us"]) and math.isfinite(fit["per_second"])

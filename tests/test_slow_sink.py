@@ -1,4 +1,4 @@
-"""A sink ten times slower than the feed (issue 12): back-pressure holds every queue to
+"""A sink twenty times slower than the feed (issue 12): back-pressure holds every queue to
 its window, the feed that cannot wait drops and counts, and what was accepted comes
 out exactly as the failure-free run of the accepted inputs (slow: Spark)."""
 from __future__ import annotations
@@ -27,7 +27,9 @@ def test_a_slow_sink_slows_the_source_and_queues_stay_bounded(spark):
 
     rate, seconds = 4000.0, 10
     dataflow = paper_dataflow()
-    sink_rate = rate * outputs_per_input(dataflow, NODES, 3, n=40_000) / 10
+    # a twentieth of the feed: the sink stays the slowest part even on a loaded machine (at a
+    # tenth, a shared machine once made the job itself slower than the sink)
+    sink_rate = rate * outputs_per_input(dataflow, NODES, 3, n=40_000) / 20
     feed = RecordedFeed(PacketWorkload(int(rate * seconds), 3, 20_000, 10, 500), rate,
                         backlog=500)
     sink = CheckingSink(dataflow, NODES, feed, sink_rate)
@@ -53,7 +55,7 @@ def test_a_slow_sink_slows_the_source_and_queues_stay_bounded(spark):
     assert summary["inputs"] + summary["dropped_inputs"] == rate * seconds
     # once the queues filled, the sink set the pace: in the feed's last 3 s the ingress
     # took a fraction of what was offered and the feed dropped the rest. The fraction is the
-    # sink's tenth scaled by how many outputs the inputs of those seconds make (sessions end
+    # sink's share scaled by how many outputs the inputs of those seconds make (sessions end
     # in bursts): 11% to 32% measured; without back-pressure it is all of it.
     late = [(o, t) for o, t in progress if rate * (seconds - 3) <= o < rate * seconds]
     offered, took = late[-1][0] - late[0][0], late[-1][1] - late[0][1]
