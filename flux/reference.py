@@ -51,9 +51,15 @@ class ReferenceRun:
         #: the last-stage partition of every output so far, in the order ``feed`` gave them
         self.output_partitions: list[int] = []
 
-    def feed(self, record: Any) -> list[tuple[SN, Any]]:
+    def feed(self, record: Any, number: Optional[int] = None) -> list[tuple[SN, Any]]:
         """Push the next input through every stage; the final outputs it caused, in SN order.
-        A ``pyarrow.RecordBatch`` (a columnar source's) is as many inputs as its rows."""
+        A ``pyarrow.RecordBatch`` (a columnar source's) is as many inputs as its rows.
+        ``number``: the input's SN where inputs are not numbered 1, 2, 3, ... (several
+        ingresses number in epochs, DESIGN 12); a columnar record's rows from it on."""
+        if number is not None:
+            if number <= self.fed:
+                raise ValueError(f"input {number} fed after input {self.fed}")
+            self.fed = number - 1
         out: list[tuple[SN, Any]] = []
         if is_columnar(record):
             from exchange.columns import ArrowRows

@@ -29,6 +29,22 @@ INF = float("inf")
 ITEM_WIDTH = 1
 
 
+#: With several ingresses (DESIGN 12, docs/design/parallel_io.md) each numbers its own
+#: inputs in **epochs**: ingress ``i`` of ``k`` gives the inputs of its epoch ``e`` the numbers
+#: after ``epoch_first(e, i, k)``, at most ``EPOCH_INPUTS - 1`` of them. So an SN stays one
+#: int (rows, sinks, cuts and merges unchanged) and orders by (epoch, ingress, position):
+#: one order every replica agrees on, found by no central counter. One ingress never
+#: advances its epoch, and numbers 1, 2, 3, ... as before.
+EPOCH_INPUTS = 1 << 20
+
+
+def epoch_first(epoch: int, ingress: int, ingresses: int) -> int:
+    """The number below every input ingress ``ingress`` of ``ingresses`` gives in ``epoch``."""
+    if not 0 <= ingress < ingresses:
+        raise ValueError(f"ingress {ingress} of {ingresses}")
+    return (epoch * ingresses + ingress) * EPOCH_INPUTS
+
+
 def input_sn(n: int) -> SN:
     """The SN the ingress gives its n-th input (n >= 1)."""
     if n < 1:

@@ -16,7 +16,7 @@ from flux.protocol.egress import Egress, egress_addr
 from flux.protocol.flux_consumer import FluxConsumer
 from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.producer import PAUSE_ROOM
-from flux.protocol.ingress import INGRESS, Ingress
+from flux.protocol.ingress import Ingress, ingress_addr
 from flux.protocol.sink_writer import SinkWriter
 from flux.protocol.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
 
@@ -32,7 +32,7 @@ class MachineBuilder:
                  replication: str = "flux", spare_chains: dict = None,
                  window: int = None, full_every: int = 1, batch_rows: int = 1024,
                  ordered_output: bool = True, pause_room: int = PAUSE_ROOM,
-                 writers_on_nodes: bool = False):
+                 writers_on_nodes: bool = False, ingresses: int = 1):
         """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
@@ -42,7 +42,11 @@ class MachineBuilder:
         egress per last-stage partition (docs/design/parallel_io.md). ``pause_room``: how
         many times the capacity a partition paused for its catch-up may hold at each of
         its producers (``flux.protocol.producer``). ``writers_on_nodes``: each partition's
-        egress is a sink's writer on a node, acked at its commits (``SinkWriter``)."""
+        egress is a sink's writer on a node, acked at its commits (``SinkWriter``).
+        ``ingresses``: how many ingresses feed stage 1, each numbering in epochs (DESIGN 12)."""
+        if ingresses < 1:
+            raise ValueError(f"ingresses must be >= 1, got {ingresses}")
+        self.ingresses = ingresses
         if writers_on_nodes and ordered_output:
             raise ValueError("writers on the nodes need an egress per partition "
                              "(ordered_output=False)")
@@ -78,7 +82,7 @@ class MachineBuilder:
         s, K, n = a.stage, self.stages, self.partitions
         other_set = 1 - a.replica
         if s == 1:
-            producers = [(INGRESS, INGRESS)]
+            producers = [(ingress_addr(i), ingress_addr(i)) for i in range(self.ingresses)]
             absent_in = frozenset()
         else:
             producers = [(Addr(s - 1, j, P), Addr(s - 1, j, S)) for j in range(n)]
@@ -120,14 +124,17 @@ class MachineBuilder:
             return set()
         return {Addr(stage, i, S) for i in range(self.partitions)}
 
-    def ingress(self, log_inputs: bool = False, ingress_class: type = Ingress) -> Ingress:
+    def ingress(self, log_inputs: bool = False, ingress_class: type = Ingress,
+                index: int = 0) -> Ingress:
         """``log_inputs``: the source interleaves partitions of its own, inputs leave
-        once their SNs are in the input log (DESIGN 10)."""
+        once their SNs are in the input log (DESIGN 10); ``index``: which of the
+        ``ingresses``."""
         return ingress_class(self.partitions, self.router(0),
                              self.ingress_capacity, self.batch_size, self.buffer_factory,
                              absent=self.absent_replicas(1), window=self.window,
                              log_inputs=log_inputs, batch_rows=self.batch_rows,
-                             pause_room=self.pause_room)
+                             pause_room=self.pause_room, index=index,
+                             ingresses=self.ingresses)
 
     def egress(self) -> Egress:
         """The one egress of ordered output."""

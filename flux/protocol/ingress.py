@@ -18,6 +18,13 @@ influenced a committed output must get its SN again (DESIGN 10). With
 assignment of SNs up to it is durable (``inputs_logged``): nothing leaves
 before it is in the input log, so the sink can only ever see outputs of logged
 inputs, and a restart replays the log's order.
+
+Several ingresses (DESIGN 12, docs/design/parallel_io.md), one per source partition, each
+number their inputs in **epochs** (``flux.sequence.epoch_first``): ingress ``i``'s inputs of
+epoch ``e`` lie above every input of an earlier epoch or of a lower ingress in the same
+epoch, so stage 1's merges order all of them one way. ``advance_epoch`` is the ingress's
+promise that it sends nothing more below the next epoch's numbers: its progress bound
+moves there, and merges release the other ingresses' items up to it.
 """
 from __future__ import annotations
 
@@ -35,20 +42,25 @@ from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.operator import describe
 from flux.protocol.pending_inputs import PendingInputs
 from flux.protocol.producer import ACK, PAUSE_ROOM, SEND, BufferFactory, Producer
-from flux.sequence import NO_PROGRESS, SN, input_sn
+from flux.sequence import EPOCH_INPUTS, NO_PROGRESS, SN, epoch_first, input_sn
 
 INGRESS = Addr(0, 0, P)
 
 
+def ingress_addr(index: int = 0) -> Addr:
+    """The address of ingress ``index`` (one per source partition read in parallel)."""
+    return Addr(0, index, P)
+
+
 def _sub_items(router, partitions: int, first: int,
-               pending: PendingInputs) -> List[Optional[NumberedRows]]:
+               pending: PendingInputs, addr: Addr = INGRESS) -> List[Optional[NumberedRows]]:
     """Inputs numbered from ``first``, in the form stage 1 takes and routed to its
     ``partitions`` by its key (a run at a time). The key is user code: what it refuses
     stops the job as an operator's error in a segment would, naming the input."""
     try:
         rows, routes = routed(router, pending.rows(first), partitions)
     except RouteRefused as refused:
-        raise OperatorError(refused.what, INGRESS.stage, INGRESS.partition,
+        raise OperatorError(refused.what, addr.stage, addr.partition,
                             input_sn(first + refused.row),
                             describe(refused.error)) from refused.error
     return [rows] if routes is None else rows.split(routes, partitions)
@@ -70,14 +82,24 @@ class Ingress:
         log_inputs: bool = False,
         batch_rows: int = 1024,
         pause_room: int = PAUSE_ROOM,
+        index: int = 0,
+        ingresses: int = 1,
     ):
         """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
         ``window``: sub-items each stage-1 replica may hold untaken (back-pressure);
         ``log_inputs``: items leave only once logged (``inputs_logged``);
-        ``batch_rows``: the most inputs an item holds; ``pause_room``: see ``Producer``."""
+        ``batch_rows``: the most inputs an item holds; ``pause_room``: see ``Producer``;
+        ``index`` of ``ingresses``: this ingress among those reading in parallel."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
-        self.addr = INGRESS
+        if ingresses > 1 and log_inputs:
+            raise ValueError("several ingresses with an input log: not built yet (their "
+                             "epochs are to be logged, docs/design/parallel_io.md)")
+        self.addr = ingress_addr(index)
+        self.index, self.ingresses = index, ingresses
+        #: the epoch it numbers in, and the number below its inputs of that epoch
+        self.epoch = 0
+        self.floor = epoch_first(0, index, ingresses)
         #: stage 1's key and input form (``exchange.routing``)
         self.router = router
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
@@ -87,7 +109,10 @@ class Ingress:
                             pause_room=pause_room)
         self.partitions = partitions
         self.batch_rows = batch_rows
-        self.accepted = 0
+        #: the number of the last input accepted (with one ingress: how many)
+        self.accepted = self.floor
+        #: how many inputs it accepted
+        self.inputs = 0
         self.capacity = capacity
         self.log_inputs = log_inputs
         #: accepted inputs not yet in an item
@@ -104,19 +129,42 @@ class Ingress:
         """Counters for monitoring, as a segment's: inputs accepted, sub-items
         buffered (not yet held by both replicas), in flight and full windows."""
         in_flight, blocked = self.out.window_use()
-        return SegmentStats(self.addr, self.accepted, self.accepted, 0, self.out.buffered(),
+        return SegmentStats(self.addr, self.inputs, self.inputs, 0, self.out.buffered(),
                             in_flight, blocked)
 
     # -- the source side ---------------------------------------------------
     def frontier(self) -> SN:
         """Every item not sent yet will get an SN above this (DESIGN 4.3): with an input
         log, items held for it are not sent yet."""
-        last = self.held[0][0] - 1 if self.held else self.last_item
+        last = self.held[0][0] - 1 if self.held else max(self.last_item, self.floor)
         return (last,) if last else NO_PROGRESS
 
     def can_accept(self, record: Any = None) -> bool:
-        """Is there room for one more input? (An item's worth waits for a buffer.)"""
+        """Is there room for one more input? (An item's worth waits for a buffer; with
+        several ingresses, a full epoch for the next.)"""
+        if self.ingresses > 1 and self.accepted + 1 >= self.floor + EPOCH_INPUTS:
+            return False
         return len(self.pending) < self.batch_rows or self.can_cut()
+
+    # -- epochs (several ingresses) ------------------------------------------------
+    def can_advance(self) -> bool:
+        """May the epoch end now? Its pending inputs leave as an item first, which needs
+        room in every buffer (never forced: that would let buffers grow past capacity)."""
+        return not self.pending or self.can_cut()
+
+    def advance_epoch(self, epoch: int) -> None:
+        """End the current epoch and number from ``epoch`` on: the pending inputs leave
+        as an item, and the progress bound moves to below ``epoch``'s numbers, so the
+        other ingresses' items of the epochs before are released at stage 1."""
+        if self.ingresses == 1:
+            raise LocalProtocolError("one ingress numbers without epochs")
+        if epoch <= self.epoch:
+            raise LocalProtocolError(f"{self.addr}: epoch {epoch} after epoch {self.epoch}")
+        if self.pending and not self.cut_item():
+            raise LocalProtocolError(f"{self.addr}: epoch {self.epoch} ends with inputs "
+                                     "pending and no room for their item (can_advance)")
+        self.epoch = epoch
+        self.floor = self.accepted = epoch_first(epoch, self.index, self.ingresses)
 
     def pending_rows(self) -> int:
         return len(self.pending)
@@ -159,6 +207,10 @@ class Ingress:
                 if not self.cut_item():
                     break
                 continue
+            if self.ingresses > 1:  # not past the epoch's numbers
+                room = min(room, self.floor + EPOCH_INPUTS - 1 - self.accepted)
+                if room <= 0:
+                    break
             run = records[n:n + room]
             self._take(run)
             n += len(run)
@@ -167,6 +219,7 @@ class Ingress:
     def _take(self, records: Any) -> None:
         """Accepted inputs, in order, into the pending item; a full one leaves when it can."""
         self.accepted += len(records)
+        self.inputs += len(records)
         self.pending.add(records)
         if len(self.pending) >= self.batch_rows:
             self.cut_item()
@@ -178,7 +231,8 @@ class Ingress:
         if not (self.can_cut() or (force and self.pending)):
             return 0
         x = self.accepted
-        subs = _sub_items(self.router, self.partitions, x - len(self.pending) + 1, self.pending)
+        subs = _sub_items(self.router, self.partitions, x - len(self.pending) + 1, self.pending,
+                          self.addr)
         self.pending.clear()
         self.last_item = x
         if self._waits_for_log(x):  # its inputs are not all in the log yet
@@ -195,16 +249,19 @@ class Ingress:
         return self.log_inputs and x > self.logged
 
     def _put(self, x: int, subs: List[Optional[NumberedRows]]) -> None:
-        put, sn = self.out.put, (x, 0)
+        put, sn = self.out.put, (x, self.index)
         for i, sub in enumerate(subs):
             if sub is not None:
                 put(i, sn, sub)
 
     def resume_after(self, n: int) -> None:
         """A restart from a checkpoint of inputs 1..n: numbering goes on from n + 1."""
+        if self.ingresses > 1:
+            raise LocalProtocolError("a restart of several ingresses: not built yet (their "
+                                     "epochs are to be logged, docs/design/parallel_io.md)")
         if self.accepted or self.pending:
             raise LocalProtocolError("resume of an ingress that accepted inputs")
-        self.accepted = self.last_item = self.logged = n
+        self.accepted = self.last_item = self.logged = self.inputs = n
 
     def log_due(self) -> bool:
         """Are items waiting for the input log?"""
@@ -231,6 +288,9 @@ class Ingress:
     def choose_cut(self, number: int) -> List:
         """Checkpoint ``number`` covers every input accepted so far (DESIGN 10): the cut
         travels on every batch from here on."""
+        if self.ingresses > 1:
+            raise LocalProtocolError("checkpoints of several ingresses: not built yet (a "
+                                     "cut is to be an epoch, docs/design/parallel_io.md)")
         if self.out.cut is not None and number <= self.out.cut[0]:
             raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
         if self.pending:  # a cut lies between items: the pending inputs are the last one,

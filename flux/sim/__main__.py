@@ -170,6 +170,9 @@ def main(argv=None) -> int:
                     help="each last-stage partition's egress a sink's writer on a node, "
                          "acking at its commits and started again beside the survivor when "
                          "its node dies (docs/design/parallel_io.md)")
+    ap.add_argument("--ingresses", type=int, default=1, metavar="K",
+                    help="K ingresses, each reading a source partition of its own and "
+                         "numbering its inputs in epochs (DESIGN 12)")
     ap.add_argument("--fingerprint", action="store_true",
                     help="print a digest of every schedule's steps and outcome (to compare "
                          "two versions: the same digest, the same schedules)")
@@ -197,7 +200,8 @@ def main(argv=None) -> int:
                        corrupt_checkpoints=args.corrupt_checkpoints,
                        keep_checkpoints=args.keep_checkpoints,
                        partitioned_egress=args.partitioned_egress,
-                       writers_on_nodes=args.writers_on_nodes)
+                       writers_on_nodes=args.writers_on_nodes,
+                       ingresses=args.ingresses)
     try:
         params.validate()
     except ValueError as exc:

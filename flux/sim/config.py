@@ -113,6 +113,9 @@ class WorldConfig:
     writers_on_nodes: bool = False
     commit_every: Optional[int] = None
     writer_class: Optional[type] = None  # a broken variant's writer
+    #: several ingresses: which reads each input, in which epoch (``flux.sim.ingresses``);
+    #: None: one ingress reading every input
+    epochs: Optional[Any] = None
 
 
 @dataclass

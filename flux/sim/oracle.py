@@ -73,8 +73,10 @@ class FailureFreeOutputs:
     """The failure-free outputs of one order of the inputs, computed once for every oracle
     that asks: with an egress per partition, each egress's oracle takes its partition's."""
 
-    def __init__(self, dataflow, partitions: int):
-        self.dataflow, self.partitions = dataflow, partitions
+    def __init__(self, dataflow, partitions: int, numbers: Optional[Sequence[int]] = None):
+        """``numbers``: the inputs' SNs where they are not 1, 2, 3, ... (several ingresses
+        number in epochs; the inputs come in SN order)."""
+        self.dataflow, self.partitions, self.numbers = dataflow, partitions, numbers
         self.inputs: Optional[list] = None
         self.outputs: list = []  # (sn, record), in SN order
         self.partition_of: list = []  # the last-stage partition of each output
@@ -84,8 +86,9 @@ class FailureFreeOutputs:
         if self.inputs != inputs:
             run = ReferenceRun(self.dataflow, self.partitions)
             outputs, made = [], []
-            for record in inputs:
-                new = run.feed(record)
+            numbers = self.numbers
+            for k, record in enumerate(inputs):
+                new = run.feed(record, None if numbers is None else numbers[k])
                 outputs += new
                 made.append(len(new))
             self.inputs, self.outputs, self.made = list(inputs), outputs, made
@@ -126,9 +129,9 @@ class SettledOracle:
         self.cut = 0  # the cut this incarnation resumed after
         self.next = 0  # the position of the next failure-free output to be delivered
         self.diverged = False
-        #: the numbers (last inputs) of items cut, as seen at checks, not below the input
-        #: of the next output still to come: finished(n) of any of them must be false
-        self.items: Deque[int] = deque()
+        #: per ingress, the numbers (last inputs) of items cut, as seen at checks, not below
+        #: the input of the next output still to come: finished(n) of any must be false
+        self.items: Dict[int, Deque[int]] = {}
 
     def begin(self, inputs: Sequence[Any], cut: int) -> None:
         """A new egress, numbering the inputs after ``cut``."""
@@ -175,10 +178,11 @@ class SettledOracle:
             pos += 1
         self.next = pos
 
-    def check(self, egress, ingress, source_done: bool) -> None:
+    def check(self, egress, ingresses) -> None:
         """Raise a Violation if ``egress`` claims an output it has not delivered.
-        ``ingress``: the last item it cut bounds ``finished``'s claims; ``source_done``:
-        it accepted every input, so the item still pending is the last."""
+        ``ingresses``: each ingress and whether it read every input of its source: the
+        last item each cut bounds ``finished``'s claims, and once it read everything, the
+        item still pending is its last."""
         pos = self.next
         if self.diverged or pos >= len(self.outputs):
             return
@@ -187,16 +191,18 @@ class SettledOracle:
         settled = egress.settled()
         if settled >= first:
             raise Violation(self._claim(f"settled() is {settled}", missing, first))
-        items, last = self.items, ingress.last_item
-        if last >= first and (not items or last > items[-1]):
-            items.append(last)
-        while items and items[0] < first:
-            items.popleft()
-        # items cut whole at or past the input of the first output still to come (the
-        # first seen, the last cut): finished(n) of each claims that output, so is false
-        asked = [items[0], items[-1]] if items else []
-        if source_done and ingress.accepted > last and ingress.accepted >= first:
-            asked.append(ingress.accepted)  # the last item, still to be cut
+        asked = []
+        for ingress, source_done in ingresses:
+            items, last = self.items.setdefault(ingress.index, deque()), ingress.last_item
+            if last >= first and (not items or last > items[-1]):
+                items.append(last)
+            while items and items[0] < first:
+                items.popleft()
+            # items cut whole at or past the input of the first output still to come (the
+            # first seen, the last cut): finished(n) of each claims that output, so is false
+            asked += [items[0], items[-1]] if items else []
+            if source_done and ingress.accepted > last and ingress.accepted >= first:
+                asked.append(ingress.accepted)  # the last item, still to be cut
         for n in asked:
             if egress.finished(n):
                 raise Violation(self._claim(f"finished({n}) is true", missing, first))
@@ -244,7 +250,7 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
             f"{k} waits for {', '.join(world.coordinator.missing(k))}" for k in unfinished))
     try:
         for oracle, egress in zip(world.settled_oracles, world.egresses):
-            oracle.check(egress, world.ingress, world.next_input >= len(world.inputs))
+            oracle.check(egress, world.ingress_claims())
     except Violation as exc:
         problems.append(str(exc))
     rec = world.recovery

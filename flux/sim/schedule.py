@@ -20,6 +20,7 @@ from flux.protocol.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.protocol.ingress import Ingress
+from flux.sim.ingresses import EpochPlan
 from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
 from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
 from flux.state_codec import unpack_state
@@ -95,6 +96,8 @@ class SimParams:
     partitioned_egress: bool = False
     #: each partition's egress a sink's writer on a node, moving when its node dies
     writers_on_nodes: bool = False
+    #: ingresses reading a source partition each, numbering in epochs (DESIGN 12)
+    ingresses: int = 1
     max_steps: int = 200_000
 
     @property
@@ -133,6 +136,13 @@ class SimParams:
             raise ValueError(f"--source-partitions must be >= 1, got {self.source_partitions}")
         if self.full_every < 0:
             raise ValueError(f"--full-every must be >= 0, got {self.full_every}")
+        if self.ingresses < 1:
+            raise ValueError(f"--ingresses must be >= 1, got {self.ingresses}")
+        if self.ingresses > 1 and (self.checkpoints or self.restarts
+                                   or self.source_partitions > 1):
+            raise ValueError("--ingresses above 1 with checkpoints, restarts or "
+                             "--source-partitions: not modelled yet (the epochs are to be "
+                             "logged, docs/design/parallel_io.md)")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
 
@@ -196,8 +206,12 @@ def build_dataflow(params: SimParams, seed: int):
 
 def make_world(params: SimParams, seed: int, rng: random.Random):
     dataflow, inputs = build_dataflow(params, seed)
+    plan = numbers = None
+    if params.ingresses > 1:  # which ingress reads each input, in which epoch: its SN
+        plan = EpochPlan(inputs, params.ingresses, random.Random(f"ingresses {seed}"))
+        inputs, numbers = plan.inputs, plan.numbers
     reference, outputs_upto, states_after, states, parts = reference_run(dataflow, inputs,
-                                                                         params)
+                                                                         params, numbers)
     placement = (ChainedDeclustering if params.placement == "chained" else OneSegmentPerNode)(
         params.stages, params.partitions)
     config = WorldConfig(
@@ -241,6 +255,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # a writer commits at least every this many items (at most the capacity): drawn
         # from a stream of its own
         commit_every=random.Random(f"commits {seed}").randint(1, 6),
+        epochs=plan,
         **WORLD_VARIANTS.get(params.variant, {}),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
@@ -260,10 +275,11 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     return world, reference, states, parts if params.egress_per_partition else None
 
 
-def reference_run(dataflow, inputs, params: SimParams):
+def reference_run(dataflow, inputs, params: SimParams, numbers=None):
     """The failure-free run of ``inputs``: its outputs, how many the first n inputs make
     (with an egress per partition: per partition, ``[n][p]``), the operators' states after
-    n inputs (with checkpoints) and at the end, and each output's last-stage partition."""
+    n inputs (with checkpoints) and at the end, and each output's last-stage partition.
+    ``numbers``: the inputs' SNs (several ingresses); None: 1, 2, 3, ..."""
     from flux.reference import ReferenceRun
 
     run = ReferenceRun(dataflow, params.partitions)
@@ -277,8 +293,8 @@ def reference_run(dataflow, inputs, params: SimParams):
     per_part = [0] * params.partitions
     if params.egress_per_partition:
         outputs_upto = [tuple(per_part)]
-    for record in inputs:
-        made = run.feed(record)
+    for k, record in enumerate(inputs):
+        made = run.feed(record, None if numbers is None else numbers[k])
         reference += made
         if params.egress_per_partition:
             for p in run.output_partitions[len(reference) - len(made):]:

@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 from flux.addresses import Addr, MoverAddr
 from flux.effects import Snapshot
 from flux.protocol.host import Host
-from flux.protocol.ingress import INGRESS
+from flux.protocol.ingress import INGRESS, ingress_addr
 from flux.protocol.machine import LocalWork
 from flux.sim.config import (
     CHECKPOINT_STORE,
@@ -108,7 +108,7 @@ class Steps:
 
     def _hosts(self, key, steps: List[tuple]) -> List[str]:
         """``host_of_step`` of each of a machine's local steps."""
-        if key == INGRESS:  # its steps are of several kinds
+        if isinstance(key, Addr) and key.stage == 0:  # an ingress's are of several kinds
             return [self.host_of_step(s) for s in steps]
         if isinstance(key, ZombieMachine):
             return [key.name] * len(steps)
@@ -129,6 +129,10 @@ class Steps:
         """The local steps of machine ``addr`` (of its live process, or ``work`` of a
         zombie's), in a fixed order, by the local work it declared (``LocalWork``)."""
         w = self.world
+        if addr.stage == 0 and w.epochs is not None:  # one of several ingresses
+            ingress = w.machine(addr)
+            return [("flush", addr, i, d) for i, d in ingress.flushable()] + \
+                w.epochs.steps(ingress)
         if addr == INGRESS:
             ingress = w.ingress
             steps = [("flush", INGRESS, i, d) for i, d in ingress.flushable()]
@@ -173,7 +177,7 @@ class Steps:
             return CHECKPOINT_STORE
         if kind == "sink-commit":
             return EGRESS_HOST
-        if kind in ("accept", "item", "checkpoint"):
+        if kind in ("accept", "item", "checkpoint", "epoch"):
             return INGRESS_HOST
         return w.host_of[step[1]]
 
@@ -227,6 +231,11 @@ class Steps:
             w.faults.halt(step[1])  # a zombie heard again: the controller told it to stop
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], w.hosts[step[1]])
+        elif kind in ("accept", "item", "epoch") and w.epochs is not None:
+            addr = ingress_addr(step[1])
+            w.net.touched(INGRESS_HOST, addr)
+            w.epochs.apply(kind, w.machine(addr))
+            self.dirty.add(addr)
         elif kind in ("accept", "item", "log", "checkpoint"):
             self._apply_ingress(kind)
         elif kind == "sink-commit":

@@ -124,6 +124,46 @@ class IngressSendingBeforeTheLog(Ingress):
         return (self.last_item,) if self.last_item else NO_PROGRESS
 
 
+class IngressBoundingBeforeItsItem(Ingress):
+    """Ends an epoch by sending the next epoch's bound before the item of the inputs it
+    had pending (DESIGN 12 broken: the item leaves first): that item's SN lies below a
+    bound stage 1's merges have trusted, and they may have released another ingress's
+    later items before it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._late: list = []
+        self._delaying = False
+
+    def _put(self, x, subs) -> None:
+        if self._delaying:
+            self._late.append((x, subs))
+        else:
+            super()._put(x, subs)
+
+    def advance_epoch(self, epoch: int) -> None:
+        self._delaying = True
+        try:
+            super().advance_epoch(epoch)
+        finally:
+            self._delaying = False
+
+    def flush(self, i: int, d: int):
+        sends = super().flush(i, d)
+        late, self._late = self._late, []
+        for x, subs in late:  # into the buffers only after a bound went out
+            super()._put(x, subs)
+        return sends
+
+    def frontier(self):
+        if self._late:  # the bound claims the new epoch though the item is still to go
+            return (self.floor,)
+        return super().frontier()
+
+    def idle(self) -> bool:
+        return not self._late and super().idle()
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -171,7 +211,8 @@ class HostWithoutResends(Host):
 
 #: variants of the host, by name (the others use ``Host``)
 HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead, "no-resend": HostWithoutResends}
-INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog}
+INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
+                    "epoch-bound-first": IngressBoundingBeforeItsItem}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -191,6 +232,7 @@ VARIANTS = {
     "late-snapshot": (Buffer, SegmentSnapshottingLate),
     "forgotten-change": (Buffer, SegmentForgettingAChange),
     "unlogged-send": (Buffer, Segment),
+    "epoch-bound-first": (Buffer, Segment),
     "restore-unverified": (Buffer, Segment),
     "eager-writer-acks": (Buffer, Segment),
     "no-resend": (Buffer, Segment),

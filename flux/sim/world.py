@@ -62,6 +62,7 @@ from flux.sim.config import (
 )
 from flux.sim.detection import Detection
 from flux.sim.faults import REMOVED_SHARE, Faults
+from flux.sim.ingresses import SimIngresses
 from flux.sim.oracle import FailureFreeOutputs, SettledOracle
 from flux.sim.restarts import Restarts
 from flux.sim.sink import SimSink
@@ -108,7 +109,11 @@ class World:
                                       full_every=config.full_every,
                                       batch_rows=config.batch_rows,
                                       ordered_output=config.ordered_output,
-                                      writers_on_nodes=config.writers_on_nodes)
+                                      writers_on_nodes=config.writers_on_nodes,
+                                      ingresses=config.epochs.ingresses
+                                      if config.epochs else 1)
+        #: several ingresses' steps (None: one ingress, reading ``inputs`` in order)
+        self.epochs = SimIngresses(config.epochs) if config.epochs else None
         self.placement = placement
         #: the sink partitions: one with ordered output, else one per last-stage partition
         self.sink_partitions = 1 if config.ordered_output else partitions
@@ -123,7 +128,8 @@ class World:
         #: the sink: ``outcome.delivered`` is what it holds, per partition what it committed
         self.sink = SimSink(self.outcome.delivered)
         #: the oracles of what each egress claims it delivered (``settled``, ``finished``)
-        reference = FailureFreeOutputs(dataflow, partitions)
+        reference = FailureFreeOutputs(dataflow, partitions,
+                                       config.epochs.numbers if config.epochs else None)
         self.settled_oracles = [SettledOracle(dataflow, partitions,
                                               None if config.ordered_output else p, reference)
                                 for p in range(self.sink_partitions)]
@@ -156,15 +162,21 @@ class World:
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              builder.standby_segment, config.chunk_size,
                                              peer_incs, writer_factory=self.writers.factory(name)))
-        self.ingress = builder.ingress(log_inputs=self.restarts.source_parts is not None,
-                                       ingress_class=config.ingress_class)
+        if self.epochs is not None:
+            self.ingresses = [builder.ingress(ingress_class=config.ingress_class, index=i)
+                              for i in range(builder.ingresses)]
+            self.epochs.reset()
+        else:
+            self.ingresses = [builder.ingress(log_inputs=self.restarts.source_parts is not None,
+                                              ingress_class=config.ingress_class)]
+        self.ingress = self.ingresses[0]
         if restored is not None:
             self.ingress.resume_after(restored[1])  # numbered from cut + 1
             self.next_input = restored[1]
         self.egresses = writers or builder.egresses()
         for oracle in self.settled_oracles:
             oracle.begin(self.inputs, 0 if restored is None else restored[1])
-        for name, machines in ((INGRESS_HOST, [self.ingress]),
+        for name, machines in ((INGRESS_HOST, self.ingresses),
                                (EGRESS_HOST, [] if writers else self.egresses)):
             self._add_host(config.host_class(name, {m.addr: m for m in machines},
                                              topology.incarnations[name], peer_incs=peer_incs))
@@ -258,9 +270,22 @@ class World:
                 raise ValueError(f"unknown effect {e!r}")
         if host is not None and (host.name == EGRESS_HOST  # a step of an egress
                                  or host.name in self.writers.host.values()):
-            done = self.next_input >= len(self.inputs)
+            claims = self.ingress_claims()
             for oracle, egress in zip(self.settled_oracles, self.egresses):
-                oracle.check(egress, self.ingress, done)
+                oracle.check(egress, claims)
+
+    def ingress_claims(self) -> List[Tuple[Any, bool]]:
+        """Each ingress, and whether it read every input of its source (the item it has
+        pending is then its last): what bounds the egresses' claims (``SettledOracle``)."""
+        if self.epochs is None:
+            return [(self.ingress, self.next_input >= len(self.inputs))]
+        return [(ingress, self.epochs.done(ingress.index)) for ingress in self.ingresses]
+
+    def source_done(self) -> bool:
+        """Every input was read."""
+        if self.epochs is None:
+            return self.next_input >= len(self.inputs)
+        return self.epochs.all_done()
 
     @property
     def sink_committed(self) -> int:
