@@ -71,6 +71,18 @@ class CutChosen:
 
 
 @dataclass(frozen=True, slots=True)
+class CutPassed:
+    """Ingress ``ingress`` (one of several, DESIGN 12) ended the last epoch of checkpoint
+    ``number``, whose cut is ``cut``: the runtime records that ingress's source position
+    after its last input up to ``cut``; the checkpoint has its position once every
+    ingress passed."""
+
+    number: int
+    cut: int
+    ingress: int
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Replica ``addr`` crossed the cut of checkpoint ``number``: ``data`` is its
     operators' state after every input up to ``cut`` and none beyond (packed; None when

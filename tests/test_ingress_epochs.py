@@ -9,6 +9,7 @@ import pytest
 
 from exchange.merge import OrderedMerge
 from flux.addresses import Addr, P, S
+from flux.effects import CutPassed
 from flux.errors import LocalProtocolError
 from flux.protocol.ingress import Ingress, ingress_addr
 from flux.sequence import EPOCH_INPUTS, epoch_first
@@ -41,6 +42,8 @@ def test_one_ingress_numbers_as_before_and_has_no_epochs():
     assert [ingress.accept(("k0", i)) for i in range(3)] == [(1,), (2,), (3,)]
     with pytest.raises(LocalProtocolError, match="without epochs"):
         ingress.advance_epoch(1)
+    with pytest.raises(LocalProtocolError, match="cuts at inputs"):
+        ingress.cut_at_epoch(1, 0)
 
 
 def test_an_ingress_numbers_its_epochs_and_its_items_carry_its_index():
@@ -87,13 +90,46 @@ def released(merge):
     return out
 
 
-def test_checkpoints_and_restarts_of_several_ingresses_are_refused_until_built():
-    with pytest.raises(ValueError, match="input log"):
-        Ingress(2, by(route), 8, 16, log_inputs=True, index=0, ingresses=2)
-    with pytest.raises(LocalProtocolError, match="cut is to be an epoch"):
-        make(0).choose_cut(1)
-    with pytest.raises(LocalProtocolError, match="restart of several ingresses"):
-        make(0).resume_after(5)
+def test_a_checkpoint_cuts_at_an_epochs_end_and_each_ingress_tells_when_it_passed():
+    a, b = make(0), make(1)
+    with pytest.raises(LocalProtocolError, match="cut at an epoch's end"):
+        a.choose_cut(1)
+    a.advance_epoch(1)
+    with pytest.raises(LocalProtocolError, match="which it ended already"):
+        a.cut_at_epoch(1, 0)
+    for ingress in (a, b):
+        ingress.cut_at_epoch(1, 1)  # after every input of epochs 0 and 1: 2 * 2 * M
+    assert a.out.cut == b.out.cut == (1, 4 * M)
+    assert a.advance_epoch(2) == [CutPassed(1, 4 * M, 0)]
+    assert b.advance_epoch(1) == []  # still in the cut's epoch
+    assert b.advance_epoch(3) == [CutPassed(1, 4 * M, 1)]
+    assert b.advance_epoch(4) == []  # told once
+
+
+def test_a_restart_numbers_from_the_epoch_after_the_cut():
+    ingress = make(1)
+    ingress.resume_after(4 * M)  # checkpoint of epochs 0 and 1 of 2 ingresses
+    assert ingress.epoch == 2 and ingress.frontier() == (5 * M,)
+    assert ingress.accept(("k0", 1)) == (5 * M + 1,)
+    with pytest.raises(LocalProtocolError, match="no epoch's end"):
+        make(0).resume_after(4 * M + 3)
+
+
+def test_with_an_input_log_the_bound_waits_for_the_log_epochs_included():
+    """A bound lets the merges release the other ingresses' items below it: a restart
+    must not number a replayed input under it, so it tells only what the log holds."""
+    ingress = Ingress(2, by(route), 8, 16, log_inputs=True, index=0, ingresses=2)
+    ingress.advance_epoch(2)  # no input: the epoch's start alone
+    assert ingress.frontier() == (0,) and ingress.log_due()
+    ingress.inputs_logged(ingress.accepted)
+    assert ingress.frontier() == (4 * M,) and not ingress.log_due()
+    ingress.accept(("k0", 1))
+    ingress.advance_epoch(3)  # item 4M + 1 waits for the log, and so does the bound
+    assert ingress.frontier() == (4 * M,)
+    assert ingress.out.buffers[0].entries() == []
+    ingress.inputs_logged(ingress.accepted)
+    assert ingress.frontier() == (6 * M,)
+    assert [sn for sn, _ in ingress.out.buffers[0].entries()] == [(4 * M + 1, 0)]
 
 
 def test_a_merge_of_two_ingresses_releases_one_order_whatever_the_arrival_order():

@@ -116,6 +116,10 @@ class WorldConfig:
     #: several ingresses: which reads each input, in which epoch (``flux.sim.ingresses``);
     #: None: one ingress reading every input
     epochs: Optional[Any] = None
+    #: several ingresses log the SNs they give before items leave (with restarts)
+    log_epochs: bool = False
+    #: how many epochs an ingress may run ahead of the slowest (None: no limit)
+    epoch_skew: Optional[int] = None
 
 
 @dataclass

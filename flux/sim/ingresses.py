@@ -1,25 +1,36 @@
 """Several ingresses, one per source partition, numbering in epochs (DESIGN 12,
 docs/design/parallel_io.md).
 
-Which input each ingress reads and in which of its epochs is drawn once per seed
+Which input each ingress reads and in which of its epochs is drawn per seed
 (``EpochPlan``): an epoch ends when the runtime's clock says so, which the machines only
 see as the ``advance_epoch`` event, so drawing the epochs ahead covers every way they can
 fall; the steps of the ingresses still interleave with everything else as the scheduler
 chooses. The plan fixes every input's SN, so the failure-free run is that of the inputs
 in SN order. After its last input an ingress advances once more, past every epoch of the
 plan: its bound then lets the others' last items go.
+
+Checkpoints cut at an epoch's end, one for all ingresses (``Ingress.cut_at_epoch``).
+Each ingress logs the SNs it gave before their items leave (the "log" step), so after a
+restart the inputs the log covers come again in their epochs; the others may fall into
+other epochs (the plan is drawn again past the log), as a clock would cut them anew.
 """
 from __future__ import annotations
 
 import random
-from typing import Any, List, Sequence, Tuple
+from bisect import bisect_right
+from typing import Any, Dict, List, Sequence, Tuple
 
 from flux.protocol.ingress import Ingress
-from flux.sequence import epoch_first
+from flux.sequence import EPOCH_INPUTS, epoch_first
 
 #: the chance that an ingress's epoch ends before its next input (the plan's draw); an
 #: epoch may end with no input at all (an idle source partition)
 EPOCH_END = 0.4
+#: how many epochs past the ingresses' newest a checkpoint's cut may lie
+CUT_AHEAD = (0, 0, 1, 2)
+#: how many epochs an ingress may run ahead of the slowest, drawn per seed: epochs are a
+#: clock's, so ingresses keep close unless one stalls (None: no limit, as if one did)
+SKEWS = (1, 2, 3, None)
 
 
 class EpochPlan:
@@ -27,35 +38,77 @@ class EpochPlan:
 
     def __init__(self, inputs: Sequence[Any], ingresses: int, rng: random.Random):
         self.ingresses = ingresses
+        self.rng = rng
         #: per ingress, its inputs in its source partition's order: (epoch, SN, record)
         self.reads: List[List[Tuple[int, int, Any]]] = [[] for _ in range(ingresses)]
-        epoch, used = [0] * ingresses, [0] * ingresses
+        parts: List[List[Any]] = [[] for _ in range(ingresses)]
         for record in inputs:
-            i = rng.randrange(ingresses)
-            while rng.random() < EPOCH_END:
-                epoch[i] += 1
-                used[i] = 0
-            used[i] += 1
-            self.reads[i].append((epoch[i], epoch_first(epoch[i], i, ingresses) + used[i],
-                                  record))
+            parts[rng.randrange(ingresses)].append(record)
+        for i, records in enumerate(parts):
+            self.reads[i] = self._numbered(i, records, 0, 0)
+        self.numbers: List[int] = []
+        self.inputs: List[Any] = []
+        self._order()
+
+    def _numbered(self, i: int, records, epoch: int, used: int) -> List[Tuple[int, int, Any]]:
+        """``records`` read by ingress ``i`` from ``epoch``, of which ``used`` numbers are
+        taken: an epoch ends before an input with chance ``EPOCH_END``."""
+        out = []
+        for record in records:
+            while self.rng.random() < EPOCH_END:
+                epoch, used = epoch + 1, 0
+            used += 1
+            out.append((epoch, epoch_first(epoch, i, self.ingresses) + used, record))
+        return out
+
+    def _order(self) -> None:
         #: every ingress advances to this epoch after its last input
-        self.last_epoch = max(epoch) + 1
+        self.last_epoch = 1 + max((reads[-1][0] for reads in self.reads if reads), default=0)
         ordered = sorted((sn, record) for reads in self.reads for _, sn, record in reads)
-        #: the inputs in SN order, and their SNs: the failure-free run's order
-        self.numbers = [sn for sn, _ in ordered]
-        self.inputs = [record for _, record in ordered]
+        #: the inputs in SN order, and their SNs: the failure-free run's order (changed in
+        #: place by ``redraw``: the oracle's references read them)
+        self.numbers[:] = [sn for sn, _ in ordered]
+        self.inputs[:] = [record for _, record in ordered]
+
+    def redraw(self, cut: int, logged: List[int], logged_epochs: List[int]) -> bool:
+        """A restart after ``cut`` (0: from the start): each ingress's inputs the input log
+        does not cover (past its first ``logged[i]``) fall into epochs drawn anew, after
+        those it kept and not below the last epoch it logged (``logged_epochs[i]``: its
+        bound may have told that); returns whether the order changed."""
+        span, before = self.ingresses * EPOCH_INPUTS, list(self.numbers)
+        first_epoch = cut // span  # the restarted ingresses number from this epoch on
+        for i, reads in enumerate(self.reads):
+            keep = max(logged[i], bisect_right([sn for _, sn, _ in reads], cut))
+            epoch = reads[keep - 1][0] if keep else 0
+            if epoch < max(first_epoch, logged_epochs[i]):
+                epoch, used = max(first_epoch, logged_epochs[i]), 0
+            else:
+                used = sum(1 for e, _, _ in reads[:keep] if e == epoch)
+            reads[keep:] = self._numbered(i, [r for _, _, r in reads[keep:]], epoch, used)
+        self._order()
+        return self.numbers != before
 
 
 class SimIngresses:
     """The ingresses' steps: accept the next input of their source partition, cut an
-    item, advance the epoch."""
+    item, advance the epoch, make the log durable; and the checkpoints' cuts."""
 
-    def __init__(self, plan: EpochPlan):
+    def __init__(self, plan: EpochPlan, log_inputs: bool, skew=None):
         self.plan = plan
+        self.log_inputs = log_inputs
+        self.skew = skew
         self.read = [0] * plan.ingresses
+        #: per ingress, how many of its reads the input log holds and the epoch it logged
+        #: last (kept across restarts)
+        self.logged = [0] * plan.ingresses
+        self.logged_epochs = [0] * plan.ingresses
+        #: per checkpoint, the ingresses that passed its cut and their positions
+        self.positions: Dict[int, Dict[int, int]] = {}
 
-    def reset(self) -> None:
-        self.read = [0] * self.plan.ingresses
+    def start(self, cut: int) -> None:
+        """A new incarnation, numbering after ``cut`` (0: from the start)."""
+        self.read = [bisect_right([sn for _, sn, _ in reads], cut) for reads in self.plan.reads]
+        self.positions = {}
 
     def done(self, i: int) -> bool:
         """Ingress ``i`` read every input of its source partition."""
@@ -67,19 +120,28 @@ class SimIngresses:
     def _next_epoch(self, i: int) -> int:
         return self.plan.last_epoch if self.done(i) else self.plan.reads[i][self.read[i]][0]
 
-    def steps(self, ingress: Ingress) -> List[tuple]:
-        """Its local steps other than flushes, in a fixed order."""
+    def steps(self, ingress: Ingress, checkpoint: bool, slowest: int) -> List[tuple]:
+        """Its local steps other than flushes, in a fixed order; ``checkpoint``: one may
+        be taken (asked of ingress 0 only: the driver chooses a cut for all); ``slowest``:
+        the lowest epoch of all ingresses."""
         i, steps = ingress.index, []
         epoch = self._next_epoch(i)
+        # its clock waits for the slowest ingress's (unless it is the slowest)
+        waits = self.skew is not None and epoch > slowest + self.skew and ingress.epoch > slowest
         if not self.done(i) and epoch == ingress.epoch and ingress.can_accept():
             steps.append(("accept", i))
         if ingress.can_cut():
             steps.append(("item", i))  # the pending inputs leave as an item (DESIGN 11)
-        if epoch > ingress.epoch and ingress.can_advance():
+        if epoch > ingress.epoch and ingress.can_advance() and not waits:
             steps.append(("epoch", i))
+        if ingress.log_due():
+            steps.append(("log", i))  # the input log made durable up to here
+        if checkpoint:
+            steps.append(("checkpoint", i))
         return steps
 
-    def apply(self, kind: str, ingress: Ingress) -> None:
+    def apply(self, kind: str, ingress: Ingress) -> List:
+        """Take step ``kind`` of ``ingress``; returns its effects."""
         i = ingress.index
         if kind == "accept":
             _, sn, record = self.plan.reads[i][self.read[i]]
@@ -90,6 +152,39 @@ class SimIngresses:
         elif kind == "item":
             ingress.cut_item()
         elif kind == "epoch":
-            ingress.advance_epoch(self._next_epoch(i))
+            return ingress.advance_epoch(self._next_epoch(i))
+        elif kind == "log":
+            self.logged[i] = max(self.logged[i], self.read[i])
+            self.logged_epochs[i] = max(self.logged_epochs[i], ingress.epoch)
+            return ingress.inputs_logged(ingress.accepted)
         else:
             raise ValueError(f"unknown ingress step {kind}")
+        return []
+
+    # -- checkpoints ----------------------------------------------------------------
+    def cut_epochs(self, ingresses: List[Ingress], last_cut: int) -> range:
+        """The epochs a checkpoint's cut may end now: none an ingress ended already nor
+        before the last cut, and one every ingress will still end (the plan's last)."""
+        span = self.plan.ingresses * EPOCH_INPUTS
+        low = max(max(ing.epoch for ing in ingresses), last_cut // span)
+        return range(low, self.plan.last_epoch)
+
+    def choose_cut(self, ingresses: List[Ingress], number: int, last_cut: int,
+                   rng: random.Random) -> int:
+        """Checkpoint ``number`` at the end of an epoch of the scheduler's choosing; every
+        ingress stamps it (``cut_at_epoch``); returns the cut."""
+        epochs = self.cut_epochs(ingresses, last_cut)
+        epoch = min(epochs.start + rng.choice(CUT_AHEAD), epochs.stop - 1)
+        for ingress in ingresses:
+            ingress.cut_at_epoch(number, epoch)
+        self.positions[number] = {}
+        return ingresses[0].epoch_cut(epoch)
+
+    def passed(self, number: int, ingress: int) -> Tuple[int, ...]:
+        """Ingress ``ingress`` passed checkpoint ``number``'s cut: the source positions of
+        every ingress once all did (how many inputs each read), else ()."""
+        got = self.positions.setdefault(number, {})
+        got[ingress] = self.read[ingress]
+        if len(got) < self.plan.ingresses:
+            return ()
+        return tuple(got[i] for i in range(self.plan.ingresses))

@@ -78,12 +78,15 @@ class FailureFreeOutputs:
         number in epochs; the inputs come in SN order)."""
         self.dataflow, self.partitions, self.numbers = dataflow, partitions, numbers
         self.inputs: Optional[list] = None
+        self._numbers_of: Optional[list] = None  # the numbers ``outputs`` are of
         self.outputs: list = []  # (sn, record), in SN order
         self.partition_of: list = []  # the last-stage partition of each output
         self.made: list = []  # how many outputs each input made
 
     def of(self, inputs: Sequence[Any]) -> "FailureFreeOutputs":
-        if self.inputs != inputs:
+        numbers = None if self.numbers is None else list(self.numbers)
+        if self.inputs != inputs or numbers != self._numbers_of:
+            self._numbers_of = numbers
             run = ReferenceRun(self.dataflow, self.partitions)
             outputs, made = [], []
             numbers = self.numbers
@@ -124,6 +127,7 @@ class SettledOracle:
         self.reference = reference or FailureFreeOutputs(dataflow, partitions)
         self.partition = partition
         self.inputs: Optional[list] = None  # the order the outputs below are of
+        self._of: Optional[list] = None  # the failure-free outputs the lists below are of
         self.outputs: list = []  # the failure-free (sn, record) outputs, in SN order
         self.upto = [0]  # [n]: how many of them the first n inputs make
         self.cut = 0  # the cut this incarnation resumed after
@@ -134,9 +138,11 @@ class SettledOracle:
         self.items: Dict[int, Deque[int]] = {}
 
     def begin(self, inputs: Sequence[Any], cut: int) -> None:
-        """A new egress, numbering the inputs after ``cut``."""
-        if self.inputs != inputs:
-            ref = self.reference.of(inputs)
+        """A new egress, numbering the inputs after the first ``cut`` (a checkpoint covers
+        them: with several ingresses, those whose SNs are up to its cut)."""
+        ref = self.reference.of(inputs)
+        if self._of is not ref.outputs:  # another order of the inputs, or other SNs
+            self._of = ref.outputs
             mine = None if self.partition is None else [p == self.partition
                                                         for p in ref.partition_of]
             if mine is None:  # every output: the shared list, never changed

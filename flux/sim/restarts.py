@@ -49,7 +49,8 @@ class Restarts:
             return
         restored = None if k is None else (k, store.manifests[k][0])
         cut = 0 if restored is None else restored[1]
-        if self.source_parts is not None and cut < store.log_from:
+        logged = self.source_parts is not None or w.epochs is not None
+        if logged and cut < store.log_from:
             raise Violation(f"the input log was truncated past checkpoint {k}'s cut: it covers "
                             f"the inputs after {store.log_from}, the restart reads from "
                             f"input {cut + 1} on")
@@ -60,6 +61,10 @@ class Restarts:
         store.chains = {}  # every replica starts anew: its first snapshot is whole
         if self.source_parts is not None:
             self._interleave_anew(self.logged_inputs)
+        elif w.epochs is not None and w.epochs.plan.redraw(cut, w.epochs.logged,
+                                                           w.epochs.logged_epochs):
+            w.inputs[:] = w.epochs.plan.inputs  # inputs the log did not cover: other epochs
+            w.on_reorder(w.inputs, w.epochs.plan.numbers)
         if restored is None:
             w.next_input = 0
         w.build(restored)

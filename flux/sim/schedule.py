@@ -20,7 +20,7 @@ from flux.protocol.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.protocol.ingress import Ingress
-from flux.sim.ingresses import EpochPlan
+from flux.sim.ingresses import SKEWS, EpochPlan
 from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
 from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
 from flux.state_codec import unpack_state
@@ -138,11 +138,9 @@ class SimParams:
             raise ValueError(f"--full-every must be >= 0, got {self.full_every}")
         if self.ingresses < 1:
             raise ValueError(f"--ingresses must be >= 1, got {self.ingresses}")
-        if self.ingresses > 1 and (self.checkpoints or self.restarts
-                                   or self.source_partitions > 1):
-            raise ValueError("--ingresses above 1 with checkpoints, restarts or "
-                             "--source-partitions: not modelled yet (the epochs are to be "
-                             "logged, docs/design/parallel_io.md)")
+        if self.ingresses > 1 and self.source_partitions > 1:
+            raise ValueError("--ingresses and --source-partitions: each ingress reads one "
+                             "source partition (--ingresses K models K of them)")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
 
@@ -256,19 +254,21 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # from a stream of its own
         commit_every=random.Random(f"commits {seed}").randint(1, 6),
         epochs=plan,
+        log_epochs=bool(params.checkpoints or params.restarts),
+        epoch_skew=random.Random(f"skew {seed}").choice(SKEWS),
         **WORLD_VARIANTS.get(params.variant, {}),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
                   fault_rng=random.Random(f"faults {seed}"),
                   corrupt_rng=random.Random(f"corrupt {seed}"))
     if params.checkpoints:
-        world.judge_snapshot = partial(judge_snapshot, states_after)
-        world.judge_commit = partial(judge_commit, outputs_upto)
+        world.judge_snapshot = partial(judge_snapshot, states_after, world.position)
+        world.judge_commit = partial(judge_commit, outputs_upto, world.position)
 
-    def reorder(new_inputs):
+    def reorder(new_inputs, new_numbers=None):
         """The failure-free run of the inputs' new order (its lists changed in place)."""
         for old, new in zip((reference, outputs_upto, states_after, states, parts),
-                            reference_run(dataflow, new_inputs, params)):
+                            reference_run(dataflow, new_inputs, params, new_numbers)):
             old[:] = new
 
     world.on_reorder = reorder
@@ -308,20 +308,20 @@ def reference_run(dataflow, inputs, params: SimParams, numbers=None):
     return reference, outputs_upto, states_after, states, list(run.output_partitions)
 
 
-def judge_snapshot(states_after, snap) -> None:
+def judge_snapshot(states_after, position, snap) -> None:
     """A checkpoint's snapshot is the failure-free state of its partition after exactly
-    the inputs up to its cut (DESIGN 10)."""
+    the inputs up to its cut (DESIGN 10). ``position``: how many inputs an SN covers."""
     got = wire_form(unpack_state(snap.data)["operators"])
-    want = states_after[snap.cut][snap.addr.stage - 1][snap.addr.partition]
+    want = states_after[position(snap.cut)][snap.addr.stage - 1][snap.addr.partition]
     if got != want:
         raise Violation(f"checkpoint {snap.number} (cut {snap.cut}): {snap.addr}'s snapshot "
                         f"{got!r} is not the state after input {snap.cut}: {want!r}")
 
 
-def judge_commit(outputs_upto, commit, delivered: int) -> None:
+def judge_commit(outputs_upto, position, commit, delivered: int) -> None:
     """When the egress passes a cut, every output of the inputs up to it is delivered (of
     its partition, with an egress per partition)."""
-    due = outputs_upto[commit.cut]
+    due = outputs_upto[position(commit.cut)]
     if isinstance(due, tuple):
         due = due[commit.partition]
     if delivered < due:
@@ -423,8 +423,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     oracle = PrefixOracle(reference, parts)
     reorder = world.on_reorder
 
-    def on_reorder(new_inputs):
-        reorder(new_inputs)
+    def on_reorder(new_inputs, new_numbers=None):
+        reorder(new_inputs, new_numbers)
         # what the sink holds is judged again, against the new order
         oracle.set_reference(reference, parts)
 

@@ -131,8 +131,11 @@ class Steps:
         w = self.world
         if addr.stage == 0 and w.epochs is not None:  # one of several ingresses
             ingress = w.machine(addr)
+            checkpoint = addr.partition == 0 and w.checkpoints_left > 0 and \
+                bool(w.epochs.cut_epochs(w.ingresses, w.last_cut))
+            slowest = min(ingress.epoch for ingress in w.ingresses)
             return [("flush", addr, i, d) for i, d in ingress.flushable()] + \
-                w.epochs.steps(ingress)
+                w.epochs.steps(ingress, checkpoint, slowest)
         if addr == INGRESS:
             ingress = w.ingress
             steps = [("flush", INGRESS, i, d) for i, d in ingress.flushable()]
@@ -231,11 +234,22 @@ class Steps:
             w.faults.halt(step[1])  # a zombie heard again: the controller told it to stop
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], w.hosts[step[1]])
-        elif kind in ("accept", "item", "epoch") and w.epochs is not None:
+        elif kind == "checkpoint" and w.epochs is not None:
+            w.checkpoints_left -= 1
+            number = len(w.outcome.cuts) + 1
+            w.net.touched(INGRESS_HOST, None)
+            w.begin_checkpoint(number, w.epochs.choose_cut(w.ingresses, number, w.last_cut,
+                                                           w.rng))
+            self.dirty.update(ingress.addr for ingress in w.ingresses)
+        elif kind in ("accept", "item", "epoch", "log") and w.epochs is not None:
             addr = ingress_addr(step[1])
             w.net.touched(INGRESS_HOST, addr)
-            w.epochs.apply(kind, w.machine(addr))
-            self.dirty.add(addr)
+            effects = w.epochs.apply(kind, w.machine(addr))
+            w.effects(*w.hosts[INGRESS_HOST].run_local(effects))
+            if effects or kind == "epoch":  # the others' steps look at its epoch
+                self.dirty.update(ingress.addr for ingress in w.ingresses)
+            else:
+                self.dirty.add(addr)
         elif kind in ("accept", "item", "log", "checkpoint"):
             self._apply_ingress(kind)
         elif kind == "sink-commit":

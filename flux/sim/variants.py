@@ -164,6 +164,16 @@ class IngressBoundingBeforeItsItem(Ingress):
         return not self._late and super().idle()
 
 
+class IngressBoundingPastTheLog(Ingress):
+    """Tells a bound past what the input log holds (DESIGN 12 broken): other ingresses'
+    items below it are released and committed, and a restart may number a replayed
+    input of this one under them."""
+
+    def frontier(self):
+        last = self.held[0][0] - 1 if self.held else max(self.last_item, self.floor)
+        return (last,) if last else NO_PROGRESS
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -212,7 +222,8 @@ class HostWithoutResends(Host):
 #: variants of the host, by name (the others use ``Host``)
 HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead, "no-resend": HostWithoutResends}
 INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
-                    "epoch-bound-first": IngressBoundingBeforeItsItem}
+                    "epoch-bound-first": IngressBoundingBeforeItsItem,
+                    "unlogged-epoch-bound": IngressBoundingPastTheLog}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -233,6 +244,7 @@ VARIANTS = {
     "forgotten-change": (Buffer, SegmentForgettingAChange),
     "unlogged-send": (Buffer, Segment),
     "epoch-bound-first": (Buffer, Segment),
+    "unlogged-epoch-bound": (Buffer, Segment),
     "restore-unverified": (Buffer, Segment),
     "eager-writer-acks": (Buffer, Segment),
     "no-resend": (Buffer, Segment),

@@ -25,6 +25,7 @@ The world only says which steps are enabled and carries one out; the scheduler
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from controller.checkpoints import CheckpointCoordinator
@@ -35,6 +36,7 @@ from flux.protocol.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
 from flux.effects import (
     CutChosen,
+    CutPassed,
     Deliver,
     SinkCommit,
     Snapshot,
@@ -113,7 +115,8 @@ class World:
                                       ingresses=config.epochs.ingresses
                                       if config.epochs else 1)
         #: several ingresses' steps (None: one ingress, reading ``inputs`` in order)
-        self.epochs = SimIngresses(config.epochs) if config.epochs else None
+        self.epochs = SimIngresses(config.epochs, config.log_epochs, config.epoch_skew) \
+            if config.epochs else None
         self.placement = placement
         #: the sink partitions: one with ordered output, else one per last-stage partition
         self.sink_partitions = 1 if config.ordered_output else partitions
@@ -163,19 +166,23 @@ class World:
                                              builder.standby_segment, config.chunk_size,
                                              peer_incs, writer_factory=self.writers.factory(name)))
         if self.epochs is not None:
-            self.ingresses = [builder.ingress(ingress_class=config.ingress_class, index=i)
+            self.ingresses = [builder.ingress(log_inputs=self.epochs.log_inputs,
+                                              ingress_class=config.ingress_class, index=i)
                               for i in range(builder.ingresses)]
-            self.epochs.reset()
+            cut = 0 if restored is None else restored[1]
+            for ingress in self.ingresses if cut else ():
+                ingress.resume_after(cut)  # numbered from the epoch after the cut
+            self.epochs.start(cut)
         else:
             self.ingresses = [builder.ingress(log_inputs=self.restarts.source_parts is not None,
                                               ingress_class=config.ingress_class)]
         self.ingress = self.ingresses[0]
-        if restored is not None:
+        if restored is not None and self.epochs is None:
             self.ingress.resume_after(restored[1])  # numbered from cut + 1
             self.next_input = restored[1]
         self.egresses = writers or builder.egresses()
         for oracle in self.settled_oracles:
-            oracle.begin(self.inputs, 0 if restored is None else restored[1])
+            oracle.begin(self.inputs, 0 if restored is None else self.position(restored[1]))
         for name, machines in ((INGRESS_HOST, self.ingresses),
                                (EGRESS_HOST, [] if writers else self.egresses)):
             self._add_host(config.host_class(name, {m.addr: m for m in machines},
@@ -244,10 +251,12 @@ class World:
                 outcome.deltas += installed.get("deltas", 0)
                 outcome.delta_keys += installed.get("delta_keys", 0)
             elif isinstance(e, CutChosen):
-                outcome.cuts.append((e.number, e.cut))
-                self.last_cut = e.cut
-                self.coordinator.begin(e.number, e.cut)
+                self.begin_checkpoint(e.number, e.cut)
                 self.store.report(self.coordinator.source_recorded(e.number, e.cut))
+            elif isinstance(e, CutPassed):  # with all ingresses passed: the positions
+                positions = self.epochs.passed(e.number, e.ingress)
+                if positions:
+                    self.store.report(self.coordinator.source_recorded(e.number, positions))
             elif isinstance(e, Snapshot) and e.data is None:
                 self.store.crossed(e)  # its twin writes this one
             elif isinstance(e, Snapshot):
@@ -273,6 +282,17 @@ class World:
             claims = self.ingress_claims()
             for oracle, egress in zip(self.settled_oracles, self.egresses):
                 oracle.check(egress, claims)
+
+    def begin_checkpoint(self, number: int, cut: int) -> None:
+        self.outcome.cuts.append((number, cut))
+        self.last_cut = cut
+        self.coordinator.begin(number, cut)
+
+    def position(self, sn: int) -> int:
+        """How many inputs have an SN up to ``sn`` (with one ingress: ``sn``)."""
+        if self.epochs is None:
+            return sn
+        return bisect_right(self.epochs.plan.numbers, sn)
 
     def ingress_claims(self) -> List[Tuple[Any, bool]]:
         """Each ingress, and whether it read every input of its source (the item it has
