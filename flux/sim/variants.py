@@ -144,7 +144,7 @@ class IngressBoundingBeforeItsItem(Ingress):
     def advance_epoch(self, epoch: int) -> None:
         self._delaying = True
         try:
-            super().advance_epoch(epoch)
+            return super().advance_epoch(epoch)
         finally:
             self._delaying = False
 
