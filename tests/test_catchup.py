@@ -10,7 +10,7 @@ import pytest
 
 from controller.placement import ChainedDeclustering, OneSegmentPerNode
 from flux.addresses import Addr, P, S
-from flux.sim.__main__ import crash_window
+from flux.sim.__main__ import crash_window, schedules
 from flux.sim.schedule import OK, PAIR_LOST, SimParams, format_trace, run_schedule
 from flux.sim.schedule import first_violation as find_first_violation
 
@@ -146,8 +146,7 @@ def test_moving_state_without_draining_in_flight_tuples_is_caught():
 @pytest.mark.timeout(300)
 def test_500_schedules_with_crashes_and_standbys():
     params = SimParams(stages=2, partitions=4, crashes=3, standbys=2)
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in range(1, 501)]
+    results = schedules(params, range(1, 501))
     bad = [r for r in results if r.status != OK]
     assert not bad, "\n".join(f"seed {r.seed}: {r.reason}" for r in bad)
     assert sum(len(r.catchups) for r in results) > 500

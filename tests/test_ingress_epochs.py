@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from exchange.merge import OrderedMerge
-from flux.addresses import Addr, P, S
+from flux.addresses import Addr, P
 from flux.effects import CutPassed
 from flux.errors import LocalProtocolError
+from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress, ingress_addr
 from flux.sequence import EPOCH_INPUTS, epoch_first
 from items import by
@@ -22,9 +23,9 @@ def route(record):
     return {"k0": 0, "k1": 1}[record[0]]
 
 
-def make(index, ingresses=2, capacity=8, batch_rows=1024):
-    return Ingress(2, by(route), capacity, 16, batch_rows=batch_rows, index=index,
-                   ingresses=ingresses)
+def make(index, ingresses=2, capacity=8, batch_rows=1024, log_inputs=False):
+    return EpochIngress(2, by(route), capacity, 16, batch_rows=batch_rows, index=index,
+                        ingresses=ingresses, log_inputs=log_inputs)
 
 
 def test_epoch_numbers_order_by_epoch_then_ingress_then_position():
@@ -36,14 +37,12 @@ def test_epoch_numbers_order_by_epoch_then_ingress_then_position():
         epoch_first(0, 2, 2)
 
 
-def test_one_ingress_numbers_as_before_and_has_no_epochs():
+def test_one_ingress_numbers_as_before_and_epochs_need_several():
     ingress = Ingress(2, by(route), 8, 16)
     assert ingress.addr == Addr(0, 0, P)
     assert [ingress.accept(("k0", i)) for i in range(3)] == [(1,), (2,), (3,)]
-    with pytest.raises(LocalProtocolError, match="without epochs"):
-        ingress.advance_epoch(1)
-    with pytest.raises(LocalProtocolError, match="cuts at inputs"):
-        ingress.cut_at_epoch(1, 0)
+    with pytest.raises(ValueError, match="several ingresses, got 1"):
+        EpochIngress(2, by(route), 8, 16, index=0, ingresses=1)
 
 
 def test_an_ingress_numbers_its_epochs_and_its_items_carry_its_index():
@@ -118,7 +117,7 @@ def test_a_restart_numbers_from_the_epoch_after_the_cut():
 def test_with_an_input_log_the_bound_waits_for_the_log_epochs_included():
     """A bound lets the merges release the other ingresses' items below it: a restart
     must not number a replayed input under it, so it tells only what the log holds."""
-    ingress = Ingress(2, by(route), 8, 16, log_inputs=True, index=0, ingresses=2)
+    ingress = make(0, log_inputs=True)
     ingress.advance_epoch(2)  # no input: the epoch's start alone
     assert ingress.frontier() == (0,) and ingress.log_due()
     ingress.inputs_logged(ingress.accepted)

@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 
 from flux.protocol.cuts import Cuts
-from flux.sequence import NO_PROGRESS
 from flux.errors import LocalProtocolError
 from flux.testing.dataflows import counting_dataflow
 from flux.protocol.builder import MachineBuilder
-from flux.sim.__main__ import crash_window
+from flux.sim.__main__ import crash_window, schedules
 from flux.sim.schedule import OK, VIOLATION, SimParams, format_trace, run_schedule
 
 pytestmark = pytest.mark.timeout(300)
@@ -19,8 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def all_ok(params, seeds):
     """Run ``seeds``; every schedule must end OK (the first bad ones' traces otherwise)."""
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in seeds]
+    results = schedules(params, seeds)
     bad = [r for r in results if r.status != OK]
     assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
                               for r in bad[:3])

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from flux.sim.__main__ import crash_window
+from flux.sim.__main__ import crash_window, schedules
 from flux.sim.oracle import Violation
 from flux.sim.schedule import (
     CHECKPOINT_CORRUPT,
@@ -30,8 +30,7 @@ CORRUPT = SimParams(checkpoints=3, restarts=2, source_partitions=3, corrupt_chec
 
 def run(params, seeds):
     """Every schedule of ``seeds`` must end OK or checkpoint-corrupt (traces otherwise)."""
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in seeds]
+    results = schedules(params, seeds)
     bad = [r for r in results if r.status not in (OK, CHECKPOINT_CORRUPT)]
     assert not bad, "\n".join(f"seed {r.seed}: {r.reason}\n{format_trace(r, last=20)}"
                               for r in bad[:3])

@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from flux.sim.__main__ import crash_window
+from flux.sim.__main__ import schedules
 from flux.sim.ingresses import EpochPlan
-from flux.sim.schedule import VIOLATION, SimParams, run_schedule
+from flux.sim.schedule import VIOLATION, SimParams
 
 pytestmark = [pytest.mark.sim, pytest.mark.timeout(900)]
 
@@ -23,8 +23,7 @@ ORDER_BROKEN = re.compile(r"^output #\d+|SNs must increase|duplicate or out of o
 
 
 def run(params, seeds):
-    window = crash_window(params)
-    return [run_schedule(seed, params, window) for seed in seeds]
+    return schedules(params, seeds)
 
 
 def test_the_plan_numbers_each_partition_in_order_and_orders_all_by_sn():

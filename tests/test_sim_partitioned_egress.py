@@ -9,15 +9,14 @@ import random
 
 import pytest
 
-from flux.sim.__main__ import crash_window
-from flux.sim.schedule import VIOLATION, SimParams, first_violation, make_world, run_schedule
+from flux.sim.__main__ import crash_window, schedules
+from flux.sim.schedule import VIOLATION, SimParams, first_violation, make_world
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def all_ok(params, seeds):
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in seeds]
+    results = schedules(params, seeds)
     bad = [r for r in results if r.status == VIOLATION]  # a corrupt store may stop a job
     assert not bad, "\n".join(f"seed {r.seed}: {r.reason}" for r in bad)
     return results

@@ -11,7 +11,7 @@ import pytest
 
 from flux.protocol.egress import Egress
 from flux.sequence import INF, item_bound
-from flux.sim.__main__ import crash_window
+from flux.sim.__main__ import crash_window, schedules
 from flux.sim.oracle import SettledOracle, Violation
 from flux.sim.schedule import OK, VIOLATION, SimParams, format_trace, run_schedule
 from flux.testing.dataflows import counting_dataflow
@@ -32,8 +32,7 @@ def bound_as_input_count(self) -> int:
 
 
 def results(params, seeds):
-    window = crash_window(params)
-    return [run_schedule(seed, params, window) for seed in seeds]
+    return schedules(params, seeds)
 
 
 def first_caught(params, seeds, window):
@@ -62,6 +61,10 @@ class Claims:
 
 
 class Ingress:
+    """The one ingress's numbers the oracle reads (``SettledOracle.check``)."""
+
+    index = 0
+
     def __init__(self, last_item, accepted=None):
         self.last_item = last_item
         self.accepted = last_item if accepted is None else accepted
@@ -78,15 +81,15 @@ INPUTS = [("a", 1), ("b", 2), ("a", 3), ("c", 4)]  # one output each
 
 def test_settled_may_cover_only_inputs_whose_outputs_were_all_delivered():
     oracle = oracle_of(INPUTS)
-    oracle.check(Claims(settled=0), Ingress(4), False)
+    oracle.check(Claims(settled=0), [(Ingress(4), False)])
     outputs = oracle.outputs
     oracle.delivered(outputs[:2])
-    oracle.check(Claims(settled=2), Ingress(4), False)
+    oracle.check(Claims(settled=2), [(Ingress(4), False)])
     with pytest.raises(Violation, match=r"settled\(\) is 3, but the output .* of input 3 was "
                                         r"not delivered .* delivered 2 outputs"):
-        oracle.check(Claims(settled=3), Ingress(4), False)
+        oracle.check(Claims(settled=3), [(Ingress(4), False)])
     oracle.delivered(outputs[2:])
-    oracle.check(Claims(settled=99), Ingress(4), True)  # everything is out
+    oracle.check(Claims(settled=99), [(Ingress(4), True)])  # everything is out
 
 
 def test_finished_is_judged_at_item_boundaries_only():
@@ -95,32 +98,32 @@ def test_finished_is_judged_at_item_boundaries_only():
     oracle = oracle_of(INPUTS)
     oracle.delivered(oracle.outputs[:1])
     # the item holding input 2 is not cut yet: finished(2) is no claim about input 2
-    oracle.check(Claims(finished_from=2), Ingress(1, accepted=3), False)
+    oracle.check(Claims(finished_from=2), [(Ingress(1, accepted=3), False)])
     with pytest.raises(Violation, match=r"finished\(3\) is true, .* of input 2 was not"):
-        oracle.check(Claims(finished_from=3), Ingress(3), False)
+        oracle.check(Claims(finished_from=3), [(Ingress(3), False)])
     oracle = oracle_of(INPUTS)  # the source is exhausted: the pending item is the last
     with pytest.raises(Violation, match=r"finished\(4\) is true, .* of input 1 was not"):
-        oracle.check(Claims(finished_from=4), Ingress(0, accepted=4), True)
+        oracle.check(Claims(finished_from=4), [(Ingress(0, accepted=4), True)])
 
 
 def test_a_restarted_egress_is_judged_after_its_cut_in_the_inputs_new_order():
     oracle = oracle_of(INPUTS)
     oracle.delivered(oracle.outputs[:3])
     oracle.begin(INPUTS, cut=2)  # outputs of inputs 1 and 2 came before the checkpoint
-    oracle.check(Claims(settled=2), Ingress(2), False)
+    oracle.check(Claims(settled=2), [(Ingress(2), False)])
     with pytest.raises(Violation, match="of input 3 was not delivered .* after input 2"):
-        oracle.check(Claims(settled=3), Ingress(4), False)
+        oracle.check(Claims(settled=3), [(Ingress(4), False)])
     reordered = INPUTS[:2] + [INPUTS[3], INPUTS[2]]
     oracle.begin(reordered, cut=2)
     assert [record for _, record in oracle.outputs[2:]] == [("c", 1, 4), ("a", 2, 3)]
     oracle.delivered(oracle.outputs[2:3])
-    oracle.check(Claims(settled=3), Ingress(4), False)
+    oracle.check(Claims(settled=3), [(Ingress(4), False)])
 
 
 def test_an_egress_that_delivers_another_output_is_left_to_the_prefix_oracle():
     oracle = oracle_of(INPUTS)
     oracle.delivered(oracle.outputs[1:2])  # input 1's output lost
-    oracle.check(Claims(settled=4, finished_from=4), Ingress(4), True)
+    oracle.check(Claims(settled=4, finished_from=4), [(Ingress(4), True)])
 
 
 # -- in the simulator -------------------------------------------------------------------

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from flux.sim.__main__ import crash_window
-from flux.sim.schedule import VIOLATION, SimParams, run_schedule
+from flux.sim.__main__ import schedules
+from flux.sim.schedule import VIOLATION, SimParams
 
 pytestmark = [pytest.mark.sim, pytest.mark.timeout(900)]
 
 
 def run(params, seeds):
-    window = crash_window(params)
-    return [run_schedule(seed, params, window) for seed in seeds]
+    return schedules(params, seeds)
 
 
 @pytest.mark.parametrize("shape", [

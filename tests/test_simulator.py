@@ -9,7 +9,7 @@ import pytest
 from controller.placement import OneSegmentPerNode
 from flux.addresses import Addr, P, S
 from flux.data_messages import Reverse
-from flux.sim.__main__ import crash_window
+from flux.sim.__main__ import crash_window, schedules
 from flux.sim.schedule import (
     OK,
     PAIR_LOST,
@@ -96,8 +96,7 @@ def test_survival_scenarios_in_either_crash_order():
 @pytest.mark.timeout(300)
 def test_500_schedules_chained_declustering_two_crashes():
     params = SimParams(stages=2, partitions=4, crashes=2)
-    window = crash_window(params)
-    results = [run_schedule(seed, params, window) for seed in range(1, 501)]
+    results = schedules(params, range(1, 501))
     bad = [r for r in results if r.status != OK]
     assert not bad, "\n".join(f"seed {r.seed}: {r.reason}" for r in bad)
     assert sum(len(r.crashed) for r in results) >= 900  # crashes really happened

@@ -16,6 +16,7 @@ from flux.protocol.egress import Egress, egress_addr
 from flux.protocol.flux_consumer import FluxConsumer
 from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.producer import PAUSE_ROOM
+from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress, ingress_addr
 from flux.protocol.sink_writer import SinkWriter
 from flux.protocol.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
@@ -124,17 +125,17 @@ class MachineBuilder:
             return set()
         return {Addr(stage, i, S) for i in range(self.partitions)}
 
-    def ingress(self, log_inputs: bool = False, ingress_class: type = Ingress,
+    def ingress(self, log_inputs: bool = False, ingress_class: Optional[type] = None,
                 index: int = 0) -> Ingress:
         """``log_inputs``: the source interleaves partitions of its own, inputs leave
         once their SNs are in the input log (DESIGN 10); ``index``: which of the
-        ``ingresses``."""
-        return ingress_class(self.partitions, self.router(0),
-                             self.ingress_capacity, self.batch_size, self.buffer_factory,
-                             absent=self.absent_replicas(1), window=self.window,
-                             log_inputs=log_inputs, batch_rows=self.batch_rows,
-                             pause_room=self.pause_room, index=index,
-                             ingresses=self.ingresses)
+        ``ingresses`` (several number in epochs: ``EpochIngress``)."""
+        several = {"index": index, "ingresses": self.ingresses} if self.ingresses > 1 else {}
+        cls = ingress_class or (EpochIngress if several else Ingress)
+        return cls(self.partitions, self.router(0), self.ingress_capacity, self.batch_size,
+                   self.buffer_factory, absent=self.absent_replicas(1), window=self.window,
+                   log_inputs=log_inputs, batch_rows=self.batch_rows,
+                   pause_room=self.pause_room, **several)
 
     def egress(self) -> Egress:
         """The one egress of ordered output."""

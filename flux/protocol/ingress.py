@@ -19,12 +19,8 @@ assignment of SNs up to it is durable (``inputs_logged``): nothing leaves
 before it is in the input log, so the sink can only ever see outputs of logged
 inputs, and a restart replays the log's order.
 
-Several ingresses (DESIGN 12, docs/design/parallel_io.md), one per source partition, each
-number their inputs in **epochs** (``flux.sequence.epoch_first``): ingress ``i``'s inputs of
-epoch ``e`` lie above every input of an earlier epoch or of a lower ingress in the same
-epoch, so stage 1's merges order all of them one way. ``advance_epoch`` is the ingress's
-promise that it sends nothing more below the next epoch's numbers: its progress bound
-moves there, and merges release the other ingresses' items up to it.
+Several ingresses, one per source partition, number in epochs (``EpochIngress``,
+DESIGN 12): this class is the one ingress, numbering 1, 2, 3, ...
 """
 from __future__ import annotations
 
@@ -37,12 +33,12 @@ from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
 from flux.control_messages import SegmentStats
 from flux.data_messages import Ack, Credit, CSync, Pause
-from flux.effects import CutChosen, CutPassed, Send
+from flux.effects import CutChosen, Send
 from flux.errors import LocalProtocolError, OperatorError, RemoteProtocolError
 from flux.operator import describe
 from flux.protocol.pending_inputs import PendingInputs
 from flux.protocol.producer import ACK, PAUSE_ROOM, SEND, BufferFactory, Producer
-from flux.sequence import EPOCH_INPUTS, NO_PROGRESS, SN, epoch_first, input_sn
+from flux.sequence import NO_PROGRESS, SN, input_sn
 
 INGRESS = Addr(0, 0, P)
 
@@ -83,23 +79,16 @@ class Ingress:
         batch_rows: int = 1024,
         pause_room: int = PAUSE_ROOM,
         index: int = 0,
-        ingresses: int = 1,
     ):
         """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
         ``window``: sub-items each stage-1 replica may hold untaken (back-pressure);
         ``log_inputs``: items leave only once logged (``inputs_logged``);
         ``batch_rows``: the most inputs an item holds; ``pause_room``: see ``Producer``;
-        ``index`` of ``ingresses``: this ingress among those reading in parallel."""
+        ``index``: which of several ingresses (``EpochIngress``)."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
         self.addr = ingress_addr(index)
-        self.index, self.ingresses = index, ingresses
-        #: the epoch it numbers in, and the number below its inputs of that epoch
-        self.epoch = 0
-        self.floor = epoch_first(0, index, ingresses)
-        #: checkpoints whose cut ends an epoch this ingress has not ended yet: (number,
-        #: epoch), told with ``CutPassed`` when it does
-        self.cut_epochs: List[Tuple[int, int]] = []
+        self.index = index
         #: stage 1's key and input form (``exchange.routing``)
         self.router = router
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
@@ -110,7 +99,7 @@ class Ingress:
         self.partitions = partitions
         self.batch_rows = batch_rows
         #: the number of the last input accepted (with one ingress: how many)
-        self.accepted = self.floor
+        self.accepted = 0
         #: how many inputs it accepted
         self.inputs = 0
         self.capacity = capacity
@@ -135,66 +124,13 @@ class Ingress:
     # -- the source side ---------------------------------------------------
     def frontier(self) -> SN:
         """Every item not sent yet will get an SN above this (DESIGN 4.3): with an input
-        log, items held for it are not sent yet. With several ingresses the bound stays at
-        what the log holds (an epoch's start too): it lets merges release (and sinks
-        commit) the other ingresses' items below it, so a restart must not number a
-        replayed input under it (DESIGN 12)."""
-        last = self.held[0][0] - 1 if self.held else max(self.last_item, self.floor)
-        if self.log_inputs and self.ingresses > 1:  # numbers not logged may change
-            last = min(last, self.logged)
+        log, items held for it are not sent yet."""
+        last = self.held[0][0] - 1 if self.held else self.last_item
         return (last,) if last else NO_PROGRESS
 
     def can_accept(self, record: Any = None) -> bool:
-        """Is there room for one more input? (An item's worth waits for a buffer; with
-        several ingresses, a full epoch for the next.)"""
-        if self.ingresses > 1 and self.accepted + 1 >= self.floor + EPOCH_INPUTS:
-            return False
+        """Is there room for one more input? (An item's worth waits for a buffer.)"""
         return len(self.pending) < self.batch_rows or self.can_cut()
-
-    # -- epochs (several ingresses) ------------------------------------------------
-    def can_advance(self) -> bool:
-        """May the epoch end now? Its pending inputs leave as an item first, which needs
-        room in every buffer (never forced: that would let buffers grow past capacity)."""
-        return not self.pending or self.can_cut()
-
-    def advance_epoch(self, epoch: int) -> List:
-        """End the current epoch and number from ``epoch`` on: the pending inputs leave
-        as an item, and the progress bound moves to below ``epoch``'s numbers, so the
-        other ingresses' items of the epochs before are released at stage 1. Returns a
-        ``CutPassed`` for each checkpoint whose epoch this ends."""
-        if self.ingresses == 1:
-            raise LocalProtocolError("one ingress numbers without epochs")
-        if epoch <= self.epoch:
-            raise LocalProtocolError(f"{self.addr}: epoch {epoch} after epoch {self.epoch}")
-        if self.pending and not self.cut_item():
-            raise LocalProtocolError(f"{self.addr}: epoch {self.epoch} ends with inputs "
-                                     "pending and no room for their item (can_advance)")
-        self.epoch = epoch
-        self.floor = self.accepted = epoch_first(epoch, self.index, self.ingresses)
-        passed = [CutPassed(k, self.epoch_cut(e), self.index)
-                  for k, e in self.cut_epochs if e < epoch]
-        self.cut_epochs = [(k, e) for k, e in self.cut_epochs if e >= epoch]
-        return passed
-
-    def epoch_cut(self, epoch: int) -> int:
-        """The cut after every input of ``epoch`` and the epochs before, of every ingress."""
-        return epoch_first(epoch + 1, 0, self.ingresses)
-
-    def cut_at_epoch(self, number: int, epoch: int) -> None:
-        """Checkpoint ``number`` covers every input of the epochs up to ``epoch`` of every
-        ingress (DESIGN 12): one cut for all, at an epoch's end, so each ingress stamps it
-        by itself and no input lies on both sides. It travels on every batch from here on;
-        ``advance_epoch`` says when this ingress passed it. ``epoch`` must not be one it
-        ended already: it sent items above the cut without the stamp."""
-        if self.ingresses == 1:
-            raise LocalProtocolError("one ingress cuts at inputs (choose_cut)")
-        if epoch < self.epoch:
-            raise LocalProtocolError(f"{self.addr}: checkpoint {number} at the end of epoch "
-                                     f"{epoch}, which it ended already (it is in {self.epoch})")
-        if self.out.cut is not None and number <= self.out.cut[0]:
-            raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
-        self.out.cut = (number, self.epoch_cut(epoch))
-        self.cut_epochs.append((number, epoch))
 
     def pending_rows(self) -> int:
         return len(self.pending)
@@ -237,10 +173,6 @@ class Ingress:
                 if not self.cut_item():
                     break
                 continue
-            if self.ingresses > 1:  # not past the epoch's numbers
-                room = min(room, self.floor + EPOCH_INPUTS - 1 - self.accepted)
-                if room <= 0:
-                    break
             run = records[n:n + room]
             self._take(run)
             n += len(run)
@@ -286,22 +218,13 @@ class Ingress:
 
     def resume_after(self, n: int) -> None:
         """A restart from a checkpoint of inputs 1..n: numbering goes on from n + 1."""
-        if self.inputs or self.pending or self.epoch:
+        if self.accepted or self.pending:
             raise LocalProtocolError("resume of an ingress that accepted inputs")
-        if self.ingresses > 1:  # n is an epoch's end (cut_at_epoch): number from the next
-            span = self.ingresses * EPOCH_INPUTS
-            if n % span:
-                raise LocalProtocolError(f"a restart of several ingresses after input {n}, "
-                                         "which is no epoch's end")
-            self.epoch = n // span
-            self.floor = epoch_first(self.epoch, self.index, self.ingresses)
-            self.accepted = self.last_item = self.logged = self.floor
-            return
         self.accepted = self.last_item = self.logged = self.inputs = n
 
     def log_due(self) -> bool:
-        """Are items, or the start of an epoch, waiting for the input log?"""
-        return self.log_inputs and (bool(self.held) or self.floor > self.logged)
+        """Are items waiting for the input log?"""
+        return self.log_inputs and bool(self.held)
 
     def inputs_logged(self, n: int) -> List:
         """The SNs of inputs 1..n and their source positions are durable: the items they
@@ -324,8 +247,6 @@ class Ingress:
     def choose_cut(self, number: int) -> List:
         """Checkpoint ``number`` covers every input accepted so far (DESIGN 10): the cut
         travels on every batch from here on."""
-        if self.ingresses > 1:
-            raise LocalProtocolError("several ingresses cut at an epoch's end (cut_at_epoch)")
         if self.out.cut is not None and number <= self.out.cut[0]:
             raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
         if self.pending:  # a cut lies between items: the pending inputs are the last one,

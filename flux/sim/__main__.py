@@ -24,7 +24,7 @@ import multiprocessing.reduction
 import os
 import sys
 import time
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from flux.runtime.gc_tuning import data_path_gc
 from flux.sim.schedule import (
@@ -112,6 +112,16 @@ def run_schedules(seeds: range, params: SimParams, window: int, jobs: int,
         multiprocessing.reduction.ForkingPickler.register(memoryview, _as_bytes)
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
             yield from pool.imap(_run_one, work, chunksize=4)
+
+
+def schedules(params: SimParams, seeds, jobs: Optional[int] = None) -> List[object]:
+    """The results of the schedules of ``seeds``, in their order, run in ``jobs`` processes
+    (default: two, or one on a single CPU), each with ``crash_window(params)``: what the
+    tests of many schedules use. Only a violation keeps its trace."""
+    if jobs is None:
+        jobs = min(2, len(os.sched_getaffinity(0)))
+    window = crash_window(params)
+    return [result for result, _ in run_schedules(seeds, params, window, jobs, False)]
 
 
 def print_shrunk(result, params: SimParams) -> None:

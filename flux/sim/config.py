@@ -9,7 +9,6 @@ from controller.failure_detector import Timings
 from flux.addresses import Addr
 from flux.protocol.buffer import Buffer
 from flux.protocol.host import Host
-from flux.protocol.ingress import Ingress
 from flux.protocol.segment import Segment
 from controller.topology import EGRESS_PROCESS, INGRESS_PROCESS
 
@@ -84,7 +83,8 @@ class WorldConfig:
     #: ingress logs the SNs it gives before inputs leave, and after a restart the inputs
     #: the log does not cover come in another interleaving (DESIGN 10)
     source_parts: Optional[List[int]] = None
-    ingress_class: type = Ingress
+    #: a broken variant's ingress (None: ``Ingress``, or ``EpochIngress`` for several)
+    ingress_class: Optional[type] = None
     #: the sink also commits between cuts (an exactly-once sink's ``commit_every``): what
     #: it holds then may lie beyond the last checkpoint, and a restart must give those
     #: outputs' inputs the same SNs again

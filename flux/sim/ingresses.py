@@ -70,6 +70,10 @@ class EpochPlan:
         self.numbers[:] = [sn for sn, _ in ordered]
         self.inputs[:] = [record for _, record in ordered]
 
+    def position(self, sn: int) -> int:
+        """How many inputs have an SN up to ``sn``."""
+        return bisect_right(self.numbers, sn)
+
     def redraw(self, cut: int, logged: List[int], logged_epochs: List[int]) -> bool:
         """A restart after ``cut`` (0: from the start): each ingress's inputs the input log
         does not cover (past its first ``logged[i]``) fall into epochs drawn anew, after
@@ -188,3 +192,12 @@ class SimIngresses:
         if len(got) < self.plan.ingresses:
             return ()
         return tuple(got[i] for i in range(self.plan.ingresses))
+
+
+def ingress_claims(world) -> List[Tuple[Ingress, bool]]:
+    """Each ingress of ``world``, and whether it read every input of its source (the item
+    it has pending is then its last): what bounds the egresses' claims
+    (``SettledOracle.check``)."""
+    if world.epochs is None:
+        return [(world.ingress, world.next_input >= len(world.inputs))]
+    return [(ingress, world.epochs.done(ingress.index)) for ingress in world.ingresses]

@@ -20,6 +20,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence
 from flux.addresses import S, Addr
 from flux.operator import wire_form
 from flux.reference import ReferenceRun
+from flux.sim.ingresses import ingress_claims
 
 
 class Violation(Exception):
@@ -256,7 +257,7 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
             f"{k} waits for {', '.join(world.coordinator.missing(k))}" for k in unfinished))
     try:
         for oracle, egress in zip(world.settled_oracles, world.egresses):
-            oracle.check(egress, world.ingress_claims())
+            oracle.check(egress, ingress_claims(world))
     except Violation as exc:
         problems.append(str(exc))
     rec = world.recovery

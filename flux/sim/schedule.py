@@ -19,7 +19,6 @@ from flux.data_messages import Batch
 from flux.protocol.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
-from flux.protocol.ingress import Ingress
 from flux.sim.ingresses import SKEWS, EpochPlan
 from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
 from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
@@ -238,7 +237,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # are what they were before them
         full_every=params.full_every or random.Random(f"full {seed}").randint(1, 4),
         host_class=HOST_VARIANTS.get(params.variant, Host),
-        ingress_class=INGRESS_VARIANTS.get(params.variant, Ingress),
+        ingress_class=INGRESS_VARIANTS.get(params.variant),
         sink_commits=bool(params.checkpoints or params.restarts),
         source_parts=[parts.randrange(params.source_partitions) for parts in
                       [random.Random(f"source {seed}")] for _ in inputs]

@@ -13,6 +13,7 @@ from flux.protocol.buffer import PRIM, Buffer
 from flux.data_messages import Credit
 from flux.effects import Send
 from flux.protocol.host import Host
+from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress
 from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
 from flux.protocol.sink_writer import SinkWriter
@@ -124,7 +125,7 @@ class IngressSendingBeforeTheLog(Ingress):
         return (self.last_item,) if self.last_item else NO_PROGRESS
 
 
-class IngressBoundingBeforeItsItem(Ingress):
+class IngressBoundingBeforeItsItem(EpochIngress):
     """Ends an epoch by sending the next epoch's bound before the item of the inputs it
     had pending (DESIGN 12 broken: the item leaves first): that item's SN lies below a
     bound stage 1's merges have trusted, and they may have released another ingress's
@@ -164,7 +165,7 @@ class IngressBoundingBeforeItsItem(Ingress):
         return not self._late and super().idle()
 
 
-class IngressBoundingPastTheLog(Ingress):
+class IngressBoundingPastTheLog(EpochIngress):
     """Tells a bound past what the input log holds (DESIGN 12 broken): other ingresses'
     items below it are released and committed, and a restart may number a replayed
     input of this one under them."""

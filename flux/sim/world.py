@@ -25,7 +25,6 @@ The world only says which steps are enabled and carries one out; the scheduler
 from __future__ import annotations
 
 import random
-from bisect import bisect_right
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from controller.checkpoints import CheckpointCoordinator
@@ -64,7 +63,7 @@ from flux.sim.config import (
 )
 from flux.sim.detection import Detection
 from flux.sim.faults import REMOVED_SHARE, Faults
-from flux.sim.ingresses import SimIngresses
+from flux.sim.ingresses import SimIngresses, ingress_claims
 from flux.sim.oracle import FailureFreeOutputs, SettledOracle
 from flux.sim.restarts import Restarts
 from flux.sim.sink import SimSink
@@ -279,7 +278,7 @@ class World:
                 raise ValueError(f"unknown effect {e!r}")
         if host is not None and (host.name == EGRESS_HOST  # a step of an egress
                                  or host.name in self.writers.host.values()):
-            claims = self.ingress_claims()
+            claims = ingress_claims(self)
             for oracle, egress in zip(self.settled_oracles, self.egresses):
                 oracle.check(egress, claims)
 
@@ -290,22 +289,7 @@ class World:
 
     def position(self, sn: int) -> int:
         """How many inputs have an SN up to ``sn`` (with one ingress: ``sn``)."""
-        if self.epochs is None:
-            return sn
-        return bisect_right(self.epochs.plan.numbers, sn)
-
-    def ingress_claims(self) -> List[Tuple[Any, bool]]:
-        """Each ingress, and whether it read every input of its source (the item it has
-        pending is then its last): what bounds the egresses' claims (``SettledOracle``)."""
-        if self.epochs is None:
-            return [(self.ingress, self.next_input >= len(self.inputs))]
-        return [(ingress, self.epochs.done(ingress.index)) for ingress in self.ingresses]
-
-    def source_done(self) -> bool:
-        """Every input was read."""
-        if self.epochs is None:
-            return self.next_input >= len(self.inputs)
-        return self.epochs.all_done()
+        return sn if self.epochs is None else self.epochs.plan.position(sn)
 
     @property
     def sink_committed(self) -> int:

@@ -1,0 +1,128 @@
+"""One of several ingresses, each reading a source partition of its own and numbering its
+inputs in epochs (DESIGN 12, docs/design/parallel_io.md).
+
+Ingress ``i`` of ``k`` gives the inputs of its epoch ``e`` the numbers after
+``epoch_first(e, i, k)`` (``flux.sequence``): above every input of an earlier epoch or of
+a lower ingress in the same epoch, so stage 1's merges order all of them one way and no
+central counter is needed. Ending an epoch (``advance_epoch``) is the ingress's promise
+that it sends nothing more below the next epoch's numbers: its pending inputs leave as
+an item first, then its progress bound moves there and the merges release the other
+ingresses' items up to it.
+
+With an input log the bound also waits for the log, epochs' starts included: a bound
+lets merges release, and sinks commit, the other ingresses' items below it, so a
+restart must not number a replayed input under it (the simulator found this rule).
+A checkpoint's cut is an epoch's end, the same for every ingress (``cut_at_epoch``).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+from flux.effects import CutPassed
+from flux.errors import LocalProtocolError
+from flux.protocol.ingress import Ingress
+from flux.sequence import EPOCH_INPUTS, NO_PROGRESS, SN, epoch_first
+
+
+class EpochIngress(Ingress):
+    """Ingress ``index`` of ``ingresses``, numbering in epochs."""
+
+    def __init__(self, *args: Any, index: int, ingresses: int, **kwargs: Any):
+        if ingresses < 2:
+            raise ValueError(f"epochs are for several ingresses, got {ingresses}")
+        super().__init__(*args, index=index, **kwargs)
+        self.ingresses = ingresses
+        #: the epoch it numbers in, and the number below its inputs of that epoch
+        self.epoch = 0
+        self.floor = self.accepted = epoch_first(0, index, ingresses)
+        #: checkpoints whose cut ends an epoch it has not ended yet: (number, epoch),
+        #: told with ``CutPassed`` when it does
+        self.cut_epochs: List[Tuple[int, int]] = []
+
+    # -- numbering ---------------------------------------------------------------
+    def _room(self) -> int:
+        """Numbers left in the current epoch."""
+        return self.floor + EPOCH_INPUTS - 1 - self.accepted
+
+    def frontier(self) -> SN:
+        """Every item not sent yet gets an SN above this: the held items', or the last
+        item's, or the epoch's start; with an input log, no more than the log holds."""
+        last = self.held[0][0] - 1 if self.held else max(self.last_item, self.floor)
+        if self.log_inputs:
+            last = min(last, self.logged)
+        return (last,) if last else NO_PROGRESS
+
+    def can_accept(self, record: Any = None) -> bool:
+        """A full epoch takes no more input until it ends."""
+        return self._room() > 0 and super().can_accept(record)
+
+    def accept(self, record: Any):
+        if self._room() <= 0:
+            return None
+        return super().accept(record)
+
+    def accept_many(self, records: Any) -> int:
+        room = self._room()
+        return super().accept_many(records[:room]) if room > 0 else 0
+
+    # -- epochs ------------------------------------------------------------------
+    def can_advance(self) -> bool:
+        """May the epoch end now? Its pending inputs leave as an item first, which needs
+        room in every buffer (never forced: that would let buffers grow past capacity)."""
+        return not self.pending or self.can_cut()
+
+    def advance_epoch(self, epoch: int) -> List:
+        """End the current epoch and number from ``epoch`` on: the pending inputs leave
+        as an item, then the bound moves below ``epoch``'s numbers (in that order: an
+        item sent under a bound the merges trusted breaks the order). Returns a
+        ``CutPassed`` for each checkpoint whose epoch this ends."""
+        if epoch <= self.epoch:
+            raise LocalProtocolError(f"{self.addr}: epoch {epoch} after epoch {self.epoch}")
+        if self.pending and not self.cut_item():
+            raise LocalProtocolError(f"{self.addr}: epoch {self.epoch} ends with inputs "
+                                     "pending and no room for their item (can_advance)")
+        self.epoch = epoch
+        self.floor = self.accepted = epoch_first(epoch, self.index, self.ingresses)
+        passed = [CutPassed(k, self.epoch_cut(e), self.index)
+                  for k, e in self.cut_epochs if e < epoch]
+        self.cut_epochs = [(k, e) for k, e in self.cut_epochs if e >= epoch]
+        return passed
+
+    def log_due(self) -> bool:
+        """Are items, or the start of an epoch, waiting for the input log?"""
+        return super().log_due() or (self.log_inputs and self.floor > self.logged)
+
+    # -- checkpoints and restarts ---------------------------------------------------
+    def epoch_cut(self, epoch: int) -> int:
+        """The cut after every input of ``epoch`` and the epochs before, of every ingress."""
+        return epoch_first(epoch + 1, 0, self.ingresses)
+
+    def cut_at_epoch(self, number: int, epoch: int) -> None:
+        """Checkpoint ``number`` covers every input of the epochs up to ``epoch`` of every
+        ingress: one cut for all, at an epoch's end, so each ingress stamps it by itself
+        and no input lies on both sides. It travels on every batch from here on;
+        ``advance_epoch`` says when this ingress passed it. ``epoch`` must not be one it
+        ended already: it sent items above the cut without the stamp."""
+        if epoch < self.epoch:
+            raise LocalProtocolError(f"{self.addr}: checkpoint {number} at the end of epoch "
+                                     f"{epoch}, which it ended already (it is in {self.epoch})")
+        if self.out.cut is not None and number <= self.out.cut[0]:
+            raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
+        self.out.cut = (number, self.epoch_cut(epoch))
+        self.cut_epochs.append((number, epoch))
+
+    def choose_cut(self, number: int) -> List:
+        raise LocalProtocolError("several ingresses cut at an epoch's end (cut_at_epoch)")
+
+    def resume_after(self, n: int) -> None:
+        """A restart from a checkpoint whose cut ``n`` ends an epoch: numbering goes on
+        from the next epoch."""
+        if self.inputs or self.pending or self.epoch:
+            raise LocalProtocolError("resume of an ingress that accepted inputs")
+        span = self.ingresses * EPOCH_INPUTS
+        if n % span:
+            raise LocalProtocolError(f"a restart of several ingresses after input {n}, "
+                                     "which is no epoch's end")
+        self.epoch = n // span
+        self.floor = epoch_first(self.epoch, self.index, self.ingresses)
+        self.accepted = self.last_item = self.logged = self.floor
