@@ -26,6 +26,7 @@ def run_all(params, seeds=SEEDS, window_scale=1.0):
     return results
 
 
+@pytest.mark.sim  # a long simulator run: CI, not the quick suite
 @pytest.mark.parametrize("stage", [1, 2])
 @pytest.mark.parametrize("survivor", [P, S])
 def test_one_replica_is_rebuilt_from_the_survivor(stage, survivor):
@@ -125,6 +126,7 @@ def test_installing_a_buffer_without_reversing_its_marks_is_caught():
     assert run_schedule(seed, correct, crash_window(correct)).status == OK
 
 
+@pytest.mark.sim  # a long simulator run: CI, not the quick suite
 def test_moving_state_without_draining_in_flight_tuples_is_caught():
     # Without the drain the sources' reset credits the new replica with sub-items that
     # were still in flight to the active; a later failure turns that into a loss.

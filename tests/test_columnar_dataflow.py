@@ -70,6 +70,7 @@ class Sums:
         self.sums = {k: v for k, v in (state or [])}
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_the_vectorized_paper_dataflow_gives_the_per_record_output_sn_for_sn():
     records = packet_workload(2500, seed=3, pairs=200, apps=4, sources=20)
     expected = reference_output(paper_dataflow(), records, 4)
@@ -80,6 +81,7 @@ def test_the_vectorized_paper_dataflow_gives_the_per_record_output_sn_for_sn():
     assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 @pytest.mark.parametrize("victim", ["node1", "node2"])
 def test_a_node_killed_under_batch_operators_changes_nothing_in_the_output(victim):
     records = packet_workload(6000, seed=8, pairs=600, apps=4, sources=30)
@@ -197,6 +199,7 @@ def explode_even(df):
     return df.dropna(subset=["j"]).astype({"j": "int64"})
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_a_pandas_function_is_an_operator_numbered_as_record_by_record():
     from flux import MapInPandas
 
@@ -226,6 +229,7 @@ def test_a_pandas_function_that_loses_the_index_is_named():
     assert "rows non-decreasing" in str(error)
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_a_source_of_arrow_batches_gives_the_output_of_its_rows_as_records():
     """A columnar source's batches are as many inputs as their rows, numbered in order;
     records between them make items of their own kind."""
@@ -290,6 +294,7 @@ class KeyedSums(KeyedOperator):
             [batch.column("k"), pa.array(out, pa.int64())], names=["k", "sum"])
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_a_batch_operator_on_a_keyed_state_catches_up_in_parts():
     """A batch operator whose state is a KeyedState is offered to the two-phase catch-up
     as a record operator is: the new replica installs bulk parts, then the keys changed
@@ -303,6 +308,7 @@ def test_a_batch_operator_on_a_keyed_state_catches_up_in_parts():
     assert_exact_and_caught_up_in_parts(cluster, expected)
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_per_record_operators_keyed_by_columns_give_the_paper_output():
     """The paper's per-record operators with their stages keyed by columns (Arrow between
     the stages, routing by a vectorized hash): the same output, SN for SN."""

@@ -129,6 +129,7 @@ class ColumnarSums(KeyedOperator):
             [keys, pa.array(sums, pa.int64())], names=["k", "sum"])
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_a_batch_operator_on_columnar_state_catches_up_in_parts_through_a_kill():
     assert OperatorChain([ColumnarSums()]).keyed_stores()[0] is not None
     dataflow = Dataflow([Stage("sums", "k", (ColumnarSums,), schema=SCHEMA)])

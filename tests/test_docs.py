@@ -40,8 +40,16 @@ def needs_spark(block: str) -> bool:
 RUNNABLE = [p for p in PAGES if any(not needs_spark(b) for b in python_blocks(p))]
 
 
+def runs_a_cluster(page: pathlib.Path) -> bool:
+    """A page whose blocks start a thread cluster: tens of seconds (CI, not the quick
+    suite)."""
+    return any("ThreadCluster(" in b for b in python_blocks(page) if not needs_spark(b))
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("page", RUNNABLE, ids=[name(p) for p in RUNNABLE])
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.slow) if runs_a_cluster(p) else p for p in RUNNABLE],
+    ids=[name(p) for p in RUNNABLE])
 def test_every_python_block_without_spark_runs_as_written(page):
     namespace: dict = {"__name__": f"docs.{page.stem}"}
     for i, block in enumerate(python_blocks(page)):

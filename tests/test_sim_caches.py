@@ -96,5 +96,6 @@ class Checking(CheckingChooser):
     SimParams(corrupt_checkpoints=2, checkpoints=3, restarts=2, source_partitions=3),
 ], ids=["2x4", "3x3-standbys", "zombies-cuts", "hear-the-dead", "lossy-mover",
         "checkpoints-restarts", "damaged-checkpoints"])
+@pytest.mark.sim  # a long simulator run: CI, not the quick suite
 def test_what_the_world_keeps_between_steps_is_what_it_would_ask_anew(params):
     run_checked(Checking, params)

@@ -25,6 +25,7 @@ def printed(capsys, argv):
     ["--schedules", "3", "--seed", "1", "--variant", "early-evict", "--standbys", "1",
      "--fingerprint", "-v"],
 ])
+@pytest.mark.sim  # a long simulator run: CI, not the quick suite
 def test_the_same_schedules_in_two_processes_print_the_same(capsys, argv):
     alone = printed(capsys, argv)
     apart = printed(capsys, argv + ["--jobs", "2"])

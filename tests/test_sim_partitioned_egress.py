@@ -31,6 +31,7 @@ def all_ok(params, seeds):
     # (the controller once waited for partition 0's, and the catch-up stalled)
     dict(stages=2, partitions=4, crashes=2, standbys=1, restarts=1),
 ], ids=["2x4", "3x3-packets-standby", "checkpoints-restarts", "input-log", "standby-restart"])
+@pytest.mark.sim  # a long simulator run: CI, not the quick suite
 def test_each_partition_gets_its_failure_free_output(shape):
     results = all_ok(SimParams(partitioned_egress=True, **shape), range(1, 31))
     assert sum(len(r.crashed) for r in results) > 20  # crashes really happened

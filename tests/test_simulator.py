@@ -125,6 +125,7 @@ def shape(stages, partitions, crashes, dataflow, seeds=range(1, 41), marks=()):
     shape(3, 2, 1, "packets"),
     shape(2, 3, 2, "packets-ttl"),  # sessions and idle keys expire (flux/expiry.py)
 ])
+@pytest.mark.sim  # a long simulator run: CI, not the quick suite
 def test_any_number_of_stages_and_partitions(stages, partitions, crashes, dataflow, seeds):
     params = SimParams(stages=stages, partitions=partitions, crashes=crashes, dataflow=dataflow)
     window = crash_window(params)

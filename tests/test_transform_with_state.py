@@ -121,6 +121,7 @@ def test_a_handler_keeps_its_output_through_a_kill_and_catches_up_in_parts():
     assert_exact_and_caught_up_in_parts(cluster, expected)
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_calls_per_key_give_the_output_of_calls_per_row():
     records = payments(1500, accounts=25)
     per_row = reference_output(running_counts(calls="per row"), records, 3)
@@ -311,6 +312,7 @@ def test_an_event_time_of_timestamps_is_taken_in_ms():
                                 "watermark": 3000}]
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_sessions_end_exactly_through_a_kill():
     records = clicks(4000, users=200)
     dataflow = Dataflow([Stage("sessions", "user", (sessions_op,), schema=CLICKS)])

@@ -106,6 +106,7 @@ sizes = st.lists(st.integers(1, 300) | st.just(1), min_size=1, max_size=6)
 @SLOW
 @given(workload=st.sampled_from(sorted(WORKLOADS)), seed=st.integers(0, 2 ** 16),
        fraction=st.floats(0.05, 1.0), sizes=sizes, params=params)
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_the_vectorized_chain_gives_the_per_record_outputs_and_states(
         workload, seed, fraction, sizes, params):
     knobs, most = WORKLOADS[workload]
@@ -133,6 +134,7 @@ def shuffled_time(rng: random.Random, n: int) -> list:
     return out
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 @SLOW
 @given(seed=st.integers(0, 2 ** 16), sizes=sizes, params=params)
 def test_event_time_out_of_order_and_any_kind_sequence(seed, sizes, params):
@@ -157,6 +159,7 @@ def test_event_time_out_of_order_and_any_kind_sequence(seed, sizes, params):
 @SLOW
 @given(seed=st.integers(0, 2 ** 16), at=st.integers(0, 8), sizes=sizes, params=params,
        workload=st.sampled_from(sorted(WORKLOADS)))
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_a_replica_catches_up_from_either_kind(seed, at, sizes, params, workload):
     """A state taken from one kind after ``at`` batches, sent through msgpack and installed
     in the other kind (install replaces what was there), goes on exactly as its source."""

@@ -109,6 +109,7 @@ def test_the_runtime_finds_the_stores():
 @given(workload=workloads, seed=seeds, sizes=sizes, params=params, small=st.booleans(),
        marks=st.lists(st.sampled_from(["clear_dirty", "start_changes", "stop_tracking",
                                         "stop_changes", None, None]), min_size=1, max_size=8))
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_the_same_batches_give_the_twins_deltas_and_changes(workload, seed, sizes, params,
                                                            small, marks):
     """Baselines set between batches at random, on both kinds: after every batch the
@@ -130,6 +131,7 @@ def test_the_same_batches_give_the_twins_deltas_and_changes(workload, seed, size
                     assert wire_form(store.changes()) == wire_form(twin.changes())
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 @SLOW
 @given(workload=workloads, seed=seeds, sizes=sizes, params=params, at=st.integers(0, 6))
 def test_a_snapshot_restored_goes_on_as_its_source(workload, seed, sizes, params, at):
@@ -154,6 +156,7 @@ def test_a_snapshot_restored_goes_on_as_its_source(workload, seed, sizes, params
 @SLOW
 @given(workload=workloads, seed=seeds, sizes=sizes, params=params, small=st.booleans(),
        at=st.integers(0, 4), during=st.integers(0, 5), part=st.integers(1, 40))
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_a_replica_rebuilt_from_parts_and_a_delta_goes_on_as_its_source(
         workload, seed, sizes, params, small, at, during, part):
     """A catch-up's two phases: the parts taken while the source goes on with more batches
@@ -282,6 +285,7 @@ def test_an_incremental_checkpoint_after_a_batch_of_few_keys_holds_only_them():
     assert [op.get_state() for op in restored] == [op.get_state() for op in ops]
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 def test_a_replica_of_the_vectorized_dataflow_catches_up_in_parts_through_a_kill():
     """On a running cluster: the rebuilt replicas install bulk parts and a delta, not a
     whole state, and the output is the per-record dataflow's."""

@@ -87,6 +87,7 @@ def by_bucket(row):
     return zlib.crc32(repr(by_key(row)).encode()) % 3
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 @pytest.mark.parametrize("seed, group", [(1, by_key), (2, by_key), (3, by_bucket)])
 def test_the_two_stateful_functions_compute_the_reference_whatever_the_micro_batches(seed, group):
     records = packet_workload(2_000, seed=seed, pairs=1_000, apps=4, sources=50)

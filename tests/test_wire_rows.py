@@ -63,6 +63,7 @@ def rows_items(draw):
     return out
 
 
+@pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 @settings(max_examples=150, deadline=None)
 @given(rows_items(), st.one_of(st.none(), st.tuples(st.integers(0, 99), st.integers(0, 99))))
 def test_rows_items_round_trip(items, cut):
