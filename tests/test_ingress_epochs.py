@@ -110,6 +110,11 @@ def test_a_restart_numbers_from_the_epoch_after_the_cut():
     ingress.resume_after(4 * M)  # checkpoint of epochs 0 and 1 of 2 ingresses
     assert ingress.epoch == 2 and ingress.frontier() == (5 * M,)
     assert ingress.accept(("k0", 1)) == (5 * M + 1,)
+    logged = make(1, log_inputs=True)
+    logged.resume_after(4 * M)
+    assert logged.frontier() == (4 * M,) and logged.log_due()  # the epoch's start first
+    logged.inputs_logged(logged.accepted)
+    assert logged.frontier() == (5 * M,)
     with pytest.raises(LocalProtocolError, match="no epoch's end"):
         make(0).resume_after(4 * M + 3)
 

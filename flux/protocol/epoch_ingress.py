@@ -116,7 +116,9 @@ class EpochIngress(Ingress):
 
     def resume_after(self, n: int) -> None:
         """A restart from a checkpoint whose cut ``n`` ends an epoch: numbering goes on
-        from the next epoch."""
+        from the next epoch, whose start is logged before the bound tells it (should
+        that checkpoint be found damaged later, a restart from an older one must still
+        number no input under that bound)."""
         if self.inputs or self.pending or self.epoch:
             raise LocalProtocolError("resume of an ingress that accepted inputs")
         span = self.ingresses * EPOCH_INPUTS
@@ -125,4 +127,5 @@ class EpochIngress(Ingress):
                                      "which is no epoch's end")
         self.epoch = n // span
         self.floor = epoch_first(self.epoch, self.index, self.ingresses)
-        self.accepted = self.last_item = self.logged = self.floor
+        self.accepted = self.last_item = self.floor
+        self.logged = n
