@@ -74,6 +74,10 @@ class EpochPlan:
         """How many inputs have an SN up to ``sn``."""
         return bisect_right(self.numbers, sn)
 
+    def read_upto(self, i: int, sn: int) -> int:
+        """How many of ingress ``i``'s inputs have an SN up to ``sn``."""
+        return bisect_right([number for _, number, _ in self.reads[i]], sn)
+
     def redraw(self, cut: int, logged: List[int], logged_epochs: List[int]) -> bool:
         """A restart after ``cut`` (0: from the start): each ingress's inputs the input log
         does not cover (past its first ``logged[i]``) fall into epochs drawn anew, after
@@ -82,7 +86,7 @@ class EpochPlan:
         span, before = self.ingresses * EPOCH_INPUTS, list(self.numbers)
         first_epoch = cut // span  # the restarted ingresses number from this epoch on
         for i, reads in enumerate(self.reads):
-            keep = max(logged[i], bisect_right([sn for _, sn, _ in reads], cut))
+            keep = max(logged[i], self.read_upto(i, cut))
             epoch = reads[keep - 1][0] if keep else 0
             if epoch < max(first_epoch, logged_epochs[i]):
                 epoch, used = max(first_epoch, logged_epochs[i]), 0
@@ -111,7 +115,7 @@ class SimIngresses:
 
     def start(self, cut: int) -> None:
         """A new incarnation, numbering after ``cut`` (0: from the start)."""
-        self.read = [bisect_right([sn for _, sn, _ in reads], cut) for reads in self.plan.reads]
+        self.read = [self.plan.read_upto(i, cut) for i in range(self.plan.ingresses)]
         self.positions = {}
 
     def done(self, i: int) -> bool:
