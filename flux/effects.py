@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Optional, Tuple
 
 from flux.data_messages import Item
+from flux.digests import Digest
 from flux.sequence import SN
 
 
@@ -94,6 +95,9 @@ class Snapshot:
     addr: Hashable
     data: Optional[bytes]
     base: Optional[int] = None
+    #: its digests at the cut, for the comparison with its twin's (DESIGN 14), or None
+    #: when its segment does not digest
+    digest: Optional[Digest] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any, Iterator, List, Optional, Set
 from flux.addresses import Addr, other
 from flux.control_messages import Avail, SegmentStats
 from flux.protocol.cuts import Cuts
+from flux.digests import OutputDigest
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.protocol.flux_consumer import FluxConsumer
@@ -62,6 +63,7 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         router: Any,
         mode: SegmentMode = PROCESSING,
         full_every: int = 1,
+        digests: bool = True,
     ):
         self.addr = addr
         self.dual = Addr(addr.stage, addr.partition, other(addr.replica))
@@ -94,6 +96,9 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         #: next one is whole), and how many deltas followed the last whole one
         self.chain_base: Optional[int] = None
         self.deltas_since_full = 0
+        #: the outputs made since the last cut crossed, digested for the comparison with
+        #: the twin's at the next (DESIGN 14); None: this segment does not digest
+        self.outputs: Optional[OutputDigest] = OutputDigest() if digests else None
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""

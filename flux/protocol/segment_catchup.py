@@ -238,6 +238,8 @@ class CatchUpSide:
                  "fprod": self.fprod.get_state()}
         if self.cuts.latest is not None:  # checkpoints are taken (DESIGN 10)
             state["cuts"] = self.cuts.to_state()
+        if self.outputs is not None:  # the new replica's outputs since the cut begin here
+            state["outputs"] = self.outputs.to_state()
         return state
 
     def install_state(self, state: dict, skip=()) -> None:
@@ -251,6 +253,8 @@ class CatchUpSide:
         if "cuts" in state:  # a cut the active has not crossed yet
             self.cuts.install_state(state["cuts"])
             self.fprod.out.cut = self.cuts.latest
+        if self.outputs is not None:
+            self.outputs.install_state(state.get("outputs"))
 
     def _install_moved(self, state: dict) -> None:
         """Phase 2 at the new replica: the bulk parts are in; apply each keyed store's

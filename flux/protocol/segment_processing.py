@@ -42,21 +42,26 @@ class ProcessingSide:
         if not self.fcons.can_release():
             raise LocalProtocolError(f"{self.addr}: process with no item to release")
         item, rows = self.fcons.release()
+        out = self._operators(rows)
+        self.taken += len(rows)
+        self.emitted += len(out)
+        if len(out):
+            if self.outputs is not None:
+                self.outputs.add(item, out)
+            self._put(item, out)
+        return len(out)
+
+    def _operators(self, rows: NumberedRows) -> NumberedRows:
+        """An item's rows through the operator chain: its output rows, numbered."""
         chain = self.chain
         try:
             if chain.columnar:  # batch operators: the item's columns in one call
                 parents, batch = chain.process_arrow(self._columns(rows))
-                out = rows.outputs(parents, batch)
-            else:  # record operators, through the batch of records
-                rows = rows.as_records()
-                out = rows.outputs(chain.process_many(rows.records))
+                return rows.outputs(parents, batch)
+            rows = rows.as_records()  # record operators, through the batch of records
+            return rows.outputs(chain.process_many(rows.records))
         except OperatorRaised as raised:
             raise self._operator_error(rows, raised) from raised.error
-        self.taken += len(rows)
-        self.emitted += len(out)
-        if len(out):
-            self._put(item, out)
-        return len(out)
 
     def _columns(self, rows: NumberedRows) -> Any:
         if rows.batch is None:  # the dataflow's checks give such a stage columns

@@ -8,8 +8,9 @@ A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
+from flux.digests import Digest, bytes_digest
 from flux.effects import Snapshot
 from flux.errors import LocalProtocolError, OperatorError
 from flux.operator import describe
@@ -39,11 +40,12 @@ class CheckpointSide:
             raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
         k, n = due
         self.cuts.crossed(k)
+        digest = self._digest(k, n)
         stores = self._stores()
         keyed = [i for i, store in enumerate(stores) if store is not None]
         if not keep:
             self.snapshot_lost()
-            return [Snapshot(k, n, self.addr, None)]
+            return [Snapshot(k, n, self.addr, None, digest=digest)]
         base = self.chain_base
         incremental = (base is not None and keyed and self.deltas_since_full + 1 < self.full_every
                        and all(stores[i].records_changes for i in keyed))
@@ -59,7 +61,17 @@ class CheckpointSide:
             for i in keyed:
                 stores[i].start_changes()
             self.chain_base = k
-        return [Snapshot(k, n, self.addr, data, base if incremental else None)]
+        return [Snapshot(k, n, self.addr, data, base if incremental else None, digest)]
+
+    def _digest(self, k: int, n: int) -> Optional[Digest]:
+        """The operators' states and the outputs since the last cut, digested (DESIGN 14):
+        both replicas cross every cut both learn, so the controller can compare them."""
+        if self.outputs is None:
+            return None
+        outputs, since = self.outputs.crossed(n)
+        states = tuple(bytes_digest(self._packed(op.get_state, f"checkpoint {k}", (n,)))
+                       for op in self.chain.operators)
+        return Digest(k, n, states, outputs, since)
 
     def _changes(self, stores: list, keyed: List[int]) -> list:
         """A delta's part: each keyed store's net changes since the last snapshot."""

@@ -30,6 +30,8 @@ from flux.runtime.gc_tuning import data_path_gc
 from flux.sim.schedule import (
     CHECKPOINT_CORRUPT,
     DATAFLOWS,
+    DIVERGED,
+    UNDEFINED,
     PAIR_LOST,
     VIOLATION,
     SimParams,
@@ -220,6 +222,7 @@ def main(argv=None) -> int:
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
+    compared = diverged = undefined = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -244,7 +247,12 @@ def main(argv=None) -> int:
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
         failed_writes += result.failed_writes
-        if result.status == PAIR_LOST:
+        compared += result.digests_compared
+        if result.status == DIVERGED:
+            diverged += 1
+        elif result.status == UNDEFINED:
+            undefined += 1
+        elif result.status == PAIR_LOST:
             pair_lost += 1
         elif result.status == CHECKPOINT_CORRUPT:
             corrupt_stops += 1
@@ -265,6 +273,8 @@ def main(argv=None) -> int:
           f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
           f"checkpoints={cuts} (snapshots={snapshots}, of them deltas={snapshot_deltas}, "
           f"complete={complete}), "
+          f"digest pairs compared={compared}, diverged={diverged}, "
+          f"{f'nondeterminism-raised={undefined}, ' if undefined else ''}"
           f"restarts={restarts}, {corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)

@@ -77,6 +77,11 @@ class WorldConfig:
     #: a lost pair restarts the whole job from its last complete checkpoint, this many
     #: times at most (0: the run ends as pair-lost)
     restarts_on_pair_lost: int = 0
+    #: False: an operator of the run is not deterministic (a variant), and the digests
+    #: compared at the cuts are expected to find it (DESIGN 14)
+    deterministic: bool = True
+    #: attributes of the segments' class for this world (a variant's draw)
+    segment_settings: dict = field(default_factory=dict)
     #: a replica's snapshots are whole once in this many, else its keyed stores' changes
     full_every: int = 1
     #: the source's own partitions (each input's, by position): with more than one, the
@@ -127,6 +132,8 @@ class Outcome:
     delivered: List[Any] = field(default_factory=list)
     takeovers: List[Addr] = field(default_factory=list)
     pair_lost: List[Addr] = field(default_factory=list)
+    #: the divergence the pairs' digests found, which stopped the job (DESIGN 14)
+    diverged: str = ""
     catchups: List[Addr] = field(default_factory=list)
     failed_transfers: List[Any] = field(default_factory=list)
     #: two-phase catch-up, counted at installs: bulk parts, keyed deltas, keys in them

@@ -20,7 +20,7 @@ from flux.protocol.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.sim.ingresses import SKEWS, EpochPlan
-from flux.sim.variants import HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
+from flux.sim.variants import DivergenceDraw, HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
 from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
 from flux.state_codec import unpack_state
 from controller.topology import node_name
@@ -52,6 +52,12 @@ PAIR_LOST = "pair-lost"
 #: a restart found complete checkpoints, none of whose files all verified (the runtime's
 #: CheckpointCorrupt): the job stops; what the sink holds must still be a prefix
 CHECKPOINT_CORRUPT = "checkpoint-corrupt"
+#: the pairs' digests found a divergence (a nondeterministic operator) and the job stopped
+DIVERGED = "diverged"
+#: a machine raised in a run with a nondeterministic operator: the protocol's rules assume
+#: deterministic operators (DESIGN 4.1), so its machines may fail in any way once the
+#: replicas differ; not a violation of the protocol
+UNDEFINED = "nondeterminism-raised"
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,8 @@ class ScheduleResult:
     writer_moves: int = 0
     fallbacks: List[int] = field(default_factory=list)
     failed_writes: int = 0
+    #: pairs of replicas' digests compared at the cuts (DESIGN 14)
+    digests_compared: int = 0
 
 
 #: the dataflows a schedule can run
@@ -256,11 +264,12 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         log_epochs=bool(params.checkpoints or params.restarts),
         epoch_skew=random.Random(f"skew {seed}").choice(SKEWS),
         **WORLD_VARIANTS.get(params.variant, {}),
+        **nondeterminism(params, seed),
     )
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
                   fault_rng=random.Random(f"faults {seed}"),
                   corrupt_rng=random.Random(f"corrupt {seed}"))
-    if params.checkpoints:
+    if params.checkpoints and config.deterministic:
         world.judge_snapshot = partial(judge_snapshot, states_after, world.position)
         world.judge_commit = partial(judge_commit, outputs_upto, world.position)
 
@@ -272,6 +281,17 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
 
     world.on_reorder = reorder
     return world, reference, states, parts if params.egress_per_partition else None
+
+
+def nondeterminism(params: SimParams, seed: int) -> dict:
+    """The ``nondeterministic`` variant's settings: where its operator strikes, drawn from
+    a stream of its own (DESIGN 14)."""
+    if not params.variant.startswith("nondeterministic"):
+        return {}
+    draw = random.Random(f"diverge {seed}")
+    return {"deterministic": False, "segment_settings": {"diverge": DivergenceDraw(
+        draw.randint(1, params.stages), draw.randrange(params.partitions),
+        draw.randrange(max(1, params.inputs // params.partitions)))}}
 
 
 def reference_run(dataflow, inputs, params: SimParams, numbers=None):
@@ -429,6 +449,9 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
 
     world.on_reorder = on_reorder
     result = ScheduleResult(seed, OK, expected=len(reference))
+    # a nondeterministic operator has no one failure-free run to compare with: what is
+    # judged is the digests' comparison (flux.sim.divergence) and the machines' own rules
+    judged = world.config.deterministic
     trace = result.trace
     outcome = world.outcome
     t = 0
@@ -466,7 +489,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                     world.sink.drops > drops:
                 # the sink dropped what it had not committed (a restart, a new writer)
                 oracle.rewind(world.sink)
-            if len(outcome.delivered) != oracle.checked:
+            if judged and len(outcome.delivered) != oracle.checked:
                 oracle.check(world.sink)
             if outcome.pair_lost:
                 result.status = PAIR_LOST
@@ -476,12 +499,15 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
             if outcome.checkpoint_corrupt:
                 result.status, result.reason = CHECKPOINT_CORRUPT, outcome.checkpoint_corrupt
                 break
+            if outcome.diverged:
+                result.status, result.reason = DIVERGED, outcome.diverged
+                break
             t += 1
             if t >= params.max_steps:
                 raise Violation(f"no quiescence after {t} steps (livelock)")
         if result.status == OK:
             result.expected = len(reference)  # a restart may have changed the inputs' order
-            problem = final_checks(world, len(reference), states)
+            problem = final_checks(world, len(reference), states) if judged else None
             if problem:
                 result.status, result.reason = VIOLATION, problem
     except Violation as exc:
@@ -489,7 +515,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     except Exception as exc:  # a machine raised: a protocol error is a violation too
         if os.environ.get("FLUX_SIM_RAISE"):  # to read where: the traceback, not a verdict
             raise
-        result.status, result.reason = VIOLATION, f"{type(exc).__name__}: {exc}"
+        result.status = VIOLATION if judged else UNDEFINED
+        result.reason = f"{type(exc).__name__}: {exc}"
     result.steps = t
     result.delivered = len(world.outcome.delivered)
     result.takeovers = list(world.outcome.takeovers)
@@ -509,6 +536,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.writer_moves = world.outcome.writer_moves
     result.fallbacks = list(world.outcome.fallbacks)
     result.failed_writes = world.outcome.failed_writes
+    result.digests_compared = world.divergence.compared
     return result
 
 

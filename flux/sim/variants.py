@@ -7,9 +7,11 @@ report a violation for each, with a seed that reproduces it.
 from __future__ import annotations
 
 from bisect import bisect_right
+from dataclasses import dataclass, replace
 from typing import List
 
 from flux.protocol.buffer import PRIM, Buffer
+from flux.addresses import S
 from flux.data_messages import Credit
 from flux.effects import Send
 from flux.protocol.host import Host
@@ -220,6 +222,50 @@ class HostWithoutResends(Host):
             self.mover = StateMoverFailingOnLoss(self.mover_addr, self.mover.chunk_size)
 
 
+@dataclass
+class DivergenceDraw:
+    """Where a run's nondeterministic operator strikes: the S replica of ``stage``'s
+    partition ``partition``, in the first item it takes after ``after`` records; once."""
+
+    stage: int
+    partition: int
+    after: int
+    done: bool = False
+
+    def due(self, addr, taken: int) -> bool:
+        return (not self.done and addr.replica == S and taken >= self.after
+                and (addr.stage, addr.partition) == (self.stage, self.partition))
+
+
+class SegmentDivergingOnce(Segment):
+    """A nondeterministic operator (DESIGN 4.1 broken by the user, not by the protocol):
+    once in a run, the S replica of one drawn partition leaves out the first record of an
+    item once it has taken a drawn number of them, as an operator that iterates a set
+    would take another path in one process. Its state and outputs differ from its
+    twin's from there on; the pair's digests must find it at the next cut both cross
+    (``diverge``: a ``DivergenceDraw``, set per world)."""
+
+    diverge = DivergenceDraw(0, 0, 0, done=True)  # a world draws its own
+
+    def _operators(self, rows):
+        draw = self.diverge
+        if not draw.due(self.addr, self.taken) or self.chain.columnar:
+            return super()._operators(rows)
+        draw.done = True
+        return super()._operators(rows.sliced(1, len(rows)))  # outputs keep their SNs
+
+
+class SegmentDivergingUndigested(SegmentDivergingOnce):
+    """The nondeterministic operator, with digests that leave the states out (DESIGN 14
+    broken): only the outputs since the cut before are compared, and a state that
+    differs is found only where those outputs show it. The oracle, which compares the
+    states themselves, must report the divergences missed."""
+
+    def _digest(self, k: int, n: int):
+        digest = super()._digest(k, n)
+        return None if digest is None else replace(digest, states=(0,) * len(digest.states))
+
+
 #: variants of the host, by name (the others use ``Host``)
 HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead, "no-resend": HostWithoutResends}
 INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
@@ -238,6 +284,8 @@ VARIANTS = {
     "early-evict": (BufferEvictingBeforeDualAck, Segment),
     "no-reversal": (BufferInstalledWithoutReversal, Segment),
     "no-drain": (Buffer, SegmentWithoutDrain),
+    "nondeterministic": (Buffer, SegmentDivergingOnce),
+    "nondeterministic-undigested": (Buffer, SegmentDivergingUndigested),
     "no-delta": (Buffer, SegmentWithoutDelta),
     "lazy-credit": (Buffer, SegmentWithLazyCredits),
     "hear-the-dead": (Buffer, Segment),

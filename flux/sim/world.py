@@ -62,6 +62,7 @@ from flux.sim.config import (
     ZombieMachine,
 )
 from flux.sim.detection import Detection
+from flux.sim.divergence import SimDivergence
 from flux.sim.faults import REMOVED_SHARE, Faults
 from flux.sim.ingresses import SimIngresses, ingress_claims
 from flux.sim.oracle import FailureFreeOutputs, SettledOracle
@@ -103,7 +104,8 @@ class World:
         self.outcome = Outcome()
         segment_class = type(config.segment_class.__name__, (config.segment_class,),
                              {"bulk_pairs": config.bulk_pairs,
-                              "bulk_per_step": config.bulk_per_step})
+                              "bulk_per_step": config.bulk_per_step,
+                              **config.segment_settings})
         self.builder = MachineBuilder(dataflow, partitions, config.capacity, config.batch_size,
                                       config.ingress_capacity, config.buffer_factory,
                                       segment_class, window=config.window,
@@ -140,6 +142,8 @@ class World:
         self.faults = Faults(self, corrupt_rng or random.Random(0))
         self.steps = Steps(self)
         self.writers = SimWriters(self)
+        #: the controller's comparison of the pairs' digests, and its oracle
+        self.divergence = SimDivergence(config.deterministic)
         self.build()
 
     def build(self, restored: Optional[Tuple[int, int]] = None) -> None:
@@ -193,6 +197,7 @@ class World:
         self.detection = Detection(self)
         self.faults.reset()
         self.steps.reset()
+        self.divergence.reset()  # the controller starts again with the job
 
     def _add_host(self, host: Host) -> None:
         self.hosts[host.name] = host
@@ -256,10 +261,14 @@ class World:
                 positions = self.epochs.passed(e.number, e.ingress)
                 if positions:
                     self.store.report(self.coordinator.source_recorded(e.number, positions))
-            elif isinstance(e, Snapshot) and e.data is None:
-                self.store.crossed(e)  # its twin writes this one
             elif isinstance(e, Snapshot):
-                self.store.write(e, host)
+                found = self.divergence.snapshot(e, host.machines[e.addr])
+                if found is not None:  # on_divergence="fail": the job stops (DESIGN 14)
+                    outcome.diverged, self.stopped = found.describe(), True
+                elif e.data is None:
+                    self.store.crossed(e)  # its twin writes this one
+                else:
+                    self.store.write(e, host)
             elif isinstance(e, SinkCommit):
                 if not self.writers.writes(host, e.partition):
                     continue  # a fenced writer (a zombie's): the sink refuses it
@@ -276,7 +285,8 @@ class World:
                 pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")
-        if host is not None and (host.name == EGRESS_HOST  # a step of an egress
+        if host is not None and self.config.deterministic and (
+                host.name == EGRESS_HOST  # a step of an egress
                                  or host.name in self.writers.host.values()):
             claims = ingress_claims(self)
             for oracle, egress in zip(self.settled_oracles, self.egresses):

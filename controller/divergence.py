@@ -1,0 +1,98 @@
+"""The comparison of a pair's digests at each cut (DESIGN 14).
+
+Both replicas of a partition cross every cut both learn, each digesting its operators'
+states and the outputs it made since the cut before (``flux.digests``). The controller
+pairs the two reports of one partition and one cut, in whatever order they come, and
+compares them: a state that differs names the operator; outputs differ only where both
+replicas made all of them since the same cut (one installed by a catch-up within the
+span, or one that learnt only the newer of two cuts, did not). A replica that dies
+before its twin reports leaves a report without its pair: only the newest ``window``
+cuts of a partition wait, so nothing grows.
+
+Pure (DESIGN 3): the runtime and the simulator feed it reports and act on what it finds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+from flux.addresses import Addr
+from flux.digests import Digest
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The replicas of ``stage``'s partition ``partition`` disagree at the cut ``cut``
+    of checkpoint ``number``: the states of the operators ``operators`` (indices in the
+    chain) differ, and/or (``outputs``) the outputs they made since the cut before."""
+
+    stage: int
+    partition: int
+    number: int
+    cut: int
+    operators: Tuple[int, ...]
+    outputs: bool
+
+    def describe(self, names: Optional[Sequence[str]] = None) -> str:
+        """One line for a log or an error; ``names``: the stage's operators' names."""
+        what = []
+        if self.operators:
+            ops = [names[i] if names and i < len(names) else f"operator {i}"
+                   for i in self.operators]
+            what.append("the state of " + ", ".join(ops))
+        if self.outputs:
+            what.append("the outputs since the cut before")
+        return (f"the replicas of stage {self.stage} partition {self.partition} disagree "
+                f"at checkpoint {self.number} (cut {self.cut}): {' and '.join(what)} "
+                f"differ; an operator of this stage is not deterministic (it iterates a set "
+                f"or a dict of strings, reads the clock or draws random numbers), or a "
+                f"replica's memory was damaged")
+
+
+class DivergenceMonitor:
+    """The reports of each partition's replicas, paired per cut and compared."""
+
+    def __init__(self, window: int = 16):
+        self.window = window
+        #: (stage, partition) -> (checkpoint, cut) -> replica -> its digest, waiting for the
+        #: twin (after a restart a checkpoint's number may come again with another cut)
+        self._waiting: Dict[Tuple[int, int], Dict[Tuple[int, int], Dict[int, Digest]]] = {}
+        #: pairs compared, and how many disagreed
+        self.compared = 0
+        self.diverged = 0
+
+    def report(self, addr: Addr, digest: Digest) -> Optional[Divergence]:
+        """Replica ``addr`` crossed a cut with ``digest``: the divergence its twin's
+        report of the same cut shows, or None (equal, or the twin's not in yet). A
+        replica's newer report of the same cut (its successor's) replaces the older."""
+        cuts = self._waiting.setdefault((addr.stage, addr.partition), {})
+        key = (digest.number, digest.cut)
+        pair = cuts.setdefault(key, {})
+        pair[addr.replica] = digest
+        if len(pair) < 2:
+            while len(cuts) > self.window:  # a twin that never reports: forget the oldest
+                del cuts[min(cuts)]
+            return None
+        del cuts[key]
+        self.compared += 1
+        found = compare(addr.stage, addr.partition, *pair.values())
+        if found is not None:
+            self.diverged += 1
+        return found
+
+    def waiting(self) -> int:
+        """Reports waiting for their twin's (bounded by ``window`` per partition)."""
+        return sum(len(cuts) for cuts in self._waiting.values())
+
+
+def compare(stage: int, partition: int, a: Digest, b: Digest) -> Optional[Divergence]:
+    """What differs between two replicas' digests of one cut, or None."""
+    if len(a.states) != len(b.states):  # two chains of different lengths: all of them
+        operators = tuple(range(max(len(a.states), len(b.states))))
+    else:
+        operators = tuple(i for i, (x, y) in enumerate(zip(a.states, b.states)) if x != y)
+    outputs = (a.outputs is not None and b.outputs is not None and a.since == b.since
+               and a.outputs != b.outputs)
+    if not operators and not outputs:
+        return None
+    return Divergence(stage, partition, a.number, a.cut, operators, outputs)

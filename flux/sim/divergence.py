@@ -1,0 +1,79 @@
+"""The pairs' digests compared as the controller compares them, and the oracle of that
+comparison (DESIGN 14).
+
+Every snapshot a replica takes at a cut carries its digests; the controller's
+``DivergenceMonitor`` pairs them per partition and cut. The simulator knows the truth
+the digests stand for: each replica's operators' states at the cut. So for every pair
+the monitor compares, the oracle compares the states themselves: states that differ
+with digests that agree is a divergence missed; digests that disagree in a run whose
+operators are deterministic is a false alarm (a replica that made other outputs, or a
+digest that depends on more than the state: the order keys went in, a catch-up's
+parts). A divergence found in a run that has a nondeterministic operator stops the job
+(``on_divergence="fail"``): the schedule ends ``diverged``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from controller.divergence import DivergenceMonitor, Divergence
+from flux.addresses import Addr
+from flux.effects import Snapshot
+from flux.operator import wire_form
+from flux.sim.oracle import Violation
+
+
+class SimDivergence:
+    """The monitor and its oracle for one world (fresh at each restart, as the
+    controller's is)."""
+
+    def __init__(self, deterministic: bool):
+        #: False: a run with a nondeterministic operator, where a divergence is expected
+        self.deterministic = deterministic
+        #: pairs of digests compared, over every incarnation of the job
+        self.compared = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.monitor = DivergenceMonitor()
+        #: (stage, partition) -> (checkpoint, cut) -> replica -> its operators' states
+        self._truth: Dict[Tuple[int, int], Dict[Tuple[int, int], Dict[int, Any]]] = {}
+
+    def snapshot(self, e: Snapshot, segment: Any) -> Optional[Divergence]:
+        """Replica ``e.addr`` (``segment``) crossed a cut: what the monitor finds, judged
+        against the states. Raises ``Violation`` for a missed divergence or a false
+        alarm."""
+        if e.digest is None:
+            return None
+        truth = self._pair(e.addr, (e.number, e.cut), wire_form(segment.chain.get_state()))
+        found = self.monitor.report(e.addr, e.digest)
+        if truth is None:
+            if found is not None:
+                raise Violation(f"{e.addr}: the monitor compared checkpoint {e.number} before "
+                                f"both replicas reported it: {found}")
+            return None
+        self.compared += 1
+        mine, twins = truth
+        differ = tuple(i for i, (a, b) in enumerate(zip(mine, twins)) if a != b)
+        if differ and (found is None or found.operators != differ):
+            raise Violation(f"{e.addr}: checkpoint {e.number} (cut {e.cut}): the states of "
+                            f"operators {differ} differ between the replicas, the digests "
+                            f"found {found.operators if found else 'nothing'}: {mine!r} != "
+                            f"{twins!r}")
+        if found is not None and (self.deterministic or (found.operators and not differ)):
+            raise Violation(f"false alarm: {found.describe()} ({found}); the states "
+                            f"{'differ' if differ else 'are equal'}")
+        return found
+
+    def _pair(self, addr: Addr, cut: Tuple[int, int], states: Any):
+        """The two replicas' states at ``cut`` once both reported (this one's first), or
+        None; kept as the monitor keeps digests (the newest report of a replica wins, at
+        most its window of cuts waits)."""
+        cuts = self._truth.setdefault((addr.stage, addr.partition), {})
+        pair = cuts.setdefault(cut, {})
+        pair[addr.replica] = states
+        if len(pair) < 2:
+            while len(cuts) > self.monitor.window:
+                del cuts[min(cuts)]
+            return None
+        del cuts[cut]
+        return states, pair[1 - addr.replica]

@@ -1,0 +1,140 @@
+"""Divergence detection (DESIGN 14): both replicas of a partition digest their states and
+outputs at every cut they cross, and the controller compares the pair. Here: what a
+digest depends on (the state, not the order keys went in), how the monitor pairs and
+compares reports, and two segments fed the same items agreeing at a cut while a third
+that skipped a record does not."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from controller.divergence import DivergenceMonitor, compare
+from exchange.columns import ArrowRows
+from exchange.rows import Rows
+from flux.addresses import Addr, P, S
+from flux.digests import Digest, OutputDigest, item_digest, states_digests
+from flux.testing.counter import KeyedCounter
+from flux.keyed_state import KeyedState
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def counter_with(pairs):
+    op = KeyedCounter()
+    for key, value in pairs:
+        op.state[key] = value
+    return op
+
+
+def test_a_keyed_state_digest_depends_on_its_pairs_not_on_their_insertion_order():
+    pairs = [(f"k{i}", i * 3) for i in range(500)]
+    one = counter_with(pairs)
+    other = counter_with(reversed(pairs))
+    assert states_digests([one]) == states_digests([other])
+    other.state["k7"] = 22
+    assert states_digests([one]) != states_digests([other])
+    del other.state["k7"]
+    assert states_digests([one]) != states_digests([other])  # a key missing
+
+
+def test_an_item_digest_covers_its_sn_its_rows_sns_and_their_values():
+    rows = Rows(np.array([[1, 1], [2, 1]], dtype=np.int64), [("a", 1), ("b", 2)])
+    same = Rows(np.array([[1, 1], [2, 1]], dtype=np.int64), [["a", 1], ["b", 2]])
+    assert item_digest((5,), rows) == item_digest((5,), same)  # a msgpack round trip
+    assert item_digest((5,), rows) != item_digest((6,), rows)
+    assert item_digest((5,), rows) != item_digest(
+        (5,), Rows(np.array([[1, 1], [2, 2]], dtype=np.int64), [("a", 1), ("b", 2)]))
+    assert item_digest((5,), rows) != item_digest(
+        (5,), Rows(np.array([[1, 1], [2, 1]], dtype=np.int64), [("a", 1), ("b", 3)]))
+    batch = pa.record_batch({"k": ["a", "b"], "v": [1, 2]})
+    columns = ArrowRows(rows.sns, batch)
+    assert item_digest((5,), columns) == item_digest(
+        (5,), ArrowRows(rows.sns.copy(), pa.record_batch({"k": ["a", "b"], "v": [1, 2]})))
+    assert item_digest((5,), columns) != item_digest(
+        (5,), ArrowRows(rows.sns, pa.record_batch({"k": ["a", "b"], "v": [1, 3]})))
+
+
+def test_the_outputs_digest_does_not_depend_on_the_order_items_were_made():
+    items = [((i,), Rows(np.array([[i, 1]], dtype=np.int64), [("k", i)])) for i in range(1, 9)]
+    one, other = OutputDigest(), OutputDigest()
+    for sn, rows in items:
+        one.add(sn, rows)
+    for sn, rows in reversed(items):
+        other.add(sn, rows)
+    assert one.crossed(8) == other.crossed(8)
+    assert one.since == 8 and one.total == 0  # from the cut on, a new span
+
+
+def test_a_replica_installed_from_its_twin_continues_the_twins_outputs_digest():
+    active = OutputDigest()
+    active.add((1,), Rows(np.array([[1, 1]], dtype=np.int64), [("k", 1)]))
+    new = OutputDigest()
+    new.install_state(active.to_state())
+    for d in (active, new):
+        d.add((2,), Rows(np.array([[2, 1]], dtype=np.int64), [("k", 2)]))
+    assert active.crossed(2) == new.crossed(2)
+    unknown = OutputDigest()
+    unknown.install_state(None)  # a twin that did not digest: the span is incomplete
+    assert unknown.crossed(3) == (None, -1)
+    assert unknown.crossed(4) == (0, 3)  # the next span is whole
+
+
+def digest(states, outputs=7, since=0, number=1, cut=10):
+    return Digest(number, cut, tuple(states), outputs, since)
+
+
+def test_the_monitor_pairs_reports_in_either_order_and_names_what_differs():
+    monitor = DivergenceMonitor()
+    assert monitor.report(Addr(1, 0, S), digest([1, 2])) is None
+    assert monitor.report(Addr(1, 0, P), digest([1, 2])) is None  # equal
+    assert monitor.report(Addr(2, 3, P), digest([1, 2, 3])) is None
+    found = monitor.report(Addr(2, 3, S), digest([1, 9, 3], outputs=8))
+    assert (found.stage, found.partition, found.number, found.cut) == (2, 3, 1, 10)
+    assert found.operators == (1,) and found.outputs
+    text = found.describe(["Sessions", "Stats", "Count"])
+    assert "stage 2 partition 3" in text and "checkpoint 1 (cut 10)" in text
+    assert "the state of Stats" in text and "not deterministic" in text
+    assert (monitor.compared, monitor.diverged, monitor.waiting()) == (2, 1, 0)
+
+
+def test_outputs_are_compared_only_over_the_same_whole_span():
+    assert compare(1, 0, digest([1], 5, since=3), digest([1], 6, since=4)) is None
+    assert compare(1, 0, digest([1], 5), digest([1], None, since=-1)) is None
+    assert compare(1, 0, digest([1], 5), digest([1], 6)).operators == ()
+
+
+def test_a_report_whose_twin_never_comes_is_forgotten_after_a_window_of_cuts():
+    monitor = DivergenceMonitor(window=4)
+    for k in range(1, 100):
+        monitor.report(Addr(1, 0, P), digest([k], number=k, cut=k * 10))
+    assert monitor.waiting() == 4
+    # a successor's report of the same cut replaces its predecessor's
+    monitor.report(Addr(1, 0, S), digest([5], number=99, cut=990))
+    assert monitor.waiting() == 3 and monitor.diverged == 1
+    # a checkpoint number again after a restart, with another cut: not paired with the old
+    monitor.report(Addr(1, 1, P), digest([1], number=3, cut=30))
+    assert monitor.report(Addr(1, 1, S), digest([2], number=3, cut=31)) is None
+
+
+def test_two_replicas_fed_the_same_items_agree_at_a_cut_and_one_that_skipped_does_not():
+    from flux.protocol.builder import MachineBuilder
+    from flux.testing.dataflows import counting_dataflow
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+    segments = [builder.segment(Addr(1, 0, r)) for r in (P, S, S)]
+    items = [Rows.of_inputs(1 + 3 * i, [(f"k{(3 * i + j) % 4}", j) for j in range(3)])
+             for i in range(4)]
+    for n, seg in enumerate(segments):
+        for i, rows in enumerate(items):
+            if n == 2 and i == 2:
+                rows = rows.sliced(1, len(rows))  # a record this replica left out
+            seg.outputs.add((3 * i + 3,), seg._operators(rows))  # item SN: its last input
+        seg.cuts.learn((1, 12))
+    snaps = []
+    for seg in segments:
+        seg.fcons.frontier = lambda: (12,)  # its merge has passed the cut
+        snaps.append(seg.snapshot(keep=False)[0].digest)
+    assert compare(1, 0, snaps[0], snaps[1]) is None
+    found = compare(1, 0, snaps[0], snaps[2])
+    assert found is not None and found.operators == (0,) and found.outputs
