@@ -31,6 +31,7 @@ import numpy as np
 
 from exchange.rows import NumberedRows, Rows
 from flux.addresses import Addr, MoverAddr, ProcAddr
+from flux.digests import Digest
 from flux.control_messages import (
     Avail,
     CatchUpPaused,
@@ -44,6 +45,7 @@ from flux.control_messages import (
     Register,
     SegmentStats,
     SnapshotWritten,
+    CutDigest,
     StateMoved,
     Stop,
     Stopping,
@@ -434,6 +436,13 @@ CODECS: Dict[str, _Codec] = {
             _int(k, "checkpoint"), _addr(a, "addr"), _str(n, "name"), _int(b, "nbytes"),
             _seconds(t, "seconds"), _str(e, "error"), _chain(c),
             tuple(_str(x, "digest") for x in _list(d, "digests"))))),
+    "cut_digest": (
+        CutDigest, lambda m: [list(m.addr), m.digest.number, m.digest.cut, list(m.digest.states),
+                              m.digest.outputs, m.digest.since],
+        _arity(6, lambda a, k, n, st, o, s: CutDigest(_addr(a, "addr"), Digest(
+            _int(k, "checkpoint"), _int(n, "cut"),
+            tuple(_int(x, "state digest") for x in _list(st, "state digests")),
+            None if o is None else _int(o, "outputs digest"), _int(s, "since"))))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address, m.host, m.executor, m.boot],

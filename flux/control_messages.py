@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from flux.addresses import Addr
+from flux.digests import Digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,15 @@ class OperatorFailed:
     sn: tuple
     error: str
     secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class CutDigest:
+    """A node tells the controller: replica ``addr`` crossed a cut with ``digest`` (its
+    states and outputs), to be compared with its twin's (DESIGN 14)."""
+
+    addr: Addr
+    digest: Digest
 
 
 @dataclass(frozen=True, slots=True)

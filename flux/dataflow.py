@@ -15,7 +15,7 @@ that disagrees with its record method) is checked at deploy
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 from flux.errors import DataflowError
 from exchange.routing import column_names
@@ -34,6 +34,12 @@ def factory_name(factory: Any) -> str:
     """A readable name for an operator factory (class, function or partial)."""
     inner = getattr(factory, "func", factory)
     return getattr(inner, "__qualname__", None) or repr(factory)
+
+
+def operator_names(dataflow: "Dataflow") -> Dict[int, List[str]]:
+    """Stage number (from 1) -> its operators' names, in the chain's order."""
+    return {s: [factory_name(f) for f in stage.operators]
+            for s, stage in enumerate(dataflow.stages, 1)}
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,24 @@ class OperatorError(RuntimeError):
         return (OperatorError, (self.what, self.stage, self.partition, self.sn, self.error))
 
 
+class ReplicasDiverged(RuntimeError):
+    """The replicas of a partition disagree at a cut (DESIGN 14): their states or outputs
+    differ, so one of its operators is not deterministic (or a replica's memory was
+    damaged), and a failover would deliver the other replica's different output. The job
+    stops with ``on_divergence="fail"``; ``message`` names stage, partition, checkpoint,
+    cut and the operators whose states differ."""
+
+    def __init__(self, message: str, stage: int, partition: int, number: int,
+                 operators: tuple = ()):
+        self.stage, self.partition, self.number = stage, partition, number
+        self.operators = tuple(operators)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (ReplicasDiverged, (str(self), self.stage, self.partition, self.number,
+                                   self.operators))
+
+
 class PairLost(RuntimeError):
     """Both replicas of a partition are gone: the job must stop (DESIGN 4.6)."""
 

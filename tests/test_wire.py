@@ -9,9 +9,11 @@ from hypothesis import strategies as st
 from exchange import wire
 from exchange.wire import CODECS, WireError, decode, encode
 from flux.addresses import Addr, MoverAddr, ProcAddr
+from flux.digests import Digest
 from flux.control_messages import (
     Avail,
     CatchUpPaused,
+    CutDigest,
     SnapshotWritten,
     Failed,
     FoldedIn,
@@ -76,6 +78,8 @@ MESSAGES = [
     StateMoved(Addr(1, 2, 1), 1 << 20, 0.125), CatchUpPaused(Addr(1, 0, 0), 0.031), Ready(),
     SnapshotWritten(3, Addr(2, 1, 0), "stage2-part1-P.state", 8 << 20, 0.25),
     SnapshotWritten(4, Addr(1, 0, 1), "", 0, 0.0, "OSError: disk full"),
+    CutDigest(Addr(2, 1, 1), Digest(3, 4096, (2**64 - 1, 7), 12345, 1024)),
+    CutDigest(Addr(1, 0, 0), Digest(1, 10, (), None, -1)),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
     NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0),
                SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1))), NodeStats(),

@@ -33,7 +33,7 @@ class MachineBuilder:
                  replication: str = "flux", spare_chains: dict = None,
                  window: int = None, full_every: int = 1, batch_rows: int = 1024,
                  ordered_output: bool = True, pause_room: int = PAUSE_ROOM,
-                 writers_on_nodes: bool = False, ingresses: int = 1):
+                 writers_on_nodes: bool = False, ingresses: int = 1, digests: bool = True):
         """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
@@ -44,7 +44,10 @@ class MachineBuilder:
         many times the capacity a partition paused for its catch-up may hold at each of
         its producers (``flux.protocol.producer``). ``writers_on_nodes``: each partition's
         egress is a sink's writer on a node, acked at its commits (``SinkWriter``).
-        ``ingresses``: how many ingresses feed stage 1, each numbering in epochs (DESIGN 12)."""
+        ``ingresses``: how many ingresses feed stage 1, each numbering in epochs (DESIGN 12).
+        ``digests``: segments digest their states and outputs at the cuts, for the
+        comparison of each pair (DESIGN 14; without cuts there is nothing to compare)."""
+        self.digests = digests
         if ingresses < 1:
             raise ValueError(f"ingresses must be >= 1, got {ingresses}")
         self.ingresses = ingresses
@@ -108,7 +111,7 @@ class MachineBuilder:
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
         return self.segment_class(a, fcons, chain, fprod, router, mode,
-                                  full_every=self.full_every)
+                                  full_every=self.full_every, digests=self.digests)
 
     def router(self, stage: int) -> Any:
         """Routes to the partitions of stage ``stage + 1`` (0-based ``stage``) by its key,

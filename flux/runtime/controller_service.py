@@ -21,11 +21,13 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from controller.divergence import DivergenceMonitor
 from controller.failure_detector import FailureDetector, Timings
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
+    CutDigest,
     SinkCommitted,
     SnapshotWritten,
     WriterProgress,
@@ -43,6 +45,7 @@ from flux.control_messages import (
     View,
 )
 from flux.envelope import Envelope
+from flux.runtime.controller_divergence import ON_DIVERGENCE, DivergenceSide
 from flux.runtime.controller_failures import FailureSide
 from flux.runtime.controller_registration import PENDING, START_FAILURES, RegistrationSide
 from flux.runtime.metrics import MAX_EVENTS
@@ -53,7 +56,7 @@ from statemover.messages import TransferFailed
 VIEWS_KEPT = 64
 
 
-class ControllerService(RegistrationSide, FailureSide):
+class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
     """The controller's process: membership, failure detection, views.
 
     Built before anyone registers; ``add_member`` makes a process known without a
@@ -67,9 +70,20 @@ class ControllerService(RegistrationSide, FailureSide):
                  events=None, stuck_after: float = 1.0,
                  stuck_timeout: float = 30.0, catchup_timeout: float = 120.0,
                  on_snapshot: Optional[Callable[[SnapshotWritten], None]] = None,
-                 on_writer: Optional[Callable[[Any], None]] = None):
+                 on_writer: Optional[Callable[[Any], None]] = None,
+                 on_divergence: str = "fail",
+                 operator_names: Optional[Dict[int, List[str]]] = None):
         """``on_writer``: told every ``WriterProgress`` and ``SinkCommitted`` of the sinks'
-        writers on the nodes (docs/design/parallel_io.md)."""
+        writers on the nodes (docs/design/parallel_io.md). ``on_divergence``: what a
+        pair's digests that disagree do (``flux.runtime.controller_divergence``);
+        ``operator_names``: stage -> its operators' names, for the error."""
+        if on_divergence not in ON_DIVERGENCE:
+            raise ValueError(f"on_divergence must be one of {ON_DIVERGENCE}, got "
+                             f"{on_divergence!r}")
+        self.on_divergence = on_divergence
+        self.operator_names = operator_names or {}
+        #: the pairs' digests, compared per cut (DESIGN 14)
+        self.divergence = DivergenceMonitor()
         self.transport = transport
         self.on_writer = on_writer
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints
@@ -169,6 +183,8 @@ class ControllerService(RegistrationSide, FailureSide):
                                     (env.msg.addr, env.msg.nbytes, env.msg.seconds)))
             elif isinstance(env.msg, Stopping) and name in self.registered:
                 self.on_stopping(name, env.msg.reason)
+            elif isinstance(env.msg, CutDigest):
+                self.on_cut_digest(env.msg)
             elif isinstance(env.msg, SnapshotWritten) and self.on_snapshot is not None:
                 self.on_snapshot(env.msg)
             elif isinstance(env.msg, (WriterProgress, SinkCommitted)) and self.on_writer:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 from controller.failure_detector import Lease
 from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
 from flux.control_messages import (
+    CutDigest,
     FoldedIn,
     Heartbeat,
     Members,
@@ -307,8 +308,11 @@ class HostLoop:
                 self.timing.sources_paused(e)
             elif isinstance(e, SourcesResumed):
                 self._report_if(self.timing.sources_resumed(e))
-            elif isinstance(e, Snapshot) and e.data is not None and self.snapshots:
-                self.snapshots.write(e)  # to the store, off this thread
+            elif isinstance(e, Snapshot):
+                if e.data is not None and self.snapshots:
+                    self.snapshots.write(e)  # to the store, off this thread
+                if e.digest is not None:  # compared with its twin's (DESIGN 14)
+                    self.report(CutDigest(e.addr, e.digest))
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
                 self.report(e)  # the controller retries a failed transfer (3.4)
             elif isinstance(e, Deliver) and self.writer_sinks is not None:

@@ -27,6 +27,7 @@ from flux.connector_api import OffsetReporting
 from flux.control_messages import JOB_STOPPED, Register
 from flux.effects import Deliver, SinkCommit
 from flux.protocol.host import Host
+from flux.dataflow import operator_names
 from flux.operator import describe
 from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import PENDING, ControllerService
@@ -69,6 +70,8 @@ class JobParts:
     stopping: threading.Event
     #: set once every input's output was delivered
     finished: threading.Event
+    #: what a pair's digests that disagree do (DESIGN 14)
+    on_divergence: str = "fail"
 
 
 class Attempt:
@@ -76,8 +79,7 @@ class Attempt:
                  on_error: Callable[[BaseException], None]):
         """``number``: restarts before this attempt; ``restored``: the manifest of the
         checkpoint its nodes and ingress start from (None: the first input)."""
-        self.parts, self.number, self.restored = parts, number, restored
-        self.on_error = on_error
+        self.parts, self.number, self.restored, self.on_error = parts, number, restored, on_error
         self.stop_event = threading.Event()
         self.ending = threading.Event()  # set once a restart ends this attempt
         self.threads: List[threading.Thread] = []
@@ -115,7 +117,8 @@ class Attempt:
                 self.transports[CONTROLLER_PROCESS], p.detect_after, secret=config.secret,
                 name_for=self._name_for, events=p.metrics.events,
                 on_snapshot=p.checkpoints.service.snapshot_written if p.checkpoints else None,
-                on_writer=self.writers.report)
+                on_writer=self.writers.report, on_divergence=p.on_divergence,
+                operator_names=operator_names(p.builder.dataflow))
             self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
                                        self.transports[EGRESS_PROCESS].address)
             address = self.ingress_process.wait_hello(timeout=60)

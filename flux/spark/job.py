@@ -183,7 +183,8 @@ class FluxJob(JobViews):
             detect_after=net.detect_after,
             driver_host=local_host(net.driver_host
                                    or self.spark.conf.get("spark.driver.host", "")),
-            distinct_hosts=distinct, stopping=self._stopping, finished=self._finished)
+            distinct_hosts=distinct, stopping=self._stopping, finished=self._finished,
+            on_divergence=self.options.checkpoints.on_divergence)
         self._launch(self._checkpointing.restore if self._checkpointing else None)
         self._supervisor = threading.Thread(target=self._supervise, daemon=True,
                                             name="flux-supervisor")

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 from flux.connector_api import SinkPerPartition, is_exactly_once
 from flux.protocol.builder import REPLICATIONS
 from flux.protocol.producer import PAUSE_ROOM
+from flux.runtime.controller_divergence import ON_DIVERGENCE
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,14 @@ class Checkpointing:
     keep: int = 3
     full_every: int = 10
     restarts: int = 3
+    #: a pair whose digests disagree at a cut (DESIGN 14): "fail" stops the job with
+    #: ReplicasDiverged; "rebuild" rebuilds its S replica's node from the twins
+    on_divergence: str = "fail"
 
     def __post_init__(self) -> None:
+        if self.on_divergence not in ON_DIVERGENCE:
+            raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}, "
+                             f"got {self.on_divergence!r}")
         if self.location is not None and not self.interval > 0:
             raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.interval!r}")
         if self.restarts < 0:

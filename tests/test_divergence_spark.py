@@ -1,0 +1,85 @@
+"""Divergence detection on Spark (slow, DESIGN 14): an operator that reads the clock into
+its state makes the two replicas of every partition disagree. With the default policy
+the job stops with ``ReplicasDiverged`` at the first checkpoint, naming the operator;
+with ``on_divergence="rebuild"`` it goes on (its outputs do not depend on the clock, so
+they equal the failure-free run's) and reports the divergences and the rebuilds."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SPARK_EXECUTORS = 5
+
+
+class CountsWithLastSeen:
+    """Counts per key (the output), and keeps when each key was last seen by the wall
+    clock (a real-world slip: the state differs in each replica, the outputs do not)."""
+
+    def __init__(self):
+        self.counts = {}
+
+    def process(self, record):
+        key = record[0]
+        count = self.counts.get(key, [0, 0.0])[0] + 1
+        self.counts[key] = [count, time.time()]
+        return [(key, count)]
+
+    def get_state(self):
+        return {"counts": self.counts}
+
+    def install_state(self, state):
+        self.counts = {k: list(v) for k, v in state["counts"].items()}
+
+
+def key_of(record):
+    return record[0]
+
+
+def job_of(spark, tmp_path, records, **kw):
+    from flux.connectors.sources import Paced
+    from flux.dataflow import Dataflow, Stage
+    from flux.spark.job import FluxJob
+
+    flow = Dataflow([Stage("counts", key_of, (CountsWithLastSeen,))])
+    return FluxJob(spark, flow, Paced(records, 5_000), nodes=2, standbys=1,
+                   checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=0.5,
+                   check_records=0, **kw)  # the deploy check would refuse it
+
+
+def test_a_clock_in_the_state_stops_the_job_at_the_first_checkpoint_naming_the_operator(
+        spark, tmp_path):
+    from flux.errors import ReplicasDiverged
+    from flux.testing.workloads import keyed_workload
+
+    job = job_of(spark, tmp_path, keyed_workload(40_000, seed=3, keys=20))
+    with job:
+        with pytest.raises(ReplicasDiverged, match=r"stage 1 partition \d disagree at "
+                                                   r"checkpoint \d+ \(cut \d+\): the state "
+                                                   r"of CountsWithLastSeen differ") as caught:
+            job.wait(timeout=120)
+    assert caught.value.operators == (0,)
+    # within one interval: the first checkpoint the pair crossed found it
+    assert caught.value.number == 1
+    assert not job.restart_log  # a restart would diverge again: the job stops
+    assert job.metrics.events.counts.get("divergence", 0) >= 1
+
+
+def test_with_rebuild_the_job_goes_on_and_reports_each_divergence(spark, tmp_path):
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+    from flux.dataflow import Dataflow, Stage
+    from flux.testing.workloads import keyed_workload
+
+    records = keyed_workload(30_000, seed=4, keys=20)
+    job = job_of(spark, tmp_path, records, on_divergence="rebuild")
+    with job:
+        job.wait(timeout=240)
+    flow = Dataflow([Stage("counts", key_of, (CountsWithLastSeen,))])
+    want = reference_output(flow, records, 2)
+    assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in want]
+    counts = job.metrics.events.counts
+    assert counts.get("divergence", 0) >= 1
+    assert counts.get("catch-up done", 0) >= 1  # the replica was rebuilt from its twin
