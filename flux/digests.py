@@ -3,10 +3,12 @@
 Flux is right only if both replicas of a partition compute the same state and the same
 outputs (DESIGN 4.1). Both compute everything anyway, so comparing them costs two
 digests a cut: at every checkpoint (or verify) cut a replica crosses, it digests each
-operator's state (``get_state()`` packed as a checkpoint packs it: a keyed store's is its
-pairs in key order, so two replicas that hold the same keys and values give the same
-bytes whatever order they were inserted in) and the outputs it made since the cut it
-crossed before. A replica that began within that span (a catch-up installed it) did not
+operator's state and the outputs it made since the cut it crossed before. A
+``KeyedState``'s digest is the sum of its pairs' digests, kept from cut to cut by the
+changed keys alone (a whole pass only after its state was installed from elsewhere);
+any other operator's is its ``get_state()`` packed as a checkpoint packs it (a keyed
+store of slots gives its pairs in key order, so two replicas holding the same keys and
+values give the same bytes whatever order they went in). A replica that began within that span (a catch-up installed it) did not
 make all of them: its outputs' digest is None, and only the states are compared.
 
 The outputs' digest is a sum of one 64-bit hash per item (the item's SN, its rows' SNs and
@@ -20,12 +22,12 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import msgpack
 import xxhash
 
-from flux.state_codec import pack_state
+from flux.keys import MISSING
 
 MASK = (1 << 64) - 1
 
@@ -48,9 +50,31 @@ def bytes_digest(data: bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def states_digests(operators: Sequence[Any]) -> Tuple[int, ...]:
-    """Each operator's state digest, in the chain's order."""
-    return tuple(bytes_digest(pack_state(op.get_state())) for op in operators)
+def pair_digest(key: Any, value: Any) -> int:
+    """One key of a keyed store with its value, as 64 bits."""
+    return xxhash.xxh3_64_intdigest(msgpack.packb([key, value]))
+
+
+def keyed_digest(pairs: Iterable[Tuple[Any, Any]]) -> int:
+    """A keyed store's state: the sum of its pairs' digests. A sum does not depend on the
+    order the pairs come in, and the digest of the next cut is this one plus what the
+    keys changed since changed (``keyed_digest_after``): a cut costs the changed keys,
+    not the whole store."""
+    total = 0
+    for key, value in pairs:
+        total += pair_digest(key, value)
+    return total & MASK
+
+
+def keyed_digest_after(total: int, changes: Iterable[Tuple[Any, Any, Any]]) -> int:
+    """``total`` after the changes ``(key, value before, value now)`` (``MISSING``: absent;
+    ``KeyedState.changed_pairs``)."""
+    for key, was, now in changes:
+        if was is not MISSING:
+            total -= pair_digest(key, was)
+        if now is not MISSING:
+            total += pair_digest(key, now)
+    return total & MASK
 
 
 def item_digest(item: Sequence[int], rows: Any) -> int:

@@ -21,9 +21,13 @@ empty store being the baseline). ``restore``, ``install_chunk`` and
 changes since a checkpoint: the state then came from elsewhere, so the next
 checkpoint of this store must be whole.
 
-A record is a dict ``key -> was the key present at the baseline``, kept by
-``KeyedState``'s own ``[]=`` and ``pop`` (inline: they are the per-record path);
-this module reads them. Pure: no I/O.
+The dirty keys are a dict ``key -> was the key present at the baseline``; the
+changes since a checkpoint a dict ``key -> its value at the baseline`` (``MISSING``
+where it was absent), so that a replica's digest of its state at the next cut is its
+digest at this one plus what the changed keys changed (``flux.digests``, DESIGN 14).
+Values are replaced, never mutated in place, so the baseline's value is still what it
+was. Both are kept by ``KeyedState``'s own ``[]=`` and ``pop`` (inline: they are the
+per-record path); this module reads them. Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -69,7 +73,7 @@ class ChangeRecords:
     __slots__ = ()
     _data: dict
     _dirty: Optional[dict]  # None: not tracking; else key -> present at the baseline
-    _since: Optional[dict]  # the same since the last checkpoint snapshot (None: not recorded)
+    _since: Optional[dict]  # key -> its value at the last checkpoint's baseline (or MISSING)
 
     # --- dirty keys (a catch-up's phase 2) --------------------------------------------
 
@@ -124,6 +128,14 @@ class ChangeRecords:
             raise RuntimeError("KeyedState records no changes for a checkpoint: call "
                                "start_changes() at a full snapshot first")
         return net_delta(self._data, self._since)
+
+    def changed_pairs(self) -> list:
+        """``(key, value at the baseline, value now)`` for every key changed since
+        ``start_changes``, ``MISSING`` where absent (in no particular order)."""
+        if self._since is None:
+            raise RuntimeError("KeyedState records no changes: call start_changes() first")
+        get = self._data.get
+        return [(key, was, get(key, MISSING)) for key, was in self._since.items()]
 
     def stop_changes(self) -> None:
         """Stop recording the changes since a checkpoint (the next one must be whole)."""

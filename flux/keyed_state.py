@@ -112,8 +112,9 @@ class KeyedState(ChangeRecords, StateTransfer):
             self._order = None
         if self._dirty is not None:
             self._dirty.setdefault(key, not new)
-        if self._since is not None:
-            self._since.setdefault(key, not new)
+        since = self._since
+        if since is not None and key not in since:  # its value at the baseline
+            since[key] = _MISSING if new else self._data[key]
         self._data[key] = value
 
     def __delitem__(self, key: Any) -> None:
@@ -132,9 +133,12 @@ class KeyedState(ChangeRecords, StateTransfer):
                 raise KeyError(key)
             return default
         self._order = None
-        for record in (self._dirty, self._since):
-            if record is not None and record.setdefault(key, True) is False:
-                del record[key]  # created and deleted since the baseline: no net change
+        dirty, since = self._dirty, self._since
+        # created and deleted since the baseline: no net change
+        if dirty is not None and dirty.setdefault(key, True) is False:
+            del dirty[key]
+        if since is not None and since.setdefault(key, value) is _MISSING:
+            del since[key]
         return value
 
     def get_many(self, keys: Iterable[Any], default: Any = None) -> list:

@@ -99,6 +99,8 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         #: the outputs made since the last cut crossed, digested for the comparison with
         #: the twin's at the next (DESIGN 14); None: this segment does not digest
         self.outputs: Optional[OutputDigest] = OutputDigest() if digests else None
+        #: operator index -> its keyed store's digest at the last cut (flux.digests)
+        self.state_sums: dict = {}
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""

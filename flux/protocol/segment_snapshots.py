@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from flux.digests import Digest, bytes_digest
+from flux.digests import Digest, bytes_digest, keyed_digest, keyed_digest_after
 from flux.effects import Snapshot
 from flux.errors import LocalProtocolError, OperatorError
+from flux.keyed_state import KeyedState
 from flux.operator import describe
 from flux.protocol.segment_mode import DRAINING, PROCESSING, STREAMING, Event
 from flux.snapshot_chain import delta_snapshot, full_snapshot
@@ -45,6 +46,7 @@ class CheckpointSide:
         keyed = [i for i, store in enumerate(stores) if store is not None]
         if not keep:
             self.snapshot_lost()
+            self._digest_baseline(stores)
             return [Snapshot(k, n, self.addr, None, digest=digest)]
         base = self.chain_base
         incremental = (base is not None and keyed and self.deltas_since_full + 1 < self.full_every
@@ -61,17 +63,41 @@ class CheckpointSide:
             for i in keyed:
                 stores[i].start_changes()
             self.chain_base = k
+        self._digest_baseline(stores)
         return [Snapshot(k, n, self.addr, data, base if incremental else None, digest)]
 
     def _digest(self, k: int, n: int) -> Optional[Digest]:
         """The operators' states and the outputs since the last cut, digested (DESIGN 14):
-        both replicas cross every cut both learn, so the controller can compare them."""
+        both replicas cross every cut both learn, so the controller can compare them. A
+        ``KeyedState``'s digest is its last one plus its changed keys' (a whole pass the
+        first time, and after its state was installed from elsewhere)."""
         if self.outputs is None:
             return None
         outputs, since = self.outputs.crossed(n)
-        states = tuple(bytes_digest(self._packed(op.get_state, f"checkpoint {k}", (n,)))
-                       for op in self.chain.operators)
-        return Digest(k, n, states, outputs, since)
+        states = []
+        for i, (op, store) in enumerate(zip(self.chain.operators, self._stores())):
+            if not isinstance(store, KeyedState):
+                states.append(bytes_digest(self._packed(op.get_state, f"checkpoint {k}", (n,))))
+                continue
+            known = self.state_sums.get(i)
+            try:
+                if known is not None and store.records_changes:
+                    self.state_sums[i] = keyed_digest_after(known, store.changed_pairs())
+                else:
+                    self.state_sums[i] = keyed_digest(store.items())
+            except Exception as exc:
+                raise OperatorError(f"the state of operator {type(op).__name__} (taken for "
+                                    f"checkpoint {k})", self.addr.stage, self.addr.partition,
+                                    (n,), f"cannot be encoded: {describe(exc)}") from exc
+            states.append(self.state_sums[i])
+        return Digest(k, n, tuple(states), outputs, since)
+
+    def _digest_baseline(self, stores: list) -> None:
+        """This cut is the baseline of the next one's keyed digests."""
+        if self.outputs is not None:
+            for store in stores:
+                if isinstance(store, KeyedState):
+                    store.start_changes()
 
     def _changes(self, stores: list, keyed: List[int]) -> list:
         """A delta's part: each keyed store's net changes since the last snapshot."""
@@ -81,9 +107,10 @@ class CheckpointSide:
         """Local event: a snapshot of this replica may not be in the store (its write
         failed, or it crossed a cut without packing): the next one is whole."""
         self.chain_base = None
-        for store in self._stores():
-            if store is not None:
-                store.stop_changes()
+        if self.outputs is None:  # else the digests read the changes since the cut
+            for store in self._stores():
+                if store is not None:
+                    store.stop_changes()
 
 
     def _packed(self, state_of, when: str, sn) -> bytes:

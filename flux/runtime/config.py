@@ -56,6 +56,9 @@ class NodeConfig:
     restore: int = -1
     #: a replica's snapshots are whole once in this many, else its keyed stores' changes
     checkpoint_full_every: int = 10
+    #: replicas digest their states and outputs at the checkpoints' cuts, for the
+    #: comparison of each pair (DESIGN 14; on_divergence="off": they do not)
+    digests: bool = True
     #: one egress of one order, or one per last-stage partition (in the driver)
     ordered_output: bool = True
     #: the egresses as sinks' writers on the nodes: the job's ``SinkPerPartition``,

@@ -27,8 +27,8 @@ from flux.errors import ReplicasDiverged
 
 log = logging.getLogger("flux.runtime.controller_service")
 
-#: what a job may do when a pair's digests disagree
-ON_DIVERGENCE = ("fail", "rebuild")
+#: what a job may do when a pair's digests disagree ("off": the replicas digest nothing)
+ON_DIVERGENCE = ("fail", "rebuild", "off")
 
 
 class DivergenceSide:

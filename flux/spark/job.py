@@ -140,7 +140,8 @@ class FluxJob(JobViews):
             checkpoint_full_every=opts.checkpoints.full_every,
             ordered_output=tuning.ordered_output,
             writers_sink=shipped_sink(sink) if tuning.egress_on_executors else b"",
-            commit_interval=tuning.commit_interval)
+            commit_interval=tuning.commit_interval,
+            digests=opts.checkpoints.on_divergence != "off")
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,

@@ -69,7 +69,8 @@ class Checkpointing:
     full_every: int = 10
     restarts: int = 3
     #: a pair whose digests disagree at a cut (DESIGN 14): "fail" stops the job with
-    #: ReplicasDiverged; "rebuild" rebuilds its S replica's node from the twins
+    #: ReplicasDiverged; "rebuild" rebuilds its S replica's node from the twins; "off":
+    #: the replicas digest nothing
     on_divergence: str = "fail"
 
     def __post_init__(self) -> None:
