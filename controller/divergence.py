@@ -45,8 +45,9 @@ class Divergence:
         return (f"the replicas of stage {self.stage} partition {self.partition} disagree "
                 f"at checkpoint {self.number} (cut {self.cut}): {' and '.join(what)} "
                 f"differ; an operator of this stage is not deterministic (it iterates a set "
-                f"or a dict of strings, reads the clock or draws random numbers), or a "
-                f"replica's memory was damaged")
+                f"or a dict of strings, reads the clock or draws random numbers), changed a "
+                f"value of its KeyedState in place instead of replacing it, or a replica's "
+                f"memory was damaged")
 
 
 class DivergenceMonitor:

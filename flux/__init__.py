@@ -28,6 +28,7 @@ from flux.errors import (
     IngressLost,
     OperatorError,
     PairLost,
+    ReplicasDiverged,
     SinkFenced,
     SourceOrderUnknown,
 )
@@ -102,7 +103,7 @@ __all__ = [
     # Kafka in and out
     "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch
-    "DataflowError", "OperatorError", "PairLost", "IngressLost", "SinkFenced",
+    "DataflowError", "OperatorError", "PairLost", "ReplicasDiverged", "IngressLost", "SinkFenced",
     "CheckpointMismatch", "CheckpointCorrupt", "DamagedFile", "SourceOrderUnknown",
 ]
 

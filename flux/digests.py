@@ -50,31 +50,22 @@ def bytes_digest(data: bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def pair_digest(key: Any, value: Any) -> int:
-    """One key of a keyed store with its value, as 64 bits."""
-    return xxhash.xxh3_64_intdigest(msgpack.packb([key, value]))
-
-
 def keyed_digest(pairs: Iterable[Tuple[Any, Any]]) -> int:
-    """A keyed store's state: the sum of its pairs' digests. A sum does not depend on the
-    order the pairs come in, and the digest of the next cut is this one plus what the
-    keys changed since changed (``keyed_digest_after``): a cut costs the changed keys,
-    not the whole store."""
-    total = 0
-    for key, value in pairs:
-        total += pair_digest(key, value)
-    return total & MASK
+    """A keyed store's state: the sum of one digest per ``(key, value)`` pair. A sum does
+    not depend on the order the pairs come in, and the digest of the next cut is this one
+    plus what the keys changed since changed (``keyed_digest_after``): a cut costs the
+    changed keys, not the whole store. About 0.7 us a pair here (a C packer and XXH3
+    mapped over the pairs: a Python loop calling a function per pair cost 2.5 us)."""
+    pack = msgpack.Packer(autoreset=True).pack  # one per call: a packer is not thread-safe
+    return sum(map(xxhash.xxh3_64_intdigest, map(pack, pairs))) & MASK
 
 
-def keyed_digest_after(total: int, changes: Iterable[Tuple[Any, Any, Any]]) -> int:
+def keyed_digest_after(total: int, changes: Sequence[Tuple[Any, Any, Any]]) -> int:
     """``total`` after the changes ``(key, value before, value now)`` (``MISSING``: absent;
     ``KeyedState.changed_pairs``)."""
-    for key, was, now in changes:
-        if was is not MISSING:
-            total -= pair_digest(key, was)
-        if now is not MISSING:
-            total += pair_digest(key, now)
-    return total & MASK
+    gone = keyed_digest([(key, was) for key, was, _ in changes if was is not MISSING])
+    come = keyed_digest([(key, now) for key, _, now in changes if now is not MISSING])
+    return (total - gone + come) & MASK
 
 
 def item_digest(item: Sequence[int], rows: Any) -> int:

@@ -96,13 +96,26 @@ class KeyedState(ChangeRecords, StateTransfer):
         return bool(self._data)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if self._order is None and self._dirty is None and self._since is None:
-            # The hot path: no cached order to invalidate, no changes to record.
+        if self._order is None and self._dirty is None:
+            since = self._since
+            if since is None:
+                # The hot path: no cached order to invalidate, no changes to record.
+                try:
+                    self._data[key] = value
+                except TypeError:  # unhashable: a key with lists in it
+                    self._data[tuplify(key)] = value
+                return
+            # Changes since a cut recorded (checkpoints, digests), nothing else: the hot
+            # path of a job that takes checkpoints. A key's first change records its value
+            # at the baseline (a new key's is MISSING; the order is not cached).
+            data = self._data
             try:
-                self._data[key] = value
-            except TypeError:  # unhashable: a key with lists in it
-                self._data[tuplify(key)] = value
-            return
+                if key not in since:
+                    since[key] = data.get(key, _MISSING)
+                data[key] = value
+                return
+            except TypeError:  # unhashable: a key with lists in it; below, tuplified
+                pass
         try:
             hash(key)
         except TypeError:

@@ -44,9 +44,10 @@ def job_of(spark, tmp_path, records, **kw):
     from flux.spark.job import FluxJob
 
     flow = Dataflow([Stage("counts", key_of, (CountsWithLastSeen,))])
+    cuts = {"checkpoint": str(tmp_path / "ckpt"), "checkpoint_interval": 0.5} \
+        if "verify_interval" not in kw else {}
     return FluxJob(spark, flow, Paced(records, 5_000), nodes=2, standbys=1,
-                   checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=0.5,
-                   check_records=0, **kw)  # the deploy check would refuse it
+                   check_records=0, **cuts, **kw)  # the deploy check would refuse it
 
 
 def test_a_clock_in_the_state_stops_the_job_at_the_first_checkpoint_naming_the_operator(
@@ -83,3 +84,15 @@ def test_with_rebuild_the_job_goes_on_and_reports_each_divergence(spark, tmp_pat
     counts = job.metrics.events.counts
     assert counts.get("divergence", 0) >= 1
     assert counts.get("catch-up done", 0) >= 1  # the replica was rebuilt from its twin
+
+
+def test_without_checkpoints_verify_cuts_find_it(spark, tmp_path):
+    from flux.errors import ReplicasDiverged
+    from flux.testing.workloads import keyed_workload
+
+    job = job_of(spark, tmp_path, keyed_workload(40_000, seed=5, keys=20), verify_interval=0.5)
+    with job:
+        with pytest.raises(ReplicasDiverged, match="the state of CountsWithLastSeen") as caught:
+            job.wait(timeout=120)
+    assert caught.value.number == 1  # the first verify cut
+    assert not (tmp_path / "ckpt").exists()  # nothing written

@@ -53,6 +53,9 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
     #: without the local step; True: one part per ``send_part`` step (``has_part``),
     #: interleaved with processing, as the runtime should drive it
     bulk_per_step: bool = False
+    #: a keyed store's digest is a whole pass at every this many checkpoints (numbers),
+    #: else kept from its changed keys (flux.protocol.segment_snapshots)
+    digest_whole_every: int = 10
 
     def __init__(
         self,

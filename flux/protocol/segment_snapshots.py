@@ -70,7 +70,10 @@ class CheckpointSide:
         """The operators' states and the outputs since the last cut, digested (DESIGN 14):
         both replicas cross every cut both learn, so the controller can compare them. A
         ``KeyedState``'s digest is its last one plus its changed keys' (a whole pass the
-        first time, and after its state was installed from elsewhere)."""
+        first time, after its state was installed from elsewhere, where half its keys or
+        more changed, and at every ``digest_whole_every``-th checkpoint, in both replicas:
+        a value damaged in memory that no record changes again is seen only by a whole
+        pass)."""
         if self.outputs is None:
             return None
         outputs, since = self.outputs.crossed(n)
@@ -81,8 +84,11 @@ class CheckpointSide:
                 continue
             known = self.state_sums.get(i)
             try:
-                if known is not None and store.records_changes:
-                    self.state_sums[i] = keyed_digest_after(known, store.changed_pairs())
+                changes = store.changed_pairs() if known is not None and \
+                    store.records_changes and k % self.digest_whole_every else None
+                # a changed key costs two pairs' digests, a whole pass one per key
+                if changes is not None and 2 * len(changes) < len(store):
+                    self.state_sums[i] = keyed_digest_after(known, changes)
                 else:
                     self.state_sums[i] = keyed_digest(store.items())
             except Exception as exc:

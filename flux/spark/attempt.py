@@ -33,6 +33,7 @@ from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import PENDING, ControllerService
 from flux.runtime.ingress_feed import IngressFeed
 from flux.runtime.ingress_process import BEGIN, IngressProcess
+from flux.spark.verify_cuts import VerifyCuts
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
 from flux.runtime.transport import Transport
@@ -70,8 +71,10 @@ class JobParts:
     stopping: threading.Event
     #: set once every input's output was delivered
     finished: threading.Event
-    #: what a pair's digests that disagree do (DESIGN 14)
+    #: what a pair's digests that disagree do (DESIGN 14), and without checkpoints the
+    #: seconds between the cuts they are compared at (None: none)
     on_divergence: str = "fail"
+    verify_interval: Optional[float] = None
 
 
 class Attempt:
@@ -293,11 +296,10 @@ class Attempt:
                 self._check_finished()
 
     def _check_finished(self) -> None:
-        """Run by the egress's thread between its turns, never concurrently with one: the
-        source is exhausted and the egress's progress bound covers the last input, so no
-        output can still come (DESIGN 4.3), and every output released by the merge has
-        been delivered. (Asked from another thread, the merge could already be empty while
-        its last ``Deliver`` was still on its way to the sink.)"""
+        """Run by the egress's thread between its turns, never concurrently with one (else
+        the merge could be empty while its last ``Deliver`` is on its way to the sink): the
+        source is exhausted and the egress's bound covers the last input, so no output can
+        still come (DESIGN 4.3), and every output released by the merge was delivered."""
         feed = self.feed  # source_done is set after the last read: then ``read`` is final
         if feed is not None and feed.source_done and all(
                 e.finished(feed.read) for e in self.egresses):
@@ -315,15 +317,16 @@ class Attempt:
 
     def _feed_ingress(self, feed: IngressFeed) -> None:
         """The source's thread: read it, feed the ingress process, choose the cuts."""
-        checkpoints, stop = self.parts.checkpoints, self.stop_event
-        source = self.parts.source
-        report = source.commit_offsets if isinstance(source, OffsetReporting) else None
+        p, stop = self.parts, self.stop_event
+        report = p.source.commit_offsets if isinstance(p.source, OffsetReporting) else None
+        # the checkpoints' cuts, or without them cuts for the pairs' digests (DESIGN 14)
+        cuts = p.checkpoints or (VerifyCuts(p.verify_interval) if p.verify_interval else None)
         try:
             while not stop.is_set():
                 feed.step(5)
-                if checkpoints is not None:
-                    checkpoints.maybe_cut(feed)
-                    checkpoints.report_offsets(report)
+                if cuts is not None:
+                    cuts.maybe_cut(feed)
+                    cuts.report_offsets(report)
         finally:
             feed.process.stop()
 

@@ -141,7 +141,7 @@ class FluxJob(JobViews):
             ordered_output=tuning.ordered_output,
             writers_sink=shipped_sink(sink) if tuning.egress_on_executors else b"",
             commit_interval=tuning.commit_interval,
-            digests=opts.checkpoints.on_divergence != "off")
+            digests=opts.checkpoints.digests)
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,
@@ -185,7 +185,8 @@ class FluxJob(JobViews):
             driver_host=local_host(net.driver_host
                                    or self.spark.conf.get("spark.driver.host", "")),
             distinct_hosts=distinct, stopping=self._stopping, finished=self._finished,
-            on_divergence=self.options.checkpoints.on_divergence)
+            on_divergence=self.options.checkpoints.on_divergence,
+            verify_interval=self.options.checkpoints.verify_interval)
         self._launch(self._checkpointing.restore if self._checkpointing else None)
         self._supervisor = threading.Thread(target=self._supervise, daemon=True,
                                             name="flux-supervisor")

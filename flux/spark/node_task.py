@@ -282,7 +282,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              ordered_output=config.ordered_output,
                              pause_room=config.pause_room,
                              writers_on_nodes=bool(config.writers_sink),
-                             digests=bool(config.checkpoint) and config.digests)
+                             digests=config.digests)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     if config.restore >= 0 and machines:
         restore_operators(snapshots.store, config.restore, machines)

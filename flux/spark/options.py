@@ -72,8 +72,20 @@ class Checkpointing:
     #: ReplicasDiverged; "rebuild" rebuilds its S replica's node from the twins; "off":
     #: the replicas digest nothing
     on_divergence: str = "fail"
+    #: without checkpoints, seconds between the cuts the pairs' digests are compared at
+    #: (None: not compared)
+    verify_interval: Optional[float] = None
+
+    @property
+    def digests(self) -> bool:
+        """Do the replicas digest at the cuts: there are cuts, and the policy wants them."""
+        return self.on_divergence != "off" and (self.location is not None
+                                                or self.verify_interval is not None)
 
     def __post_init__(self) -> None:
+        if self.verify_interval is not None and not self.verify_interval > 0:
+            raise ValueError(f"verify_interval must be > 0 seconds, got "
+                             f"{self.verify_interval!r}")
         if self.on_divergence not in ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}, "
                              f"got {self.on_divergence!r}")
