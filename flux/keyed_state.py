@@ -203,6 +203,11 @@ class KeyedState(ChangeRecords, StateTransfer):
     def __iter__(self) -> Iterator[Any]:
         return iter(self.keys())
 
+    def pairs(self) -> Iterable:
+        """``(key, value)`` pairs in no particular order: what a sum over them needs
+        (``flux.digests.keyed_digest``), without the sort ``items()`` may pay."""
+        return self._data.items()
+
     def items(self) -> list:
         """``(key, value)`` pairs in key order."""
         data = self._data

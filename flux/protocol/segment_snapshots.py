@@ -90,7 +90,7 @@ class CheckpointSide:
                 if changes is not None and 2 * len(changes) < len(store):
                     self.state_sums[i] = keyed_digest_after(known, changes)
                 else:
-                    self.state_sums[i] = keyed_digest(store.items())
+                    self.state_sums[i] = keyed_digest(store.pairs())
             except Exception as exc:
                 raise OperatorError(f"the state of operator {type(op).__name__} (taken for "
                                     f"checkpoint {k})", self.addr.stage, self.addr.partition,
