@@ -70,17 +70,10 @@ def keyed_digest_after(total: int, changes: Sequence[Tuple[Any, Any, Any]]) -> i
 
 def item_digest(item: Sequence[int], rows: Any) -> int:
     """One output item (``exchange.rows.NumberedRows``) under its SN ``item``: its rows'
-    SNs and values (a columnar item's as Arrow IPC)."""
-    h = xxhash.xxh3_64()
-    h.update(msgpack.packb(list(item)))
-    h.update(rows.sns.astype("<i8").tobytes())
-    batch = rows.batch
-    if batch is None:
-        h.update(msgpack.packb(rows.records))  # records cross the wire as msgpack
-    else:
-        from exchange.columns import to_ipc
-
-        h.update(to_ipc(batch))
+    SNs and values in the item's own msgpack-safe form (``to_state``: records, or a
+    columnar item's Arrow IPC)."""
+    h = xxhash.xxh3_64(msgpack.packb(list(item)))
+    h.update(msgpack.packb(rows.to_state()))  # records cross the wire as msgpack
     return h.intdigest()
 
 
