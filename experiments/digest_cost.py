@@ -10,7 +10,11 @@ made since the cut before (``flux.digests``). Measured in one run:
    itself does at that cut: pack the same changes as a delta, or the whole state.
 2. **per output row, one process**: an output item's digest (1024 rows) as records and
    as an Arrow batch.
-3. **a job** (``--runs`` pairs on one embedded local cluster, the two orders
+3. **one partition's segments, one process**: the paper's two stages over
+   ``--segment-inputs`` packets with a cut every ``--segment-cut-every`` inputs, with
+   digests and without, alternated: CPU seconds (what the digests add to a replica's
+   work, with none of a job's noise).
+4. **a job** (``--runs`` pairs on one embedded local cluster, the two orders
    alternating): the paper's dataflow at full rate with checkpoints every
    ``--interval`` seconds, ``on_divergence="fail"`` (digests) against ``"off"`` (none);
    per pair the ratio of input rates, medians with min-max; outputs checked against
@@ -107,6 +111,48 @@ def per_row(rounds: int) -> Dict[str, Any]:
     return result
 
 
+def segments_alone(inputs: int, cut_every: int, rounds: int) -> Dict[str, Any]:
+    """The paper's two stages as one partition's segments, the items of 1024 inputs through
+    both (as ``Segment.process`` runs them, routing and buffers aside), a cut every
+    ``cut_every`` inputs crossed by both, with digests and without, alternated: the CPU the
+    digests add to a replica's work (tracking changes, outputs, the cuts' digests)."""
+    from exchange.rows import Rows
+    from flux.addresses import Addr, P
+    from flux.examples import paper_dataflow
+    from flux.protocol.builder import MachineBuilder
+    from flux.testing.workloads import packet_workload
+
+    records = packet_workload(inputs, seed=1, pairs=100_000, apps=10, sources=1_000)
+
+    def run(digests: bool) -> float:
+        builder = MachineBuilder(paper_dataflow(), 1, capacity=8, batch_size=4, digests=digests)
+        segments = [builder.segment(Addr(s, 0, P)) for s in (1, 2)]
+        cuts = 0
+        started = time.process_time()
+        for i in range(0, len(records), 1024):
+            rows = Rows.of_inputs(i + 1, records[i:i + 1024])
+            for seg in segments:  # what Segment.process does with an item, routing aside
+                out = seg._operators(rows.as_records())
+                if seg.outputs is not None and len(out):
+                    seg.outputs.add((i + 1024,), out)
+                rows = out
+            if (i + 1024) // cut_every > cuts:
+                cuts += 1
+                for seg in segments:
+                    seg.cuts.learn((cuts, i + 1024))
+                    seg.fcons.frontier = lambda n=i + 1024: (n,)
+                    seg.snapshot(keep=False)
+        return time.process_time() - started
+
+    on, off = [], []
+    for r in range(rounds):
+        for digests in ((True, False) if r % 2 == 0 else (False, True)):
+            (on if digests else off).append(run(digests))
+    return {"inputs": inputs, "cut_every_inputs": cut_every,
+            "with_s": spread(on), "without_s": spread(off),
+            "ratio_with_over_without": spread([a / b for a, b in zip(on, off)], 3)}
+
+
 def job_runs(args) -> List[Dict[str, Any]]:
     from flux.examples import paper_dataflow
     from flux.operator import wire_form
@@ -152,6 +198,10 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--runs", type=int, default=4, help="alternated pairs of job runs")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
+    ap.add_argument("--segment-inputs", type=int, default=1_200_000)
+    ap.add_argument("--segment-cut-every", type=int, default=600_000,
+                    help="inputs between cuts: the one partition holds every key, so a job's "
+                         "10 s at 60K inputs/s")
     ap.add_argument("--no-job", action="store_true")
     ap.add_argument("--out", default="results/digest_cost")
     args = ap.parse_args(argv)
@@ -159,7 +209,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     summary: Dict[str, Any] = {
         "per_cut": per_cut(args.keys, [float(x) for x in args.changed.split(",")], args.rounds),
-        "per_row": per_row(args.rounds)}
+        "per_row": per_row(args.rounds),
+        "segments": segments_alone(args.segment_inputs, args.segment_cut_every, args.rounds)}
     print(json.dumps(summary, indent=2), flush=True)
     ok = True
     if not args.no_job:

@@ -163,8 +163,9 @@ def test_a_replicas_keyed_digests_across_cuts_equal_a_fresh_whole_pass():
 
     builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
     seg = builder.segment(Addr(1, 0, P))
+    seg._operators(Rows.of_inputs(100, [(f"k{j}", 0) for j in range(40)]))
     for i in range(6):
-        rows = Rows.of_inputs(1 + 4 * i, [(f"k{(5 * i + j) % 7}", j) for j in range(4)])
+        rows = Rows.of_inputs(1 + 4 * i, [(f"k{(5 * i + j) % 37}", j) for j in range(4)])
         seg._operators(rows)
         seg.cuts.learn((i + 1, 4 * i + 4))
         seg.fcons.frontier = lambda n=4 * i + 4: (n,)
@@ -175,3 +176,24 @@ def test_a_replicas_keyed_digests_across_cuts_equal_a_fresh_whole_pass():
         twin.fcons.frontier = lambda n=4 * i + 4: (n,)
         assert twin.snapshot(keep=False)[0].digest.states == mine.states
     assert seg._stores()[0].records_changes  # kept from the changes, not passed over
+
+
+def test_a_store_most_of_whose_keys_change_between_cuts_records_no_changes_for_a_while():
+    """Recording costs every write; where most keys change anyway, a whole pass is
+    cheaper: the store records none for ``digest_hot_skip`` cuts, then tries again."""
+    from flux.protocol.builder import MachineBuilder
+    from flux.testing.dataflows import counting_dataflow
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4)
+    seg = builder.segment(Addr(1, 0, P))
+    store = seg._stores()[0]
+    recorded = []
+    for i in range(8):
+        seg._operators(Rows.of_inputs(1 + 4 * i, [(f"k{j}", i) for j in range(4)]))
+        seg.cuts.learn((i + 1, 4 * i + 4))
+        seg.fcons.frontier = lambda n=4 * i + 4: (n,)
+        digest = seg.snapshot(keep=False)[0].digest
+        assert digest.states == (keyed_digest(store.pairs()),)
+        recorded.append(store.records_changes)
+    # cut 1: a whole pass (first), then records; cut 2: every key changed: none for 4 cuts
+    assert recorded == [True, False, False, False, False, True, False, False]

@@ -56,6 +56,9 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
     #: a keyed store's digest is a whole pass at every this many checkpoints (numbers),
     #: else kept from its changed keys (flux.protocol.segment_snapshots)
     digest_whole_every: int = 10
+    #: cuts a keyed store records no changes for its digest after most of its keys
+    #: changed between two cuts (flux.protocol.segment_snapshots)
+    digest_hot_skip: int = 4
 
     def __init__(
         self,
@@ -102,8 +105,10 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         #: the outputs made since the last cut crossed, digested for the comparison with
         #: the twin's at the next (DESIGN 14); None: this segment does not digest
         self.outputs: Optional[OutputDigest] = OutputDigest() if digests else None
-        #: operator index -> its keyed store's digest at the last cut (flux.digests)
+        #: operator index -> its keyed store's digest at the last cut (flux.digests), and
+        #: how many cuts to go without recording its changes (a store mostly rewritten)
         self.state_sums: dict = {}
+        self.untracked: dict = {}
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""

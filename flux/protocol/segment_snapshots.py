@@ -91,6 +91,8 @@ class CheckpointSide:
                     self.state_sums[i] = keyed_digest_after(known, changes)
                 else:
                     self.state_sums[i] = keyed_digest(store.pairs())
+                    if changes is not None:  # most keys change between cuts: record none
+                        self.untracked[i] = self.digest_hot_skip
             except Exception as exc:
                 raise OperatorError(f"the state of operator {type(op).__name__} (taken for "
                                     f"checkpoint {k})", self.addr.stage, self.addr.partition,
@@ -99,11 +101,23 @@ class CheckpointSide:
         return Digest(k, n, tuple(states), outputs, since)
 
     def _digest_baseline(self, stores: list) -> None:
-        """This cut is the baseline of the next one's keyed digests."""
-        if self.outputs is not None:
-            for store in stores:
-                if isinstance(store, KeyedState):
-                    store.start_changes()
+        """This cut is the baseline of the next one's keyed digests: a store records its
+        changes from here, unless most of its keys changed since the last cut (a whole
+        pass is cheaper, and recording costs every write): then it records none for the
+        next ``digest_hot_skip`` cuts, and tries again. A delta snapshot to come needs the
+        changes: they are recorded then whatever the digests want."""
+        if self.outputs is None:
+            return
+        delta_next = self.chain_base is not None and self.full_every > 1
+        for i, store in enumerate(stores):
+            if not isinstance(store, KeyedState):
+                continue
+            skip = self.untracked.get(i, 0)
+            if skip and not delta_next:
+                self.untracked[i] = skip - 1
+                store.stop_changes()
+            else:
+                store.start_changes()
 
     def _changes(self, stores: list, keyed: List[int]) -> list:
         """A delta's part: each keyed store's net changes since the last snapshot."""

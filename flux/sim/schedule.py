@@ -268,8 +268,10 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     )
     # a keyed digest's whole pass at every 1st to 4th checkpoint, else kept from the
     # changed keys (DESIGN 14): drawn from a stream of its own
-    config.segment_settings.setdefault("digest_whole_every",
-                                       random.Random(f"whole {seed}").randint(1, 4))
+    whole = random.Random(f"whole {seed}")
+    config.segment_settings.setdefault("digest_whole_every", whole.randint(1, 4))
+    # and a store rewritten between cuts records no changes for 0 to 3 cuts
+    config.segment_settings.setdefault("digest_hot_skip", whole.randint(0, 3))
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
                   fault_rng=random.Random(f"faults {seed}"),
                   corrupt_rng=random.Random(f"corrupt {seed}"))

@@ -52,7 +52,8 @@ class ThreadCluster:
                                                 segment_class=StreamedSegment,
                                                 batch_rows=batch_rows,
                                                 ordered_output=ordered_output and not writers,
-                                                writers_on_nodes=writers)
+                                                writers_on_nodes=writers,
+                                                digests=False)  # no cuts: nothing compared
         placement = placement_for(replication, len(dataflow.stages), partitions)
         egresses = builder.egresses()
         self.topology = topology = Topology.numbered(placement, len(dataflow.stages), partitions,
