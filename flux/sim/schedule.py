@@ -20,7 +20,8 @@ from flux.protocol.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.sim.ingresses import SKEWS, EpochPlan
-from flux.sim.variants import DivergenceDraw, HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS, WORLD_VARIANTS
+from flux.sim.variants import (DivergenceDraw, HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS,
+                               WORLD_VARIANTS)
 from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
 from flux.state_codec import unpack_state
 from controller.topology import node_name
