@@ -23,12 +23,14 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import msgpack
 import xxhash
 
 from flux.keys import MISSING
+from flux.state_codec import SLICE
 
 MASK = (1 << 64) - 1
 
@@ -56,9 +58,16 @@ def keyed_digest(pairs: Iterable[Tuple[Any, Any]]) -> int:
     not depend on the order the pairs come in, and the digest of the next cut is this one
     plus what the keys changed since changed (``keyed_digest_after``): a cut costs the
     changed keys, not the whole store. About 0.7 us a pair here (a C packer and XXH3
-    mapped over the pairs: a Python loop calling a function per pair cost 2.5 us)."""
+    mapped over the pairs: a Python loop calling a function per pair cost 2.5 us), in
+    slices of ``SLICE`` pairs: one C loop over a million pairs would hold the GIL for
+    most of a second, and the node's heartbeats with it (``flux.state_codec``)."""
     pack = msgpack.Packer(autoreset=True).pack  # one per call: a packer is not thread-safe
-    return sum(map(xxhash.xxh3_64_intdigest, map(pack, pairs))) & MASK
+    total, pairs = 0, iter(pairs)
+    while True:
+        part = list(islice(pairs, SLICE))  # between two slices, other threads run
+        if not part:
+            return total & MASK
+        total += sum(map(xxhash.xxh3_64_intdigest, map(pack, part)))
 
 
 def keyed_digest_after(total: int, changes: Sequence[Tuple[Any, Any, Any]]) -> int:

@@ -5,6 +5,8 @@ compares reports, and two segments fed the same items agreeing at a cut while a 
 that skipped a record does not."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -197,3 +199,33 @@ def test_a_store_most_of_whose_keys_change_between_cuts_records_no_changes_for_a
         recorded.append(store.records_changes)
     # cut 1: a whole pass (first), then records; cut 2: every key changed: none for 4 cuts
     assert recorded == [True, False, False, False, False, True, False, False]
+
+
+def test_a_whole_pass_lets_the_nodes_other_threads_run_between_its_slices():
+    """One C loop over every pair would hold the GIL for the whole pass, and a node's
+    heartbeat thread with it: long enough, on a big store, for a false detection."""
+    import threading
+
+    state = KeyedState()
+    for i in range(100 * 2048):
+        state[("k", i)] = [i, "v"]
+    turns, done = [], threading.Event()
+
+    def other_thread():
+        while not done.is_set():
+            turns.append(1)
+            time.sleep(0)  # give the GIL back at once
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        for _ in range(3):
+            before = len(turns)
+            keyed_digest(state.pairs())
+            if len(turns) - before >= 5:  # it ran between the slices
+                break
+        else:
+            pytest.fail("no other thread ran during three whole passes of 100 slices")
+    finally:
+        done.set()
+        thread.join(timeout=10)
