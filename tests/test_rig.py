@@ -110,7 +110,11 @@ def test_a_host_cut_off_silently_is_masked_and_fenced_when_it_comes_back(rig):
     # cut node's retry, importing and building its operators on a loaded machine) may be
     # silent for the 0.5 s of a detection once: it holds no replica, nothing is lost
     assert all(d.startswith("standby") for d in detected[1:]), detected
-    assert [d for _, what, d in events if what == "zombie told to stop"][:1] == ["node1"]
+    # node1 is told to stop when it speaks again; a standby detected falsely (above) may
+    # be told so too, even before it: only those two kinds
+    zombies = [d for _, what, d in events if what == "zombie told to stop"]
+    assert "node1" in zombies and all(d == "node1" or d.startswith("standby")
+                                      for d in zombies), zombies
     assert not any(h.cut for h in rig.hosts)
 
 
