@@ -14,7 +14,7 @@ Pure (DESIGN 3): the runtime and the simulator feed it reports and act on what i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from flux.addresses import Addr
 from flux.digests import Digest
@@ -50,40 +50,63 @@ class Divergence:
                 f"memory was damaged")
 
 
+class CutPairs:
+    """Reports of each partition's two replicas per cut, waiting for each other: a
+    replica's newer report of a cut (its successor's) replaces the older; after a restart
+    a checkpoint's number may come again with another cut, so a cut is ``(number, cut)``;
+    a report whose twin never comes (it died) is forgotten once ``window`` newer cuts of
+    its partition wait, so nothing grows."""
+
+    def __init__(self, window: int):
+        self.window = window
+        #: (stage, partition) -> cut -> replica -> its report
+        self._waiting: Dict[Tuple[int, int], Dict[Tuple[int, int], Dict[int, Any]]] = {}
+
+    def pair(self, addr: Addr, cut: Tuple[int, int], report: Any) -> Optional[Tuple[Any, Any]]:
+        """Replica ``addr`` reported ``report`` at ``cut``: ``(its report, its twin's)``
+        once both are in, else None."""
+        cuts = self._waiting.setdefault((addr.stage, addr.partition), {})
+        pair = cuts.setdefault(cut, {})
+        pair[addr.replica] = report
+        if len(pair) < 2:
+            while len(cuts) > self.window:
+                del cuts[min(cuts)]
+            return None
+        del cuts[cut]
+        return report, pair[1 - addr.replica]
+
+    def waiting(self) -> int:
+        return sum(len(cuts) for cuts in self._waiting.values())
+
+
 class DivergenceMonitor:
     """The reports of each partition's replicas, paired per cut and compared."""
 
     def __init__(self, window: int = 16):
-        self.window = window
-        #: (stage, partition) -> (checkpoint, cut) -> replica -> its digest, waiting for the
-        #: twin (after a restart a checkpoint's number may come again with another cut)
-        self._waiting: Dict[Tuple[int, int], Dict[Tuple[int, int], Dict[int, Digest]]] = {}
+        self.pairs = CutPairs(window)
         #: pairs compared, and how many disagreed
         self.compared = 0
         self.diverged = 0
 
+    @property
+    def window(self) -> int:
+        return self.pairs.window
+
     def report(self, addr: Addr, digest: Digest) -> Optional[Divergence]:
         """Replica ``addr`` crossed a cut with ``digest``: the divergence its twin's
-        report of the same cut shows, or None (equal, or the twin's not in yet). A
-        replica's newer report of the same cut (its successor's) replaces the older."""
-        cuts = self._waiting.setdefault((addr.stage, addr.partition), {})
-        key = (digest.number, digest.cut)
-        pair = cuts.setdefault(key, {})
-        pair[addr.replica] = digest
-        if len(pair) < 2:
-            while len(cuts) > self.window:  # a twin that never reports: forget the oldest
-                del cuts[min(cuts)]
+        report of the same cut shows, or None (equal, or the twin's not in yet)."""
+        both = self.pairs.pair(addr, (digest.number, digest.cut), digest)
+        if both is None:
             return None
-        del cuts[key]
         self.compared += 1
-        found = compare(addr.stage, addr.partition, *pair.values())
+        found = compare(addr.stage, addr.partition, *both)
         if found is not None:
             self.diverged += 1
         return found
 
     def waiting(self) -> int:
         """Reports waiting for their twin's (bounded by ``window`` per partition)."""
-        return sum(len(cuts) for cuts in self._waiting.values())
+        return self.pairs.waiting()
 
 
 def compare(stage: int, partition: int, a: Digest, b: Digest) -> Optional[Divergence]:

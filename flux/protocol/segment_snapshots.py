@@ -41,8 +41,8 @@ class CheckpointSide:
             raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
         k, n = due
         self.cuts.crossed(k)
-        digest = self._digest(k, n)
         stores = self._stores()
+        digest = self._digest(k, n, stores)
         keyed = [i for i, store in enumerate(stores) if store is not None]
         if not keep:
             self.snapshot_lost()
@@ -66,7 +66,7 @@ class CheckpointSide:
         self._digest_baseline(stores)
         return [Snapshot(k, n, self.addr, data, base if incremental else None, digest)]
 
-    def _digest(self, k: int, n: int) -> Optional[Digest]:
+    def _digest(self, k: int, n: int, stores: list) -> Optional[Digest]:
         """The operators' states and the outputs since the last cut, digested (DESIGN 14):
         both replicas cross every cut both learn, so the controller can compare them. A
         ``KeyedState``'s digest is its last one plus its changed keys' (a whole pass the
@@ -78,7 +78,7 @@ class CheckpointSide:
             return None
         outputs, since = self.outputs.crossed(n)
         states = []
-        for i, (op, store) in enumerate(zip(self.chain.operators, self._stores())):
+        for i, (op, store) in enumerate(zip(self.chain.operators, stores)):
             if not isinstance(store, KeyedState):
                 states.append(bytes_digest(self._packed(op.get_state, f"checkpoint {k}", (n,))))
                 continue

@@ -13,10 +13,9 @@ parts). A divergence found in a run that has a nondeterministic operator stops t
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
-from controller.divergence import DivergenceMonitor, Divergence
-from flux.addresses import Addr
+from controller.divergence import CutPairs, DivergenceMonitor, Divergence
 from flux.effects import Snapshot
 from flux.operator import wire_form
 from flux.sim.oracle import Violation
@@ -35,8 +34,8 @@ class SimDivergence:
 
     def reset(self) -> None:
         self.monitor = DivergenceMonitor()
-        #: (stage, partition) -> (checkpoint, cut) -> replica -> its operators' states
-        self._truth: Dict[Tuple[int, int], Dict[Tuple[int, int], Dict[int, Any]]] = {}
+        #: each replica's operators' states at a cut, paired with its twin's
+        self._truth = CutPairs(self.monitor.window)
 
     def snapshot(self, e: Snapshot, segment: Any) -> Optional[Divergence]:
         """Replica ``e.addr`` (``segment``) crossed a cut: what the monitor finds, judged
@@ -44,7 +43,8 @@ class SimDivergence:
         alarm."""
         if e.digest is None:
             return None
-        truth = self._pair(e.addr, (e.number, e.cut), wire_form(segment.chain.get_state()))
+        # the states, paired as the monitor pairs digests
+        truth = self._truth.pair(e.addr, (e.number, e.cut), wire_form(segment.chain.get_state()))
         found = self.monitor.report(e.addr, e.digest)
         if truth is None:
             if found is not None:
@@ -63,17 +63,3 @@ class SimDivergence:
             raise Violation(f"false alarm: {found.describe()} ({found}); the states "
                             f"{'differ' if differ else 'are equal'}")
         return found
-
-    def _pair(self, addr: Addr, cut: Tuple[int, int], states: Any):
-        """The two replicas' states at ``cut`` once both reported (this one's first), or
-        None; kept as the monitor keeps digests (the newest report of a replica wins, at
-        most its window of cuts waits)."""
-        cuts = self._truth.setdefault((addr.stage, addr.partition), {})
-        pair = cuts.setdefault(cut, {})
-        pair[addr.replica] = states
-        if len(pair) < 2:
-            while len(cuts) > self.monitor.window:
-                del cuts[min(cuts)]
-            return None
-        del cuts[cut]
-        return states, pair[1 - addr.replica]

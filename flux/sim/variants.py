@@ -261,8 +261,8 @@ class SegmentDivergingUndigested(SegmentDivergingOnce):
     differs is found only where those outputs show it. The oracle, which compares the
     states themselves, must report the divergences missed."""
 
-    def _digest(self, k: int, n: int):
-        digest = super()._digest(k, n)
+    def _digest(self, k: int, n: int, stores: list):
+        digest = super()._digest(k, n, stores)
         return None if digest is None else replace(digest, states=(0,) * len(digest.states))
 
 
