@@ -15,6 +15,8 @@ class Placement:
 
     #: a lost replica is rebuilt on a standby, one segment at a time (3.3)
     rebuilds = True
+    #: how the machines are wired (``MachineBuilder``'s ``replication``)
+    replication = "flux"
 
     def failure_group(self, node: int) -> List[int]:
         """The nodes that fail when ``node`` fails: just itself, for partition pairs."""
@@ -86,7 +88,9 @@ class ClusterPairs(Placement):
 
     #: rebuilding a set needs a consistent snapshot of the whole surviving set (pause
     #: the ingress, drain every stage, snapshot every segment: DESIGN 7); not built
+    #: (docs/design/cluster_pairs_rebuild.md: why Flux's catch-up cannot do it)
     rebuilds = False
+    replication = "cluster-pairs"
 
     def replica_set(self, node: int) -> int:
         """P (0) for the first half of the nodes, S (1) for the second."""
@@ -99,6 +103,8 @@ class ClusterPairs(Placement):
 
 class Unreplicated(Placement):
     """Replication "none" (DESIGN 7): node k holds the only replica (P) of partition k."""
+
+    replication = "none"
 
     def __init__(self, stages: int, partitions: int):
         super().__init__({k: [Addr(s, k, P) for s in range(1, stages + 1)]

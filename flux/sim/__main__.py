@@ -33,6 +33,7 @@ from flux.sim.schedule import (
     DIVERGED,
     UNDEFINED,
     PAIR_LOST,
+    PLACEMENTS,
     VIOLATION,
     SimParams,
     format_trace,
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dataflow", choices=list(DATAFLOWS), default="counter")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="none",
                     help="run a deliberately broken protocol variant")
-    ap.add_argument("--placement", choices=["chained", "single"], default="chained")
+    ap.add_argument("--placement", choices=sorted(PLACEMENTS), default="chained")
     ap.add_argument("--cuts", type=int, default=0,
                     help="cut every link of a live host this many times (it heals; crashes "
                          "are then silent half of the time)")

@@ -14,7 +14,7 @@ from functools import partial
 from itertools import accumulate
 from typing import Any, List, Optional, Tuple
 
-from controller.placement import ChainedDeclustering, OneSegmentPerNode
+from controller.placement import ChainedDeclustering, ClusterPairs, OneSegmentPerNode
 from flux.data_messages import Batch
 from flux.protocol.host import Host
 from flux.operator import wire_form
@@ -59,6 +59,15 @@ DIVERGED = "diverged"
 #: deterministic operators (DESIGN 4.1), so its machines may fail in any way once the
 #: replicas differ; not a violation of the protocol
 UNDEFINED = "nondeterminism-raised"
+
+#: where the replicas live: Flux's chained declustering, one segment per node, or the
+#: paper's cluster pairs (4.2: a whole replica set per half of the nodes, plain
+#: exchanges inside a set, a lost set rebuilt from the other)
+PLACEMENTS = {
+    "chained": ChainedDeclustering,
+    "single": OneSegmentPerNode,
+    "cluster-pairs": lambda stages, partitions: ClusterPairs(stages, partitions, partitions),
+}
 
 
 @dataclass(frozen=True)
@@ -127,8 +136,8 @@ class SimParams:
             raise ValueError(f"unknown dataflow {self.dataflow!r}; one of {', '.join(DATAFLOWS)}")
         if any(t not in TRIGGERS for t in self.triggers):
             raise ValueError(f"crash triggers must be among {TRIGGERS}, got {self.triggers}")
-        if self.placement not in ("chained", "single"):
-            raise ValueError(f"unknown placement {self.placement!r}; one of chained, single")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.placement!r}; one of {', '.join(PLACEMENTS)}")
         if self.cuts < 0 or self.false_suspicions < 0:
             raise ValueError(f"--cuts and --false-suspicions must be >= 0, got {self.cuts} "
                              f"and {self.false_suspicions}")
@@ -218,8 +227,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         inputs, numbers = plan.inputs, plan.numbers
     reference, outputs_upto, states_after, states, parts = reference_run(dataflow, inputs,
                                                                          params, numbers)
-    placement = (ChainedDeclustering if params.placement == "chained" else OneSegmentPerNode)(
-        params.stages, params.partitions)
+    placement = PLACEMENTS[params.placement](params.stages, params.partitions)
     config = WorldConfig(
         capacity=rng.randint(1, 6),
         ingress_capacity=rng.randint(1, 6),

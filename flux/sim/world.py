@@ -114,7 +114,8 @@ class World:
                                       ordered_output=config.ordered_output,
                                       writers_on_nodes=config.writers_on_nodes,
                                       ingresses=config.epochs.ingresses
-                                      if config.epochs else 1)
+                                      if config.epochs else 1,
+                                      replication=placement.replication)
         #: several ingresses' steps (None: one ingress, reading ``inputs`` in order)
         self.epochs = SimIngresses(config.epochs, config.log_epochs, config.epoch_skew) \
             if config.epochs else None
