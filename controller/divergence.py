@@ -13,11 +13,16 @@ Pure (DESIGN 3): the runtime and the simulator feed it reports and act on what i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from flux.addresses import Addr
-from flux.digests import Digest
+from flux.digests import Digest, first_differing_key
+from flux.keys import MISSING
+
+
+#: at most this many groups of a keyed digest are asked for (of ``flux.digests.GROUPS``)
+PROBED_GROUPS = 16
 
 
 @dataclass(frozen=True)
@@ -32,19 +37,27 @@ class Divergence:
     cut: int
     operators: Tuple[int, ...]
     outputs: bool
+    #: per differing keyed operator, ``(index, the groups of its digest that differ)``:
+    #: where to look for the keys that differ (``flux.digests.KeyedSums``)
+    groups: Tuple[Tuple[int, Tuple[int, ...]], ...] = ()
+    #: ``(operator index, key)``: a key whose values differ, the first in key order of
+    #: the groups asked for (``probe_request``) of both replicas after the comparison;
+    #: None: not known
+    key: Optional[Tuple[int, Any]] = None
 
     def describe(self, names: Optional[Sequence[str]] = None) -> str:
         """One line for a log or an error; ``names``: the stage's operators' names."""
+        name = lambda i: names[i] if names and i < len(names) else f"operator {i}"  # noqa: E731
         what = []
         if self.operators:
-            ops = [names[i] if names and i < len(names) else f"operator {i}"
-                   for i in self.operators]
-            what.append("the state of " + ", ".join(ops))
+            what.append("the state of " + ", ".join(name(i) for i in self.operators))
         if self.outputs:
             what.append("the outputs since the cut before")
+        first = "" if self.key is None else \
+            f" (a key whose value differs: {self.key[1]!r:.120} in {name(self.key[0])})"
         return (f"the replicas of stage {self.stage} partition {self.partition} disagree "
                 f"at checkpoint {self.number} (cut {self.cut}): {' and '.join(what)} "
-                f"differ; an operator of this stage is not deterministic (it iterates a set "
+                f"differ{first}; an operator of this stage is not deterministic (it iterates a set "
                 f"or a dict of strings, reads the clock or draws random numbers), changed a "
                 f"value of its KeyedState in place instead of replacing it, or a replica's "
                 f"memory was damaged")
@@ -119,4 +132,35 @@ def compare(stage: int, partition: int, a: Digest, b: Digest) -> Optional[Diverg
                and a.outputs != b.outputs)
     if not operators and not outputs:
         return None
-    return Divergence(stage, partition, a.number, a.cut, operators, outputs)
+    return Divergence(stage, partition, a.number, a.cut, operators, outputs,
+                      differing_groups(operators, a, b))
+
+
+def differing_groups(operators: Sequence[int], a: Digest, b: Digest
+                     ) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
+    """For each of ``operators`` both digests keep in groups, the groups that differ."""
+    found = []
+    for i in operators:
+        x = a.groups[i] if i < len(a.groups) else None
+        y = b.groups[i] if i < len(b.groups) else None
+        if x is not None and y is not None and len(x) == len(y):
+            found.append((i, tuple(g for g, (u, v) in enumerate(zip(x, y)) if u != v)))
+    return tuple(found)
+
+
+def probe_request(found: Divergence) -> Tuple[int, Tuple[int, ...]]:
+    """What both replicas are asked for: the first keyed operator that differs, and up to
+    ``PROBED_GROUPS`` of its groups that differ (a store that differs everywhere would
+    otherwise send all its pairs)."""
+    operator, groups = found.groups[0]
+    return operator, groups[:PROBED_GROUPS]
+
+
+def name_first_key(found: Divergence, mine: Optional[Sequence], twins: Optional[Sequence],
+                   operator: int) -> Divergence:
+    """``found`` with the first key that differs in ``operator``, from both replicas'
+    ``probe_keys`` answers (unchanged if either could not answer)."""
+    if mine is None or twins is None:
+        return found
+    key = first_differing_key(mine, twins)
+    return found if key is MISSING else replace(found, key=(operator, key))

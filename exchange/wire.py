@@ -31,7 +31,8 @@ import numpy as np
 
 from exchange.rows import NumberedRows, Rows
 from flux.addresses import Addr, MoverAddr, ProcAddr
-from flux.digests import Digest
+from flux.digests import GROUPS, Digest
+from flux.keys import tuplify
 from flux.control_messages import (
     Avail,
     CatchUpPaused,
@@ -46,6 +47,8 @@ from flux.control_messages import (
     SegmentStats,
     SnapshotWritten,
     CutDigest,
+    ProbedKeys,
+    ProbeKeys,
     StateMoved,
     Stop,
     Stopping,
@@ -181,6 +184,21 @@ def _view(number, failed, failed_incs, avail, writers) -> View:
                 frozenset(_int(i, "failed inc") for i in _list(failed_incs, "failed incs")),
                 tuple(_avail(a) for a in _list(avail, "avail")),
                 tuple(_writer_move(w) for w in _list(writers, "writers")))
+
+
+def _digest_groups(v) -> tuple:
+    groups = _list(v, "digest groups")
+    if len(groups) != GROUPS:
+        _bad("digest groups", v)
+    return tuple(_int(x, "group digest") for x in groups)
+
+
+def _probed_pair(v) -> tuple:
+    """``[key, pair digest]``: the key any msgpack value (as a checkpoint holds it)."""
+    pair = _list(v, "probed pair")
+    if len(pair) != 2:
+        _bad("probed pair", v)
+    return tuplify(pair[0]), _int(pair[1], "pair digest")  # a key's tuples came as lists
 
 
 def _opt_int(v, what: str):
@@ -438,11 +456,24 @@ CODECS: Dict[str, _Codec] = {
             tuple(_str(x, "digest") for x in _list(d, "digests"))))),
     "cut_digest": (
         CutDigest, lambda m: [list(m.addr), m.digest.number, m.digest.cut, list(m.digest.states),
-                              m.digest.outputs, m.digest.since],
-        _arity(6, lambda a, k, n, st, o, s: CutDigest(_addr(a, "addr"), Digest(
+                              m.digest.outputs, m.digest.since,
+                              [None if g is None else list(g) for g in m.digest.groups]],
+        _arity(7, lambda a, k, n, st, o, s, g: CutDigest(_addr(a, "addr"), Digest(
             _int(k, "checkpoint"), _int(n, "cut"),
             tuple(_int(x, "state digest") for x in _list(st, "state digests")),
-            None if o is None else _int(o, "outputs digest"), _int(s, "since"))))),
+            None if o is None else _int(o, "outputs digest"), _int(s, "since"),
+            tuple(None if x is None else _digest_groups(x) for x in _list(g, "groups")))))),
+    "probe_keys": (
+        ProbeKeys, lambda m: [list(m.addr), m.number, m.cut, m.operator, list(m.groups)],
+        _arity(5, lambda a, k, n, o, g: ProbeKeys(
+            _addr(a, "addr"), _int(k, "checkpoint"), _int(n, "cut"), _int(o, "operator"),
+            tuple(_int(x, "group") for x in _list(g, "groups"))))),
+    "probed_keys": (
+        ProbedKeys, lambda m: [list(m.addr), m.number, m.cut, m.operator,
+                               None if m.pairs is None else [list(p) for p in m.pairs]],
+        _arity(5, lambda a, k, n, o, p: ProbedKeys(
+            _addr(a, "addr"), _int(k, "checkpoint"), _int(n, "cut"), _int(o, "operator"),
+            None if p is None else tuple(_probed_pair(x) for x in _list(p, "pairs"))))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address, m.host, m.executor, m.boot],

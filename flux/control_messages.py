@@ -107,6 +107,31 @@ class CutDigest:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeKeys:
+    """The controller asks a node: replica ``addr``'s pairs of operator ``operator`` in
+    ``groups`` of its digest, as they were at the cut ``(number, cut)`` where its twin's
+    digest differed (DESIGN 14: to name the first key that differs)."""
+
+    addr: Addr
+    number: int
+    cut: int
+    operator: int
+    groups: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedKeys:
+    """A node answers ``ProbeKeys``: ``pairs`` (``[key, pair digest]``, ``flux.digests``)
+    or None when the replica cannot say its state at that cut any more."""
+
+    addr: Addr
+    number: int
+    cut: int
+    operator: int
+    pairs: Optional[tuple]
+
+
+@dataclass(frozen=True, slots=True)
 class StateMoved:
     """A node tells the controller (for metrics): ``addr``'s state, ``nbytes`` long, moved
     in ``seconds`` from both movers being ready to its installation (the pause and

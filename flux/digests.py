@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import msgpack
 import xxhash
 
-from flux.keys import MISSING
+from flux.keys import MISSING, sorted_keys, tuplify
 from flux.state_codec import SLICE
 
 MASK = (1 << 64) - 1
@@ -46,6 +46,8 @@ class Digest:
     states: Tuple[int, ...]
     outputs: Optional[int]
     since: int
+    #: per operator: a keyed store's ``GROUPS`` sums (``KeyedSums``), else None
+    groups: Tuple[Optional[Tuple[int, ...]], ...] = ()
 
 
 def bytes_digest(data: bytes) -> int:
@@ -53,29 +55,100 @@ def bytes_digest(data: bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+#: a keyed store's digest is kept as this many sums, each of the pairs whose digest's top
+#: bits say so: when two replicas' stores differ, the sums that differ say where to look,
+#: and only the pairs of those groups are asked for to name the first differing key
+GROUPS = 256
+_GROUP_SHIFT = 64 - 8
+
+
+class KeyedSums:
+    """A keyed store's digest as ``GROUPS`` sums of its pairs' digests (wrapping at 2^64):
+    their total is ``keyed_digest``'s; the digest of the next cut is these plus what its
+    changed keys changed (``after``)."""
+
+    __slots__ = ("sums",)
+
+    def __init__(self, sums: Optional[List[int]] = None):
+        self.sums = [0] * GROUPS if sums is None else sums
+
+    @classmethod
+    def of(cls, pairs: Iterable[Tuple[Any, Any]]) -> "KeyedSums":
+        """A whole pass: about 0.8 us a pair here, in slices of ``SLICE`` pairs (one C loop
+        over a million pairs would hold the GIL for most of a second, and the node's
+        heartbeats with it, ``flux.state_codec``; numpy's ``add.at`` held it 100 ms and
+        more over 300K pairs, a Python loop over a slice's digests lets threads turn)."""
+        sums = cls()
+        pairs = iter(pairs)
+        while True:
+            part = list(islice(pairs, SLICE))  # between two slices, other threads run
+            if not part:
+                return sums
+            sums._add(_pair_hashes(part))
+
+    def after(self, changes: Sequence[Tuple[Any, Any, Any]]) -> "KeyedSums":
+        """These sums after the changes ``(key, value before, value now)`` (``MISSING``:
+        absent; ``KeyedState.changed_pairs``)."""
+        sums = KeyedSums(list(self.sums))
+        sums._add(_pair_hashes([(k, was) for k, was, _ in changes if was is not MISSING]), -1)
+        sums._add(_pair_hashes([(k, now) for k, _, now in changes if now is not MISSING]))
+        return sums
+
+    def _add(self, hashes: List[int], sign: int = 1) -> None:
+        sums = self.sums
+        for h in hashes:
+            sums[h >> _GROUP_SHIFT] += sign * h
+        # (wrapped at 2^64 when read: Python's ints do not overflow meanwhile)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sums) & MASK
+
+    def groups(self) -> Tuple[int, ...]:
+        return tuple(x & MASK for x in self.sums)
+
+
+def _pair_hashes(pairs: list) -> List[int]:
+    pack = msgpack.Packer(autoreset=True).pack  # one per call: a packer is not thread-safe
+    return list(map(xxhash.xxh3_64_intdigest, map(pack, pairs)))
+
+
+def group_pairs(pairs: Iterable[Tuple[Any, Any]], groups: Iterable[int]) -> list:
+    """``[key, pair digest]`` of each pair whose digest is in one of ``groups``: what a
+    replica answers when asked where its store differs from its twin's."""
+    wanted = frozenset(groups)
+    found, pairs = [], iter(pairs)
+    while True:
+        part = list(islice(pairs, SLICE))
+        if not part:
+            return found
+        found.extend([pair[0], h] for pair, h in zip(part, _pair_hashes(part))
+                     if h >> _GROUP_SHIFT in wanted)
+
+
+def first_differing_key(mine: Sequence, twins: Sequence) -> Any:
+    """The first key, in key order, whose pair digests differ between two replicas'
+    ``group_pairs`` answers (held by one only, or with another value), or MISSING."""
+    a = {tuplify(k): h for k, h in mine}
+    b = {tuplify(k): h for k, h in twins}
+    differ = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
+    return sorted_keys(differ)[0] if differ else MISSING
+
+
 def keyed_digest(pairs: Iterable[Tuple[Any, Any]]) -> int:
     """A keyed store's state: the sum of one digest per ``(key, value)`` pair. A sum does
     not depend on the order the pairs come in, and the digest of the next cut is this one
-    plus what the keys changed since changed (``keyed_digest_after``): a cut costs the
-    changed keys, not the whole store. About 0.7 us a pair here (a C packer and XXH3
-    mapped over the pairs: a Python loop calling a function per pair cost 2.5 us), in
-    slices of ``SLICE`` pairs: one C loop over a million pairs would hold the GIL for
-    most of a second, and the node's heartbeats with it (``flux.state_codec``)."""
-    pack = msgpack.Packer(autoreset=True).pack  # one per call: a packer is not thread-safe
-    total, pairs = 0, iter(pairs)
-    while True:
-        part = list(islice(pairs, SLICE))  # between two slices, other threads run
-        if not part:
-            return total & MASK
-        total += sum(map(xxhash.xxh3_64_intdigest, map(pack, part)))
+    plus what the keys changed since changed: a cut costs the changed keys, not the whole
+    store (``KeyedSums``, which keeps it in groups)."""
+    return KeyedSums.of(pairs).total
 
 
 def keyed_digest_after(total: int, changes: Sequence[Tuple[Any, Any, Any]]) -> int:
     """``total`` after the changes ``(key, value before, value now)`` (``MISSING``: absent;
     ``KeyedState.changed_pairs``)."""
-    gone = keyed_digest([(key, was) for key, was, _ in changes if was is not MISSING])
-    come = keyed_digest([(key, now) for key, _, now in changes if now is not MISSING])
-    return (total - gone + come) & MASK
+    gone = _pair_hashes([(key, was) for key, was, _ in changes if was is not MISSING])
+    come = _pair_hashes([(key, now) for key, _, now in changes if now is not MISSING])
+    return (total - sum(gone) + sum(come)) & MASK
 
 
 def item_digest(item: Sequence[int], rows: Any) -> int:

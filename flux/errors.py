@@ -11,7 +11,7 @@ the second a bug here. Both are ``ProtocolError``.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 class ProtocolError(Exception):
@@ -52,17 +52,19 @@ class ReplicasDiverged(RuntimeError):
     differ, so one of its operators is not deterministic (or a replica's memory was
     damaged), and a failover would deliver the other replica's different output. The job
     stops with ``on_divergence="fail"``; ``message`` names stage, partition, checkpoint,
-    cut and the operators whose states differ."""
+    cut and the operators whose states differ, and the first key whose values differ
+    where both replicas could say (``key``: ``(operator index, key)``, else None)."""
 
     def __init__(self, message: str, stage: int, partition: int, number: int,
-                 operators: tuple = ()):
+                 operators: tuple = (), key: Optional[tuple] = None):
         self.stage, self.partition, self.number = stage, partition, number
         self.operators = tuple(operators)
+        self.key = key
         super().__init__(message)
 
     def __reduce__(self):
         return (ReplicasDiverged, (str(self), self.stage, self.partition, self.number,
-                                   self.operators))
+                                   self.operators, self.key))
 
 
 class PairLost(RuntimeError):

@@ -13,12 +13,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.divergence import DivergenceMonitor, compare
+from controller.divergence import Divergence, DivergenceMonitor, compare, name_first_key
 from exchange.columns import ArrowRows
 from exchange.rows import Rows
 from flux.addresses import Addr, P, S
-from flux.digests import Digest, OutputDigest, item_digest, keyed_digest, keyed_digest_after
+from flux.digests import (
+    GROUPS,
+    Digest,
+    KeyedSums,
+    OutputDigest,
+    first_differing_key,
+    group_pairs,
+    item_digest,
+    keyed_digest,
+    keyed_digest_after,
+)
 from flux.keyed_state import KeyedState
+from flux.keys import MISSING
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -229,3 +240,86 @@ def test_a_whole_pass_lets_the_nodes_other_threads_run_between_its_slices():
     finally:
         done.set()
         thread.join(timeout=10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["set", "del"]), st.integers(0, 300),
+                          st.integers(-3, 3)), max_size=80),
+       st.lists(st.integers(0, 300), max_size=200))
+def test_a_keyed_digests_groups_kept_from_the_changes_are_the_whole_stores(ops, first):
+    """The groups' sums make the same total as one sum, and follow the changed keys."""
+    state = KeyedState()
+    for k in first:
+        state[("k", k)] = [k, "v"]
+    sums = KeyedSums.of(state.pairs())
+    assert sums.total == keyed_digest(state.items())
+    state.start_changes()
+    for op, k, v in ops:
+        if op == "set":
+            state[("k", k)] = [v, "v"]
+        else:
+            state.pop(("k", k), None)
+    assert sums.after(state.changed_pairs()).groups() == KeyedSums.of(state.pairs()).groups()
+
+
+def test_the_groups_that_differ_hold_the_first_key_that_differs():
+    """Two stores differing in a value, a key only one holds, and a key the other holds:
+    the differing groups' pairs name the first of those keys in key order."""
+    mine = {f"k{i:03}": i for i in range(500)}
+    twins = dict(mine, k250=-1, k400=400.5)
+    del twins["k100"]
+    twins["k900"] = 9
+    a, b = KeyedSums.of(mine.items()).groups(), KeyedSums.of(twins.items()).groups()
+    groups = [g for g, (x, y) in enumerate(zip(a, b)) if x != y]
+    assert 1 <= len(groups) <= 8  # two groups per changed value, one per added or gone key
+    assert first_differing_key(group_pairs(mine.items(), groups),
+                               group_pairs(twins.items(), groups)) == "k100"
+    assert first_differing_key(group_pairs(mine.items(), groups),
+                               group_pairs(mine.items(), groups)) is MISSING
+
+
+def _crossed(seg, i: int, cut: int):
+    seg.cuts.learn((i, cut))
+    seg.fcons.frontier = lambda n=cut: (n,)
+    return seg.snapshot(keep=False)[0].digest
+
+
+def test_a_replica_says_its_pairs_as_at_the_cut_after_it_moved_on():
+    """The controller asks after the comparison: a replica that took inputs since the
+    cut answers from its changes' values at the cut; one that crossed the next cut, or
+    took inputs without recording its changes, cannot say (None)."""
+    from flux.protocol.builder import MachineBuilder
+    from flux.testing.dataflows import counting_dataflow
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=8, batch_size=4, digests=True)
+    seg = builder.segment(Addr(1, 0, P))
+    seg._operators(Rows.of_inputs(1, [(f"k{j}", 0) for j in range(40)]))
+    digest = _crossed(seg, 1, 40)
+    at_cut = dict(seg._stores()[0].pairs())
+    everything = range(GROUPS)
+    seg._operators(Rows.of_inputs(41, [("k3", 0), ("new", 0), ("k3", 0)]))
+    seg.taken += 3
+    answer = dict(seg.probe_keys(1, 40, 0, everything))
+    assert answer == dict(group_pairs(at_cut.items(), everything))
+    assert len(answer) == 40 and "new" not in answer
+    assert seg.probe_keys(1, 39, 0, everything) is None  # another cut
+    assert seg.probe_keys(1, 40, 5, everything) is None  # no such operator
+    _crossed(seg, 2, 43)
+    assert seg.probe_keys(1, 40, 0, everything) is None  # crossed the next one
+    assert digest.groups[0] is not None and len(digest.groups[0]) == GROUPS
+    store = seg._stores()[0]
+    store.stop_changes()  # a store not recording: only while it took nothing since
+    assert seg.probe_keys(2, 43, 0, everything) is not None
+    seg._operators(Rows.of_inputs(44, [("k5", 0)]))
+    seg.taken += 1
+    assert seg.probe_keys(2, 43, 0, everything) is None
+
+
+def test_a_divergence_names_the_first_differing_key_from_both_answers():
+    mine = [("a", 1), ("b", 2), ("c", 3)]
+    twins = [("a", 1), ("b", 5), ("c", 4)]
+    found = Divergence(1, 2, 3, 40, (0,), False, ((0, (7,)),))
+    named = name_first_key(found, mine, twins, 0)
+    assert named.key == (0, "b")
+    assert "a key whose value differs: 'b' in Counts" in named.describe(["Counts"])
+    assert name_first_key(found, mine, None, 0) == found  # one replica could not say

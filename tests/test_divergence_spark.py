@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from flux.keyed_state import KeyedOperator, KeyedState
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SPARK_EXECUTORS = 5
@@ -38,12 +40,26 @@ def key_of(record):
     return record[0]
 
 
-def job_of(spark, tmp_path, records, **kw):
+class LastSeenPerKey(KeyedOperator):
+    """``CountsWithLastSeen`` keeping its state in a ``KeyedState``: a divergence then
+    names a key (the digest is kept in groups of keys, DESIGN 14)."""
+
+    def __init__(self):
+        self.state = KeyedState()
+
+    def process(self, record):
+        key = record[0]
+        count = self.state.get(key, [0, 0.0])[0] + 1
+        self.state[key] = [count, time.time()]
+        return [(key, count)]
+
+
+def job_of(spark, tmp_path, records, operator=CountsWithLastSeen, **kw):
     from flux.connectors.sources import Paced
     from flux.dataflow import Dataflow, Stage
     from flux.spark.job import FluxJob
 
-    flow = Dataflow([Stage("counts", key_of, (CountsWithLastSeen,))])
+    flow = Dataflow([Stage("counts", key_of, (operator,))])
     cuts = {"checkpoint": str(tmp_path / "ckpt"), "checkpoint_interval": 0.5} \
         if "verify_interval" not in kw else {}
     return FluxJob(spark, flow, Paced(records, 5_000), nodes=2, standbys=1,
@@ -96,3 +112,20 @@ def test_without_checkpoints_verify_cuts_find_it(spark, tmp_path):
             job.wait(timeout=120)
     assert caught.value.number == 1  # the first verify cut
     assert not (tmp_path / "ckpt").exists()  # nothing written
+
+
+def test_a_keyed_state_that_diverges_names_a_key_whose_values_differ(spark, tmp_path):
+    """The controller asks both replicas for their pairs in the groups of the digest that
+    differ, as at the cut, and names the first key there whose values differ."""
+    from flux.errors import ReplicasDiverged
+    from flux.testing.workloads import keyed_workload
+
+    records = keyed_workload(40_000, seed=6, keys=20_000)
+    job = job_of(spark, tmp_path, records, operator=LastSeenPerKey)
+    with job:
+        with pytest.raises(ReplicasDiverged, match=r"the state of LastSeenPerKey differ \(a "
+                                                   r"key whose value differs: ") as caught:
+            job.wait(timeout=120)
+    operator, key = caught.value.key
+    assert operator == 0 and key in {key_of(r) for r in records}
+    assert caught.value.number == 1

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from exchange import wire
 from exchange.wire import CODECS, WireError, decode, encode
 from flux.addresses import Addr, MoverAddr, ProcAddr
-from flux.digests import Digest
+from flux.digests import GROUPS, Digest
 from flux.control_messages import (
     Avail,
     CatchUpPaused,
@@ -20,6 +20,8 @@ from flux.control_messages import (
     Heartbeat,
     Members,
     OperatorFailed,
+    ProbedKeys,
+    ProbeKeys,
     Ready,
     Register,
     StateMoved,
@@ -80,6 +82,11 @@ MESSAGES = [
     SnapshotWritten(4, Addr(1, 0, 1), "", 0, 0.0, "OSError: disk full"),
     CutDigest(Addr(2, 1, 1), Digest(3, 4096, (2**64 - 1, 7), 12345, 1024)),
     CutDigest(Addr(1, 0, 0), Digest(1, 10, (), None, -1)),
+    CutDigest(Addr(1, 3, 0), Digest(2, 20, (5, 6), 1, 10,
+                                     (tuple(range(GROUPS)), None))),
+    ProbeKeys(Addr(2, 1, 1), 3, 4096, 0, (7, 200)),
+    ProbedKeys(Addr(2, 1, 0), 3, 4096, 0, (("k17", 2**64 - 1), ((1, "a"), 5))),
+    ProbedKeys(Addr(2, 1, 0), 3, 4096, 1, None),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
     NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0),
                SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1))), NodeStats(),

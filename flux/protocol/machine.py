@@ -130,6 +130,9 @@ class Snapshots(Protocol):
     def snapshot_lost(self) -> None:
         """A snapshot of it may not be in the store: the next one is whole."""
 
+    def probe_keys(self, number: int, cut: int, operator: int, groups: Iterable[int]):
+        """Its keyed store's pairs in ``groups`` as at that cut, or None (DESIGN 14)."""
+
 
 @runtime_checkable
 class FeedsWriters(Protocol):

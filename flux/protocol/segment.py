@@ -109,6 +109,9 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         #: how many cuts to go without recording its changes (a store mostly rewritten)
         self.state_sums: dict = {}
         self.untracked: dict = {}
+        #: ``(checkpoint, cut, inputs taken)`` at the last digest: ``probe_keys`` answers
+        #: for that cut
+        self.digest_cut: Optional[tuple] = None
 
     def _next(self, event: Event) -> SegmentMode:
         """The guard of every event: the mode it leads to, or a LocalProtocolError."""

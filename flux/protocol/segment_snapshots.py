@@ -8,12 +8,14 @@ A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from itertools import chain
+from typing import Iterable, List, Optional
 
-from flux.digests import Digest, bytes_digest, keyed_digest, keyed_digest_after
+from flux.digests import Digest, KeyedSums, bytes_digest, group_pairs
 from flux.effects import Snapshot
 from flux.errors import LocalProtocolError, OperatorError
 from flux.keyed_state import KeyedState
+from flux.keys import MISSING
 from flux.operator import describe
 from flux.protocol.segment_mode import DRAINING, PROCESSING, STREAMING, Event
 from flux.snapshot_chain import delta_snapshot, full_snapshot
@@ -77,10 +79,12 @@ class CheckpointSide:
         if self.outputs is None:
             return None
         outputs, since = self.outputs.crossed(n)
-        states = []
+        self.digest_cut = (k, n, self.taken)
+        states, groups = [], []
         for i, (op, store) in enumerate(zip(self.chain.operators, stores)):
             if not isinstance(store, KeyedState):
                 states.append(bytes_digest(self._packed(op.get_state, f"checkpoint {k}", (n,))))
+                groups.append(None)
                 continue
             known = self.state_sums.get(i)
             try:
@@ -88,17 +92,39 @@ class CheckpointSide:
                     store.records_changes and k % self.digest_whole_every else None
                 # a changed key costs two pairs' digests, a whole pass one per key
                 if changes is not None and 2 * len(changes) < len(store):
-                    self.state_sums[i] = keyed_digest_after(known, changes)
+                    self.state_sums[i] = known.after(changes)
                 else:
-                    self.state_sums[i] = keyed_digest(store.pairs())
+                    self.state_sums[i] = KeyedSums.of(store.pairs())
                     if changes is not None:  # most keys change between cuts: record none
                         self.untracked[i] = self.digest_hot_skip
             except Exception as exc:
                 raise OperatorError(f"the state of operator {type(op).__name__} (taken for "
                                     f"checkpoint {k})", self.addr.stage, self.addr.partition,
                                     (n,), f"cannot be encoded: {describe(exc)}") from exc
-            states.append(self.state_sums[i])
-        return Digest(k, n, tuple(states), outputs, since)
+            states.append(self.state_sums[i].total)
+            groups.append(self.state_sums[i].groups())
+        return Digest(k, n, tuple(states), outputs, since, tuple(groups))
+
+    def probe_keys(self, number: int, cut: int, operator: int, groups: Iterable[int]):
+        """``[key, pair digest]`` of operator ``operator``'s keyed store in ``groups`` as it
+        was at the cut ``(number, cut)`` (the controller names the first key that differs
+        from the twin's, DESIGN 14); None when it cannot say: another cut crossed since, or
+        the store took inputs since and did not record its changes (its current state and
+        the values its changed keys had at the cut give the state at the cut)."""
+        stores = self._stores()
+        if self.digest_cut is None or self.digest_cut[:2] != (number, cut) \
+                or not 0 <= operator < len(stores):
+            return None
+        store = stores[operator]
+        if not isinstance(store, KeyedState):
+            return None
+        if not store.records_changes:
+            still = self.taken == self.digest_cut[2]  # nothing taken since the cut
+            return group_pairs(store.pairs(), groups) if still else None
+        changed = {key: was for key, was, _ in store.changed_pairs()}
+        unchanged = ((key, value) for key, value in store.pairs() if key not in changed)
+        was = ((key, value) for key, value in changed.items() if value is not MISSING)
+        return group_pairs(chain(unchanged, was), groups)
 
     def _digest_baseline(self, stores: list) -> None:
         """This cut is the baseline of the next one's keyed digests: a store records its

@@ -28,6 +28,7 @@ from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
     CutDigest,
+    ProbedKeys,
     SinkCommitted,
     SnapshotWritten,
     WriterProgress,
@@ -84,6 +85,8 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         self.operator_names = operator_names or {}
         #: the pairs' digests, compared per cut (DESIGN 14)
         self.divergence = DivergenceMonitor()
+        #: divergences waiting for their replicas' keys (``controller_divergence.Probe``)
+        self.probes: dict = {}
         self.transport = transport
         self.on_writer = on_writer
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints
@@ -185,6 +188,8 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
                 self.on_stopping(name, env.msg.reason)
             elif isinstance(env.msg, CutDigest):
                 self.on_cut_digest(env.msg)
+            elif isinstance(env.msg, ProbedKeys):
+                self.on_probed_keys(env.msg)
             elif isinstance(env.msg, SnapshotWritten) and self.on_snapshot is not None:
                 self.on_snapshot(env.msg)
             elif isinstance(env.msg, (WriterProgress, SinkCommitted)) and self.on_writer:
@@ -212,6 +217,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         if not self.started:
             return
         self._expire_attempts(now)
+        self.expire_probes(now)
         self._act(self.detector.tick(now, self.recovery.holds_last_replica))
 
     def stop_all(self, reason: str) -> None:

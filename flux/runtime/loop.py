@@ -26,6 +26,8 @@ from controller.failure_detector import Lease
 from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
 from flux.control_messages import (
     CutDigest,
+    ProbedKeys,
+    ProbeKeys,
     FoldedIn,
     Heartbeat,
     Members,
@@ -238,10 +240,22 @@ class HostLoop:
             self._apply_members(env.msg)
         elif env.dst == self.me and isinstance(env.msg, Stop):
             self.stopped = env.msg.reason
+        elif env.dst == self.me and isinstance(env.msg, ProbeKeys):
+            self._probe_keys(env.msg)
         elif env.dst == self.me and isinstance(env.msg, (Heartbeat, Welcome)):
             pass  # a Welcome again: the task registered again before it heard the first
         else:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
+
+    def _probe_keys(self, msg: ProbeKeys) -> None:
+        """The controller asks where a replica's state differs from its twin's (DESIGN 14):
+        answered here, on the loop's thread, which owns the segment."""
+        work = self.host.work.get(msg.addr)
+        pairs = None
+        if work is not None and work.snapshots is not None:
+            found = work.snapshots.probe_keys(msg.number, msg.cut, msg.operator, msg.groups)
+            pairs = None if found is None else tuple(tuple(p) for p in found)
+        self.report(ProbedKeys(msg.addr, msg.number, msg.cut, msg.operator, pairs))
 
     def _busy(self) -> bool:
         return self._more or self.intake.ready() or any(self.held.values())

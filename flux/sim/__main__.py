@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
-    compared = diverged = undefined = 0
+    compared = diverged = undefined = probed = named = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -249,6 +249,8 @@ def main(argv=None) -> int:
         fallbacks += len(result.fallbacks)
         failed_writes += result.failed_writes
         compared += result.digests_compared
+        probed += result.keys_probed
+        named += result.keys_named
         if result.status == DIVERGED:
             diverged += 1
         elif result.status == UNDEFINED:
@@ -274,7 +276,7 @@ def main(argv=None) -> int:
           f"mover envelopes lost={mover_lost}, catch-up deadlines={deadlines}, "
           f"checkpoints={cuts} (snapshots={snapshots}, of them deltas={snapshot_deltas}, "
           f"complete={complete}), "
-          f"digest pairs compared={compared}, diverged={diverged}, "
+          f"digest pairs compared={compared}, diverged={diverged} (key named {named}/{probed}), "
           f"{f'nondeterminism-raised={undefined}, ' if undefined else ''}"
           f"restarts={restarts}, {corruption}"
           f"crash_window={window} steps",

@@ -194,8 +194,11 @@ class ScheduleResult:
     writer_moves: int = 0
     fallbacks: List[int] = field(default_factory=list)
     failed_writes: int = 0
-    #: pairs of replicas' digests compared at the cuts (DESIGN 14)
+    #: pairs of replicas' digests compared at the cuts (DESIGN 14); divergences whose
+    #: replicas were asked for the keys that differ, and how many named one
     digests_compared: int = 0
+    keys_probed: int = 0
+    keys_named: int = 0
 
 
 #: the dataflows a schedule can run
@@ -552,6 +555,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.fallbacks = list(world.outcome.fallbacks)
     result.failed_writes = world.outcome.failed_writes
     result.digests_compared = world.divergence.compared
+    result.keys_probed, result.keys_named = world.divergence.probed, world.divergence.named
     return result
 
 

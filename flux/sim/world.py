@@ -25,6 +25,7 @@ The world only says which steps are enabled and carries one out; the scheduler
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from controller.checkpoints import CheckpointCoordinator
@@ -263,7 +264,8 @@ class World:
                 if positions:
                     self.store.report(self.coordinator.source_recorded(e.number, positions))
             elif isinstance(e, Snapshot):
-                found = self.divergence.snapshot(e, host.machines[e.addr])
+                found = self.divergence.snapshot(e, host.machines[e.addr],
+                                                 partial(live_segment, self))
                 if found is not None:  # on_divergence="fail": the job stops (DESIGN 14)
                     outcome.diverged, self.stopped = found.describe(), True
                 elif e.data is None:
@@ -361,3 +363,10 @@ class World:
     @log_from.setter
     def log_from(self, value: int) -> None:
         self.store.log_from = value
+
+
+def live_segment(world: World, addr) -> Optional[Any]:
+    """Replica ``addr``'s machine where its live host runs it, or None."""
+    name = world.host_of.get(addr)
+    host = world.hosts.get(name) if name is not None else None
+    return host.machines.get(addr) if host is not None and world.alive[name] else None
