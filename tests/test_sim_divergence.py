@@ -44,6 +44,9 @@ def test_a_nondeterministic_operator_is_found_at_the_next_cut_both_replicas_cros
     found = [r for r in results if r.status == DIVERGED]
     assert len(found) >= 15
     assert all("not deterministic" in r.reason for r in found)
+    # the oracle checked every key named (its values differ at the cut): many were
+    named = [r for r in found if "a key whose value differs" in r.reason]
+    assert len(named) >= len(found) // 4 and sum(r.keys_named for r in results) == len(named)
 
 
 def test_digests_without_the_states_are_caught_missing_a_divergence():
