@@ -17,6 +17,8 @@ class Placement:
     rebuilds = True
     #: how the machines are wired (``MachineBuilder``'s ``replication``)
     replication = "flux"
+    #: a node's failure fails every node of its replica set (cluster pairs)
+    fails_by_set = False
 
     def failure_group(self, node: int) -> List[int]:
         """The nodes that fail when ``node`` fails: just itself, for partition pairs."""
@@ -86,11 +88,12 @@ class ClusterPairs(Placement):
                 layout[half + i % half].append(Addr(s, i, S))
         super().__init__(layout)
 
-    #: rebuilding a set needs a consistent snapshot of the whole surviving set (pause
-    #: the ingress, drain every stage, snapshot every segment: DESIGN 7); not built
-    #: (docs/design/cluster_pairs_rebuild.md: why Flux's catch-up cannot do it)
+    #: a lost set is not rebuilt replica by replica (Flux's catch-up cannot: see
+    #: docs/design/divergence.md): with checkpoints the job restarts from a checkpoint
+    #: cut after the loss (``Recovery.lost_set``), the paper's stall (4.2, DESIGN 7)
     rebuilds = False
     replication = "cluster-pairs"
+    fails_by_set = True
 
     def replica_set(self, node: int) -> int:
         """P (0) for the first half of the nodes, S (1) for the second."""

@@ -167,6 +167,18 @@ class Recovery:
         return [n for n in self.topology.failure_group(node)
                 if n == node or (n not in self.dead and n in self.hosted)]
 
+    def lost_set(self) -> Optional[int]:
+        """The replica set (P or S) all of whose replicas are lost, where a node's failure
+        fails its set (cluster pairs, 4.2), or None. The set is not rebuilt by catch-up:
+        the job restarts from a checkpoint cut after the loss (DESIGN 7)."""
+        if not self.placement.fails_by_set:
+            return None
+        for r in (P, S):
+            if all(Addr(s, i, r) in self.missing for s in range(1, self.stages + 1)
+                   for i in range(self.partitions)):
+                return r
+        return None
+
     def holds_last_replica(self, node: str) -> bool:
         """Would the failure of ``node`` lose a pair? (Its replicas' twins are missing.)"""
         hosted = set().union(*(self.hosted.get(n, set()) for n in self._failure_group(node)))

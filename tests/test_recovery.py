@@ -258,8 +258,21 @@ def test_under_cluster_pairs_one_node_fails_its_whole_replica_set_and_nothing_is
     assert {a for a in views[0].failed if isinstance(a, Addr)} == {
         Addr(s, i, P) for s in (1, 2) for i in range(4)}
     assert rec.node_failed("node0") == []  # already failed with its set
+    assert rec.lost_set() == P  # rebuilt by a restart from a checkpoint (DESIGN 7)
     with pytest.raises(PairLost, match="stage 1 partition 0"):
         rec.node_failed("node2")
+
+
+def test_only_a_whole_lost_set_is_a_lost_set():
+    from controller.placement import ClusterPairs
+
+    rec, _ = make(ClusterPairs(2, 4, 4))
+    assert rec.lost_set() is None
+    rec.node_failed("node3")
+    assert rec.lost_set() == S
+    chained, _ = make(ChainedDeclustering(2, 4), standbys=("standby0",))
+    chained.node_failed("node1")
+    assert chained.lost_set() is None  # Flux rebuilds replica by replica
 
 
 def test_a_node_holds_the_last_replica_of_a_pair_while_its_twin_is_being_rebuilt():

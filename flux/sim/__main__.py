@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
-    compared = diverged = undefined = probed = named = 0
+    compared = diverged = undefined = probed = named = sets_rebuilt = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -245,6 +245,7 @@ def main(argv=None) -> int:
         snapshot_deltas += result.snapshot_deltas
         complete += len(result.complete)
         restarts += len(result.restarts)
+        sets_rebuilt += result.sets_rebuilt
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
         failed_writes += result.failed_writes
@@ -278,7 +279,8 @@ def main(argv=None) -> int:
           f"complete={complete}), "
           f"digest pairs compared={compared}, diverged={diverged} (key named {named}/{probed}), "
           f"{f'nondeterminism-raised={undefined}, ' if undefined else ''}"
-          f"restarts={restarts}, {corruption}"
+          f"restarts={restarts}{f' (sets rebuilt {sets_rebuilt})' if sets_rebuilt else ''}, "
+          f"{corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)
     if args.fingerprint:

@@ -132,6 +132,8 @@ class Outcome:
     delivered: List[Any] = field(default_factory=list)
     takeovers: List[Addr] = field(default_factory=list)
     pair_lost: List[Addr] = field(default_factory=list)
+    #: restarts that rebuilt a lost replica set from a checkpoint cut after the loss
+    sets_rebuilt: int = 0
     #: the divergence the pairs' digests found, which stopped the job (DESIGN 14)
     diverged: str = ""
     catchups: List[Addr] = field(default_factory=list)

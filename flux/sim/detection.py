@@ -63,6 +63,11 @@ class Detection:
         for other in [name] + sorted(w.recovery.dead - self.declared - {name}):
             self.declared.add(other)
             self.detector.forget(other)
+            # failed with its replica set (4.2): a crash of its own no longer waits to be
+            # found (its silence kept the clock running for ever)
+            self.silent_crashes.discard(other)
+            if other in self.crashed_undetected:
+                self.crashed_undetected.remove(other)
             if w.alive[other]:
                 w.faults.zombies.add(other)
                 w.net.invalidate()  # its connections now reach it as a zombie
@@ -71,6 +76,9 @@ class Detection:
                 if other != name:
                     w.faults.told.add(other)  # failed with its replica set: told to stop (4.2)
         w.broadcast(views)
+        if w.recovery.lost_set() is not None and \
+                len(w.outcome.restarts) < w.config.restarts_on_pair_lost:
+            w.restarts.set_lost()  # cluster pairs: rebuilt from a checkpoint (DESIGN 7)
 
     # -- the clock ------------------------------------------------------------------
     def clock_runs(self) -> bool:

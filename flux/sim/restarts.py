@@ -7,7 +7,7 @@ sink keeps what it committed and drops what it had not.
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Dict
+from typing import Deque, Dict, Optional
 
 from flux.sim.oracle import Violation
 
@@ -24,6 +24,28 @@ class Restarts:
         self.source_parts = list(config.source_parts) if config.source_parts else None
         #: a pair was lost in this step: the job restarts at its end
         self.due = False
+        #: a replica set was lost (cluster pairs, 4.2): a checkpoint is to be cut, and
+        #: the job restarts from it once it completes (its number; None: none cut yet)
+        self.rebuild_cut = False
+        self.rebuild_after: Optional[int] = None
+
+    def set_lost(self) -> None:
+        """A view failed a whole replica set: the job is rebuilt from a consistent
+        snapshot of the surviving set, cut after the loss."""
+        if self.rebuild_after is None:
+            self.rebuild_cut = True
+
+    def cut_taken(self, number: int) -> bool:
+        """Checkpoint ``number`` was cut: the rebuild's, if one is wanted."""
+        if not self.rebuild_cut:
+            return False
+        self.rebuild_cut, self.rebuild_after = False, number
+        return True
+
+    def completed(self, k: int) -> None:
+        """Checkpoint ``k`` is complete: the rebuild restarts from it (or a newer one)."""
+        if self.rebuild_after is not None and k >= self.rebuild_after:
+            self.due = True
 
     def restart(self, driver_lives: bool = False) -> None:
         """Restart the job. When a pair was lost the driver lives on and first commits
@@ -38,7 +60,10 @@ class Restarts:
         if driver_lives:
             w.sink.commit()
         w.sink.drop_uncommitted()
-        self.due = False
+        if self.rebuild_after is not None:
+            outcome.sets_rebuilt += 1
+        self.due = self.rebuild_cut = False
+        self.rebuild_after = None
         skipped = len(outcome.fallbacks)
         k = store.restorable()
         if k is None and len(outcome.fallbacks) > skipped:

@@ -185,8 +185,10 @@ class ScheduleResult:
     snapshots: int = 0
     snapshot_deltas: int = 0
     complete: List[int] = field(default_factory=list)
-    #: whole-job restarts, each with the checkpoint it started from (None: the beginning)
+    #: whole-job restarts, each with the checkpoint it started from (None: the beginning),
+    #: and how many rebuilt a lost replica set (cluster pairs)
     restarts: List[Optional[int]] = field(default_factory=list)
+    sets_rebuilt: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -550,6 +552,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.snapshot_deltas = world.outcome.snapshot_deltas
     result.complete = list(world.outcome.complete)
     result.restarts = list(world.outcome.restarts)
+    result.sets_rebuilt = world.outcome.sets_rebuilt
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.fallbacks = list(world.outcome.fallbacks)

@@ -131,7 +131,8 @@ class Steps:
         w = self.world
         if addr.stage == 0 and w.epochs is not None:  # one of several ingresses
             ingress = w.machine(addr)
-            checkpoint = addr.partition == 0 and w.checkpoints_left > 0 and \
+            checkpoint = addr.partition == 0 and (w.checkpoints_left > 0 or
+                                                  w.restarts.rebuild_cut) and \
                 bool(w.epochs.cut_epochs(w.ingresses, w.last_cut))
             slowest = min(ingress.epoch for ingress in w.ingresses)
             return [("flush", addr, i, d) for i, d in ingress.flushable()] + \
@@ -143,7 +144,7 @@ class Steps:
                 steps.append(("accept",))
             if ingress.can_cut():
                 steps.append(("item",))  # the pending inputs leave as an item (DESIGN 11)
-            if w.checkpoints_left and ingress.accepted > w.last_cut:
+            if (w.checkpoints_left or w.restarts.rebuild_cut) and ingress.accepted > w.last_cut:
                 steps.append(("checkpoint",))
             if ingress.log_due():
                 steps.append(("log",))  # the input log made durable up to here
@@ -235,8 +236,9 @@ class Steps:
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], w.hosts[step[1]])
         elif kind == "checkpoint" and w.epochs is not None:
-            w.checkpoints_left -= 1
             number = len(w.outcome.cuts) + 1
+            if not w.restarts.cut_taken(number):
+                w.checkpoints_left -= 1
             w.net.touched(INGRESS_HOST, None)
             w.begin_checkpoint(number, w.epochs.choose_cut(w.ingresses, number, w.last_cut,
                                                            w.rng))
@@ -290,10 +292,11 @@ class Steps:
             w.effects(*w.hosts[INGRESS_HOST].run_local(ingress.inputs_logged(n)))
             self.dirty.add(INGRESS)
         else:
-            w.checkpoints_left -= 1
+            number = len(w.outcome.cuts) + 1
+            if not w.restarts.cut_taken(number):
+                w.checkpoints_left -= 1
             self.dirty.add(INGRESS)
-            w.effects(*w.hosts[INGRESS_HOST].run_local(
-                ingress.choose_cut(len(w.outcome.cuts) + 1)))
+            w.effects(*w.hosts[INGRESS_HOST].run_local(ingress.choose_cut(number)))
 
     def _apply_local(self, step: tuple, host: Host) -> None:
         w = self.world

@@ -129,6 +129,7 @@ class CheckpointStore:
             return  # the runtime's store refuses a manifest that names a missing file
         self.manifests[k] = (w.coordinator.checkpoints[k].cut, chains)
         self._prune(k)
+        w.restarts.completed(k)
 
     def _prune(self, k: int) -> None:
         """As the runtime's store when checkpoint ``k`` completes: keep the last ``keep``
