@@ -30,6 +30,7 @@ import contextlib
 import csv
 import json
 import pathlib
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -39,7 +40,7 @@ from flux.examples import paper_dataflow, vectorized_dataflow
 from flux.testing.dataflows import ballast_paper_dataflow
 from flux.operator import wire_form
 from flux.reference import reference_output
-from flux.connectors.sources import RateLimited
+from flux.connectors.sources import Paced, RateLimited
 from controller.topology import node_name
 from flux.testing.workloads import packet_workload
 
@@ -88,6 +89,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "the output must still equal the per-record reference")
     ap.add_argument("--item-delay", type=float, default=None,
                     help="seconds an item waits for more inputs (default: the job's)")
+    ap.add_argument("--replication", choices=("flux", "cluster-pairs"), default="flux",
+                    help="cluster-pairs: the paper's baseline (4.2): the victim's whole "
+                         "replica set fails, and is rebuilt by a restart from a checkpoint "
+                         "cut after the loss (a checkpoint folder is made for the run)")
+    ap.add_argument("--checkpoint-interval", type=float, default=2.0,
+                    help="seconds between checkpoints (--replication cluster-pairs)")
     ap.add_argument("--out", default="results/failover")
     args = ap.parse_args(argv)
     if args.duration is None:
@@ -109,6 +116,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  f"one task slot per host")
     if args.double and not args.kafka:
         ap.error("--double needs --kafka (a double failure restarts from a checkpoint)")
+    if args.replication == "cluster-pairs" and (args.nodes % 2 or args.kafka or args.double):
+        ap.error("--replication cluster-pairs needs an even --nodes, and no --kafka/--double")
     if args.kafka and args.hosts:
         ap.error("--kafka runs on the embedded local-cluster (the broker is on this machine)")
     if args.topic_partitions < 1:
@@ -154,7 +163,10 @@ def _watch(job, args, expected: int, rig=None) -> None:
             if not killed and m.t0 is not None and now >= args.kill_at:
                 fail_victim(job, args, rig)
                 killed = True
-            recovered = args.double or (rec().completed and not rec().pending())
+            if args.replication == "cluster-pairs":  # its set rebuilt by a restart
+                recovered = bool(job.restart_log)
+            else:
+                recovered = args.double or (rec().completed and not rec().pending())
             if killed and job.finished() and recovered:
                 break
             if now > args.duration * 4 + 120:
@@ -182,11 +194,15 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
     detected = _first(events, "detected", kill)
     takeover = _last(events, "take-over done", detected) if detected is not None else None
     catchup = _first(events, "catch-up done", detected) if detected is not None else None
+    # cluster pairs: the lost set rebuilt by a restart from a checkpoint cut after the loss
+    restart = _first(events, "restart", kill) if kill is not None else None
+    data_again = _first(events, "data starts", restart) if restart is not None else None
     rows = m.timeline()
     out_rows = [r for r in rows if r["outputs"]]
     out_span = (out_rows[-1]["t_s"] - out_rows[0]["t_s"] + m.interval) if out_rows else 0.0
     rel = lambda t: round(t - kill, 6) if t is not None else None  # noqa: E731
     return {
+        "replication": args.replication,
         "nodes": args.nodes, "standbys": args.standbys, "kill": args.kill,
         "victim": args.victim, "rate_asked_tps": None if args.max_rate else args.rate,
         "input_rate_tps": base["input_rate_tps"],
@@ -195,9 +211,11 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "dropped_inputs": base["dropped_inputs"],
         "output_matches_reference": same,
         "kill_at_s": kill, "detected_s": detected, "takeover_done_s": takeover,
+        "restart_s": restart,
         "catchup_done_s": catchup,
         "detect_after_kill_s": rel(detected), "takeover_after_kill_s": rel(takeover),
         "catchup_after_kill_s": rel(catchup),
+        "restart_after_kill_s": rel(restart), "data_again_after_kill_s": rel(data_again),
         "state_bytes_moved": base["state_bytes_moved"], "state_move_s": base["state_move_s"],
         "state_mb_per_partition": args.state_mb,
         # the longest the active of a catch-up held its sources paused (phase 2)
@@ -243,15 +261,17 @@ def plot(rows: List[Dict[str, Any]], interval: float, summary: Dict[str, Any], p
     bottom.set_ylabel("average latency (ms)")
     bottom.set_xlabel(f"time (s), {interval * 1000:.0f} ms intervals")
     marks = [("kill_at_s", "kill", "tab:red"), ("takeover_done_s", "take-over done", "tab:orange"),
-             ("catchup_done_s", "catch-up done", "tab:green")]
+             ("catchup_done_s", "catch-up done", "tab:green"),
+             ("restart_s", "restart (set rebuilt)", "tab:brown")]
     for key, label, color in marks:
         if summary.get(key) is not None:
             for ax in (top, bottom):
                 ax.axvline(summary[key], color=color, ls="--", lw=1,
                            label=label if ax is top else None)
     top.legend(loc="lower left", fontsize=8)
-    top.set_title(f"Flux on Spark: {summary['nodes']} nodes + {summary['standbys']} standby, "
-                  f"{summary['kill']} of {summary['victim']} killed")
+    top.set_title(f"{summary['replication']} on Spark: {summary['nodes']} nodes + "
+                  f"{summary['standbys']} standby, {summary['kill']} of {summary['victim']} "
+                  f"killed")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -262,6 +282,7 @@ def main(argv=None) -> int:
     summary = run(args)
     keys = ("input_rate_tps", "output_rate_tps", "dropped_inputs", "output_matches_reference",
             "kill_at_s", "detect_after_kill_s", "takeover_after_kill_s", "catchup_after_kill_s",
+            "restart_after_kill_s", "data_again_after_kill_s",
             "state_bytes_moved", "state_move_s", "max_catchup_pause_s", "false_detections",
             "stuck_reports", "max_output_gap_s", "median_interval_latency_ms")
     for k in keys:
@@ -308,6 +329,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             sink, extra = None, {}
         if args.item_delay is not None:
             extra["item_delay"] = args.item_delay
+        if args.replication == "cluster-pairs":  # a lost set is rebuilt from a checkpoint
+            source = records if args.max_rate else Paced(records, args.rate)
+            extra.update(replication=args.replication, checkpoint=stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="flux-failover-cp-")),
+                checkpoint_interval=args.checkpoint_interval)
         job = FluxJob(spark, dataflow, source, nodes=args.nodes, standbys=args.standbys,
                       sink=sink, **extra)
         with job:

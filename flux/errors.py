@@ -75,6 +75,23 @@ class PairLost(RuntimeError):
         super().__init__(f"both replicas of stage {stage} partition {partition} failed; "
                          "the job cannot continue without losing data")
 
+
+class ReplicaSetLost(PairLost):
+    """Under cluster pairs (paper 4.2, DESIGN 7) a replica set failed, and a checkpoint
+    cut after the loss completed (a consistent snapshot of the surviving set): the job
+    restarts from it, which rebuilds the lost set. Every pair had one replica left: no
+    pair was lost; a restart is how this baseline rebuilds (the paper's stall)."""
+
+    def __init__(self, replica: int, checkpoint: int):
+        self.replica, self.checkpoint = replica, checkpoint
+        self.stage = self.partition = None
+        RuntimeError.__init__(self, f"replica set {'PS'[replica]} failed (cluster pairs): "
+                              f"rebuilt by a restart from checkpoint {checkpoint}, cut "
+                              "after the loss")
+
+    def __reduce__(self):
+        return (ReplicaSetLost, (self.replica, self.checkpoint))
+
     def __reduce__(self):
         return (PairLost, (self.stage, self.partition))
 

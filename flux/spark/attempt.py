@@ -40,6 +40,7 @@ from flux.runtime.transport import Transport
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.node_task import node_main
 from flux.spark.output import OutputWriter
+from flux.spark.set_rebuild import SetRebuild
 from flux.spark.writer_watch import WriterWatch
 from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
 
@@ -75,6 +76,8 @@ class JobParts:
     #: seconds between the cuts they are compared at (None: none)
     on_divergence: str = "fail"
     verify_interval: Optional[float] = None
+    #: may the job restart once more (a lost replica set under cluster pairs asks)
+    may_restart: Callable[[], bool] = lambda: False
 
 
 class Attempt:
@@ -97,12 +100,13 @@ class Attempt:
         self.group = f"flux-{parts.config.secret[:8]}-{number}"
         self.config = parts.config
         self.topology = parts.config.topology()
+        self.set_rebuild = SetRebuild.of(parts)  # cluster pairs: a lost set, rebuilt
 
     # -- launch -----------------------------------------------------------------------
     def launch(self) -> None:
-        """The ingress process, the driver's sockets, the controller, the Spark tasks."""
+        """The ingress process (first: it imports while the driver's sockets open), the
+        driver's sockets, the controller, the Spark tasks."""
         p, config = self.parts, self.parts.config
-        # the ingress process starts first: it imports while the driver's sockets open
         self.ingress_process = IngressProcess(dict(
             dataflow=config.dataflow, partitions=p.nodes, capacity=config.capacity,
             batch_size=config.batch_size, replication=config.replication,
@@ -238,10 +242,11 @@ class Attempt:
                     self._begin()
             if c.error is not None:
                 raise c.error
+            if c.started and self.set_rebuild is not None:
+                self.set_rebuild.check(c.recovery)  # raises ReplicaSetLost when due
 
     def _begin(self) -> None:
-        """Every node registered and built its operators: the topology is known; start
-        recovery and the data."""
+        """Every node registered and built its operators: start recovery and the data."""
         p, c = self.parts, self.controller
         standbys = [n for n in c.registered if n not in self.topology.index_of]
         self.topology = topology = self.config.topology(dict(c.incarnations), standbys)
@@ -269,9 +274,8 @@ class Attempt:
             where=topology.where, addresses=dict(c.addresses),
             incarnations=dict(c.incarnations), peer_incs=topology.peer_incs(),
             accepted=accepted))
-        feed = IngressFeed(self.ingress_process, iter(p.source), p.metrics, accepted,
-                           input_log=log_writer, logged_before=logged_before)
-        self.feed = feed
+        self.feed = feed = IngressFeed(self.ingress_process, iter(p.source), p.metrics, accepted,
+                                       input_log=log_writer, logged_before=logged_before)
         if topology.writers:
             self._spawn(lambda: self.writers.watch(self.stop_event, p.metrics, p.finished,
                                                    lambda: feed))
@@ -310,8 +314,7 @@ class Attempt:
         if isinstance(e, Deliver):
             p.output.deliver(e.items, e.partition)
         elif isinstance(e, SinkCommit) and p.checkpoints is not None:
-            # the egress passed checkpoint ``number``'s cut: the sink makes durable what it
-            # has and says so
+            # past checkpoint ``number``'s cut: the sink makes durable what it has, says so
             p.checkpoints.service.sink_committed(e.number, p.output.commit(e.partition),
                                                  e.partition)
 
@@ -373,7 +376,7 @@ class Attempt:
             self.ctx.term()
 
     def driver_stats(self) -> list:
-        """The counters of the ingress (as its process last reported them) and the
-        egress, as a segment's."""
+        """The ingress's counters (as its process last reported them) and the egresses'."""
         stats = [self.feed.stats] if self.feed is not None else []
-        return [s for s in stats + [e.stats() for e in self.egresses] if s is not None]
+        stats += [e.stats() for e in self.egresses]
+        return [s for s in stats if s is not None]

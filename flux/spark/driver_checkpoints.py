@@ -53,6 +53,10 @@ class DriverCheckpoints:
             len(dataflow.stages), partitions, print_, sinks), events=events, input_log=self.input_log)
         self.next_number = max(store.ids(), default=0) + 1
         self._cut_at = 0.0
+        #: a replica set was lost (cluster pairs): the next input gets a cut at once, and
+        #: its number is kept here (``flux.spark.set_rebuild``)
+        self.rebuild_wanted = False
+        self.rebuild_cut: Optional[int] = None
         self._offsets_reported: Optional[int] = None
         if self.restore is not None:
             log.info("resuming from checkpoint %d of %s (cut at input %d)",
@@ -120,15 +124,18 @@ class DriverCheckpoints:
         """Every ``interval`` seconds (when inputs came since the last), checkpoint the job
         at a cut after the last input handed over."""
         now = time.monotonic()
-        if now < self._cut_at:
+        wanted = self.rebuild_wanted
+        if now < self._cut_at and not wanted:
             return
         self._cut_at = now + self.interval
         if not feed.has_new_inputs():
-            return  # nothing new since the last cut
+            return  # nothing new since the last cut (a rebuild's waits for the next input)
         number = self.next_number
         self.next_number += 1
         cut, position = feed.choose_cut(number)
         self.service.cut_chosen(number, cut, position)
+        if wanted:
+            self.rebuild_cut, self.rebuild_wanted = number, False
 
     def report_offsets(self, report: Optional[Callable[[Any], None]]) -> None:
         """A source that reports positions elsewhere (Kafka's consumer group, for lag

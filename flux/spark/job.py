@@ -186,7 +186,8 @@ class FluxJob(JobViews):
                                    or self.spark.conf.get("spark.driver.host", "")),
             distinct_hosts=distinct, stopping=self._stopping, finished=self._finished,
             on_divergence=self.options.checkpoints.on_divergence,
-            verify_interval=self.options.checkpoints.verify_interval)
+            verify_interval=self.options.checkpoints.verify_interval,
+            may_restart=lambda: self.restarts_left > 0 and not self._stopping.is_set())
         self._launch(self._checkpointing.restore if self._checkpointing else None)
         self._supervisor = threading.Thread(target=self._supervise, daemon=True,
                                             name="flux-supervisor")
