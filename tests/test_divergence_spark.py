@@ -129,3 +129,84 @@ def test_a_keyed_state_that_diverges_names_a_key_whose_values_differ(spark, tmp_
     operator, key = caught.value.key
     assert operator == 0 and key in {key_of(r) for r in records}
     assert caught.value.number == 1
+
+
+class WordsPerKey(KeyedOperator):
+    """Per key, the distinct words seen, kept in the order a ``set`` of them iterates: a
+    set of strings iterates in an order its process's hash seed decides. The outputs (how
+    many distinct words) do not depend on it."""
+
+    def __init__(self):
+        self.state = KeyedState()
+
+    def process(self, record):
+        key, word = record
+        words = set(self.state.get(key, ()))
+        words.add(word)
+        self.state[key] = list(words)
+        return [(key, len(words))]
+
+
+def words_workload(n: int, seed: int):
+    from flux.testing.workloads import keyed_workload
+
+    return [(key, f"word{value % 40}") for key, value in keyed_workload(n, seed=seed, keys=50)]
+
+
+@pytest.fixture
+def random_hash_seeds(spark):
+    """Executors whose Pythons each draw their own hash seed. PySpark gives every worker
+    the driver's ``PYTHONHASHSEED`` (0 when the driver has none), so by default a set of
+    strings iterates alike in both replicas; a driver started with
+    ``PYTHONHASHSEED=random`` gives each executor's Python a seed of its own."""
+    env = spark.sparkContext.environment
+    before = env.get("PYTHONHASHSEED")
+    env["PYTHONHASHSEED"] = "random"  # new worker daemons for this job's tasks
+    yield
+    env["PYTHONHASHSEED"] = before
+
+
+def test_a_set_of_strings_iterated_in_hash_order_stops_the_job_naming_the_operator(
+        spark, tmp_path, random_hash_seeds):
+    from flux.errors import ReplicasDiverged
+
+    job = job_of(spark, tmp_path, words_workload(30_000, seed=7), operator=WordsPerKey)
+    with job:
+        with pytest.raises(ReplicasDiverged, match=r"the state of WordsPerKey differ") as caught:
+            job.wait(timeout=120)
+    assert caught.value.number == 1  # within one interval
+    assert caught.value.key is not None and caught.value.key[0] == 0
+
+
+def test_a_set_of_strings_with_rebuild_goes_on_and_reports_it(spark, tmp_path,
+                                                              random_hash_seeds):
+    from flux.dataflow import Dataflow, Stage
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+
+    records = words_workload(20_000, seed=8)
+    job = job_of(spark, tmp_path, records, operator=WordsPerKey, on_divergence="rebuild")
+    with job:
+        job.wait(timeout=240)
+    want = reference_output(Dataflow([Stage("words", key_of, (WordsPerKey,))]), records, 2)
+    assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in want]
+    counts = job.metrics.events.counts
+    assert counts.get("divergence", 0) >= 1 and counts.get("catch-up done", 0) >= 1
+
+
+def test_with_pysparks_own_hash_seed_a_set_of_strings_iterates_alike_in_both_replicas(
+        spark, tmp_path):
+    """What the docs say of PySpark: every worker gets the driver's seed (0 by default),
+    so the same operator finishes without a divergence (no false alarm either)."""
+    from flux.dataflow import Dataflow, Stage
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+
+    assert spark.sparkContext.environment.get("PYTHONHASHSEED") != "random"
+    records = words_workload(10_000, seed=9)
+    job = job_of(spark, tmp_path, records, operator=WordsPerKey)
+    with job:
+        job.wait(timeout=120)
+    want = reference_output(Dataflow([Stage("words", key_of, (WordsPerKey,))]), records, 2)
+    assert [wire_form(x) for x in job.delivered] == [wire_form(x) for x in want]
+    assert job.metrics.events.counts.get("divergence", 0) == 0
