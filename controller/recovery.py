@@ -171,7 +171,7 @@ class Recovery:
         """The replica set (P or S) all of whose replicas are lost, where a node's failure
         fails its set (cluster pairs, 4.2), or None. The set is not rebuilt by catch-up:
         the job restarts from a checkpoint cut after the loss (DESIGN 7)."""
-        if not self.placement.fails_by_set:
+        if not self.placement.fails_by_set or not self.missing:  # (asked at every turn)
             return None
         for r in (P, S):
             if all(Addr(s, i, r) in self.missing for s in range(1, self.stages + 1)

@@ -79,26 +79,28 @@ class KeyedSums:
         heartbeats with it, ``flux.state_codec``; numpy's ``add.at`` held it 100 ms and
         more over 300K pairs, a Python loop over a slice's digests lets threads turn)."""
         sums = cls()
-        pairs = iter(pairs)
-        while True:
-            part = list(islice(pairs, SLICE))  # between two slices, other threads run
-            if not part:
-                return sums
-            sums._add(_pair_hashes(part))
+        sums._add(pairs)
+        return sums
 
     def after(self, changes: Sequence[Tuple[Any, Any, Any]]) -> "KeyedSums":
         """These sums after the changes ``(key, value before, value now)`` (``MISSING``:
-        absent; ``KeyedState.changed_pairs``)."""
+        absent; ``KeyedState.changed_pairs``), as many as half the store's keys: in slices
+        too."""
         sums = KeyedSums(list(self.sums))
-        sums._add(_pair_hashes([(k, was) for k, was, _ in changes if was is not MISSING]), -1)
-        sums._add(_pair_hashes([(k, now) for k, _, now in changes if now is not MISSING]))
+        sums._add(((k, was) for k, was, _ in changes if was is not MISSING), -1)
+        sums._add((k, now) for k, _, now in changes if now is not MISSING)
         return sums
 
-    def _add(self, hashes: List[int], sign: int = 1) -> None:
-        sums = self.sums
-        for h in hashes:
-            sums[h >> _GROUP_SHIFT] += sign * h
-        # (wrapped at 2^64 when read: Python's ints do not overflow meanwhile)
+    def _add(self, pairs: Iterable[Tuple[Any, Any]], sign: int = 1) -> None:
+        """Add (``sign`` -1: take away) the pairs' digests to their groups' sums, wrapped
+        at 2^64 when read (Python's ints do not overflow meanwhile)."""
+        sums, pairs = self.sums, iter(pairs)
+        while True:
+            part = list(islice(pairs, SLICE))  # between two slices, other threads run
+            if not part:
+                return
+            for h in _pair_hashes(part):
+                sums[h >> _GROUP_SHIFT] += sign * h
 
     @property
     def total(self) -> int:
@@ -146,9 +148,7 @@ def keyed_digest(pairs: Iterable[Tuple[Any, Any]]) -> int:
 def keyed_digest_after(total: int, changes: Sequence[Tuple[Any, Any, Any]]) -> int:
     """``total`` after the changes ``(key, value before, value now)`` (``MISSING``: absent;
     ``KeyedState.changed_pairs``)."""
-    gone = _pair_hashes([(key, was) for key, was, _ in changes if was is not MISSING])
-    come = _pair_hashes([(key, now) for key, _, now in changes if now is not MISSING])
-    return (total - sum(gone) + sum(come)) & MASK
+    return (total + KeyedSums().after(changes).total) & MASK
 
 
 def item_digest(item: Sequence[int], rows: Any) -> int:
