@@ -68,8 +68,8 @@ class Recovery:
         self.writers = WriterPlacement(self.stages, self.partitions, self.node_of) \
             if writers else None
         for addr in list(self.node_of):  # replicas a placement never has (replication "none")
-            if self._twin(addr) not in self.node_of:
-                self.missing[self._twin(addr)] = "absent"
+            if addr.twin not in self.node_of:
+                self.missing[addr.twin] = "absent"
 
     # -- events ------------------------------------------------------------------
     def node_failed(self, node: str) -> List[View]:
@@ -98,7 +98,7 @@ class Recovery:
         self.replacement = {k: v for k, v in self.replacement.items() if v not in group}
         self.free = [n for n in self.free if n not in group]
         for addr in sorted(self.missing):
-            if self._twin(addr) in self.missing:
+            if addr.twin in self.missing:
                 raise PairLost(addr.stage, addr.partition)
         incs = frozenset(self.inc[n] for n in group)
         moves = self.writers.after_failure(group, self.node_of, self.missing, self.inc) \
@@ -155,7 +155,7 @@ class Recovery:
             if standby is None:
                 continue  # no standby yet: the pair stays vulnerable until one registers
             self.version += 1
-            active_node = self.node_of[self._twin(addr)]
+            active_node = self.node_of[addr.twin]
             avails.append(Avail(addr, self.inc[standby], self.version, standby, active_node))
             self.attempts[addr] = Attempt(self.version, standby, self._neighbours(addr))
             self.hosted[standby].add(addr)
@@ -182,15 +182,15 @@ class Recovery:
     def holds_last_replica(self, node: str) -> bool:
         """Would the failure of ``node`` lose a pair? (Its replicas' twins are missing.)"""
         hosted = set().union(*(self.hosted.get(n, set()) for n in self._failure_group(node)))
-        return any(self._twin(addr) in self.missing for addr in hosted)
+        return any(addr.twin in self.missing for addr in hosted)
 
     def _standby_for(self, lost_with: str) -> Optional[str]:
         """The standby that replaces ``lost_with``: the same for all its replicas, chosen
         once, away from the hosts of the replicas' survivors."""
         standby = self.replacement.get(lost_with)
         if standby is None:
-            survivors = {self.node_of[self._twin(a)] for a, owner in self.missing.items()
-                         if owner == lost_with and self._twin(a) in self.node_of}
+            survivors = {self.node_of[a.twin] for a, owner in self.missing.items()
+                         if owner == lost_with and a.twin in self.node_of}
             avoid = {self.host_of.get(n, n) for n in survivors}
             standby = standby_away_from(self.free, avoid, self.host_of)
             if standby is None:
@@ -209,9 +209,6 @@ class Recovery:
         return self._schedule()
 
     # -- helpers ---------------------------------------------------------------------
-    def _twin(self, addr: Addr) -> Addr:
-        return Addr(addr.stage, addr.partition, S if addr.replica == P else P)
-
     def _neighbours(self, addr: Addr) -> Set[Addr]:
         s = addr.stage
         below = {self.ingress} if s == 1 else {

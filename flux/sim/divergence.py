@@ -22,15 +22,10 @@ from controller.divergence import (
     name_first_key,
     probe_request,
 )
-from flux.addresses import Addr
 from flux.effects import Snapshot
 from flux.keys import MISSING, tuplify
 from flux.operator import wire_form
 from flux.sim.oracle import Violation
-
-
-def twin(addr: Addr) -> Addr:
-    return addr._replace(replica=1 - addr.replica)
 
 
 def _pairs(state: Any) -> Optional[dict]:
@@ -86,7 +81,7 @@ class SimDivergence:
             raise Violation(f"false alarm: {found.describe()} ({found}); the states "
                             f"{'differ' if differ else 'are equal'}")
         if found is not None and found.groups:
-            found = self._name_key(found, e, segment, live_segment(twin(e.addr)), mine, twins)
+            found = self._name_key(found, e, segment, live_segment(e.addr.twin), mine, twins)
         return found
 
     def _name_key(self, found: Divergence, e: Snapshot, segment: Any, other: Any,
