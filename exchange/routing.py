@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from exchange.partitioner import HashPartitioner, first_refused
+from exchange.partitioner import KEY_GROUPS, HashPartitioner, first_refused, group_owner
 from exchange.rows import ColumnsError, NumberedRows
 
 
@@ -71,12 +71,15 @@ class RecordRouter:
 
 
 class ColumnRouter:
-    """A stable hash of key columns, over a whole batch at once (``column_hash``)."""
+    """A stable hash of key columns, over a whole batch at once (``column_hash``), through
+    the key groups (``exchange.partitioner``)."""
 
-    def __init__(self, columns: Sequence[str], partitions: int, schema: Any = None):
+    def __init__(self, columns: Sequence[str], partitions: int, schema: Any = None,
+                 key_groups: Optional[int] = KEY_GROUPS):
         self.columns = tuple(columns)
         self.partitions = partitions
         self.schema = schema
+        self.key_groups = key_groups
 
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return _in_form(rows, self.schema)
@@ -87,7 +90,11 @@ class ColumnRouter:
             raise TypeError(f"the key names columns {list(self.columns)}, and the rows "
                             f"are Python records, not Arrow columns (give the stage a "
                             f"schema)")
-        return (column_hash(batch, self.columns) % np.uint64(self.partitions)).astype(np.int64)
+        hashes = column_hash(batch, self.columns)
+        if self.key_groups is None:
+            return (hashes % np.uint64(self.partitions)).astype(np.int64)
+        groups = (hashes % np.uint64(self.key_groups)).astype(np.int64)
+        return group_owner(groups, self.key_groups, self.partitions)
 
 
 class ToOne:
@@ -102,13 +109,16 @@ class ToOne:
         return np.zeros(len(rows), dtype=np.int64)
 
 
-def router_for(key: Any, partitions: int, schema: Any = None):
+def router_for(key: Any, partitions: int, schema: Any = None,
+               key_groups: Optional[int] = KEY_GROUPS):
     """The router of a stage's ``key`` (a function or column names); ``schema``: the
-    stage's input columns, when its operators take batches."""
+    stage's input columns, when its operators take batches; ``key_groups``: how many
+    (None: ``hash % partitions``, as before key groups)."""
     columns = column_names(key)
     if columns is not None:
-        return ColumnRouter(columns, partitions, schema)
-    return RecordRouter(HashPartitioner(partitions).router(key), partitions, schema)
+        return ColumnRouter(columns, partitions, schema, key_groups)
+    return RecordRouter(HashPartitioner(partitions, key_groups).router(key), partitions,
+                        schema)
 
 
 def _in_form(rows: NumberedRows, schema: Any) -> NumberedRows:

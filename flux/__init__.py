@@ -23,6 +23,7 @@ from flux.connector_api import PartitionedSource, Sink, SinkPerPartition, Source
 from flux.errors import (
     CheckpointCorrupt,
     CheckpointMismatch,
+    RescaleRefused,
     DamagedFile,
     DataflowError,
     IngressLost,
@@ -104,7 +105,8 @@ __all__ = [
     "KafkaSource", "KafkaSink", "PartitionsChanged",
     # errors users catch
     "DataflowError", "OperatorError", "PairLost", "ReplicasDiverged", "IngressLost", "SinkFenced",
-    "CheckpointMismatch", "CheckpointCorrupt", "DamagedFile", "SourceOrderUnknown",
+    "CheckpointMismatch", "RescaleRefused", "CheckpointCorrupt", "DamagedFile",
+    "SourceOrderUnknown",
 ]
 
 

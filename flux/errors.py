@@ -108,7 +108,14 @@ class SinkFenced(RuntimeError):
 
 
 class CheckpointMismatch(ValueError):
-    """A checkpoint written by a job with another dataflow or partition count."""
+    """A checkpoint written by a job with another dataflow, or one that cannot be restored
+    at this job's partition count."""
+
+
+class RescaleRefused(CheckpointMismatch):
+    """A checkpoint's state cannot be split over another partition count: an operator's
+    state is not a keyed store, or holds keys other than its stage's partition key
+    (DESIGN 13)."""
 
 
 class DamagedFile(RuntimeError):

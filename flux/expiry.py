@@ -22,10 +22,11 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from flux.keyed_state import KeyedState
+from flux.keys import EXPIRY_WATERMARK
 
 #: the key under which the watermark and the last sweep are kept: a 1-tuple, so it
 #: never equals a user's key of 2 or more fields, and -inf sorts before any number
-WATERMARK_KEY = (float("-inf"),)
+WATERMARK_KEY = EXPIRY_WATERMARK
 
 
 class Expiry:

@@ -17,6 +17,15 @@ import msgpack
 #: "no value here", where None may be a value
 MISSING = object()
 
+#: keys under which a keyed store keeps a value of its partition, not of a key: event-time
+#: expiry's watermark (a 1-tuple of -inf: no user's key of 2 or more fields equals it) and
+#: a stateful handler's (the empty tuple). No key group owns them: a rescale gives each
+#: new partition the smallest such value of the old partitions it draws keys from, so
+#: nothing expires earlier than it would have (DESIGN 13)
+EXPIRY_WATERMARK = (float("-inf"),)
+HANDLER_WATERMARK = ()
+PARTITION_WIDE = frozenset({EXPIRY_WATERMARK, HANDLER_WATERMARK})
+
 
 def tuplify(value: Any) -> Any:
     """Turn lists back into tuples, recursively, so a key that crossed msgpack is hashable again."""

@@ -45,12 +45,13 @@ from flux.stateful_processor import (
     TimerValues,
     _plain,
 )
+from flux.keys import HANDLER_WATERMARK
 from flux.timer_index import TimerIndex
 
 PER_ROW, PER_KEY = "per row", "per key"
 TIME_MODES = ("None", "EventTime")
 #: the store's key of the partition's watermark (a handler's keys have one value or more)
-WATERMARK = ()
+WATERMARK = HANDLER_WATERMARK
 
 
 def _key(values: tuple) -> tuple:

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from exchange.partitioner import HashPartitioner, UnhashableKey
+from exchange.partitioner import HashPartitioner, UnhashableKey, group_owner, owned_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Computed once (CRC-32 of the msgpack bytes, modulo n). Strings and bytes are
-# the keys whose Python hash() is salted by PYTHONHASHSEED.
+# Computed once (CRC-32 of the msgpack bytes, modulo n: the routing before key groups,
+# which checkpoints written then restore with). Strings and bytes are the keys whose
+# Python hash() is salted by PYTHONHASHSEED.
 KNOWN = [
     # (partitions, key, partition)
     (2, "alice", 0),
@@ -39,9 +40,44 @@ KNOWN = [
 ]
 
 
+# Computed once with key groups (256): (CRC-32 % 256) * n // 256: key group, partition.
+KNOWN_GROUPED = [
+    (2, "alice", 164, 1),
+    (2, "bob", 165, 1),
+    (4, 1, 27, 0),
+    (4, ("10.0.0.1", "10.0.0.2"), 35, 0),
+    (7, "alice", 164, 4),
+    (7, b"xy", 69, 1),
+    (16, None, 61, 3),
+    (16, -7, 53, 3),
+]
+
+
 @pytest.mark.parametrize("n, key, expected", KNOWN)
-def test_known_values(n, key, expected):
-    assert HashPartitioner(n)(key) == expected
+def test_known_values_without_key_groups(n, key, expected):
+    assert HashPartitioner(n, key_groups=None)(key) == expected
+
+
+@pytest.mark.parametrize("n, key, group, expected", KNOWN_GROUPED)
+def test_known_values_through_key_groups(n, key, group, expected):
+    partitioner = HashPartitioner(n)
+    assert partitioner.group(key) == group
+    assert partitioner(key) == expected
+    assert partitioner.router(lambda record: record)(key) == expected
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7, 16, 256])
+def test_a_partition_owns_a_contiguous_range_of_groups(n):
+    owners = [group_owner(g, 256, n) for g in range(256)]
+    assert owners == sorted(owners) and set(owners) == set(range(n))
+    for p in range(n):
+        assert list(owned_groups(p, n, 256)) == [g for g in range(256) if owners[g] == p]
+
+
+def test_key_groups_below_the_partition_count_are_refused():
+    with pytest.raises(ValueError, match="key_groups must be an int from the partition "
+                                         "count \\(8\\)"):
+        HashPartitioner(8, key_groups=4)
 
 
 _CHILD = """
@@ -52,7 +88,7 @@ out = []
 for n, key, is_tuple in cases:
     if is_tuple:
         key = tuple(key)
-    out.append(HashPartitioner(n)(key))
+    out.append(HashPartitioner(n, key_groups=None)(key))
 print(json.dumps({"parts": out, "salted": hash("alice")}))
 """
 
@@ -116,7 +152,7 @@ def test_bad_partition_counts_raise(bad):
 
 
 def test_repr():
-    assert repr(HashPartitioner(3)) == "HashPartitioner(3)"
+    assert repr(HashPartitioner(3)) == "HashPartitioner(3, key_groups=256)"
     assert HashPartitioner(3).partitions == 3
 
 
@@ -126,7 +162,7 @@ def test_a_bool_is_not_a_partition_count():
 
 
 def test_routing_stays_exact_after_a_refused_key_and_from_several_threads():
-    """One packer serves every call (issue 16): a key it refused leaves nothing behind,
+    """One packer serves every call: a key it refused leaves nothing behind,
     and threads routing at once route as one thread does."""
     import threading
     import zlib
@@ -135,7 +171,7 @@ def test_routing_stays_exact_after_a_refused_key_and_from_several_threads():
 
     part = HashPartitioner(7)
     keys = [("k%d" % i, i, [i % 3]) for i in range(2000)]
-    want = [zlib.crc32(msgpack.packb(k, use_bin_type=True)) % 7 for k in keys]
+    want = [zlib.crc32(msgpack.packb(k, use_bin_type=True)) % 256 * 7 // 256 for k in keys]
     with pytest.raises(UnhashableKey):
         part(("half", object()))
     assert [part(k) for k in keys] == want

@@ -138,7 +138,7 @@ def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one
     where = {Addr(1, i, replica): f"node{i}{replica}" for i in range(2) for replica in (0, 1)}
     now = [0.0]
     transport = RecordingTransport()
-    records = iter([("a", 1), ("b", 2), ("a", 3)])
+    records = iter([("a", 1), ("c", 2), ("a", 3)])
     loop = HostLoop(Host("ingress", {INGRESS: ingress}, 1), transport, where,
                     {n: "tcp://x" for n in where.values()}, source=records,
                     clock=lambda: now[0], flush_delay=0.01, item_delay=0.0)

@@ -34,7 +34,7 @@ def test_the_same_schedules_in_two_processes_print_the_same(capsys, argv):
 
 
 def test_a_broken_variant_is_caught_in_two_processes(capsys):
-    status, out, _ = printed(capsys, ["--schedules", "8", "--seed", "1", "--variant",
+    status, out, _ = printed(capsys, ["--schedules", "30", "--seed", "1", "--variant",
                                       "no-dup-filter", "--standbys", "1", "--crashes", "3",
                                       "--jobs", "2"])
     assert status == 1 and "violation seed=" in out

@@ -176,7 +176,9 @@ def test_without_the_duplicate_filter_duplicates_are_caught():
 
 def test_evicting_before_the_dual_ack_loses_tuples_and_is_caught():
     seed, r = first_violation(SimParams(variant="early-evict", **VARIANT_PARAMS))
-    assert "reference has" in r.reason, f"seed {seed}: {r.reason}"  # the output lacks a tuple
+    # the output lacks a tuple, or a replica's state lacks one at quiescence
+    assert "reference has" in r.reason or "state differs from the failure-free state" in \
+        r.reason, f"seed {seed}: {r.reason}"
     ok = run_schedule(seed, SimParams(**VARIANT_PARAMS), crash_window(SimParams(**VARIANT_PARAMS)))
     assert ok.status == OK, f"the correct protocol fails seed {seed} too: {ok.reason}"
 

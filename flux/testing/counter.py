@@ -30,17 +30,21 @@ class KeyedCounter(KeyedOperator):
     ``get_state()`` gives sorted ``[key, count]`` pairs.
     """
 
-    def __init__(self, fanout_every: int = 0):
-        if fanout_every < 0:
-            raise ValueError(f"fanout_every must be >= 0, got {fanout_every}")
-        self.fanout_every = fanout_every
+    def __init__(self, fanout_every: int = 0, regroup: int = 0):
+        """``regroup`` > 0: the outputs' first field is ``(key, count % regroup)``, so a
+        next stage keyed by it spreads one key over ``regroup`` keys of its own."""
+        if fanout_every < 0 or regroup < 0:
+            raise ValueError(f"fanout_every and regroup must be >= 0, got {fanout_every}, "
+                             f"{regroup}")
+        self.fanout_every, self.regroup = fanout_every, regroup
         self.state = KeyedState()
 
     def process(self, record: Sequence[Any]) -> list:
         key = tuplify(record[0])
         state = self.state
         count = state[key] = state.get(key, 0) + 1
-        out = [(key, count, record[1])]
+        name = (key, count % self.regroup) if self.regroup else key
+        out = [(name, count, record[1])]
         if self.fanout_every and count % self.fanout_every == 0:
-            out.append((key, -count, record[1]))
+            out.append((name, -count, record[1]))
         return out

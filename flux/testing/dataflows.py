@@ -5,6 +5,8 @@
 - ``with_ballast``, ``ballast_paper_dataflow``: keyed state of a given size.
 - ``counting_dataflow``: ``(key, value)`` records through ``KeyedCounter``
   stages, repartitioned at every stage; outputs ``(key, ±count, payload)``.
+- ``regrouping_dataflow``: the same, each stage counting per its own partition key
+  (its state can be rescaled, and its output does not depend on the partition count).
 - ``packet_dataflow``: the paper's two stages, then ``KeyedCounter`` stages
   (stage 3 partitioned by ``(app, ts)``, later ones by ``(key, count)``).
 """
@@ -69,6 +71,19 @@ def counting_dataflow(stages: int, fanout_every: int = 3) -> Dataflow:
             for s in range(1, stages + 1)
         ]
     )
+
+
+def regrouping_dataflow(stages: int, fanout_every: int = 3, regroup: int = 3) -> Dataflow:
+    """``stages`` KeyedCounter stages over ``keyed_workload`` records, each counting per its
+    own partition key (the first field) and naming its outputs ``(key, count % regroup)``:
+    data moves at every stage, and every store is keyed by its stage's key, so its state
+    can be split over another partition count (DESIGN 13), and the output is the same at
+    every count."""
+    if stages < 1:
+        raise ValueError(f"a regrouping dataflow needs >= 1 stage, got {stages}")
+    counter = partial(KeyedCounter, fanout_every=fanout_every, regroup=regroup)
+    return Dataflow([Stage(f"regroup{s}", first_field, (counter,))
+                     for s in range(1, stages + 1)])
 
 
 def packet_dataflow(stages: int, window: int = DEFAULT_WINDOW, emit_every: int = 2,
