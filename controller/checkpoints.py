@@ -21,13 +21,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from flux.dataflow import Dataflow, factory_name
 
 
-def fingerprint(dataflow: Dataflow, partitions: int) -> str:
+def fingerprint(dataflow: Dataflow, partitions: Optional[int]) -> str:
     """What a checkpoint must match to be restored: stage names, partition keys and the
-    operator factories, in order, and the partition count."""
+    operator factories, in order, and the partition count (None: at any count, the
+    shape a manifest written with key groups names; ``controller.checkpoint_shape``)."""
     shape = [[s.name, factory_name(s.key), [factory_name(f) for f in s.operators]]
              for s in dataflow.stages]
-    text = json.dumps({"stages": shape, "partitions": partitions}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    fields = {"stages": shape} if partitions is None else {"stages": shape,
+                                                            "partitions": partitions}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class Phase(enum.Enum):
@@ -61,11 +63,16 @@ class Checkpoint:
 class CheckpointCoordinator:
     """Hears the reports of every checkpoint; returns manifests of complete ones."""
 
-    def __init__(self, stages: int, partitions: int, fingerprint: str, sinks: int = 1):
+    def __init__(self, stages: int, partitions: int, fingerprint: str, sinks: int = 1,
+                 key_groups: Optional[int] = None, shape: Optional[str] = None):
         """``sinks``: the sink partitions that commit at each cut (1: ordered output; the
-        partitions: an egress per partition, docs/design/parallel_io.md)."""
+        partitions: an egress per partition, docs/design/parallel_io.md). ``key_groups``
+        and ``shape``: the job's key groups and its dataflow's fingerprint at any count,
+        named in every manifest (None: keys routed by ``hash % partitions``, as before key
+        groups: such a manifest restores only at its count; DESIGN 13)."""
         self.stages, self.partitions, self.fingerprint = stages, partitions, fingerprint
         self.sinks = sinks
+        self.key_groups, self.shape = key_groups, shape
         self.checkpoints: Dict[int, Checkpoint] = {}
         self.latest_complete: Optional[int] = None
 
@@ -143,6 +150,13 @@ class CheckpointCoordinator:
             restored = None  # a driver's earlier run completed it: this one never saw it
         self.latest_complete = restored
 
+    def rescaled(self, partitions: int) -> None:
+        """The job restarted (``restarted``) at another partition count: the checkpoints
+        from now on wait for its partitions (DESIGN 13). Every open one was abandoned."""
+        if any(c.phase is Phase.OPEN for c in self.checkpoints.values()):
+            raise ValueError("a rescale while a checkpoint is open: restart first")
+        self.partitions = partitions
+
     # -- queries -------------------------------------------------------------------------
     def abandoned(self) -> List[int]:
         return sorted(k for k, c in self.checkpoints.items() if c.phase is Phase.ABANDONED)
@@ -183,6 +197,8 @@ class CheckpointCoordinator:
                     "chains": [[list(f) for f in c.chains[s, p]]
                                for s in range(1, self.stages + 1) for p in range(self.partitions)],
                     "digests": dict(sorted(c.digests.items()))}
+        if self.key_groups is not None:
+            manifest.update(key_groups=self.key_groups, shape=self.shape)
         if self.sinks > 1:  # each sink partition's last committed SN
             manifest["sinks"] = [list(c.sinks[p]) if c.sinks[p] is not None else None
                                  for p in range(self.sinks)]

@@ -106,3 +106,19 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
         kept.update(pair for pair, take in zip(keyed, mine.tolist()) if take)
     kept.update(widest)
     return [[k, kept[k]] for k in sorted_keys(kept)]
+
+
+def check_rescalable(dataflow) -> None:
+    """Refuse, before anything runs, a rescale of a dataflow with an operator whose state
+    is not a keyed store (a fresh instance's state tells: None is stateless). Keys
+    that are not their stage's key show only in the state itself: a restore refuses them
+    (``rescaled_states``)."""
+    for stage in dataflow.stages:
+        chain = stage.build_chain()
+        for i, (op, store) in enumerate(zip(chain.operators, chain.keyed_stores())):
+            if store is None and op.get_state() is not None:
+                raise RescaleRefused(
+                    f"stage {stage.name!r} operator {i} ({factory_name(stage.operators[i])}) "
+                    f"keeps state that is not a keyed store: it cannot be split over "
+                    f"another partition count; keep it in a KeyedState (KeyedOperator) "
+                    f"keyed by the stage's key, or restart with the same number of nodes")

@@ -362,7 +362,7 @@ def test_the_writer_s_checksums_reach_the_manifest_and_a_restore_falls_back_past
     driver's service: a delta damaged on disk makes the restore take the checkpoint before,
     whose state is that partition's state at its own cut."""
     from flux.addresses import Addr, P
-    from flux.spark.node_task import restore_operators
+    from flux.runtime.restore import restore_operators
     from test_incremental_checkpoints import segment_with_counter, write_checkpoints
 
     seg = segment_with_counter(full_every=4)

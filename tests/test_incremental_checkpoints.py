@@ -239,9 +239,9 @@ def write_checkpoints(seg, store, numbers) -> dict:
 
 
 def test_restore_rebuilds_each_partition_from_its_chain(tmp_path):
-    """What a node does at a restart (flux.spark.node_task.restore_operators) over a
+    """What a node does at a restart (flux.runtime.restore.restore_operators) over a
     store holding a whole snapshot and deltas."""
-    from flux.spark.node_task import restore_operators
+    from flux.runtime.restore import restore_operators
 
     seg = segment_with_counter(full_every=4)
     store = CheckpointStore(str(tmp_path))

@@ -26,7 +26,7 @@ def spec(dataflow=None) -> dict:
     return dict(dataflow=cloudpickle.dumps(dataflow or counting_dataflow(2)), partitions=2,
                 capacity=64, batch_size=8, replication="flux", window=64, batch_rows=16, inc=-1,
                 host="127.0.0.1", keys=None, ports=None, flush_delay=0.002,
-                item_delay=0.005, pause_room=8)
+                item_delay=0.005, pause_room=8, key_groups=256)
 
 
 def gone(pid: int) -> bool:

@@ -113,8 +113,9 @@ def test_a_job_without_a_replayable_source_cannot_checkpoint(spark, tmp_path):
 
 
 def test_a_checkpoint_of_another_dataflow_is_refused(spark, tmp_path):
-    """Checkpoints written by one dataflow are never restored into another (or into other
-    partition counts): the job refuses to start and says why."""
+    """Checkpoints written by one dataflow are never restored into another, nor with other
+    key groups, nor split over another partition count when an operator's state is not a
+    keyed store: the job refuses to start and says why."""
     from flux.errors import CheckpointMismatch
     from flux.examples import paper_dataflow
     from flux.testing.dataflows import counting_dataflow
@@ -129,9 +130,39 @@ def test_a_checkpoint_of_another_dataflow_is_refused(spark, tmp_path):
         assert job.wait_until(lambda: job.checkpoints.completed, 10)
     with pytest.raises(CheckpointMismatch, match="another checkpoint location"):
         FluxJob(spark, paper_dataflow(), [], nodes=4, checkpoint=str(tmp_path / "ckpt"))
-    with pytest.raises(CheckpointMismatch, match="partitions 4, this job has 2"):
-        FluxJob(spark, counting_dataflow(2), records, nodes=2,
+    with pytest.raises(CheckpointMismatch, match="key_groups=256, this job has "
+                                                 "key_groups=128"):
+        FluxJob(spark, counting_dataflow(2), records, nodes=4, key_groups=128,
                 checkpoint=str(tmp_path / "ckpt"))
+    from flux import Dataflow, RescaleRefused, Stage
+    from flux.testing.counter import KeyedCounter, first_field
+
+    totals = Dataflow([Stage("count1", first_field, (KeyedCounter,)),
+                       Stage("count2", first_field, (KeyedCounter, RunningTotal))])
+    with FluxJob(spark, totals, records, nodes=4, standbys=0,
+                 checkpoint=str(tmp_path / "totals"), checkpoint_interval=0.2) as job:
+        job.wait(timeout=120)
+        assert job.wait_until(lambda: job.checkpoints.completed, 10)
+    with pytest.raises(RescaleRefused, match=r"stage 'count2' operator 1 \(RunningTotal\) "
+                                             r"keeps state that is not a keyed store"):
+        FluxJob(spark, totals, records, nodes=2, checkpoint=str(tmp_path / "totals"))
+
+
+class RunningTotal:
+    """State that is not a keyed store: a count of the partition's records."""
+
+    def __init__(self):
+        self.total = 0
+
+    def process(self, record):
+        self.total += 1
+        return [record]
+
+    def get_state(self):
+        return self.total
+
+    def install_state(self, state):
+        self.total = state
 
 
 def test_the_ingress_process_killed_restarts_the_job_from_its_checkpoint(spark, tmp_path):

@@ -33,5 +33,5 @@ def test_each_partition_gets_its_failure_free_output(shape):
 
 def test_a_writer_acking_before_its_commit_is_caught():
     results = run(SimParams(writers_on_nodes=True, stages=2, partitions=4, crashes=2,
-                            standbys=1, variant="eager-writer-acks"), range(1, 41))
+                            standbys=1, variant="eager-writer-acks"), range(1, 121))
     assert any(r.status == VIOLATION for r in results)

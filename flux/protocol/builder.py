@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from exchange.partitioner import KEY_GROUPS
 from exchange.routing import ToOne, router_for
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
@@ -33,7 +34,8 @@ class MachineBuilder:
                  replication: str = "flux", spare_chains: dict = None,
                  window: int = None, full_every: int = 1, batch_rows: int = 1024,
                  ordered_output: bool = True, pause_room: int = PAUSE_ROOM,
-                 writers_on_nodes: bool = False, ingresses: int = 1, digests: bool = True):
+                 writers_on_nodes: bool = False, ingresses: int = 1, digests: bool = True,
+                 key_groups: Optional[int] = KEY_GROUPS):
         """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
@@ -46,8 +48,11 @@ class MachineBuilder:
         egress is a sink's writer on a node, acked at its commits (``SinkWriter``).
         ``ingresses``: how many ingresses feed stage 1, each numbering in epochs (DESIGN 12).
         ``digests``: segments digest their states and outputs at the cuts, for the
-        comparison of each pair (DESIGN 14; without cuts there is nothing to compare)."""
+        comparison of each pair (DESIGN 14; without cuts there is nothing to compare).
+        ``key_groups``: how many key groups keys hash to, a partition owning a range of
+        them (DESIGN 13); None: ``hash % partitions``, the routing before key groups."""
         self.digests = digests
+        self.key_groups = key_groups
         if ingresses < 1:
             raise ValueError(f"ingresses must be >= 1, got {ingresses}")
         self.ingresses = ingresses
@@ -117,7 +122,7 @@ class MachineBuilder:
         """Routes to the partitions of stage ``stage + 1`` (0-based ``stage``) by its key,
         in the form it takes (columns of its ``schema``, if it has one)."""
         target = self.dataflow.stages[stage]
-        return router_for(target.key, self.partitions, target.schema)
+        return router_for(target.key, self.partitions, target.schema, self.key_groups)
 
     def standby_segment(self, a: Addr) -> Segment:
         return self.segment(a, AWAITING_STATE)

@@ -25,7 +25,7 @@ manifest written before checksums (no ``checksum``) is read as it is.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import fsspec
 
@@ -116,13 +116,15 @@ class CheckpointStore:
         return self.restorable(fingerprint, partitions)
 
     def restorable(self, fingerprint: Optional[str] = None,
-                   partitions: Optional[int] = None) -> Optional[dict]:
+                   partitions: Optional[int] = None,
+                   check: Optional[Callable[[dict], None]] = None) -> Optional[dict]:
         """The manifest of the newest complete checkpoint whose manifest and every file
         verify (``verify``), or None when there is no complete checkpoint. Each newer one
         that does not verify is logged, naming the file and why, and set aside; with none
         left, ``CheckpointCorrupt`` names the newest damaged file. A checkpoint written by
         a job with another dataflow ``fingerprint`` or partition count is refused
-        (``CheckpointMismatch``)."""
+        (``CheckpointMismatch``); ``check(manifest)``, when given, decides instead
+        (``controller.checkpoint_shape``)."""
         damaged: List[Damaged] = []
         for k in reversed(self.complete_ids()):
             try:
@@ -133,7 +135,10 @@ class CheckpointStore:
                 damaged.append(exc)
                 self._set_aside(k)
                 continue
-            self._check_shape(k, manifest, fingerprint, partitions)
+            if check is not None:
+                check({**manifest, "checkpoint": k})
+            else:
+                self._check_shape(k, manifest, fingerprint, partitions)
             if damaged:
                 log.warning("restoring checkpoint %d of %s: the %d newer ones are damaged",
                             k, self.url, len(damaged))

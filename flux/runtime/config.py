@@ -13,6 +13,7 @@ from controller.placement import Placement, placement_for
 from flux.runtime.network import check_port_range, local_host
 from flux.runtime.transport import job_keys
 from controller.topology import Topology
+from exchange.partitioner import KEY_GROUPS
 from flux.protocol.producer import PAUSE_ROOM
 
 
@@ -25,6 +26,9 @@ class NodeConfig:
     stages: int
     partitions: int
     replication: str = "flux"
+    #: how many key groups keys hash to (DESIGN 13); None: ``hash % partitions``, the
+    #: routing of a checkpoint written before key groups, restored as it was
+    key_groups: Optional[int] = KEY_GROUPS
     #: the most inputs in one item (DESIGN 11); capacity and batch_size count sub-items
     batch_rows: int = 1024
     capacity: int = 16

@@ -289,7 +289,8 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
     builder = MachineBuilder(cloudpickle.loads(spec["dataflow"]), spec["partitions"],
                              spec["capacity"], spec["batch_size"],
                              replication=spec["replication"], window=spec["window"],
-                             batch_rows=spec["batch_rows"], pause_room=spec["pause_room"])
+                             batch_rows=spec["batch_rows"], pause_room=spec["pause_room"],
+                             key_groups=spec["key_groups"])
     transport = Transport(ctx, INGRESS_PROCESS, spec["inc"], host=spec["host"],
                           keys=spec["keys"], ports=spec["ports"])
     try:

@@ -186,6 +186,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ingresses", type=int, default=1, metavar="K",
                     help="K ingresses, each reading a source partition of its own and "
                          "numbering its inputs in epochs (DESIGN 12)")
+    ap.add_argument("--rescale-to", default="", metavar="M[,M2...]",
+                    help="every restart runs at the next of these partition counts, each "
+                         "partition's state split by key group from the checkpoint "
+                         "(DESIGN 13; with --checkpoints and --dataflow regroup)")
     ap.add_argument("--fingerprint", action="store_true",
                     help="print a digest of every schedule's steps and outcome (to compare "
                          "two versions: the same digest, the same schedules)")
@@ -214,7 +218,8 @@ def main(argv=None) -> int:
                        keep_checkpoints=args.keep_checkpoints,
                        partitioned_egress=args.partitioned_egress,
                        writers_on_nodes=args.writers_on_nodes,
-                       ingresses=args.ingresses)
+                       ingresses=args.ingresses,
+                       rescale_to=tuple(int(n) for n in args.rescale_to.split(",") if n))
     try:
         params.validate()
     except ValueError as exc:
@@ -223,7 +228,7 @@ def main(argv=None) -> int:
     violations = pair_lost = steps = catchups = bulk_parts = deltas = part_steps = 0
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
-    compared = diverged = undefined = probed = named = sets_rebuilt = 0
+    compared = diverged = undefined = probed = named = sets_rebuilt = rescales = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -246,6 +251,7 @@ def main(argv=None) -> int:
         complete += len(result.complete)
         restarts += len(result.restarts)
         sets_rebuilt += result.sets_rebuilt
+        rescales += result.rescales
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
         failed_writes += result.failed_writes
@@ -279,7 +285,8 @@ def main(argv=None) -> int:
           f"complete={complete}), "
           f"digest pairs compared={compared}, diverged={diverged} (key named {named}/{probed}), "
           f"{f'nondeterminism-raised={undefined}, ' if undefined else ''}"
-          f"restarts={restarts}{f' (sets rebuilt {sets_rebuilt})' if sets_rebuilt else ''}, "
+          f"restarts={restarts}{f' (sets rebuilt {sets_rebuilt})' if sets_rebuilt else ''}"
+          f"{f' (rescaled {rescales})' if rescales else ''}, "
           f"{corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)

@@ -54,6 +54,12 @@ class ZombieMachine(NamedTuple):
 
 @dataclass
 class WorldConfig:
+    #: each restart runs at the next of these partition counts (DESIGN 13), placed by
+    #: ``placement_for(count)``
+    rescale_to: Tuple[int, ...] = ()
+    placement_for: Optional[Callable[[int], Any]] = None
+    #: False: a broken variant installs old partition p's state whole in new partition p
+    split_rescaled: bool = True
     capacity: int = 4
     ingress_capacity: int = 4
     batch_size: int = 2
@@ -134,6 +140,8 @@ class Outcome:
     pair_lost: List[Addr] = field(default_factory=list)
     #: restarts that rebuilt a lost replica set from a checkpoint cut after the loss
     sets_rebuilt: int = 0
+    #: restarts at another partition count, their states split by key group (DESIGN 13)
+    rescales: int = 0
     #: the divergence the pairs' digests found, which stopped the job (DESIGN 14)
     diverged: str = ""
     catchups: List[Addr] = field(default_factory=list)

@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, Dict, Optional
 
+from controller.key_groups import sources
+from exchange.partitioner import KEY_GROUPS
+from flux.rescale import rescaled_states
 from flux.sim.oracle import Violation
+from flux.snapshot_chain import install, rebuild
 
 
 class Restarts:
@@ -81,6 +85,10 @@ class Restarts:
                             f"input {cut + 1} on")
         w.coordinator.restarted(k)
         outcome.restarts.append(k)
+        counts = w.config.rescale_to
+        if counts and rescale(w, counts[(len(outcome.restarts) - 1) % len(counts)]) and \
+                restored is not None:
+            outcome.rescales += 1  # from a checkpoint: its state split
         if w.config.cuts_follow_restore:
             w.last_cut = cut
         store.chains = {}  # every replica starts anew: its first snapshot is whole
@@ -113,3 +121,32 @@ class Restarts:
             w.inputs[logged:] = [record for record, _ in merged]
             self.source_parts[logged:] = [part for _, part in merged]
             w.on_reorder(w.inputs)
+
+
+def rescale(world, partitions: int) -> bool:
+    """The job runs again at ``partitions``: its machines, placement and checkpoints at
+    the new count, its state split by key group from the checkpoint restored (DESIGN 13;
+    one ordered egress: the sink's last SN is the whole job's). Did the count change?"""
+    if partitions == world.partitions:
+        return False
+    world.partitions = world.builder.partitions = partitions
+    world.placement = world.config.placement_for(partitions)
+    world.coordinator.rescaled(partitions)
+    return True
+
+
+def restore(world, chains: Dict, addr, segment) -> None:
+    """``segment`` starts from its partition's state in a checkpoint's ``chains``, as the
+    runtime's restore: its own chain at the same count, else the key groups it owns of the
+    old partitions' (``flux.rescale``)."""
+    old = 1 + max(p for _, p in chains)
+    if old == world.partitions or not world.config.split_rescaled:
+        if (addr.stage, addr.partition) in chains:  # (the broken variant: else empty)
+            install(segment.chain, world.store.read(chains[addr.stage, addr.partition]))
+        return
+    stage = world.dataflow.stages[addr.stage - 1]
+    keyed = [store is not None for store in segment.chain.keyed_stores()]
+    states = {q: rebuild(world.store.read(chains[addr.stage, q]))
+              for q in sources(addr.partition, world.partitions, old, KEY_GROUPS)}
+    segment.chain.install_state(rescaled_states(stage, keyed, states, addr.partition,
+                                                world.partitions, old, KEY_GROUPS))

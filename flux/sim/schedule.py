@@ -113,6 +113,9 @@ class SimParams:
     writers_on_nodes: bool = False
     #: ingresses reading a source partition each, numbering in epochs (DESIGN 12)
     ingresses: int = 1
+    #: each restart of the job runs at the next of these partition counts, its state split
+    #: by key group from the restored checkpoint (DESIGN 13); () keeps ``partitions``
+    rescale_to: Tuple[int, ...] = ()
     max_steps: int = 200_000
 
     @property
@@ -158,6 +161,14 @@ class SimParams:
                              "source partition (--ingresses K models K of them)")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
+        if self.rescale_to:
+            if any(n < 2 for n in self.rescale_to):
+                raise ValueError(f"--rescale-to counts must be >= 2, got {self.rescale_to}")
+            if not self.checkpoints or self.egress_per_partition or self.ingresses > 1 \
+                    or self.dataflow != "regroup":
+                raise ValueError("--rescale-to restarts from checkpoints (--checkpoints N) "
+                                 "with one ordered egress, one ingress and --dataflow "
+                                 "regroup (state keyed by its stages' keys)")
 
 
 @dataclass
@@ -189,6 +200,7 @@ class ScheduleResult:
     #: and how many rebuilt a lost replica set (cluster pairs)
     restarts: List[Optional[int]] = field(default_factory=list)
     sets_rebuilt: int = 0
+    rescales: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -204,15 +216,16 @@ class ScheduleResult:
 
 
 #: the dataflows a schedule can run
-DATAFLOWS = ("counter", "packets", "packets-ttl")
+DATAFLOWS = ("counter", "regroup", "packets", "packets-ttl")
 
 
 def build_dataflow(params: SimParams, seed: int):
     from flux.testing import dataflows, workloads
 
-    if params.dataflow == "counter":
-        return (dataflows.counting_dataflow(params.stages),
-                workloads.keyed_workload(params.inputs, seed, keys=6))
+    if params.dataflow in ("counter", "regroup"):
+        make = dataflows.counting_dataflow if params.dataflow == "counter" \
+            else dataflows.regrouping_dataflow
+        return make(params.stages), workloads.keyed_workload(params.inputs, seed, keys=6)
     # packets-ttl: sessions and idle keys expire within a schedule (ts grows ~3 a packet),
     # so expiries fall before, during and after catch-ups (flux/expiry.py)
     ttl = {"session_ttl": 24, "idle_ttl": 45} if params.dataflow == "packets-ttl" else {}
@@ -275,6 +288,8 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # from a stream of its own
         commit_every=random.Random(f"commits {seed}").randint(1, 6),
         epochs=plan,
+        rescale_to=params.rescale_to,
+        placement_for=partial(PLACEMENTS[params.placement], params.stages),
         log_epochs=bool(params.checkpoints or params.restarts),
         epoch_skew=random.Random(f"skew {seed}").choice(SKEWS),
         **WORLD_VARIANTS.get(params.variant, {}),
@@ -290,14 +305,19 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
                   fault_rng=random.Random(f"faults {seed}"),
                   corrupt_rng=random.Random(f"corrupt {seed}"))
     if params.checkpoints and config.deterministic:
-        world.judge_snapshot = partial(judge_snapshot, states_after, world.position)
+        world.judge_snapshot = partial(judge_snapshot, states_after, world.position,
+                                       lambda: world.partitions)
         world.judge_commit = partial(judge_commit, outputs_upto, world.position)
 
     def reorder(new_inputs, new_numbers=None):
         """The failure-free run of the inputs' new order (its lists changed in place)."""
         for old, new in zip((reference, outputs_upto, states_after, states, parts),
                             reference_run(dataflow, new_inputs, params, new_numbers)):
-            old[:] = new
+            if isinstance(old, dict):
+                old.clear()
+                old.update(new)
+            else:
+                old[:] = new
 
     world.on_reorder = reorder
     return world, reference, states, parts if params.egress_per_partition else None
@@ -317,11 +337,28 @@ def nondeterminism(params: SimParams, seed: int) -> dict:
 def reference_run(dataflow, inputs, params: SimParams, numbers=None):
     """The failure-free run of ``inputs``: its outputs, how many the first n inputs make
     (with an egress per partition: per partition, ``[n][p]``), the operators' states after
-    n inputs (with checkpoints) and at the end, and each output's last-stage partition.
-    ``numbers``: the inputs' SNs (several ingresses); None: 1, 2, 3, ..."""
+    n inputs (with checkpoints) and at the end, each per partition count the run may have
+    (``{count: states}``: ``partitions`` and those of ``rescale_to``), and each output's
+    last-stage partition. ``numbers``: the inputs' SNs (several ingresses); None: 1, 2, 3..."""
+    run, reference, outputs_upto, states_after = _reference(dataflow, inputs, params,
+                                                            params.partitions, numbers)
+    after = {params.partitions: states_after}
+    states = {params.partitions: [[c.get_state() for c in stage] for stage in run.chains]}
+    for n in params.rescale_to:
+        if n in after:
+            continue
+        other, outputs, _, after[n] = _reference(dataflow, inputs, params, n, numbers)
+        if outputs != reference:
+            raise ValueError(f"the dataflow's output at {n} partitions is not its output at "
+                             f"{params.partitions}: a rescale cannot keep it")
+        states[n] = [[c.get_state() for c in stage] for stage in other.chains]
+    return reference, outputs_upto, after, states, list(run.output_partitions)
+
+
+def _reference(dataflow, inputs, params: SimParams, partitions: int, numbers):
     from flux.reference import ReferenceRun
 
-    run = ReferenceRun(dataflow, params.partitions)
+    run = ReferenceRun(dataflow, partitions)
     reference: list = []
     outputs_upto = [0]  # [n]: how many reference outputs the first n inputs make
 
@@ -329,7 +366,7 @@ def reference_run(dataflow, inputs, params: SimParams, numbers=None):
         return [[wire_form(c.get_state()) for c in stage] for stage in run.chains]
 
     states_after = [operator_states()] if params.checkpoints else []  # [n]: after n inputs
-    per_part = [0] * params.partitions
+    per_part = [0] * partitions
     if params.egress_per_partition:
         outputs_upto = [tuple(per_part)]
     for k, record in enumerate(inputs):
@@ -343,15 +380,16 @@ def reference_run(dataflow, inputs, params: SimParams, numbers=None):
             outputs_upto.append(len(reference))
         if params.checkpoints:
             states_after.append(operator_states())
-    states = [[chain.get_state() for chain in stage] for stage in run.chains]
-    return reference, outputs_upto, states_after, states, list(run.output_partitions)
+    return run, reference, outputs_upto, states_after
 
 
-def judge_snapshot(states_after, position, snap) -> None:
+def judge_snapshot(states_after, position, partitions, snap) -> None:
     """A checkpoint's snapshot is the failure-free state of its partition after exactly
-    the inputs up to its cut (DESIGN 10). ``position``: how many inputs an SN covers."""
+    the inputs up to its cut (DESIGN 10), at the job's partition count (``partitions()``).
+    ``position``: how many inputs an SN covers."""
     got = wire_form(unpack_state(snap.data)["operators"])
-    want = states_after[position(snap.cut)][snap.addr.stage - 1][snap.addr.partition]
+    want = states_after[partitions()][position(snap.cut)][snap.addr.stage - 1][
+        snap.addr.partition]
     if got != want:
         raise Violation(f"checkpoint {snap.number} (cut {snap.cut}): {snap.addr}'s snapshot "
                         f"{got!r} is not the state after input {snap.cut}: {want!r}")
@@ -371,6 +409,19 @@ def judge_commit(outputs_upto, position, commit, delivered: int) -> None:
 def run_schedule(seed: int, params: SimParams, crash_window: int) -> ScheduleResult:
     """Run one schedule; crashes fall at uniformly chosen steps below ``crash_window``."""
     return execute(seed, params, RandomChooser(seed, params, crash_window))
+
+
+class Speeds(dict):
+    """Each process's speed; one that comes later (a rescale's new nodes) draws its own
+    from a stream of its own, so a seed's other draws are what they were."""
+
+    def __init__(self, later: random.Random):
+        super().__init__()
+        self.later = later
+
+    def __missing__(self, host: str) -> int:
+        speed = self[host] = self.later.choice(SPEEDS)
+        return speed
 
 
 class RandomChooser:
@@ -398,7 +449,9 @@ class RandomChooser:
             self.crash_at = sorted(rng.randrange(max(1, self.crash_window))
                                    for _ in range(self.params.crashes))
             # Unequal speeds make replicas drift apart, the case the buffers exist for.
-            self.speed = {h: rng.choice(SPEEDS) for h in list(world.hosts) + ["controller"]}
+            self.speed = Speeds(random.Random(f"speeds {self.seed}"))
+            self.speed.update((h, rng.choice(SPEEDS)) for h in list(world.hosts) +
+                              ["controller"])
             # the input log's writes have a speed of their own (a slow store lags), drawn
             # from a stream of its own so a seed's other draws stay what they were
             self.speed[INPUT_LOG] = self.log_speed.choice(LOG_SPEEDS)
@@ -527,7 +580,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                 raise Violation(f"no quiescence after {t} steps (livelock)")
         if result.status == OK:
             result.expected = len(reference)  # a restart may have changed the inputs' order
-            problem = final_checks(world, len(reference), states) if judged else None
+            problem = final_checks(world, len(reference), states[world.partitions]) \
+                if judged else None
             if problem:
                 result.status, result.reason = VIOLATION, problem
     except Violation as exc:
@@ -553,6 +607,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.complete = list(world.outcome.complete)
     result.restarts = list(world.outcome.restarts)
     result.sets_rebuilt = world.outcome.sets_rebuilt
+    result.rescales = world.outcome.rescales
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.fallbacks = list(world.outcome.fallbacks)

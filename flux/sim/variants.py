@@ -275,6 +275,9 @@ INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
 WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
+                  # a restart at another count installs each old partition's state whole
+                  # in the new partition of its number, unsplit (DESIGN 13)
+                  "rescale-unsplit": {"split_rescaled": False},
                   "eager-writer-acks": {"writer_class": WriterAckingOnReceipt}}
 
 #: name -> (buffer class, segment class)
@@ -295,6 +298,7 @@ VARIANTS = {
     "epoch-bound-first": (Buffer, Segment),
     "unlogged-epoch-bound": (Buffer, Segment),
     "restore-unverified": (Buffer, Segment),
+    "rescale-unsplit": (Buffer, Segment),
     "eager-writer-acks": (Buffer, Segment),
     "no-resend": (Buffer, Segment),
 }

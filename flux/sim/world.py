@@ -67,12 +67,11 @@ from flux.sim.divergence import SimDivergence
 from flux.sim.faults import REMOVED_SHARE, Faults
 from flux.sim.ingresses import SimIngresses, ingress_claims
 from flux.sim.oracle import FailureFreeOutputs, SettledOracle
-from flux.sim.restarts import Restarts
+from flux.sim.restarts import Restarts, restore
 from flux.sim.sink import SimSink
 from flux.sim.steps import Steps
 from flux.sim.writers import SimWriters
 from flux.sim.store import CheckpointStore, StoredFile, checksum
-from flux.snapshot_chain import install
 from controller.topology import Topology
 from statemover.messages import SmReady, TransferFailed
 
@@ -165,7 +164,7 @@ class World:
             if restored is not None:
                 chains = self.store.manifests[restored[0]][1]
                 for a, seg in machines.items():  # as the runtime's restore_operators
-                    install(seg.chain, self.store.read(chains[a.stage, a.partition]))
+                    restore(self, chains, a, seg)
             machines.update((w.addr, w) for w in writers if self.writers.host[w.partition] == name)
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              builder.standby_segment, config.chunk_size,

@@ -111,7 +111,7 @@ class Attempt:
             dataflow=config.dataflow, partitions=p.nodes, capacity=config.capacity,
             batch_size=config.batch_size, replication=config.replication,
             window=config.window, batch_rows=config.batch_rows, pause_room=config.pause_room,
-            inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
+            key_groups=config.key_groups, inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
             keys=config.keys, ports=config.ports, flush_delay=config.flush_delay,
             item_delay=config.item_delay))
         self.ctx = zmq.Context()

@@ -13,7 +13,9 @@ import os
 import time
 from typing import Any, Callable, List, Optional
 
+from controller.checkpoint_shape import JobShape
 from controller.checkpoints import CheckpointCoordinator, fingerprint
+from exchange.partitioner import KEY_GROUPS
 from flux.connector_api import LOGGED
 from flux.errors import CheckpointCorrupt
 from flux.runtime.checkpoint_service import CheckpointService
@@ -27,8 +29,10 @@ log = logging.getLogger(__name__)
 
 class DriverCheckpoints:
     def __init__(self, options: Checkpointing, dataflow, partitions: int, source,
-                 replay_order: str, events: list, sinks: int = 1):
-        """``sinks``: the sink partitions committing at every cut (an egress each)."""
+                 replay_order: str, events: list, sinks: int = 1,
+                 key_groups: int = KEY_GROUPS):
+        """``sinks``: the sink partitions committing at every cut (an egress each);
+        ``key_groups``: the job's (DESIGN 13)."""
         url = options.location
         if "://" not in url:
             url = os.path.abspath(url)  # executors run elsewhere
@@ -36,9 +40,16 @@ class DriverCheckpoints:
         self.source = source
         store = CheckpointStore(url, keep=options.keep)
         print_ = fingerprint(dataflow, partitions)
+        shape = JobShape.of(dataflow, partitions, key_groups, ordered_output=sinks == 1)
         #: the manifest of the checkpoint the next attempt starts from (None: the first
-        #: input); a damaged newer one is passed over, another dataflow's refused
-        self.restore: Optional[dict] = store.restorable(print_, partitions)
+        #: input); a damaged newer one is passed over, another dataflow's refused, one of
+        #: another partition count rescaled (its state split by key group, DESIGN 13)
+        self.restore: Optional[dict] = store.restorable(
+            check=lambda manifest: shape.routing(manifest, url))
+        #: how keys are routed: the job's key groups, or the restored checkpoint's routing
+        #: (None: ``hash % partitions``, a checkpoint written before key groups)
+        self.key_groups: Optional[int] = key_groups if self.restore is None else \
+            shape.routing(self.restore, url)
         #: where the source starts without a checkpoint (a restart before the first one)
         self.start_position = source.position
         #: a source with partitions of its own interleaves them differently on every
@@ -50,7 +61,8 @@ class DriverCheckpoints:
         #: the logged partitions of the inputs after the restored cut
         self.replay: List[Any] = []
         self.service = CheckpointService(store, CheckpointCoordinator(
-            len(dataflow.stages), partitions, print_, sinks), events=events, input_log=self.input_log)
+            len(dataflow.stages), partitions, print_, sinks, key_groups=self.key_groups,
+            shape=shape.shape), events=events, input_log=self.input_log)
         self.next_number = max(store.ids(), default=0) + 1
         self._cut_at = 0.0
         #: a replica set was lost (cluster pairs): the next input gets a cut at once, and
@@ -61,6 +73,12 @@ class DriverCheckpoints:
         if self.restore is not None:
             log.info("resuming from checkpoint %d of %s (cut at input %d)",
                      self.restore["checkpoint"], url, self.restore["cut"])
+            if self.restore["partitions"] != partitions:
+                log.info("rescaling from %d to %d partitions: each new partition takes the "
+                         "key groups it owns of the old partitions' state",
+                         self.restore["partitions"], partitions)
+                events.append((time.monotonic(), "rescale",
+                               (self.restore["partitions"], partitions)))
 
     # -- a start or a restart ---------------------------------------------------------
     def plan(self, sink_holds: Optional[tuple]) -> None:

@@ -31,6 +31,7 @@ from flux.connector_api import replay_order_of
 from flux.control_messages import JOB_STOPPED
 from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.reference import input_records
+from flux.rescale import check_rescalable
 from flux.errors import DataflowError, IngressLost, PairLost
 from flux.operator import OperatorRaised, describe
 from flux.runtime.config import NodeConfig
@@ -129,6 +130,7 @@ class FluxJob(JobViews):
                                    on_executors=tuning.egress_on_executors)
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
+            key_groups=opts.replication.key_groups,
             replication=opts.replication.mode, capacity=tuning.capacity,
             batch_size=tuning.batch_size, window=tuning.window, pause_room=tuning.pause_room,
             batch_rows=tuning.batch_rows or dataflow.default_batch_rows(),
@@ -146,9 +148,14 @@ class FluxJob(JobViews):
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,
                                                     replay_order, self.metrics.events,
-                                                    sinks=self.config.egresses)
+                                                    sinks=self.config.egresses,
+                                                    key_groups=opts.replication.key_groups)
             self._checkpointing.plan(self.output.holds())
-            self.config = replace(self.config, checkpoint=self._checkpointing.url)
+            self.config = replace(self.config, checkpoint=self._checkpointing.url,
+                                  key_groups=self._checkpointing.key_groups)
+            restore = self._checkpointing.restore
+            if restore is not None and restore["partitions"] != nodes:
+                check_rescalable(dataflow)
         #: the manifest of the checkpoint this job started from, or None
         self._resumed_from = self._checkpointing.restore if self._checkpointing else None
         self.errors: List[BaseException] = []
@@ -178,7 +185,7 @@ class FluxJob(JobViews):
                 self.dataflow, rep.nodes, self.config.capacity, self.config.batch_size,
                 replication=rep.mode, window=self.config.window,
                 batch_rows=self.config.batch_rows, ordered_output=self.config.ordered_output,
-                pause_room=self.config.pause_room),
+                pause_room=self.config.pause_room, key_groups=self.config.key_groups),
             metrics=self.metrics, output=self.output, checkpoints=self._checkpointing,
             source=self.source, nodes=rep.nodes, standbys=rep.standbys,
             detect_after=net.detect_after,

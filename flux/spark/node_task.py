@@ -43,6 +43,7 @@ from flux.errors import CheckpointCorrupt, OperatorError
 from flux.protocol.host import Host
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.config import NodeConfig
+from flux.runtime.restore import restore_operators
 from flux.runtime.liveness import Liveness
 from flux.runtime.gc_tuning import data_path_gc
 from flux.runtime.loop import HostLoop
@@ -52,8 +53,6 @@ from flux.runtime.network import boot_id, is_loopback, split_tcp
 from flux.runtime.snapshot_writer import SnapshotWriter
 from flux.runtime.transport import Transport
 from flux.protocol.segment import StreamedSegment
-from flux.snapshot_chain import install
-from flux.state_codec import unpack_state
 
 log = logging.getLogger(__name__)
 
@@ -282,10 +281,11 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              ordered_output=config.ordered_output,
                              pause_room=config.pause_room,
                              writers_on_nodes=bool(config.writers_sink),
-                             digests=config.digests)
+                             digests=config.digests, key_groups=config.key_groups)
     machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
     if config.restore >= 0 and machines:
-        restore_operators(snapshots.store, config.restore, machines)
+        restore_operators(snapshots.store, config.restore, machines, dataflow,
+                          config.partitions, config.key_groups)
     writer_sinks = None
     if config.writers_sink:  # this node writes the sinks of its partitions' writers
         sink = cloudpickle.loads(config.writers_sink)
@@ -305,28 +305,3 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                     writer_sinks=writer_sinks)
     return loop
 
-
-def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict) -> None:
-    """Every segment starts from its partition's snapshot in complete checkpoint
-    ``checkpoint`` (a job restarted, DESIGN 10): its operators' state after exactly the
-    inputs up to the checkpoint's cut, rebuilt from a whole snapshot and the deltas after
-    it (flux.snapshot_chain)."""
-    manifest = store.manifest(checkpoint)
-    for addr, segment in machines.items():
-        files = store.part_files(manifest, addr.stage, addr.partition)
-        snapshots = []
-        for (k, name), data in zip(files, store.read_part(manifest, addr.stage,
-                                                          addr.partition)):
-            try:  # verified already: only a checkpoint from before checksums gets here
-                snapshots.append(unpack_state(data))
-            except Exception as exc:
-                raise CheckpointCorrupt(store.path(k, name), f"it cannot be decoded: "
-                                        f"{type(exc).__name__}: {exc}") from exc
-        try:
-            install(segment.chain, snapshots)
-        except Exception as exc:
-            raise RuntimeError(f"stage {addr.stage} partition {addr.partition}: its state "
-                               f"in checkpoint {checkpoint} of {store.url} could not be "
-                               f"installed: {type(exc).__name__}: {exc}") from exc
-    log.info("restored %d segments from checkpoint %d (cut %d) of %s", len(machines),
-             checkpoint, manifest["cut"], store.url)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple
 
+from exchange.partitioner import KEY_GROUPS, check_key_groups
 from flux.connector_api import SinkPerPartition, is_exactly_once
 from flux.protocol.builder import REPLICATIONS
 from flux.protocol.producer import PAUSE_ROOM
@@ -25,11 +26,15 @@ class Replication:
     standbys: int = 1
     #: no pair on one machine; None: decided at start (False on a local master)
     distinct_hosts: Optional[bool] = None
+    #: keys hash to this many key groups, each partition owning a range of them: the most
+    #: nodes a checkpoint of this job can be rescaled to (DESIGN 13)
+    key_groups: int = KEY_GROUPS
 
     def __post_init__(self) -> None:
         if self.nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), "
                              f"got {self.nodes}")
+        check_key_groups(self.key_groups, self.nodes)
         if self.standbys < 0:
             raise ValueError(f"standbys must be >= 0, got {self.standbys}")
         if self.mode not in REPLICATIONS:

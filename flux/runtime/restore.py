@@ -1,0 +1,73 @@
+"""A restarted job's segments start from a complete checkpoint (DESIGN 10, 13).
+
+At the checkpoint's partition count each segment installs its own partition's chain (a
+whole snapshot and the deltas after it, flux.snapshot_chain). At another count (the job
+run again with another ``nodes=``) each segment reads the chains of the old partitions
+whose key groups overlap its own (``controller.key_groups.sources``: a few, not all) and
+installs the key groups it owns of them (``flux.rescale``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional
+
+from controller.key_groups import sources
+from flux.errors import CheckpointCorrupt, RescaleRefused
+from flux.rescale import rescaled_states
+from flux.runtime.checkpoint_store import CheckpointStore
+from flux.snapshot_chain import install, rebuild
+from flux.state_codec import unpack_state
+
+log = logging.getLogger(__name__)
+
+
+def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
+                      dataflow=None, partitions: Optional[int] = None,
+                      key_groups: Optional[int] = None) -> None:
+    """Every segment starts from complete checkpoint ``checkpoint``: its operators' state
+    after exactly the inputs up to the checkpoint's cut. ``dataflow``, ``partitions``
+    and ``key_groups``: the job's, for a checkpoint of another partition count."""
+    manifest = store.manifest(checkpoint)
+    old = manifest["partitions"]
+    rescaling = partitions is not None and old != partitions
+    if rescaling and (key_groups is None or manifest.get("key_groups") != key_groups):
+        raise RescaleRefused(f"checkpoint {checkpoint} of {store.url} has {old} partitions "
+                             f"and key groups {manifest.get('key_groups')}, this job "
+                             f"{partitions} partitions and key groups {key_groups}")
+    read: Dict[tuple, List[dict]] = {}  # (stage, old partition) -> its chain, read once
+    for addr, segment in machines.items():
+        try:
+            if not rescaling:
+                install(segment.chain, _chain(store, manifest, addr.stage, addr.partition))
+                continue
+            stage = dataflow.stages[addr.stage - 1]
+            keyed = [s is not None for s in segment.chain.keyed_stores()]
+            old_states = {}
+            for q in sources(addr.partition, partitions, old, key_groups):
+                if (addr.stage, q) not in read:
+                    read[addr.stage, q] = _chain(store, manifest, addr.stage, q)
+                old_states[q] = rebuild(read[addr.stage, q])
+            segment.chain.install_state(rescaled_states(
+                stage, keyed, old_states, addr.partition, partitions, old, key_groups))
+        except (CheckpointCorrupt, RescaleRefused):
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"stage {addr.stage} partition {addr.partition}: its state "
+                               f"in checkpoint {checkpoint} of {store.url} could not be "
+                               f"installed: {type(exc).__name__}: {exc}") from exc
+    log.info("restored %d segments from checkpoint %d (cut %d) of %s%s", len(machines),
+             checkpoint, manifest["cut"], store.url,
+             f", rescaled from {old} to {partitions} partitions" if rescaling else "")
+
+
+def _chain(store: CheckpointStore, manifest: dict, stage: int, partition: int) -> List[dict]:
+    """The snapshots that rebuild ``stage``'s ``partition``, decoded."""
+    files = store.part_files(manifest, stage, partition)
+    snapshots = []
+    for (k, name), data in zip(files, store.read_part(manifest, stage, partition)):
+        try:  # verified already: only a checkpoint from before checksums gets here
+            snapshots.append(unpack_state(data))
+        except Exception as exc:
+            raise CheckpointCorrupt(store.path(k, name), f"it cannot be decoded: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+    return snapshots

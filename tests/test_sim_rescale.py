@@ -1,0 +1,43 @@
+"""Rescaling from a checkpoint in the simulator (DESIGN 13): every restart of the job runs
+at another partition count, each new partition starting from the key groups it owns of
+the old partitions' snapshots. The oracle is unchanged: the output is the failure-free
+run's (the regrouping dataflow's output does not depend on the count: checked when the
+world is made), and every snapshot written after a rescale is the failure-free state of
+its partition at the new count."""
+from __future__ import annotations
+
+import pytest
+
+from flux.sim.__main__ import schedules
+from flux.sim.schedule import VIOLATION, SimParams
+
+pytestmark = [pytest.mark.sim, pytest.mark.timeout(900)]
+
+RESCALE = dict(dataflow="regroup", checkpoints=4, inputs=40, restarts=2,
+               rescale_to=(3, 5, 2))
+
+
+def failures(results):
+    return "\n".join(f"seed {r.seed}: {r.reason}" for r in results if r.status == VIOLATION)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(standbys=1),
+    dict(stages=3, crashes=3, standbys=2, cuts=1),
+    dict(placement="cluster-pairs", rescale_to=(2, 6)),
+    dict(source_partitions=3, corrupt_checkpoints=1),
+], ids=["standbys", "3-stages-cuts", "cluster-pairs", "logged-corrupt"])
+def test_restarts_at_other_counts_keep_the_failure_free_output(shape):
+    results = schedules(SimParams(**{**RESCALE, **shape}), range(1, 61))
+    assert not failures(results), failures(results)
+    assert sum(r.rescales for r in results) >= 15  # restored from a checkpoint, split
+
+
+def test_state_installed_unsplit_is_caught():
+    results = schedules(SimParams(**RESCALE, variant="rescale-unsplit"), range(1, 41))
+    assert failures(results)
+
+
+def test_a_dataflow_whose_output_depends_on_the_count_is_refused():
+    with pytest.raises(ValueError, match="--dataflow regroup"):
+        SimParams(**{**RESCALE, "dataflow": "counter"}).validate()
