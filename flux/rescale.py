@@ -81,31 +81,38 @@ def rescaled_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Seque
 
 def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partition: int,
            partitions: int, old_partitions: int, key_groups: int) -> list:
-    kept: Dict[Any, Any] = {}
+    """The pairs of ``partition``'s key groups, in key order: each old partition's are in
+    key order already (a snapshot's), so one source needs no sort."""
+    parts: List[list] = []
     widest: Dict[Any, Any] = {}  # partition-wide entries: the smallest value of each
     for q in sorted(old):
-        pairs = [(tuplify(k), v) for k, v in old[q]]
-        keyed = [(k, v) for k, v in pairs if k not in PARTITION_WIDE]
-        for k, v in pairs:
-            if k in PARTITION_WIDE and (k not in widest or tuplify(v) < tuplify(widest[k])):
+        keys = [k if type(k) is not list else tuplify(k) for k, _ in old[q]]
+        values = [v for _, v in old[q]]
+        wide = [i for i, k in enumerate(keys) if type(k) is tuple and k in PARTITION_WIDE]
+        for i in reversed(wide):
+            k, v = keys.pop(i), values.pop(i)
+            if k not in widest or tuplify(v) < tuplify(widest[k]):
                 widest[k] = v
-        if not keyed:
+        if not keys:
             continue
-        groups = key_groups_of(stage, [k for k, _ in keyed], key_groups)
+        groups = key_groups_of(stage, keys, key_groups)
         owners = group_owner(groups, key_groups, old_partitions)
         wrong = np.flatnonzero(owners != q)
         if len(wrong):
-            key = keyed[int(wrong[0])][0]
             raise RescaleRefused(
-                f"stage {stage.name!r} operator {index} ({name}) holds key {key!r} in "
-                f"partition {q}, and the stage's key routes it to partition "
-                f"{int(owners[wrong[0]])}: its state is keyed by something other than the "
-                f"stage's partition key, and cannot be split over another partition "
-                f"count (restart with the same number of nodes)")
-        mine = group_owner(groups, key_groups, partitions) == partition
-        kept.update(pair for pair, take in zip(keyed, mine.tolist()) if take)
-    kept.update(widest)
-    return [[k, kept[k]] for k in sorted_keys(kept)]
+                f"stage {stage.name!r} operator {index} ({name}) holds key "
+                f"{keys[int(wrong[0])]!r} in partition {q}, and the stage's key routes it to "
+                f"partition {int(owners[wrong[0]])}: its state is keyed by something other "
+                f"than the stage's partition key, and cannot be split over another "
+                f"partition count (restart with the same number of nodes)")
+        mine = np.flatnonzero(group_owner(groups, key_groups, partitions) == partition)
+        parts.append([[keys[i], values[i]] for i in mine.tolist()])
+    pairs = parts[0] if len(parts) == 1 else [p for part in parts for p in part]
+    if len(parts) > 1 or widest:
+        pairs += [[k, v] for k, v in widest.items()]
+        order = {k: i for i, k in enumerate(sorted_keys([k for k, _ in pairs]))}
+        pairs.sort(key=lambda pair: order[pair[0]])
+    return pairs
 
 
 def check_rescalable(dataflow) -> None:

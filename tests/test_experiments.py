@@ -84,3 +84,20 @@ def test_cluster_pairs_rebuild_the_failed_set_by_a_restart_and_the_output_stays_
     assert summary["kill_at_s"] < summary["detected_s"] < summary["restart_s"]
     assert summary["data_again_after_kill_s"] is not None
     assert summary["catchup_done_s"] is None  # not replica by replica
+
+
+def test_the_rescale_experiment_restores_at_both_counts_exactly(tmp_path):
+    """``experiments.rescale``: a checkpoint built at 2 nodes restored at 3 (split by key
+    group) and at 2, each writing its timings, the outputs after the cut exact."""
+    from experiments.rescale import main
+
+    out = tmp_path / "rescale"
+    status = main(["--keys", "4000", "--then", "500", "--old", "2", "--new", "3", "--runs",
+                   "1", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert status == 0 and summary["rescale_exact"] and summary["same_exact"]
+    assert summary["build"]["cut"] > 0 and summary["build"]["megabytes"] > 0.5
+    rows = list(csv.DictReader(open(out / "runs.csv")))
+    assert {(r["mode"], r["nodes"], r["from_partitions"]) for r in rows} == {
+        ("rescale", "3", "2"), ("same", "2", "2")}
+    assert (out / "rescale.png").stat().st_size > 0

@@ -34,6 +34,8 @@ class Replication:
         if self.nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), "
                              f"got {self.nodes}")
+        if self.key_groups is None:  # the routing before key groups: a restore's, not a choice
+            raise ValueError("key_groups must be an int (256 by default)")
         check_key_groups(self.key_groups, self.nodes)
         if self.standbys < 0:
             raise ValueError(f"standbys must be >= 0, got {self.standbys}")
