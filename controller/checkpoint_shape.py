@@ -11,8 +11,8 @@ Pure: no I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 from controller.checkpoints import fingerprint
 from flux.dataflow import Dataflow
@@ -24,20 +24,19 @@ class JobShape:
     """This job's shape, partition count and key groups, against a manifest's."""
 
     shape: str  # ``fingerprint(dataflow, None)``: at any partition count
-    #: ``fingerprint(dataflow, n)`` for n from 1 to ``key_groups``: what a manifest
-    #: written before key groups names
-    legacy: Dict[int, str]
     partitions: int
     key_groups: int
     #: one ordered egress: its sink's last SN is the whole job's, so outputs stay exactly
     #: once across a rescale (an egress per partition: each sink's SN is its own)
     ordered_output: bool = True
+    #: the dataflow: a manifest written before key groups names ``fingerprint(dataflow,
+    #: its partitions)``
+    dataflow: Optional[Dataflow] = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, dataflow: Dataflow, partitions: int, key_groups: int,
            ordered_output: bool = True) -> "JobShape":
-        legacy = {n: fingerprint(dataflow, n) for n in range(1, max(key_groups, partitions) + 1)}
-        return cls(fingerprint(dataflow, None), legacy, partitions, key_groups, ordered_output)
+        return cls(fingerprint(dataflow, None), partitions, key_groups, ordered_output, dataflow)
 
     def routing(self, manifest: dict, where: str) -> Optional[int]:
         """The key groups a restore of ``manifest`` (of checkpoint store ``where``) routes
@@ -48,9 +47,11 @@ class JobShape:
         groups, partitions = manifest.get("key_groups"), manifest.get("partitions")
         if groups is None:  # written before key groups
             written = manifest.get("fingerprint")
-            if written == self.legacy.get(self.partitions) and partitions == self.partitions:
+            same = isinstance(partitions, int) and partitions >= 1 and \
+                written == fingerprint(self.dataflow, partitions)
+            if same and partitions == self.partitions:
                 return None
-            if isinstance(partitions, int) and written == self.legacy.get(partitions):
+            if same:
                 raise RescaleRefused(
                     f"checkpoint {k} at {where} was written with {partitions} partitions "
                     f"before key groups (its keys routed by hash % {partitions}): it is "

@@ -103,6 +103,9 @@ class CheckpointCoordinator:
         may write too: the first one counts); ``chain``: the files that rebuild it, ending
         with this one (empty: a whole snapshot, ``name`` alone); ``digests``: their
         checksums, in the chain's order (empty: not known)."""
+        settled = self.checkpoints.get(number)
+        if settled is not None and settled.phase is not Phase.OPEN:
+            return None  # late: a rescale's restart may have changed the partitions since
         if not (1 <= stage <= self.stages and 0 <= partition < self.partitions):
             raise ValueError(f"no stage {stage} partition {partition} in this job")
         chain = tuple((k, n) for k, n in chain) or ((number, name),)

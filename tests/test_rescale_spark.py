@@ -59,3 +59,29 @@ def test_a_job_run_again_with_other_nodes_resumes_from_its_checkpoint(spark, tmp
     assert read_sink("jsonl", out) == expected
     assert any(kind == "rescale" and what == (old, new)
                for _, kind, what in second.metrics.events)
+
+
+def test_a_running_job_rescaled_goes_on_at_the_new_count_exactly(spark, tmp_path):
+    """``job.rescale(6)`` on a job of 4 nodes: a checkpoint cut at once, the job restarted
+    from it at 6, each new partition with its key groups; the sink ends with the
+    failure-free output."""
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    expected = write_inputs(tmp_path / "in", 30_000)
+    out = str(tmp_path / "out")
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=0, sink=make_sink("jsonl", out),
+                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(6)
+        assert job.options.replication.nodes == 6 and len(job.topology.nodes) == 6
+        job.wait(timeout=300)
+    assert read_sink("jsonl", out) == expected
+    (when, restored, why), = job.restart_log
+    assert "rescale to 6 nodes" in why and restored is not None
+    assert any(kind == "rescale" and what == (4, 6) for _, kind, what in job.metrics.events)
+    assert job.restarts_left == 3  # a rescale is not one of the failures' restarts

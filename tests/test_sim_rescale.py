@@ -33,6 +33,16 @@ def test_restarts_at_other_counts_keep_the_failure_free_output(shape):
     assert sum(r.rescales for r in results) >= 15  # restored from a checkpoint, split
 
 
+def test_rescales_asked_while_the_job_runs_cut_then_restart_at_the_new_count():
+    """``job.rescale``: a checkpoint cut at once, the job restarted from it (the driver
+    lives: the sink commits what it was handed first) at the next count."""
+    results = schedules(SimParams(**RESCALE, rescale_cuts=2, crashes=3, standbys=2),
+                        range(1, 61))
+    assert not failures(results), failures(results)
+    assert sum(r.rescales for r in results) >= 40
+    assert not any(r.sets_rebuilt for r in results)  # a rescale's cut is not a set's
+
+
 def test_state_installed_unsplit_is_caught():
     results = schedules(SimParams(**RESCALE, variant="rescale-unsplit"), range(1, 41))
     assert failures(results)

@@ -190,6 +190,10 @@ def main(argv=None) -> int:
                     help="every restart runs at the next of these partition counts, each "
                          "partition's state split by key group from the checkpoint "
                          "(DESIGN 13; with --checkpoints and --dataflow regroup)")
+    ap.add_argument("--rescale-cuts", type=int, default=0, metavar="K",
+                    help="K rescales asked for while the job runs (job.rescale), each at a "
+                         "random step: a checkpoint cut at once, and the job restarted from "
+                         "it at the next count of --rescale-to")
     ap.add_argument("--fingerprint", action="store_true",
                     help="print a digest of every schedule's steps and outcome (to compare "
                          "two versions: the same digest, the same schedules)")
@@ -219,7 +223,8 @@ def main(argv=None) -> int:
                        partitioned_egress=args.partitioned_egress,
                        writers_on_nodes=args.writers_on_nodes,
                        ingresses=args.ingresses,
-                       rescale_to=tuple(int(n) for n in args.rescale_to.split(",") if n))
+                       rescale_to=tuple(int(n) for n in args.rescale_to.split(",") if n),
+                       rescale_cuts=args.rescale_cuts)
     try:
         params.validate()
     except ValueError as exc:

@@ -28,16 +28,26 @@ class Restarts:
         self.source_parts = list(config.source_parts) if config.source_parts else None
         #: a pair was lost in this step: the job restarts at its end
         self.due = False
-        #: a replica set was lost (cluster pairs, 4.2): a checkpoint is to be cut, and
-        #: the job restarts from it once it completes (its number; None: none cut yet)
+        #: a replica set was lost (cluster pairs, 4.2), or a rescale was asked for
+        #: (``job.rescale``, DESIGN 13): a checkpoint is to be cut, and the job restarts
+        #: from it once it completes (its number; None: none cut yet); which of the two
         self.rebuild_cut = False
         self.rebuild_after: Optional[int] = None
+        self.cut_for = ""
 
     def set_lost(self) -> None:
         """A view failed a whole replica set: the job is rebuilt from a consistent
         snapshot of the surviving set, cut after the loss."""
-        if self.rebuild_after is None:
-            self.rebuild_cut = True
+        self._cut_now("set")
+
+    def rescale_asked(self) -> None:
+        """``job.rescale(m)``: a checkpoint is cut now, and the job restarts from it at
+        the next count (``rescale_to``)."""
+        self._cut_now("rescale")
+
+    def _cut_now(self, why: str) -> None:
+        if self.rebuild_after is None and not self.rebuild_cut:
+            self.rebuild_cut, self.cut_for = True, why
 
     def cut_taken(self, number: int) -> bool:
         """Checkpoint ``number`` was cut: the rebuild's, if one is wanted."""
@@ -64,7 +74,7 @@ class Restarts:
         if driver_lives:
             w.sink.commit()
         w.sink.drop_uncommitted()
-        if self.rebuild_after is not None:
+        if self.rebuild_after is not None and self.cut_for == "set":
             outcome.sets_rebuilt += 1
         self.due = self.rebuild_cut = False
         self.rebuild_after = None

@@ -45,7 +45,7 @@ DURING_RATE = 0.05
 FAULT_TICKS = (1, 90)
 
 #: the steps a chooser injects (faults, restarts) rather than picks among the enabled ones
-INJECTED = frozenset(("crash", "cut", "starve", "restart"))
+INJECTED = frozenset(("crash", "cut", "starve", "restart", "rescale"))
 
 OK = "ok"
 VIOLATION = "violation"
@@ -116,6 +116,9 @@ class SimParams:
     #: each restart of the job runs at the next of these partition counts, its state split
     #: by key group from the restored checkpoint (DESIGN 13); () keeps ``partitions``
     rescale_to: Tuple[int, ...] = ()
+    #: rescales asked for while the job runs (``job.rescale``), each at a random step: a
+    #: checkpoint cut at once, and the job restarted from it at the next count
+    rescale_cuts: int = 0
     max_steps: int = 200_000
 
     @property
@@ -161,6 +164,8 @@ class SimParams:
                              "source partition (--ingresses K models K of them)")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
+        if self.rescale_cuts and not self.rescale_to:
+            raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:
             if any(n < 2 for n in self.rescale_to):
                 raise ValueError(f"--rescale-to counts must be >= 2, got {self.rescale_to}")
@@ -441,7 +446,7 @@ class RandomChooser:
         self.faults = sorted(
             (self.plan.randrange(max(1, crash_window)), kind, self.plan.randint(*FAULT_TICKS))
             for kind, n in (("cut", params.cuts), ("starve", params.false_suspicions),
-                            ("restart", params.restarts))
+                            ("restart", params.restarts), ("rescale", params.rescale_cuts))
             for _ in range(n))
 
     def __call__(self, world: World, rng: random.Random, t: int):
@@ -496,6 +501,8 @@ class RandomChooser:
             _, kind, ticks = self.faults.pop(0)
             if kind == "restart":
                 return ("restart",), None  # the driver dies: the whole job restarts
+            if kind == "rescale":
+                return ("rescale",), None  # job.rescale: a cut now, a restart from it
             choices = world.faultable()
             if choices:
                 return (kind, self.plan.choice(choices), ticks), None
@@ -544,6 +551,10 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                     continue
                 if kind in ("cut", "starve"):
                     (world.cut_host if kind == "cut" else world.starve)(step[1], step[2])
+                    trace.append((step, None))
+                    continue
+                if kind == "rescale":
+                    world.restarts.rescale_asked()
                     trace.append((step, None))
                     continue
                 world.restart()
@@ -684,6 +695,8 @@ def format_step(step: tuple, payload: Any) -> str:
         return "CHECKPOINT (ingress cut)"
     if kind == "restart":
         return "RESTART (everything stops at once)"
+    if kind == "rescale":
+        return "RESCALE asked (a checkpoint cut now, then a restart from it)"
     if kind == "corrupt":
         if payload is None:
             return "CORRUPT (a checkpoint file damaged)"

@@ -65,10 +65,11 @@ class DriverCheckpoints:
             shape=shape.shape), events=events, input_log=self.input_log)
         self.next_number = max(store.ids(), default=0) + 1
         self._cut_at = 0.0
-        #: a replica set was lost (cluster pairs): the next input gets a cut at once, and
-        #: its number is kept here (``flux.spark.set_rebuild``)
-        self.rebuild_wanted = False
-        self.rebuild_cut: Optional[int] = None
+        #: a checkpoint wanted at once (a lost replica set's rebuild under cluster pairs,
+        #: ``flux.spark.set_rebuild``; a rescale, ``FluxJob.rescale``): the next input gets
+        #: a cut, and its number is kept (``cut_now``, ``wanted_cut``)
+        self._cut_wanted = False
+        self.wanted_cut: Optional[int] = None
         self._offsets_reported: Optional[int] = None
         if self.restore is not None:
             log.info("resuming from checkpoint %d of %s (cut at input %d)",
@@ -142,7 +143,7 @@ class DriverCheckpoints:
         """Every ``interval`` seconds (when inputs came since the last), checkpoint the job
         at a cut after the last input handed over."""
         now = time.monotonic()
-        wanted = self.rebuild_wanted
+        wanted = self._cut_wanted
         if now < self._cut_at and not wanted:
             return
         self._cut_at = now + self.interval
@@ -153,7 +154,30 @@ class DriverCheckpoints:
         cut, position = feed.choose_cut(number)
         self.service.cut_chosen(number, cut, position)
         if wanted:
-            self.rebuild_cut, self.rebuild_wanted = number, False
+            self.wanted_cut, self._cut_wanted = number, False
+
+    def cut_now(self) -> None:
+        """A checkpoint at the next input, cut by the source's thread (it waits for an
+        input when none came since the last cut); ``wanted_cut`` is its number once cut."""
+        self.wanted_cut, self._cut_wanted = None, True
+
+    def cancel_cut(self) -> Optional[int]:
+        """No checkpoint wanted any more; the number of the wanted one if it was cut."""
+        self._cut_wanted = False
+        return self.wanted_cut
+
+    def wanted_complete(self) -> Optional[int]:
+        """The number of the newest complete checkpoint once it is the wanted one or a
+        later one, else None."""
+        number, latest = self.wanted_cut, self.service.latest
+        if number is not None and latest is not None and latest.number >= number:
+            return latest.number
+        return None
+
+    def rescaled(self, partitions: int) -> None:
+        """The job restarted at another partition count: the checkpoints from now on
+        wait for its partitions (DESIGN 13)."""
+        self.service.coordinator.rescaled(partitions)
 
     def report_offsets(self, report: Optional[Callable[[Any], None]]) -> None:
         """A source that reports positions elsewhere (Kafka's consumer group, for lag

@@ -41,6 +41,7 @@ from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts
 from flux.spark.driver_checkpoints import DriverCheckpoints
+from flux.spark.job_rescale import RescaleAsked, check_rescale, cut_for_rescale, rescaled_parts
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
 from flux.spark.job_views import JobViews
@@ -269,18 +270,49 @@ class FluxJob(JobViews):
         """End this attempt and launch the next from the last complete checkpoint whose
         files verify, or from the first input without one (DESIGN 10). What the sink holds
         stays: outputs after the cut come again with the same SNs and are dropped up to
-        the last one handed to it."""
-        self.restarts_left -= 1
+        the last one handed to it. A rescale's restart is at its count (DESIGN 13)."""
+        rescale = why if isinstance(why, RescaleAsked) else None
+        self.restarts_left -= rescale is None
         now = time.monotonic()
         log.warning("restarting the job (%d restarts left): %s", self.restarts_left, why)
         self.attempt.end(JOB_STOPPED, timeout=0.5)
         log.info("the old attempt ended in %.2fs", time.monotonic() - now)
         self.output.commit()  # what it was handed is the failure-free prefix
         restore = self._checkpointing.restart(self.output.holds())
+        if rescale is not None:
+            old = self._parts.nodes
+            self._parts = rescaled_parts(self._parts, rescale.nodes)
+            self.config = self._parts.config
+            self._checkpointing.rescaled(rescale.nodes)
+            rep = replace(self.options.replication, nodes=rescale.nodes)
+            self.options = replace(self.options, replication=rep)
+            self.metrics.events.append((now, "rescale", (old, rescale.nodes)))
         latest = restore["checkpoint"] if restore is not None else None
         self.restart_log.append((now, latest, str(why)))
         self.metrics.events.append((now, "restart", latest))
         self._launch(restore)
+
+    def rescale(self, nodes: int, timeout: float = 120.0) -> None:
+        """Go on with ``nodes`` pairs (DESIGN 13; ``flux.spark.job_rescale``): a
+        checkpoint cut now, then a restart from it at the new count, each new partition
+        with the key groups it owns; returns once the data flows again. The output
+        stalls for the restart; nothing is lost or twice. Needs ``checkpoint=`` and one
+        ordered egress; refuses state it cannot split (``RescaleRefused``)."""
+        if self.attempt is None or self._stopped or self.finished():
+            raise ValueError("rescale() a running job: start() it first (or give nodes= "
+                             "to FluxJob), and not once it finished or stopped")
+        check_rescale(self.dataflow, self.config, nodes, self._checkpointing)
+        if nodes == self._parts.nodes:
+            return
+        check_settings(self.spark, nodes + self._parts.standbys,
+                       wait=self.options.network.executor_wait)
+        restarts = len(self.restart_log)
+        self._restart_due = RescaleAsked(nodes, cut_for_rescale(self._checkpointing, timeout))
+        started = self.wait_until(lambda: self.attempt.number > restarts and
+                                  self.attempt.feed is not None, timeout)
+        if not started:
+            raise TimeoutError(f"the rescale to {nodes} nodes did not restart the data "
+                               f"within {timeout}s")
 
     # -- waiting ---------------------------------------------------------------------------
     def finished(self) -> bool:

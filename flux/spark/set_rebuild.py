@@ -50,11 +50,11 @@ class SetRebuild:
             if lost is None or not self.may_restart():
                 return
             self.lost = lost
-            cuts.rebuild_cut, cuts.rebuild_wanted = None, True  # the source's thread cuts
+            cuts.cut_now()  # the source's thread cuts
             log.warning("replica set %s failed (cluster pairs): a checkpoint is cut now, "
                         "and the job restarts from it to rebuild the set", "PS"[lost])
             self.events.append((self.clock(), "set lost", "PS"[lost]))
             return
-        number, latest = cuts.rebuild_cut, cuts.service.latest
-        if number is not None and latest is not None and latest.number >= number:
-            raise ReplicaSetLost(self.lost, latest.number)
+        complete = cuts.wanted_complete()
+        if complete is not None:
+            raise ReplicaSetLost(self.lost, complete)

@@ -1,0 +1,86 @@
+"""``FluxJob.rescale``: another number of nodes while the job runs, by a restart (DESIGN 13).
+
+A checkpoint is cut at once (as a lost replica set's rebuild cuts one,
+``flux.spark.set_rebuild``), and once it is complete the job restarts from it at the new
+count: each new partition installs the key groups it owns of the checkpoint's
+partitions (``flux.runtime.restore``), the source resumes at the cut, and the one
+ordered egress's sink drops what it had. The output stalls for a restart's length
+(seconds); nothing is lost or twice. Moving key-group ranges between running pairs
+without a restart (the two-phase movement of a catch-up) is not built
+(docs/design/rescaling.md).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Optional
+
+from flux.errors import RescaleRefused
+from flux.protocol.builder import MachineBuilder
+from flux.rescale import check_rescalable
+
+log = logging.getLogger(__name__)
+
+#: seconds a wanted cut may wait for an input before the rescale goes from the newest
+#: complete checkpoint instead (a source with nothing new: nothing to cut after)
+IDLE_CUT_WAIT = 2.0
+
+
+class RescaleAsked(Exception):
+    """What the supervisor restarts the job for: ``nodes`` pairs from now on."""
+
+    def __init__(self, nodes: int, checkpoint: Optional[int]):
+        super().__init__(f"a rescale to {nodes} nodes (from checkpoint {checkpoint})")
+        self.nodes, self.checkpoint = nodes, checkpoint
+
+
+def check_rescale(dataflow, config, nodes: int, checkpoints) -> None:
+    """Refuse, naming why, a rescale this job cannot make."""
+    if checkpoints is None:
+        raise ValueError("rescale() restarts the job from a checkpoint cut now: give the "
+                         "job checkpoint=")
+    if not config.ordered_output:
+        raise RescaleRefused("rescale() with an egress per partition: each partition's "
+                             "sink holds its own last output, and a key's outputs would "
+                             "move to another partition's sink; use ordered_output=True")
+    if config.key_groups is None:
+        raise RescaleRefused("this job restored a checkpoint written before key groups "
+                             "(its keys routed by hash % partitions): it cannot be "
+                             "rescaled; start it on a new checkpoint location to rescale")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or \
+            not 2 <= nodes <= config.key_groups:
+        raise ValueError(f"nodes must be an int from 2 to key_groups ({config.key_groups}), "
+                         f"got {nodes!r}")
+    check_rescalable(dataflow)
+
+
+def cut_for_rescale(checkpoints, timeout: float, clock=time.monotonic,
+                    sleep=time.sleep) -> Optional[int]:
+    """Cut a checkpoint now and wait until it is complete; its number (or a later one's).
+    When no input comes to cut after within ``IDLE_CUT_WAIT``, the newest complete
+    checkpoint's (None: none yet). ``TimeoutError`` if the cut does not complete."""
+    checkpoints.cut_now()
+    started = clock()
+    while clock() - started < timeout:
+        done = checkpoints.wanted_complete()
+        if done is not None:
+            return done
+        if checkpoints.wanted_cut is None and clock() - started > IDLE_CUT_WAIT:
+            if checkpoints.cancel_cut() is None:  # the source's thread did not cut it
+                latest = checkpoints.service.latest
+                return latest.number if latest is not None else None
+        sleep(0.02)
+    checkpoints.cancel_cut()
+    raise TimeoutError(f"the rescale's checkpoint did not complete in {timeout}s")
+
+
+def rescaled_parts(parts, nodes: int):
+    """The parts every attempt shares (``JobParts``), at ``nodes`` pairs."""
+    config = replace(parts.config, partitions=nodes)
+    b = parts.builder
+    builder = MachineBuilder(b.dataflow, nodes, b.capacity, b.batch_size,
+                             replication=b.replication, window=b.window,
+                             batch_rows=b.batch_rows, ordered_output=b.ordered_output,
+                             pause_room=b.pause_room, key_groups=b.key_groups)
+    return replace(parts, config=config, builder=builder, nodes=nodes)
