@@ -62,19 +62,14 @@ def rescaled_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Seque
     ``RescaleRefused`` for state that cannot be split."""
     states: List[Any] = []
     for i, is_keyed in enumerate(keyed):
-        name = factory_name(stage.operators[i]) if i < len(stage.operators) else str(i)
         if not is_keyed:
             held = [q for q, ops in old.items() if ops[i] is not None]
             if held:
-                raise RescaleRefused(
-                    f"stage {stage.name!r} operator {i} ({name}) keeps state that is not "
-                    f"a keyed store (partition {held[0]} holds some): it cannot be split "
-                    f"over another partition count; keep it in a KeyedState "
-                    f"(KeyedOperator) keyed by the stage's key, or restart with the same "
-                    f"number of nodes")
+                raise _not_keyed(stage, i, f" (partition {held[0]} holds some)")
             states.append(None)
             continue
-        states.append(_split(stage, i, name, {q: ops[i] or [] for q, ops in old.items()},
+        states.append(_split(stage, i, factory_name(stage.operators[i]),
+                             {q: ops[i] or [] for q, ops in old.items()},
                              partition, partitions, old_partitions, key_groups))
     return states
 
@@ -124,8 +119,12 @@ def check_rescalable(dataflow) -> None:
         chain = stage.build_chain()
         for i, (op, store) in enumerate(zip(chain.operators, chain.keyed_stores())):
             if store is None and op.get_state() is not None:
-                raise RescaleRefused(
-                    f"stage {stage.name!r} operator {i} ({factory_name(stage.operators[i])}) "
-                    f"keeps state that is not a keyed store: it cannot be split over "
-                    f"another partition count; keep it in a KeyedState (KeyedOperator) "
-                    f"keyed by the stage's key, or restart with the same number of nodes")
+                raise _not_keyed(stage, i, "")
+
+
+def _not_keyed(stage: Stage, index: int, where: str) -> RescaleRefused:
+    return RescaleRefused(
+        f"stage {stage.name!r} operator {index} ({factory_name(stage.operators[index])}) "
+        f"keeps state that is not a keyed store{where}: it cannot be split over another "
+        f"partition count; keep it in a KeyedState (KeyedOperator) keyed by the stage's "
+        f"key, or restart with the same number of nodes")

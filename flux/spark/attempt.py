@@ -80,6 +80,15 @@ class JobParts:
     may_restart: Callable[[], bool] = lambda: False
 
 
+def driver_builder(dataflow, config: NodeConfig) -> MachineBuilder:
+    """The protocol machines the driver's side of an attempt builds (the ingress's router,
+    the egresses), at ``config``'s partitions and routing."""
+    return MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
+                          replication=config.replication, window=config.window,
+                          batch_rows=config.batch_rows, ordered_output=config.ordered_output,
+                          pause_room=config.pause_room, key_groups=config.key_groups)
+
+
 class Attempt:
     def __init__(self, parts: JobParts, number: int, restored: Optional[dict],
                  on_error: Callable[[BaseException], None]):

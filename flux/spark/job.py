@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from pyspark import cloudpickle
 
-from flux.protocol.builder import MachineBuilder
 from flux.connector_api import replay_order_of
 from flux.control_messages import JOB_STOPPED
 from flux.deploy_checks import check_batch_api, check_state_round_trip
@@ -39,7 +38,7 @@ from flux.runtime.determinism import check_deterministic
 from flux.runtime.metrics import Metrics
 from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
-from flux.spark.attempt import Attempt, JobParts
+from flux.spark.attempt import Attempt, JobParts, driver_builder
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.job_rescale import RescaleAsked, check_rescale, cut_for_rescale, rescaled_parts
 from flux.spark.options import JobOptions
@@ -182,11 +181,8 @@ class FluxJob(JobViews):
         if distinct is None:  # no pair on one machine, except on a local master
             distinct = not is_local(self.spark.sparkContext.master)
         self._parts = JobParts(
-            spark=self.spark, config=self.config, builder=MachineBuilder(
-                self.dataflow, rep.nodes, self.config.capacity, self.config.batch_size,
-                replication=rep.mode, window=self.config.window,
-                batch_rows=self.config.batch_rows, ordered_output=self.config.ordered_output,
-                pause_room=self.config.pause_room, key_groups=self.config.key_groups),
+            spark=self.spark, config=self.config,
+            builder=driver_builder(self.dataflow, self.config),
             metrics=self.metrics, output=self.output, checkpoints=self._checkpointing,
             source=self.source, nodes=rep.nodes, standbys=rep.standbys,
             detect_after=net.detect_after,

@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import Optional
 
 from flux.errors import RescaleRefused
-from flux.protocol.builder import MachineBuilder
 from flux.rescale import check_rescalable
+from flux.spark.attempt import driver_builder
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,5 @@ def cut_for_rescale(checkpoints, timeout: float, clock=time.monotonic,
 def rescaled_parts(parts, nodes: int):
     """The parts every attempt shares (``JobParts``), at ``nodes`` pairs."""
     config = replace(parts.config, partitions=nodes)
-    b = parts.builder
-    builder = MachineBuilder(b.dataflow, nodes, b.capacity, b.batch_size,
-                             replication=b.replication, window=b.window,
-                             batch_rows=b.batch_rows, ordered_output=b.ordered_output,
-                             pause_room=b.pause_room, key_groups=b.key_groups)
-    return replace(parts, config=config, builder=builder, nodes=nodes)
+    return replace(parts, config=config, builder=driver_builder(parts.builder.dataflow, config),
+                   nodes=nodes)
