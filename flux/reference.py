@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from exchange.partitioner import KEY_GROUPS
 from exchange.routing import RecordRouter, router_for
 from exchange.rows import NumberedRows, Rows, is_columnar
 from flux.operator import OperatorChain, OperatorRaised
@@ -36,12 +37,14 @@ class ReferenceRun:
     """
 
     def __init__(self, dataflow: Dataflow, partitions: int,
-                 watch: Optional[Callable[[int, SN, Any], None]] = None):
+                 watch: Optional[Callable[[int, SN, Any], None]] = None,
+                 key_groups: Optional[int] = KEY_GROUPS):
         """``watch(stage, sn, record)``: told of every record a stage (0-based) takes in,
-        in order (the determinism check compares what each stage made)."""
+        in order (the determinism check compares what each stage made). ``key_groups``:
+        the routing's (DESIGN 13)."""
         self.dataflow = dataflow
         self.watch = watch
-        self.routers = [router_for(stage.key, partitions, stage.schema)
+        self.routers = [router_for(stage.key, partitions, stage.schema, key_groups)
                         for stage in dataflow.stages]
         self.chains: list[list[OperatorChain]] = [
             [stage.build_chain() for _ in range(partitions)] for stage in dataflow.stages

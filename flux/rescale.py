@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 
-from exchange.partitioner import HashPartitioner, group_owner
+from exchange.partitioner import KEY_GROUPS, HashPartitioner, group_owner
 from exchange.routing import column_hash, column_names
 from flux.dataflow import Stage, factory_name
 from flux.errors import RescaleRefused
@@ -110,16 +110,30 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
     return pairs
 
 
-def check_rescalable(dataflow) -> None:
-    """Refuse, before anything runs, a rescale of a dataflow with an operator whose state
-    is not a keyed store (a fresh instance's state tells: None is stateless). Keys
-    that are not their stage's key show only in the state itself: a restore refuses them
-    (``rescaled_states``)."""
+def check_rescalable(dataflow, sample: Sequence[Any] = (),
+                     key_groups: int = KEY_GROUPS) -> None:
+    """Refuse, before anything stops, a rescale of a dataflow with an operator whose state
+    is not a keyed store (a fresh instance's state tells: None is stateless), or whose
+    stores hold keys other than their stage's key on ``sample`` (the source's first
+    records, run at 2 partitions and split over 3). A key of the real state can still be
+    refused when the new partitions restore (``rescaled_states``)."""
     for stage in dataflow.stages:
         chain = stage.build_chain()
         for i, (op, store) in enumerate(zip(chain.operators, chain.keyed_stores())):
             if store is None and op.get_state() is not None:
                 raise _not_keyed(stage, i, "")
+    if not sample:
+        return
+    from flux.reference import ReferenceRun
+
+    run = ReferenceRun(dataflow, 2, key_groups=key_groups)
+    for record in sample:
+        run.feed(record)
+    for s, stage in enumerate(dataflow.stages):
+        keyed = [store is not None for store in stage.build_chain().keyed_stores()]
+        old = {q: run.chains[s][q].get_state() for q in range(2)}
+        for p in range(3):
+            rescaled_states(stage, keyed, old, p, 3, 2, key_groups)
 
 
 def _not_keyed(stage: Stage, index: int, where: str) -> RescaleRefused:

@@ -61,6 +61,17 @@ def test_split_states_are_the_failure_free_states_at_the_new_count(make, inputs,
     assert _rescaled(flow, run_old, old, new) == want
 
 
+def test_the_check_before_a_rescale_runs_the_first_records_and_refuses_other_keys():
+    from flux.rescale import check_rescalable
+
+    sample = keyed_workload(200, seed=1, keys=20)
+    check_rescalable(regrouping_dataflow(3), sample)  # keyed by the stages' keys: passes
+    with pytest.raises(RescaleRefused, match=r"stage 'count2' operator 0 \(KeyedCounter\) "
+                                             r"holds key"):
+        check_rescalable(counting_dataflow(2), sample)
+    check_rescalable(counting_dataflow(2))  # without records only the operators are seen
+
+
 def test_a_store_keyed_by_other_than_the_stage_key_is_refused_naming_a_key():
     flow = counting_dataflow(2)  # stage 2 routes by (key, count), counts per key
     run, _ = _run(flow, keyed_workload(200, seed=1, keys=20), 3)

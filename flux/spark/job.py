@@ -119,6 +119,7 @@ class FluxJob(JobViews):
         sample, source = peek(source, tuning.check_records)
         check_before_deploy(dataflow, sample, nodes, tuning.check_determinism)
         self.spark, self.dataflow, self.source = spark, dataflow, source
+        self._sample = sample  # the source's first records: a rescale's check runs them
         self.secret = secrets.token_hex(16)
         self.metrics = Metrics(tuning.metrics_interval)
         #: every output kept in ``delivered`` only when asked or without a sink, so an
@@ -155,7 +156,7 @@ class FluxJob(JobViews):
                                   key_groups=self._checkpointing.key_groups)
             restore = self._checkpointing.restore
             if restore is not None and restore["partitions"] != nodes:
-                check_rescalable(dataflow)
+                check_rescalable(dataflow, sample, opts.replication.key_groups)
         #: the manifest of the checkpoint this job started from, or None
         self._resumed_from = self._checkpointing.restore if self._checkpointing else None
         self.errors: List[BaseException] = []
@@ -297,7 +298,7 @@ class FluxJob(JobViews):
         if self.attempt is None or self._stopped or self.finished():
             raise ValueError("rescale() a running job: start() it first (or give nodes= "
                              "to FluxJob), and not once it finished or stopped")
-        check_rescale(self.dataflow, self.config, nodes, self._checkpointing)
+        check_rescale(self.dataflow, self.config, nodes, self._checkpointing, self._sample)
         if nodes == self._parts.nodes:
             return
         check_settings(self.spark, nodes + self._parts.standbys,

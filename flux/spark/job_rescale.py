@@ -35,8 +35,9 @@ class RescaleAsked(Exception):
         self.nodes, self.checkpoint = nodes, checkpoint
 
 
-def check_rescale(dataflow, config, nodes: int, checkpoints) -> None:
-    """Refuse, naming why, a rescale this job cannot make."""
+def check_rescale(dataflow, config, nodes: int, checkpoints, sample=()) -> None:
+    """Refuse, naming why, a rescale this job cannot make, before anything stops
+    (``sample``: the source's first records, ``check_rescalable``)."""
     if checkpoints is None:
         raise ValueError("rescale() restarts the job from a checkpoint cut now: give the "
                          "job checkpoint=")
@@ -52,7 +53,7 @@ def check_rescale(dataflow, config, nodes: int, checkpoints) -> None:
             not 2 <= nodes <= config.key_groups:
         raise ValueError(f"nodes must be an int from 2 to key_groups ({config.key_groups}), "
                          f"got {nodes!r}")
-    check_rescalable(dataflow)
+    check_rescalable(dataflow, sample, config.key_groups)
 
 
 def cut_for_rescale(checkpoints, timeout: float, clock=time.monotonic,
