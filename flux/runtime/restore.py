@@ -34,7 +34,7 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
         raise RescaleRefused(f"checkpoint {checkpoint} of {store.url} has {old} partitions "
                              f"and key groups {manifest.get('key_groups')}, this job "
                              f"{partitions} partitions and key groups {key_groups}")
-    read: Dict[tuple, List[dict]] = {}  # (stage, old partition) -> its chain, read once
+    rebuilt: Dict[tuple, list] = {}  # (stage, old partition) -> its operators' states
     for addr, segment in machines.items():
         try:
             if not rescaling:
@@ -44,9 +44,9 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
             keyed = [s is not None for s in segment.chain.keyed_stores()]
             old_states = {}
             for q in sources(addr.partition, partitions, old, key_groups):
-                if (addr.stage, q) not in read:
-                    read[addr.stage, q] = _chain(store, manifest, addr.stage, q)
-                old_states[q] = rebuild(read[addr.stage, q])
+                if (addr.stage, q) not in rebuilt:  # read and rebuilt once per process
+                    rebuilt[addr.stage, q] = rebuild(_chain(store, manifest, addr.stage, q))
+                old_states[q] = rebuilt[addr.stage, q]
             segment.chain.install_state(rescaled_states(
                 stage, keyed, old_states, addr.partition, partitions, old, key_groups))
         except (CheckpointCorrupt, RescaleRefused):
