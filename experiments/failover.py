@@ -19,7 +19,9 @@ run; a producer feeds it at ``--rate``, or fills it before the job with
 checkpoints (the input log keeps the partitions' interleaving), and with
 ``--double`` both replicas of a partition die, so the job restarts from its
 checkpoint. The output read back with ``read_committed`` must equal the
-failure-free output of the inputs in the order the job numbered them.
+failure-free output of the inputs in the order the job numbered them. With
+``--vectorized`` too, the packets are JSON objects read as Arrow batches
+(``KafkaSource(schema=PACKET_SCHEMA)``).
 
 Times are seconds since the data started to flow.
 """
@@ -377,15 +379,22 @@ class KafkaRun:
         self.broker = KafkaBroker().start()
         self.broker.create_topic("packets", args.topic_partitions)
         self.broker.create_topic("stats", 1)
-        # every (src, dst) pair's packets in one partition, in order (a keyed producer)
+        # every (src, dst) pair's packets in one partition, in order (a keyed producer);
+        # --vectorized: as JSON objects, read as Arrow batches (KafkaSource(schema=...))
+        schema = None
+        if args.vectorized:
+            from flux.examples.vectorized import PACKET_SCHEMA as schema
+        encode = (lambda r: json.dumps(dict(zip(schema.names, r))).encode()) if schema else \
+            (lambda r: json.dumps(r).encode())
         self.feed = Feed(self.broker.bootstrap, "packets", self.records, args.topic_partitions,
-                         float("inf") if args.max_rate else args.rate, key=session_key)
+                         float("inf") if args.max_rate else args.rate, key=session_key,
+                         encode=encode)
         self.feed.start()
         if args.max_rate:  # the topic full before the job reads: the rate is the job's
             self.feed._thread.join()
         self.source = RecordedOrder(KafkaSource(self.broker.bootstrap, "packets",
                                                 group="flux-failover",
-                                                ending=self.feed.ending))
+                                                ending=self.feed.ending, schema=schema))
         self.sink = KafkaSink(self.broker.bootstrap, "stats", "flux-failover")
         return self
 

@@ -36,8 +36,10 @@ class Feed:
 
     def __init__(self, bootstrap: str, topic: str, records: Sequence[Any], partitions: int,
                  rate: float, key: Callable[[Any], Any] = lambda r: r[0],
-                 hold_at: Optional[int] = None):
+                 hold_at: Optional[int] = None,
+                 encode: Callable[[Any], bytes] = lambda r: json.dumps(r).encode()):
         self.bootstrap, self.topic, self.records, self.rate = bootstrap, topic, records, rate
+        self.encode = encode
         self.parts = [partition_of(key(r), partitions) for r in records]
         self.ending = {str(p): self.parts.count(p) for p in range(partitions)}
         self.error: List[BaseException] = []
@@ -79,7 +81,7 @@ class Feed:
                     break
                 while True:
                     try:
-                        producer.produce(self.topic, json.dumps(record).encode(), partition=part)
+                        producer.produce(self.topic, self.encode(record), partition=part)
                         break
                     except BufferError:
                         producer.poll(0.05)
@@ -132,9 +134,22 @@ class RecordedOrder:
     def __iter__(self) -> "RecordedOrder":
         return self
 
+    @property
+    def last_rows(self) -> Sequence[Tuple[int, int]]:
+        return self.source.last_rows
+
     def __next__(self) -> Any:
+        from exchange.rows import is_columnar
+
         record = next(self.source)
-        if record is not NOT_YET:
+        if record is NOT_YET:
+            return record
+        if is_columnar(record):  # an Arrow batch: a row per input, each as its values
+            from exchange.columns import to_records
+
+            self._order.extend((partition, offset, row) for (partition, offset), row
+                               in zip(self.source.last_rows, to_records(record)))
+        else:
             partition, offset = self.source.last
             self._order.append((partition, offset, record))
         return record

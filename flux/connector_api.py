@@ -65,6 +65,16 @@ class PartitionedSource(Source, Protocol):
         """After ``open``: the next records come from ``partitions``, in this order."""
 
 
+@runtime_checkable
+class PartitionedBatches(Protocol):
+    """A ``PartitionedSource`` that hands over Arrow batches (``KafkaSource(schema=...)``):
+    the input log needs the partition of every row, in the batch's order."""
+
+    @property
+    def last_rows(self) -> Sequence[Tuple[Any, int]]:
+        """``(partition, offset)`` of each row of the batch returned last."""
+
+
 def replay_order_of(source: Any) -> str:
     """How a restart reads ``source`` again in the order it had (DESIGN 10): its declared
     ``replay_order``, checked; a source that declares none but replays a logged order

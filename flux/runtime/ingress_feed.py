@@ -30,7 +30,13 @@ from flux.runtime.ingress_process import (
     STATS,
     IngressProcess,
 )
-from flux.connector_api import DroppingSource, Source, TimedSource, WaitingSource
+from flux.connector_api import (
+    DroppingSource,
+    PartitionedBatches,
+    Source,
+    TimedSource,
+    WaitingSource,
+)
 from flux.connectors.sources import NOT_YET
 from flux.errors import DataflowError
 
@@ -69,6 +75,8 @@ class IngressFeed:
         self._timed = isinstance(source, TimedSource)
         self._waits = isinstance(source, WaitingSource)
         self._drops = isinstance(source, DroppingSource)
+        #: a logged source's batches name each row's partition (``last_rows``)
+        self._row_partitions = isinstance(source, PartitionedBatches)
         self._checked = time.monotonic()
 
     # -- one step of the driver's thread -------------------------------------------
@@ -139,10 +147,18 @@ class IngressFeed:
                 self.source_done = True
                 break
             if isinstance(record, batch_type):  # a columnar source's: a run of inputs
-                if logs:  # its partitions' interleaving would be logged per input
-                    raise DataflowError("a source that hands over Arrow batches cannot have "
-                                        "partitions of its own (an input log) yet")
                 n = len(record)
+                if logs:  # its partitions' interleaving is logged per input, a row each
+                    if not self._row_partitions:
+                        raise DataflowError(
+                            f"source {type(source).__name__} interleaves partitions of its "
+                            f"own and hands over Arrow batches, but does not say each row's "
+                            f"partition (last_rows, flux.connector_api.PartitionedBatches)")
+                    rows = source.last_rows
+                    if len(rows) != n:
+                        raise DataflowError(f"source {type(source).__name__} named the "
+                                            f"partitions of {len(rows)} rows of a batch of {n}")
+                    parts.extend(p for p, _ in rows)
                 if n:  # an empty batch holds no input
                     runs.append(record)
                     count += n

@@ -119,10 +119,12 @@ def _read_to(x: int, sn: SN, start: int, source: Any, logged: bool,
             continue
         rows = record.num_rows if is_columnar(record) else 1
         if n + rows >= x:
+            partition = source.last[0] if logged else None
             if is_columnar(record):
                 from exchange.columns import to_records
 
+                if logged:  # a batch of rows of several partitions (flux.PartitionedBatches)
+                    partition = source.last_rows[x - n - 1][0]
                 record = to_records(record.slice(x - n - 1, 1))[0]
-            partition = source.last[0] if logged else None
             return Lineage(sn, x, position, partition, record)
         n += rows
