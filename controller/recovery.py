@@ -146,9 +146,11 @@ class Recovery:
                 del self.attempts[addr]
                 del self.missing[addr]
                 self.completed.append(addr)
-        if self.attempts or not self.missing or not self.placement.rebuilds:
+        # an ingress's replica (stage 0) is not rebuilt yet: its survivor goes on alone
+        rebuilt = [a for a in self.missing if a.stage > 0]
+        if self.attempts or not rebuilt or not self.placement.rebuilds:
             return []
-        stage = min(a.stage for a in self.missing)
+        stage = min(a.stage for a in rebuilt)
         avails = []
         for addr in sorted(a for a in self.missing if a.stage == stage):
             standby = self._standby_for(self.missing[addr])
@@ -211,7 +213,7 @@ class Recovery:
     # -- helpers ---------------------------------------------------------------------
     def _neighbours(self, addr: Addr) -> Set[Addr]:
         s = addr.stage
-        below = {self.ingress} if s == 1 else {
+        below = set(self.topology.stage1_producers) if s == 1 else {
             Addr(s - 1, j, r) for j in range(self.partitions) for r in (P, S)}
         above = {self._egress_of(addr)} if s == self.stages else {
             Addr(s + 1, k, r) for k in range(self.partitions) for r in (P, S)}
@@ -224,7 +226,8 @@ class Recovery:
 
     def _live_endpoints(self) -> Set[Addr]:
         live = {a for a in self.node_of if a not in self.missing}
-        return live | {self.ingress} | set(self.topology.egresses)
+        driver = () if self.topology.ingress_pairs else (self.ingress,)
+        return live | set(driver) | set(self.topology.egresses)
 
     def _next_view(self, **kw) -> View:
         self.view += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from controller.placement import Placement
-from flux.addresses import Addr, P
+from flux.addresses import Addr, P, S
 
 CONTROLLER_PROCESS = "controller"
 INGRESS_PROCESS = "ingress"
@@ -38,10 +38,12 @@ class Topology:
 
     def __init__(self, placement: Placement, stages: int, partitions: int,
                  incarnations: Mapping[str, int], standbys: Sequence[str] = (),
-                 egresses: int = 1, writers: bool = False):
+                 egresses: int = 1, writers: bool = False, ingress_pairs: int = 0):
         """``egresses``: 1 (one ordered egress), or one per last-stage partition, all in
         the egress process, or (``writers``) each a sink's writer on the node of its
-        partition's P replica (docs/design/parallel_io.md)."""
+        partition's P replica (docs/design/parallel_io.md). ``ingress_pairs``: that many
+        ingresses, each a pair of replicas on the nodes (replica r of ingress i beside
+        replica r of stage-1 partition ``i % partitions``), instead of the driver's."""
         self.placement = placement
         self.stages, self.partitions = stages, partitions
         self.ingress = Addr(0, 0, P)
@@ -58,20 +60,30 @@ class Topology:
         #: where every endpoint lives at the start (catch-up moves replicas to standbys)
         self.where: Dict[Addr, str] = {a: name for name, addrs in self.hosted.items()
                                        for a in addrs}
-        self.where[self.ingress] = INGRESS_PROCESS
+        #: the ingress replicas on the nodes (pairs), none in the driver's ingress process
+        self.ingress_pairs = ingress_pairs
+        if ingress_pairs:
+            for i in range(ingress_pairs):
+                for r in (P, S):
+                    node = self.where[Addr(1, i % partitions, r)]
+                    self.hosted[node] += (Addr(0, i, r),)
+                    self.where[Addr(0, i, r)] = node
+        else:
+            self.where[self.ingress] = INGRESS_PROCESS
         self.writers = writers
         self.where.update((e, self.where[Addr(stages, e.partition, P)] if writers
                            else EGRESS_PROCESS) for e in self.egresses)
 
     @classmethod
     def numbered(cls, placement: Placement, stages: int, partitions: int,
-                 standbys: int = 0, egresses: int = 1, writers: bool = False) -> "Topology":
+                 standbys: int = 0, egresses: int = 1, writers: bool = False,
+                 ingress_pairs: int = 0) -> "Topology":
         """Every process known in advance (the simulator, the thread cluster): incarnations
         1, 2, 3, ... in the order controller, ingress, egress, nodes, standbys."""
         names = list(DRIVER_PROCESSES) + [node_name(k) for k in placement.nodes] + [
             standby_name(k) for k in range(standbys)]
         return cls(placement, stages, partitions, {n: i for i, n in enumerate(names, 1)},
-                   [standby_name(k) for k in range(standbys)], egresses, writers)
+                   [standby_name(k) for k in range(standbys)], egresses, writers, ingress_pairs)
 
     # -- who is who -------------------------------------------------------------------
     @property
@@ -93,6 +105,14 @@ class Topology:
         if index is None:
             return [name]
         return [node_name(k) for k in self.placement.failure_group(index)]
+
+    @property
+    def stage1_producers(self) -> Tuple[Addr, ...]:
+        """Who feeds stage 1: the driver's ingress, or every replica of the pairs of
+        ingresses on the nodes."""
+        if not self.ingress_pairs:
+            return (self.ingress,)
+        return tuple(Addr(0, i, r) for i in range(self.ingress_pairs) for r in (P, S))
 
     def endpoints_of(self, name: str) -> Tuple[Addr, ...]:
         """The segment replicas ``name`` hosts at the start (none for a standby)."""

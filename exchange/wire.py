@@ -59,7 +59,18 @@ from flux.control_messages import (
     WriterMove,
     WriterProgress,
 )
-from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import (
+    Ack,
+    Batch,
+    Credit,
+    CSync,
+    IngressLog,
+    LogAck,
+    Pause,
+    PauseAck,
+    PSync,
+    Reverse,
+)
 from flux.envelope import Envelope
 from statemover.messages import (
     Abort,
@@ -388,6 +399,10 @@ CODECS: Dict[str, _Codec] = {
                 _arity(2, lambda h, held: Reverse(_sn(h, "hwm"),
                                                   None if held is None else _sn(held, "held")))),
     "pause": (Pause, lambda m: [m.version], _arity(1, lambda v: Pause(_int(v, "version")))),
+    "ingress_log": (IngressLog, lambda m: [m.first, [list(e) for e in m.entries]],
+                    _arity(2, lambda first, entries: IngressLog(
+                        _int(first, "first entry"), _log_entries(entries)))),
+    "log_ack": (LogAck, lambda m: [m.upto], _arity(1, lambda n: LogAck(_int(n, "upto")))),
     "pause_ack": (PauseAck, lambda m: [m.version],
                   _arity(1, lambda v: PauseAck(_int(v, "version")))),
     "csync": (CSync, lambda m: [m.version], _arity(1, lambda v: CSync(_int(v, "version")))),
@@ -522,6 +537,23 @@ def _role(v) -> Role:
     if not isinstance(v, str) or v not in ("send", "recv"):
         raise WireError(f"mover role must be 'send' or 'recv', got {v!r:.30}")
     return Role(v)
+
+
+#: what an ingress's log entry says (flux.protocol.ingress_pair)
+LOG_ENTRY_KINDS = ("item", "epoch")
+
+
+def _log_entries(v) -> tuple:
+    """An ingress's log entries: ``[kind, number]`` each."""
+    if not isinstance(v, list):
+        raise WireError(f"log entries must be a list, got {type(v).__name__}")
+    entries = []
+    for entry in v:
+        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in LOG_ENTRY_KINDS):
+            raise WireError(f"a log entry must be [kind, number], kind one of "
+                            f"{LOG_ENTRY_KINDS}, got {entry!r:.60}")
+        entries.append((entry[0], _int(entry[1], "log entry")))
+    return tuple(entries)
 
 
 def _str(v, what: str) -> str:

@@ -77,3 +77,22 @@ class PSync:
     """Fold-in, from both replicas of a rebuilt producer to its consumers (5.3.2)."""
 
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class IngressLog:
+    """An ingress's leading replica to its twin: where it ended items and epochs, in the
+    order it decided (entries ``first``, ``first + 1``, ...): ``("item", x)`` an item
+    ends at input ``x``, ``("epoch", e)`` epoch ``e`` starts. An item leaves only once the
+    twin has its end, so the twin can always cut the items any consumer holds
+    (docs/design/parallel_io.md, a pair of ingresses)."""
+
+    first: int
+    entries: Tuple[Tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LogAck:
+    """The twin holds the leading replica's entries up to ``upto``."""
+
+    upto: int

@@ -19,6 +19,7 @@ from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.producer import PAUSE_ROOM
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress, ingress_addr
+from flux.protocol.ingress_pair import EpochIngressReplica, IngressReplica
 from flux.protocol.sink_writer import SinkWriter
 from flux.protocol.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
 
@@ -35,7 +36,7 @@ class MachineBuilder:
                  window: int = None, full_every: int = 1, batch_rows: int = 1024,
                  ordered_output: bool = True, pause_room: int = PAUSE_ROOM,
                  writers_on_nodes: bool = False, ingresses: int = 1, digests: bool = True,
-                 key_groups: Optional[int] = KEY_GROUPS):
+                 key_groups: Optional[int] = KEY_GROUPS, ingress_pairs: bool = False):
         """``window``: sub-items a consumer may hold untaken per connection (back-pressure,
         docs/design/backpressure.md); None is no limit (the protocol without credits).
         ``full_every``: a replica's checkpoint snapshots are whole once in this many, the
@@ -50,7 +51,12 @@ class MachineBuilder:
         ``digests``: segments digest their states and outputs at the cuts, for the
         comparison of each pair (DESIGN 14; without cuts there is nothing to compare).
         ``key_groups``: how many key groups keys hash to, a partition owning a range of
-        them (DESIGN 13); None: ``hash % partitions``, the routing before key groups."""
+        them (DESIGN 13); None: ``hash % partitions``, the routing before key groups.
+        ``ingress_pairs``: each ingress is a pair of replicas, a producer pair as a stage's
+        (``flux.protocol.ingress_pair``)."""
+        if ingress_pairs and replication != "flux":
+            raise ValueError("pairs of ingresses are for replication 'flux'")
+        self.ingress_pairs = ingress_pairs
         self.digests = digests
         self.key_groups = key_groups
         if ingresses < 1:
@@ -90,7 +96,10 @@ class MachineBuilder:
     def segment(self, a: Addr, mode: SegmentMode = PROCESSING) -> Segment:
         s, K, n = a.stage, self.stages, self.partitions
         other_set = 1 - a.replica
-        if s == 1:
+        if s == 1 and self.ingress_pairs:
+            producers = [(Addr(0, i, P), Addr(0, i, S)) for i in range(self.ingresses)]
+            absent_in = frozenset()
+        elif s == 1:
             producers = [(ingress_addr(i), ingress_addr(i)) for i in range(self.ingresses)]
             absent_in = frozenset()
         else:
@@ -134,12 +143,18 @@ class MachineBuilder:
         return {Addr(stage, i, S) for i in range(self.partitions)}
 
     def ingress(self, log_inputs: bool = False, ingress_class: Optional[type] = None,
-                index: int = 0) -> Ingress:
+                index: int = 0, replica: int = P) -> Ingress:
         """``log_inputs``: the source interleaves partitions of its own, inputs leave
         once their SNs are in the input log (DESIGN 10); ``index``: which of the
-        ``ingresses`` (several number in epochs: ``EpochIngress``)."""
+        ``ingresses`` (several number in epochs: ``EpochIngress``); ``replica``: which of
+        its pair (``ingress_pairs``)."""
         several = {"index": index, "ingresses": self.ingresses} if self.ingresses > 1 else {}
-        cls = ingress_class or (EpochIngress if several else Ingress)
+        if self.ingress_pairs:
+            several["replica"] = replica
+            cls = ingress_class or (EpochIngressReplica if self.ingresses > 1
+                                    else IngressReplica)
+        else:
+            cls = ingress_class or (EpochIngress if several else Ingress)
         return cls(self.partitions, self.router(0), self.ingress_capacity, self.batch_size,
                    self.buffer_factory, absent=self.absent_replicas(1), window=self.window,
                    log_inputs=log_inputs, batch_rows=self.batch_rows,

@@ -62,7 +62,61 @@ def _sub_items(router, partitions: int, first: int,
     return [rows] if routes is None else rows.split(routes, partitions)
 
 
-class Ingress:
+class Stage1Connections:
+    """The ingress's side toward stage 1 (3.1.2): its connections, which it flushes (its
+    only local work), the messages and views of the stage-1 replicas. A subclass says
+    where its items stand (``frontier``)."""
+
+    out: Producer
+    addr: Addr
+
+    def frontier(self) -> SN:
+        """Every item not sent yet will get an SN above this (DESIGN 4.3)."""
+        raise NotImplementedError
+
+    def _producer(self, peers, capacity: int, batch_size: int, buffer_factory: BufferFactory,
+                  absent: Iterable[Addr], window: Optional[int], pause_room: int) -> Producer:
+        """3.1.3: the one ingress sends to and takes acks from both replicas of each pair
+        (a replica of a pair of ingresses is a producer replica as a segment's is)."""
+        return Producer(self.addr, peers, capacity, batch_size, buffer_factory,
+                        normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window,
+                        pause_room=pause_room)
+
+    def flushable(self):
+        return self.out.flushable(self.frontier())
+
+    def flush(self, i: int, d: int) -> List[Send]:
+        send = self.out.flush(i, d, self.frontier())
+        return [send] if send else []
+
+    def on_message(self, src: Addr, msg) -> List:
+        if isinstance(msg, Ack):
+            self.out.on_ack(src, msg)
+            return []
+        if isinstance(msg, Credit):
+            self.out.on_credit(src, msg)
+            return []
+        if isinstance(msg, Pause):
+            return self.out.on_pause(src, msg)
+        if isinstance(msg, CSync):
+            return self.out.on_csync(src, msg)
+        raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
+
+    def ready_for(self, src: Addr, msg) -> bool:
+        """A guarded control message waits at the head of its connection (DESIGN 4.4)."""
+        return not isinstance(msg, CSync) or self.out.can_accept_csync(src, msg)
+
+    def on_fail(self, dead: Set[Addr]) -> List[Send]:
+        """Figure 4 action 3 for every dead stage-1 replica."""
+        self.out.fail_addresses(dead)
+        return []
+
+    def on_avail(self, avail, peer_mover=None) -> List:
+        self.out.on_avail(avail.addr, avail.version)
+        return []
+
+
+class Ingress(Stage1Connections):
     """Accepts the source's records in order, cuts them into items and feeds both
     replicas of stage 1."""
 
@@ -79,23 +133,23 @@ class Ingress:
         batch_rows: int = 1024,
         pause_room: int = PAUSE_ROOM,
         index: int = 0,
+        replica: int = P,
     ):
         """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
         ``window``: sub-items each stage-1 replica may hold untaken (back-pressure);
         ``log_inputs``: items leave only once logged (``inputs_logged``);
         ``batch_rows``: the most inputs an item holds; ``pause_room``: see ``Producer``;
-        ``index``: which of several ingresses (``EpochIngress``)."""
+        ``index``: which of several ingresses (``EpochIngress``); ``replica``: which of a
+        pair of ingresses (``flux.protocol.ingress_pair``)."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
-        self.addr = ingress_addr(index)
+        self.addr = Addr(0, index, replica)
         self.index = index
         #: stage 1's key and input form (``exchange.routing``)
         self.router = router
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
-        # 3.1.3: sends to and acks from both replicas
-        self.out = Producer(self.addr, peers, capacity, batch_size, buffer_factory,
-                            normal_modes=(SEND | ACK, SEND | ACK), absent=absent, window=window,
-                            pause_room=pause_room)
+        self.out = self._producer(peers, capacity, batch_size, buffer_factory, absent, window,
+                                  pause_room)
         self.partitions = partitions
         self.batch_rows = batch_rows
         #: the number of the last input accepted (with one ingress: how many)
@@ -157,8 +211,9 @@ class Ingress:
         if (len(self.pending) >= self.batch_rows or not self.pending.takes([record])) \
                 and not self.cut_item():
             return None
+        number = self.accepted + 1  # >= 1 by construction (a full item may leave in _take)
         self._take([record])
-        return (self.accepted,)  # input_sn(accepted), >= 1 by construction
+        return (number,)
 
     def accept_many(self, records: Any) -> int:
         """``accept`` for each of ``records`` in order until one meets back-pressure;
@@ -253,40 +308,6 @@ class Ingress:
             self.cut_item(force=True)  # with or without room (a buffer holds one item more at most)
         self.out.cut = (number, self.accepted)
         return [CutChosen(number, self.accepted)]
-
-    # -- the dataflow side: it flushes its connections, its only local work ----------
-    def flushable(self):
-        return self.out.flushable(self.frontier())
-
-    def flush(self, i: int, d: int) -> List[Send]:
-        send = self.out.flush(i, d, self.frontier())
-        return [send] if send else []
-
-    def on_message(self, src: Addr, msg) -> List:
-        if isinstance(msg, Ack):
-            self.out.on_ack(src, msg)
-            return []
-        if isinstance(msg, Credit):
-            self.out.on_credit(src, msg)
-            return []
-        if isinstance(msg, Pause):
-            return self.out.on_pause(src, msg)
-        if isinstance(msg, CSync):
-            return self.out.on_csync(src, msg)
-        raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
-
-    def ready_for(self, src: Addr, msg) -> bool:
-        """A guarded control message waits at the head of its connection (DESIGN 4.4)."""
-        return not isinstance(msg, CSync) or self.out.can_accept_csync(src, msg)
-
-    def on_fail(self, dead: Set[Addr]) -> List[Send]:
-        """Figure 4 action 3 for every dead stage-1 replica."""
-        self.out.fail_addresses(dead)
-        return []
-
-    def on_avail(self, avail, peer_mover=None) -> List:
-        self.out.on_avail(avail.addr, avail.version)
-        return []
 
     def idle(self) -> bool:
         """Nothing waits in a buffer, for an item or for the input log."""

@@ -186,6 +186,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ingresses", type=int, default=1, metavar="K",
                     help="K ingresses, each reading a source partition of its own and "
                          "numbering its inputs in epochs (DESIGN 12)")
+    ap.add_argument("--ingress-pairs", action="store_true",
+                    help="each of the --ingresses a pair of replicas on the nodes, dying with "
+                         "them: a stage-1 replica whose ingress replica dies reverses to its "
+                         "twin (docs/design/parallel_io.md)")
     ap.add_argument("--rescale-to", default="", metavar="M[,M2...]",
                     help="every restart runs at the next of these partition counts, each "
                          "partition's state split by key group from the checkpoint "
@@ -222,7 +226,7 @@ def main(argv=None) -> int:
                        keep_checkpoints=args.keep_checkpoints,
                        partitioned_egress=args.partitioned_egress,
                        writers_on_nodes=args.writers_on_nodes,
-                       ingresses=args.ingresses,
+                       ingresses=args.ingresses, ingress_pairs=args.ingress_pairs,
                        rescale_to=tuple(int(n) for n in args.rescale_to.split(",") if n),
                        rescale_cuts=args.rescale_cuts)
     try:

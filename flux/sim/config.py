@@ -131,6 +131,9 @@ class WorldConfig:
     log_epochs: bool = False
     #: how many epochs an ingress may run ahead of the slowest (None: no limit)
     epoch_skew: Optional[int] = None
+    #: each of the several ingresses a pair of replicas on the nodes, crashing with them
+    #: (``flux.protocol.ingress_pair``)
+    ingress_pairs: bool = False
 
 
 @dataclass

@@ -20,6 +20,7 @@ import random
 from bisect import bisect_right
 from typing import Any, Dict, List, Sequence, Tuple
 
+from flux.addresses import Addr, P, S
 from flux.protocol.ingress import Ingress
 from flux.sequence import EPOCH_INPUTS, epoch_first
 
@@ -85,27 +86,47 @@ class EpochPlan:
         bound may have told that); returns whether the order changed."""
         span, before = self.ingresses * EPOCH_INPUTS, list(self.numbers)
         first_epoch = cut // span  # the restarted ingresses number from this epoch on
-        for i, reads in enumerate(self.reads):
-            keep = max(logged[i], self.read_upto(i, cut))
-            epoch = reads[keep - 1][0] if keep else 0
-            if epoch < max(first_epoch, logged_epochs[i]):
-                epoch, used = max(first_epoch, logged_epochs[i]), 0
-            else:
-                used = sum(1 for e, _, _ in reads[:keep] if e == epoch)
-            reads[keep:] = self._numbered(i, [r for _, _, r in reads[keep:]], epoch, used)
+        for i in range(self.ingresses):
+            self._renumber(i, max(logged[i], self.read_upto(i, cut)),
+                           max(first_epoch, logged_epochs[i]))
         self._order()
         return self.numbers != before
+
+    def take_over(self, i: int, known: int, epoch: int) -> bool:
+        """Ingress ``i``'s leading replica died: its twin heard where its items end up to
+        input ``known`` and of its epochs up to ``epoch``; the inputs past it fall into
+        epochs drawn anew (the twin's clock, not the dead leader's, ends them now: what
+        the leader decided and did not tell never left it). Returns whether the order
+        changed."""
+        before = list(self.numbers)
+        self._renumber(i, self.read_upto(i, known), epoch)
+        self._order()
+        return self.numbers != before
+
+    def _renumber(self, i: int, keep: int, floor: int) -> None:
+        """Ingress ``i``'s inputs past its first ``keep`` into epochs drawn anew, from the
+        epoch of the last kept one and not below epoch ``floor``."""
+        reads = self.reads[i]
+        epoch = reads[keep - 1][0] if keep else 0
+        if epoch < floor:
+            epoch, used = floor, 0
+        else:
+            used = sum(1 for e, _, _ in reads[:keep] if e == epoch)
+        reads[keep:] = self._numbered(i, [r for _, _, r in reads[keep:]], epoch, used)
 
 
 class SimIngresses:
     """The ingresses' steps: accept the next input of their source partition, cut an
     item, advance the epoch, make the log durable; and the checkpoints' cuts."""
 
-    def __init__(self, plan: EpochPlan, log_inputs: bool, skew=None):
+    def __init__(self, plan: EpochPlan, log_inputs: bool, skew=None, pairs: bool = False):
         self.plan = plan
         self.log_inputs = log_inputs
         self.skew = skew
-        self.read = [0] * plan.ingresses
+        #: each ingress a pair of replicas, each reading the source partition by itself
+        self.pairs = pairs
+        #: per ingress replica, how many inputs of its source partition it read
+        self.read: Dict[Addr, int] = {}
         #: per ingress, how many of its reads the input log holds and the epoch it logged
         #: last (kept across restarts)
         self.logged = [0] * plan.ingresses
@@ -115,54 +136,54 @@ class SimIngresses:
 
     def start(self, cut: int) -> None:
         """A new incarnation, numbering after ``cut`` (0: from the start)."""
-        self.read = [self.plan.read_upto(i, cut) for i in range(self.plan.ingresses)]
+        self.read = {a: self.plan.read_upto(i, cut) for i in range(self.plan.ingresses)
+                     for a in ((Addr(0, i, P), Addr(0, i, S)) if self.pairs else (Addr(0, i, P),))}
         self.positions = {}
 
-    def done(self, i: int) -> bool:
-        """Ingress ``i`` read every input of its source partition."""
-        return self.read[i] >= len(self.plan.reads[i])
+    def done(self, addr: Addr) -> bool:
+        """Ingress replica ``addr`` read every input of its source partition."""
+        return self.read[addr] >= len(self.plan.reads[addr.partition])
 
-    def all_done(self) -> bool:
-        return all(self.done(i) for i in range(self.plan.ingresses))
-
-    def _next_epoch(self, i: int) -> int:
-        return self.plan.last_epoch if self.done(i) else self.plan.reads[i][self.read[i]][0]
+    def _next_epoch(self, addr: Addr) -> int:
+        if self.done(addr):
+            return self.plan.last_epoch
+        return self.plan.reads[addr.partition][self.read[addr]][0]
 
     def steps(self, ingress: Ingress, checkpoint: bool, slowest: int) -> List[tuple]:
         """Its local steps other than flushes, in a fixed order; ``checkpoint``: one may
         be taken (asked of ingress 0 only: the driver chooses a cut for all); ``slowest``:
         the lowest epoch of all ingresses."""
-        i, steps = ingress.index, []
-        epoch = self._next_epoch(i)
+        a, steps = ingress.addr, []
+        epoch = self._next_epoch(a)
         # its clock waits for the slowest ingress's (unless it is the slowest)
         waits = self.skew is not None and epoch > slowest + self.skew and ingress.epoch > slowest
-        if not self.done(i) and epoch == ingress.epoch and ingress.can_accept():
-            steps.append(("accept", i))
+        if not self.done(a) and epoch == ingress.epoch and ingress.can_accept():
+            steps.append(("accept", a))
         if ingress.can_cut():
-            steps.append(("item", i))  # the pending inputs leave as an item (DESIGN 11)
+            steps.append(("item", a))  # the pending inputs leave as an item (DESIGN 11)
         if epoch > ingress.epoch and ingress.can_advance() and not waits:
-            steps.append(("epoch", i))
+            steps.append(("epoch", a))
         if ingress.log_due():
-            steps.append(("log", i))  # the input log made durable up to here
+            steps.append(("log", a))  # the input log made durable up to here
         if checkpoint:
-            steps.append(("checkpoint", i))
+            steps.append(("checkpoint", a))
         return steps
 
     def apply(self, kind: str, ingress: Ingress) -> List:
         """Take step ``kind`` of ``ingress``; returns its effects."""
-        i = ingress.index
+        i, a = ingress.index, ingress.addr
         if kind == "accept":
-            _, sn, record = self.plan.reads[i][self.read[i]]
+            _, sn, record = self.plan.reads[i][self.read[a]]
             got = ingress.accept(record)
             if got != (sn,):  # the plan and the machine number alike, or the oracle lies
-                raise AssertionError(f"ingress {i} numbered an input {got}, the plan {sn}")
-            self.read[i] += 1
+                raise AssertionError(f"ingress {a} numbered an input {got}, the plan {sn}")
+            self.read[a] += 1
         elif kind == "item":
             ingress.cut_item()
         elif kind == "epoch":
-            return ingress.advance_epoch(self._next_epoch(i))
+            return ingress.advance_epoch(self._next_epoch(a))
         elif kind == "log":
-            self.logged[i] = max(self.logged[i], self.read[i])
+            self.logged[i] = max(self.logged[i], self.read[a])
             self.logged_epochs[i] = max(self.logged_epochs[i], ingress.epoch)
             return ingress.inputs_logged(ingress.accepted)
         else:
@@ -192,7 +213,7 @@ class SimIngresses:
         """Ingress ``ingress`` passed checkpoint ``number``'s cut: the source positions of
         every ingress once all did (how many inputs each read), else ()."""
         got = self.positions.setdefault(number, {})
-        got[ingress] = self.read[ingress]
+        got[ingress] = self.read[Addr(0, ingress, P)]
         if len(got) < self.plan.ingresses:
             return ()
         return tuple(got[i] for i in range(self.plan.ingresses))
@@ -204,4 +225,25 @@ def ingress_claims(world) -> List[Tuple[Ingress, bool]]:
     (``SettledOracle.check``)."""
     if world.epochs is None:
         return [(world.ingress, world.next_input >= len(world.inputs))]
-    return [(ingress, world.epochs.done(ingress.index)) for ingress in world.ingresses]
+    return [(ingress, world.epochs.done(ingress.addr)) for ingress in world.ingresses]
+
+
+def ingress_took_over(world) -> None:
+    """After a view: an ingress whose leading replica died leads from its twin now (which
+    cut what it heard, then decides by itself): the plan's epochs past what the twin heard
+    are drawn anew, and the failure-free run is that of the new order."""
+    from flux.protocol.ingress_pair import ALONE, EPOCH, ITEM
+
+    for i, leader in enumerate(world.ingresses):
+        twin = world.machine(leader.dual)
+        if leader.addr.replica != P or twin.role is not ALONE or twin.addr == leader.addr:
+            continue
+        world.ingresses[i] = twin
+        heard = list(twin.to_follow)
+        known = max([twin.accepted] + [v for k, v in heard if k == ITEM])
+        epoch = max([twin.epoch] + [v for k, v in heard if k == EPOCH])
+        if world.epochs.plan.take_over(i, known, epoch):
+            world.inputs[:] = world.epochs.plan.inputs
+            world.on_reorder(world.inputs, world.epochs.plan.numbers)
+            for oracle in world.settled_oracles:
+                oracle.reordered(world.inputs)

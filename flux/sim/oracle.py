@@ -161,6 +161,15 @@ class SettledOracle:
         self.diverged = False
         self.items.clear()
 
+    def reordered(self, inputs: Sequence[Any]) -> None:
+        """The inputs' order changed within the incarnation (an ingress's twin took over
+        and numbers the inputs its dead leader never let go anew): only inputs no output
+        was delivered of moved, so the outputs delivered keep their places."""
+        delivered = self.next
+        self._of = None
+        self.begin(inputs, self.cut)
+        self.next = delivered
+
     def resume(self, committed: Optional[Any]) -> None:
         """A sink's writer started again after ``committed``, the last output its sink
         committed (None: none yet): the sink dropped what it had not."""

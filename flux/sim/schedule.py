@@ -113,6 +113,8 @@ class SimParams:
     writers_on_nodes: bool = False
     #: ingresses reading a source partition each, numbering in epochs (DESIGN 12)
     ingresses: int = 1
+    #: each ingress a pair of replicas on the nodes, dying with them
+    ingress_pairs: bool = False
     #: each restart of the job runs at the next of these partition counts, its state split
     #: by key group from the restored checkpoint (DESIGN 13); () keeps ``partitions``
     rescale_to: Tuple[int, ...] = ()
@@ -162,6 +164,11 @@ class SimParams:
         if self.ingresses > 1 and self.source_partitions > 1:
             raise ValueError("--ingresses and --source-partitions: each ingress reads one "
                              "source partition (--ingresses K models K of them)")
+        if self.ingress_pairs and (self.ingresses < 2 or self.checkpoints or self.restarts
+                                   or self.placement == "cluster-pairs"):
+            raise ValueError("--ingress-pairs: pairs of several ingresses (--ingresses K, K >= "
+                             "2), under chained or single placement, without checkpoints or "
+                             "restarts (not built for pairs yet)")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
         if self.rescale_cuts and not self.rescale_to:
@@ -293,6 +300,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         # from a stream of its own
         commit_every=random.Random(f"commits {seed}").randint(1, 6),
         epochs=plan,
+        ingress_pairs=params.ingress_pairs,
         rescale_to=params.rescale_to,
         placement_for=partial(PLACEMENTS[params.placement], params.stages),
         log_epochs=bool(params.checkpoints or params.restarts),
@@ -675,6 +683,8 @@ def format_step(step: tuple, payload: Any) -> str:
         for a in payload.avail:
             what.append(f"avail({a.addr}@{a.node} v{a.version})")
         return f"view{payload.number}@{step[1]} {' '.join(what)}"
+    if kind == "flush" and step[2] < 0:  # an ingress replica's log to its twin
+        return f"flush {step[1]}->twin"
     if kind == "flush":
         return f"flush {step[1]}->[{step[2]}]{'PS'[step[3]]}"
     if kind == "process":

@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 from flux.addresses import Addr, MoverAddr
 from flux.effects import Snapshot
 from flux.protocol.host import Host
-from flux.protocol.ingress import INGRESS, ingress_addr
+from flux.protocol.ingress import INGRESS
 from flux.protocol.machine import LocalWork
 from flux.sim.config import (
     CHECKPOINT_STORE,
@@ -30,6 +30,7 @@ from flux.sim.config import (
     PROCESS_LIMITS,
     ZombieMachine,
 )
+from flux.sim.ingresses import ingress_took_over
 from flux.state_codec import pack_state
 from statemover.messages import LinkLost
 
@@ -129,6 +130,8 @@ class Steps:
         """The local steps of machine ``addr`` (of its live process, or ``work`` of a
         zombie's), in a fixed order, by the local work it declared (``LocalWork``)."""
         w = self.world
+        if addr.stage == 0 and work is not None:  # a zombie's ingress replica: its flushes
+            return [("flush", addr, i, d) for i, d in work.flushes.flushable()]
         if addr.stage == 0 and w.epochs is not None:  # one of several ingresses
             ingress = w.machine(addr)
             checkpoint = addr.partition == 0 and (w.checkpoints_left > 0 or
@@ -181,8 +184,8 @@ class Steps:
             return CHECKPOINT_STORE
         if kind == "sink-commit":
             return EGRESS_HOST
-        if kind in ("accept", "item", "checkpoint", "epoch"):
-            return INGRESS_HOST
+        if kind in ("accept", "item", "checkpoint", "epoch"):  # a pair's replica: its node's
+            return w.host_of[step[1]] if w.config.ingress_pairs else INGRESS_HOST
         return w.host_of[step[1]]
 
     # -- machines that stop or change hands ---------------------------------------
@@ -244,10 +247,11 @@ class Steps:
                                                            w.rng))
             self.dirty.update(ingress.addr for ingress in w.ingresses)
         elif kind in ("accept", "item", "epoch", "log") and w.epochs is not None:
-            addr = ingress_addr(step[1])
-            w.net.touched(INGRESS_HOST, addr)
+            addr = step[1]
+            host = w.hosts[w.host_of[addr]]
+            w.net.touched(host.name, addr)
             effects = w.epochs.apply(kind, w.machine(addr))
-            w.effects(*w.hosts[INGRESS_HOST].run_local(effects))
+            w.effects(*host.run_local(effects))
             if effects or kind == "epoch":  # the others' steps look at its epoch
                 self.dirty.update(ingress.addr for ingress in w.ingresses)
             else:
@@ -274,6 +278,8 @@ class Steps:
             self._drop(key)  # a discarded replica has no more steps
         self.dirty.update(self.key(name, a) for a in machines)
         w.effects(*effects, host=host)
+        if w.config.ingress_pairs:
+            ingress_took_over(w)
 
     def _apply_ingress(self, kind: str) -> None:
         w = self.world

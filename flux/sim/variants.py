@@ -17,6 +17,7 @@ from flux.effects import Send
 from flux.protocol.host import Host
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress
+from flux.protocol.ingress_pair import LEADING, EpochIngressReplica
 from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
 from flux.protocol.sink_writer import SinkWriter
 from flux.sequence import NO_PROGRESS
@@ -177,6 +178,28 @@ class IngressBoundingPastTheLog(EpochIngress):
         return (last,) if last else NO_PROGRESS
 
 
+class IngressReplicaNotWaitingForItsTwin(EpochIngressReplica):
+    """The leading replica of a pair of ingresses lets its items and bound go before its
+    twin has their ends (docs/design/parallel_io.md broken): when it dies, a stage-1
+    replica holds items its twin never heard of, which the twin cuts otherwise."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log_inputs = False
+
+
+class IngressReplicaBoundingPastItsTwin(EpochIngressReplica):
+    """The leading replica of a pair of ingresses tells a bound past the epochs its twin
+    heard of (docs/design/parallel_io.md broken): when it dies, its twin's clock ends
+    that epoch elsewhere and numbers an input under the bound the merges trusted."""
+
+    def frontier(self):
+        if self.role is not LEADING:
+            return super().frontier()
+        last = self.held[0][0] - 1 if self.held else max(self.last_item, self.floor)
+        return (last,) if last else NO_PROGRESS
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -270,7 +293,9 @@ class SegmentDivergingUndigested(SegmentDivergingOnce):
 HOST_VARIANTS = {"hear-the-dead": HostHearingTheDead, "no-resend": HostWithoutResends}
 INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
                     "epoch-bound-first": IngressBoundingBeforeItsItem,
-                    "unlogged-epoch-bound": IngressBoundingPastTheLog}
+                    "unlogged-epoch-bound": IngressBoundingPastTheLog,
+                    "pair-eager-send": IngressReplicaNotWaitingForItsTwin,
+                    "pair-bound-past-twin": IngressReplicaBoundingPastItsTwin}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -301,4 +326,6 @@ VARIANTS = {
     "rescale-unsplit": (Buffer, Segment),
     "eager-writer-acks": (Buffer, Segment),
     "no-resend": (Buffer, Segment),
+    "pair-eager-send": (Buffer, Segment),
+    "pair-bound-past-twin": (Buffer, Segment),
 }

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from controller.checkpoints import CheckpointCoordinator
 from controller.placement import Placement
 from controller.recovery import Recovery
-from flux.addresses import Addr
+from flux.addresses import P, Addr
 from flux.protocol.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
 from flux.effects import (
@@ -115,10 +115,11 @@ class World:
                                       writers_on_nodes=config.writers_on_nodes,
                                       ingresses=config.epochs.ingresses
                                       if config.epochs else 1,
-                                      replication=placement.replication)
+                                      replication=placement.replication,
+                                      ingress_pairs=config.ingress_pairs)
         #: several ingresses' steps (None: one ingress, reading ``inputs`` in order)
-        self.epochs = SimIngresses(config.epochs, config.log_epochs, config.epoch_skew) \
-            if config.epochs else None
+        self.epochs = SimIngresses(config.epochs, config.log_epochs, config.epoch_skew,
+                                   config.ingress_pairs) if config.epochs else None
         self.placement = placement
         #: the sink partitions: one with ordered output, else one per last-stage partition
         self.sink_partitions = 1 if config.ordered_output else partitions
@@ -154,13 +155,16 @@ class World:
         config, partitions, builder = self.config, self.partitions, self.builder
         self.hosts: Dict[str, Host] = {}
         self.host_of: Dict[Any, str] = {}
+        pairs = builder.ingresses if config.ingress_pairs else 0
         topology = self.topology = Topology.numbered(self.placement, self.stages, partitions,
                                                      config.standbys, self.sink_partitions,
-                                                     config.writers_on_nodes)
+                                                     config.writers_on_nodes, pairs)
         writers = self.writers.place(topology)
         peer_incs = topology.peer_incs()
         for name in topology.workers:
-            machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
+            machines = {a: builder.ingress(index=a.partition, replica=a.replica,
+                                           ingress_class=config.ingress_class) if a.stage == 0
+                        else builder.segment(a) for a in topology.endpoints_of(name)}
             if restored is not None:
                 chains = self.store.manifests[restored[0]][1]
                 for a, seg in machines.items():  # as the runtime's restore_operators
@@ -169,7 +173,10 @@ class World:
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              builder.standby_segment, config.chunk_size,
                                              peer_incs, writer_factory=self.writers.factory(name)))
-        if self.epochs is not None:
+        if pairs:  # each a pair of replicas on the nodes: ``ingresses`` are the P ones
+            self.ingresses = [self.machine(Addr(0, i, P)) for i in range(pairs)]
+            self.epochs.start(0)
+        elif self.epochs is not None:
             self.ingresses = [builder.ingress(log_inputs=self.epochs.log_inputs,
                                               ingress_class=config.ingress_class, index=i)
                               for i in range(builder.ingresses)]
@@ -187,7 +194,7 @@ class World:
         self.egresses = writers or builder.egresses()
         for oracle in self.settled_oracles:
             oracle.begin(self.inputs, 0 if restored is None else self.position(restored[1]))
-        for name, machines in ((INGRESS_HOST, self.ingresses),
+        for name, machines in ((INGRESS_HOST, [] if pairs else self.ingresses),
                                (EGRESS_HOST, [] if writers else self.egresses)):
             self._add_host(config.host_class(name, {m.addr: m for m in machines},
                                              topology.incarnations[name], peer_incs=peer_incs))

@@ -1,0 +1,108 @@
+"""A pair of ingresses, machine by machine (flux/protocol/ingress_pair.py): the leader's item
+and bound wait until its twin acked their ends; the follower cuts exactly the items and
+epochs it heard of, with the same SNs, and sends its own to the stage-1 replicas of its
+side; when the leader dies the follower cuts what it heard, then decides alone; when the
+follower dies the leader stops waiting. The simulator runs the pair through crashes
+(tests/test_sim_ingress_pairs.py)."""
+from __future__ import annotations
+
+import pytest
+
+from flux.addresses import P, S, Addr
+from flux.data_messages import Batch, IngressLog, LogAck
+from flux.effects import Send
+from flux.errors import LocalProtocolError
+from flux.protocol.builder import MachineBuilder
+from flux.protocol.ingress_pair import ALONE, FOLLOWING, LEADING, TWIN
+from flux.testing.dataflows import counting_dataflow
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def pair():
+    builder = MachineBuilder(counting_dataflow(1), 2, 8, 4, ingresses=2, ingress_pairs=True)
+    return builder.ingress(index=0, replica=P), builder.ingress(index=0, replica=S)
+
+
+def sent(effects, kind):
+    return [e for e in effects if isinstance(e, Send) and isinstance(e.msg, kind)]
+
+
+def data_sent(machine):
+    """Everything ``machine`` flushes to stage 1 now: (destination, item SNs)."""
+    out = []
+    for i, d in list(machine.flushable()):
+        if (i, d) == TWIN:
+            continue
+        for e in machine.flush(i, d):
+            if e.msg.items:
+                out.append((e.dst, [sn for sn, _ in e.msg.items]))
+    return out
+
+
+def relay_log(leader, follower):
+    """The leader's log to its twin and the ack back; returns the follower's effects."""
+    (log,) = leader.flush(*TWIN)
+    assert isinstance(log.msg, IngressLog) and log.dst == follower.addr
+    effects = follower.on_message(leader.addr, log.msg)
+    (ack,) = sent(effects, LogAck)
+    leader.on_message(follower.addr, ack.msg)
+    return effects
+
+
+def test_the_leaders_item_waits_for_its_twin_and_both_cut_it_alike():
+    leader, follower = pair()
+    assert (leader.role, follower.role) == (LEADING, FOLLOWING)
+    records = [("k1", 1), ("k2", 2), ("k1", 3)]
+    numbers = [leader.accept(r) for r in records]
+    x = leader.cut_item()
+    assert x == numbers[-1][0]
+    assert data_sent(leader) == []  # held: its twin has not heard where it ends
+    assert TWIN in list(leader.flushable())
+    assert not follower.can_accept()  # the follower takes no input before it hears of one
+    relay_log(leader, follower)
+    assert {dst.replica for dst, _ in data_sent(leader)} == {P}  # to stage 1's P side
+    assert [follower.accept(r) for r in records] == numbers  # the same SNs
+    assert not follower.can_accept()  # up to the item's end, no further
+    assert follower.can_cut() and follower.cut_item() == x
+    assert {dst.replica for dst, _ in data_sent(follower)} == {S}
+    with pytest.raises(LocalProtocolError, match="follows its twin's epochs"):
+        follower.advance_epoch(1)
+
+
+def test_epochs_are_followed_and_the_bound_waits_for_the_twin():
+    leader, follower = pair()
+    leader.accept(("k1", 1))
+    floor = leader.frontier()
+    leader.advance_epoch(2)  # the pending input leaves as an item first
+    assert leader.frontier() == floor  # the new epoch's start is not told before the twin has it
+    relay_log(leader, follower)
+    assert leader.frontier() > floor
+    follower.accept(("k1", 1))
+    follower.cut_item()
+    assert follower.epoch == 2 and follower.frontier() == leader.frontier()
+
+
+def test_the_follower_of_a_dead_leader_cuts_what_it_heard_then_goes_alone():
+    leader, follower = pair()
+    leader.accept(("k1", 1))
+    leader.accept(("k2", 2))
+    x = leader.cut_item()
+    relay_log(leader, follower)
+    follower.on_fail({leader.addr})
+    assert follower.role is ALONE
+    follower.accept(("k1", 1))
+    follower.accept(("k2", 2))
+    assert follower.cut_item() == x  # what it heard, first
+    assert follower.accept(("k3", 3)) == (x + 1,)  # then inputs of its own
+    assert follower.cut_item() == x + 1
+
+
+def test_a_leader_whose_twin_died_stops_waiting():
+    leader, follower = pair()
+    leader.accept(("k1", 1))
+    leader.cut_item()
+    assert data_sent(leader) == []
+    leader.on_fail({follower.addr})
+    assert leader.role is ALONE and data_sent(leader) and TWIN not in list(leader.flushable())
+    assert leader.idle() is False  # the items are sent, not yet acked
