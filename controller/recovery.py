@@ -146,11 +146,9 @@ class Recovery:
                 del self.attempts[addr]
                 del self.missing[addr]
                 self.completed.append(addr)
-        # an ingress's replica (stage 0) is not rebuilt yet: its survivor goes on alone
-        rebuilt = [a for a in self.missing if a.stage > 0]
-        if self.attempts or not rebuilt or not self.placement.rebuilds:
+        if self.attempts or not self.missing or not self.placement.rebuilds:
             return []
-        stage = min(a.stage for a in rebuilt)
+        stage = min(a.stage for a in self.missing)  # 0: a replica of a pair of ingresses
         avails = []
         for addr in sorted(a for a in self.missing if a.stage == stage):
             standby = self._standby_for(self.missing[addr])
@@ -213,6 +211,8 @@ class Recovery:
     # -- helpers ---------------------------------------------------------------------
     def _neighbours(self, addr: Addr) -> Set[Addr]:
         s = addr.stage
+        if s == 0:  # a replica of a pair of ingresses: it feeds every stage-1 replica
+            return {Addr(1, k, r) for k in range(self.partitions) for r in (P, S)}
         below = set(self.topology.stage1_producers) if s == 1 else {
             Addr(s - 1, j, r) for j in range(self.partitions) for r in (P, S)}
         above = {self._egress_of(addr)} if s == self.stages else {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from flux.addresses import P, S, Addr
-from flux.data_messages import Batch, IngressLog, LogAck
+from flux.data_messages import IngressLog, LogAck, Reverse
 from flux.effects import Send
 from flux.errors import LocalProtocolError
 from flux.protocol.builder import MachineBuilder
@@ -106,3 +106,40 @@ def test_a_leader_whose_twin_died_stops_waiting():
     leader.on_fail({follower.addr})
     assert leader.role is ALONE and data_sent(leader) and TWIN not in list(leader.flushable())
     assert leader.idle() is False  # the items are sent, not yet acked
+
+
+def test_a_new_twin_takes_the_survivors_state_and_follows_it():
+    """The survivor's numbering and buffers move whole (its pending inputs are read again
+    by the new replica); both psync the stage-1 replicas; the survivor leads again."""
+    from flux.control_messages import Avail
+    from flux.data_messages import PSync
+    from flux.protocol.ingress_catchup import MOVING, RUNNING
+    from flux.protocol.segment_mode import CatchUp
+    from statemover.messages import RequestRecv, RequestSend, SendState
+
+    builder = MachineBuilder(counting_dataflow(1), 2, 8, 4, ingresses=2, ingress_pairs=True)
+    survivor, dead = pair()
+    survivor.on_fail({dead.addr})
+    survivor.accept(("k1", 1))
+    x = survivor.cut_item()
+    survivor.accept(("k2", 2))  # pending: the new replica reads it again
+    data_sent(survivor)
+    for d in range(2):  # the stage-1 replicas its twin fed reverse to it (take-over done)
+        survivor.on_message(Addr(1, d, S), Reverse(()))
+    new = builder.standby_segment(dead.addr)
+    avail = Avail(dead.addr, 9, 1, "standby0", "node0")
+    (ask,) = survivor.on_avail(avail, "mover-standby")
+    assert isinstance(ask, RequestSend)
+    assert isinstance(new.expect_state(CatchUp(1, "mover-node0"))[0], RequestRecv)
+    (state,) = survivor.sm_ready()
+    assert isinstance(state, SendState) and survivor.mode is MOVING
+    assert not survivor.can_accept() and survivor.flushable() == []
+    stage1 = {Addr(1, d, r) for d in range(2) for r in (P, S)}
+    psyncs = new.state_received(state.data)
+    assert {e.dst for e in sent(psyncs, PSync)} == stage1  # 5.3.2, to every live replica
+    assert new.mode is RUNNING and new.role is FOLLOWING and new.accepted == x
+    assert {e.dst for e in sent(survivor.state_sent(), PSync)} == stage1
+    assert survivor.role is LEADING
+    survivor.cut_item()  # its pending input's item: told to the new twin first
+    relay_log(survivor, new)
+    assert new.accept(("k2", 2)) == (x + 1,) and new.cut_item() == x + 1

@@ -19,7 +19,7 @@ from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.producer import PAUSE_ROOM
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress, ingress_addr
-from flux.protocol.ingress_pair import EpochIngressReplica, IngressReplica
+from flux.protocol.ingress_pair import EpochIngressReplica
 from flux.protocol.sink_writer import SinkWriter
 from flux.protocol.segment import AWAITING_STATE, PROCESSING, Segment, SegmentMode
 
@@ -54,8 +54,9 @@ class MachineBuilder:
         them (DESIGN 13); None: ``hash % partitions``, the routing before key groups.
         ``ingress_pairs``: each ingress is a pair of replicas, a producer pair as a stage's
         (``flux.protocol.ingress_pair``)."""
-        if ingress_pairs and replication != "flux":
-            raise ValueError("pairs of ingresses are for replication 'flux'")
+        if ingress_pairs and (replication != "flux" or ingresses < 2):
+            raise ValueError("pairs of ingresses are several ingresses (numbering in epochs) "
+                             "under replication 'flux'")
         self.ingress_pairs = ingress_pairs
         self.digests = digests
         self.key_groups = key_groups
@@ -134,6 +135,11 @@ class MachineBuilder:
         return router_for(target.key, self.partitions, target.schema, self.key_groups)
 
     def standby_segment(self, a: Addr) -> Segment:
+        """A new replica on a standby, waiting for its state (an ingress's, at stage 0)."""
+        if a.stage == 0:
+            replica = self.ingress(index=a.partition, replica=a.replica)
+            replica.await_state()
+            return replica
         return self.segment(a, AWAITING_STATE)
 
     def absent_replicas(self, stage: int):
@@ -151,8 +157,7 @@ class MachineBuilder:
         several = {"index": index, "ingresses": self.ingresses} if self.ingresses > 1 else {}
         if self.ingress_pairs:
             several["replica"] = replica
-            cls = ingress_class or (EpochIngressReplica if self.ingresses > 1
-                                    else IngressReplica)
+            cls = ingress_class or EpochIngressReplica
         else:
             cls = ingress_class or (EpochIngress if several else Ingress)
         return cls(self.partitions, self.router(0), self.ingress_capacity, self.batch_size,

@@ -150,12 +150,6 @@ class Host:
                 self.machines[avail.addr] = seg
                 self.work[avail.addr] = LocalWork.of(seg)
                 self.created_at[avail.addr] = view.number
-                # the neighbours that died before it existed and stay dead (an ingress's
-                # replica is not rebuilt): at install it reverses to their twins
-                gone = {a for a in self.dead if isinstance(a, Addr)} - {
-                    v.addr for v in view.avail}
-                if gone:
-                    effects.extend(seg.on_fail(gone))
                 effects.extend(seg.expect_state(CatchUp(avail.version, MoverAddr(avail.active_node))))
             self.dead.discard(avail.addr)
             for addr, machine in self.machines.items():

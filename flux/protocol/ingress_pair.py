@@ -14,40 +14,37 @@ own. Whatever a consumer holds from the leader, the twin heard of; what the twin
 heard of never left. When the leader dies, the twin first cuts what it heard, then
 decides **alone**; when the follower dies, the leader stops waiting for it.
 
-Not yet: a lost replica rebuilt on a standby (catch-up), checkpoints (the cut would be
-one more entry of the log) and the durable input log beside the twin.
+A lost replica is rebuilt on a standby (``flux.protocol.ingress_catchup``). Not yet:
+checkpoints (the cut would be one more entry of the log) and the durable input log
+beside the twin.
 """
 from __future__ import annotations
 
 from collections import deque
-from enum import Enum
 from typing import Any, Deque, List, Set, Tuple
 
 from flux.addresses import Addr, P, other
 from flux.data_messages import IngressLog, LogAck, Reverse
-from flux.effects import Send
-from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.errors import LocalProtocolError
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.flux_producer import FluxProducer
-from flux.protocol.ingress import Ingress
-
-#: the "connection" to its twin among ``flushable()``'s: the log leaves with the flushes
-TWIN = (-1, -1)
-
-ITEM, EPOCH = "item", "epoch"
-
-
-class IngressRole(Enum):
-    LEADING = "leading"  # decides items and epochs, tells its twin before they leave
-    FOLLOWING = "following"  # cuts what its twin decided, nothing of its own
-    ALONE = "alone"  # its twin is dead: decides alone, once it cut all it heard
-
-
-LEADING, FOLLOWING, ALONE = IngressRole.LEADING, IngressRole.FOLLOWING, IngressRole.ALONE
+from flux.protocol.ingress_catchup import AWAITING_STATE, IngressCatchUp
+from flux.protocol.ingress_twin_log import (  # noqa: F401 (the pair's vocabulary, from here)
+    ALONE,
+    EPOCH,
+    FOLLOWING,
+    ITEM,
+    LEADING,
+    TWIN,
+    IngressRole,
+    TwinLog,
+)
+from flux.protocol.segment_mode import CatchUp
+from flux.sequence import epoch_first
 
 
-class PairedIngress:
-    """One replica of a pair of ingresses; mixed in before ``Ingress`` or ``EpochIngress``."""
+class PairedIngress(TwinLog, IngressCatchUp):
+    """One replica of a pair of ingresses; mixed in before ``EpochIngress``."""
 
     def __init__(self, *args: Any, replica: int, **kwargs: Any):
         super().__init__(*args, replica=replica, **kwargs)
@@ -71,12 +68,28 @@ class PairedIngress:
                                   buffer_factory, window, pause_room)
         return self.fprod.out
 
+    def await_state(self) -> None:
+        super().await_state()
+        self.role, self.log_inputs = FOLLOWING, False
+
+    def epoch_state(self) -> int:
+        return self.epoch
+
+    def install_numbering(self, epoch: int, accepted: int, last_item: int,
+                          inputs: int) -> None:
+        """Number on from where its twin was when it sent its state."""
+        self.epoch, self.floor = epoch, epoch_first(epoch, self.index, self.ingresses)
+        self.accepted = self.logged = accepted
+        self.last_item, self.inputs = last_item, inputs
+
     def _follows(self) -> bool:
         """Does it cut what its twin decided (a follower, or alone with entries left)?"""
         return self.role is FOLLOWING or bool(self.to_follow)
 
     # -- the source side -------------------------------------------------------------
     def can_accept(self, record: Any = None) -> bool:
+        if not self.running():
+            return False
         if self._follows():
             return self._room_to_follow() > 0
         return super().can_accept(record)
@@ -101,6 +114,8 @@ class PairedIngress:
         return value - self.accepted if kind == ITEM else 0
 
     def can_cut(self) -> bool:
+        if not self.running():
+            return False
         if self._follows():
             return self._can_follow()
         return super().can_cut()
@@ -115,7 +130,7 @@ class PairedIngress:
         return x
 
     def can_advance(self) -> bool:
-        return not self._follows() and super().can_advance()
+        return self.running() and not self._follows() and super().can_advance()
 
     def advance_epoch(self, epoch: int) -> List:
         if self._follows():
@@ -124,10 +139,6 @@ class PairedIngress:
         if self.role is LEADING:
             self._decide((EPOCH, epoch), self.floor)
         return effects
-
-    def _decide(self, entry: Tuple[str, int], position: int) -> None:
-        self.seq += 1
-        self.decided.append((self.seq, entry, position))
 
     def _can_follow(self) -> bool:
         if not self.to_follow:
@@ -152,72 +163,50 @@ class PairedIngress:
             self.to_follow.popleft()
         return last
 
-    # -- the log to the twin, which leaves with the flushes -------------------------------
-    def log_due(self) -> bool:
-        return False  # its log is its twin (the durable input log beside it: not yet)
-
-    def flushable(self):
-        connections = super().flushable()
-        if self.role is LEADING and self.told < self.seq:
-            return list(connections) + [TWIN]
-        return connections
-
-    def flush(self, i: int, d: int) -> List:
-        if (i, d) != TWIN:
-            return super().flush(i, d)
-        if self.role is not LEADING or self.told >= self.seq:
-            return []
-        entries = tuple(e for n, e, _ in self.decided if n > self.told)
-        first, self.told = self.told + 1, self.seq
-        return [Send(self.addr, self.dual, IngressLog(first, entries))]
-
     # -- messages and views ------------------------------------------------------------------
+    def ready_for(self, src: Addr, msg) -> bool:
+        """A replica moving its state or waiting for one takes no message."""
+        return self.running() and super().ready_for(src, msg)
+
     def on_message(self, src: Addr, msg) -> List:
         if isinstance(msg, IngressLog):
             return self._on_log(src, msg)
         if isinstance(msg, LogAck):
             return self._on_log_ack(src, msg)
         if isinstance(msg, Reverse):
-            return self.fprod.on_reverse(src, msg)
+            return self.fprod.on_reverse(src, msg) + self._maybe_start()
         return super().on_message(src, msg)
 
-    def _on_log(self, src: Addr, msg: IngressLog) -> List:
-        if src != self.dual or self.role is LEADING:
-            raise RemoteProtocolError(f"{self.addr}: an ingress log from {src}")
-        if msg.first != self.heard + 1:
-            raise RemoteProtocolError(f"{self.addr}: log entries from {msg.first}, "
-                                      f"{self.heard} heard")
-        self.to_follow.extend(msg.entries)
-        self.heard += len(msg.entries)
-        return [Send(self.addr, self.dual, LogAck(self.heard))]
-
-    def _on_log_ack(self, src: Addr, msg: LogAck) -> List:
-        if src != self.dual:
-            raise RemoteProtocolError(f"{self.addr}: a log ack from {src}")
-        position = 0
-        while self.decided and self.decided[0][0] <= msg.upto:
-            position = self.decided.popleft()[2]
-        if self.role is LEADING and position > self.logged:
-            return self.inputs_logged(position)
-        return []
-
     def on_fail(self, dead: Set[Addr]) -> List:
-        """Dead stage-1 replicas as a producer's (5.2); a dead twin: it leads alone."""
+        """Dead stage-1 replicas as a producer's (5.2); a dead twin: it leads alone (and a
+        catch-up of the twin is over)."""
+        if self.mode is AWAITING_STATE:
+            self.missed.append(("fail", set(dead)))
+            return []
         effects = self.fprod.on_fail(dead)
+        if self.dual in dead and self.catchup is not None:
+            effects += self.abort_catchup()
         if self.dual in dead and self.role is not ALONE:
             if self.role is LEADING and self.held:
                 effects += self.inputs_logged(self.accepted)  # no twin to wait for
             self.role, self.log_inputs = ALONE, False
             self.decided.clear()
             self.told = self.seq  # nothing more for its twin
-        return effects
+        return effects + self._maybe_start()
 
     def on_avail(self, avail, peer_mover=None) -> List:
+        """A standby for a stage-1 replica (5.3), or for its own twin: rebuild it."""
+        if self.mode is AWAITING_STATE:
+            self.missed.append(("avail", avail))
+            return []
         self.fprod.on_avail(avail)
-        return []
+        if avail.addr == self.dual:
+            self.catchup = CatchUp(avail.version, peer_mover)
+        return self._maybe_start()
 
     def idle(self) -> bool:
-        return super().idle() and not self.to_follow and self.told == self.seq
+        return (super().idle() and not self.to_follow and self.told == self.seq
+                and self.running())
 
     # -- checkpoints: not yet for a pair -------------------------------------------------
     def choose_cut(self, number: int) -> List:
@@ -225,10 +214,6 @@ class PairedIngress:
 
     def cut_at_epoch(self, number: int, epoch: int) -> None:
         raise LocalProtocolError("checkpoints with pairs of ingresses are not built yet")
-
-
-class IngressReplica(PairedIngress, Ingress):
-    """A replica of the one ingress, numbering 1, 2, 3, ... (no epochs)."""
 
 
 class EpochIngressReplica(PairedIngress, EpochIngress):

@@ -235,8 +235,9 @@ def ingress_took_over(world) -> None:
     from flux.protocol.ingress_pair import ALONE, EPOCH, ITEM
 
     for i, leader in enumerate(world.ingresses):
-        twin = world.machine(leader.dual)
-        if leader.addr.replica != P or twin.role is not ALONE or twin.addr == leader.addr:
+        # where its twin lives now (a new replica, once its standby applied the view)
+        twin = world.hosts[world.host_of[leader.dual]].machines.get(leader.dual)
+        if twin is None or twin is leader or twin.role is not ALONE:
             continue
         world.ingresses[i] = twin
         heard = list(twin.to_follow)

@@ -200,6 +200,19 @@ class IngressReplicaBoundingPastItsTwin(EpochIngressReplica):
         return (last,) if last else NO_PROGRESS
 
 
+class IngressReplicaMovingPastItsPending(EpochIngressReplica):
+    """A replica of a pair of ingresses sends its state to its new twin numbered past the
+    inputs it has pending (docs/design/parallel_io.md broken): the new replica reads on
+    after them, and never holds them."""
+
+    def sm_ready(self):
+        pending, self.pending = self.pending, type(self.pending)()
+        try:
+            return super().sm_ready()
+        finally:
+            self.pending = pending
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -295,7 +308,8 @@ INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
                     "epoch-bound-first": IngressBoundingBeforeItsItem,
                     "unlogged-epoch-bound": IngressBoundingPastTheLog,
                     "pair-eager-send": IngressReplicaNotWaitingForItsTwin,
-                    "pair-bound-past-twin": IngressReplicaBoundingPastItsTwin}
+                    "pair-bound-past-twin": IngressReplicaBoundingPastItsTwin,
+                    "pair-rebuild-past-pending": IngressReplicaMovingPastItsPending}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -328,4 +342,5 @@ VARIANTS = {
     "no-resend": (Buffer, Segment),
     "pair-eager-send": (Buffer, Segment),
     "pair-bound-past-twin": (Buffer, Segment),
+    "pair-rebuild-past-pending": (Buffer, Segment),
 }

@@ -258,6 +258,8 @@ class World:
                 self.broadcast(self.recovery.transfer_failed(*e.transfer))
             elif isinstance(e, StateInstalled):
                 seg = host.segment_of(e.transfer) if host is not None else None
+                if seg is not None and seg.addr.stage == 0 and e.complete:
+                    self.epochs.read[seg.addr] = seg.inputs  # reads on from its twin's place
                 installed = getattr(seg, "installed", None) or {}
                 outcome.bulk_parts += installed.get("parts", 0)
                 outcome.deltas += installed.get("deltas", 0)

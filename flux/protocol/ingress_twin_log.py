@@ -1,0 +1,88 @@
+"""The log between the two replicas of a pair of ingresses (docs/design/parallel_io.md):
+the leader's decisions (where items and epochs end), in the order it took them, sent
+with its flushes; the twin's acks, which let the leader's items and bound go.
+
+A part of ``flux.protocol.ingress_pair.PairedIngress`` (its attributes are the pair's).
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import List, Tuple
+
+from flux.addresses import Addr
+from flux.data_messages import IngressLog, LogAck
+from flux.effects import Send
+from flux.errors import RemoteProtocolError
+from flux.sequence import epoch_first
+
+ITEM, EPOCH = "item", "epoch"
+#: the "connection" to its twin among ``flushable()``'s: the log leaves with the flushes
+TWIN = (-1, -1)
+
+
+class IngressRole(Enum):
+    LEADING = "leading"  # decides items and epochs, tells its twin before they leave
+    FOLLOWING = "following"  # cuts what its twin decided, nothing of its own
+    ALONE = "alone"  # its twin is dead: decides alone, once it cut all it heard
+
+
+LEADING, FOLLOWING, ALONE = IngressRole.LEADING, IngressRole.FOLLOWING, IngressRole.ALONE
+
+
+class TwinLog:
+    """The leader's side and the follower's of the log; mixed into ``PairedIngress``."""
+
+    def _decide(self, entry: Tuple[str, int], position: int) -> None:
+        self.seq += 1
+        self.decided.append((self.seq, entry, position))
+
+    def log_due(self) -> bool:
+        return False  # its log is its twin (the durable input log beside it: not yet)
+
+    def flushable(self):
+        if not self.running():
+            return []
+        connections = super().flushable()
+        if self.role is LEADING and self.told < self.seq:
+            return list(connections) + [TWIN]
+        return connections
+
+    def flush(self, i: int, d: int) -> List:
+        if (i, d) != TWIN:
+            return super().flush(i, d)
+        if self.role is not LEADING or self.told >= self.seq:
+            return []
+        entries = tuple(e for n, e, _ in self.decided if n > self.told)
+        first, self.told = self.told + 1, self.seq
+        return [Send(self.addr, self.dual, IngressLog(first, entries))]
+
+    def _on_log(self, src: Addr, msg: IngressLog) -> List:
+        if src != self.dual or self.role is LEADING:
+            raise RemoteProtocolError(f"{self.addr}: an ingress log from {src}")
+        if msg.first != self.heard + 1:
+            raise RemoteProtocolError(f"{self.addr}: log entries from {msg.first}, "
+                                      f"{self.heard} heard")
+        self.to_follow.extend(msg.entries)
+        self.heard += len(msg.entries)
+        return [Send(self.addr, self.dual, LogAck(self.heard))]
+
+    def _on_log_ack(self, src: Addr, msg: LogAck) -> List:
+        if src != self.dual:
+            raise RemoteProtocolError(f"{self.addr}: a log ack from {src}")
+        position = 0
+        while self.decided and self.decided[0][0] <= msg.upto:
+            position = self.decided.popleft()[2]
+        if self.role is LEADING and position > self.logged:
+            return self.inputs_logged(position)
+        return []
+
+    def lead_again(self) -> None:
+        """Its new twin holds its state: decisions from here on are told to it; the entries
+        of a dead leader it still follows, its twin has too (they go without waiting)."""
+        self.role, self.log_inputs = LEADING, True
+        self.seq = self.told = 0
+        self.decided.clear()
+        self.logged = max([self.accepted] + [
+            value if kind == ITEM else epoch_first(value, self.index, self.ingresses)
+            for kind, value in self.to_follow])
+
