@@ -140,6 +140,8 @@ def test_a_new_twin_takes_the_survivors_state_and_follows_it():
     assert new.mode is RUNNING and new.role is FOLLOWING and new.accepted == x
     assert {e.dst for e in sent(survivor.state_sent(), PSync)} == stage1
     assert survivor.role is LEADING
-    survivor.cut_item()  # its pending input's item: told to the new twin first
+    survivor.cut_item()  # its pending input's item: where it ends, the new twin has to hear
+    assert data_sent(survivor) == []  # ... before it leaves
     relay_log(survivor, new)
+    assert data_sent(survivor)
     assert new.accept(("k2", 2)) == (x + 1,) and new.cut_item() == x + 1

@@ -78,11 +78,13 @@ class TwinLog:
 
     def lead_again(self) -> None:
         """Its new twin holds its state: decisions from here on are told to it; the entries
-        of a dead leader it still follows, its twin has too (they go without waiting)."""
+        of a dead leader it still follows, its twin has too (they go without waiting). The
+        twin's numbering stops before the inputs pending here: where their item ends, it
+        has still to hear."""
         self.role, self.log_inputs = LEADING, True
         self.seq = self.told = 0
         self.decided.clear()
-        self.logged = max([self.accepted] + [
+        self.logged = max([self.accepted - len(self.pending)] + [
             value if kind == ITEM else epoch_first(value, self.index, self.ingresses)
             for kind, value in self.to_follow])
 
