@@ -56,8 +56,8 @@ class IngressCatchUp:
 
     # -- the survivor's side -------------------------------------------------------
     def _maybe_start(self) -> List:
-        """A standby exists for its dual, its take-over is complete (5.3) and it cut
-        every item it heard of: ask the mover to send."""
+        """A standby exists for its dual and its take-over is complete (5.3): ask the
+        mover to send (the entries it has still to follow go with its state)."""
         c = self.catchup
         if c is None or c.started or self.mode is not RUNNING or not self.fprod.takeover_done():
             return []
@@ -73,7 +73,7 @@ class IngressCatchUp:
             raise LocalProtocolError(f"{self.addr}: movers ready while {self.mode.value}")
         self.mode = MOVING
         pending = len(self.pending)  # read again by the new replica
-        state = {"numbering": [self.epoch_state(), self.accepted - pending, self.last_item,
+        state = {"numbering": [self.epoch, self.accepted - pending, self.last_item,
                                self.inputs - pending],
                  "follow": [list(e) for e in self.to_follow],
                  "fprod": self.fprod.get_state()}

@@ -72,9 +72,6 @@ class PairedIngress(TwinLog, IngressCatchUp):
         super().await_state()
         self.role, self.log_inputs = FOLLOWING, False
 
-    def epoch_state(self) -> int:
-        return self.epoch
-
     def install_numbering(self, epoch: int, accepted: int, last_item: int,
                           inputs: int) -> None:
         """Number on from where its twin was when it sent its state."""
