@@ -384,11 +384,11 @@ class KafkaRun:
         schema = None
         if args.vectorized:
             from flux.examples.vectorized import PACKET_SCHEMA as schema
-        encode = (lambda r: json.dumps(dict(zip(schema.names, r))).encode()) if schema else \
-            (lambda r: json.dumps(r).encode())
+        objects = {"encode": lambda r: json.dumps(dict(zip(schema.names, r))).encode()} \
+            if schema else {}
         self.feed = Feed(self.broker.bootstrap, "packets", self.records, args.topic_partitions,
                          float("inf") if args.max_rate else args.rate, key=session_key,
-                         encode=encode)
+                         **objects)
         self.feed.start()
         if args.max_rate:  # the topic full before the job reads: the rate is the job's
             self.feed._thread.join()

@@ -17,6 +17,7 @@ import time
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from exchange.rows import is_columnar
 from flux.connectors.sources import NOT_YET
 
 
@@ -139,8 +140,6 @@ class RecordedOrder:
         return self.source.last_rows
 
     def __next__(self) -> Any:
-        from exchange.rows import is_columnar
-
         record = next(self.source)
         if record is NOT_YET:
             return record

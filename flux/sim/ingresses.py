@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from flux.addresses import Addr, P, S
 from flux.protocol.ingress import Ingress
+from flux.protocol.ingress_pair import ALONE, EPOCH, ITEM
 from flux.sequence import EPOCH_INPUTS, epoch_first
 
 #: the chance that an ingress's epoch ends before its next input (the plan's draw); an
@@ -232,8 +233,6 @@ def ingress_took_over(world) -> None:
     """After a view: an ingress whose leading replica died leads from its twin now (which
     cut what it heard, then decides by itself): the plan's epochs past what the twin heard
     are drawn anew, and the failure-free run is that of the new order."""
-    from flux.protocol.ingress_pair import ALONE, EPOCH, ITEM
-
     for i, leader in enumerate(world.ingresses):
         # where its twin lives now (a new replica, once its standby applied the view)
         twin = world.hosts[world.host_of[leader.dual]].machines.get(leader.dual)
