@@ -58,6 +58,7 @@ from flux.control_messages import (
     SinkCommitted,
     WriterMove,
     WriterProgress,
+    IngressEnded,
 )
 from flux.data_messages import (
     Ack,
@@ -442,6 +443,9 @@ CODECS: Dict[str, _Codec] = {
     "writer_progress": (WriterProgress, lambda m: [m.partition, list(m.bound), m.settled],
                         _arity(3, lambda p, b, n: WriterProgress(
                             _int(p, "partition"), _sn(b, "bound"), _int(n, "settled")))),
+    "ingress_ended": (IngressEnded, lambda m: [m.split, m.last, m.inputs],
+                      _arity(3, lambda k, n, c: IngressEnded(
+                          _int(k, "split"), _int(n, "last"), _int(c, "inputs")))),
     "sink_committed": (SinkCommitted, lambda m: [m.number, None if m.sn is None else list(m.sn),
                                                  m.partition],
                        _arity(3, lambda k, sn, p: SinkCommitted(

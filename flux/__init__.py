@@ -19,7 +19,7 @@ import importlib
 from typing import Any
 
 from flux.dataflow import Dataflow, Stage
-from flux.connector_api import PartitionedSource, Sink, SinkPerPartition, Source
+from flux.connector_api import PartitionedSource, Sink, SinkPerPartition, Source, SplitSource
 from flux.errors import (
     CheckpointCorrupt,
     CheckpointMismatch,
@@ -62,6 +62,7 @@ _LAZY = {
     "JsonLinesSink": "flux.connectors.sinks",
     "read_json_lines": "flux.connectors.sinks",
     "FileSource": "flux.connectors.file_source",
+    "ListSplits": "flux.connectors.split_sources",
     "ParquetSource": "flux.connectors.parquet_source",
     "MapInPandas": "flux.pandas_map",
     "MapInArrow": "flux.pandas_map",
@@ -99,6 +100,8 @@ __all__ = [
     # replayable sources, exactly-once sinks, checkpoints
     "Source", "Sink", "FileSource", "ParquetSource", "FileSink", "read_file_sink", "DeltaSink",
     "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource", "SinkPerPartition",
+    # sources read by ingresses on the executors, split by split
+    "SplitSource", "ListSplits",
     # where an output came from
     "lineage", "Lineage",
     # Kafka in and out

@@ -75,6 +75,25 @@ class PartitionedBatches(Protocol):
         """``(partition, offset)`` of each row of the batch returned last."""
 
 
+@runtime_checkable
+class SplitSource(Protocol):
+    """A source split into parts that ingresses on the executors read, each split by a
+    pair of ingresses of its own (DESIGN 12, docs/design/parallel_io.md): no input
+    crosses the driver. It is pickled to the executors, so it holds only what pickles
+    (lists, paths, a bootstrap string), never an open client.
+
+    ``read_split(split, skip)`` gives split ``split``'s inputs (records, or Arrow batches
+    whose rows are inputs) from its ``skip``-th on: the same inputs in the same order
+    every time, as both replicas of a pair read it and a replica rebuilt on a standby
+    reads on from where its twin was. It may yield ``NOT_YET`` when nothing has arrived."""
+
+    def splits(self) -> int:
+        """How many splits (two or more: each is numbered in epochs of its own)."""
+
+    def read_split(self, split: int, skip: int) -> Iterator[Any]:
+        """Split ``split``'s inputs after its first ``skip``."""
+
+
 def replay_order_of(source: Any) -> str:
     """How a restart reads ``source`` again in the order it had (DESIGN 10): its declared
     ``replay_order``, checked; a source that declares none but replays a logged order

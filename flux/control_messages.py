@@ -258,6 +258,18 @@ class WriterProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class IngressEnded:
+    """An ingress replica on a node read every input of its split (``flux.SplitSource``)
+    and cut its last item: split ``split``'s inputs end at SN ``last`` and it took
+    ``inputs`` of them. The driver's end of the job waits for every split's
+    (docs/design/parallel_io.md)."""
+
+    split: int
+    last: int
+    inputs: int
+
+
+@dataclass(frozen=True, slots=True)
 class SinkCommitted:
     """A writer's sink committed at checkpoint ``number``'s cut: its last output ``sn``
     (None: none yet), for the checkpoint's manifest (DESIGN 10)."""

@@ -7,13 +7,15 @@ so that ``import flux`` loads neither Kafka nor Delta.
 """
 from flux.connector_api import (
     BY_POSITION, LOGGED, REPLAY_ORDERS, ClosingSink, CommitsBySN, DroppingSource,
-    OffsetReporting, PartitionedSource, Sink, SinkPerPartition, Source, TimedSource, WaitingSource,
+    OffsetReporting, PartitionedSource, Sink, SinkPerPartition, Source, SplitSource, TimedSource,
+    WaitingSource,
     describe_source, is_exactly_once, replay_order_of,
 )
 
 __all__ = [
     "BY_POSITION", "LOGGED", "REPLAY_ORDERS", "ClosingSink", "CommitsBySN", "DroppingSource",
-    "OffsetReporting", "PartitionedSource", "Sink", "SinkPerPartition", "Source", "TimedSource",
+    "OffsetReporting", "PartitionedSource", "Sink", "SinkPerPartition", "Source", "SplitSource",
+    "TimedSource",
     "WaitingSource", "describe_source",
     "is_exactly_once", "replay_order_of",
 ]

@@ -79,6 +79,11 @@ class PairedIngress(TwinLog, IngressCatchUp):
         self.accepted = self.logged = accepted
         self.last_item, self.inputs = last_item, inputs
 
+    def decides(self) -> bool:
+        """Does it end its own epochs (it leads, or is alone with nothing left to
+        follow)? A follower's end where its twin said."""
+        return self.running() and not self._follows()
+
     def _follows(self) -> bool:
         """Does it cut what its twin decided (a follower, or alone with entries left)?"""
         return self.role is FOLLOWING or bool(self.to_follow)

@@ -72,12 +72,24 @@ class NodeConfig:
     #: seconds a writer's outputs wait for its sink's commit at most
     commit_interval: float = 0.1
 
+    #: a ``SplitSource``, pickled: each split read by a pair of ingresses on the nodes
+    #: (b"": the driver's ingress reads the job's source; docs/design/parallel_io.md)
+    split_source: bytes = b""
+    splits: int = 0
+    #: the ingresses on the nodes end an epoch this often, and epoch e begins at
+    #: ``epoch_origin + e * epoch_interval`` (wall-clock seconds): every ingress numbers
+    #: by the same clock, and an output's latency is read from its SN
+    epoch_interval: float = 0.01
+    epoch_origin: float = 0.0
+
     def __post_init__(self) -> None:
         check_port_range(self.ports)
         for name in ("heartbeat", "lease", "flush_delay", "item_delay", "register_timeout",
-                     "stats_every", "commit_interval"):
+                     "stats_every", "commit_interval", "epoch_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.epoch_interval > 0:
+            raise ValueError(f"epoch_interval must be > 0, got {self.epoch_interval}")
         for name in ("batch_rows", "capacity", "batch_size", "window", "chunk_size", "partitions", "stages",
                      "checkpoint_full_every", "pause_room"):
             if getattr(self, name) < 1:
@@ -103,7 +115,8 @@ class NodeConfig:
     def topology(self, incarnations=None, standbys=()) -> Topology:
         """Who hosts what, with the incarnations known so far."""
         return Topology(self.placement(), self.stages, self.partitions, incarnations or {},
-                        standbys, self.egresses, writers=bool(self.writers_sink))
+                        standbys, self.egresses, writers=bool(self.writers_sink),
+                        ingress_pairs=self.splits)
 
     def with_controller(self, address: str) -> "NodeConfig":
         return replace(self, controller=address)

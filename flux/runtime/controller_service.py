@@ -32,6 +32,7 @@ from flux.control_messages import (
     SinkCommitted,
     SnapshotWritten,
     WriterProgress,
+    IngressEnded,
     Failed,
     FoldedIn,
     Heartbeat,
@@ -53,6 +54,8 @@ from flux.runtime.metrics import MAX_EVENTS
 from flux.runtime.transport import ConnectionLost, Transport
 from statemover.messages import TransferFailed
 
+#: reports of the data's progress from the nodes, for the driver (``on_data_report``)
+DATA_REPORTS = (WriterProgress, SinkCommitted, IngressEnded)
 #: views kept in ``views`` (what every process was told, for debugging; bounded)
 VIEWS_KEPT = 64
 
@@ -71,11 +74,12 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
                  events=None, stuck_after: float = 1.0,
                  stuck_timeout: float = 30.0, catchup_timeout: float = 120.0,
                  on_snapshot: Optional[Callable[[SnapshotWritten], None]] = None,
-                 on_writer: Optional[Callable[[Any], None]] = None,
+                 on_data_report: Optional[Callable[[Any], None]] = None,
                  on_divergence: str = "fail",
                  operator_names: Optional[Dict[int, List[str]]] = None):
-        """``on_writer``: told every ``WriterProgress`` and ``SinkCommitted`` of the sinks'
-        writers on the nodes (docs/design/parallel_io.md). ``on_divergence``: what a
+        """``on_data_report``: told every ``WriterProgress`` and ``SinkCommitted`` of the
+        sinks' writers on the nodes and every ``IngressEnded`` of the ingresses there
+        (docs/design/parallel_io.md). ``on_divergence``: what a
         pair's digests that disagree do (``flux.runtime.controller_divergence``);
         ``operator_names``: stage -> its operators' names, for the error."""
         if on_divergence not in ON_DIVERGENCE:
@@ -88,7 +92,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         #: divergences waiting for their replicas' keys (``controller_divergence.Probe``)
         self.probes: dict = {}
         self.transport = transport
-        self.on_writer = on_writer
+        self.on_data_report = on_data_report
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints
         self.on_snapshot = on_snapshot
         self.recovery: Optional[Recovery] = None
@@ -192,8 +196,8 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
                 self.on_probed_keys(env.msg)
             elif isinstance(env.msg, SnapshotWritten) and self.on_snapshot is not None:
                 self.on_snapshot(env.msg)
-            elif isinstance(env.msg, (WriterProgress, SinkCommitted)) and self.on_writer:
-                self.on_writer(env.msg)
+            elif isinstance(env.msg, DATA_REPORTS) and self.on_data_report:
+                self.on_data_report(env.msg)
             elif isinstance(env.msg, CatchUpPaused):
                 self.events.append((now, "paused", (env.msg.addr, env.msg.seconds)))
             elif isinstance(env.msg, Ready) and name in self.registered:

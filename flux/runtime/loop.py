@@ -75,7 +75,7 @@ class HostLoop:
                  max_turn: float = 0.02, stats_every: Optional[float] = None,
                  snapshots=None,
                  ack_delay: float = 0.005, item_delay: float = ITEM_DELAY,
-                 writer_sinks=None):
+                 writer_sinks=None, split_ingresses=None):
         """``flush_delay``: a batch waits this long for more (``LocalSteps``);
         ``item_delay``: an ingress's item waits this long for more inputs (``LocalSteps``);
         ``ack_delay``: an ack or credit waits this long for a later one (``Outbox``)."""
@@ -119,6 +119,8 @@ class HostLoop:
         self.snapshots = snapshots
         #: the sinks of the writers this node runs (``WriterSinks``); None: none here
         self.writer_sinks = writer_sinks
+        #: the ingress replicas this node runs, each reading a split (``NodeIngresses``)
+        self.splits = split_ingresses
 
     @property
     def source_done(self) -> bool:
@@ -182,7 +184,8 @@ class HostLoop:
         due_in = self.intake.due_in()
         if due_in is not None:
             timeout_ms = min(timeout_ms, math.ceil(due_in * 1000))
-        for due in (self.local.flush_due(), self.local.cut_due(), self.outbox.acks_due()):
+        epoch = self.splits.due(self.host, self.clock()) if self.splits is not None else None
+        for due in (self.local.flush_due(), self.local.cut_due(), self.outbox.acks_due(), epoch):
             if due is not None:
                 timeout_ms = max(0, min(timeout_ms, math.ceil((due - self.clock()) * 1000)))
         return timeout_ms
@@ -258,7 +261,8 @@ class HostLoop:
         self.report(ProbedKeys(msg.addr, msg.number, msg.cut, msg.operator, pairs))
 
     def _busy(self) -> bool:
-        return self._more or self.intake.ready() or any(self.held.values())
+        return self._more or self.intake.ready() or any(self.held.values()) or (
+            self.splits is not None and self.splits.ready())
 
     def _deliver(self) -> bool:
         moved = False
@@ -272,11 +276,17 @@ class HostLoop:
         return moved
 
     def _accept_input(self) -> bool:
-        """The ingress's process: the ingress accepts what its source has."""
+        """The ingress's process: the ingress accepts what its source has; a node's
+        ingress replicas, what their splits have, and they end epochs on the clock."""
+        if self.splits is not None:
+            moved, effects, reports = self.splits.step(self.host, self.local.touch)
+            self._emit(*self.host.run_local(effects))
+            for report in reports:
+                self.report(report)
+            return moved
         ingress = self.host.machines.get(INGRESS)
-        if ingress is None or self.intake.done:
-            return False
-        if not self.intake.feed(ingress, ingress.batch_rows):
+        if ingress is None or self.intake.done or not self.intake.feed(ingress,
+                                                                        ingress.batch_rows):
             return False
         self.local.touch(INGRESS)
         return True

@@ -127,6 +127,10 @@ class Metrics:
         self.last_output: Optional[float] = None
         self.max_output_gap = 0.0  # the longest wait between two outputs, in seconds
         self.max_output_gap_at: Optional[float] = None  # when that wait ended
+        #: inputs numbered on the wall clock (ingresses on the nodes): input SN -> when
+        #: its epoch began, and the clock outputs are timed by then (``time_by_epochs``)
+        self._input_time: Optional[Callable[[int], float]] = None
+        self._wall: Callable[[], float] = time.time
         #: "detected", "take-over done", "state moved" (detail: (addr, bytes, seconds)),
         #: "paused", "catch-up done", ... (docs/api.md); and "killed" by ``kill_node``
         self.events = EventLog()
@@ -167,6 +171,20 @@ class Metrics:
             self._taken.add(self._bucket(self.clock()), dropped=total - self.dropped_total)
             self.dropped_total = total
 
+    def inputs_counted(self, total: int) -> None:
+        """The running count of inputs taken, as counted elsewhere (the ingresses on the
+        nodes report theirs): what it grew by is taken now."""
+        if total > self.input_total:
+            self._taken.add(self._bucket(self.clock()), inputs=total - self.input_total)
+            self.input_total = total
+
+    def time_by_epochs(self, input_time: Callable[[int], float],
+                       wall: Callable[[], float] = time.time) -> None:
+        """Inputs are numbered in epochs of the wall clock (a ``SplitSource``'s ingresses
+        on the nodes): an output's latency counts from when its input's epoch began,
+        read from its SN (``input_time``), not from an arrival kept here."""
+        self._input_time, self._wall = input_time, wall
+
     # -- writers: egress ----------------------------------------------------------------
     def output(self, sn: tuple) -> None:
         self.outputs([sn])
@@ -180,7 +198,14 @@ class Metrics:
             self.max_output_gap, self.max_output_gap_at = now - self.last_output, now
         self.last_output = now
         retired, arrivals, counts = self._retired, self._arrivals, self.latency_counts
-        total = 0.0
+        total, count = 0.0, len(sns)
+        if self._input_time is not None:
+            wall, input_time = self._wall(), self._input_time
+            for sn in sns:
+                latency = max(0.0, wall - input_time(sn[0]))
+                counts[bisect.bisect_left(LATENCY_EDGES, latency)] += 1
+                total += latency
+            sns = ()  # no arrival kept
         for sn in sns:
             i = sn[0] - 1 - retired
             if i < 0:  # its input was settled: cannot be (outputs leave in SN order)
@@ -188,9 +213,9 @@ class Metrics:
             latency = now - arrivals[i]
             counts[bisect.bisect_left(LATENCY_EDGES, latency)] += 1
             total += latency
-        self._given.add(self._bucket(now), outputs=len(sns), latency=total)
+        self._given.add(self._bucket(now), outputs=count, latency=total)
         self.latency_sum += total
-        self.output_total += len(sns)
+        self.output_total += count
 
     def settled(self, n: int) -> None:
         """Every output of inputs 1..n was delivered: their arrival times can go. Called by

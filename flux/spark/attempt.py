@@ -23,8 +23,7 @@ import zmq
 from controller.hosts import PlacementError, assign_hosts
 from controller.recovery import Recovery
 from flux.protocol.builder import MachineBuilder
-from flux.connector_api import OffsetReporting
-from flux.control_messages import JOB_STOPPED, Register
+from flux.control_messages import JOB_STOPPED, IngressEnded, Register
 from flux.effects import Deliver, SinkCommit
 from flux.protocol.host import Host
 from flux.dataflow import operator_names
@@ -32,15 +31,16 @@ from flux.operator import describe
 from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import PENDING, ControllerService
 from flux.runtime.ingress_feed import IngressFeed
-from flux.runtime.ingress_process import BEGIN, IngressProcess
-from flux.spark.verify_cuts import VerifyCuts
+from flux.runtime.ingress_process import IngressProcess
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
 from flux.runtime.transport import Transport
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.node_task import node_main
 from flux.spark.output import OutputWriter
+from flux.spark.driver_ingress import feed_ingress, start_feed, start_ingress_process
 from flux.spark.set_rebuild import SetRebuild
+from flux.spark.split_watch import SplitWatch
 from flux.spark.writer_watch import WriterWatch
 from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
 
@@ -110,19 +110,18 @@ class Attempt:
         self.config = parts.config
         self.topology = parts.config.topology()
         self.set_rebuild = SetRebuild.of(parts)  # cluster pairs: a lost set, rebuilt
+        #: a split source's ingresses on the nodes, as their reports say (None: the driver's)
+        self.split_watch = SplitWatch(parts.config.splits, parts.config.epoch_origin,
+                                      parts.config.epoch_interval) \
+            if parts.config.splits else None
 
     # -- launch -----------------------------------------------------------------------
     def launch(self) -> None:
         """The ingress process (first: it imports while the driver's sockets open), the
         driver's sockets, the controller, the Spark tasks."""
         p, config = self.parts, self.parts.config
-        self.ingress_process = IngressProcess(dict(
-            dataflow=config.dataflow, partitions=p.nodes, capacity=config.capacity,
-            batch_size=config.batch_size, replication=config.replication,
-            window=config.window, batch_rows=config.batch_rows, pause_room=config.pause_room,
-            key_groups=config.key_groups, inc=DRIVER_INCS[INGRESS_PROCESS], host=p.driver_host,
-            keys=config.keys, ports=config.ports, flush_delay=config.flush_delay,
-            item_delay=config.item_delay))
+        if not config.splits:  # else ingresses on the nodes read the splits
+            self.ingress_process = start_ingress_process(p, DRIVER_INCS[INGRESS_PROCESS])
         self.ctx = zmq.Context()
         try:  # whatever fails from here on, the ingress process and the sockets go with it
             for n, inc in DRIVER_INCS.items():
@@ -133,19 +132,29 @@ class Attempt:
                 self.transports[CONTROLLER_PROCESS], p.detect_after, secret=config.secret,
                 name_for=self._name_for, events=p.metrics.events,
                 on_snapshot=p.checkpoints.service.snapshot_written if p.checkpoints else None,
-                on_writer=self.writers.report, on_divergence=p.on_divergence,
+                on_data_report=self._data_report, on_divergence=p.on_divergence,
                 operator_names=operator_names(p.builder.dataflow))
             self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
                                        self.transports[EGRESS_PROCESS].address)
-            address = self.ingress_process.wait_hello(timeout=60)
+            if self.ingress_process is not None:
+                address = self.ingress_process.wait_hello(timeout=60)
+                self.controller.add_member(INGRESS_PROCESS, DRIVER_INCS[INGRESS_PROCESS],
+                                           address)
         except BaseException:
             self.close_sockets()
             raise
-        self.controller.add_member(INGRESS_PROCESS, DRIVER_INCS[INGRESS_PROCESS], address)
         self.config = replace(config.with_controller(
             self.transports[CONTROLLER_PROCESS].address),
             restore=self.restored["checkpoint"] if self.restored else -1)
         self.topology = self.config.topology()
+
+    def _data_report(self, msg) -> None:
+        """The controller's thread: a node's report of the data's progress."""
+        if isinstance(msg, IngressEnded):
+            if self.split_watch is not None:
+                self.split_watch.report(msg)
+        else:
+            self.writers.report(msg)
 
     def run(self) -> None:
         """Start the Spark tasks and the controller's thread."""
@@ -251,6 +260,10 @@ class Attempt:
                     self._begin()
             if c.error is not None:
                 raise c.error
+            if c.started and self.split_watch is not None:  # from the nodes' counters
+                taken = self.split_watch.inputs_taken(c.node_stats)
+                if taken is not None:
+                    self.parts.metrics.inputs_counted(taken)
             if c.started and self.set_rebuild is not None:
                 self.set_rebuild.check(c.recovery)  # raises ReplicaSetLost when due
 
@@ -274,20 +287,14 @@ class Attempt:
             p.metrics.events.append((time.monotonic(), "data starts", restored))
         # the egresses here, or none: each a sink's writer on a node (egress_on_executors)
         self.egresses = egresses = [] if topology.writers else p.builder.egresses()
-        accepted, logged_before, log_writer = 0, 0, None
-        if p.checkpoints is not None:
-            accepted, logged_before, log_writer = p.checkpoints.open_source(p.metrics.events)
-            p.metrics.renumber(accepted)
-        # the ingress runs in its own process; this driver reads the source and feeds it
-        self.ingress_process.send(BEGIN, dict(
-            where=topology.where, addresses=dict(c.addresses),
-            incarnations=dict(c.incarnations), peer_incs=topology.peer_incs(),
-            accepted=accepted))
-        self.feed = feed = IngressFeed(self.ingress_process, iter(p.source), p.metrics, accepted,
-                                       input_log=log_writer, logged_before=logged_before)
+        if self.split_watch is not None:  # ingresses on the nodes: nothing to feed here
+            self.feed = self.split_watch
+            p.metrics.time_by_epochs(self.split_watch.input_time)
+        else:
+            self.feed = start_feed(p, self.ingress_process, c, topology)
         if topology.writers:
             self._spawn(lambda: self.writers.watch(self.stop_event, p.metrics, p.finished,
-                                                   lambda: feed))
+                                                   lambda: self.feed))
         else:
             host = Host(EGRESS_PROCESS, {e.addr: e for e in egresses},
                         DRIVER_INCS[EGRESS_PROCESS], peer_incs=topology.peer_incs())
@@ -295,7 +302,8 @@ class Attempt:
                             dict(c.addresses), self._on_effect, None, dict(c.incarnations),
                             metrics=p.metrics, flush_delay=self.config.flush_delay)
             self._spawn(lambda: self._drive_egress(loop))
-        self._spawn(lambda: self._feed_ingress(feed))
+        if self.split_watch is None:
+            self._spawn(lambda: feed_ingress(p, self.feed, self.stop_event))
 
     # -- the data's threads -----------------------------------------------------------
     def _drive_egress(self, loop: HostLoop) -> None:
@@ -326,21 +334,6 @@ class Attempt:
             # past checkpoint ``number``'s cut: the sink makes durable what it has, says so
             p.checkpoints.service.sink_committed(e.number, p.output.commit(e.partition),
                                                  e.partition)
-
-    def _feed_ingress(self, feed: IngressFeed) -> None:
-        """The source's thread: read it, feed the ingress process, choose the cuts."""
-        p, stop = self.parts, self.stop_event
-        report = p.source.commit_offsets if isinstance(p.source, OffsetReporting) else None
-        # the checkpoints' cuts, or without them cuts for the pairs' digests (DESIGN 14)
-        cuts = p.checkpoints or (VerifyCuts(p.verify_interval) if p.verify_interval else None)
-        try:
-            while not stop.is_set():
-                feed.step(5)
-                if cuts is not None:
-                    cuts.maybe_cut(feed)
-                    cuts.report_offsets(report)
-        finally:
-            feed.process.stop()
 
     # -- the end ----------------------------------------------------------------------
     def end(self, reason: str, timeout: float) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from pyspark import cloudpickle
 
-from flux.connector_api import replay_order_of
+from flux.connector_api import SplitSource, replay_order_of
 from flux.control_messages import JOB_STOPPED
 from flux.deploy_checks import check_batch_api, check_state_round_trip
 from flux.reference import input_records
@@ -45,6 +45,7 @@ from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
 from flux.spark.job_views import JobViews
 from flux.spark.settings import check_settings, is_local
+from flux.spark.split_watch import check_split_job, split_sample
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,11 @@ class FluxJob(JobViews):
         self.options = opts = JobOptions.from_kwargs(**options)
         nodes, tuning = opts.replication.nodes, opts.tuning
         opts.check_output(sink)
-        replay_order = None
-        if opts.checkpoints.location is not None:
+        replay_order, splits = None, 0
+        if isinstance(source, SplitSource):  # read by ingresses on the executors
+            splits = check_split_job(source, opts)
+            sample = split_sample(source, tuning.check_records)
+        elif opts.checkpoints.location is not None:
             replay = replayable(source)
             if replay is None:
                 raise ValueError(
@@ -116,7 +120,8 @@ class FluxJob(JobViews):
             source = replay
             # with LOGGED the ingress logs each input's partition (DESIGN 10): never guessed
             replay_order = replay_order_of(source)
-        sample, source = peek(source, tuning.check_records)
+        if not splits:
+            sample, source = peek(source, tuning.check_records)
         check_before_deploy(dataflow, sample, nodes, tuning.check_determinism)
         self.spark, self.dataflow, self.source = spark, dataflow, source
         self._sample = sample  # the source's first records: a rescale's check runs them
@@ -144,7 +149,9 @@ class FluxJob(JobViews):
             ordered_output=tuning.ordered_output,
             writers_sink=shipped_sink(sink) if tuning.egress_on_executors else b"",
             commit_interval=tuning.commit_interval,
-            digests=opts.checkpoints.digests)
+            digests=opts.checkpoints.digests,
+            split_source=cloudpickle.dumps(source) if splits else b"", splits=splits,
+            epoch_origin=time.time())
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,

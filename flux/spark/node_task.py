@@ -47,6 +47,7 @@ from flux.runtime.restore import restore_operators
 from flux.runtime.liveness import Liveness
 from flux.runtime.gc_tuning import data_path_gc
 from flux.runtime.loop import HostLoop
+from flux.runtime.node_ingresses import NodeIngresses
 from flux.runtime.writer_sinks import WriterSinks
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.network import boot_id, is_loopback, split_tcp
@@ -281,8 +282,11 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              ordered_output=config.ordered_output,
                              pause_room=config.pause_room,
                              writers_on_nodes=bool(config.writers_sink),
-                             digests=config.digests, key_groups=config.key_groups)
-    machines = {a: builder.segment(a) for a in topology.endpoints_of(name)}
+                             digests=config.digests, key_groups=config.key_groups,
+                             ingresses=max(1, config.splits),
+                             ingress_pairs=bool(config.splits))
+    machines = {a: builder.ingress(index=a.partition, replica=a.replica) if a.stage == 0
+                else builder.segment(a) for a in topology.endpoints_of(name)}
     if config.restore >= 0 and machines:
         restore_operators(snapshots.store, config.restore, machines, dataflow,
                           config.partitions, config.key_groups)
@@ -302,6 +306,16 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                     incarnations=incs, on_turn=on_turn, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay,
                     stats_every=config.stats_every, snapshots=snapshots,
-                    writer_sinks=writer_sinks)
+                    writer_sinks=writer_sinks, split_ingresses=split_ingresses(config))
     return loop
+
+
+def split_ingresses(config: NodeConfig) -> Optional[NodeIngresses]:
+    """The intakes of the ingress replicas a node may run (``flux.SplitSource``), or None
+    when the driver's ingress reads the job's source. A standby has them too: a replica
+    of a pair of ingresses may be rebuilt on it."""
+    if not config.split_source:
+        return None
+    return NodeIngresses(cloudpickle.loads(config.split_source), config.epoch_interval,
+                         config.epoch_origin)
 

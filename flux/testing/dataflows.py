@@ -7,6 +7,9 @@
   stages, repartitioned at every stage; outputs ``(key, ±count, payload)``.
 - ``regrouping_dataflow``: the same, each stage counting per its own partition key
   (its state can be rescaled, and its output does not depend on the partition count).
+- ``relaying_dataflow``: a ``KeyedCounter`` stage, then a stage keyed by ``(key, count)``
+  that passes its records on: every input gives an output carrying its value, so the
+  order a job numbered its inputs in can be read from its outputs.
 - ``packet_dataflow``: the paper's two stages, then ``KeyedCounter`` stages
   (stage 3 partitioned by ``(app, ts)``, later ones by ``(key, count)``).
 """
@@ -16,6 +19,7 @@ from functools import partial
 from typing import Any, Optional, Sequence
 
 from flux.dataflow import Dataflow, Stage
+from flux.operator import Map
 from flux.examples.dataflows import paper_dataflow, paper_stages
 from flux.examples.stats import DEFAULT_WINDOW
 from flux.testing.ballast import Ballast
@@ -84,6 +88,15 @@ def regrouping_dataflow(stages: int, fanout_every: int = 3, regroup: int = 3) ->
     counter = partial(KeyedCounter, fanout_every=fanout_every, regroup=regroup)
     return Dataflow([Stage(f"regroup{s}", first_field, (counter,))
                      for s in range(1, stages + 1)])
+
+
+def relaying_dataflow(fanout_every: int = 3) -> Dataflow:
+    """``keyed_workload`` records counted by key (outputs ``(key, ±count, value)``), then
+    moved on by ``(key, count)`` unchanged: each input's ``value`` is in its outputs, and
+    the first output of each value is in the order the job numbered the inputs."""
+    counter = partial(KeyedCounter, fanout_every=fanout_every)
+    return Dataflow([Stage("count", first_field, (counter,)),
+                     Stage("relay", key_and_count, (partial(Map, tuple),))])
 
 
 def packet_dataflow(stages: int, window: int = DEFAULT_WINDOW, emit_every: int = 2,

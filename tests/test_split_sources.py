@@ -1,0 +1,158 @@
+"""Sources split into parts that ingresses on the executors read (``flux.SplitSource``):
+the in-memory splits, the checks before a job starts, and a node's ingress replicas
+(``flux.runtime.node_ingresses``): the leader ends its epochs on the wall clock, the
+follower cuts what it heard, a replica says when its split is read. Spark runs them in
+tests/test_split_spark.py."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from flux.addresses import P, S, Addr
+from flux.connector_api import SplitSource
+from flux.connectors.split_sources import ListSplits, skip_inputs
+from flux.control_messages import IngressEnded
+from flux.data_messages import IngressLog
+from flux.effects import Send
+from flux.protocol.builder import MachineBuilder
+from flux.protocol.host import Host
+from flux.protocol.ingress_pair import TWIN
+from flux.runtime.node_ingresses import NodeIngresses
+from flux.sequence import epoch_first
+from flux.spark.options import JobOptions
+from flux.spark.split_watch import SplitWatch, check_split_job, split_sample
+from flux.testing.dataflows import counting_dataflow
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_list_splits_give_each_split_from_a_count_and_batches_sliced_at_it():
+    splits = ListSplits([[1, 2, 3], [4, 5]])
+    assert isinstance(splits, SplitSource) and splits.splits() == 2 and len(splits) == 5
+    assert list(splits.read_split(0, 1)) == [2, 3] and list(splits.read_split(1, 0)) == [4, 5]
+    batches = [pa.record_batch({"x": [1, 2, 3]}), pa.record_batch({"x": [4, 5]})]
+    rows = [b.column(0).to_pylist() for b in skip_inputs(batches, 2)]
+    assert rows == [[3], [4, 5]]
+    assert [b.num_rows for b in ListSplits([batches, batches]).read_split(1, 3)] == [2]
+    assert list(skip_inputs(iter([1, 2]), 5)) == []
+    with pytest.raises(ValueError, match="two or more splits"):
+        ListSplits([[1, 2]])
+
+
+def test_by_key_puts_every_key_in_one_split_in_the_records_order():
+    records = [(f"k{i % 7}", i) for i in range(100)]
+    splits = ListSplits.by_key(records, 3, key=lambda r: r[0])
+    parts = [list(splits.read_split(k, 0)) for k in range(3)]
+    assert sorted(r for p in parts for r in p) == sorted(records)
+    for part in parts:
+        assert part == sorted(part, key=lambda r: r[1])
+    homes = {r[0]: k for k, p in enumerate(parts) for r in p}
+    assert all(homes[r[0]] == k for k, p in enumerate(parts) for r in p)
+
+
+class Unpicklable:
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+
+    def splits(self):
+        return 2
+
+    def read_split(self, split, skip):
+        return iter([])
+
+
+def test_a_split_job_refuses_what_is_not_built_for_it_naming_it():
+    two = ListSplits([[1], [2]])
+    assert check_split_job(two, JobOptions.from_kwargs()) == 2
+    with pytest.raises(ValueError, match="checkpoint= and verify_interval= are not built"):
+        check_split_job(two, JobOptions.from_kwargs(checkpoint="/tmp/x"))
+    with pytest.raises(ValueError, match="replication='flux'"):
+        check_split_job(two, JobOptions.from_kwargs(replication="none"))
+    with pytest.raises(ValueError, match="Unpicklable cannot be pickled"):
+        check_split_job(Unpicklable(), JobOptions.from_kwargs())
+    assert split_sample(ListSplits([[1, 2, 3], [4]]), 2) == [1, 2]
+
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def node(replica: int, source, clock):
+    """A host with one replica of split 0's pair, and its intakes."""
+    builder = MachineBuilder(counting_dataflow(1), 2, 8, 4, ingresses=2, ingress_pairs=True)
+    ingress = builder.ingress(index=0, replica=replica)
+    host = Host(f"n{replica}", {ingress.addr: ingress})
+    return host, ingress, NodeIngresses(source, interval=0.01, origin=100.0, wall=clock)
+
+
+def twin_log(ingress):
+    """What the leader tells its twin now (the log leaves with its flushes)."""
+    return [e.msg for e in ingress.flush(*TWIN) if isinstance(e, Send)] \
+        if TWIN in ingress.flushable() else []
+
+
+def test_the_leader_ends_epochs_on_the_clock_and_the_follower_cuts_what_it_heard():
+    clock = Clock(100.0)
+    source = ListSplits([[("a", 1), ("b", 2), ("a", 3)], [("c", 4)]])
+    lead_host, leader, lead = node(P, source, clock)
+    follow_host, follower, follow = node(S, source, clock)
+    clock.t = 100.055  # the wall clock in epoch 5: the leader ends its epoch 0 first
+    moved, _, _ = lead.step(lead_host, lambda a: None)
+    assert leader.epoch == 5 and moved and leader.accepted == epoch_first(5, 0, 2) + 3
+    # the follower heard nothing yet: it takes nothing (it never decides an epoch)
+    assert follow.step(follow_host, lambda a: None)[0] is False and follower.epoch == 0
+    # only the epoch's start so far, no input pending at the follower: it follows it
+    log = twin_log(leader)
+    assert [type(m) for m in log] == [IngressLog] and log[0].entries == (("epoch", 5),)
+    follower.on_message(leader.addr, log[0])
+    follow.step(follow_host, lambda a: None)
+    assert follower.epoch == 5 and follower.accepted == epoch_first(5, 0, 2)  # none heard of
+    # the leader's item, heard: the follower reads its inputs, then cuts the same item
+    x = leader.cut_item()
+    follower.on_message(leader.addr, twin_log(leader)[0])
+    assert follow.step(follow_host, lambda a: None)[0] and follower.inputs == 3
+    reports = follow.step(follow_host, lambda a: None)[2]
+    assert follower.last_item == x == leader.last_item
+    # both read their whole split and cut their last item: each says so, once
+    ended = IngressEnded(0, x, 3)
+    assert reports == [ended] and lead.step(lead_host, lambda a: None)[2] == [ended]
+    assert lead.step(lead_host, lambda a: None)[2] == []
+
+
+def test_a_replica_behind_the_clock_ends_its_epoch_before_it_takes_more():
+    clock = Clock(100.0)
+    source = ListSplits([[(f"k{i}", i) for i in range(50)], []])
+    host, leader, ingresses = node(P, source, clock)
+    ingresses.step(host, lambda a: None)
+    assert leader.epoch == 0 and leader.inputs == 50
+    assert ingresses.due(host, 7.0) == pytest.approx(7.01)
+    clock.t = 100.031
+    ingresses.step(host, lambda a: None)  # the pending inputs leave as the epoch's item
+    assert leader.epoch == 3 and not leader.pending_rows()
+
+
+def test_the_driver_reads_the_splits_ends_and_an_inputs_time_from_its_sn():
+    watch = SplitWatch(2, epoch_origin=100.0, epoch_interval=0.01)
+    watch.report(IngressEnded(0, epoch_first(7, 0, 2) + 4, 4))
+    assert not watch.source_done
+    watch.report(IngressEnded(1, epoch_first(9, 1, 2) + 2, 2))
+    assert watch.source_done and watch.read == epoch_first(9, 1, 2) + 2
+    assert watch.input_time(epoch_first(9, 1, 2) + 2) == pytest.approx(100.09)
+    assert watch.inputs_taken({}) == 6
+
+
+def test_the_addresses_of_a_pair_are_beside_the_stage_1_replicas_of_their_side():
+    from flux.runtime.config import NodeConfig
+
+    config = NodeConfig(dataflow=b"", stages=1, partitions=4, splits=3)
+    topology = config.topology()
+    for i in range(3):
+        for r in (P, S):
+            assert topology.where[Addr(0, i, r)] == topology.where[Addr(1, i % 4, r)]
+    assert "ingress" not in topology.where.values()

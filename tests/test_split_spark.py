@@ -1,0 +1,99 @@
+"""A source split into parts read on the executors (``flux.SplitSource``,
+docs/design/parallel_io.md): each split read by a pair of ingresses beside the stage-1
+replicas, numbering in epochs of the wall clock; the driver reads no input. The output
+is the failure-free run's over the inputs in the order the job numbered them (each
+split's in its own order), through the kill of a node that runs an ingress's leader;
+with the egresses on the executors too, no record crosses the driver (slow: Spark)."""
+from __future__ import annotations
+
+import pytest
+
+from flux.addresses import Addr, P
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+#: executors of this module's Spark session (the ``spark`` fixture, conftest)
+SPARK_EXECUTORS = 5
+
+INPUTS = 120_000
+
+
+def numbered_order(outputs, records):
+    """The inputs in the order the job numbered them: ``relaying_dataflow``'s first output
+    of each input carries its value (a positive count), and outputs come in SN order."""
+    by_value = {r[1]: r for r in records}
+    order, seen = [], set()
+    for _, out in outputs:
+        if out[1] > 0 and out[2] not in seen:
+            seen.add(out[2])
+            order.append(by_value[out[2]])
+    return order
+
+
+def check_against_the_reference(outputs, records, splits):
+    """Every input once, each split's in its order, and the outputs exactly the
+    failure-free run's over the inputs in the order the job numbered them."""
+    from flux.reference import reference_output
+    from flux.testing.dataflows import relaying_dataflow
+
+    sns = [sn for sn, _ in outputs]
+    assert sns == sorted(sns) and len(set(sns)) == len(sns)
+    order = numbered_order(outputs, records)
+    assert sorted(order) == sorted(records)
+    for k in range(splits.splits()):
+        mine = list(splits.read_split(k, 0))
+        here = set(mine)
+        assert [r for r in order if r in here] == mine
+    expected = [tuple(r) for _, r in reference_output(relaying_dataflow(), order, 4)]
+    assert [tuple(r) for _, r in outputs] == expected
+
+
+def test_splits_read_on_the_executors_through_the_kill_of_an_ingress_leader(spark):
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(INPUTS, seed=5, keys=40)]
+    splits = ListSplits([records[k::3] for k in range(3)])
+    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1)
+    with job:
+        where = job.topology.where
+        assert where[Addr(0, 1, P)] == where[Addr(1, 1, P)]  # beside its stage-1 replica
+        assert job.wait_until(lambda: len(job.delivered) > INPUTS // 4, 120)
+        job.kill_node(where[Addr(0, 1, P)])
+        job.wait(timeout=240)
+    check_against_the_reference(job.delivered, records, splits)
+    summary = job.metrics.summary()
+    assert summary["inputs"] == INPUTS and summary["latency_p50_ms"] is not None
+    kinds = [what for _, what, _ in job.metrics.relative_events()]
+    assert kinds.index("killed") < kinds.index("detected") < kinds.index("catch-up done")
+    assert job.attempt.ingress_process is None  # the driver reads no input
+
+
+def test_with_the_egresses_on_the_executors_no_record_crosses_the_driver(spark, tmp_path):
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(INPUTS // 2, seed=6, keys=40)]
+    splits = ListSplits.by_key(records, 2, key=lambda r: r[0])
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}")))
+    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1, sink=sinks,
+                  ordered_output=False, egress_on_executors=True)
+    with job:
+        where = job.topology.where
+        assert job.wait_until(lambda: job.metrics.input_total > len(records) // 4, 120)
+        job.kill_node(where[Addr(0, 0, P)])  # split 0's leader, a writer beside it too
+        job.wait(timeout=240)
+    assert job.delivered == [] and job.attempt.ingress_process is None
+    assert "detected" in [what for _, what, _ in job.metrics.relative_events()]
+    parts = [read_file_sink(str(out / f"partition-{p}")) for p in range(4)]
+    for part in parts:  # each in SN order, nothing twice
+        sns = [sn for sn, _ in part]
+        assert sns == sorted(set(sns))
+    check_against_the_reference(sorted(row for part in parts for row in part), records, splits)
