@@ -26,6 +26,14 @@ runs, in one of these scenarios (drawn at random):
   running one partition's egress is killed (its worker or executor): the egress
   must start again beside the surviving replica, and every partition's sink must
   hold that partition's reference, in order, none twice;
+- with ``--splits``, the input is read on the executors (a ``ListSplits`` of 4 splits,
+  each paced at rate / 4, every split read by a pair of ingresses in the node
+  processes) into ``relaying_dataflow`` (its outputs name their inputs, so the
+  reference is the failure-free run over the inputs in the order the job numbered
+  them); the node scenarios run as above, and ``ingress-kill`` kills the node of a
+  random split's leading ingress replica instead (its worker or executor): the
+  survivor must lead alone, the lost replica be rebuilt, the output be the
+  reference;
 - ``driver-kill``: the driver of ``experiments.resumable_job`` (its own Spark,
   in a process group of its own) is SIGKILLed at a random moment, once or
   twice, and the program run again with the same checkpoint location: the
@@ -61,7 +69,11 @@ from typing import Any, Dict, List, Optional
 
 from flux.errors import PairLost
 from flux.examples import paper_dataflow
-from flux.testing.dataflows import counting_dataflow, with_ballast
+from flux.testing.dataflows import counting_dataflow, relayed_order, relaying_dataflow, \
+    with_ballast
+from flux.addresses import Addr, P
+from flux.connectors.split_sources import ListSplits
+from flux.reference import reference_output
 from flux.operator import wire_form
 from flux.reference import ReferenceRun
 from flux.connector_api import SinkPerPartition
@@ -77,6 +89,9 @@ RESTART_SCENARIOS = ("double-restart", "ingress-kill", "driver-kill")
 CHECKPOINTED = ("double-restart", "ingress-kill")
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double",
              *RESTART_SCENARIOS, *HOST_SCENARIOS, "egress-kill")
+#: the scenarios of ``--splits`` (no checkpoints with a split source yet)
+SPLIT_SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "ingress-kill")
+SPLITS = 4
 NODES, STANDBYS = 4, 1
 
 
@@ -111,6 +126,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--per-partition", action="store_true",
                     help="an egress per partition (ordered_output=False), each with a sink "
                          "of its own; driver-kill is left out (its program has one order)")
+    ap.add_argument("--splits", action="store_true",
+                    help=f"the input read on the executors, {SPLITS} splits (scenarios "
+                         f"{', '.join(SPLIT_SCENARIOS)})")
     ap.add_argument("--out", default="results/chaos")
     args = ap.parse_args(argv)
     if args.runs < 1:
@@ -119,6 +137,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--packets must be >= 1000 (a kill needs time to happen mid-stream)")
     if args.rate <= 0:
         ap.error("--rate must be > 0")
+    if args.splits and args.hosts:
+        ap.error("--splits runs on the embedded cluster (not with --hosts)")
+    if args.scenarios is None and args.splits:
+        args.scenarios = ",".join(SPLIT_SCENARIOS)
     if args.scenarios is None:
         args.scenarios = ",".join(s for s in SCENARIOS
                                   if ((s not in HOST_SCENARIOS) != bool(args.hosts)
@@ -129,6 +151,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown or not args.scenarios:
         ap.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if args.splits and set(args.scenarios) - set(SPLIT_SCENARIOS):
+        ap.error(f"--splits runs {', '.join(SPLIT_SCENARIOS)} only")
     if set(args.scenarios) & set(HOST_SCENARIOS) and not args.hosts:
         ap.error(f"{', '.join(HOST_SCENARIOS)} need --hosts (the rig)")
     if args.hosts and "driver-kill" in args.scenarios:
@@ -197,6 +221,16 @@ class Chaos:
         from flux.spark.job import FluxJob
 
         self.run, self.rng, self.args, self.rig = run, rng, args, rig
+        if args.splits:  # read on the executors, into a dataflow naming its inputs
+            run.dataflow = "relaying, 4 splits"
+            self.records = [tuple(r) for r in keyed_workload(
+                args.packets, seed=rng.randrange(1 << 30), keys=64)]
+            self.feed = ListSplits([self.records[k::SPLITS] for k in range(SPLITS)],
+                                   rate=args.rate / SPLITS)
+            self.duration, self.sink, self.output = args.packets / args.rate, None, None
+            self.job = FluxJob(spark, relaying_dataflow(), self.feed, nodes=NODES,
+                               standbys=STANDBYS)
+            return
         name, dataflow, records = workload(rng, args.packets)
         if args.state_mb:
             dataflow = with_ballast(dataflow, args.state_mb)
@@ -292,6 +326,11 @@ class Chaos:
             self.run.kills.append(f"partition {partition}'s egress:")
             self.kill(self.recovery().writers.node[partition])
             return
+        if scenario == "ingress-kill" and self.args.splits:  # a split's leading replica
+            split = self.rng.randrange(SPLITS)
+            self.run.kills.append(f"split {split}'s leading ingress:")
+            self.kill(self.holder(self.job.topology.where[Addr(0, split, P)]))
+            return
         if scenario == "ingress-kill":  # its process, as the OOM killer would
             pid = self.job.ingress_pid
             self.run.kills.append(f"the ingress process (pid {pid}) at {self.now():.2f}s")
@@ -336,7 +375,7 @@ class Chaos:
                 return
             raise AssertionError("the job went on after both replicas of a pair died")
         output = job.wait(timeout=240)
-        if run.scenario in CHECKPOINTED:
+        if run.scenario in CHECKPOINTED and not self.args.splits:
             self.check_restarted(output)
             return
         if run.scenario == "egress-kill":  # no output in the driver: the sinks hold it
@@ -345,11 +384,31 @@ class Chaos:
                   "every pair to be rebuilt")
         if self.job.controller.dead and not self.recovery().completed:
             raise AssertionError("a node was declared dead and nothing was rebuilt")
-        if run.scenario != "egress-kill" and not self.output.equals(output):
+        if self.args.splits:
+            self.check_split_output(output)
+        elif run.scenario != "egress-kill" and not self.output.equals(output):
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
                                  f"{len(self.output.ordered)} expected)")
-        if self.feed.dropped:
+        if getattr(self.feed, "dropped", 0):
             raise AssertionError(f"the feed dropped {self.feed.dropped} records")
+
+    def check_split_output(self, output) -> None:
+        """Every input once, each split's in its order, and the output the failure-free
+        run's over the inputs in the order the job numbered them."""
+        order = relayed_order(output, self.records)
+        if sorted(order) != sorted(self.records):
+            raise AssertionError(f"{len(order)} inputs in the output, "
+                                 f"{len(self.records)} read")
+        rank = {r: k for k, r in enumerate(order)}
+        for k in range(SPLITS):
+            mine = [rank[r] for r in self.records[k::SPLITS]]
+            if mine != sorted(mine):
+                raise AssertionError(f"split {k}'s inputs were numbered out of its order")
+        expected = [(tuple(sn), wire_form(r)) for sn, r in
+                    reference_output(relaying_dataflow(), order, NODES)]
+        if [wire_form(r) for _, r in output] != [r for _, r in expected]:
+            raise AssertionError("output differs from the reference of the order the job "
+                                 "numbered the inputs in")
 
 
     def check_restarted(self, output) -> None:
@@ -378,6 +437,8 @@ class Chaos:
             raise AssertionError("the FileSink's committed content is not the reference")
 
     def close(self) -> None:
+        if self.args.splits:
+            return
         if self.run.scenario in CHECKPOINTED or self.run.scenario == "egress-kill":
             shutil.rmtree(self.folder, ignore_errors=True)
 

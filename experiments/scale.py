@@ -45,6 +45,8 @@ from flux.examples import paper_dataflow
 from flux.testing.workloads import packet_workload
 
 TICKS = os.sysconf("SC_CLK_TCK")
+#: inputs per second the records of a run at rate 0 (as fast as taken) are made for
+FULL_RATE = 60_000
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                              "2, 4 and 8 nodes, and the ceiling it projects.")
     ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--rates", type=int, nargs="+", default=[2000, 5000, 8000],
-                    help="total inputs per second, each measured in turn on one cluster")
+                    help="total inputs per second, each measured in turn on one cluster "
+                         "(0: as fast as the job takes them)")
     ap.add_argument("--warmup", type=float, default=6.0)
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--runs", type=int, default=1, help="runs per node count, alternated")
@@ -63,6 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="where the egresses run (several: alternated at every rate): one "
                          "ordered egress in the driver, or each partition's on an executor "
                          "into a FileSink of its own (egress_on_executors)")
+    ap.add_argument("--source", nargs="+", choices=("driver", "splits"), default=["driver"],
+                    help="who reads the input (several: alternated at every rate): the "
+                         "driver, feeding its ingress process; or ingresses on the "
+                         "executors, a split per node (a SplitSource, each split paced at "
+                         "rate / nodes)")
     ap.add_argument("--summarize", action="store_true",
                     help="no runs: the summary of the processes.csv in --out, again")
     ap.add_argument("--out", default="docs/results/scale")
@@ -97,7 +105,9 @@ def processes(job) -> Dict[str, int]:
     """Every process of the job by role: ``driver``, ``driver-jvm``, ``ingress``, and
     ``<node>`` / ``<node>-jvm`` for each node (standbys included)."""
     me = os.getpid()
-    found = {"driver": me, "ingress": job.ingress_pid}
+    found = {"driver": me}
+    if job.ingress_pid is not None:  # none: the splits are read on the executors
+        found["ingress"] = job.ingress_pid
     jvms = [p for p in children(me) if p != job.ingress_pid]
     if jvms:
         found["driver-jvm"] = jvms[0]
@@ -138,8 +148,9 @@ def measure(job, args) -> List[Dict[str, Any]]:
     return rows
 
 
-def one_run(spark, nodes: int, rate: int, args, records,
-            egress: str = "driver") -> List[Dict[str, Any]]:
+def one_run(spark, nodes: int, rate: int, args, records, egress: str = "driver",
+            source: str = "driver") -> List[Dict[str, Any]]:
+    from flux.connectors.split_sources import ListSplits
     from flux.spark.job import FluxJob
 
     def count(item) -> None:
@@ -149,11 +160,16 @@ def one_run(spark, nodes: int, rate: int, args, records,
         where = dict(sink=count) if egress == "driver" else dict(
             sink=SinkPerPartition(lambda p: FileSink(f"{folder}/{p}")),
             ordered_output=False, egress_on_executors=True)
-        job = FluxJob(spark, paper_dataflow(), RateLimited(records, rate), nodes=nodes,
-                      standbys=1, **where)
+        if source == "driver":
+            feed = RateLimited(records, rate) if rate else records
+        else:
+            feed = ListSplits([records[k::nodes] for k in range(nodes)],
+                              rate=rate / nodes if rate else None)
+        job = FluxJob(spark, paper_dataflow(), feed, nodes=nodes, standbys=1, **where)
         with job:
             rows = measure(job, args)
-    return [{"nodes": nodes, "rate": rate, "egress": egress, **row} for row in rows]
+    return [{"nodes": nodes, "rate": rate, "egress": egress, "source": source, **row}
+            for row in rows]
 
 
 def fit(points: Dict[int, float]) -> tuple:
@@ -188,10 +204,11 @@ def busy_points(rows: List[Dict[str, Any]], nodes: int, kind: str) -> Dict[float
 
 def summarize(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
     by: Dict[str, Any] = {}
-    for n, rate, egress in sorted({(r["nodes"], r["rate"], r.get("egress", "driver"))
-                                   for r in rows}):
+    for n, rate, egress, source in sorted({(r["nodes"], r["rate"], r.get("egress", "driver"),
+                                            r.get("source", "driver")) for r in rows}):
         mine = [r for r in rows if r["nodes"] == n and r["rate"] == rate
                 and r.get("egress", "driver") == egress
+                and r.get("source", "driver") == source
                 and r["cpu_us_per_input"] is not None]
         kinds: Dict[str, Any] = {}
         for kind in ("driver", "driver-jvm", "ingress", "node", "node-jvm"):
@@ -208,14 +225,18 @@ def summarize(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
                            "spread_us": [round(min(means), 3), round(max(means), 3)],
                            "busiest_us": round(statistics.median(tops), 3)}
         busiest = max(kinds.items(), key=lambda kv: kv[1]["busiest_us"])
-        name = f"{n} nodes at {rate}/s" + ("" if egress == "driver" else ", egress on executors")
+        name = f"{n} nodes at {rate}/s" + ("" if egress == "driver" else ", egress on executors") \
+            + ("" if source == "driver" else ", splits read on executors")
         by[name] = {
-            "nodes": n, "rate": rate, "egress": egress, "kinds": kinds, "busiest": busiest[0],
+            "nodes": n, "rate": rate, "egress": egress, "source": source, "kinds": kinds,
+            "busiest": busiest[0],
             "busiest_us": busiest[1]["busiest_us"],
             "input_rate": statistics.median(r["input_rate"] for r in mine)}
     # the model: of the egress where it was measured first (the driver, as before)
-    mode = rows[0].get("egress", "driver") if rows else "driver"
-    first = [r for r in rows if r.get("egress", "driver") == mode]
+    def mode(r):
+        return r.get("egress", "driver"), r.get("source", "driver")
+
+    first = [r for r in rows if mode(r) == mode(rows[0])] if rows else []
     return {"settings": vars(args), "measured": by, "model": model(first)}
 
 
@@ -291,7 +312,8 @@ def cluster(nodes: int, local: bool):
 def main(argv=None) -> int:
     args = parse_args(argv)
     seconds = args.warmup + args.window + 30
-    records = packet_workload(int(max(args.rates) * seconds), seed=5, pairs=100_000,
+    most = max(max(args.rates), FULL_RATE if 0 in args.rates else 0)
+    records = packet_workload(int(most * seconds), seed=5, pairs=100_000,
                               apps=10, sources=1_000)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -305,12 +327,13 @@ def main(argv=None) -> int:
             with cluster(nodes, args.local) as spark:
                 rates = args.rates if (run + k) % 2 == 0 else args.rates[::-1]
                 for j, rate in enumerate(rates):
-                    modes = args.egress if (run + k + j) % 2 == 0 else args.egress[::-1]
-                    for egress in modes:
+                    modes = [(e, s) for e in args.egress for s in args.source]
+                    for egress, source in modes if (run + k + j) % 2 == 0 else modes[::-1]:
                         print(f"run {run + 1}/{args.runs}: {nodes} nodes at {rate}/s, "
-                              f"egress in the {egress} ...", flush=True)
+                              f"egress in the {egress}, source read by the {source} ...",
+                              flush=True)
                         rows += [{"run": run, **r} for r in one_run(
-                            spark, nodes, rate, args, records, egress)]
+                            spark, nodes, rate, args, records, egress, source)]
     with open(out / "processes.csv", "w", newline="") as f:  # again, if read
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

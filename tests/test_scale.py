@@ -64,10 +64,13 @@ def test_a_short_run_on_a_local_cluster_writes_every_process(tmp_path):
 
     out = tmp_path / "scale"
     assert main(["--local", "--nodes", "2", "--rates", "1000", "2000", "--warmup", "3",
-                 "--window", "3", "--out", str(out)]) == 0
+                 "--window", "3", "--source", "driver", "splits", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     kinds = summary["measured"]["2 nodes at 2000/s"]["kinds"]
     assert {"driver", "ingress", "node"} <= set(kinds)
+    # splits read on the executors: no ingress process, and the inputs counted still
+    split = summary["measured"]["2 nodes at 2000/s, splits read on executors"]
+    assert "ingress" not in split["kinds"] and split["input_rate"] > 0
     # the Python processes work for every input; a JVM may idle through a short window
     assert all(kinds[k]["median_us"] > 0 for k in ("driver", "ingress", "node"))
     # two 3-second windows on a shared machine fit a line, not a trustworthy slope (once

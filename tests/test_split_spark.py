@@ -18,27 +18,15 @@ SPARK_EXECUTORS = 5
 INPUTS = 120_000
 
 
-def numbered_order(outputs, records):
-    """The inputs in the order the job numbered them: ``relaying_dataflow``'s first output
-    of each input carries its value (a positive count), and outputs come in SN order."""
-    by_value = {r[1]: r for r in records}
-    order, seen = [], set()
-    for _, out in outputs:
-        if out[1] > 0 and out[2] not in seen:
-            seen.add(out[2])
-            order.append(by_value[out[2]])
-    return order
-
-
 def check_against_the_reference(outputs, records, splits):
     """Every input once, each split's in its order, and the outputs exactly the
     failure-free run's over the inputs in the order the job numbered them."""
     from flux.reference import reference_output
-    from flux.testing.dataflows import relaying_dataflow
+    from flux.testing.dataflows import relayed_order, relaying_dataflow
 
     sns = [sn for sn, _ in outputs]
     assert sns == sorted(sns) and len(set(sns)) == len(sns)
-    order = numbered_order(outputs, records)
+    order = relayed_order(outputs, records)
     assert sorted(order) == sorted(records)
     for k in range(splits.splits()):
         mine = list(splits.read_split(k, 0))

@@ -8,10 +8,11 @@ source can do when it cannot seek: read and drop, counting the rows of Arrow bat
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, List, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 from exchange.partitioner import HashPartitioner
 from exchange.rows import is_columnar
+from flux.connectors.sources import Paced
 
 
 def skip_inputs(inputs: Iterable[Any], skip: int) -> Iterator[Any]:
@@ -39,20 +40,27 @@ class ListSplits:
     Kafka topic's keyed partitions hold them (a keyed operator's output per key is then
     the same whichever way the splits interleave)."""
 
-    def __init__(self, splits: Sequence[Sequence[Any]]):
+    def __init__(self, splits: Sequence[Sequence[Any]], rate: Optional[float] = None):
+        """``rate``: each split read no faster than this many records a second (a steady
+        feed, ``flux.Paced``; it waits, it never drops: both replicas of a pair must read
+        the same inputs); None: as fast as they are taken."""
         self.parts: List[Sequence[Any]] = [p if isinstance(p, Sequence) else list(p)
                                            for p in splits]
         if len(self.parts) < 2:
             raise ValueError(f"a split source has two or more splits, got {len(self.parts)} "
                              "(one: pass the records themselves, read by the driver's ingress)")
+        if rate is not None and not rate > 0:
+            raise ValueError(f"rate must be > 0 records per second, got {rate!r}")
+        self.rate = rate
 
     @classmethod
-    def by_key(cls, records: Iterable[Any], splits: int, key: Callable[[Any], Any]) -> "ListSplits":
+    def by_key(cls, records: Iterable[Any], splits: int, key: Callable[[Any], Any],
+               rate: Optional[float] = None) -> "ListSplits":
         route = HashPartitioner(splits, key_groups=None).router(key)
         parts: List[List[Any]] = [[] for _ in range(splits)]
         for record in records:
             parts[route(record)].append(record)
-        return cls(parts)
+        return cls(parts, rate)
 
     def splits(self) -> int:
         return len(self.parts)
@@ -61,7 +69,7 @@ class ListSplits:
         part = self.parts[split]
         if len(part) and is_columnar(part[0]):  # batches: their rows are inputs
             return skip_inputs(part, skip)
-        return iter(part[skip:])
+        return iter(part[skip:]) if self.rate is None else Paced(part[skip:], self.rate)
 
     def __len__(self) -> int:
         """Inputs in all (rows of batches counted one each)."""

@@ -309,6 +309,12 @@ class Ingress(Stage1Connections):
         self.out.cut = (number, self.accepted)
         return [CutChosen(number, self.accepted)]
 
+    def items_left(self) -> bool:
+        """Every input accepted is in an item that left: none pending, none held for the
+        input log (or, in a pair, for the twin: until it acked, a take-over may cut them
+        otherwise)."""
+        return not self.pending and not self.held
+
     def idle(self) -> bool:
         """Nothing waits in a buffer, for an item or for the input log."""
         return self.out.idle() and not self.pending and not self.held

@@ -104,10 +104,12 @@ class NodeIngresses:
         return now + max(0.0, self.epoch_start(min(epochs) + 1) - self.wall())
 
     def ended(self) -> List[IngressEnded]:
-        """A report for each replica that read its whole split and cut its last item."""
+        """A report for each replica that read its whole split and whose last item left
+        (a leader's, once its twin acked it: the SN it reports is then the one its twin
+        would cut should it die)."""
         out = []
         for addr, (ingress, intake) in self.intakes.items():
-            if addr in self.reported or not intake.done or ingress.pending_rows():
+            if addr in self.reported or not intake.done or not ingress.items_left():
                 continue
             self.reported.add(addr)
             out.append(IngressEnded(addr.partition, ingress.last_item, ingress.inputs))

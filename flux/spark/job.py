@@ -151,7 +151,7 @@ class FluxJob(JobViews):
             commit_interval=tuning.commit_interval,
             digests=opts.checkpoints.digests,
             split_source=cloudpickle.dumps(source) if splits else b"", splits=splits,
-            epoch_origin=time.time())
+            epoch_interval=tuning.epoch_interval, epoch_origin=time.time())
         self._checkpointing: Optional[DriverCheckpoints] = None
         if replay_order is not None:
             self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,

@@ -143,6 +143,14 @@ class Tuning:
     #: seconds an output on an executor waits for its sink's commit at most (its
     #: replicas keep it until then)
     commit_interval: float = 0.1
+    #: a SplitSource's ingresses end an epoch this often (seconds): an item holds the
+    #: inputs of one epoch at most, and merges release an epoch once every split ended
+    #: it (longer: larger items, more latency)
+    epoch_interval: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not self.epoch_interval > 0:
+            raise ValueError(f"epoch_interval must be > 0 seconds, got {self.epoch_interval!r}")
 
 
 @dataclass(frozen=True)

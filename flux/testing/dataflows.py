@@ -99,6 +99,18 @@ def relaying_dataflow(fanout_every: int = 3) -> Dataflow:
                      Stage("relay", key_and_count, (partial(Map, tuple),))])
 
 
+def relayed_order(outputs, records) -> list:
+    """``records`` in the order a job of ``relaying_dataflow`` numbered them, read from
+    its ``outputs`` in SN order: the first output of each value (a positive count)."""
+    by_value = {r[1]: r for r in records}
+    order, seen = [], set()
+    for _, out in outputs:
+        if out[1] > 0 and out[2] not in seen:
+            seen.add(out[2])
+            order.append(by_value[out[2]])
+    return order
+
+
 def packet_dataflow(stages: int, window: int = DEFAULT_WINDOW, emit_every: int = 2,
                     fanout_every: int = 3, session_ttl: Optional[int] = None,
                     idle_ttl: Optional[int] = None) -> Dataflow:
