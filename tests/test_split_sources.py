@@ -161,3 +161,30 @@ def test_the_addresses_of_a_pair_are_beside_the_stage_1_replicas_of_their_side()
         for r in (P, S):
             assert topology.where[Addr(0, i, r)] == topology.where[Addr(1, i % 4, r)]
     assert "ingress" not in topology.where.values()
+
+
+class Breaks:
+    """Split 0 raises after two inputs: a file that cannot be read on, say."""
+
+    def splits(self):
+        return 2
+
+    def read_split(self, split, skip):
+        yield from [("a", 1), ("b", 2)][skip:]
+        raise OSError("the disk went away")
+
+
+def test_a_split_that_raises_stops_the_job_naming_the_split_and_input():
+    from flux.errors import OperatorError
+
+    host, leader, ingresses = node(P, Breaks(), Clock(100.0))
+    with pytest.raises(OperatorError, match=r"reading split 0 of Breaks failed in stage 0, "
+                                            r"partition 0.*OSError: the disk went away"):
+        ingresses.step(host, lambda a: None)
+
+
+def test_the_thread_cluster_says_a_split_source_is_for_spark():
+    from flux.testing.threads import ThreadCluster
+
+    with pytest.raises(ValueError, match="read by ingresses on Spark's executors"):
+        ThreadCluster(counting_dataflow(1), 2, ListSplits([[1], [2]]))

@@ -18,6 +18,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flux.control_messages import IngressEnded
+from flux.errors import OperatorError
+from flux.operator import describe
 from flux.protocol.host import Host
 from flux.runtime.source_intake import SourceIntake
 
@@ -59,19 +61,31 @@ class NodeIngresses:
         for addr in [a for a in self.intakes if a not in host.machines]:
             del self.intakes[addr]  # no longer here (its node's view moved it)
         for addr, ingress in running:
-            held = self.intakes.get(addr)
-            if held is None or held[0] is not ingress:  # new here: read from its count
-                held = self.intakes[addr] = (ingress, SourceIntake(
-                    self.source.read_split(addr.partition, ingress.inputs)))
-                log.info("%s reads split %d from input %d", addr, addr.partition,
-                         ingress.inputs)
-            intake = held[1]
             if ingress.decides() and epoch > ingress.epoch:
                 continue  # its epoch is over: it ends it (``advance``) before taking more
-            if not intake.done and intake.feed(ingress, ingress.batch_rows):
-                touch(addr)
-                moved = True
+            try:
+                intake = self._intake(addr, ingress)
+                if not intake.done and intake.feed(ingress, ingress.batch_rows):
+                    touch(addr)
+                    moved = True
+            except OperatorError:
+                raise  # the next stage's key raised on an input: named already
+            except Exception as exc:
+                # both replicas read the same split: failing over would fail again
+                raise OperatorError(f"reading split {addr.partition} of "
+                                    f"{type(self.source).__name__}", 0, addr.partition,
+                                    (ingress.accepted + 1,), describe(exc)) from exc
         return moved
+
+    def _intake(self, addr, ingress) -> SourceIntake:
+        """The intake of ``ingress``'s split; opened where its numbering stands when the
+        replica is new here."""
+        held = self.intakes.get(addr)
+        if held is None or held[0] is not ingress:
+            held = self.intakes[addr] = (ingress, SourceIntake(
+                iter(self.source.read_split(addr.partition, ingress.inputs))))
+            log.info("%s reads split %d from input %d", addr, addr.partition, ingress.inputs)
+        return held[1]
 
     def advance(self, host: Host, touch: Callable[[Any], None]) -> List:
         """End the epoch of every replica that leads (or is alone) once the clock is in a

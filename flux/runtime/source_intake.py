@@ -103,8 +103,8 @@ class SourceIntake:
     def _feed_gathered(self, ingress, limit: int) -> bool:
         """A source whose records need no arrival time and drop nothing (a split read on
         an executor, an iterable): the records at hand gathered into a run, accepted in
-        one call (``accept`` per record cost the ingress a third of its time); what
-        back-pressure refuses waits, first, for the next call. A batch of inputs as
+        one call (``accept`` per record pays a call, a list and the item's checks per
+        input); what back-pressure refuses waits, first, for the next call. A batch of inputs as
         columns is accepted as it is."""
         source, run = self.source, self._gathered
         while len(run) < limit and not is_columnar(self._next_record):

@@ -44,6 +44,11 @@ class ThreadCluster:
         and started again beside the survivor when its node dies (``ordered_output``
         False; docs/design/parallel_io.md); None: the egresses run in a process of their
         own and their outputs are collected in ``delivered`` and ``by_partition``."""
+        from flux.connector_api import SplitSource
+
+        if isinstance(records, SplitSource):
+            raise ValueError("a SplitSource is read by ingresses on Spark's executors "
+                             "(FluxJob); the thread cluster reads records: pass them")
         writers = sink is not None
         # every node shares this process and its GIL: kills are detected by the dropped
         # connection, the heartbeat timeout (detect_after) only catches hangs: it is generous
