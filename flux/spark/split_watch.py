@@ -48,8 +48,9 @@ class SplitWatch:
 
     def inputs_taken(self, node_stats: Mapping[str, Tuple[float, NodeStats]]) -> Optional[int]:
         """Inputs taken by the ingresses so far, per split the most either replica of its
-        pair counted (a rebuilt replica starts its count again: the most is kept), from
-        the nodes' last counters; None before any node reported one."""
+        pair counted (a follower trails its leader; a rebuilt replica counts on from its
+        twin's number, set back before the inputs that were pending), from the nodes'
+        last counters; None before any node reported one."""
         for _, stats in list(node_stats.values()):
             for s in stats.segments:
                 if s.addr.stage == 0:
