@@ -130,8 +130,10 @@ def test_a_host_killed_whole_is_masked(rig):
     try:
         output, expected, job = run_with_a_fault(rig, kill)
         assert [wire_form(x) for x in output] == [wire_form(x) for x in expected]
+        timeline = "\n".join(f"{t:8.3f}s {what} {d}" for t, what, d in
+                             job.metrics.relative_events())
         assert [d for _, what, d in job.metrics.events if what == "detected"] == [
-            "node2 (its connection dropped)"]
+            "node2 (its connection dropped)"], timeline
         assert rig.pids(killed["i"]) == []
     finally:
         if "i" in killed:
