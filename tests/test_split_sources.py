@@ -188,3 +188,25 @@ def test_the_thread_cluster_says_a_split_source_is_for_spark():
 
     with pytest.raises(ValueError, match="read by ingresses on Spark's executors"):
         ThreadCluster(counting_dataflow(1), 2, ListSplits([[1], [2]]))
+
+
+def test_the_relayed_oracle_passes_the_reference_and_names_what_is_wrong():
+    from flux.reference import reference_output
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(300, seed=2, keys=5)]
+    splits = [records[k::3] for k in range(3)]
+    order = [r for group in zip(*splits) for r in group]  # interleaved, each split in order
+    good = reference_output(relaying_dataflow(), order, 4)
+    assert relayed_mismatch(good, records, splits, 4) is None
+    assert "inputs in the output" in relayed_mismatch(good[:-3], records, splits, 4)
+    swapped = order[:]
+    swapped[0], swapped[3] = swapped[3], swapped[0]  # split 0's first two, reversed
+    bad = reference_output(relaying_dataflow(), swapped, 4)
+    assert "split 0's inputs were numbered out of its order" == relayed_mismatch(
+        bad, records, splits, 4)
+    wrong = [(sn, r) for sn, r in good]
+    wrong[5] = (wrong[5][0], ("k9", 99, wrong[5][1][2]))
+    assert "differs from the reference" in relayed_mismatch(wrong, records, splits, 4)
+    assert "SNs" in relayed_mismatch(good[1:2] + good[:1] + good[2:], records, splits, 4)

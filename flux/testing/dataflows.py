@@ -111,6 +111,33 @@ def relayed_order(outputs, records) -> list:
     return order
 
 
+def relayed_mismatch(outputs, records, splits, partitions: int) -> Optional[str]:
+    """What is wrong with the ``outputs`` (``(sn, record)`` in delivery order) of a job of
+    ``relaying_dataflow`` over ``records`` read in ``splits`` (each split's records in
+    its order) on ``partitions``, or None: SNs increasing and each once, every input
+    once, each split's inputs numbered in that split's order, and the outputs exactly
+    the failure-free run's over the inputs in the order the job numbered them."""
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+
+    sns = [tuple(sn) for sn, _ in outputs]
+    if sns != sorted(set(sns)):
+        return "output SNs not increasing, or one twice"
+    order = relayed_order(outputs, records)
+    if sorted(order) != sorted(records):
+        return f"{len(order)} inputs in the output, {len(records)} read"
+    rank = {r: k for k, r in enumerate(order)}
+    for k, split in enumerate(splits):
+        mine = [rank[r] for r in split]
+        if mine != sorted(mine):
+            return f"split {k}'s inputs were numbered out of its order"
+    expected = [wire_form(r) for _, r in reference_output(relaying_dataflow(), order,
+                                                          partitions)]
+    if [wire_form(r) for _, r in outputs] != expected:
+        return "the output differs from the reference of the order the job numbered"
+    return None
+
+
 def packet_dataflow(stages: int, window: int = DEFAULT_WINDOW, emit_every: int = 2,
                     fanout_every: int = 3, session_ttl: Optional[int] = None,
                     idle_ttl: Optional[int] = None) -> Dataflow:
