@@ -17,7 +17,7 @@ import logging
 from typing import List
 
 from controller.failure_detector import Declared, Stalled, Stuck, Unstuck, Verdict
-from flux.control_messages import Stop
+from flux.control_messages import Heartbeat, Stop
 from flux.errors import PairLost
 
 log = logging.getLogger("flux.runtime.controller_service")
@@ -44,15 +44,19 @@ class FailureSide:
                             "is not counted", v.seconds)
                 self.events.append((now, "controller stalled", round(v.seconds, 3)))
 
-    def _tell_fenced(self, name: str, now: float) -> None:
+    def _tell_fenced(self, name: str, now: float, said: object) -> None:
         """A process declared dead speaks again (its link was cut and healed, or it was
         only slow): nothing it says is acted on, and it is told to stop (at most once a
-        second), so its task fails and Spark re-runs it as a fresh standby (DESIGN 6)."""
+        second), so its task fails and Spark re-runs it as a fresh standby (DESIGN 6).
+        A heartbeat's lag goes in the log: a loop that stood as long as the silence
+        means the whole process stalled, a short one that only its beats were late."""
         if now - self._told_fenced.get(name, float("-inf")) < 1.0:
             return
         self._told_fenced[name] = now
-        log.warning("%s, declared dead (%s), is alive: told to stop", name,
-                    self.why_dead.get(name, "?"))
+        loop = (f" (its loop last turned {said.lag:.3f}s before this heartbeat)"
+                if isinstance(said, Heartbeat) else "")
+        log.warning("%s, declared dead (%s), is alive%s: told to stop", name,
+                    self.why_dead.get(name, "?"), loop)
         self.events.append((now, "zombie told to stop", name))
         self._send(name, Stop(f"fenced: declared dead ({self.why_dead.get(name, '?')})"), 0)
 

@@ -169,7 +169,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         for env in envelopes:
             name = env.src.name if isinstance(env.src, ProcAddr) else None
             if name in self.dead and not isinstance(env.msg, (Register, Failed, Stopping)):
-                self._tell_fenced(name, now)  # a zombie: cut off, declared dead, back
+                self._tell_fenced(name, now, env.msg)  # a zombie: cut off, declared dead, back
                 continue
             self.detector.heard(name, now)
             if isinstance(env.msg, Register):
