@@ -544,19 +544,22 @@ def _role(v) -> Role:
 
 
 #: what an ingress's log entry says (flux.protocol.ingress_pair)
-LOG_ENTRY_KINDS = ("item", "epoch")
+LOG_ENTRY_KINDS = ("item", "epoch", "cut")
 
 
 def _log_entries(v) -> tuple:
-    """An ingress's log entries: ``[kind, number]`` each."""
+    """An ingress's log entries: ``[kind, number]`` each, ``["cut", checkpoint, epoch]``
+    for a checkpoint's cut."""
     if not isinstance(v, list):
         raise WireError(f"log entries must be a list, got {type(v).__name__}")
     entries = []
     for entry in v:
-        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in LOG_ENTRY_KINDS):
-            raise WireError(f"a log entry must be [kind, number], kind one of "
-                            f"{LOG_ENTRY_KINDS}, got {entry!r:.60}")
-        entries.append((entry[0], _int(entry[1], "log entry")))
+        if not (isinstance(entry, list) and entry and entry[0] in LOG_ENTRY_KINDS
+                and len(entry) == (3 if entry[0] == "cut" else 2)):
+            raise WireError(f"a log entry must be [kind, number] (kind one of "
+                            f"{LOG_ENTRY_KINDS[:2]}) or [\"cut\", checkpoint, epoch], "
+                            f"got {entry!r:.60}")
+        entries.append((entry[0],) + tuple(_int(x, "log entry") for x in entry[1:]))
     return tuple(entries)
 
 

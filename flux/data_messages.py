@@ -83,12 +83,13 @@ class PSync:
 class IngressLog:
     """An ingress's leading replica to its twin: where it ended items and epochs, in the
     order it decided (entries ``first``, ``first + 1``, ...): ``("item", x)`` an item
-    ends at input ``x``, ``("epoch", e)`` epoch ``e`` starts. An item leaves only once the
+    ends at input ``x``, ``("epoch", e)`` epoch ``e`` starts, ``("cut", k, e)``
+    checkpoint ``k``'s cut ends epoch ``e``. An item leaves only once the
     twin has its end, so the twin can always cut the items any consumer holds
     (docs/design/parallel_io.md, a pair of ingresses)."""
 
     first: int
-    entries: Tuple[Tuple[str, int], ...]
+    entries: Tuple[Tuple, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import pytest
 
 from flux.addresses import P, S, Addr
 from flux.data_messages import IngressLog, LogAck, Reverse
-from flux.effects import Send
+from flux.effects import CutPassed, Send
 from flux.errors import LocalProtocolError
 from flux.protocol.builder import MachineBuilder
 from flux.protocol.ingress_pair import ALONE, FOLLOWING, LEADING, TWIN
@@ -145,3 +145,37 @@ def test_a_new_twin_takes_the_survivors_state_and_follows_it():
     relay_log(survivor, new)
     assert data_sent(survivor)
     assert new.accept(("k2", 2)) == (x + 1,) and new.cut_item() == x + 1
+
+
+def test_a_checkpoints_cut_is_an_entry_of_the_log_stamped_by_both_and_passed_by_both():
+    leader, follower = pair()
+    leader.accept(("k1", 1))
+    leader.cut_at_epoch(1, 0)  # the coordinator tells the leader: the cut ends epoch 0
+    follower.cut_at_epoch(1, 0)  # told directly, a follower waits for its leader's entry
+    assert follower.out.cut is None
+    cut = leader.out.cut
+    assert cut[0] == 1
+    passed = leader.advance_epoch(1)
+    assert passed == [CutPassed(1, cut[1], 0)]
+    relay_log(leader, follower)
+    follower.accept(("k1", 1))
+    follower.cut_item()  # its item, the cut, the epoch's start: in the leader's order
+    assert follower.out.cut == cut and follower.epoch == 1
+    assert list(follower.flushable())[-1] == TWIN  # its pass is told on the flush path
+    assert follower.flush(*TWIN) == [CutPassed(1, cut[1], 0)]
+    assert follower.flush(*TWIN) == []
+
+
+def test_a_replica_alone_told_a_cut_again_takes_it_once_and_refuses_one_it_passed():
+    leader, follower = pair()
+    leader.cut_at_epoch(1, 0)
+    leader.advance_epoch(1)
+    relay_log(leader, follower)  # the follower heard the cut and epoch 1's start
+    follower.on_fail({leader.addr})
+    follower.cut_at_epoch(1, 0)  # told again after the take-over: it knows it already
+    follower.cut_item()
+    assert follower.out.cut == leader.out.cut and follower.epoch == 1
+    follower.cut_at_epoch(2, 3)
+    assert follower.out.cut[0] == 2
+    with pytest.raises(LocalProtocolError, match="at the end of epoch 0"):
+        follower.cut_at_epoch(3, 0)  # it is in epoch 1: that cut cannot be its

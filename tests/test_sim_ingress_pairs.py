@@ -69,6 +69,29 @@ def test_a_rebuilt_replica_that_skips_the_survivors_pending_inputs_is_caught():
     assert any(r.status == VIOLATION for r in results)
 
 
+@pytest.mark.parametrize("shape", [
+    dict(ingresses=2, stages=2, partitions=4, crashes=2, standbys=2),
+    dict(ingresses=3, stages=3, partitions=3, crashes=2, standbys=1, dataflow="packets"),
+], ids=["2x4-standbys", "3x3-packets"])
+def test_checkpoints_complete_through_deaths_and_rebuilds_of_ingress_replicas(shape):
+    """The cut is an entry of the pair's log; the replica alone after a take-over is told
+    again; a rebuilt replica gets the cuts with its state. Every checkpoint completes
+    (or a later one does), every snapshot is the failure-free state at its cut, every
+    commit the failure-free output."""
+    results = schedules(SimParams(ingress_pairs=True, checkpoints=3, **shape), range(1, 151))
+    bad = [r for r in results if r.status == VIOLATION]
+    assert not bad, "\n".join(f"seed {r.seed}: {r.reason}" for r in bad)
+    assert takeovers_of_ingresses(results) > 10 and rebuilt_ingress_replicas(results) > 10
+    assert sum(len(r.complete) for r in results) > 100
+
+
+def test_a_leader_that_does_not_log_its_cut_to_its_twin_is_caught():
+    results = schedules(SimParams(ingresses=2, stages=2, partitions=4, crashes=2, standbys=2,
+                                  checkpoints=3, ingress_pairs=True,
+                                  variant="pair-cut-unlogged"), range(1, 41))
+    assert any(r.status == VIOLATION and "never completed" in r.reason for r in results)
+
+
 def test_the_replicas_sit_beside_their_stage_1_replicas_and_feed_the_same_replica():
     builder = MachineBuilder(counting_dataflow(2), 4, 4, 2, ingresses=2, ingress_pairs=True)
     follower = builder.ingress(index=1, replica=S)
@@ -80,5 +103,6 @@ def test_the_replicas_sit_beside_their_stage_1_replicas_and_feed_the_same_replic
                                                                      Addr(0, 1, S)]
     with pytest.raises(ValueError, match="pairs of several ingresses"):
         SimParams(ingress_pairs=True).validate()
-    with pytest.raises(ValueError, match="without checkpoints"):
-        SimParams(ingresses=2, ingress_pairs=True, checkpoints=2).validate()
+    with pytest.raises(ValueError, match="without restarts"):
+        SimParams(ingresses=2, ingress_pairs=True, checkpoints=2, restarts=1).validate()
+    SimParams(ingresses=2, ingress_pairs=True, checkpoints=2).validate()

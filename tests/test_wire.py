@@ -71,7 +71,8 @@ MESSAGES = [
     Batch((), (0,)),
     Batch((((7, 1), "x"),), (7,), (3, 6)),  # with a checkpoint cut
     Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
-    IngressLog(4, (("item", 1048579), ("epoch", 2), ("item", 3145729))), LogAck(6),
+    IngressLog(4, (("item", 1048579), ("epoch", 2), ("cut", 3, 2), ("item", 3145729))),
+    LogAck(6),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate", 4),
     Trailer((1, 2, 3), 1, 7, 123456, 5), PartTrailer((1, 2, 3), 2, 1, 7, 123456, 3),
     PartAck((1, 2, 3), 2), Nack((1, 2, 3), 4), StateAck((1, 2, 3)),
@@ -191,6 +192,8 @@ GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
     (frame(wire.VERSION, "sm_hello", *GOOD[2:7], [1, 2, 3], "steal"),
      "sm_hello: mover role must be 'send' or 'recv'"),
     (frame(wire.VERSION, "ingress_log", *GOOD[2:7], 1, [["lunch", 3]]),
+     "ingress_log: a log entry must be [kind, number]"),
+    (frame(wire.VERSION, "ingress_log", *GOOD[2:7], 1, [["cut", 3]]),
      "ingress_log: a log entry must be [kind, number]"),
     (frame(wire.VERSION, "ingress_log", *GOOD[2:7], 1, [["item", "3"]]),
      "ingress_log: log entry must be an int"),

@@ -97,6 +97,10 @@ class EpochIngress(Ingress):
         """The cut after every input of ``epoch`` and the epochs before, of every ingress."""
         return epoch_first(epoch + 1, 0, self.ingresses)
 
+    def epoch_decided(self) -> int:
+        """The lowest epoch a checkpoint's cut may end here (``cut_at_epoch``)."""
+        return self.epoch
+
     def cut_at_epoch(self, number: int, epoch: int) -> None:
         """Checkpoint ``number`` covers every input of the epochs up to ``epoch`` of every
         ingress: one cut for all, at an epoch's end, so each ingress stamps it by itself

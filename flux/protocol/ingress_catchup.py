@@ -5,7 +5,7 @@ A segment's catch-up pauses and drains its sources before it moves its state; an
 ingress has no sources in the dataflow, only its source partition, so the survivor
 simply stops taking inputs for as long as its state is on its way. That state is what
 makes the new replica cut the same items as it: its numbering (epoch, the last input
-and item), its producer's buffers (installed reversed at the new replica, as a
+and item), the checkpoints' cuts it stamps and has still to pass, its producer's buffers (installed reversed at the new replica, as a
 segment's F-Prod is) and how far it read its source partition (``inputs``: the new
 replica reads on from there; the runtime keeps the source's position beside it) and
 the entries of a dead leader it has still to follow. No row moves: the new replica
@@ -76,6 +76,8 @@ class IngressCatchUp:
         state = {"numbering": [self.epoch, self.accepted - pending, self.last_item,
                                self.inputs - pending],
                  "follow": [list(e) for e in self.to_follow],
+                 "cuts": [list(self.out.cut) if self.out.cut else None,
+                          [list(c) for c in self.cut_epochs]],
                  "fprod": self.fprod.get_state()}
         return [SendState(self.catchup.transfer(self.addr), pack_state(state))]
 
@@ -125,6 +127,9 @@ class IngressCatchUp:
         self.install_numbering(epoch, accepted, last_item, inputs)
         self.to_follow.extend(tuple(e) for e in state["follow"])
         self.fprod.install_state(state["fprod"], reverse=True)
+        cut, cut_epochs = state["cuts"]  # the checkpoints it stamps and has still to pass
+        self.out.cut = tuple(cut) if cut else None
+        self.cut_epochs = [tuple(c) for c in cut_epochs]
         for kind, what in self.missed:
             if kind == "fail":
                 self.fprod.replay_fail(what)

@@ -14,9 +14,15 @@ own. Whatever a consumer holds from the leader, the twin heard of; what the twin
 heard of never left. When the leader dies, the twin first cuts what it heard, then
 decides **alone**; when the follower dies, the leader stops waiting for it.
 
-A lost replica is rebuilt on a standby (``flux.protocol.ingress_catchup``). Not yet:
-checkpoints (the cut would be one more entry of the log) and the durable input log
-beside the twin.
+A checkpoint's cut is one more entry of the log: the coordinator tells the leader
+(``cut_at_epoch``), which logs ``("cut", number, epoch)`` before any entry of a later
+epoch, so the follower stamps the same cut on its batches before it passes that epoch,
+whether or not it heard the coordinator. After a take-over the coordinator tells the
+replica alone again (it may never have heard the entry). Both replicas report passing
+the cut (``CutPassed``, on the flush path): either may be the one alive.
+
+A lost replica is rebuilt on a standby (``flux.protocol.ingress_catchup``). Not yet: the
+durable input log beside the twin (and so restarts from a checkpoint).
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.ingress_catchup import AWAITING_STATE, IngressCatchUp
 from flux.protocol.ingress_twin_log import (  # noqa: F401 (the pair's vocabulary, from here)
     ALONE,
+    CUT,
     EPOCH,
     FOLLOWING,
     ITEM,
@@ -53,12 +60,14 @@ class PairedIngress(TwinLog, IngressCatchUp):
         #: the leader's items and bound wait for its twin, as for an input log
         self.log_inputs = self.role is LEADING
         #: the leader's entries its twin has not acked: (number, entry, input position)
-        self.decided: Deque[Tuple[int, Tuple[str, int], int]] = deque()
+        self.decided: Deque[Tuple[int, Tuple, int]] = deque()
         self.seq = 0  # entries decided
         self.told = 0  # entries sent to the twin
         #: the follower's entries heard and not cut yet, and how many it heard in all
-        self.to_follow: Deque[Tuple[str, int]] = deque()
+        self.to_follow: Deque[Tuple] = deque()
         self.heard = 0
+        #: checkpoints' cuts it passed following its twin, not reported yet (flush path)
+        self.unreported: List = []
 
     def _producer(self, peers, capacity, batch_size, buffer_factory, absent, window,
                   pause_room):
@@ -109,11 +118,9 @@ class PairedIngress(TwinLog, IngressCatchUp):
 
     def _room_to_follow(self) -> int:
         """Inputs it may still take before the next entry it follows: those of the item
-        it heard of next (none before an epoch's start)."""
-        if not self.to_follow:
-            return 0
-        kind, value = self.to_follow[0]
-        return value - self.accepted if kind == ITEM else 0
+        it heard of next (none before an epoch's start; a cut takes no input)."""
+        entry = next((e for e in self.to_follow if e[0] != CUT), None)
+        return entry[1] - self.accepted if entry is not None and entry[0] == ITEM else 0
 
     def can_cut(self) -> bool:
         if not self.running():
@@ -145,21 +152,26 @@ class PairedIngress(TwinLog, IngressCatchUp):
     def _can_follow(self) -> bool:
         if not self.to_follow:
             return False
-        kind, value = self.to_follow[0]
-        if kind == EPOCH:
+        entry = self.to_follow[0]
+        if entry[0] == CUT:
+            return True
+        if entry[0] == EPOCH:
             return not self.pending
-        return self.accepted == value and super().can_cut()
+        return self.accepted == entry[1] and super().can_cut()
 
     def _follow(self) -> int:
-        """Cut the items and start the epochs its twin decided, in order, as far as its
-        inputs and buffers allow; returns the last item cut (0: none)."""
+        """Cut the items, start the epochs and stamp the cuts its twin decided, in order,
+        as far as its inputs and buffers allow; returns the last item cut (0: none)."""
         last = 0
         while self._can_follow():
-            kind, value = self.to_follow[0]
-            if kind == EPOCH:
-                super().advance_epoch(value)
+            entry = self.to_follow[0]
+            if entry[0] == CUT:
+                if not self._stamped(entry[1]):  # (a take-over may have told it already)
+                    EpochIngress.cut_at_epoch(self, entry[1], entry[2])
+            elif entry[0] == EPOCH:
+                self.unreported += super().advance_epoch(entry[1])
             elif not self.pending:
-                raise LocalProtocolError(f"{self.addr}: item {value} heard of twice")
+                raise LocalProtocolError(f"{self.addr}: item {entry[1]} heard of twice")
             else:
                 last = super().cut_item()
             self.to_follow.popleft()
@@ -208,14 +220,39 @@ class PairedIngress(TwinLog, IngressCatchUp):
 
     def idle(self) -> bool:
         return (super().idle() and not self.to_follow and self.told == self.seq
-                and self.running())
+                and not self.unreported and self.running())
 
-    # -- checkpoints: not yet for a pair -------------------------------------------------
-    def choose_cut(self, number: int) -> List:
-        raise LocalProtocolError("checkpoints with pairs of ingresses are not built yet")
-
+    # -- checkpoints: the cut is an entry of the log -------------------------------------
     def cut_at_epoch(self, number: int, epoch: int) -> None:
-        raise LocalProtocolError("checkpoints with pairs of ingresses are not built yet")
+        """The coordinator's cut at the end of ``epoch``. The leader stamps it and logs it
+        before any later epoch's start, so its twin stamps it in the same place; one
+        alone stamps it (told again after a take-over: it may never have heard the
+        entry). A follower takes it from its leader's log only: told directly, it
+        ignores it (its leader was told too, or a take-over tells it again). A cut it
+        knows already, stamped or still to follow, is not taken twice."""
+        if self.role is FOLLOWING or self._knows_cut(number):
+            return
+        if epoch < self.epoch_decided():
+            raise LocalProtocolError(f"{self.addr}: checkpoint {number} at the end of epoch "
+                                     f"{epoch}; it follows its twin to {self.epoch_decided()}")
+        super().cut_at_epoch(number, epoch)
+        if self.role is LEADING:
+            self._decide((CUT, number, epoch), 0)
+
+    def epoch_decided(self) -> int:
+        """The epoch it is bound to reach: its own, or the last its twin decided that it
+        has still to follow (a cut must end no epoch before it: a twin that follows this
+        one would hear the cut after that epoch's end)."""
+        return max([self.epoch] + [e[1] for e in self.to_follow if e[0] == EPOCH])
+
+    def _knows_cut(self, number: int) -> bool:
+        """Has it stamped checkpoint ``number``'s cut, or heard it to follow?"""
+        return self._stamped(number) or any(e[0] == CUT and e[1] >= number
+                                            for e in self.to_follow)
+
+    def _stamped(self, number: int) -> bool:
+        cut = self.out.cut
+        return cut is not None and cut[0] >= number
 
 
 class EpochIngressReplica(PairedIngress, EpochIngress):

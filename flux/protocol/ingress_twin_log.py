@@ -15,7 +15,7 @@ from flux.effects import Send
 from flux.errors import RemoteProtocolError
 from flux.sequence import epoch_first
 
-ITEM, EPOCH = "item", "epoch"
+ITEM, EPOCH, CUT = "item", "epoch", "cut"
 #: the "connection" to its twin among ``flushable()``'s: the log leaves with the flushes
 TWIN = (-1, -1)
 
@@ -32,7 +32,7 @@ LEADING, FOLLOWING, ALONE = IngressRole.LEADING, IngressRole.FOLLOWING, IngressR
 class TwinLog:
     """The leader's side and the follower's of the log; mixed into ``PairedIngress``."""
 
-    def _decide(self, entry: Tuple[str, int], position: int) -> None:
+    def _decide(self, entry: Tuple, position: int) -> None:
         self.seq += 1
         self.decided.append((self.seq, entry, position))
 
@@ -43,18 +43,21 @@ class TwinLog:
         if not self.running():
             return []
         connections = super().flushable()
-        if self.role is LEADING and self.told < self.seq:
+        if (self.role is LEADING and self.told < self.seq) or self.unreported:
             return list(connections) + [TWIN]
         return connections
 
     def flush(self, i: int, d: int) -> List:
+        """On the twin's pseudo-connection: the leader's new entries, and the cuts a
+        replica passed following its twin (reported as the leader's are)."""
         if (i, d) != TWIN:
             return super().flush(i, d)
+        effects, self.unreported = self.unreported, []
         if self.role is not LEADING or self.told >= self.seq:
-            return []
+            return effects
         entries = tuple(e for n, e, _ in self.decided if n > self.told)
         first, self.told = self.told + 1, self.seq
-        return [Send(self.addr, self.dual, IngressLog(first, entries))]
+        return effects + [Send(self.addr, self.dual, IngressLog(first, entries))]
 
     def _on_log(self, src: Addr, msg: IngressLog) -> List:
         if src != self.dual or self.role is LEADING:
@@ -71,7 +74,7 @@ class TwinLog:
             raise RemoteProtocolError(f"{self.addr}: a log ack from {src}")
         position = 0
         while self.decided and self.decided[0][0] <= msg.upto:
-            position = self.decided.popleft()[2]
+            position = max(position, self.decided.popleft()[2])
         if self.role is LEADING and position > self.logged:
             return self.inputs_logged(position)
         return []
@@ -80,11 +83,14 @@ class TwinLog:
         """Its new twin holds its state: decisions from here on are told to it; the entries
         of a dead leader it still follows, its twin has too (they go without waiting). The
         twin's numbering stops before the inputs pending here: where their item ends, it
-        has still to hear."""
+        has still to hear. The cuts it has still to pass are logged again first: one told
+        while its state was on its way is not in it."""
         self.role, self.log_inputs = LEADING, True
         self.seq = self.told = 0
         self.decided.clear()
+        for number, epoch in self.cut_epochs:  # cuts told while alone: its twin's too
+            self._decide((CUT, number, epoch), 0)
         self.logged = max([self.accepted - len(self.pending)] + [
-            value if kind == ITEM else epoch_first(value, self.index, self.ingresses)
-            for kind, value in self.to_follow])
+            e[1] if e[0] == ITEM else epoch_first(e[1], self.index, self.ingresses)
+            for e in self.to_follow if e[0] in (ITEM, EPOCH)])
 

@@ -50,6 +50,7 @@ class EpochPlan:
             self.reads[i] = self._numbered(i, records, 0, 0)
         self.numbers: List[int] = []
         self.inputs: List[Any] = []
+        self.last_epoch = 0
         self._order()
 
     def _numbered(self, i: int, records, epoch: int, used: int) -> List[Tuple[int, int, Any]]:
@@ -64,8 +65,10 @@ class EpochPlan:
         return out
 
     def _order(self) -> None:
-        #: every ingress advances to this epoch after its last input
-        self.last_epoch = 1 + max((reads[-1][0] for reads in self.reads if reads), default=0)
+        #: every ingress advances to this epoch after its last input; never lower after a
+        #: redraw: an ingress may be there already, and cuts were chosen below it
+        self.last_epoch = max(self.last_epoch, 1 + max(
+            (reads[-1][0] for reads in self.reads if reads), default=0))
         ordered = sorted((sn, record) for reads in self.reads for _, sn, record in reads)
         #: the inputs in SN order, and their SNs: the failure-free run's order (changed in
         #: place by ``redraw``: the oracle's references read them)
@@ -134,12 +137,15 @@ class SimIngresses:
         self.logged_epochs = [0] * plan.ingresses
         #: per checkpoint, the ingresses that passed its cut and their positions
         self.positions: Dict[int, Dict[int, int]] = {}
+        #: per checkpoint, the epoch its cut ends (told again to a pair's new leader)
+        self.cut_epoch: Dict[int, int] = {}
 
     def start(self, cut: int) -> None:
         """A new incarnation, numbering after ``cut`` (0: from the start)."""
         self.read = {a: self.plan.read_upto(i, cut) for i in range(self.plan.ingresses)
                      for a in ((Addr(0, i, P), Addr(0, i, S)) if self.pairs else (Addr(0, i, P),))}
         self.positions = {}
+        self.cut_epoch = {}
 
     def done(self, addr: Addr) -> bool:
         """Ingress replica ``addr`` read every input of its source partition."""
@@ -196,7 +202,7 @@ class SimIngresses:
         """The epochs a checkpoint's cut may end now: none an ingress ended already nor
         before the last cut, and one every ingress will still end (the plan's last)."""
         span = self.plan.ingresses * EPOCH_INPUTS
-        low = max(max(ing.epoch for ing in ingresses), last_cut // span)
+        low = max(max(ing.epoch_decided() for ing in ingresses), last_cut // span)
         return range(low, self.plan.last_epoch)
 
     def choose_cut(self, ingresses: List[Ingress], number: int, last_cut: int,
@@ -208,13 +214,22 @@ class SimIngresses:
         for ingress in ingresses:
             ingress.cut_at_epoch(number, epoch)
         self.positions[number] = {}
+        self.cut_epoch[number] = epoch
         return ingresses[0].epoch_cut(epoch)
 
-    def passed(self, number: int, ingress: int) -> Tuple[int, ...]:
-        """Ingress ``ingress`` passed checkpoint ``number``'s cut: the source positions of
-        every ingress once all did (how many inputs each read), else ()."""
+    def unpassed(self, i: int) -> List[Tuple[int, int]]:
+        """The checkpoints whose cut ingress ``i`` has not passed: (number, epoch)."""
+        return [(k, e) for k, e in sorted(self.cut_epoch.items())
+                if i not in self.positions.get(k, {})]
+
+    def passed(self, number: int, ingress: int, cut: int) -> Tuple[int, ...]:
+        """Ingress ``ingress`` passed checkpoint ``number``'s cut ``cut``: the source
+        positions of every ingress once all did (how many inputs each read up to the
+        cut), else (). Both replicas of a pair report it: the second report is none."""
         got = self.positions.setdefault(number, {})
-        got[ingress] = self.read[Addr(0, ingress, P)]
+        if ingress in got:
+            return ()
+        got[ingress] = self.plan.read_upto(ingress, cut)
         if len(got) < self.plan.ingresses:
             return ()
         return tuple(got[i] for i in range(self.plan.ingresses))
@@ -239,9 +254,11 @@ def ingress_took_over(world) -> None:
         if twin is None or twin is leader or twin.role is not ALONE:
             continue
         world.ingresses[i] = twin
+        for number, cut_epoch in world.epochs.unpassed(i):  # it may never have heard it
+            twin.cut_at_epoch(number, cut_epoch)
         heard = list(twin.to_follow)
-        known = max([twin.accepted] + [v for k, v in heard if k == ITEM])
-        epoch = max([twin.epoch] + [v for k, v in heard if k == EPOCH])
+        known = max([twin.accepted] + [e[1] for e in heard if e[0] == ITEM])
+        epoch = max([twin.epoch] + [e[1] for e in heard if e[0] == EPOCH])
         if world.epochs.plan.take_over(i, known, epoch):
             world.inputs[:] = world.epochs.plan.inputs
             world.on_reorder(world.inputs, world.epochs.plan.numbers)

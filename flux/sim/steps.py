@@ -134,7 +134,9 @@ class Steps:
             return [("flush", addr, i, d) for i, d in work.flushes.flushable()]
         if addr.stage == 0 and w.epochs is not None:  # one of several ingresses
             ingress = w.machine(addr)
-            checkpoint = addr.partition == 0 and (w.checkpoints_left > 0 or
+            # asked of ingress 0's leader only (the others' steps are not looked at again
+            # when a leader's epoch moves)
+            checkpoint = ingress is w.ingresses[0] and (w.checkpoints_left > 0 or
                                                   w.restarts.rebuild_cut) and \
                 bool(w.epochs.cut_epochs(w.ingresses, w.last_cut))
             slowest = min(ingress.epoch for ingress in w.ingresses)

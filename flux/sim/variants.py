@@ -200,6 +200,17 @@ class IngressReplicaBoundingPastItsTwin(EpochIngressReplica):
         return (last,) if last else NO_PROGRESS
 
 
+class IngressReplicaNotLoggingItsCuts(EpochIngressReplica):
+    """The leading replica of a pair of ingresses stamps a checkpoint's cut on its own
+    batches but does not log it to its twin (docs/design/parallel_io.md broken): the
+    stage-1 replicas its twin feeds never learn the cut from it."""
+
+    def cut_at_epoch(self, number: int, epoch: int) -> None:
+        if self.role is not LEADING:
+            return super().cut_at_epoch(number, epoch)
+        EpochIngress.cut_at_epoch(self, number, epoch)
+
+
 class IngressReplicaMovingPastItsPending(EpochIngressReplica):
     """A replica of a pair of ingresses sends its state to its new twin numbered past the
     inputs it has pending (docs/design/parallel_io.md broken): the new replica reads on
@@ -309,7 +320,8 @@ INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
                     "unlogged-epoch-bound": IngressBoundingPastTheLog,
                     "pair-eager-send": IngressReplicaNotWaitingForItsTwin,
                     "pair-bound-past-twin": IngressReplicaBoundingPastItsTwin,
-                    "pair-rebuild-past-pending": IngressReplicaMovingPastItsPending}
+                    "pair-rebuild-past-pending": IngressReplicaMovingPastItsPending,
+                    "pair-cut-unlogged": IngressReplicaNotLoggingItsCuts}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -343,4 +355,5 @@ VARIANTS = {
     "pair-eager-send": (Buffer, Segment),
     "pair-bound-past-twin": (Buffer, Segment),
     "pair-rebuild-past-pending": (Buffer, Segment),
+    "pair-cut-unlogged": (Buffer, Segment),
 }
