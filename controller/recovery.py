@@ -226,7 +226,7 @@ class Recovery:
 
     def _live_endpoints(self) -> Set[Addr]:
         live = {a for a in self.node_of if a not in self.missing}
-        driver = () if self.topology.ingress_pairs else (self.ingress,)
+        driver = () if self.topology.ingress_pairs else self.topology.stage1_producers
         return live | set(driver) | set(self.topology.egresses)
 
     def _next_view(self, **kw) -> View:

@@ -38,12 +38,15 @@ class Topology:
 
     def __init__(self, placement: Placement, stages: int, partitions: int,
                  incarnations: Mapping[str, int], standbys: Sequence[str] = (),
-                 egresses: int = 1, writers: bool = False, ingress_pairs: int = 0):
+                 egresses: int = 1, writers: bool = False, ingress_pairs: int = 0,
+                 ingresses: int = 1):
         """``egresses``: 1 (one ordered egress), or one per last-stage partition, all in
         the egress process, or (``writers``) each a sink's writer on the node of its
         partition's P replica (docs/design/parallel_io.md). ``ingress_pairs``: that many
         ingresses, each a pair of replicas on the nodes (replica r of ingress i beside
-        replica r of stage-1 partition ``i % partitions``), instead of the driver's."""
+        replica r of stage-1 partition ``i % partitions``), instead of the driver's;
+        else ``ingresses`` of them in the driver's ingress process (the simulator's
+        ``--ingresses K``), each a producer every stage-1 replica hears from."""
         self.placement = placement
         self.stages, self.partitions = stages, partitions
         self.ingress = Addr(0, 0, P)
@@ -69,7 +72,8 @@ class Topology:
                     self.hosted[node] += (Addr(0, i, r),)
                     self.where[Addr(0, i, r)] = node
         else:
-            self.where[self.ingress] = INGRESS_PROCESS
+            self.where.update((Addr(0, i, P), INGRESS_PROCESS) for i in range(ingresses))
+        self.ingresses = ingresses
         self.writers = writers
         self.where.update((e, self.where[Addr(stages, e.partition, P)] if writers
                            else EGRESS_PROCESS) for e in self.egresses)
@@ -77,13 +81,14 @@ class Topology:
     @classmethod
     def numbered(cls, placement: Placement, stages: int, partitions: int,
                  standbys: int = 0, egresses: int = 1, writers: bool = False,
-                 ingress_pairs: int = 0) -> "Topology":
+                 ingress_pairs: int = 0, ingresses: int = 1) -> "Topology":
         """Every process known in advance (the simulator, the thread cluster): incarnations
         1, 2, 3, ... in the order controller, ingress, egress, nodes, standbys."""
         names = list(DRIVER_PROCESSES) + [node_name(k) for k in placement.nodes] + [
             standby_name(k) for k in range(standbys)]
         return cls(placement, stages, partitions, {n: i for i, n in enumerate(names, 1)},
-                   [standby_name(k) for k in range(standbys)], egresses, writers, ingress_pairs)
+                   [standby_name(k) for k in range(standbys)], egresses, writers, ingress_pairs,
+                   ingresses)
 
     # -- who is who -------------------------------------------------------------------
     @property
@@ -108,10 +113,13 @@ class Topology:
 
     @property
     def stage1_producers(self) -> Tuple[Addr, ...]:
-        """Who feeds stage 1: the driver's ingress, or every replica of the pairs of
-        ingresses on the nodes."""
+        """Who feeds stage 1: the driver's ingresses, or every replica of the pairs of
+        ingresses on the nodes. A catch-up of a stage-1 replica is done only once each
+        has folded the new replica in (5.3.2): left out, one whose active died before
+        its csync arrived would hold the new replica's csync, and all behind it, forever
+        (the simulator found it with two ingresses)."""
         if not self.ingress_pairs:
-            return (self.ingress,)
+            return tuple(Addr(0, i, P) for i in range(self.ingresses))
         return tuple(Addr(0, i, r) for i in range(self.ingress_pairs) for r in (P, S))
 
     def endpoints_of(self, name: str) -> Tuple[Addr, ...]:

@@ -73,3 +73,18 @@ def test_a_bound_past_the_input_log_is_caught():
 def test_several_ingresses_read_one_source_partition_each():
     with pytest.raises(ValueError, match="one source partition"):
         SimParams(ingresses=2, source_partitions=2).validate()
+
+
+def test_a_catch_up_of_a_stage_1_replica_waits_for_every_ingress_to_fold_it_in():
+    """Seed 154 (2 ingresses, checkpoints, two crashes of neighbours with a rebuild
+    between): the controller counted only ingress 0 among stage 1's producers, so a
+    catch-up was done before ingress 1 folded the new replica in; its active then died,
+    the new replica's csync waited at ingress 1 for the active's forever, and the pause of
+    the next catch-up behind it: the job stalled."""
+    from controller.placement import placement_for
+    from controller.topology import Topology
+
+    topology = Topology.numbered(placement_for("flux", 2, 4), 2, 4, ingresses=3)
+    assert [a.partition for a in topology.stage1_producers] == [0, 1, 2]
+    (result,) = run(SimParams(ingresses=2, checkpoints=3, crashes=2, standbys=2), [154])
+    assert result.status != VIOLATION, result.reason

@@ -158,7 +158,8 @@ class World:
         pairs = builder.ingresses if config.ingress_pairs else 0
         topology = self.topology = Topology.numbered(self.placement, self.stages, partitions,
                                                      config.standbys, self.sink_partitions,
-                                                     config.writers_on_nodes, pairs)
+                                                     config.writers_on_nodes, pairs,
+                                                     1 if pairs else builder.ingresses)
         writers = self.writers.place(topology)
         peer_incs = topology.peer_incs()
         for name in topology.workers:
