@@ -5,10 +5,11 @@ A segment's catch-up pauses and drains its sources before it moves its state; an
 ingress has no sources in the dataflow, only its source partition, so the survivor
 simply stops taking inputs for as long as its state is on its way. That state is what
 makes the new replica cut the same items as it: its numbering (epoch, the last input
-and item), the checkpoints' cuts it stamps and has still to pass, its producer's buffers (installed reversed at the new replica, as a
-segment's F-Prod is) and how far it read its source partition (``inputs``: the new
-replica reads on from there; the runtime keeps the source's position beside it) and
-the entries of a dead leader it has still to follow. No row moves: the new replica
+and item), its producer's buffers (installed reversed at the new replica, as a
+segment's F-Prod is), how far it read its source partition (``inputs``: the new
+replica reads on from there; the runtime keeps the source's position beside it), the
+entries of a dead leader it has still to follow and the checkpoints' cuts it stamped
+and has still to pass. No row moves: the new replica
 reads the inputs pending for an item again, its numbering set back before them. Then
 both replicas
 psync every stage-1 replica (5.3.2), the survivor leads again and the new replica

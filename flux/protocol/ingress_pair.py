@@ -245,15 +245,6 @@ class PairedIngress(TwinLog, IngressCatchUp):
         one would hear the cut after that epoch's end)."""
         return max([self.epoch] + [e[1] for e in self.to_follow if e[0] == EPOCH])
 
-    def _knows_cut(self, number: int) -> bool:
-        """Has it stamped checkpoint ``number``'s cut, or heard it to follow?"""
-        return self._stamped(number) or any(e[0] == CUT and e[1] >= number
-                                            for e in self.to_follow)
-
-    def _stamped(self, number: int) -> bool:
-        cut = self.out.cut
-        return cut is not None and cut[0] >= number
-
 
 class EpochIngressReplica(PairedIngress, EpochIngress):
     """A replica of one of several ingresses, numbering in epochs."""

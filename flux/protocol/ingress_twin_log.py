@@ -79,6 +79,15 @@ class TwinLog:
             return self.inputs_logged(position)
         return []
 
+    def _knows_cut(self, number: int) -> bool:
+        """Has it stamped checkpoint ``number``'s cut, or heard it to follow?"""
+        return self._stamped(number) or any(e[0] == CUT and e[1] >= number
+                                            for e in self.to_follow)
+
+    def _stamped(self, number: int) -> bool:
+        cut = self.out.cut
+        return cut is not None and cut[0] >= number
+
     def lead_again(self) -> None:
         """Its new twin holds its state: decisions from here on are told to it; the entries
         of a dead leader it still follows, its twin has too (they go without waiting). The
