@@ -17,9 +17,12 @@ from flux.digests import Digest
 class Heartbeat:
     """A process is alive (DESIGN 6): the controller declares it dead when these stop.
     ``lag``: seconds since the sender's loop last turned (its beats come from a thread
-    of their own, so a busy loop is reported, not taken for a death)."""
+    of their own, so a busy loop is reported, not taken for a death); ``late``: how
+    much later than its interval the beat left (its thread starved of the CPU or of the
+    interpreter's lock: a silence the transport did not cause)."""
 
     lag: float = 0.0
+    late: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -383,7 +383,9 @@ def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard(zm
         service.fail("node2", "silent for 5.2s")
         attempts = {a: at.version for a, at in service.recovery.attempts.items()}
         views = len(service.views)
-        for msg in (Heartbeat(0.0), FoldedIn(Addr(1, 3, 0), Addr(1, 2, 0), 1), Heartbeat(0.0)):
+        # its first beat left 3 s late (over half its 5 s timeout): its process was starved
+        for msg in (Heartbeat(0.0, 3.0), FoldedIn(Addr(1, 3, 0), Addr(1, 2, 0), 1),
+                    Heartbeat(0.0)):
             zombie.send("controller", Envelope(ProcAddr("node2"), CONTROLLER, 0, msg, 12))
         deadline = time.monotonic() + 5
         stops, gaps = [], []
@@ -397,6 +399,8 @@ def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard(zm
         assert [s.reason for s in stops] == ["fenced: declared dead (silent for 5.2s)"] or (
             gaps and gaps[0].peer.startswith("controller"))
         assert len(service.views) == views  # its report changed nothing
+        assert [d for _, what, d in service.events if what == "late heartbeat"] == [
+            "node2 (3.000s)"]
         assert {a: at.version for a, at in service.recovery.attempts.items()} == attempts
         assert "node2" not in service.last_seen
         assert [e[2] for e in service.events if e[1] == "zombie told to stop"] == ["node2"]

@@ -78,7 +78,7 @@ MESSAGES = [
     PartAck((1, 2, 3), 2), Nack((1, 2, 3), 4), StateAck((1, 2, 3)),
     Abort((1, 2, 3), "peer failed"),
     LinkLost(3, 7),
-    TransferFailed((1, 2, 3), "checksum mismatch"), Heartbeat(0.25),
+    TransferFailed((1, 2, 3), "checksum mismatch"), Heartbeat(0.25, 0.5),
     View(4, frozenset({Addr(1, 0, 1), MoverAddr("node1")}), frozenset({3}),
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
     View(5), View(6, writers=(WriterMove(Addr(3, 1, 0), 9, "node2"),)),

@@ -48,13 +48,14 @@ class FailureSide:
         """A process declared dead speaks again (its link was cut and healed, or it was
         only slow): nothing it says is acted on, and it is told to stop (at most once a
         second), so its task fails and Spark re-runs it as a fresh standby (DESIGN 6).
-        A heartbeat's lag goes in the log: a loop that stood as long as the silence
-        means the whole process stalled, a short one that only its beats were late."""
+        A heartbeat's lag and lateness go in the log: a beat that left as late as the
+        silence means its process was starved (CPU, or the interpreter's lock held by one
+        long call); one on time, that the beats were held up on the way."""
         if now - self._told_fenced.get(name, float("-inf")) < 1.0:
             return
         self._told_fenced[name] = now
-        loop = (f" (its loop last turned {said.lag:.3f}s before this heartbeat)"
-                if isinstance(said, Heartbeat) else "")
+        loop = (f" (its loop last turned {said.lag:.3f}s before this heartbeat, which "
+                f"left {said.late:.3f}s late)" if isinstance(said, Heartbeat) else "")
         log.warning("%s, declared dead (%s), is alive%s: told to stop", name,
                     self.why_dead.get(name, "?"), loop)
         self.events.append((now, "zombie told to stop", name))

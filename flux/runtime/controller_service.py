@@ -168,6 +168,9 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         self._act(self.detector.turned(now, timeout_ms / 1000))
         for env in envelopes:
             name = env.src.name if isinstance(env.src, ProcAddr) else None
+            # a beat that left late: its process was starved, a silence of its own making
+            if isinstance(env.msg, Heartbeat) and env.msg.late > self.detector.timings.timeout / 2:
+                self.events.append((now, "late heartbeat", f"{name} ({env.msg.late:.3f}s)"))
             if name in self.dead and not isinstance(env.msg, (Register, Failed, Stopping)):
                 self._tell_fenced(name, now, env.msg)  # a zombie: cut off, declared dead, back
                 continue

@@ -48,6 +48,8 @@ class Liveness:
         self.transport = Transport(ctx, liveness_peer(name), inc, host=host, keys=keys,
                                    ports=ports)
         self.last_turn = clock()
+        #: when the last beat left (None: none yet): the next is late past ``interval``
+        self.last_beat: Optional[float] = None
         #: the view the loop has applied, carried by each beat (read from the loop)
         self.view: Callable[[], int] = lambda: 0
         self.beats = 0
@@ -75,11 +77,14 @@ class Liveness:
             self.transport.close()
 
     def beat(self) -> None:
-        """One heartbeat, with the time since the loop last turned."""
-        lag = max(0.0, self.clock() - self.last_turn)
+        """One heartbeat, with the time since the loop last turned and how late it is."""
+        now = self.clock()
+        lag = max(0.0, now - self.last_turn)
+        late = 0.0 if self.last_beat is None else max(0.0, now - self.last_beat - self.interval)
+        self.last_beat = now
         self.transport.send(CONTROLLER.name, Envelope(
-            ProcAddr(self.name), CONTROLLER, self.view(), Heartbeat(round(lag, 3)), self.inc,
-            None))
+            ProcAddr(self.name), CONTROLLER, self.view(),
+            Heartbeat(round(lag, 3), round(late, 3)), self.inc, None))
         self.beats += 1
 
     def _run(self) -> None:

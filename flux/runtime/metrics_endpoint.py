@@ -37,7 +37,8 @@ PAIR_STATES = ("whole", "catching-up", "degraded", "single")
 
 #: events counted as ``flux_events_total{event=...}`` (see Metrics.relative_events)
 EVENTS = ("killed", "detected", "take-over done", "state moved", "paused", "catch-up done",
-          "catch-up aborted", "stuck", "controller stalled", "fenced", "divergence")
+          "catch-up aborted", "stuck", "controller stalled", "fenced", "divergence",
+          "late heartbeat")
 
 
 class JobCollector:

@@ -9,6 +9,7 @@ configuration (SPARK_NOTES), and closes every socket on the way out.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -166,7 +167,20 @@ def run_loop(task: int, inc: int, name: str, loop: HostLoop, mover: StateMoverSe
                 lambda process: process in loop.dead_processes)
     for env in early:
         loop.receive(env)
+    # what the node built (its imports, operators, a restored state) lives as long as the
+    # task: out of the collector's way, a full collection stays short, as the driver's
+    gc.freeze()
     loop.report(Ready())  # built: the job may start its data
+    try:
+        return _turn_until_stopped(task, inc, name, loop, mover, liveness, config)
+    finally:
+        gc.unfreeze()  # the Python worker may run another task: its objects are collectable
+
+
+def _turn_until_stopped(task: int, inc: int, name: str, loop: HostLoop,
+                        mover: StateMoverService, liveness: Liveness,
+                        config: NodeConfig) -> Iterator[tuple]:
+    transport = loop.transport
     try:
         while loop.stopped is None:
             loop.turn(5)
