@@ -35,7 +35,7 @@ def host_index(rig, job, name: str) -> int:
     return next(i for i, h in enumerate(rig.hosts) if h.address == job.controller.hosts[name])
 
 
-def run_with_a_fault(rig, fault, seconds: float = 12.0, at: float = 5.0):
+def run_with_a_fault(rig, fault, seconds: float = 12.0, at: float = 5.0, **options):
     """A job of the paper's dataflow at RATE on the rig; ``fault(job)`` at ``at`` s; the
     job's output, its reference and the job (stopped)."""
     from flux.spark.job import FluxJob
@@ -44,7 +44,7 @@ def run_with_a_fault(rig, fault, seconds: float = 12.0, at: float = 5.0):
     dataflow = paper_dataflow()
     expected = reference_output(dataflow, records, NODES)
     feed = RateLimited(records, RATE)
-    job = FluxJob(rig.spark, dataflow, feed, nodes=NODES, standbys=STANDBYS)
+    job = FluxJob(rig.spark, dataflow, feed, nodes=NODES, standbys=STANDBYS, **options)
     with job:
         job.wait_until(lambda: job.metrics.t0 is not None
                        and time.monotonic() - job.metrics.t0 >= at, 60)
@@ -128,7 +128,12 @@ def test_a_host_killed_whole_is_masked(rig):
         return None
 
     try:
-        output, expected, job = run_with_a_fault(rig, kill)
+        # A host's kill is detected by its dropped connections, not by silence. Two cores
+        # run all five hosts here, and they starve whole processes for up to half a
+        # second (heartbeats seen leaving 0.3-0.5 s late, several nodes at once, 1 run in
+        # 15 declared a live node dead at the 0.5 s default): silence is judged after 1 s
+        # in this test, so what it checks is the kill's masking, not this machine's load.
+        output, expected, job = run_with_a_fault(rig, kill, detect_after=1.0)
         assert [wire_form(x) for x in output] == [wire_form(x) for x in expected]
         timeline = "\n".join(f"{t:8.3f}s {what} {d}" for t, what, d in
                              job.metrics.relative_events())
