@@ -63,6 +63,7 @@ _LAZY = {
     "read_json_lines": "flux.connectors.sinks",
     "FileSource": "flux.connectors.file_source",
     "ListSplits": "flux.connectors.split_sources",
+    "KafkaSplits": "flux.connectors.kafka_splits",
     "ParquetSource": "flux.connectors.parquet_source",
     "MapInPandas": "flux.pandas_map",
     "MapInArrow": "flux.pandas_map",
@@ -101,7 +102,7 @@ __all__ = [
     "Source", "Sink", "FileSource", "ParquetSource", "FileSink", "read_file_sink", "DeltaSink",
     "read_delta_sink", "CheckpointStore", "Paced", "PartitionedSource", "SinkPerPartition",
     # sources read by ingresses on the executors, split by split
-    "SplitSource", "ListSplits",
+    "SplitSource", "ListSplits", "KafkaSplits",
     # where an output came from
     "lineage", "Lineage",
     # Kafka in and out

@@ -77,3 +77,43 @@ def test_with_the_egresses_on_the_executors_no_record_crosses_the_driver(spark, 
         sns = [sn for sn, _ in part]
         assert sns == sorted(set(sns))
     check_against_the_reference(sorted(row for part in parts for row in part), records, splits)
+
+
+def test_a_kafka_topics_partitions_read_on_the_executors_through_a_kill(spark, broker):
+    """Each partition of a topic a split (``KafkaSplits``): read by consumers in the
+    node processes, the kill of a split's leader masked, the output exact (last in the
+    module: the broker it starts stops with the module)."""
+    import json
+    import uuid
+
+    from confluent_kafka import Producer
+
+    from flux.connectors.kafka_splits import KafkaSplits
+    from flux.connectors.sources import NOT_YET
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    topic = f"splits-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, 3)
+    records = [tuple(r) for r in keyed_workload(INPUTS // 3, seed=7, keys=40)]
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i, record in enumerate(records):
+        producer.produce(topic, json.dumps(record).encode(), partition=i % 3)
+    assert producer.flush(30) == 0
+    splits = KafkaSplits(broker.bootstrap, topic, decode=lambda v: tuple(json.loads(v)),
+                         ending="latest")
+    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1)
+    with job:
+        where = job.topology.where
+        assert job.wait_until(lambda: len(job.delivered) > len(records) // 4, 120)
+        job.kill_node(where[Addr(0, 2, P)])
+        job.wait(timeout=240)
+    assert job.attempt.ingress_process is None
+    assert "detected" in [what for _, what, _ in job.metrics.relative_events()]
+    from flux.testing.dataflows import relayed_mismatch
+
+    parts = [[x for x in splits.read_split(k, 0) if x is not NOT_YET] for k in range(3)]
+    assert [len(p) for p in parts] == [len(records[k::3]) for k in range(3)]
+    wrong = relayed_mismatch(job.delivered, records, parts, 4)
+    assert wrong is None, wrong

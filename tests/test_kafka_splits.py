@@ -1,0 +1,122 @@
+"""A Kafka topic's partitions as splits (``flux.KafkaSplits``), against a real
+Kafka-protocol broker (noida-db, started for the module and stopped by its PID): each
+split is its partition's records in order, the same every time it is read, after any
+count of them, aborted transactions and tombstones left out, the starts and ends fixed
+when the source was made, and the source pickles to the executors."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+import uuid
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+if not os.environ.get("NOIDA_DB"):
+    pytest.importorskip("noida_db")
+
+from confluent_kafka import Producer  # noqa: E402
+
+from flux import KafkaSplits, SplitSource  # noqa: E402
+from flux.connectors.kafka_source import KafkaSourceError  # noqa: E402
+from flux.connectors.sources import NOT_YET  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def fresh(broker, partitions):
+    name = f"s-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(name, partitions)
+    return name
+
+
+def produce(broker, topic, values, partitions):
+    """Value i into partition i % partitions (None: a tombstone), then wait for all."""
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i, value in enumerate(values):
+        producer.produce(topic, None if value is None else json.dumps(value).encode(),
+                         partition=i % partitions)
+    assert producer.flush(10) == 0
+
+
+def read_all(inputs, seconds=10.0):
+    """Every input of a bounded split, ``NOT_YET`` left out; fails if it does not end."""
+    got, deadline = [], time.monotonic() + seconds
+    for x in inputs:
+        assert time.monotonic() < deadline, f"the split did not end ({len(got)} read)"
+        if x is NOT_YET:
+            time.sleep(0.01)
+        else:
+            got.append(x)
+    return got
+
+
+def test_each_split_is_its_partition_in_order_from_any_count(broker):
+    topic = fresh(broker, 3)
+    produce(broker, topic, [{"i": i} for i in range(30)], 3)
+    source = KafkaSplits(broker.bootstrap, topic, ending="latest")
+    assert isinstance(source, SplitSource) and source.splits() == 3
+    source = pickle.loads(pickle.dumps(source))  # as the executors get it
+    for p in range(3):
+        want = [{"i": i} for i in range(p, 30, 3)]
+        assert read_all(source.read_split(p, 0)) == want
+        assert read_all(source.read_split(p, 0)) == want  # the same every time
+        assert read_all(source.read_split(p, 4)) == want[4:]
+        assert read_all(source.read_split(p, 50)) == []
+
+
+def test_records_after_the_source_was_made_are_past_its_end_and_arrive_without_one(broker):
+    topic = fresh(broker, 2)
+    produce(broker, topic, [1, 2], 2)
+    bounded = KafkaSplits(broker.bootstrap, topic, ending="latest")
+    unbounded = KafkaSplits(broker.bootstrap, topic)
+    from_now = KafkaSplits(broker.bootstrap, topic, start="latest", ending={0: 2, 1: 1})
+    produce(broker, topic, [3, 4], 2)
+    assert read_all(bounded.read_split(0, 0)) == [1]
+    split = unbounded.read_split(0, 0)
+    got, deadline = [], time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        x = next(split)
+        if x is not NOT_YET:
+            got.append(x)
+    assert got == [1, 3]
+    split.close()
+    assert read_all(from_now.read_split(0, 0)) == [3]  # from offset 1 up to 2
+    assert read_all(from_now.read_split(1, 0)) == []  # its end is its start
+
+
+def test_aborted_transactions_and_tombstones_are_no_inputs(broker):
+    topic = fresh(broker, 2)
+    tx = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{topic}"})
+    tx.init_transactions(10)
+    tx.begin_transaction()
+    tx.produce(topic, b'"aborted"', partition=0)
+    tx.abort_transaction(10)
+    tx.begin_transaction()
+    for value in (b'"a"', None, b'"b"'):
+        tx.produce(topic, value, partition=0)
+    tx.commit_transaction(10)
+    source = KafkaSplits(broker.bootstrap, topic, ending="latest")
+    assert read_all(source.read_split(0, 0)) == ["a", "b"]
+    assert read_all(source.read_split(0, 1)) == ["b"]  # counted in inputs, not offsets
+
+
+def test_batches_hand_over_rows_and_skip_counts_them(broker):
+    pa = pytest.importorskip("pyarrow")
+    topic = fresh(broker, 2)
+    produce(broker, topic, [{"k": f"k{i}", "v": i} for i in range(10)], 2)
+    schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
+    source = KafkaSplits(broker.bootstrap, topic, ending="latest", schema=schema, batch=3)
+    batches = read_all(source.read_split(1, 2))
+    assert all(isinstance(b, pa.RecordBatch) for b in batches)
+    assert [v for b in batches for v in b.column("v").to_pylist()] == [5, 7, 9]
+
+
+def test_a_topic_of_one_partition_or_none_is_refused_clearly(broker):
+    topic = fresh(broker, 1)
+    with pytest.raises(ValueError, match="has one partition; a split source has two or more"):
+        KafkaSplits(broker.bootstrap, topic)
+    with pytest.raises(KafkaSourceError, match="no topic 'nowhere'"):
+        KafkaSplits(broker.bootstrap, "nowhere", timeout=5)
