@@ -85,6 +85,16 @@ def test_checkpoints_complete_through_deaths_and_rebuilds_of_ingress_replicas(sh
     assert sum(len(r.complete) for r in results) > 100
 
 
+def test_a_zombie_leader_of_an_ingress_takes_only_a_zombies_steps():
+    """Seed 253 (checkpoints, a false suspicion): the steps of every ingress were looked at
+    again by address after another one's epoch moved, which gave the leader declared dead
+    the steps of a live one: it numbered inputs the plan, after its twin's take-over,
+    numbers otherwise. A zombie's ingress replica only flushes (its peers fence it)."""
+    (result,) = schedules(SimParams(ingresses=2, ingress_pairs=True, checkpoints=3, crashes=2,
+                                    standbys=2, false_suspicions=2, cuts=1), [253])
+    assert result.status != VIOLATION, result.reason
+
+
 def test_a_leader_that_does_not_log_its_cut_to_its_twin_is_caught():
     results = schedules(SimParams(ingresses=2, stages=2, partitions=4, crashes=2, standbys=2,
                                   checkpoints=3, ingress_pairs=True,

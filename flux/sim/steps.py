@@ -124,7 +124,7 @@ class Steps:
         w = self.world
         name = w.host_of.get(addr)
         return (name is not None and w.alive[name] and name != EGRESS_HOST
-                and addr in w.hosts[name].machines)
+                and name not in w.faults.zombies and addr in w.hosts[name].machines)
 
     def local_steps(self, addr: Addr, work: Optional[LocalWork] = None) -> List[tuple]:
         """The local steps of machine ``addr`` (of its live process, or ``work`` of a
@@ -247,7 +247,7 @@ class Steps:
             w.net.touched(INGRESS_HOST, None)
             w.begin_checkpoint(number, w.epochs.choose_cut(w.ingresses, number, w.last_cut,
                                                            w.rng))
-            self.dirty.update(ingress.addr for ingress in w.ingresses)
+            self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind in ("accept", "item", "epoch", "log") and w.epochs is not None:
             addr = step[1]
             host = w.hosts[w.host_of[addr]]
@@ -255,7 +255,7 @@ class Steps:
             effects = w.epochs.apply(kind, w.machine(addr))
             w.effects(*host.run_local(effects))
             if effects or kind == "epoch":  # the others' steps look at its epoch
-                self.dirty.update(ingress.addr for ingress in w.ingresses)
+                self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
             else:
                 self.dirty.add(addr)
         elif kind in ("accept", "item", "log", "checkpoint"):
