@@ -127,18 +127,16 @@ class Steps:
                 and name not in w.faults.zombies and addr in w.hosts[name].machines)
 
     def local_steps(self, addr: Addr, work: Optional[LocalWork] = None) -> List[tuple]:
-        """The local steps of machine ``addr`` (of its live process, or ``work`` of a
-        zombie's), in a fixed order, by the local work it declared (``LocalWork``)."""
+        """Machine ``addr``'s local steps, by its declared ``LocalWork`` (``work``: a zombie's)."""
         w = self.world
         if addr.stage == 0 and work is not None:  # a zombie's ingress replica: its flushes
             return [("flush", addr, i, d) for i, d in work.flushes.flushable()]
         if addr.stage == 0 and w.epochs is not None:  # one of several ingresses
             ingress = w.machine(addr)
-            # asked of ingress 0's leader only (the others' steps are not looked at again
-            # when a leader's epoch moves)
-            checkpoint = ingress is w.ingresses[0] and (w.checkpoints_left > 0 or
-                                                  w.restarts.rebuild_cut) and \
-                bool(w.epochs.cut_epochs(w.ingresses, w.last_cut))
+            # of ingress 0's leader only (a follower's steps stay as they were when it moves)
+            checkpoint = ingress is w.ingresses[0] and bool(
+                (w.checkpoints_left > 0 or w.restarts.rebuild_cut)
+                and w.epochs.cut_epochs(w.ingresses, w.last_cut))
             slowest = min(ingress.epoch for ingress in w.ingresses)
             return [("flush", addr, i, d) for i, d in ingress.flushable()] + \
                 w.epochs.steps(ingress, checkpoint, slowest)
