@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pytest
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("noida_db")
 pa = pytest.importorskip("pyarrow")
-
-from confluent_kafka import Producer  # noqa: E402
 
 from flux.connector_api import PartitionedBatches, replay_order_of  # noqa: E402
 from flux.connectors.kafka_source import KafkaSource  # noqa: E402
@@ -25,18 +22,8 @@ pytestmark = pytest.mark.timeout(60)
 SCHEMA = pa.schema([("key", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
 
 
-def fresh(broker, partitions):
-    name = f"a-{uuid.uuid4().hex[:8]}"
-    broker.create_topic(name, partitions)
-    return name
-
-
 def produce(broker, topic, values, partitions):
-    """Value i into partition i % partitions, then wait until all are written."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
-    for i, value in enumerate(values):
-        producer.produce(topic, value, partition=i % partitions)
-    assert producer.flush(10) == 0
+    broker.produce(topic, values, partitions)
 
 
 def obj(i):
@@ -62,7 +49,7 @@ def rows_of(source, n, seconds=10.0, most=500):
 
 
 def test_batches_hold_the_records_as_rows_and_resume_after_the_position(broker):
-    topic = fresh(broker, 3)
+    topic = broker.fresh_topic(prefix="a", partitions=3)
     produce(broker, topic, [obj(i) for i in range(60)], 3)
     with KafkaSource(broker.bootstrap, topic, schema=SCHEMA, batch=8) as src:
         assert isinstance(src, PartitionedBatches) and replay_order_of(src) == "logged"
@@ -81,7 +68,7 @@ def test_batches_hold_the_records_as_rows_and_resume_after_the_position(broker):
 
 
 def test_a_logged_interleaving_is_replayed_row_for_row(broker):
-    topic = fresh(broker, 3)
+    topic = broker.fresh_topic(prefix="a", partitions=3)
     produce(broker, topic, [obj(i) for i in range(30)], 3)
     order = [2, 2, 2, 0, 1, 2, 2, 0]
     with KafkaSource(broker.bootstrap, topic, schema=SCHEMA, batch=3) as src:
@@ -93,7 +80,7 @@ def test_a_logged_interleaving_is_replayed_row_for_row(broker):
 
 
 def test_a_bounded_source_of_batches_ends(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="a", partitions=2)
     produce(broker, topic, [obj(i) for i in range(10)], 2)
     with KafkaSource(broker.bootstrap, topic, schema=SCHEMA, ending="latest") as src:
         assert sorted(r["key"] for r, _ in rows_of(src, 10)) == list(range(10))
@@ -103,7 +90,7 @@ def test_a_bounded_source_of_batches_ends(broker):
 
 
 def test_a_value_that_is_not_a_row_is_named_by_partition_and_offset(broker):
-    topic = fresh(broker, 1)
+    topic = broker.fresh_topic(prefix="a", partitions=1)
     produce(broker, topic, [obj(0), obj(1), b'{"key": "one"}', obj(3)], 1)
     with KafkaSource(broker.bootstrap, topic, schema=SCHEMA, batch=10) as src:
         with pytest.raises(ValueError, match=rf"{topic} partition 0 offset 2 cannot be "
@@ -115,7 +102,7 @@ def test_a_value_that_is_not_a_row_is_named_by_partition_and_offset(broker):
 
 
 def test_decode_batch_parses_any_form_and_the_options_are_checked(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="a", partitions=2)
     produce(broker, topic, [f"{i},{i * i}".encode() for i in range(12)], 2)
 
     def csv(values):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 
 import pytest
 
@@ -27,18 +26,9 @@ from flux.connectors.sources import NOT_YET  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-def fresh(broker, partitions):
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    broker.create_topic(name, partitions)
-    return name
-
-
 def produce(broker, topic, records, partitions):
-    """Record i into partition i % partitions, then wait until all are written."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
-    for i, record in enumerate(records):
-        producer.produce(topic, json.dumps(record).encode(), partition=i % partitions)
-    assert producer.flush(10) == 0
+    """Record i, as JSON, into partition i % partitions."""
+    broker.produce(topic, [json.dumps(r).encode() for r in records], partitions)
 
 
 def take(source, n, seconds=10.0):
@@ -111,7 +101,7 @@ def test_a_broker_that_does_not_come_up_says_why_and_leaves_no_folder(monkeypatc
 # -- KafkaSource -------------------------------------------------------------------------------
 
 def test_the_source_reads_every_partition_and_resumes_right_after_its_position(broker):
-    topic = fresh(broker, 3)
+    topic = broker.fresh_topic(prefix="t", partitions=3)
     produce(broker, topic, list(range(30)), 3)
     with KafkaSource(broker.bootstrap, topic) as src:
         assert isinstance(src, Source)
@@ -135,7 +125,7 @@ def test_the_source_reads_every_partition_and_resumes_right_after_its_position(b
 def test_a_replay_gives_the_logged_interleaving_whatever_arrives_first(broker):
     """After a restart the input log says which partition each input came from: the
     source gives them in that order, then reads on freely, each partition in its order."""
-    topic = fresh(broker, 3)
+    topic = broker.fresh_topic(prefix="t", partitions=3)
     produce(broker, topic, list(range(30)), 3)
     order = [2, 2, 2, 0, 1, 2, 2, 0]  # an interleaving Kafka itself would hardly give
     with KafkaSource(broker.bootstrap, topic) as src:
@@ -156,7 +146,7 @@ def test_a_replay_gives_the_logged_interleaving_whatever_arrives_first(broker):
 
 
 def test_a_source_bounded_at_the_latest_offsets_ends_there(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="t", partitions=2)
     produce(broker, topic, list(range(10)), 2)
     with KafkaSource(broker.bootstrap, topic, ending="latest") as src:
         got = take(src, 10)
@@ -170,7 +160,7 @@ def test_a_source_bounded_at_the_latest_offsets_ends_there(broker):
 
 
 def test_the_source_skips_aborted_transactions_and_can_start_at_the_end(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="t", partitions=2)
     produce(broker, topic, ["old", "old"], 2)
     latest = KafkaSource(broker.bootstrap, topic, start="latest")
     assert latest.position == {"0": 1, "1": 1}
@@ -188,7 +178,7 @@ def test_the_source_skips_aborted_transactions_and_can_start_at_the_end(broker):
 
 
 def test_a_partition_added_to_the_topic_is_refused_clearly(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="t", partitions=2)
     produce(broker, topic, [1, 2], 2)
     now = [0.0]
     src = KafkaSource(broker.bootstrap, topic, check_every=5.0, clock=lambda: now[0])
@@ -212,7 +202,7 @@ def test_a_missing_topic_is_refused_clearly(broker):
 
 
 def test_offsets_committed_to_the_consumer_group_are_visible_to_it(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="t", partitions=2)
     produce(broker, topic, list(range(6)), 2)
     with KafkaSource(broker.bootstrap, topic, group="flux-lag") as src:
         take(src, 4)
@@ -245,7 +235,7 @@ def check_exactly_once_in_sn_order(rows, last):
 
 
 def test_the_sink_commits_and_a_new_incarnation_drops_what_was_committed(broker):
-    topic = fresh(broker, 3)
+    topic = broker.fresh_topic(prefix="t", partitions=3)
     tid = f"sink-{topic}"
     with KafkaSink(broker.bootstrap, topic, tid, key=lambda r: r["k"]) as sink:
         assert is_exactly_once(sink) and isinstance(sink, Sink)
@@ -268,7 +258,7 @@ def test_the_sink_commits_and_a_new_incarnation_drops_what_was_committed(broker)
 
 
 def test_a_transaction_left_open_by_a_crash_is_never_visible(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="t", partitions=2)
     tid = f"sink-{topic}"
     sink = KafkaSink(broker.bootstrap, topic, tid)
     sink.write(outputs(1, 5))
@@ -293,7 +283,7 @@ def test_a_transaction_left_open_by_a_crash_is_never_visible(broker):
 
 
 def test_a_fenced_sink_says_so_and_does_not_write(broker):
-    topic = fresh(broker, 1)
+    topic = broker.fresh_topic(prefix="t", partitions=1)
     tid = f"sink-{topic}"
     old = KafkaSink(broker.bootstrap, topic, tid, timeout=10)
     old.write(outputs(1, 3))
@@ -312,7 +302,7 @@ def test_a_fenced_sink_says_so_and_does_not_write(broker):
 
 
 def test_sinks_sharing_a_topic_each_read_back_their_own_sn(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="t", partitions=2)
     a = KafkaSink(broker.bootstrap, topic, f"a-{topic}")
     a.write(outputs(1, 2))
     a.commit((2, 0))
@@ -326,7 +316,7 @@ def test_sinks_sharing_a_topic_each_read_back_their_own_sn(broker):
 
 
 def test_a_sink_with_a_partition_writes_only_there_and_a_missing_one_is_refused(broker):
-    topic = fresh(broker, 3)
+    topic = broker.fresh_topic(prefix="t", partitions=3)
     with KafkaSink(broker.bootstrap, topic, f"p2-{topic}", key=lambda r: r["k"],
                    partition=2) as sink:
         sink.write(outputs(1, 12))

@@ -9,7 +9,6 @@ import json
 import os
 import pickle
 import time
-import uuid
 
 import pytest
 
@@ -26,19 +25,9 @@ from flux.connectors.sources import NOT_YET  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-def fresh(broker, partitions):
-    name = f"s-{uuid.uuid4().hex[:8]}"
-    broker.create_topic(name, partitions)
-    return name
-
-
 def produce(broker, topic, values, partitions):
-    """Value i into partition i % partitions (None: a tombstone), then wait for all."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
-    for i, value in enumerate(values):
-        producer.produce(topic, None if value is None else json.dumps(value).encode(),
-                         partition=i % partitions)
-    assert producer.flush(10) == 0
+    """Value i, as JSON, into partition i % partitions."""
+    broker.produce(topic, [json.dumps(v).encode() for v in values], partitions)
 
 
 def read_all(inputs, seconds=10.0):
@@ -54,7 +43,7 @@ def read_all(inputs, seconds=10.0):
 
 
 def test_each_split_is_its_partition_in_order_from_any_count(broker):
-    topic = fresh(broker, 3)
+    topic = broker.fresh_topic(prefix="s", partitions=3)
     produce(broker, topic, [{"i": i} for i in range(30)], 3)
     source = KafkaSplits(broker.bootstrap, topic, ending="latest")
     assert isinstance(source, SplitSource) and source.splits() == 3
@@ -68,7 +57,7 @@ def test_each_split_is_its_partition_in_order_from_any_count(broker):
 
 
 def test_records_after_the_source_was_made_are_past_its_end_and_arrive_without_one(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="s", partitions=2)
     produce(broker, topic, [1, 2], 2)
     bounded = KafkaSplits(broker.bootstrap, topic, ending="latest")
     unbounded = KafkaSplits(broker.bootstrap, topic)
@@ -88,7 +77,7 @@ def test_records_after_the_source_was_made_are_past_its_end_and_arrive_without_o
 
 
 def test_aborted_transactions_and_tombstones_are_no_inputs(broker):
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="s", partitions=2)
     tx = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{topic}"})
     tx.init_transactions(10)
     tx.begin_transaction()
@@ -105,7 +94,7 @@ def test_aborted_transactions_and_tombstones_are_no_inputs(broker):
 
 def test_batches_hand_over_rows_and_skip_counts_them(broker):
     pa = pytest.importorskip("pyarrow")
-    topic = fresh(broker, 2)
+    topic = broker.fresh_topic(prefix="s", partitions=2)
     produce(broker, topic, [{"k": f"k{i}", "v": i} for i in range(10)], 2)
     schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
     source = KafkaSplits(broker.bootstrap, topic, ending="latest", schema=schema, batch=3)
@@ -115,7 +104,7 @@ def test_batches_hand_over_rows_and_skip_counts_them(broker):
 
 
 def test_a_topic_of_one_partition_or_none_is_refused_clearly(broker):
-    topic = fresh(broker, 1)
+    topic = broker.fresh_topic(prefix="s", partitions=1)
     with pytest.raises(ValueError, match="has one partition; a split source has two or more"):
         KafkaSplits(broker.bootstrap, topic)
     with pytest.raises(KafkaSourceError, match="no topic 'nowhere'"):

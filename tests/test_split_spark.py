@@ -84,9 +84,6 @@ def test_a_kafka_topics_partitions_read_on_the_executors_through_a_kill(spark, b
     node processes, the kill of a split's leader masked, the output exact (last in the
     module: the broker it starts stops with the module)."""
     import json
-    import uuid
-
-    from confluent_kafka import Producer
 
     from flux.connectors.kafka_splits import KafkaSplits
     from flux.connectors.sources import NOT_YET
@@ -94,13 +91,9 @@ def test_a_kafka_topics_partitions_read_on_the_executors_through_a_kill(spark, b
     from flux.testing.dataflows import relaying_dataflow
     from flux.testing.workloads import keyed_workload
 
-    topic = f"splits-{uuid.uuid4().hex[:8]}"
-    broker.create_topic(topic, 3)
+    topic = broker.fresh_topic(3, prefix="splits")
     records = [tuple(r) for r in keyed_workload(INPUTS // 3, seed=7, keys=40)]
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
-    for i, record in enumerate(records):
-        producer.produce(topic, json.dumps(record).encode(), partition=i % 3)
-    assert producer.flush(30) == 0
+    broker.produce(topic, [json.dumps(r).encode() for r in records], 3, timeout=30)
     splits = KafkaSplits(broker.bootstrap, topic, decode=lambda v: tuple(json.loads(v)),
                          ending="latest")
     job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1)

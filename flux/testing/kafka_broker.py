@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import uuid
 from typing import Dict, Optional
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
@@ -172,6 +173,23 @@ class KafkaBroker:
 
         topic = NewTopic(name, partitions, 1, config=config or {})
         self._admin_client().create_topics([topic], request_timeout=timeout)[name].result(timeout)
+
+    def fresh_topic(self, partitions: int = 1, prefix: str = "t") -> str:
+        """A topic of a new random name (tests share one broker per module)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.create_topic(name, partitions)
+        return name
+
+    def produce(self, topic: str, values, partitions: int, timeout: float = 10.0) -> None:
+        """Value i (bytes; None: a tombstone) into partition ``i % partitions``; returns
+        once every one is written."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap})
+        for i, value in enumerate(values):
+            producer.produce(topic, value, partition=i % partitions)
+        if producer.flush(timeout):
+            raise BrokerError(f"{topic}: not every record was written in {timeout}s")
 
     def add_partitions(self, name: str, total: int, timeout: float = 10.0) -> None:
         """Grow topic ``name`` to ``total`` partitions."""
