@@ -47,6 +47,10 @@ from flux.connectors.sources import NOT_YET
 log = logging.getLogger(__name__)
 
 STARTS = ("earliest", "latest")
+#: how every reader of a topic here consumes: committed records only, positions kept by
+#: the job and never by the group, an offset retention deleted an error, not a jump
+READ_SETTINGS = {"isolation.level": "read_committed", "enable.auto.commit": False,
+                 "enable.auto.offset.store": False, "auto.offset.reset": "error"}
 
 
 class PartitionsChanged(RuntimeError):
@@ -86,9 +90,7 @@ class KafkaSource:
         self.decode, self.start = decode, start
         self.batch, self.poll_timeout = batch, poll_timeout
         self.check_every, self.timeout, self.clock = check_every, timeout, clock
-        settings = {"bootstrap.servers": bootstrap, "group.id": group,
-                    "isolation.level": "read_committed", "enable.auto.commit": False,
-                    "enable.auto.offset.store": False, "auto.offset.reset": "error",
+        settings = {"bootstrap.servers": bootstrap, "group.id": group, **READ_SETTINGS,
                     "session.timeout.ms": 6000, "on_commit": self._committed_offsets,
                     "logger": log}
         settings.update(config or {})
@@ -304,21 +306,9 @@ class KafkaSource:
         log.info("KafkaSource %s: reading %d partitions from %s", self.topic, count, wanted)
 
     def _fetch(self) -> None:
-        from confluent_kafka import KafkaError
-
         for message in self.consumer.consume(self.batch, self.poll_timeout):
-            error = message.error()
-            if error is None:
+            if is_record(message, "KafkaSource", self.topic, self._next):
                 self._fetched.append(message)
-            elif error.code() == KafkaError._AUTO_OFFSET_RESET:
-                raise KafkaSourceError(
-                    f"KafkaSource: {self.topic} partition {message.partition()} no longer has "
-                    f"offset {self._next.get(message.partition())}, where reading must go on "
-                    f"(deleted by retention?): {error.str()}")
-            elif error.fatal() or error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise KafkaSourceError(f"KafkaSource: reading {self.topic} failed: {error}")
-            else:  # the client retries by itself (a broker away for a while)
-                log.warning("KafkaSource %s: %s", self.topic, error)
 
     def _check_partitions(self) -> None:
         now = self.clock()
@@ -350,6 +340,27 @@ class KafkaSource:
         if topic.error is not None:
             raise KafkaSourceError(f"KafkaSource: topic {self.topic!r}: {topic.error}")
         return len(topic.partitions)
+
+
+def is_record(message, who: str, topic: str, offsets: Optional[Dict[int, int]] = None) -> bool:
+    """Is a fetched ``message`` a record? An error the client retries by itself (a broker
+    away for a while) is logged and is none; one it cannot mend is raised
+    (``KafkaSourceError``). ``offsets``: where each partition's reading must go on."""
+    from confluent_kafka import KafkaError
+
+    error = message.error()
+    if error is None:
+        return True
+    if error.code() == KafkaError._AUTO_OFFSET_RESET:
+        at = (offsets or {}).get(message.partition())
+        offset = "the offset" if at is None else f"offset {at}"
+        raise KafkaSourceError(
+            f"{who}: {topic} partition {message.partition()} no longer has {offset} where "
+            f"reading must go on (deleted by retention?): {error.str()}")
+    if error.fatal() or error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        raise KafkaSourceError(f"{who}: reading {topic} failed: {error}")
+    log.warning("%s %s: %s", who, topic, error)
+    return False
 
 
 def checked_options(start: str, ending: Any, batch: int, schema: Any,

@@ -20,7 +20,12 @@ import json
 import logging
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from flux.connectors.kafka_source import KafkaSourceError, checked_options
+from flux.connectors.kafka_source import (
+    READ_SETTINGS,
+    KafkaSourceError,
+    checked_options,
+    is_record,
+)
 from flux.connectors.sources import NOT_YET
 
 log = logging.getLogger(__name__)
@@ -72,9 +77,7 @@ class KafkaSplits:
 
     def _settings(self) -> Dict[str, Any]:
         settings = {"bootstrap.servers": self.bootstrap, "group.id": f"flux-{self.topic}",
-                    "isolation.level": "read_committed", "enable.auto.commit": False,
-                    "enable.auto.offset.store": False, "auto.offset.reset": "error",
-                    "logger": log}
+                    **READ_SETTINGS, "logger": log}
         settings.update(self.config)
         return settings
 
@@ -84,7 +87,7 @@ class KafkaSplits:
     def read_split(self, split: int, skip: int) -> Iterator[Any]:
         """Partition ``split``'s inputs after its first ``skip``; ``NOT_YET`` while none
         has arrived; the end once the partition is read to its end (``ending``)."""
-        from confluent_kafka import Consumer, KafkaError, TopicPartition
+        from confluent_kafka import Consumer, TopicPartition
 
         end = None if self.ends is None else self.ends[split]
         if end is not None and self.starts[split] >= end:
@@ -95,13 +98,7 @@ class KafkaSplits:
             while True:
                 values, done = [], False
                 for message in consumer.consume(self.batch, self.poll_timeout):
-                    error = message.error()
-                    if error is not None:
-                        if error.fatal() or error.code() in (
-                                KafkaError._AUTO_OFFSET_RESET, KafkaError.UNKNOWN_TOPIC_OR_PART):
-                            raise KafkaSourceError(f"KafkaSplits: reading {self.topic} "
-                                                   f"partition {split} failed: {error.str()}")
-                        log.warning("KafkaSplits %s/%d: %s", self.topic, split, error)
+                    if not is_record(message, "KafkaSplits", self.topic):
                         continue
                     if end is not None and message.offset() >= end:
                         done = True
