@@ -40,11 +40,22 @@ def data_sent(machine):
     return out
 
 
+def write_log(replica):
+    """The runtime writes the entries ``replica`` has due to its split's log; returns the
+    replica's effects (a follower's ack)."""
+    entries = replica.unwritten()
+    assert entries and replica.log_due()
+    return replica.journal_written(entries[-1][0])
+
+
 def relay_log(leader, follower):
-    """The leader's log to its twin and the ack back; returns the follower's effects."""
+    """The leader's log to its twin, written there, and the ack back; returns the
+    follower's effects."""
     (log,) = leader.flush(*TWIN)
     assert isinstance(log.msg, IngressLog) and log.dst == follower.addr
     effects = follower.on_message(leader.addr, log.msg)
+    assert sent(effects, LogAck) == []  # acked only once written
+    effects += write_log(follower)
     (ack,) = sent(effects, LogAck)
     leader.on_message(follower.addr, ack.msg)
     return effects
@@ -104,7 +115,12 @@ def test_a_leader_whose_twin_died_stops_waiting():
     leader.cut_item()
     assert data_sent(leader) == []
     leader.on_fail({follower.addr})
-    assert leader.role is ALONE and data_sent(leader) and TWIN not in list(leader.flushable())
+    assert leader.role is ALONE and TWIN not in list(leader.flushable())
+    # the item's end its twin never acked: the leader writes it to the split's log itself
+    # (its twin may have: the same entry at the same place), then the item leaves
+    assert leader.unwritten() == [(1, ("item", 1))] and data_sent(leader) == []
+    write_log(leader)
+    assert data_sent(leader) and not leader.log_due()
     assert leader.idle() is False  # the items are sent, not yet acked
 
 
@@ -123,13 +139,17 @@ def test_a_new_twin_takes_the_survivors_state_and_follows_it():
     survivor.accept(("k1", 1))
     x = survivor.cut_item()
     survivor.accept(("k2", 2))  # pending: the new replica reads it again
-    data_sent(survivor)
     for d in range(2):  # the stage-1 replicas its twin fed reverse to it (take-over done)
         survivor.on_message(Addr(1, d, S), Reverse(()))
     new = builder.standby_segment(dead.addr)
     avail = Avail(dead.addr, 9, 1, "standby0", "node0")
-    (ask,) = survivor.on_avail(avail, "mover-standby")
+    # its state goes once its own entries are in the split's log (the new twin writes on
+    # after them)
+    assert survivor.on_avail(avail, "mover-standby") == [] and survivor.log_due()
+    (ask,) = write_log(survivor)
     assert isinstance(ask, RequestSend)
+    data_sent(survivor)
+    assert not survivor.can_accept()  # it decides nothing more until the state is sent
     assert isinstance(new.expect_state(CatchUp(1, "mover-node0"))[0], RequestRecv)
     (state,) = survivor.sm_ready()
     assert isinstance(state, SendState) and survivor.mode is MOVING

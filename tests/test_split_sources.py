@@ -116,7 +116,12 @@ def test_the_leader_ends_epochs_on_the_clock_and_the_follower_cuts_what_it_heard
     # the leader's item, heard: the follower reads its inputs, then cuts the same item
     x = leader.cut_item()
     follower.on_message(leader.addr, twin_log(leader)[0])
-    assert follow.step(follow_host, lambda a: None)[0] and follower.inputs == 3
+    moved, effects, _ = follow.step(follow_host, lambda a: None)
+    assert moved and follower.inputs == 3
+    # it wrote what it heard to the split's log before it acks (written at once: no
+    # file without checkpoints)
+    acks = [e.msg for e in effects if isinstance(e, Send) and isinstance(e.msg, LogAck)]
+    assert acks and not follower.log_due()
     reports = follow.step(follow_host, lambda a: None)[2]
     assert follower.last_item == x == leader.last_item
     # both read their whole split and cut their last item: each says so, once
@@ -125,7 +130,7 @@ def test_the_leader_ends_epochs_on_the_clock_and_the_follower_cuts_what_it_heard
     # the leader's last item waits for its twin's ack: until then a take-over could cut
     # those inputs otherwise, so it does not say its split ended
     assert lead.step(lead_host, lambda a: None)[2] == []
-    leader.on_message(follower.addr, LogAck(follower.heard))
+    leader.on_message(follower.addr, acks[-1])
     assert lead.step(lead_host, lambda a: None)[2] == [ended]
     assert lead.step(lead_host, lambda a: None)[2] == []
 

@@ -289,6 +289,11 @@ class Ingress(Stage1Connections):
         if not self.logged <= n <= self.accepted:
             raise LocalProtocolError(f"inputs logged up to {n}: {self.logged} were logged, "
                                      f"{self.accepted} accepted")
+        self._release_logged(n)
+        return []
+
+    def _release_logged(self, n: int) -> None:
+        """Items up to ``n`` are logged: those held for it leave."""
         held = self.held
         while held and held[0][0] <= n:
             x, subs = held.popleft()
@@ -297,7 +302,6 @@ class Ingress(Stage1Connections):
                     self.held_for[i] -= 1
             self._put(x, subs)
         self.logged = n
-        return []
 
     def choose_cut(self, number: int) -> List:
         """Checkpoint ``number`` covers every input accepted so far (DESIGN 10): the cut

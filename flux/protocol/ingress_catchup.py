@@ -52,15 +52,23 @@ class IngressCatchUp:
     def running(self) -> bool:
         return self.mode is RUNNING
 
+    def _may_take(self) -> bool:
+        """May it take inputs and decide? Not once it asked to send its state: the state
+        goes with every entry of its own written (``_maybe_start``)."""
+        return self.mode is RUNNING and (self.catchup is None or not self.catchup.started)
+
     def in_transfer(self, transfer: tuple) -> bool:
         return self.catchup is not None and self.catchup.transfer(self.addr) == transfer
 
     # -- the survivor's side -------------------------------------------------------
     def _maybe_start(self) -> List:
-        """A standby exists for its dual and its take-over is complete (5.3): ask the
-        mover to send (the entries it has still to follow go with its state)."""
+        """A standby exists for its dual, its take-over is complete (5.3) and its split's
+        log holds every entry of its own (the new twin writes on after them): ask the
+        mover to send (the entries it has still to follow go with its state). From here it
+        takes no input and decides nothing until the state is sent."""
         c = self.catchup
-        if c is None or c.started or self.mode is not RUNNING or not self.fprod.takeover_done():
+        if c is None or c.started or self.mode is not RUNNING or not self.fprod.takeover_done() \
+                or self.journal:
             return []
         self.catchup = CatchUp(c.version, c.peer_mover, started=True)
         return [RequestSend(c.transfer(self.addr), c.peer_mover)]
@@ -74,8 +82,11 @@ class IngressCatchUp:
             raise LocalProtocolError(f"{self.addr}: movers ready while {self.mode.value}")
         self.mode = MOVING
         pending = len(self.pending)  # read again by the new replica
+        if self.journal or self.held:
+            raise LocalProtocolError(f"{self.addr}: its state asked for with entries unwritten")
         state = {"numbering": [self.epoch, self.accepted - pending, self.last_item,
                                self.inputs - pending],
+                 "log": self.seq,
                  "follow": [list(e) for e in self.to_follow],
                  "cuts": [list(self.out.cut) if self.out.cut else None,
                           [list(c) for c in self.cut_epochs]],
@@ -126,7 +137,9 @@ class IngressCatchUp:
         state = unpack_state(data)
         epoch, accepted, last_item, inputs = state["numbering"]
         self.install_numbering(epoch, accepted, last_item, inputs)
+        self.seq = self.told = state["log"]  # it writes the split's log on from there
         self.to_follow.extend(tuple(e) for e in state["follow"])
+        self._logged_upto(max([0] + [self._position(e) for e in self.to_follow]))
         self.fprod.install_state(state["fprod"], reverse=True)
         cut, cut_epochs = state["cuts"]  # the checkpoints it stamps and has still to pass
         self.out.cut = tuple(cut) if cut else None

@@ -21,8 +21,10 @@ whether or not it heard the coordinator. After a take-over the coordinator tells
 replica alone again (it may never have heard the entry). Both replicas report passing
 the cut (``CutPassed``, on the flush path): either may be the one alive.
 
-A lost replica is rebuilt on a standby (``flux.protocol.ingress_catchup``). Not yet: the
-durable input log beside the twin (and so restarts from a checkpoint).
+A lost replica is rebuilt on a standby (``flux.protocol.ingress_catchup``). Every entry
+is also written to the split's durable log (by the follower, or by a replica alone)
+before what it numbers leaves, so a restart numbers the split's inputs again as they
+were (``flux.protocol.ingress_journal``).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from flux.errors import LocalProtocolError
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.flux_producer import FluxProducer
 from flux.protocol.ingress_catchup import AWAITING_STATE, IngressCatchUp
+from flux.protocol.ingress_journal import SplitJournal
 from flux.protocol.ingress_twin_log import (  # noqa: F401 (the pair's vocabulary, from here)
     ALONE,
     CUT,
@@ -50,22 +53,24 @@ from flux.protocol.segment_mode import CatchUp
 from flux.sequence import epoch_first
 
 
-class PairedIngress(TwinLog, IngressCatchUp):
+class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
     """One replica of a pair of ingresses; mixed in before ``EpochIngress``."""
 
     def __init__(self, *args: Any, replica: int, **kwargs: Any):
         super().__init__(*args, replica=replica, **kwargs)
         self.dual = Addr(0, self.index, other(replica))
         self.role = LEADING if replica == P else FOLLOWING
-        #: the leader's items and bound wait for its twin, as for an input log
-        self.log_inputs = self.role is LEADING
-        #: the leader's entries its twin has not acked: (number, entry, input position)
+        #: items and bounds wait for the log: the leader's for its twin's ack, a
+        #: follower's and one alone's for their own writes (``SplitJournal``)
+        self.log_inputs = True
+        #: the leader's entries its twin has not acked: (index, entry, input position)
         self.decided: Deque[Tuple[int, Tuple, int]] = deque()
-        self.seq = 0  # entries decided
-        self.told = 0  # entries sent to the twin
-        #: the follower's entries heard and not cut yet, and how many it heard in all
+        #: entries it has to write to the split's log: (index, entry, input position)
+        self.journal: Deque[Tuple[int, Tuple, int]] = deque()
+        self.seq = 0  # the index of the last entry decided or heard (the file's)
+        self.told = 0  # the leader's: entries sent to the twin
+        #: the follower's entries heard and not cut yet
         self.to_follow: Deque[Tuple] = deque()
-        self.heard = 0
         #: checkpoints' cuts it passed following its twin, not reported yet (flush path)
         self.unreported: List = []
 
@@ -79,7 +84,7 @@ class PairedIngress(TwinLog, IngressCatchUp):
 
     def await_state(self) -> None:
         super().await_state()
-        self.role, self.log_inputs = FOLLOWING, False
+        self.role = FOLLOWING
 
     def install_numbering(self, epoch: int, accepted: int, last_item: int,
                           inputs: int) -> None:
@@ -99,18 +104,20 @@ class PairedIngress(TwinLog, IngressCatchUp):
 
     # -- the source side -------------------------------------------------------------
     def can_accept(self, record: Any = None) -> bool:
-        if not self.running():
+        if not self._may_take():
             return False
         if self._follows():
             return self._room_to_follow() > 0
         return super().can_accept(record)
 
     def accept(self, record: Any):
-        if self._follows() and self._room_to_follow() <= 0:
+        if not self._may_take() or (self._follows() and self._room_to_follow() <= 0):
             return None
         return super().accept(record)
 
     def accept_many(self, records: Any) -> int:
+        if not self._may_take():
+            return 0
         if self._follows():
             room = self._room_to_follow()
             return super().accept_many(records[:room]) if room > 0 else 0
@@ -123,7 +130,7 @@ class PairedIngress(TwinLog, IngressCatchUp):
         return entry[1] - self.accepted if entry is not None and entry[0] == ITEM else 0
 
     def can_cut(self) -> bool:
-        if not self.running():
+        if not self._may_take():
             return False
         if self._follows():
             return self._can_follow()
@@ -134,19 +141,18 @@ class PairedIngress(TwinLog, IngressCatchUp):
         if self._follows():
             return self._follow()
         x = super().cut_item(force)
-        if x and self.role is LEADING:
+        if x:
             self._decide((ITEM, x), x)
         return x
 
     def can_advance(self) -> bool:
-        return self.running() and not self._follows() and super().can_advance()
+        return self._may_take() and not self._follows() and super().can_advance()
 
     def advance_epoch(self, epoch: int) -> List:
         if self._follows():
             raise LocalProtocolError(f"{self.addr}: follows its twin's epochs")
         effects = super().advance_epoch(epoch)
-        if self.role is LEADING:
-            self._decide((EPOCH, epoch), self.floor)
+        self._decide((EPOCH, epoch), self.floor)
         return effects
 
     def _can_follow(self) -> bool:
@@ -169,7 +175,9 @@ class PairedIngress(TwinLog, IngressCatchUp):
                 if not self._stamped(entry[1]):  # (a take-over may have told it already)
                     EpochIngress.cut_at_epoch(self, entry[1], entry[2])
             elif entry[0] == EPOCH:
-                self.unreported += super().advance_epoch(entry[1])
+                if entry[1] != self.epoch or self.accepted != self.floor:
+                    self.unreported += super().advance_epoch(entry[1])
+                # (else the epoch a restart numbers from, which it is in: logged again)
             elif not self.pending:
                 raise LocalProtocolError(f"{self.addr}: item {entry[1]} heard of twice")
             else:
@@ -201,10 +209,11 @@ class PairedIngress(TwinLog, IngressCatchUp):
         if self.dual in dead and self.catchup is not None:
             effects += self.abort_catchup()
         if self.dual in dead and self.role is not ALONE:
-            if self.role is LEADING and self.held:
-                effects += self.inputs_logged(self.accepted)  # no twin to wait for
-            self.role, self.log_inputs = ALONE, False
+            # the entries its twin had not acked: it writes them itself (its twin may have,
+            # the same at the same places)
+            self.journal.extend(self.decided)
             self.decided.clear()
+            self.role = ALONE
             self.told = self.seq  # nothing more for its twin
         return effects + self._maybe_start()
 
@@ -219,8 +228,8 @@ class PairedIngress(TwinLog, IngressCatchUp):
         return self._maybe_start()
 
     def idle(self) -> bool:
-        return (super().idle() and not self.to_follow and self.told == self.seq
-                and not self.unreported and self.running())
+        return (super().idle() and not self.to_follow and not self.journal
+                and (self.role is not LEADING or self.told == self.seq) and not self.unreported and self.running())
 
     # -- checkpoints: the cut is an entry of the log -------------------------------------
     def cut_at_epoch(self, number: int, epoch: int) -> None:
@@ -236,7 +245,7 @@ class PairedIngress(TwinLog, IngressCatchUp):
             raise LocalProtocolError(f"{self.addr}: checkpoint {number} at the end of epoch "
                                      f"{epoch}; it follows its twin to {self.epoch_decided()}")
         super().cut_at_epoch(number, epoch)
-        if self.role is LEADING:
+        if self.role is LEADING:  # (alone: no twin to tell; a restart ignores cuts logged)
             self._decide((CUT, number, epoch), 0)
 
     def epoch_decided(self) -> int:

@@ -33,11 +33,11 @@ class TwinLog:
     """The leader's side and the follower's of the log; mixed into ``PairedIngress``."""
 
     def _decide(self, entry: Tuple, position: int) -> None:
+        """An entry of its own: told to its twin when it leads, written by itself when
+        alone (``flux.protocol.ingress_journal``)."""
         self.seq += 1
-        self.decided.append((self.seq, entry, position))
-
-    def log_due(self) -> bool:
-        return False  # its log is its twin (the durable input log beside it: not yet)
+        queue = self.decided if self.role is LEADING else self.journal
+        queue.append((self.seq, entry, position))
 
     def flushable(self):
         if not self.running():
@@ -62,12 +62,12 @@ class TwinLog:
     def _on_log(self, src: Addr, msg: IngressLog) -> List:
         if src != self.dual or self.role is LEADING:
             raise RemoteProtocolError(f"{self.addr}: an ingress log from {src}")
-        if msg.first != self.heard + 1:
+        if msg.first != self.seq + 1:
             raise RemoteProtocolError(f"{self.addr}: log entries from {msg.first}, "
-                                      f"{self.heard} heard")
+                                      f"{self.seq} heard")
         self.to_follow.extend(msg.entries)
-        self.heard += len(msg.entries)
-        return [Send(self.addr, self.dual, LogAck(self.heard))]
+        self._journal(msg.entries)  # acked once written (``journal_written``)
+        return []
 
     def _on_log_ack(self, src: Addr, msg: LogAck) -> List:
         if src != self.dual:
@@ -75,8 +75,8 @@ class TwinLog:
         position = 0
         while self.decided and self.decided[0][0] <= msg.upto:
             position = max(position, self.decided.popleft()[2])
-        if self.role is LEADING and position > self.logged:
-            return self.inputs_logged(position)
+        if self.role is LEADING:
+            self._logged_upto(position)
         return []
 
     def _knows_cut(self, number: int) -> bool:
@@ -89,13 +89,14 @@ class TwinLog:
         return cut is not None and cut[0] >= number
 
     def lead_again(self) -> None:
-        """Its new twin holds its state: decisions from here on are told to it; the entries
-        of a dead leader it still follows, its twin has too (they go without waiting). The
-        twin's numbering stops before the inputs pending here: where their item ends, it
-        has still to hear. The cuts it has still to pass are logged again first: one told
-        while its state was on its way is not in it."""
+        """Its new twin holds its state: decisions from here on are told to it (numbered on
+        in the split's log, which holds every entry of its own: its state went only
+        then); the entries of a dead leader it still follows, its twin has too (they go
+        without waiting). The twin's numbering stops before the inputs pending here:
+        where their item ends, it has still to hear. The cuts it has still to pass are
+        logged again first: one told while its state was on its way is not in it."""
         self.role, self.log_inputs = LEADING, True
-        self.seq = self.told = 0
+        self.told = self.seq
         self.decided.clear()
         for number, epoch in self.cut_epochs:  # cuts told while alone: its twin's too
             self._decide((CUT, number, epoch), 0)

@@ -262,7 +262,7 @@ class HostLoop:
 
     def _busy(self) -> bool:
         return self._more or self.intake.ready() or any(self.held.values()) or (
-            self.splits is not None and self.splits.ready())
+            self.splits is not None and self.splits.ready(self.host))
 
     def _deliver(self) -> bool:
         moved = False

@@ -103,10 +103,25 @@ class NodeIngresses:
                 touch(addr)
         return effects
 
+    def write_logs(self, host: Host, touch: Callable[[Any], None]) -> List:
+        """Each replica's entries due for its split's log (what a follower heard, what one
+        alone decided), written: its items they end may leave, a follower acks its
+        leader. No file holds them yet (a split source refuses ``checkpoint=``, so no
+        restart reads them): written at once."""
+        effects: List = []
+        for addr, ingress in self._running(host):
+            if ingress.log_due():
+                effects += ingress.journal_written(ingress.unwritten()[-1][0])
+                touch(addr)
+        return effects
+
     def step(self, host: Host, touch: Callable[[Any], None]) -> Tuple[bool, List, List]:
-        """One turn: the epochs due end first (inputs go into the clock's epoch), then the
-        splits are read; whether inputs were taken, the effects, the reports."""
-        effects = self.advance(host, touch)
+        """One turn: the entries heard are written, the epochs due end (inputs go into the
+        clock's epoch), then the splits are read; whether inputs were taken, the effects,
+        the reports."""
+        effects = self.write_logs(host, touch)
+        effects += self.advance(host, touch)
+        effects += self.write_logs(host, touch)  # the leader's ends alone: theirs at once
         return self.accept(host, touch), effects, self.ended()
 
     def due(self, host: Host, now: float) -> Optional[float]:
@@ -129,9 +144,10 @@ class NodeIngresses:
             out.append(IngressEnded(addr.partition, ingress.last_item, ingress.inputs))
         return out
 
-    def ready(self) -> bool:
-        """Could taking from a split now move anything?"""
-        return any(intake.ready() for _, intake in self.intakes.values())
+    def ready(self, host: Host) -> bool:
+        """Could taking from a split, or writing a split's log, now move anything?"""
+        return any(intake.ready() for _, intake in self.intakes.values()) or any(
+            m.log_due() for _, m in self._running(host))
 
 
 __all__ = ["NodeIngresses"]

@@ -178,3 +178,6 @@ class Outcome:
     failed_writes: int = 0
     #: sinks' writers started again beside a survivor (their node died)
     writer_moves: int = 0
+    #: splits whose durable epoch log numbered inputs past a restart's cut (pairs of
+    #: ingresses: the restarted pair followed its items)
+    log_replays: int = 0

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from flux.addresses import Addr, P, S
 from flux.protocol.ingress import Ingress
 from flux.protocol.ingress_pair import ALONE, EPOCH, ITEM
+from flux.sim.violation import Violation
 from flux.sequence import EPOCH_INPUTS, epoch_first
 
 #: the chance that an ingress's epoch ends before its next input (the plan's draw); an
@@ -139,6 +140,9 @@ class SimIngresses:
         self.positions: Dict[int, Dict[int, int]] = {}
         #: per checkpoint, the epoch its cut ends (told again to a pair's new leader)
         self.cut_epoch: Dict[int, int] = {}
+        #: per ingress of pairs, its split's durable epoch log: index -> entry (kept
+        #: across restarts, as a file is; ``flux.protocol.ingress_journal``)
+        self.files: List[Dict[int, Tuple]] = [{} for _ in range(plan.ingresses)]
 
     def start(self, cut: int) -> None:
         """A new incarnation, numbering after ``cut`` (0: from the start)."""
@@ -189,6 +193,8 @@ class SimIngresses:
             ingress.cut_item()
         elif kind == "epoch":
             return ingress.advance_epoch(self._next_epoch(a))
+        elif kind == "log" and self.pairs:
+            return self._write(i, ingress)
         elif kind == "log":
             self.logged[i] = max(self.logged[i], self.read[a])
             self.logged_epochs[i] = max(self.logged_epochs[i], ingress.epoch)
@@ -196,6 +202,51 @@ class SimIngresses:
         else:
             raise ValueError(f"unknown ingress step {kind}")
         return []
+
+    # -- the splits' durable epoch logs (pairs) ----------------------------------------
+    def _write(self, i: int, ingress: Ingress) -> List:
+        """``ingress`` writes the entries it has due to its split's log. Two writers of one
+        place write the same entry (a follower, and its leader alone after it died), or
+        a restart would follow the other one."""
+        entries = ingress.unwritten()
+        file = self.files[i]
+        for index, entry in entries:
+            if file.setdefault(index, tuple(entry)) != tuple(entry):
+                raise Violation(f"split {i}'s log: entry {index} written as {file[index]} "
+                                f"and as {tuple(entry)}")
+        return ingress.journal_written(entries[-1][0])
+
+    def file_entries(self, i: int) -> List[Tuple]:
+        """Split ``i``'s log as a restart reads it: its entries in order, no place left
+        out."""
+        file = self.files[i]
+        if sorted(file) != list(range(1, len(file) + 1)):
+            raise Violation(f"split {i}'s log has places {sorted(file)}: a hole")
+        return [file[n] for n in range(1, len(file) + 1)]
+
+    def logged_for(self, cut: int) -> Tuple[List[int], List[int]]:
+        """What the input log fixes for a restart after ``cut``: per ingress, how many of
+        its inputs it numbers and the last epoch it starts (the plan keeps those). A
+        pair's is its split's log: its last item's inputs, its last epoch's start."""
+        if not self.pairs:
+            return self.logged, self.logged_epochs
+        for i in range(self.plan.ingresses):
+            entries = self.file_entries(i)
+            items = [e[1] for e in entries if e[0] == ITEM]
+            self.logged[i] = self.plan.read_upto(i, max(items)) if items else 0
+            self.logged_epochs[i] = max([0] + [e[1] for e in entries if e[0] == EPOCH])
+        return self.logged, self.logged_epochs
+
+    def replay(self, i: int, cut: int) -> Tuple[List[Tuple], int]:
+        """Split ``i``'s log past ``cut`` (the entries from the first epoch after it on;
+        all of them from the start), and how many entries the log holds."""
+        entries = self.file_entries(i)
+        if not cut:
+            return entries, len(entries)
+        ended = cut // (self.plan.ingresses * EPOCH_INPUTS) - 1  # the epoch the cut ends
+        first = next((n for n, e in enumerate(entries) if e[0] == EPOCH and e[1] > ended),
+                     len(entries))
+        return entries[first:], len(entries)
 
     # -- checkpoints ----------------------------------------------------------------
     def cut_epochs(self, ingresses: List[Ingress], last_cut: int) -> range:
@@ -259,6 +310,8 @@ def ingress_took_over(world) -> None:
         heard = list(twin.to_follow)
         known = max([twin.accepted] + [e[1] for e in heard if e[0] == ITEM])
         epoch = max([twin.epoch] + [e[1] for e in heard if e[0] == EPOCH])
+        for oracle in world.settled_oracles:
+            oracle.took_over(i, known)
         if world.epochs.plan.take_over(i, known, epoch):
             world.inputs[:] = world.epochs.plan.inputs
             world.on_reorder(world.inputs, world.epochs.plan.numbers)

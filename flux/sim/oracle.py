@@ -21,10 +21,7 @@ from flux.addresses import S, Addr
 from flux.operator import wire_form
 from flux.reference import ReferenceRun
 from flux.sim.ingresses import ingress_claims
-
-
-class Violation(Exception):
-    """The run broke a property a user relies on."""
+from flux.sim.violation import Violation  # noqa: F401 (the oracles' verdict, from here too)
 
 
 class PrefixOracle:
@@ -160,6 +157,14 @@ class SettledOracle:
         self.next = self.upto[cut]
         self.diverged = False
         self.items.clear()
+
+    def took_over(self, index: int, known: int) -> None:
+        """Ingress ``index``'s leader died, its twin heard of its items up to input
+        ``known``: the items the leader cut past it never left it, and are no items now
+        (its twin cuts those inputs where its own clock says)."""
+        items = self.items.get(index)
+        while items and items[-1] > known:
+            items.pop()
 
     def reordered(self, inputs: Sequence[Any]) -> None:
         """The inputs' order changed within the incarnation (an ingress's twin took over

@@ -104,8 +104,7 @@ class Restarts:
         store.chains = {}  # every replica starts anew: its first snapshot is whole
         if self.source_parts is not None:
             self._interleave_anew(self.logged_inputs)
-        elif w.epochs is not None and w.epochs.plan.redraw(cut, w.epochs.logged,
-                                                           w.epochs.logged_epochs):
+        elif w.epochs is not None and w.epochs.plan.redraw(cut, *w.epochs.logged_for(cut)):
             w.inputs[:] = w.epochs.plan.inputs  # inputs the log did not cover: other epochs
             w.on_reorder(w.inputs, w.epochs.plan.numbers)
         if restored is None:

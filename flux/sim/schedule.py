@@ -164,11 +164,9 @@ class SimParams:
         if self.ingresses > 1 and self.source_partitions > 1:
             raise ValueError("--ingresses and --source-partitions: each ingress reads one "
                              "source partition (--ingresses K models K of them)")
-        if self.ingress_pairs and (self.ingresses < 2 or self.restarts
-                                   or self.placement == "cluster-pairs"):
+        if self.ingress_pairs and (self.ingresses < 2 or self.placement == "cluster-pairs"):
             raise ValueError("--ingress-pairs: pairs of several ingresses (--ingresses K, K >= "
-                             "2), under chained or single placement, without restarts (the "
-                             "durable epoch log beside the twin is not built yet)")
+                             "2), under chained or single placement")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
         if self.rescale_cuts and not self.rescale_to:
@@ -218,6 +216,8 @@ class ScheduleResult:
     damaged: List = field(default_factory=list)
     #: sinks' writers started again beside a survivor (their node died)
     writer_moves: int = 0
+    #: splits whose durable epoch log numbered inputs past a restart's cut
+    log_replays: int = 0
     fallbacks: List[int] = field(default_factory=list)
     failed_writes: int = 0
     #: pairs of replicas' digests compared at the cuts (DESIGN 14); divergences whose
@@ -279,8 +279,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         batch_rows=random.Random(f"items {seed}").choice(BATCH_ROWS),
         mover_loss=params.lossy_mover,
         checkpoints=params.checkpoints,
-        # (not with pairs of ingresses: their restarts are not built yet)
-        restarts_on_pair_lost=3 if params.checkpoints and not params.ingress_pairs else 0,
+        restarts_on_pair_lost=3 if params.checkpoints else 0,
         # incremental snapshots: drawn from a stream of their own, so a seed's other draws
         # are what they were before them
         full_every=params.full_every or random.Random(f"full {seed}").randint(1, 4),
@@ -498,8 +497,7 @@ class RandomChooser:
                 self.triggers.pop(0)
             self.crash_at.pop(0)
             choices = [self.victims.pop(0)] if self.victims else world.safe_victims()
-            if self.params.checkpoints and not self.params.ingress_pairs \
-                    and self.plan.random() < 0.5:
+            if self.params.checkpoints and self.plan.random() < 0.5:
                 # with checkpoints a lost pair restarts the job: double failures too
                 choices = [n for n in world.faultable() if n not in choices] or choices
             if choices:
@@ -631,6 +629,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.rescales = world.outcome.rescales
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
+    result.log_replays = world.outcome.log_replays
     result.fallbacks = list(world.outcome.fallbacks)
     result.failed_writes = world.outcome.failed_writes
     result.digests_compared = world.divergence.compared

@@ -248,14 +248,14 @@ class Steps:
             self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind in ("accept", "item", "epoch", "log") and w.epochs is not None:
             addr = step[1]
-            host = w.hosts[w.host_of[addr]]
+            ingress, host = w.machine(addr), w.hosts[w.host_of[addr]]
             w.net.touched(host.name, addr)
-            effects = w.epochs.apply(kind, w.machine(addr))
+            epoch = ingress.epoch
+            effects = w.epochs.apply(kind, ingress)
             w.effects(*host.run_local(effects))
-            if effects or kind == "epoch":  # the others' steps look at its epoch
+            if effects or ingress.epoch != epoch:  # the others' steps look at its epoch
                 self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
-            else:
-                self.dirty.add(addr)
+            self.dirty.add(addr)  # (a follower is none of ``ingresses``, the leaders)
         elif kind in ("accept", "item", "log", "checkpoint"):
             self._apply_ingress(kind)
         elif kind == "sink-commit":

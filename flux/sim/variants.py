@@ -12,7 +12,7 @@ from typing import List
 
 from flux.protocol.buffer import PRIM, Buffer
 from flux.addresses import S
-from flux.data_messages import Credit
+from flux.data_messages import Credit, LogAck
 from flux.effects import Send
 from flux.protocol.host import Host
 from flux.protocol.epoch_ingress import EpochIngress
@@ -224,6 +224,21 @@ class IngressReplicaMovingPastItsPending(EpochIngressReplica):
             self.pending = pending
 
 
+class IngressReplicaAckingUnwritten(EpochIngressReplica):
+    """The follower of a pair of ingresses acks its leader's entries as it hears them,
+    before they are in the split's log (docs/design/parallel_io.md broken): the leader's
+    items leave, their outputs are committed, and when both replicas die before the
+    write a restart numbers those inputs otherwise."""
+
+    def _on_log(self, src, msg):
+        effects = super()._on_log(src, msg)
+        return effects + [Send(self.addr, self.dual, LogAck(self.seq))]
+
+    def journal_written(self, upto: int):
+        return [e for e in super().journal_written(upto)
+                if not (isinstance(e, Send) and isinstance(e.msg, LogAck))]
+
+
 class HostHearingTheDead(Host):
     """Acts on messages from an incarnation a view declared dead (DESIGN 4.4 broken):
     a zombie, declared dead while it runs, is heard by peers that applied that view."""
@@ -321,7 +336,8 @@ INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
                     "pair-eager-send": IngressReplicaNotWaitingForItsTwin,
                     "pair-bound-past-twin": IngressReplicaBoundingPastItsTwin,
                     "pair-rebuild-past-pending": IngressReplicaMovingPastItsPending,
-                    "pair-cut-unlogged": IngressReplicaNotLoggingItsCuts}
+                    "pair-cut-unlogged": IngressReplicaNotLoggingItsCuts,
+                    "pair-ack-unwritten": IngressReplicaAckingUnwritten}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -356,4 +372,5 @@ VARIANTS = {
     "pair-bound-past-twin": (Buffer, Segment),
     "pair-rebuild-past-pending": (Buffer, Segment),
     "pair-cut-unlogged": (Buffer, Segment),
+    "pair-ack-unwritten": (Buffer, Segment),
 }

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from controller.checkpoints import CheckpointCoordinator
 from controller.placement import Placement
 from controller.recovery import Recovery
-from flux.addresses import P, Addr
+from flux.addresses import P, S, Addr
 from flux.protocol.builder import MachineBuilder
 from flux.control_messages import FoldedIn, TakeoverDone, View
 from flux.effects import (
@@ -46,6 +46,7 @@ from flux.effects import (
 )
 from flux.envelope import Envelope
 from flux.protocol.host import Host
+from flux.protocol.ingress_twin_log import ITEM
 from flux.sim.channels import Channels
 from flux.sim.config import (
     CHECKPOINT_STORE,
@@ -176,7 +177,16 @@ class World:
                                              peer_incs, writer_factory=self.writers.factory(name)))
         if pairs:  # each a pair of replicas on the nodes: ``ingresses`` are the P ones
             self.ingresses = [self.machine(Addr(0, i, P)) for i in range(pairs)]
-            self.epochs.start(0)
+            cut = 0 if restored is None else restored[1]
+            if self.outcome.restarts:  # both follow their split's log past the cut first
+                for i in range(pairs):
+                    entries, index = self.epochs.replay(i, cut)
+                    self.outcome.log_replays += any(e[0] == ITEM for e in entries)
+                    position = self.epochs.plan.read_upto(i, cut)
+                    for r in (P, S):
+                        self.machine(Addr(0, i, r)).resume_from_log(cut, position, entries,
+                                                                    index)
+            self.epochs.start(cut)
         elif self.epochs is not None:
             self.ingresses = [builder.ingress(log_inputs=self.epochs.log_inputs,
                                               ingress_class=config.ingress_class, index=i)
