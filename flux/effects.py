@@ -74,13 +74,15 @@ class CutChosen:
 @dataclass(frozen=True, slots=True)
 class CutPassed:
     """Ingress ``ingress`` (one of several, DESIGN 12) ended the last epoch of checkpoint
-    ``number``, whose cut is ``cut``: the runtime records that ingress's source position
-    after its last input up to ``cut``; the checkpoint has its position once every
-    ingress passed."""
+    ``number``, whose cut is ``cut``, having read ``read`` inputs of its source partition
+    (a split's count: its position at the cut; the runtime keeps a source position beside
+    it where a count is none); the checkpoint has its position once every ingress
+    passed."""
 
     number: int
     cut: int
     ingress: int
+    read: int = 0
 
 
 @dataclass(frozen=True, slots=True)

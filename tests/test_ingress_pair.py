@@ -176,13 +176,13 @@ def test_a_checkpoints_cut_is_an_entry_of_the_log_stamped_by_both_and_passed_by_
     cut = leader.out.cut
     assert cut[0] == 1
     passed = leader.advance_epoch(1)
-    assert passed == [CutPassed(1, cut[1], 0)]
+    assert passed == [CutPassed(1, cut[1], 0, 1)]  # at its cut, one input of its split read
     relay_log(leader, follower)
     follower.accept(("k1", 1))
     follower.cut_item()  # its item, the cut, the epoch's start: in the leader's order
     assert follower.out.cut == cut and follower.epoch == 1
     assert list(follower.flushable())[-1] == TWIN  # its pass is told on the flush path
-    assert follower.flush(*TWIN) == [CutPassed(1, cut[1], 0)]
+    assert follower.flush(*TWIN) == [CutPassed(1, cut[1], 0, 1)]
     assert follower.flush(*TWIN) == []
 
 

@@ -83,7 +83,7 @@ class EpochIngress(Ingress):
                                      "pending and no room for their item (can_advance)")
         self.epoch = epoch
         self.floor = self.accepted = epoch_first(epoch, self.index, self.ingresses)
-        passed = [CutPassed(k, self.epoch_cut(e), self.index)
+        passed = [CutPassed(k, self.epoch_cut(e), self.index, self.inputs)
                   for k, e in self.cut_epochs if e < epoch]
         self.cut_epochs = [(k, e) for k, e in self.cut_epochs if e >= epoch]
         return passed

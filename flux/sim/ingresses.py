@@ -273,14 +273,20 @@ class SimIngresses:
         return [(k, e) for k, e in sorted(self.cut_epoch.items())
                 if i not in self.positions.get(k, {})]
 
-    def passed(self, number: int, ingress: int, cut: int) -> Tuple[int, ...]:
-        """Ingress ``ingress`` passed checkpoint ``number``'s cut ``cut``: the source
-        positions of every ingress once all did (how many inputs each read up to the
-        cut), else (). Both replicas of a pair report it: the second report is none."""
+    def passed(self, number: int, ingress: int, cut: int, read: int) -> Tuple[int, ...]:
+        """Ingress ``ingress`` passed checkpoint ``number``'s cut ``cut`` having read
+        ``read`` inputs: the source positions of every ingress once all did (how many
+        inputs each read up to the cut), else (). Both replicas of a pair report it (the
+        second report is none), each with its split's count, which a restart reads the
+        split from: it must be the plan's."""
+        at = self.plan.read_upto(ingress, cut)
+        if self.pairs and read != at:
+            raise Violation(f"ingress {ingress} passed checkpoint {number}'s cut having read "
+                            f"{read} inputs of its split; {at} lie up to the cut")
         got = self.positions.setdefault(number, {})
         if ingress in got:
             return ()
-        got[ingress] = self.plan.read_upto(ingress, cut)
+        got[ingress] = at
         if len(got) < self.plan.ingresses:
             return ()
         return tuple(got[i] for i in range(self.plan.ingresses))

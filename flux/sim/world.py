@@ -279,7 +279,7 @@ class World:
                 self.begin_checkpoint(e.number, e.cut)
                 self.store.report(self.coordinator.source_recorded(e.number, e.cut))
             elif isinstance(e, CutPassed):  # with all ingresses passed: the positions
-                positions = self.epochs.passed(e.number, e.ingress, e.cut)
+                positions = self.epochs.passed(e.number, e.ingress, e.cut, e.read)
                 if positions:
                     self.store.report(self.coordinator.source_recorded(e.number, positions))
             elif isinstance(e, Snapshot):
