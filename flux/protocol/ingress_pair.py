@@ -229,7 +229,8 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
 
     def idle(self) -> bool:
         return (super().idle() and not self.to_follow and not self.journal
-                and (self.role is not LEADING or self.told == self.seq) and not self.unreported and self.running())
+                and (self.role is not LEADING or self.told == self.seq)
+                and not self.unreported and self.running())
 
     # -- checkpoints: the cut is an entry of the log -------------------------------------
     def cut_at_epoch(self, number: int, epoch: int) -> None:
