@@ -30,10 +30,12 @@ runs, in one of these scenarios (drawn at random):
   each paced at rate / 4, every split read by a pair of ingresses in the node
   processes) into ``relaying_dataflow`` (its outputs name their inputs, so the
   reference is the failure-free run over the inputs in the order the job numbered
-  them); the node scenarios run as above, and ``ingress-kill`` kills the node of a
+  them); the node scenarios run as above, ``ingress-kill`` kills the node of a
   random split's leading ingress replica instead (its worker or executor): the
   survivor must lead alone, the lost replica be rebuilt, the output be the
-  reference;
+  reference; and ``egress-kill`` runs as above, no record crossing the driver
+  (each partition's sink must hold, in order, that partition's part of the
+  reference);
 - ``driver-kill``: the driver of ``experiments.resumable_job`` (its own Spark,
   in a process group of its own) is SIGKILLed at a random moment, once or
   twice, and the program run again with the same checkpoint location: the
@@ -89,7 +91,8 @@ CHECKPOINTED = ("double-restart", "ingress-kill")
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double",
              *RESTART_SCENARIOS, *HOST_SCENARIOS, "egress-kill")
 #: the scenarios of ``--splits`` (no checkpoints with a split source yet)
-SPLIT_SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "ingress-kill")
+SPLIT_SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "ingress-kill",
+                   "egress-kill")
 SPLITS = 4
 NODES, STANDBYS = 4, 1
 
@@ -227,8 +230,14 @@ class Chaos:
             self.feed = ListSplits([self.records[k::SPLITS] for k in range(SPLITS)],
                                    rate=args.rate / SPLITS)
             self.duration, self.sink, self.output = args.packets / args.rate, None, None
+            egresses = {}
+            if run.scenario == "egress-kill":  # each partition's egress on an executor
+                self.folder = tempfile.mkdtemp(prefix="flux-chaos-")
+                self.sink = SinkPerPartition(lambda p: FileSink(f"{self.folder}/out/{p}"))
+                egresses = dict(ordered_output=False, egress_on_executors=True,
+                                sink=self.sink)
             self.job = FluxJob(spark, relaying_dataflow(), self.feed, nodes=NODES,
-                               standbys=STANDBYS)
+                               standbys=STANDBYS, **egresses)
             return
         name, dataflow, records = workload(rng, args.packets)
         if args.state_mb:
@@ -383,7 +392,7 @@ class Chaos:
                   "every pair to be rebuilt")
         if self.job.controller.dead and not self.recovery().completed:
             raise AssertionError("a node was declared dead and nothing was rebuilt")
-        if self.args.splits:
+        if self.args.splits and run.scenario != "egress-kill":
             self.check_split_output(output)
         elif run.scenario != "egress-kill" and not self.output.equals(output):
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
@@ -398,6 +407,17 @@ class Chaos:
                                  [self.records[k::SPLITS] for k in range(SPLITS)], NODES)
         if wrong is not None:
             raise AssertionError(wrong)
+
+    def check_split_sinks(self) -> None:
+        """Each partition's sink in SN order, and all of them together the output of the
+        failure-free run over the inputs in the order the job numbered them."""
+        parts = [[(tuple(sn), r) for sn, r in read_file_sink(f"{self.folder}/out/{p}")]
+                 for p in range(NODES)]
+        for p, part in enumerate(parts):
+            if [sn for sn, _ in part] != sorted(set(sn for sn, _ in part)):
+                raise AssertionError(f"partition {p}'s sink is not in SN order, or holds an "
+                                     "output twice")
+        self.check_split_output(sorted(out for part in parts for out in part))
 
 
     def check_restarted(self, output) -> None:
@@ -416,7 +436,9 @@ class Chaos:
         committed content is the reference."""
         if self.sink is None:
             return
-        if self.args.per_partition or self.run.scenario == "egress-kill":
+        if self.args.splits:
+            self.check_split_sinks()
+        elif self.args.per_partition or self.run.scenario == "egress-kill":
             got = [[(tuple(sn), r) for sn, r in read_file_sink(f"{self.folder}/out/{p}")]
                    for p in range(NODES)]
             if not self.output.equals_by_partition(got):
@@ -426,7 +448,7 @@ class Chaos:
             raise AssertionError("the FileSink's committed content is not the reference")
 
     def close(self) -> None:
-        if self.args.splits:
+        if self.args.splits and self.run.scenario != "egress-kill":
             return
         if self.run.scenario in CHECKPOINTED or self.run.scenario == "egress-kill":
             shutil.rmtree(self.folder, ignore_errors=True)
