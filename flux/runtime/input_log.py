@@ -27,6 +27,7 @@ import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
 from flux.runtime.checkpoint_store import CheckpointStore
+from flux.runtime.ranged_objects import ranged_objects, ranged_path
 from flux.checksums import Damaged, digest
 
 log = logging.getLogger(__name__)
@@ -122,17 +123,10 @@ class InputLog:
                 self.fs.rm(self._path(first, last))
 
     def _entries(self) -> List[tuple]:
-        entries = []
-        for entry in self.fs.ls(self.dir, detail=False):
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
-            stem = name[:-len(".json")] if name.endswith(".json") else ""
-            first, _, last = stem.partition("-")
-            if first.isdigit() and last.isdigit():
-                entries.append((int(first), int(last)))
-        return sorted(entries)
+        return ranged_objects(self.fs, self.dir)
 
     def _path(self, first: int, last: int) -> str:
-        return f"{self.dir}/{first:012d}-{last:012d}.json"
+        return ranged_path(self.dir, first, last)
 
 
 _STOP = object()

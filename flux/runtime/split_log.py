@@ -6,8 +6,8 @@ A replica of a pair of ingresses writes the entries of its pair's log it has due
 before what they number leaves (``journal_written``); a restart reads the entries back
 and has both replicas of the pair follow those past the restored cut
 (``resume_from_log``). One small object per write, named by the places it covers
-(``<checkpoint>/splits/<split>/<first>-<last>.json``), as the driver's input log: the
-same on a local disk and on an object store, where nothing can be appended to.
+(``<checkpoint>/splits/<split>/<first>-<last>.json``, ``flux.runtime.ranged_objects``),
+as the driver's input log.
 
 Two writers may write the same places: a leader whose follower died writes the entries
 that follower had not acked, which it may have written. They write the same entries,
@@ -24,6 +24,7 @@ import logging
 from typing import List, Optional, Sequence, Tuple
 
 from flux.checksums import Damaged, digest
+from flux.runtime.ranged_objects import ranged_objects, ranged_path
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +99,10 @@ class SplitLog:
         return [tuple(entry) for entry in body]
 
     def _objects(self) -> List[Tuple[int, int]]:
-        found = []
-        for name in self.fs.ls(self.dir, detail=False):
-            stem = name.rstrip("/").rsplit("/", 1)[-1]
-            stem = stem[:-len(".json")] if stem.endswith(".json") else ""
-            first, _, last = stem.partition("-")
-            if first.isdigit() and last.isdigit():
-                found.append((int(first), int(last)))
-        return sorted(found)
+        return ranged_objects(self.fs, self.dir)
 
     def _path(self, first: int, last: int) -> str:
-        return f"{self.dir}/{first:012d}-{last:012d}.json"
+        return ranged_path(self.dir, first, last)
 
 
 __all__ = ["FOLDER", "SplitLog"]
