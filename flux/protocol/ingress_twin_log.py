@@ -13,7 +13,6 @@ from flux.addresses import Addr
 from flux.data_messages import IngressLog, LogAck
 from flux.effects import Send
 from flux.errors import RemoteProtocolError
-from flux.sequence import epoch_first
 
 ITEM, EPOCH, CUT = "item", "epoch", "cut"
 #: the "connection" to its twin among ``flushable()``'s: the log leaves with the flushes
@@ -100,7 +99,6 @@ class TwinLog:
         self.decided.clear()
         for number, epoch in self.cut_epochs:  # cuts told while alone: its twin's too
             self._decide((CUT, number, epoch), 0)
-        self.logged = max([self.accepted - len(self.pending)] + [
-            e[1] if e[0] == ITEM else epoch_first(e[1], self.index, self.ingresses)
-            for e in self.to_follow if e[0] in (ITEM, EPOCH)])
+        self.logged = max([self.accepted - len(self.pending)]
+                          + [self._position(e) for e in self.to_follow])
 
