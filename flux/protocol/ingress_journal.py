@@ -33,7 +33,19 @@ from flux.data_messages import LogAck
 from flux.effects import Send
 from flux.errors import LocalProtocolError
 from flux.protocol.ingress_twin_log import CUT, EPOCH, FOLLOWING, ITEM, LEADING
-from flux.sequence import epoch_first
+from flux.sequence import EPOCH_INPUTS, epoch_first
+
+
+def entries_past(entries: List[Tuple], cut: int, ingresses: int) -> List[Tuple]:
+    """The entries of a split's log a restart from the checkpoint whose cut is ``cut``
+    follows: from the first start of an epoch after the one the cut ends (all of them
+    from the start, ``cut`` 0). Earlier ones number inputs the checkpoint covers."""
+    if not cut:
+        return list(entries)
+    ended = cut // (ingresses * EPOCH_INPUTS) - 1
+    first = next((n for n, e in enumerate(entries) if e[0] == EPOCH and e[1] > ended),
+                 len(entries))
+    return list(entries[first:])
 
 
 class SplitJournal:

@@ -6,24 +6,32 @@ A replica of a pair of ingresses writes the entries of its pair's log it has due
 before what they number leaves (``journal_written``); a restart reads the entries back
 and has both replicas of the pair follow those past the restored cut
 (``resume_from_log``). One small object per write, named by the places it covers
-(``<checkpoint>/splits/<split>/<first>-<last>.json``, ``flux.runtime.ranged_objects``),
-as the driver's input log.
+(``<first>-<last>.json``, ``flux.runtime.ranged_objects``), as the driver's input log.
 
 Two writers may write the same places: a leader whose follower died writes the entries
 that follower had not acked, which it may have written. They write the same entries,
 so the reader takes each place once and names a place written twice otherwise (or a
 damaged or missing object) as what ends what the log can replay.
 
-Not yet used by the runtime: a split source refuses ``checkpoint=`` until the nodes
-write these logs and the coordinator cuts at epochs' ends.
+**Attempts.** Each run of the job (the first, and every restart) writes a folder of its
+own, ``<split>/<attempt>-<start>``: its places follow ``start``, the places the log held
+when it began. A node of an earlier run that has not stopped yet (a zombie: Spark ends
+the executors some time after their driver) may still write its own decisions past
+``start``; the reader takes an attempt's places only up to the next attempt's start, so
+those are never read.
+
+**Truncation.** The places before the first epoch a restart from the oldest kept
+checkpoint follows are never read again: they are deleted as checkpoints complete.
 """
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from flux.checksums import Damaged, digest
+from flux.protocol.ingress_twin_log import EPOCH
 from flux.runtime.ranged_objects import ranged_objects, ranged_path
 
 log = logging.getLogger(__name__)
@@ -31,59 +39,114 @@ log = logging.getLogger(__name__)
 FOLDER = "splits"
 
 
+@dataclass
+class LogRead:
+    """What a split's log holds: its entries from place ``first`` on, as far as the log
+    goes without a gap, and what ended it early (a damaged or missing object, two
+    writers that disagree), else None."""
+
+    first: int = 1
+    entries: List[tuple] = field(default_factory=list)
+    damaged: Optional[Damaged] = None
+
+    @property
+    def last(self) -> int:
+        """The last place read (the file's index)."""
+        return self.first + len(self.entries) - 1
+
+
 class SplitLog:
     """Split ``split``'s log under the checkpoint location ``root`` of filesystem ``fs``
-    (an fsspec filesystem)."""
+    (an fsspec filesystem); written as attempt ``attempt``, which began when the log held
+    ``start`` places."""
 
-    def __init__(self, fs, root: str, split: int):
+    def __init__(self, fs, root: str, split: int, attempt: int = 0, start: int = 0):
         self.fs = fs
-        self.dir = f"{root.rstrip('/')}/{FOLDER}/{split}"
-        self.fs.makedirs(self.dir, exist_ok=True)
+        self.base = f"{root.rstrip('/')}/{FOLDER}/{split}"
+        self.attempt, self.start = attempt, start
+        self.dir = f"{self.base}/{attempt:06d}-{start:012d}"
+        self._made = False
 
+    # -- writing -----------------------------------------------------------------
     def write(self, entries: Sequence[Tuple[int, Sequence]]) -> int:
-        """Write ``entries`` ((place, entry) each, places consecutive); durable when this
-        returns. Returns the last place written."""
+        """Write ``entries`` ((place, entry) each, places consecutive, past this attempt's
+        start); durable when this returns. Returns the last place written."""
         first, last = entries[0][0], entries[-1][0]
-        if [n for n, _ in entries] != list(range(first, last + 1)):
-            raise ValueError(f"split log places not consecutive: {[n for n, _ in entries]}")
+        if [n for n, _ in entries] != list(range(first, last + 1)) or first <= self.start:
+            raise ValueError(f"split log places not consecutive or not past {self.start}: "
+                             f"{[n for n, _ in entries]}")
         body = [list(entry) for _, entry in entries]
-        self.fs.pipe_file(self._path(first, last), json.dumps(
+        if not self._made:
+            self.fs.makedirs(self.dir, exist_ok=True)
+            self._made = True
+        self.fs.pipe_file(ranged_path(self.dir, first, last), json.dumps(
             {"entries": body, "checksum": digest(json.dumps(body).encode())}).encode())
         return last
 
-    def read(self) -> Tuple[List[tuple], Optional[Damaged]]:
-        """The entries from place 1 on, as far as the log goes without a gap, and what
-        ended it early (a damaged or missing object, two writers that disagree), else
-        None."""
-        entries: List[tuple] = []
+    # -- reading -------------------------------------------------------------------
+    def attempts(self) -> List[Tuple[int, int]]:
+        """The attempts that wrote this log, in order: (attempt, start)."""
+        found = []
+        if not self.fs.exists(self.base):
+            return found
+        for entry in self.fs.ls(self.base, detail=False):
+            attempt, _, start = entry.rstrip("/").rsplit("/", 1)[-1].partition("-")
+            if attempt.isdigit() and start.isdigit():
+                found.append((int(attempt), int(start)))
+        return sorted(found)
+
+    def _objects(self) -> List[Tuple[str, int, int, int]]:
+        """Every object a reader takes places from, in place order: (folder, first, its
+        last, the last place read of it); an attempt's only up to the next attempt's
+        start."""
+        attempts = self.attempts()
+        out = []
+        for k, (attempt, start) in enumerate(attempts):
+            limit = attempts[k + 1][1] if k + 1 < len(attempts) else None
+            for first, last in ranged_objects(self.fs, self._folder(attempt, start)):
+                if limit is None or first <= limit:
+                    out.append((self._folder(attempt, start), first, last,
+                                last if limit is None else min(last, limit)))
+        return sorted(out, key=lambda o: (o[1], o[3]))
+
+    def _folder(self, attempt: int, start: int) -> str:
+        return f"{self.base}/{attempt:06d}-{start:012d}"
+
+    def read(self) -> LogRead:
+        """The entries from the first place kept on (``LogRead``)."""
+        objects = self._objects()
+        got = LogRead(first=objects[0][1] if objects else self.start + 1)
         damaged: Optional[Tuple[int, Damaged]] = None  # (its last place, why)
-        for first, last in self._objects():
-            if last <= len(entries):
+        for folder, first, stored, last in objects:
+            if last <= got.last:
                 continue
-            if first > len(entries) + 1:
-                return entries, self._lost(entries, damaged) or Damaged(
-                    f"{self.dir}/{len(entries) + 1:012d}-*.json",
-                    f"no object holds place {len(entries) + 1}")
+            if first > got.last + 1:
+                got.damaged = self._lost(got, damaged) or Damaged(
+                    f"{self.base}/*/{got.last + 1:012d}-*.json",
+                    f"no object holds place {got.last + 1}")
+                return got
             try:
-                body = self._body(first, last)
+                body = self._body(folder, first, stored)[:last - first + 1]
             except Damaged as exc:  # an overlapping object may still hold those places
                 log.error("a split log object is damaged: %s", exc)
                 damaged = damaged or (last, exc)
                 continue
-            overlap = len(entries) - first + 1
-            if body[:overlap] != entries[first - 1:]:
-                return entries, Damaged(self._path(first, last), "it holds other entries "
-                                        "than another writer at the same places")
-            entries.extend(body[overlap:])
-        return entries, self._lost(entries, damaged)
+            overlap = got.last - first + 1
+            if body[:overlap] != got.entries[first - got.first:]:
+                got.damaged = Damaged(ranged_path(folder, first, stored), "it holds other "
+                                      "entries than another writer at the same places")
+                return got
+            got.entries.extend(body[overlap:])
+        got.damaged = self._lost(got, damaged)
+        return got
 
     @staticmethod
-    def _lost(entries: List[tuple], damaged: Optional[Tuple[int, Damaged]]):
+    def _lost(got: LogRead, damaged: Optional[Tuple[int, Damaged]]):
         """The damaged object whose places the others do not all hold, if any."""
-        return damaged[1] if damaged is not None and damaged[0] > len(entries) else None
+        return damaged[1] if damaged is not None and damaged[0] > got.last else None
 
-    def _body(self, first: int, last: int) -> List[tuple]:
-        path = self._path(first, last)
+    def _body(self, folder: str, first: int, last: int) -> List[tuple]:
+        path = ranged_path(folder, first, last)
         try:
             obj = json.loads(self.fs.cat_file(path))
         except FileNotFoundError:
@@ -98,11 +161,36 @@ class SplitLog:
             raise Damaged(path, f"it does not hold places {first}-{last}")
         return [tuple(entry) for entry in body]
 
-    def _objects(self) -> List[Tuple[int, int]]:
-        return ranged_objects(self.fs, self.dir)
+    # -- truncation ----------------------------------------------------------------
+    def truncate(self, ended: int) -> int:
+        """Delete the objects wholly before the first start of an epoch after ``ended``
+        (the epoch the oldest kept checkpoint's cut ends: no restart reads them), and the
+        folders of earlier attempts left with none; returns how many objects went. Reads
+        the log only as far as that start."""
+        keep_from = None
+        objects = self._objects()
+        for folder, first, stored, last in objects:
+            try:
+                body = self._body(folder, first, stored)[:last - first + 1]
+            except Damaged:
+                return 0  # what lies past it a restart may need: keep it all
+            at = next((first + n for n, e in enumerate(body) if e[0] == EPOCH
+                       and e[1] > ended), None)
+            if at is not None:
+                keep_from = at
+                break
+        if keep_from is None:
+            return 0
+        gone = [o for o in objects if o[3] < keep_from]
+        for folder, first, stored, _ in gone:
+            self.fs.rm_file(ranged_path(folder, first, stored))
+        kept = {o[0] for o in objects if o[3] >= keep_from}
+        for attempt, start in self.attempts()[:-1]:  # earlier attempts with nothing kept,
+            folder = self._folder(attempt, start)   # the oldest first (a later one's start
+            if folder in kept:                       # limits what is read of an earlier)
+                break
+            self.fs.rm(folder, recursive=True)
+        return len(gone)
 
-    def _path(self, first: int, last: int) -> str:
-        return ranged_path(self.dir, first, last)
 
-
-__all__ = ["FOLDER", "SplitLog"]
+__all__ = ["FOLDER", "LogRead", "SplitLog"]

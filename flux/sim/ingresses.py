@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from flux.addresses import Addr, P, S
 from flux.protocol.ingress import Ingress
+from flux.protocol.ingress_journal import entries_past
 from flux.protocol.ingress_pair import ALONE, EPOCH, ITEM
 from flux.sim.violation import Violation
 from flux.sequence import EPOCH_INPUTS, epoch_first
@@ -241,12 +242,7 @@ class SimIngresses:
         """Split ``i``'s log past ``cut`` (the entries from the first epoch after it on;
         all of them from the start), and how many entries the log holds."""
         entries = self.file_entries(i)
-        if not cut:
-            return entries, len(entries)
-        ended = cut // (self.plan.ingresses * EPOCH_INPUTS) - 1  # the epoch the cut ends
-        first = next((n for n, e in enumerate(entries) if e[0] == EPOCH and e[1] > ended),
-                     len(entries))
-        return entries[first:], len(entries)
+        return entries_past(entries, cut, self.plan.ingresses), len(entries)
 
     # -- checkpoints ----------------------------------------------------------------
     def cut_epochs(self, ingresses: List[Ingress], last_cut: int) -> range:
