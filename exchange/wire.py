@@ -59,6 +59,8 @@ from flux.control_messages import (
     WriterMove,
     WriterProgress,
     IngressEnded,
+    CutAtEpoch,
+    SplitCutPassed,
 )
 from flux.data_messages import (
     Ack,
@@ -446,6 +448,13 @@ CODECS: Dict[str, _Codec] = {
     "ingress_ended": (IngressEnded, lambda m: [m.split, m.last, m.inputs],
                       _arity(3, lambda k, n, c: IngressEnded(
                           _int(k, "split"), _int(n, "last"), _int(c, "inputs")))),
+    "cut_at_epoch": (CutAtEpoch, lambda m: [m.number, m.epoch],
+                     _arity(2, lambda k, e: CutAtEpoch(_int(k, "checkpoint"),
+                                                       _int(e, "epoch")))),
+    "split_cut_passed": (SplitCutPassed, lambda m: [m.number, m.cut, m.split, m.read],
+                         _arity(4, lambda k, c, i, n: SplitCutPassed(
+                             _int(k, "checkpoint"), _int(c, "cut"), _int(i, "split"),
+                             _int(n, "read")))),
     "sink_committed": (SinkCommitted, lambda m: [m.number, None if m.sn is None else list(m.sn),
                                                  m.partition],
                        _arity(3, lambda k, sn, p: SinkCommitted(

@@ -273,6 +273,28 @@ class IngressEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class CutAtEpoch:
+    """The driver's checkpoint coordinator to every node: checkpoint ``number``'s cut is
+    at the end of epoch ``epoch`` (a ``flux.SplitSource``'s ingresses number in epochs;
+    docs/design/parallel_io.md). The replicas of the pairs that decide stamp it."""
+
+    number: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SplitCutPassed:
+    """A replica of split ``split``'s pair of ingresses passed checkpoint ``number``'s cut
+    ``cut`` having read ``read`` inputs of its split: where a restart from that
+    checkpoint reads the split from."""
+
+    number: int
+    cut: int
+    split: int
+    read: int
+
+
+@dataclass(frozen=True, slots=True)
 class SinkCommitted:
     """A writer's sink committed at checkpoint ``number``'s cut: its last output ``sn``
     (None: none yet), for the checkpoint's manifest (DESIGN 10)."""

@@ -66,8 +66,9 @@ class Unpicklable:
 def test_a_split_job_refuses_what_is_not_built_for_it_naming_it():
     two = ListSplits([[1], [2]])
     assert check_split_job(two, JobOptions.from_kwargs()) == 2
-    with pytest.raises(ValueError, match="checkpoint= and verify_interval= are not built"):
-        check_split_job(two, JobOptions.from_kwargs(checkpoint="/tmp/x"))
+    assert check_split_job(two, JobOptions.from_kwargs(checkpoint="/tmp/x")) == 2
+    with pytest.raises(ValueError, match="verify_interval= is not built"):
+        check_split_job(two, JobOptions.from_kwargs(verify_interval=1.0))
     with pytest.raises(ValueError, match="replication='flux'"):
         check_split_job(two, JobOptions.from_kwargs(replication="none"))
     with pytest.raises(ValueError, match="Unpicklable cannot be pickled"):
@@ -215,3 +216,56 @@ def test_the_relayed_oracle_passes_the_reference_and_names_what_is_wrong():
     wrong[5] = (wrong[5][0], ("k9", 99, wrong[5][1][2]))
     assert "differs from the reference" in relayed_mismatch(wrong, records, splits, 4)
     assert "SNs" in relayed_mismatch(good[1:2] + good[:1] + good[2:], records, splits, 4)
+
+
+def test_with_checkpoints_the_follower_acks_once_its_log_is_durable_and_a_restart_follows_it(
+        tmp_path):
+    """The follower's entries go to its split's log off the loop's thread; it acks its
+    leader only once they are written; the coordinator's cut is stamped by the leader and
+    passed with the split's count; a restart's pair follows the log past the cut."""
+    import time
+
+    import fsspec
+
+    from flux.effects import CutPassed
+    from flux.runtime.split_log import SplitLog, SplitLogs
+    from flux.runtime.split_log_writer import SplitLogWriter
+
+    url = str(tmp_path / "ckpt")
+    fs = fsspec.filesystem("file")
+    clock = Clock(100.0)
+    source = ListSplits([[("a", 1), ("b", 2), ("a", 3), ("c", 4)], [("c", 5)]])
+    lead_host, leader, lead = node(P, source, clock)
+    follow_host, follower, _ = node(S, source, clock)
+    follow = NodeIngresses(source, interval=0.01, origin=100.0, wall=clock,
+                           logs=SplitLogWriter(lambda split: SplitLog(fs, url, split)))
+    try:
+        clock.t = 100.055
+        lead.step(lead_host, lambda a: None)
+        lead.cut_at(lead_host, 1, 6, lambda a: None)  # checkpoint 1 ends with epoch 6
+        leader.cut_item()
+        for msg in twin_log(leader):
+            follower.on_message(leader.addr, msg)
+        acks, deadline = [], time.monotonic() + 10
+        while not acks and time.monotonic() < deadline:
+            _, effects, _ = follow.step(follow_host, lambda a: None)
+            acks = [e.msg for e in effects if isinstance(e, Send) and isinstance(e.msg, LogAck)]
+            time.sleep(0.001)
+        assert acks and follower.last_item == leader.last_item
+        logged = SplitLog(fs, url, 0).read()
+        assert logged.entries == [("epoch", 5), ("cut", 1, 6), ("item", leader.last_item)]
+        leader.on_message(follower.addr, acks[-1])
+        clock.t = 100.075  # epoch 7: the leader passes the cut, with its split's count
+        _, effects, _ = lead.step(lead_host, lambda a: None)
+        assert CutPassed(1, epoch_first(7, 0, 2), 0, 4) in effects
+    finally:
+        follow.stop()
+    # a restart before any checkpoint: both replicas follow the log from its start
+    cut, logs = 0, SplitLogs(url, 2).replay(0, [])
+    assert logs[0][1] == logged.entries and logs[0][2] == 3
+    for replica in (P, S):
+        host, again, ingresses = node(replica, source, Clock(100.2))
+        ingresses.resume(host.machines, cut, {0: logs[0]})
+        for _ in range(3):
+            ingresses.step(host, lambda a: None)
+        assert again.last_item == leader.last_item and again.inputs == 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from flux.addresses import Addr, P
+from flux.addresses import Addr, P, S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -20,10 +20,12 @@ INPUTS = 120_000
 
 def check_against_the_reference(outputs, records, splits):
     """Every input once, each split's in its order, and the outputs exactly the
-    failure-free run's over the inputs in the order the job numbered them."""
+    failure-free run's over the inputs in the order the job numbered them. ``splits``:
+    the source (unpaced), or each split's records."""
     from flux.testing.dataflows import relayed_mismatch
 
-    parts = [list(splits.read_split(k, 0)) for k in range(splits.splits())]
+    parts = splits if isinstance(splits, list) else [
+        list(splits.read_split(k, 0)) for k in range(splits.splits())]
     wrong = relayed_mismatch(outputs, records, parts, 4)
     assert wrong is None, wrong
 
@@ -110,3 +112,38 @@ def test_a_kafka_topics_partitions_read_on_the_executors_through_a_kill(spark, b
     assert [len(p) for p in parts] == [len(records[k::3]) for k in range(3)]
     wrong = relayed_mismatch(job.delivered, records, parts, 4)
     assert wrong is None, wrong
+
+
+def test_a_double_failure_restarts_from_a_checkpoint_and_each_pair_follows_its_splits_log(
+        spark, tmp_path):
+    """With ``checkpoint=``, the pairs write their splits' logs and the coordinator cuts at
+    an epoch's end; killing both nodes of split 1 (its pair of ingresses and stage-1
+    partition 1's pair) restarts the job from the last checkpoint, each pair follows its
+    split's log past the cut, and the output is the failure-free run's, every input
+    once."""
+    from flux.connectors.split_sources import ListSplits
+    from flux.runtime.split_log import SplitLogs
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(INPUTS // 2, seed=7, keys=40)]
+    parts = [records[k::3] for k in range(3)]
+    splits = ListSplits(parts, rate=2500)  # 8 s of input
+    ckpt = str(tmp_path / "ckpt")
+    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1,
+                  checkpoint=ckpt, checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        latest = job.checkpoints.completed[-1]
+        assert len(latest.source) == 3 and 0 < sum(latest.source) < len(records)
+        where = job.topology.where
+        for replica in (P, S):
+            job.kill_node(where[Addr(0, 1, replica)])
+        job.wait(timeout=240)
+    (_, restored, why), = job.restart_log
+    assert "both replicas" in why and restored is not None
+    check_against_the_reference(job.delivered, records, parts)
+    assert job.metrics.summary()["inputs"] == len(records)
+    got = SplitLogs(ckpt, 3).log(1).read()  # the log was kept short and reads whole
+    assert got.damaged is None and got.first > 1

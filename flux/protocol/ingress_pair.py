@@ -249,6 +249,13 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
         if self.role is LEADING:  # (alone: no twin to tell; a restart ignores cuts logged)
             self._decide((CUT, number, epoch), 0)
 
+    def takes_cut(self, number: int, epoch: int) -> bool:
+        """Would ``cut_at_epoch`` stamp this cut now? Not a follower (its leader's log
+        tells it), not a cut it knows, not one at an epoch it is bound past (refused:
+        that checkpoint never completes)."""
+        return (self.role is not FOLLOWING and not self._knows_cut(number)
+                and epoch >= self.epoch_decided())
+
     def epoch_decided(self) -> int:
         """The epoch it is bound to reach: its own, or the last its twin decided that it
         has still to follow (a cut must end no epoch before it: a twin that follows this

@@ -43,8 +43,9 @@ class CheckpointService:
     def __init__(self, store: CheckpointStore, coordinator: CheckpointCoordinator,
                  clock: Callable[[], float] = time.monotonic, events=None, input_log=None):
         self.store, self.coordinator, self.clock = store, coordinator, clock
-        #: the ingress's input log (a source of several partitions): what a kept checkpoint
-        #: covers is removed from it
+        #: the ingress's input log (a source of several partitions), or the splits' logs
+        #: (``flux.runtime.split_log.SplitLogs``): what a kept checkpoint covers is
+        #: removed from it (``truncate(cut)``)
         self.input_log = input_log
         self.events = events  # the job's event log, or None
         self.completed: List[Completed] = []
@@ -61,6 +62,14 @@ class CheckpointService:
     # -- reports (any thread) -------------------------------------------------------------
     def cut_chosen(self, number: int, cut: int, position: Any) -> None:
         self._reports.put(("cut", number, cut, position, self.clock()))
+
+    def cut_begun(self, number: int, cut: int) -> None:
+        """Checkpoint ``number``'s cut is ``cut``; the source's position comes later
+        (``source_recorded``: several ingresses pass the cut each by itself)."""
+        self._reports.put(("begin", number, cut, self.clock()))
+
+    def source_recorded(self, number: int, position: Any) -> None:
+        self._reports.put(("source", number, position))
 
     def snapshot_written(self, msg: SnapshotWritten) -> None:
         self._reports.put(("part", msg))
@@ -106,6 +115,12 @@ class CheckpointService:
             c.begin(number, cut)
             self._begun[number] = at
             self._complete(number, c.source_recorded(number, position))
+        elif kind == "begin":
+            _, number, cut, at = report
+            c.begin(number, cut)
+            self._begun[number] = at
+        elif kind == "source":
+            self._complete(report[1], c.source_recorded(report[1], report[2]))
         elif kind == "part":
             msg: SnapshotWritten = report[1]
             if msg.error:

@@ -81,6 +81,12 @@ class NodeConfig:
     #: by the same clock, and an output's latency is read from its SN
     epoch_interval: float = 0.01
     epoch_origin: float = 0.0
+    #: with checkpoints, this run's folder in each split's durable log
+    #: (``flux.runtime.split_log``), and what a restart's pairs follow of those logs:
+    #: pickled ``(cut, {split: (its count at the cut, the entries past it, the log's
+    #: last place)})`` (b"": a first start, nothing logged)
+    split_attempt: int = 0
+    split_resume: bytes = b""
 
     def __post_init__(self) -> None:
         check_port_range(self.ports)

@@ -17,6 +17,7 @@ share: the service's record, its turn and its connections to every process.
 """
 from __future__ import annotations
 
+import queue
 import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -33,6 +34,7 @@ from flux.control_messages import (
     SnapshotWritten,
     WriterProgress,
     IngressEnded,
+    SplitCutPassed,
     Failed,
     FoldedIn,
     Heartbeat,
@@ -55,7 +57,7 @@ from flux.runtime.transport import ConnectionLost, Transport
 from statemover.messages import TransferFailed
 
 #: reports of the data's progress from the nodes, for the driver (``on_data_report``)
-DATA_REPORTS = (WriterProgress, SinkCommitted, IngressEnded)
+DATA_REPORTS = (WriterProgress, SinkCommitted, IngressEnded, SplitCutPassed)
 #: views kept in ``views`` (what every process was told, for debugging; bounded)
 VIEWS_KEPT = 64
 
@@ -135,6 +137,8 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         self.error: Optional[Exception] = None
         #: set by ``stop_all``: why the job stops (a task that registers later is told so)
         self.stopping: Optional[str] = None
+        #: messages for every live process, from other threads (``tell_all``)
+        self._to_all: "queue.SimpleQueue" = queue.SimpleQueue()
 
     @property
     def timeout(self) -> float:
@@ -217,6 +221,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
             else:  # from the process's own socket or its liveness thread's ("name/liveness")
                 self._act(self.detector.connection_gap(gap.peer.split("#")[0].split("/")[0],
                                                        gap.expected, gap.got))
+        self._send_told()
         if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6),
             self._last_beat = now               # from registration: nodes wait for the start
             for name in self._live():
@@ -226,6 +231,20 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         self._expire_attempts(now)
         self.expire_probes(now)
         self._act(self.detector.tick(now, self.recovery.holds_last_replica))
+
+    def tell_all(self, msg) -> None:
+        """Any thread: ``msg`` to every live process, sent at the controller's next turn
+        (a checkpoint's cut at an epoch's end, ``CutAtEpoch``)."""
+        self._to_all.put(msg)
+
+    def _send_told(self) -> None:
+        while True:
+            try:
+                msg = self._to_all.get_nowait()
+            except queue.Empty:
+                return
+            for name in self._live():
+                self._send(name, msg, 0)
 
     def stop_all(self, reason: str) -> None:
         """Tell every live process to stop; from now on their silence and their closed

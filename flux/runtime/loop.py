@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 from controller.failure_detector import Lease
 from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
 from flux.control_messages import (
+    CutAtEpoch,
     CutDigest,
     ProbedKeys,
     ProbeKeys,
@@ -33,12 +34,14 @@ from flux.control_messages import (
     Members,
     NodeStats,
     SinkCommitted,
+    SplitCutPassed,
     Stop,
     TakeoverDone,
     View,
     Welcome,
 )
 from flux.effects import (
+    CutPassed,
     Deliver,
     SinkCommit,
     Snapshot,
@@ -61,6 +64,17 @@ log = logging.getLogger(__name__)
 
 #: effects of a catch-up step, which the host may have carried to another segment
 CATCH_UP_EVENTS = (SmReady, StateInstalled, SourcesPaused, SourcesResumed, TransferFailed)
+
+
+def probed_keys(host: Host, msg: ProbeKeys) -> ProbedKeys:
+    """The controller asks where a replica's state differs from its twin's (DESIGN 14):
+    the answer, from the segment here."""
+    work = host.work.get(msg.addr)
+    pairs = None
+    if work is not None and work.snapshots is not None:
+        found = work.snapshots.probe_keys(msg.number, msg.cut, msg.operator, msg.groups)
+        pairs = None if found is None else tuple(tuple(p) for p in found)
+    return ProbedKeys(msg.addr, msg.number, msg.cut, msg.operator, pairs)
 
 
 class HostLoop:
@@ -233,6 +247,8 @@ class HostLoop:
                 self.transport.disconnect(name)
                 self.outbox.forget(name)
         self._emit(*self.host.on_view(view))
+        if self.splits is not None:  # a replica that took over may not have heard a cut
+            self.splits.tell_cuts(self.host, self.local.touch)
         self.local.touch()
 
     def receive(self, env: Envelope) -> None:
@@ -244,21 +260,15 @@ class HostLoop:
         elif env.dst == self.me and isinstance(env.msg, Stop):
             self.stopped = env.msg.reason
         elif env.dst == self.me and isinstance(env.msg, ProbeKeys):
-            self._probe_keys(env.msg)
+            self.report(probed_keys(self.host, env.msg))  # on the thread owning the segment
+        elif env.dst == self.me and isinstance(env.msg, CutAtEpoch):
+            if self.splits is not None:  # (a process without ingress replicas: none here)
+                self.splits.cut_at(self.host, env.msg.number, env.msg.epoch, self.local.touch)
         elif env.dst == self.me and isinstance(env.msg, (Heartbeat, Welcome)):
             pass  # a Welcome again: the task registered again before it heard the first
         else:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
 
-    def _probe_keys(self, msg: ProbeKeys) -> None:
-        """The controller asks where a replica's state differs from its twin's (DESIGN 14):
-        answered here, on the loop's thread, which owns the segment."""
-        work = self.host.work.get(msg.addr)
-        pairs = None
-        if work is not None and work.snapshots is not None:
-            found = work.snapshots.probe_keys(msg.number, msg.cut, msg.operator, msg.groups)
-            pairs = None if found is None else tuple(tuple(p) for p in found)
-        self.report(ProbedKeys(msg.addr, msg.number, msg.cut, msg.operator, pairs))
 
     def _busy(self) -> bool:
         return self._more or self.intake.ready() or any(self.held.values()) or (
@@ -343,6 +353,8 @@ class HostLoop:
                 self.writer_sinks.deliver(e.partition, e.items)
             elif isinstance(e, SinkCommit) and e.through is not None:
                 self._writer_committed(e)
+            elif isinstance(e, CutPassed):  # a pair of ingresses here passed a cut
+                self.report(SplitCutPassed(e.number, e.cut, e.ingress, e.read))
             self.on_effect(e)
 
     def _writer_committed(self, e: SinkCommit) -> None:

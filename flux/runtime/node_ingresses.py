@@ -10,6 +10,12 @@ falls behind jumps to the clock's epoch rather than holding every merge back. Th
 leader ends its epochs; a follower cuts what it heard (``flux.protocol.ingress_pair``).
 A replica that read its whole split says so once (``IngressEnded``): the driver's end of
 the job waits for every split's last SN.
+
+With checkpoints, each replica's due entries go to its split's durable log
+(``SplitLogWriter``, off this thread) before what they number leaves; the coordinator's
+cuts (``CutAtEpoch``) are told to the replicas that decide, again after every view (a
+replica that took over may never have heard its dead leader's), and a restart has both
+replicas of each pair follow their split's log past the restored cut (``resume``).
 """
 from __future__ import annotations
 
@@ -22,17 +28,31 @@ from flux.errors import OperatorError
 from flux.operator import describe
 from flux.protocol.host import Host
 from flux.runtime.source_intake import SourceIntake
+from flux.runtime.split_log_writer import SplitLogWriter
 
 log = logging.getLogger(__name__)
+
+#: the coordinator's cuts a node keeps telling its replicas after views (the newest)
+CUTS_KEPT = 16
+#: how soon the loop looks again while a log write is under way (seconds)
+WRITE_POLL = 0.001
 
 
 class NodeIngresses:
     """The intakes of the ingress replicas on one node, and their epoch clock."""
 
     def __init__(self, source: Any, interval: float, origin: float,
-                 wall: Callable[[], float] = time.time):
-        """``source``: the job's ``SplitSource``; ``wall``: the clock epochs follow."""
+                 wall: Callable[[], float] = time.time,
+                 logs: Optional[SplitLogWriter] = None):
+        """``source``: the job's ``SplitSource``; ``wall``: the clock epochs follow;
+        ``logs``: the splits' durable logs (None without checkpoints: entries count as
+        written at once, no restart reads them)."""
         self.source = source
+        self.logs = logs
+        #: replicas with a write under way (address -> the replica)
+        self.writing: Dict[Any, Any] = {}
+        #: the coordinator's cuts told so far: checkpoint -> the epoch its cut ends
+        self.cuts: Dict[int, int] = {}
         self.interval = interval
         self.origin = origin
         self.wall = wall
@@ -105,14 +125,25 @@ class NodeIngresses:
 
     def write_logs(self, host: Host, touch: Callable[[Any], None]) -> List:
         """Each replica's entries due for its split's log (what a follower heard, what one
-        alone decided), written: its items they end may leave, a follower acks its
-        leader. No file holds them yet (a split source refuses ``checkpoint=``, so no
-        restart reads them): written at once."""
+        alone decided), once written: its items they end may leave, a follower acks its
+        leader. Without a durable log: at once."""
         effects: List = []
+        if self.logs is not None:
+            for (addr, ingress), upto in self.logs.done():
+                if self.writing.get(addr) is ingress:
+                    del self.writing[addr]
+                if host.machines.get(addr) is ingress and ingress.log_due():
+                    effects += ingress.journal_written(upto)
+                    touch(addr)
         for addr, ingress in self._running(host):
-            if ingress.log_due():
+            if not ingress.log_due() or addr in self.writing:
+                continue
+            if self.logs is None:
                 effects += ingress.journal_written(ingress.unwritten()[-1][0])
                 touch(addr)
+            else:
+                self.writing[addr] = ingress
+                self.logs.submit((addr, ingress), addr.partition, ingress.unwritten())
         return effects
 
     def step(self, host: Host, touch: Callable[[Any], None]) -> Tuple[bool, List, List]:
@@ -126,10 +157,12 @@ class NodeIngresses:
 
     def due(self, host: Host, now: float) -> Optional[float]:
         """When (on the clock ``now`` is read from) the next epoch of a replica here
-        begins; None: none here."""
+        begins, or soon while a log write is under way; None: none here."""
         epochs = [m.epoch for _, m in self._running(host)]
         if not epochs:
             return None
+        if self.writing:
+            return now + WRITE_POLL
         return now + max(0.0, self.epoch_start(min(epochs) + 1) - self.wall())
 
     def ended(self) -> List[IngressEnded]:
@@ -147,7 +180,39 @@ class NodeIngresses:
     def ready(self, host: Host) -> bool:
         """Could taking from a split, or writing a split's log, now move anything?"""
         return any(intake.ready() for _, intake in self.intakes.values()) or any(
-            m.log_due() for _, m in self._running(host))
+            m.log_due() and a not in self.writing for a, m in self._running(host))
+
+    # -- checkpoints ---------------------------------------------------------------
+    def cut_at(self, host: Host, number: int, epoch: int,
+               touch: Callable[[Any], None]) -> None:
+        """The coordinator's cut of checkpoint ``number`` at the end of ``epoch``: kept,
+        and told to the replicas here that decide."""
+        self.cuts[number] = epoch
+        for old in sorted(self.cuts)[:-CUTS_KEPT]:
+            del self.cuts[old]
+        self.tell_cuts(host, touch)
+
+    def tell_cuts(self, host: Host, touch: Callable[[Any], None]) -> None:
+        """Every cut kept, to every replica here that takes it (after a view too: one that
+        took over may never have heard its dead leader's entry); a replica bound past a
+        cut's epoch refuses it, and that checkpoint never completes."""
+        for addr, ingress in self._running(host):
+            for number, epoch in sorted(self.cuts.items()):
+                if ingress.takes_cut(number, epoch):
+                    ingress.cut_at_epoch(number, epoch)
+                    touch(addr)
+
+    def resume(self, machines: Dict, cut: int, logs: Dict[int, Any]) -> None:
+        """A restart: both replicas of each pair here follow their split's log past the
+        restored cut ``cut`` (0: none). ``logs``: split -> (its count at the cut, the
+        entries of its log past the cut, the log's last place)."""
+        for addr, ingress in machines.items():
+            if addr.stage == 0 and addr.partition in logs:
+                ingress.resume_from_log(cut, *logs[addr.partition])
+
+    def stop(self) -> None:
+        if self.logs is not None:
+            self.logs.stop()
 
 
 __all__ = ["NodeIngresses"]

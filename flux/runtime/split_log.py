@@ -28,10 +28,15 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import fsspec
 
 from flux.checksums import Damaged, digest
+from flux.errors import CheckpointCorrupt
+from flux.protocol.ingress_journal import entries_past
 from flux.protocol.ingress_twin_log import EPOCH
+from flux.sequence import EPOCH_INPUTS
 from flux.runtime.ranged_objects import ranged_objects, ranged_path
 
 log = logging.getLogger(__name__)
@@ -193,4 +198,54 @@ class SplitLog:
         return len(gone)
 
 
-__all__ = ["FOLDER", "LogRead", "SplitLog"]
+
+
+class SplitLogs:
+    """Every split's log, as the driver reads it for a restart and truncates it as
+    checkpoints complete: ``splits`` splits numbered in epochs by ``ingresses`` ingresses
+    (the same: each split has its pair), under checkpoint location ``url``."""
+
+    def __init__(self, url: str, splits: int):
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.url, self.splits = url, splits
+
+    def log(self, split: int) -> SplitLog:
+        return SplitLog(self.fs, self.root, split)
+
+    def next_attempt(self) -> int:
+        """The folder number of the next run's writes: past every earlier run's."""
+        return 1 + max([-1] + [a for i in range(self.splits)
+                               for a, _ in self.log(i).attempts()])
+
+    def replay(self, cut: int, positions: Sequence[int]) -> Dict[int, Tuple[int, list, int]]:
+        """What a restart from the checkpoint whose cut is ``cut`` (0: none) has each
+        pair follow: split -> (its count at the cut, the entries of its log past the
+        cut, the log's last place). A log that ends early on a damaged or missing object
+        or on writers that disagree may have numbered inputs whose outputs a sink
+        holds: ``CheckpointCorrupt`` names it."""
+        out = {}
+        for split in range(self.splits):
+            got = self.log(split).read()
+            if got.damaged is not None:
+                raise CheckpointCorrupt(got.damaged.path, f"split {split}'s log: "
+                                        f"{got.damaged.why}")
+            out[split] = (positions[split] if cut else 0,
+                          entries_past(got.entries, cut, self.splits), got.last)
+        return out
+
+    def last_epoch(self, entries_by_split: Dict[int, Tuple[int, list, int]]) -> int:
+        """The last epoch any split's log starts (-1: none)."""
+        return max([-1] + [e[1] for _, entries, _ in entries_by_split.values()
+                           for e in entries if e[0] == EPOCH])
+
+    def truncate(self, cut: int) -> None:
+        """The oldest checkpoint kept has cut ``cut``: what no restart reads goes."""
+        ended = cut // (self.splits * EPOCH_INPUTS) - 1
+        for split in range(self.splits):
+            try:
+                self.log(split).truncate(ended)
+            except Exception as exc:  # kept for now; the next checkpoint tries again
+                log.warning("split %d's log could not be truncated: %s", split, exc)
+
+
+__all__ = ["FOLDER", "LogRead", "SplitLog", "SplitLogs"]

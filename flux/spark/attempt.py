@@ -23,7 +23,7 @@ import zmq
 from controller.hosts import PlacementError, assign_hosts
 from controller.recovery import Recovery
 from flux.protocol.builder import MachineBuilder
-from flux.control_messages import JOB_STOPPED, IngressEnded, Register
+from flux.control_messages import JOB_STOPPED, IngressEnded, Register, SplitCutPassed
 from flux.effects import Deliver, SinkCommit
 from flux.protocol.host import Host
 from flux.dataflow import operator_names
@@ -110,16 +110,18 @@ class Attempt:
         self.config = parts.config
         self.topology = parts.config.topology()
         self.set_rebuild = SetRebuild.of(parts)  # cluster pairs: a lost set, rebuilt
-        #: a split source's ingresses on the nodes, as their reports say (None: the driver's)
-        self.split_watch = SplitWatch(parts.config.splits, parts.config.epoch_origin,
-                                      parts.config.epoch_interval) \
-            if parts.config.splits else None
+        #: a split source's ingresses on the nodes, as their reports say (None: the
+        #: driver's; set at the launch, on this run's epoch clock)
+        self.split_watch: Optional[SplitWatch] = None
 
     # -- launch -----------------------------------------------------------------------
     def launch(self) -> None:
         """The ingress process (first: it imports while the driver's sockets open), the
         driver's sockets, the controller, the Spark tasks."""
         p, config = self.parts, self.parts.config
+        # where the nodes start (the splits' logs read first: a damaged one stops here)
+        settings = p.checkpoints.node_settings(config.epoch_origin, time.time()) \
+            if p.checkpoints else {}
         if not config.splits:  # else ingresses on the nodes read the splits
             self.ingress_process = start_ingress_process(p, DRIVER_INCS[INGRESS_PROCESS])
         self.ctx = zmq.Context()
@@ -145,12 +147,15 @@ class Attempt:
             raise
         self.config = replace(config.with_controller(
             self.transports[CONTROLLER_PROCESS].address),
-            restore=self.restored["checkpoint"] if self.restored else -1)
+            restore=self.restored["checkpoint"] if self.restored else -1, **settings)
         self.topology = self.config.topology()
+        if config.splits:
+            self.split_watch = SplitWatch(config.splits, self.config.epoch_origin,
+                                          config.epoch_interval, cuts=p.checkpoints)
 
     def _data_report(self, msg) -> None:
         """The controller's thread: a node's report of the data's progress."""
-        if isinstance(msg, IngressEnded):
+        if isinstance(msg, (IngressEnded, SplitCutPassed)):
             if self.split_watch is not None:
                 self.split_watch.report(msg)
         else:
@@ -260,10 +265,8 @@ class Attempt:
                     self._begin()
             if c.error is not None:
                 raise c.error
-            if c.started and self.split_watch is not None:  # from the nodes' counters
-                taken = self.split_watch.inputs_taken(c.node_stats)
-                if taken is not None:
-                    self.parts.metrics.inputs_counted(taken)
+            if c.started and self.split_watch is not None:  # counts, cuts
+                self.split_watch.turn(c.node_stats, self.parts.metrics, c.tell_all)
             if c.started and self.set_rebuild is not None:
                 self.set_rebuild.check(c.recovery)  # raises ReplicaSetLost when due
 

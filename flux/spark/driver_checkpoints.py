@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional
 from controller.checkpoint_shape import JobShape
 from controller.checkpoints import CheckpointCoordinator, fingerprint
 from exchange.partitioner import KEY_GROUPS
-from flux.connector_api import LOGGED
+from flux.connector_api import LOGGED, SplitSource
 from flux.errors import CheckpointCorrupt
 from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore
@@ -50,8 +50,9 @@ class DriverCheckpoints:
         #: (None: ``hash % partitions``, a checkpoint written before key groups)
         self.key_groups: Optional[int] = key_groups if self.restore is None else \
             shape.routing(self.restore, url)
-        #: where the source starts without a checkpoint (a restart before the first one)
-        self.start_position = source.position
+        #: where the source starts without a checkpoint (a restart before the first one;
+        #: a ``SplitSource``'s splits start at their first input)
+        self.start_position = None if isinstance(source, SplitSource) else source.position
         #: a source with partitions of its own interleaves them differently on every
         #: read: the ingress logs each input's partition before it leaves, and a restart
         #: replays that order
@@ -137,6 +138,11 @@ class DriverCheckpoints:
                      accepted + 1, logged_before)
             events.append((time.monotonic(), "input log replay", (accepted + 1, logged_before)))
         return accepted, logged_before, self.log_writer
+
+    def node_settings(self, origin: float, now: float) -> dict:
+        """What an attempt's nodes are told beside the checkpoint they restore (none
+        here; the splits' logs for a ``SplitSource``: ``SplitCheckpoints``)."""
+        return {}
 
     # -- while the data flows (the source's thread) -----------------------------------
     def maybe_cut(self, feed: IngressFeed) -> None:

@@ -45,6 +45,7 @@ from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
 from flux.spark.job_views import JobViews
 from flux.spark.settings import check_settings, is_local
+from flux.spark.split_checkpoints import SplitCheckpoints
 from flux.spark.split_watch import check_split_job, split_sample
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,12 @@ class FluxJob(JobViews):
                                                     replay_order, self.metrics.events,
                                                     sinks=self.config.egresses,
                                                     key_groups=opts.replication.key_groups)
+        elif splits and opts.checkpoints.location is not None:  # cut by the pairs
+            self._checkpointing = SplitCheckpoints(
+                opts.checkpoints, dataflow, nodes, source, splits, tuning.epoch_interval,
+                self.metrics.events, sinks=self.config.egresses,
+                key_groups=opts.replication.key_groups)
+        if self._checkpointing is not None:
             self._checkpointing.plan(self.output.holds())
             self.config = replace(self.config, checkpoint=self._checkpointing.url,
                                   key_groups=self._checkpointing.key_groups)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import pickle
 import socket
 import time
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+import fsspec
 import zmq
 from pyspark import cloudpickle
 from tenacity import (
@@ -53,6 +55,8 @@ from flux.runtime.writer_sinks import WriterSinks
 from flux.runtime.mover_service import StateMoverService, mover_peer
 from flux.runtime.network import boot_id, is_loopback, split_tcp
 from flux.runtime.snapshot_writer import SnapshotWriter
+from flux.runtime.split_log import SplitLog
+from flux.runtime.split_log_writer import SplitLogWriter
 from flux.runtime.transport import Transport
 from flux.protocol.segment import StreamedSegment
 
@@ -134,14 +138,15 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
                         ports=config.ports)
     built: List[HostLoop] = []
     liveness.start(lambda: built[0].host.view if built else welcome.view)
-    writer = None
+    writer = splits = None
     try:
         if config.checkpoint:
             writer = SnapshotWriter(CheckpointStore(config.checkpoint), config.secret[:8])
+        splits = split_ingresses(config)
         try:
             built.append(build_loop(welcome, inc, members, transport, config, dataflow,
                                     mover_relay=mover_peer(name), on_turn=liveness.loop_turned,
-                                    spares=spares, snapshots=writer))
+                                    spares=spares, snapshots=writer, splits=splits))
         except Exception as exc:  # named already: the job cannot begin without this node
             corrupt = (exc.path, exc.why) if isinstance(exc, CheckpointCorrupt) else ()
             reason = f"{name}: {type(exc).__name__}: {exc}"[:1000]
@@ -155,6 +160,8 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
         liveness.stop()
         if writer is not None:
             writer.stop()
+        if splits is not None:
+            splits.stop()
 
 
 def run_loop(task: int, inc: int, name: str, loop: HostLoop, mover: StateMoverService,
@@ -282,7 +289,8 @@ def load_dataflow(config: NodeConfig):
 def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transport,
                config: NodeConfig, dataflow, mover_relay: Optional[str] = None,
                on_turn: Callable[[], None] = lambda: None, spares=None,
-               snapshots: Optional[SnapshotWriter] = None) -> HostLoop:
+               snapshots: Optional[SnapshotWriter] = None,
+               splits: Optional[NodeIngresses] = None) -> HostLoop:
     """This process's host and loop, from the job's topology and what the controller said:
     a node hosts what the placement gives it, a standby starts empty; a late joiner
     starts from the current view and where segments live by now."""
@@ -301,9 +309,12 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              ingress_pairs=bool(config.splits))
     machines = {a: builder.ingress(index=a.partition, replica=a.replica) if a.stage == 0
                 else builder.segment(a) for a in topology.endpoints_of(name)}
-    if config.restore >= 0 and machines:
-        restore_operators(snapshots.store, config.restore, machines, dataflow,
+    segments = {a: m for a, m in machines.items() if a.stage > 0}
+    if config.restore >= 0 and segments:
+        restore_operators(snapshots.store, config.restore, segments, dataflow,
                           config.partitions, config.key_groups)
+    if splits is not None and config.split_resume:  # both replicas follow their logs
+        splits.resume(machines, *pickle.loads(config.split_resume))
     writer_sinks = None
     if config.writers_sink:  # this node writes the sinks of its partitions' writers
         sink = cloudpickle.loads(config.writers_sink)
@@ -320,7 +331,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                     incarnations=incs, on_turn=on_turn, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay,
                     stats_every=config.stats_every, snapshots=snapshots,
-                    writer_sinks=writer_sinks, split_ingresses=split_ingresses(config))
+                    writer_sinks=writer_sinks, split_ingresses=splits)
     return loop
 
 
@@ -330,6 +341,12 @@ def split_ingresses(config: NodeConfig) -> Optional[NodeIngresses]:
     of a pair of ingresses may be rebuilt on it."""
     if not config.split_source:
         return None
+    logs = None
+    if config.checkpoint:  # each split's durable log: this run's folder, past the last place
+        fs, root = fsspec.core.url_to_fs(config.checkpoint)
+        resume = pickle.loads(config.split_resume)[1] if config.split_resume else {}
+        logs = SplitLogWriter(lambda split: SplitLog(
+            fs, root, split, config.split_attempt, resume.get(split, (0, [], 0))[2]))
     return NodeIngresses(cloudpickle.loads(config.split_source), config.epoch_interval,
-                         config.epoch_origin)
+                         config.epoch_origin, logs=logs)
 

@@ -3,23 +3,29 @@ docs/design/parallel_io.md): no input passes through it, so it learns from their
 reports when every split is read and the SN of each split's last input (the job's end
 then waits for the outputs up to the highest), and counts the inputs from the nodes'
 counters. It stands where the driver's feed stands for the end of the job
-(``source_done``, ``read``)."""
+(``source_done``, ``read``), and with checkpoints has the pairs cut them
+(``flux.spark.split_checkpoints``)."""
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from pyspark import cloudpickle
 
 from flux.connectors.sources import NOT_YET
 from flux.control_messages import IngressEnded, NodeStats
 from flux.sequence import EPOCH_INPUTS
+from flux.spark.split_checkpoints import SplitCheckpoints
 
 
 class SplitWatch:
-    """The splits' ends as reported (by the controller's thread), asked by the driver's."""
+    """The splits' ends as reported (by the controller's thread), asked by the driver's;
+    the checkpoints' cuts, when the job has them."""
 
-    def __init__(self, splits: int, epoch_origin: float, epoch_interval: float):
+    def __init__(self, splits: int, epoch_origin: float, epoch_interval: float,
+                 cuts: Optional[SplitCheckpoints] = None):
         self.splits = splits
+        self.cuts = cuts
         self.origin, self.interval = epoch_origin, epoch_interval
         #: split -> (its last input's SN, how many inputs it had), once read
         self.ends: Dict[int, Tuple[int, int]] = {}
@@ -27,8 +33,22 @@ class SplitWatch:
         self.taken: Dict[int, int] = {}
         self.stats = None  # the driver's own ingress has counters; these live on the nodes
 
-    def report(self, msg: IngressEnded) -> None:
-        self.ends[msg.split] = (msg.last, msg.inputs)
+    def report(self, msg) -> None:
+        """A split read to its end (``IngressEnded``), or a pair past a cut."""
+        if isinstance(msg, IngressEnded):
+            self.ends[msg.split] = (msg.last, msg.inputs)
+        elif self.cuts is not None:
+            self.cuts.passed(msg)
+
+    def turn(self, node_stats, metrics, tell: Callable[[Any], None]) -> None:
+        """The controller's thread, each turn: the inputs the nodes counted, to the
+        metrics; a checkpoint's cut when one is due (``tell``: to every node)."""
+        taken = self.inputs_taken(node_stats)
+        if taken is not None:
+            metrics.inputs_counted(taken)
+        if self.cuts is not None:
+            self.cuts.maybe_cut_at_epoch(self.epoch_now(time.time()), tell,
+                                         self.source_done)
 
     @property
     def source_done(self) -> bool:
@@ -39,6 +59,10 @@ class SplitWatch:
     def read(self) -> int:
         """The SN of the last input of all (meaningful once ``source_done``)."""
         return max((last for last, _ in dict(self.ends).values()), default=0)
+
+    def epoch_now(self, wall: float) -> int:
+        """The epoch the pairs' clock is in at wall-clock time ``wall``."""
+        return max(0, int((wall - self.origin) // self.interval))
 
     def input_time(self, sn: int) -> float:
         """When the epoch of input ``sn`` began (wall clock): at most an epoch before the
@@ -63,8 +87,8 @@ class SplitWatch:
 
 def check_split_job(source, options) -> int:
     """A ``SplitSource``'s job, checked before anything starts: how many splits. Refused
-    with what is not built for it yet (its ingresses are pairs of Flux's replication, with
-    no checkpoint or restart: docs/design/parallel_io.md)."""
+    with what is not built for it (its ingresses are pairs of Flux's replication:
+    docs/design/parallel_io.md)."""
     splits = source.splits()
     if not isinstance(splits, int) or splits < 2:
         raise ValueError(f"a SplitSource has two or more splits, got {splits!r} from "
@@ -73,11 +97,9 @@ def check_split_job(source, options) -> int:
         raise ValueError(f"a SplitSource's splits are read by pairs of ingresses, which "
                          f"replication={options.replication.mode!r} does not have: use "
                          f"replication='flux'")
-    ckpt = options.checkpoints
-    if ckpt.location is not None or ckpt.verify_interval is not None:
-        raise ValueError("checkpoint= and verify_interval= are not built for a SplitSource "
-                         "yet (the pairs of ingresses would cut them as a log entry): give "
-                         "the records to the driver's ingress for those")
+    if options.checkpoints.verify_interval is not None:
+        raise ValueError("verify_interval= is not built for a SplitSource yet: with "
+                         "checkpoint= the pairs' digests are compared at every checkpoint")
     try:
         cloudpickle.dumps(source)
     except Exception as exc:

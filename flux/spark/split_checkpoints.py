@@ -1,0 +1,117 @@
+"""The driver's part of checkpointing a job whose source is a ``flux.SplitSource``
+(docs/design/parallel_io.md, checkpoints with pairs): no input passes the driver, so it
+only steers.
+
+- **Cuts.** Every ``interval`` seconds the coordinator names an epoch a margin ahead of
+  the wall clock and tells every node (``CutAtEpoch``); the replicas of the pairs that
+  decide stamp it, each by itself, and each pair reports passing it with its split's
+  count there (``SplitCutPassed``). With every split's count, the checkpoint has its
+  source position: one count per split. A pair already past that epoch refuses the cut
+  and the checkpoint never completes (the next one does).
+- **Restarts.** Each split's durable log is read, and every pair follows the entries
+  past the restored cut (``node_settings``); the epoch clock goes on past the last epoch
+  any log starts, so a new driver's clock does not hold the pairs back.
+- **Truncation.** As checkpoints complete, what no restart reads of the logs goes
+  (``SplitLogs.truncate``, through the checkpoint service).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import time
+from typing import Callable, Dict
+
+from flux.control_messages import CutAtEpoch, SplitCutPassed
+from flux.runtime.split_log import SplitLogs
+from flux.sequence import EPOCH_INPUTS, epoch_first
+from flux.spark.driver_checkpoints import DriverCheckpoints
+
+log = logging.getLogger(__name__)
+
+#: how far ahead of the wall clock a cut's epoch lies (seconds): every node hears of it
+#: before its pairs end that epoch, clocks a little apart included
+CUT_AHEAD = 0.3
+#: the checkpoints whose pairs' reports are kept while they come in (older: abandoned)
+OPEN_CUTS = 16
+
+
+class SplitCheckpoints(DriverCheckpoints):
+    def __init__(self, options, dataflow, partitions: int, source, splits: int,
+                 epoch_interval: float, events: list, sinks: int, key_groups: int):
+        super().__init__(options, dataflow, partitions, source, None, events, sinks=sinks,
+                         key_groups=key_groups)
+        self.splits, self.epoch_interval = splits, epoch_interval
+        self.logs = SplitLogs(self.url, splits)
+        self.service.input_log = self.logs  # truncated as checkpoints complete
+        #: checkpoint -> split -> its count at the cut, as the pairs report
+        self._passed: Dict[int, Dict[int, int]] = {}
+        position = self.restore["source"] if self.restore else [0] * splits
+        if not (isinstance(position, list) and len(position) == splits):
+            raise ValueError(f"checkpoint {self.restore['checkpoint']} of {self.url} holds "
+                             f"the source position {position!r}, not a count for each of "
+                             f"this SplitSource's {splits} splits: a job of another "
+                             f"source wrote it (give another checkpoint location)")
+
+    # -- a start or a restart ---------------------------------------------------------
+    def node_settings(self, origin: float, now: float) -> dict:
+        """This run's folder in the splits' logs, what its pairs follow of them past the
+        restored cut, and the epoch clock's origin (``origin``, or earlier: the clock is
+        past the last epoch any log starts)."""
+        restore = self.restore
+        cut = restore["cut"] if restore else 0
+        logs = self.logs.replay(cut, restore["source"] if restore else [])
+        resume = {split: got for split, got in logs.items() if cut or got[1]}
+        last = max(self.logs.last_epoch(logs), cut // (self.splits * EPOCH_INPUTS) - 1)
+        if resume:
+            log.info("the pairs of ingresses follow their splits' logs past cut %d: %s",
+                     cut, {s: len(e) for s, (_, e, _) in resume.items()})
+        return dict(split_attempt=self.logs.next_attempt(),
+                    split_resume=pickle.dumps((cut, resume)) if resume else b"",
+                    epoch_origin=min(origin, now - (last + 2) * self.epoch_interval))
+
+    # -- while the data flows (a thread of the driver's) -----------------------------------
+    def maybe_cut_at_epoch(self, epoch_now: int, tell: Callable[[CutAtEpoch], None],
+                           done: bool) -> None:
+        """Every ``interval`` seconds (and at once when one is wanted), checkpoint the
+        job at the end of an epoch ``CUT_AHEAD`` past ``epoch_now``: ``tell`` every node.
+        None once every split was read (``done``)."""
+        now = time.monotonic()
+        wanted = self._cut_wanted
+        if (now < self._cut_at and not wanted) or done:
+            return
+        self._cut_at = now + self.interval
+        number = self.next_number
+        self.next_number += 1
+        epoch = epoch_now + math.ceil(CUT_AHEAD / self.epoch_interval)
+        self.service.cut_begun(number, epoch_first(epoch + 1, 0, self.splits))
+        self._passed[number] = {}
+        for old in sorted(self._passed)[:-OPEN_CUTS]:
+            del self._passed[old]
+        tell(CutAtEpoch(number, epoch))
+        if wanted:
+            self.wanted_cut, self._cut_wanted = number, False
+
+    def passed(self, msg: SplitCutPassed) -> None:
+        """A pair passed a cut (both replicas report it: the first counts); with every
+        split's count, the checkpoint has its source position."""
+        got = self._passed.get(msg.number)
+        if got is None:
+            return  # of an earlier run, or abandoned long ago
+        if msg.split in got:
+            if got[msg.split] != msg.read:  # the twins read the same split to one cut
+                log.error("split %d passed checkpoint %d's cut having read %d inputs, "
+                          "and %d by its twin's report", msg.split, msg.number, msg.read,
+                          got[msg.split])
+            return
+        got[msg.split] = msg.read
+        if len(got) == self.splits:
+            del self._passed[msg.number]
+            self.service.source_recorded(msg.number, [got[i] for i in range(self.splits)])
+
+    def restart(self, sink_holds):
+        self._passed.clear()  # the old run's cuts will not complete
+        return super().restart(sink_holds)
+
+
+__all__ = ["SplitCheckpoints", "CUT_AHEAD"]
