@@ -134,6 +134,10 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--standbys", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--splits", type=int, default=0,
+                   help="read the inputs on the executors as this many splits by key "
+                        "(flux.ListSplits.by_key, each paced at rate/splits): no input "
+                        "through the driver; 0: the driver's ingress reads the files")
     p.add_argument("--state-mb", type=float, default=0.0,
                    help="extra keyed state per partition (MB, Ballast in the first stage)")
     args = p.parse_args(argv)
@@ -142,6 +146,7 @@ def main(argv=None) -> int:
     from flux.testing.dataflows import counting_dataflow, with_ballast
     from flux.connectors.file_source import FileSource
     from flux.connectors.sources import Paced
+    from flux.connectors.split_sources import ListSplits
     from flux.spark.job import FluxJob
     from flux.spark.session import local_cluster
 
@@ -151,7 +156,11 @@ def main(argv=None) -> int:
         dataflow = counting_dataflow(2)
         if args.state_mb:
             dataflow = with_ballast(dataflow, args.state_mb)
-        job = FluxJob(spark, dataflow, Paced(FileSource(args.input), args.rate),
+        source = Paced(FileSource(args.input), args.rate)
+        if args.splits:  # the same records every run: the files', dealt by key
+            source = ListSplits.by_key(list(FileSource(args.input)), args.splits,
+                                       key=lambda r: r[0], rate=args.rate / args.splits)
+        job = FluxJob(spark, dataflow, source,
                       nodes=args.nodes, standbys=args.standbys, sink=sink,
                       checkpoint=args.checkpoint, checkpoint_interval=args.interval,
                       checkpoint_full_every=args.full_every)

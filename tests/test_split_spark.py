@@ -81,39 +81,6 @@ def test_with_the_egresses_on_the_executors_no_record_crosses_the_driver(spark, 
     check_against_the_reference(sorted(row for part in parts for row in part), records, splits)
 
 
-def test_a_kafka_topics_partitions_read_on_the_executors_through_a_kill(spark, broker):
-    """Each partition of a topic a split (``KafkaSplits``): read by consumers in the
-    node processes, the kill of a split's leader masked, the output exact (last in the
-    module: the broker it starts stops with the module)."""
-    import json
-
-    from flux.connectors.kafka_splits import KafkaSplits
-    from flux.connectors.sources import NOT_YET
-    from flux.spark.job import FluxJob
-    from flux.testing.dataflows import relaying_dataflow
-    from flux.testing.workloads import keyed_workload
-
-    topic = broker.fresh_topic(3, prefix="splits")
-    records = [tuple(r) for r in keyed_workload(INPUTS // 3, seed=7, keys=40)]
-    broker.produce(topic, [json.dumps(r).encode() for r in records], 3, timeout=30)
-    splits = KafkaSplits(broker.bootstrap, topic, decode=lambda v: tuple(json.loads(v)),
-                         ending="latest")
-    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1)
-    with job:
-        where = job.topology.where
-        assert job.wait_until(lambda: len(job.delivered) > len(records) // 4, 120)
-        job.kill_node(where[Addr(0, 2, P)])
-        job.wait(timeout=240)
-    assert job.attempt.ingress_process is None
-    assert "detected" in [what for _, what, _ in job.metrics.relative_events()]
-    from flux.testing.dataflows import relayed_mismatch
-
-    parts = [[x for x in splits.read_split(k, 0) if x is not NOT_YET] for k in range(3)]
-    assert [len(p) for p in parts] == [len(records[k::3]) for k in range(3)]
-    wrong = relayed_mismatch(job.delivered, records, parts, 4)
-    assert wrong is None, wrong
-
-
 def test_a_double_failure_restarts_from_a_checkpoint_and_each_pair_follows_its_splits_log(
         spark, tmp_path):
     """With ``checkpoint=``, the pairs write their splits' logs and the coordinator cuts at
@@ -147,3 +114,85 @@ def test_a_double_failure_restarts_from_a_checkpoint_and_each_pair_follows_its_s
     assert job.metrics.summary()["inputs"] == len(records)
     got = SplitLogs(ckpt, 3).log(1).read()  # the log was kept short and reads whole
     assert got.damaged is None and got.first > 1
+
+
+def test_a_kafka_topics_partitions_read_on_the_executors_through_a_kill(spark, broker):
+    """Each partition of a topic a split (``KafkaSplits``): read by consumers in the
+    node processes, the kill of a split's leader masked, the output exact (last in the
+    module: the broker it starts stops with the module)."""
+    import json
+
+    from flux.connectors.kafka_splits import KafkaSplits
+    from flux.connectors.sources import NOT_YET
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    topic = broker.fresh_topic(3, prefix="splits")
+    records = [tuple(r) for r in keyed_workload(INPUTS // 3, seed=7, keys=40)]
+    broker.produce(topic, [json.dumps(r).encode() for r in records], 3, timeout=30)
+    splits = KafkaSplits(broker.bootstrap, topic, decode=lambda v: tuple(json.loads(v)),
+                         ending="latest")
+    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1)
+    with job:
+        where = job.topology.where
+        assert job.wait_until(lambda: len(job.delivered) > len(records) // 4, 120)
+        job.kill_node(where[Addr(0, 2, P)])
+        job.wait(timeout=240)
+    assert job.attempt.ingress_process is None
+    assert "detected" in [what for _, what, _ in job.metrics.relative_events()]
+    from flux.testing.dataflows import relayed_mismatch
+
+    parts = [[x for x in splits.read_split(k, 0) if x is not NOT_YET] for k in range(3)]
+    assert [len(p) for p in parts] == [len(records[k::3]) for k in range(3)]
+    wrong = relayed_mismatch(job.delivered, records, parts, 4)
+    assert wrong is None, wrong
+
+
+def test_kafka_splits_in_and_out_exactly_once_through_a_double_failure(spark, broker,
+                                                                      tmp_path):
+    """Kafka in through the pairs of ingresses (``KafkaSplits``) and out through a
+    transactional producer per partition on the executors, nothing through the driver;
+    both nodes of split 1 killed after a checkpoint: the job restarts from it, each pair
+    follows its split's log, and a ``read_committed`` reader sees exactly the failure-free
+    output of the inputs in the order the job numbered them, each once."""
+    import json
+
+    from experiments.kafka_io import Feed, read_output
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.kafka_sink import KafkaSink
+    from flux.connectors.kafka_splits import KafkaSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
+    records = [tuple(r) for r in keyed_workload(24_000, seed=9, keys=40)]
+    feed = Feed(broker.bootstrap, topic_in, records, 3, 4000, hold_at=12_000).start()
+    splits = KafkaSplits(broker.bootstrap, topic_in, decode=lambda v: tuple(json.loads(v)),
+                         ending=feed.ending)
+    bootstrap = broker.bootstrap  # the open function goes to the executors: no broker
+    sinks = SinkPerPartition(lambda p: KafkaSink(bootstrap, topic_out, f"flux-{topic_out}-{p}",
+                                                 partition=p))
+    try:
+        job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1, sink=sinks,
+                      ordered_output=False, egress_on_executors=True,
+                      checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+        with job:
+            assert job.wait_until(lambda: len(job.checkpoints.completed) >= 1, 60)
+            feed.release()  # inputs past that checkpoint's cut, then the kill
+            assert job.wait_until(lambda: job.metrics.input_total >= 14_000, 60)
+            where = job.topology.where
+            for replica in (P, S):
+                job.kill_node(where[Addr(0, 1, replica)])
+            job.wait(timeout=240)
+        assert not feed.error
+        (_, restored, why), = job.restart_log
+        assert restored is not None and "both replicas" in why
+        assert job.delivered == [] and job.attempt.ingress_process is None
+    finally:
+        feed.stop()
+    out = read_output(broker.bootstrap, topic_out)  # SN order, each SN once
+    parts = [[r for r, k in zip(records, feed.parts) if k == split] for split in range(3)]
+    wrong = relayed_mismatch([((k,), r) for k, r in enumerate(out)], records, parts, 4)
+    assert wrong is None, wrong
