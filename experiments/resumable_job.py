@@ -6,7 +6,8 @@ the JSON-lines files of ``--input`` (at ``--rate`` records per second), counts p
 ``parquet`` or ``delta``) and checkpoints every ``--interval`` seconds. Run again with
 the same checkpoint location after the driver was killed, it resumes from the last
 complete checkpoint, as Structured Streaming does with its ``checkpointLocation``.
-It prints one JSON line per second (``started``, then ``progress``, then ``done``) for
+With ``--splits K`` the records are read on the executors, dealt by key to ``K``
+splits (``flux.ListSplits.by_key``): no input through the driver. It prints one JSON line per second (``started``, then ``progress``, then ``done``) for
 whoever watches it (``tests/test_driver_kill.py``, ``experiments.restart``).
 """
 from __future__ import annotations
@@ -134,6 +135,10 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--standbys", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--commit-every", type=int, default=100_000,
+                   help="the sink commits at every checkpoint's cut and every this many "
+                        "outputs (ahead of the cuts: a restart must give them their SNs "
+                        "again)")
     p.add_argument("--splits", type=int, default=0,
                    help="read the inputs on the executors as this many splits by key "
                         "(flux.ListSplits.by_key, each paced at rate/splits): no input "
@@ -150,7 +155,7 @@ def main(argv=None) -> int:
     from flux.spark.job import FluxJob
     from flux.spark.session import local_cluster
 
-    sink = make_sink(args.sink_format, args.sink)
+    sink = make_sink(args.sink_format, args.sink, args.commit_every)
     with local_cluster(args.nodes + args.standbys) as spark:
         say("spark")  # Spark is up: what follows is Flux's own start
         dataflow = counting_dataflow(2)

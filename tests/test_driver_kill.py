@@ -11,28 +11,41 @@ from experiments.resumable_job import Program, read_sink, write_inputs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
+def run_then_kill(args, log) -> dict:
+    """Run the program until its third checkpoint, then kill its driver; its "started"
+    line."""
+    first = Program(args, log)
+    try:
+        started = first.wait_for(lambda x: x["kind"] == "started", 180)
+        first.wait_for(lambda x: x["kind"] == "progress" and (x["checkpoint"] or 0) >= 3, 120)
+    finally:
+        first.kill()
+    return started
+
+
+def run_to_the_end(args, log) -> tuple:
+    """Run the program again to its end: its "started" and "done" lines."""
+    second = Program(args, log)
+    try:
+        started = second.wait_for(lambda x: x["kind"] == "started", 180)
+        done = second.wait_for(lambda x: x["kind"] == "done", 300)
+    finally:
+        second.kill()
+    return started, done
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "delta"])
 def test_a_killed_driver_run_again_resumes_from_its_checkpoint(tmp_path, fmt):
     expected = write_inputs(tmp_path / "in", 30_000)
     args = ["--input", str(tmp_path / "in"), "--sink", str(tmp_path / "out"),
             "--sink-format", fmt, "--checkpoint", str(tmp_path / "ckpt"), "--interval", "1",
             "--rate", "3000"]
-    first = Program(args, tmp_path / "first.log")
-    try:
-        started = first.wait_for(lambda x: x["kind"] == "started", 180)
-        assert started["checkpoint"] is None  # a new location: from the first input
-        first.wait_for(lambda x: x["kind"] == "progress" and (x["checkpoint"] or 0) >= 3, 120)
-    finally:
-        first.kill()
+    started = run_then_kill(args, tmp_path / "first.log")
+    assert started["checkpoint"] is None  # a new location: from the first input
     partial = read_sink(fmt, str(tmp_path / "out"))
     assert 0 < len(partial) < len(expected) and partial == expected[:len(partial)]
 
-    second = Program(args, tmp_path / "second.log")
-    try:
-        started = second.wait_for(lambda x: x["kind"] == "started", 180)
-        done = second.wait_for(lambda x: x["kind"] == "done", 300)
-    finally:
-        second.kill()
+    started, done = run_to_the_end(args, tmp_path / "second.log")
     assert started["checkpoint"] is not None and started["checkpoint"] >= 3
     assert started["cut"] > 0
     assert done["restarts"] == 0
@@ -53,27 +66,18 @@ def test_a_killed_driver_of_a_split_job_run_again_resumes_from_its_checkpoint(tm
     follows its split's log past the restored cut, so every output the sink committed
     keeps its SN. The job numbers the splits' inputs in its own order, so the check is
     per key (each key's inputs lie in one split, in order): the failure-free output,
-    each once, SNs increasing."""
+    each once, SNs increasing. The sink commits every 500 outputs, ahead of the cuts:
+    outputs past the restored cut it holds must come again with the same SNs."""
     expected = per_key(write_inputs(tmp_path / "in", 30_000))
     args = ["--input", str(tmp_path / "in"), "--sink", str(tmp_path / "out"),
             "--checkpoint", str(tmp_path / "ckpt"), "--interval", "1", "--rate", "3000",
-            "--splits", "3"]
-    first = Program(args, tmp_path / "first.log")
-    try:
-        first.wait_for(lambda x: x["kind"] == "started", 180)
-        first.wait_for(lambda x: x["kind"] == "progress" and (x["checkpoint"] or 0) >= 3, 120)
-    finally:
-        first.kill()
+            "--splits", "3", "--commit-every", "500"]
+    run_then_kill(args, tmp_path / "first.log")
     partial = per_key(read_sink("jsonl", str(tmp_path / "out")))
     assert 0 < sum(map(len, partial.values())) < sum(map(len, expected.values()))
     assert all(rows == expected[key][:len(rows)] for key, rows in partial.items())
 
-    second = Program(args, tmp_path / "second.log")
-    try:
-        started = second.wait_for(lambda x: x["kind"] == "started", 180)
-        done = second.wait_for(lambda x: x["kind"] == "done", 300)
-    finally:
-        second.kill()
+    started, done = run_to_the_end(args, tmp_path / "second.log")
     assert started["checkpoint"] is not None and started["checkpoint"] >= 3
     assert done["restarts"] == 0
     rows = read_sink("jsonl", str(tmp_path / "out"))

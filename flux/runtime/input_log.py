@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.ranged_objects import ranged_objects, ranged_path
+from flux.runtime.retrying_writer import RetryingWriter
 from flux.checksums import Damaged, digest
 
 log = logging.getLogger(__name__)
@@ -129,57 +128,33 @@ class InputLog:
         return ranged_path(self.dir, first, last)
 
 
-_STOP = object()
-
-
-class InputLogWriter:
+class InputLogWriter(RetryingWriter):
     """One append at a time, off the ingress's thread; ``done()`` says how far the log
     is durable. A write that fails is retried (inputs wait meanwhile: none may leave
     unlogged), and the failure is kept in ``errors``."""
 
     def __init__(self, input_log: InputLog, retry_after: float = 0.5):
-        self.log, self.retry_after = input_log, retry_after
+        self.log = input_log
         self.busy = False
-        self.errors: List[str] = []
-        self._todo: "queue.Queue" = queue.Queue()
-        self._done: "queue.Queue[int]" = queue.Queue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flux-input-log", daemon=True)
-        self._thread.start()
+        super().__init__("flux-input-log", retry_after)
 
     def submit(self, first: int, partitions: Sequence[Any]) -> None:
         if self.busy:
             raise RuntimeError("an append of the input log is under way")
         self.busy = True
-        self._todo.put((first, list(partitions)))
+        self._submit((first, list(partitions)))
 
     def done(self) -> Optional[int]:
         """The last input the log covers once the append under way is durable, else None."""
-        try:
-            last = self._done.get_nowait()
-        except queue.Empty:
+        results = self._results()
+        if not results:
             return None
         self.busy = False
-        return last
+        return results[-1]
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._todo.put(_STOP)
-        self._thread.join(timeout)
+    def _write(self, task) -> int:
+        return self.log.append(*task)
 
-    def _run(self) -> None:
-        while True:
-            item = self._todo.get()
-            if item is _STOP:
-                return
-            first, partitions = item
-            while not self._stop.is_set():
-                try:
-                    self._done.put(self.log.append(first, partitions))
-                    break
-                except Exception as exc:
-                    log.error("the input log could not be written (inputs %d-%d wait): %s",
-                              first, first + len(partitions) - 1, exc)
-                    self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
-                    del self.errors[:-16]
-                    self._stop.wait(self.retry_after)
+    def _waiting(self, task) -> str:
+        first, partitions = task
+        return f"inputs {first}-{first + len(partitions) - 1}"

@@ -26,6 +26,7 @@ from flux.addresses import Addr, P
 from flux.control_messages import SnapshotWritten
 from flux.effects import Snapshot
 from flux.runtime.checkpoint_store import CheckpointStore, digest
+from flux.runtime.retrying_writer import drain
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,7 @@ class SnapshotWriter:
 
     def done(self) -> List[SnapshotWritten]:
         """What was written (or failed) since the last call: the reports for the controller."""
-        out = []
-        while True:
-            try:
-                out.append(self._done.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._done)
 
     def _run(self) -> None:
         while True:
