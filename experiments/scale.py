@@ -66,11 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="where the egresses run (several: alternated at every rate): one "
                          "ordered egress in the driver, or each partition's on an executor "
                          "into a FileSink of its own (egress_on_executors)")
-    ap.add_argument("--source", nargs="+", choices=("driver", "splits"), default=["driver"],
+    ap.add_argument("--source", nargs="+", choices=("driver", "splits", "splits-logged"),
+                    default=["driver"],
                     help="who reads the input (several: alternated at every rate): the "
                          "driver, feeding its ingress process; or ingresses on the "
                          "executors, a split per node (a SplitSource, each split paced at "
-                         "rate / nodes)")
+                         "rate / nodes); splits-logged: the same with checkpoint= (no "
+                         "checkpoint within the run: what the splits' durable logs cost)")
     ap.add_argument("--summarize", action="store_true",
                     help="no runs: the summary of the processes.csv in --out, again")
     ap.add_argument("--out", default="docs/results/scale")
@@ -165,6 +167,8 @@ def one_run(spark, nodes: int, rate: int, args, records, egress: str = "driver",
         else:
             feed = ListSplits([records[k::nodes] for k in range(nodes)],
                               rate=rate / nodes if rate else None)
+        if source == "splits-logged":  # the logs written, no checkpoint cut in the run
+            where.update(checkpoint=f"{folder}/ckpt", checkpoint_interval=3600.0)
         job = FluxJob(spark, paper_dataflow(), feed, nodes=nodes, standbys=1, **where)
         with job:
             rows = measure(job, args)
