@@ -451,10 +451,11 @@ CODECS: Dict[str, _Codec] = {
     "cut_at_epoch": (CutAtEpoch, lambda m: [m.number, m.epoch],
                      _arity(2, lambda k, e: CutAtEpoch(_int(k, "checkpoint"),
                                                        _int(e, "epoch")))),
-    "split_cut_passed": (SplitCutPassed, lambda m: [m.number, m.cut, m.split, m.read],
-                         _arity(4, lambda k, c, i, n: SplitCutPassed(
+    "split_cut_passed": (SplitCutPassed, lambda m: [m.number, m.cut, m.split, m.read,
+                                                    m.mark],
+                         _arity(5, lambda k, c, i, n, mark: SplitCutPassed(
                              _int(k, "checkpoint"), _int(c, "cut"), _int(i, "split"),
-                             _int(n, "read")))),
+                             _int(n, "read"), _str(mark, "mark")))),
     "sink_committed": (SinkCommitted, lambda m: [m.number, None if m.sn is None else list(m.sn),
                                                  m.partition],
                        _arity(3, lambda k, sn, p: SinkCommitted(

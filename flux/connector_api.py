@@ -94,6 +94,43 @@ class SplitSource(Protocol):
         """Split ``split``'s inputs after its first ``skip``."""
 
 
+@runtime_checkable
+class SplitReader(Protocol):
+    """What ``read_split`` of a ``SeekableSplits`` returns: an iterator that knows where
+    its split goes on after the input it returned last."""
+
+    @property
+    def position(self) -> Any:
+        """Where the split goes on after the last input returned (JSON-able; Kafka: the
+        offset after its record)."""
+
+
+@runtime_checkable
+class SeekableSplits(Protocol):
+    """A ``SplitSource`` whose readers know their position (``SplitReader``) and that
+    reads a split from one: a restart seeks to the position a checkpoint recorded beside
+    the split's count, instead of reading the split again from its origin."""
+
+    def read_split_from(self, split: int, position: Any, skip: int) -> Iterator[Any]:
+        """Split ``split``'s inputs from ``position`` on, after the first ``skip`` of
+        them."""
+
+
+@runtime_checkable
+class SplitOrigin(Protocol):
+    """A ``SplitSource`` whose splits begin where it was made (Kafka: ``start="latest"``
+    or the earliest offset kept, both moving): the counts a checkpoint and the splits'
+    logs hold are counts from that origin, so a job run again at the same checkpoint
+    location reads from the origin recorded by its first run (``at_origin``), as
+    Structured Streaming's ``startingOffsets`` apply only to a new query."""
+
+    def origin(self) -> Any:
+        """Where each split begins (and ends, if it does), JSON-able."""
+
+    def at_origin(self, origin: Any) -> "SplitOrigin":
+        """The same source reading from ``origin`` (one ``origin()`` gave)."""
+
+
 def replay_order_of(source: Any) -> str:
     """How a restart reads ``source`` again in the order it had (DESIGN 10): its declared
     ``replay_order``, checked; a source that declares none but replays a logged order

@@ -286,12 +286,15 @@ class CutAtEpoch:
 class SplitCutPassed:
     """A replica of split ``split``'s pair of ingresses passed checkpoint ``number``'s cut
     ``cut`` having read ``read`` inputs of its split: where a restart from that
-    checkpoint reads the split from."""
+    checkpoint reads the split from; ``mark``: where the split's source stood at a count
+    at or before ``read`` (``[count, position]`` as JSON; "": none known, or the source
+    cannot seek), which a restart seeks to."""
 
     number: int
     cut: int
     split: int
     read: int
+    mark: str = ""
 
 
 @dataclass(frozen=True, slots=True)

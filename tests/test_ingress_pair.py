@@ -137,8 +137,10 @@ def test_a_new_twin_takes_the_survivors_state_and_follows_it():
     survivor, dead = pair()
     survivor.on_fail({dead.addr})
     survivor.accept(("k1", 1))
+    survivor.mark_source(1, 101)  # where its split's source stood (opaque: an offset)
     x = survivor.cut_item()
     survivor.accept(("k2", 2))  # pending: the new replica reads it again
+    survivor.mark_source(2, 102)
     for d in range(2):  # the stage-1 replicas its twin fed reverse to it (take-over done)
         survivor.on_message(Addr(1, d, S), Reverse(()))
     new = builder.standby_segment(dead.addr)
@@ -158,6 +160,9 @@ def test_a_new_twin_takes_the_survivors_state_and_follows_it():
     psyncs = new.state_received(state.data)
     assert {e.dst for e in sent(psyncs, PSync)} == stage1  # 5.3.2, to every live replica
     assert new.mode is RUNNING and new.role is FOLLOWING and new.accepted == x
+    # it reads its split from the survivor's mark at or before its count (not past the
+    # pending input it reads again)
+    assert new.inputs == 1 and new.source_mark(new.inputs) == (1, 101)
     assert {e.dst for e in sent(survivor.state_sent(), PSync)} == stage1
     assert survivor.role is LEADING
     survivor.cut_item()  # its pending input's item: where it ends, the new twin has to hear

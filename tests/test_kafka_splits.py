@@ -109,3 +109,42 @@ def test_a_topic_of_one_partition_or_none_is_refused_clearly(broker):
         KafkaSplits(broker.bootstrap, topic)
     with pytest.raises(KafkaSourceError, match="no topic 'nowhere'"):
         KafkaSplits(broker.bootstrap, "nowhere", timeout=5)
+
+
+def test_a_source_made_again_reads_from_the_origin_recorded_by_the_first(broker):
+    """``start="latest"`` made again later begins elsewhere; made at the first one's
+    origin (what a job run again at the same checkpoint location does), it reads the
+    same records as the first; another topic's origin is refused."""
+    from flux.connector_api import SplitOrigin
+
+    topic = broker.fresh_topic(prefix="o", partitions=2)
+    produce(broker, topic, list(range(4)), 2)
+    first = KafkaSplits(broker.bootstrap, topic, start="latest")
+    assert isinstance(first, SplitOrigin)
+    produce(broker, topic, list(range(4, 10)), 2)
+    origin = json.loads(json.dumps(first.origin()))  # as recorded
+    again = KafkaSplits(broker.bootstrap, topic, start="latest", ending="latest")
+    assert again.origin()["starts"] != origin["starts"]
+    at_first = again.at_origin({**origin, "ends": again.origin()["ends"]})
+    assert [read_all(at_first.read_split(p, 0)) for p in range(2)] == [[4, 6, 8], [5, 7, 9]]
+    with pytest.raises(ValueError, match="another topic's"):
+        again.at_origin({**origin, "topic": "elsewhere"})
+
+
+def test_a_reader_knows_the_offset_after_its_last_input_and_a_split_reads_from_one(broker):
+    """What a restart seeks to: the offset after an input a reader returned; read from
+    there (and a count skipped), the same inputs as from the origin."""
+    from flux.connector_api import SeekableSplits, SplitReader
+
+    topic = broker.fresh_topic(prefix="p", partitions=2)
+    produce(broker, topic, list(range(10)), 2)  # partition 0: 0, 2, 4, 6, 8 at offsets 0-4
+    source = KafkaSplits(broker.bootstrap, topic, ending="latest")
+    assert isinstance(source, SeekableSplits)
+    reader = source.read_split(0, 2)
+    assert isinstance(reader, SplitReader) and reader.position == 0
+    first = next(x for x in reader if x is not NOT_YET)
+    assert (first, reader.position) == (4, 3)
+    assert read_all(source.read_split_from(0, reader.position, 1)) == [8]
+    assert read_all(source.read_split_from(0, 0, 0)) == read_all(source.read_split(0, 0))
+    with pytest.raises(ValueError, match="before its origin"):
+        KafkaSplits(broker.bootstrap, topic, start="latest").read_split_from(0, 2, 0)

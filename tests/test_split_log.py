@@ -98,3 +98,35 @@ def test_truncation_keeps_the_epochs_after_the_oldest_kept_cut_and_what_follows(
         7, [("epoch", 3), ("item", 6291460)], None)
     assert [a for a, _ in split_log(tmp_path).attempts()] == [1]
     assert log.truncate(9) == 0  # no start after it yet: nothing goes
+
+
+def test_the_first_run_records_where_the_splits_begin_and_later_runs_read_it(tmp_path):
+    from flux.errors import CheckpointCorrupt
+    from flux.runtime.split_log import SplitLogs
+
+    url = str(tmp_path / "ckpt")
+    first = {"topic": "t", "starts": [4, 9], "ends": None}
+    assert SplitLogs(url, 2).origin(first) == first
+    moved = {"topic": "t", "starts": [40, 90], "ends": None}  # "latest" a day later
+    assert SplitLogs(url, 2).origin(moved) == first
+    path = tmp_path / "ckpt" / "splits" / "origin.json"
+    path.write_bytes(path.read_bytes().replace(b"9", b"8"))
+    with pytest.raises(CheckpointCorrupt, match="origin.json.*checksum"):
+        SplitLogs(url, 2).origin(moved)
+
+
+def test_a_restart_from_the_first_input_refuses_a_log_truncated_for_lost_checkpoints(
+        tmp_path):
+    from flux.errors import CheckpointCorrupt
+    from flux.runtime.split_log import SplitLogs
+
+    log = split_log(tmp_path)
+    log.write([(1, ("epoch", 0)), (2, ("item", 3))])
+    log.write([(3, ("epoch", 1)), (4, ("item", 2097160))])
+    logs = SplitLogs(str(tmp_path / "ckpt"), 1 + 1)
+    assert logs.replay(0, [])[0] == (0, [("epoch", 0), ("item", 3), ("epoch", 1),
+                                          ("item", 2097160)], 4)
+    log.truncate(0)  # a checkpoint at epoch 0's end was kept, then lost
+    with pytest.raises(CheckpointCorrupt, match="needs its log from place 1"):
+        logs.replay(0, [])
+    assert logs.replay(2 * 2 ** 20 * 1, [7, 0])[0] == (7, [("epoch", 1), ("item", 2097160)], 4)

@@ -265,7 +265,63 @@ def test_with_checkpoints_the_follower_acks_once_its_log_is_durable_and_a_restar
     assert logs[0][1] == logged.entries and logs[0][2] == 3
     for replica in (P, S):
         host, again, ingresses = node(replica, source, Clock(100.2))
-        ingresses.resume(host.machines, cut, {0: logs[0]})
+        ingresses.resume(host.machines, cut, {0: logs[0]}, {})
         for _ in range(3):
             ingresses.step(host, lambda a: None)
         assert again.last_item == leader.last_item and again.inputs == 4
+
+
+class IndexedReader:
+    """A reader of a list that knows where it is: its position is an index."""
+
+    def __init__(self, part, first, skip):
+        self.part, self.position = part, first + skip
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.position >= len(self.part):
+            raise StopIteration
+        self.position += 1
+        return self.part[self.position - 1]
+
+
+class Seekable:
+    """A split source that seeks (``SeekableSplits``), recording how each split opened."""
+
+    def __init__(self, parts):
+        self.parts, self.opened = parts, []
+
+    def splits(self):
+        return len(self.parts)
+
+    def read_split(self, split, skip):
+        self.opened.append((split, None, skip))
+        return IndexedReader(self.parts[split], 0, skip)
+
+    def read_split_from(self, split, position, skip):
+        self.opened.append((split, position, skip))
+        return IndexedReader(self.parts[split], position, skip)
+
+
+def test_a_seekable_source_is_marked_as_read_and_a_restart_seeks_to_the_mark():
+    """Where each split's source stood at a count is kept as the replica reads (the
+    manifest keeps the one at or before a cut's count); a restart opens the split there
+    and skips only the inputs between the mark and its count."""
+    from flux.connector_api import SeekableSplits
+
+    source = Seekable([[("a", 1), ("b", 2), ("a", 3), ("c", 4)], [("c", 5)]])
+    assert isinstance(source, SeekableSplits)
+    clock = Clock(100.0)
+    host, leader, ingresses = node(P, source, clock)
+    ingresses.step(host, lambda a: None)
+    assert source.opened == [(0, None, 0)] and leader.inputs == 4
+    assert ingresses.mark(0, 4) == (4, 4) and ingresses.mark(0, 3) is None
+    assert ingresses.mark(1, 9) is None  # a split not read here
+    # a restart whose cut lies after 3 inputs, with a mark at 2
+    host, again, restarted = node(S, source, Clock(100.2))
+    restarted.resume(host.machines, 0, {0: (3, [], 0)}, {0: (2, 2)})
+    restarted.step(host, lambda a: None)
+    assert source.opened[-1] == (0, 2, 1)  # at index 2, one input skipped
+    assert again.inputs == 3  # the follower takes nothing it has not heard of yet

@@ -9,16 +9,22 @@ consumer group), with ``read_committed`` isolation: records of aborted transacti
 never read. Tombstones (no value) are no inputs.
 
 ``read_split(split, skip)`` skips the first ``skip`` records by reading them: a count is
-not an offset (transaction markers and compaction take offsets too), so a replica
-rebuilt late in a long partition reads it again from its start, fast but not free (the
-pair's catch-up carrying the offset beside the count is not built). Checkpoints are not
-built for split sources yet: a job with one refuses ``checkpoint=``.
+not an offset (transaction markers and compaction take offsets too). Its reader knows
+the offset after the last record it returned (``KafkaSplitReader.position``), and
+``read_split_from(split, offset, skip)`` reads from one (``flux.connector_api.
+SeekableSplits``): a checkpoint keeps, beside each split's count, the offset at a count
+at or before it, so a restart seeks there, and a replica rebuilt on a standby seeks to
+the one its twin's state carries. The starting offsets are its origin
+(``flux.connector_api.SplitOrigin``): with ``checkpoint=``, a job run again reads from
+the origin its first run recorded, not from a new ``earliest`` or ``latest``; records
+the topic no longer keeps stop the job, naming the partition and offset.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from flux.connectors.kafka_source import (
     READ_SETTINGS,
@@ -84,17 +90,48 @@ class KafkaSplits:
     def splits(self) -> int:
         return len(self.starts)
 
-    def read_split(self, split: int, skip: int) -> Iterator[Any]:
+    def origin(self) -> Dict[str, Any]:
+        """Where each partition begins and ends (offsets, fixed when it was made)."""
+        return {"topic": self.topic, "starts": list(self.starts),
+                "ends": None if self.ends is None else list(self.ends)}
+
+    def at_origin(self, origin: Dict[str, Any]) -> "KafkaSplits":
+        """This source reading from a recorded origin (of the same topic and partition
+        count)."""
+        if origin.get("topic") != self.topic or len(origin.get("starts", ())) != len(
+                self.starts):
+            raise ValueError(f"KafkaSplits of {self.topic!r} ({len(self.starts)} partitions) "
+                             f"cannot read from the origin {origin!r}: another topic's, or "
+                             f"its partitions changed")
+        again = copy.copy(self)
+        again.starts = [int(x) for x in origin["starts"]]
+        again.ends = None if origin["ends"] is None else [int(x) for x in origin["ends"]]
+        return again
+
+    def read_split(self, split: int, skip: int) -> "KafkaSplitReader":
         """Partition ``split``'s inputs after its first ``skip``; ``NOT_YET`` while none
         has arrived; the end once the partition is read to its end (``ending``)."""
+        return KafkaSplitReader(self, split, self.starts[split], skip)
+
+    def read_split_from(self, split: int, position: int, skip: int) -> "KafkaSplitReader":
+        """Partition ``split``'s inputs from offset ``position`` (one a reader gave) on,
+        after the first ``skip`` of them."""
+        if not self.starts[split] <= int(position):
+            raise ValueError(f"KafkaSplits: offset {position} of partition {split} lies "
+                             f"before its origin {self.starts[split]}")
+        return KafkaSplitReader(self, split, int(position), skip)
+
+    def _records(self, split: int, first: int, skip: int) -> Iterator[Tuple[Any, int]]:
+        """(input or ``NOT_YET``, the offset after it) from offset ``first`` on."""
         from confluent_kafka import Consumer, TopicPartition
 
         end = None if self.ends is None else self.ends[split]
-        if end is not None and self.starts[split] >= end:
+        if end is not None and first >= end:
             return
         consumer = Consumer(self._settings())
+        position = first
         try:
-            consumer.assign([TopicPartition(self.topic, split, self.starts[split])])
+            consumer.assign([TopicPartition(self.topic, split, first)])
             while True:
                 values, done = [], False
                 for message in consumer.consume(self.batch, self.poll_timeout):
@@ -104,19 +141,21 @@ class KafkaSplits:
                         done = True
                         break
                     if message.value() is not None:
-                        values.append(message.value())
+                        values.append((message.value(), message.offset() + 1))
                 if skip:
                     dropped = min(skip, len(values))
                     values, skip = values[dropped:], skip - dropped
                 if values:
+                    position = values[-1][1]
                     if self.decode_batch is not None:
-                        yield self.decode_batch(values)
+                        yield self.decode_batch([v for v, _ in values]), position
                     else:
-                        yield from map(self.decode, values)
+                        for value, after in values:
+                            yield self.decode(value), after
                 if done or (end is not None and self._read_to(consumer, split, end)):
                     return
                 if not values:
-                    yield NOT_YET
+                    yield NOT_YET, position
         finally:
             consumer.close()
 
@@ -129,3 +168,22 @@ class KafkaSplits:
 
     def __repr__(self) -> str:
         return f"KafkaSplits({self.topic!r}, {len(self.starts)} partitions)"
+
+
+class KafkaSplitReader:
+    """One replica's reader of a partition (``flux.connector_api.SplitReader``): its
+    inputs, and the offset after the one returned last (``position``)."""
+
+    def __init__(self, source: KafkaSplits, split: int, first: int, skip: int):
+        self.position = first
+        self._records = source._records(split, first, skip)
+
+    def __iter__(self) -> "KafkaSplitReader":
+        return self
+
+    def __next__(self) -> Any:
+        item, self.position = next(self._records)
+        return item
+
+    def close(self) -> None:
+        self._records.close()

@@ -20,7 +20,7 @@ A part of ``flux.protocol.ingress_pair.PairedIngress`` (its attributes are the p
 from __future__ import annotations
 
 from enum import Enum
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.protocol.segment_mode import CatchUp
@@ -73,6 +73,16 @@ class IngressCatchUp:
         self.catchup = CatchUp(c.version, c.peer_mover, started=True)
         return [RequestSend(c.transfer(self.addr), c.peer_mover)]
 
+    def mark_source(self, count: int, position: Any) -> None:
+        """The runtime: its split's source goes on at ``position`` after ``count`` inputs
+        (opaque here; a twin rebuilt from this state seeks there)."""
+        if not self.source_marks or self.source_marks[-1][0] != count:
+            self.source_marks.append((count, position))
+
+    def source_mark(self, count: int) -> Optional[Tuple[int, Any]]:
+        """The newest mark at or before ``count`` inputs, or None."""
+        return next((m for m in reversed(self.source_marks) if m[0] <= count), None)
+
     def sm_ready(self) -> List:
         """The movers are connected: the state goes whole (there are no bulk parts), and
         the survivor takes nothing until it is sent."""
@@ -90,7 +100,8 @@ class IngressCatchUp:
                  "follow": [list(e) for e in self.to_follow],
                  "cuts": [list(self.out.cut) if self.out.cut else None,
                           [list(c) for c in self.cut_epochs]],
-                 "fprod": self.fprod.get_state()}
+                 "fprod": self.fprod.get_state(),
+                 "mark": self.source_mark(self.inputs - pending)}
         return [SendState(self.catchup.transfer(self.addr), pack_state(state))]
 
     def state_sent(self) -> List:
@@ -141,6 +152,8 @@ class IngressCatchUp:
         self.to_follow.extend(tuple(e) for e in state["follow"])
         self._logged_upto(max([0] + [self._position(e) for e in self.to_follow]))
         self.fprod.install_state(state["fprod"], reverse=True)
+        if state["mark"] is not None:  # where it reads its split from (the runtime's)
+            self.mark_source(*state["mark"])
         cut, cut_epochs = state["cuts"]  # the checkpoints it stamps and has still to pass
         self.out.cut = tuple(cut) if cut else None
         self.cut_epochs = [tuple(c) for c in cut_epochs]

@@ -53,6 +53,10 @@ from flux.protocol.segment_mode import CatchUp
 from flux.sequence import epoch_first
 
 
+#: the source marks a replica keeps (cuts are reported within a few loop turns)
+MARKS_KEPT = 16
+
+
 class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
     """One replica of a pair of ingresses; mixed in before ``EpochIngress``."""
 
@@ -73,6 +77,9 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
         self.to_follow: Deque[Tuple] = deque()
         #: checkpoints' cuts it passed following its twin, not reported yet (flush path)
         self.unreported: List = []
+        #: where its split's source stood at recent counts, (count, position), opaque here:
+        #: a twin rebuilt from its state seeks there (``flux.connector_api.SeekableSplits``)
+        self.source_marks: Deque[Tuple[int, Any]] = deque(maxlen=MARKS_KEPT)
 
     def _producer(self, peers, capacity, batch_size, buffer_factory, absent, window,
                   pause_room):

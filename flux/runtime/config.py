@@ -84,7 +84,8 @@ class NodeConfig:
     #: with checkpoints, this run's folder in each split's durable log
     #: (``flux.runtime.split_log``), and what a restart's pairs follow of those logs:
     #: pickled ``(cut, {split: (its count at the cut, the entries past it, the log's
-    #: last place)})`` (b"": a first start, nothing logged)
+    #: last place)}, {split: (a count at or before the cut, where the split's source
+    #: stood then)})`` (b"": a first start, nothing logged)
     split_attempt: int = 0
     split_resume: bytes = b""
 

@@ -16,6 +16,7 @@ machines' local work (``flux.runtime.local_steps``), what it sends
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -354,7 +355,9 @@ class HostLoop:
             elif isinstance(e, SinkCommit) and e.through is not None:
                 self._writer_committed(e)
             elif isinstance(e, CutPassed):  # a pair of ingresses here passed a cut
-                self.report(SplitCutPassed(e.number, e.cut, e.ingress, e.read))
+                mark = self.splits.mark(e.ingress, e.read) if self.splits else None
+                self.report(SplitCutPassed(e.number, e.cut, e.ingress, e.read,
+                                           json.dumps(mark) if mark else ""))
             self.on_effect(e)
 
     def _writer_committed(self, e: SinkCommit) -> None:

@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from flux.connector_api import SeekableSplits, SplitReader
 from flux.control_messages import IngressEnded
 from flux.errors import OperatorError
 from flux.operator import describe
@@ -56,8 +57,11 @@ class NodeIngresses:
         self.interval = interval
         self.origin = origin
         self.wall = wall
-        #: ingress address -> (the replica, the intake of its split)
-        self.intakes: Dict[Any, Tuple[Any, SourceIntake]] = {}
+        #: ingress address -> (the replica, the intake of its split, the split's reader)
+        self.intakes: Dict[Any, Tuple[Any, SourceIntake, Any]] = {}
+        #: split -> where its source stood at a count at or before a restart's cut
+        #: (seekable sources: ``resume``)
+        self.restored_marks: Dict[int, Tuple[int, Any]] = {}
         #: the replicas that said their split is read (one report each)
         self.reported: set = set()
 
@@ -84,10 +88,12 @@ class NodeIngresses:
             if ingress.decides() and epoch > ingress.epoch:
                 continue  # its epoch is over: it ends it (``advance``) before taking more
             try:
-                intake = self._intake(addr, ingress)
+                intake, reader = self._intake(addr, ingress)
                 if not intake.done and intake.feed(ingress, ingress.batch_rows):
                     touch(addr)
                     moved = True
+                    if isinstance(reader, SplitReader) and intake.drained():
+                        ingress.mark_source(ingress.inputs, reader.position)
             except OperatorError:
                 raise  # the next stage's key raised on an input: named already
             except Exception as exc:
@@ -97,15 +103,23 @@ class NodeIngresses:
                                     (ingress.accepted + 1,), describe(exc)) from exc
         return moved
 
-    def _intake(self, addr, ingress) -> SourceIntake:
-        """The intake of ``ingress``'s split; opened where its numbering stands when the
-        replica is new here."""
+    def _intake(self, addr, ingress) -> Tuple[SourceIntake, Any]:
+        """The intake of ``ingress``'s split and its reader; opened where its numbering
+        stands when the replica is new here (a seekable source from the newest mark
+        known at or before that count)."""
         held = self.intakes.get(addr)
         if held is None or held[0] is not ingress:
-            held = self.intakes[addr] = (ingress, SourceIntake(
-                iter(self.source.read_split(addr.partition, ingress.inputs))))
-            log.info("%s reads split %d from input %d", addr, addr.partition, ingress.inputs)
-        return held[1]
+            split, count = addr.partition, ingress.inputs
+            mark = self._mark(ingress, split, count) \
+                if isinstance(self.source, SeekableSplits) else None
+            if mark is None:
+                reader = self.source.read_split(split, count)
+            else:
+                reader = self.source.read_split_from(split, mark[1], count - mark[0])
+            held = self.intakes[addr] = (ingress, SourceIntake(iter(reader)), reader)
+            log.info("%s reads split %d from input %d%s", addr, split, count,
+                     f" (at {mark[1]!r}, input {mark[0]})" if mark else "")
+        return held[1], held[2]
 
     def advance(self, host: Host, touch: Callable[[Any], None]) -> List:
         """End the epoch of every replica that leads (or is alone) once the clock is in a
@@ -170,7 +184,7 @@ class NodeIngresses:
         (a leader's, once its twin acked it: the SN it reports is then the one its twin
         would cut should it die)."""
         out = []
-        for addr, (ingress, intake) in self.intakes.items():
+        for addr, (ingress, intake, _) in self.intakes.items():
             if addr in self.reported or not intake.done or not ingress.items_left():
                 continue
             self.reported.add(addr)
@@ -179,7 +193,7 @@ class NodeIngresses:
 
     def ready(self, host: Host) -> bool:
         """Could taking from a split, or writing a split's log, now move anything?"""
-        return any(intake.ready() for _, intake in self.intakes.values()) or any(
+        return any(intake.ready() for _, intake, _ in self.intakes.values()) or any(
             m.log_due() and a not in self.writing for a, m in self._running(host))
 
     # -- checkpoints ---------------------------------------------------------------
@@ -202,13 +216,31 @@ class NodeIngresses:
                     ingress.cut_at_epoch(number, epoch)
                     touch(addr)
 
-    def resume(self, machines: Dict, cut: int, logs: Dict[int, Any]) -> None:
+    def resume(self, machines: Dict, cut: int, logs: Dict[int, Any],
+               marks: Dict[int, Any]) -> None:
         """A restart: both replicas of each pair here follow their split's log past the
         restored cut ``cut`` (0: none). ``logs``: split -> (its count at the cut, the
-        entries of its log past the cut, the log's last place)."""
+        entries of its log past the cut, the log's last place); ``marks``: split -> where
+        its source stood at a count at or before the cut (seekable sources)."""
+        self.restored_marks = dict(marks)
         for addr, ingress in machines.items():
             if addr.stage == 0 and addr.partition in logs:
                 ingress.resume_from_log(cut, *logs[addr.partition])
+
+    def mark(self, split: int, count: int) -> Optional[Tuple[int, Any]]:
+        """Where split ``split``'s source stood at the newest count known here at or
+        before ``count`` (a cut's: the manifest keeps it), or None."""
+        held = next((h for a, h in self.intakes.items() if a.partition == split), None)
+        return self._mark(held[0] if held else None, split, count)
+
+    def _mark(self, ingress, split: int, count: int) -> Optional[Tuple[int, Any]]:
+        """The newest mark at or before ``count``: the replica's own (or its survivor's,
+        from a catch-up state), else the last restart's."""
+        mark = ingress.source_mark(count) if ingress is not None else None
+        if mark is None:
+            restored = self.restored_marks.get(split)
+            mark = restored if restored is not None and restored[0] <= count else None
+        return mark
 
     def stop(self) -> None:
         if self.logs is not None:

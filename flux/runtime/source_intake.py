@@ -57,6 +57,11 @@ class SourceIntake:
         """Could taking from the source now move anything?"""
         return not (self.done or self.waiting or self.held_back)
 
+    def drained(self) -> bool:
+        """Did the ingress accept everything read from the source so far (so the source's
+        position is that of the last input accepted)?"""
+        return self._next_record is None and not self._gathered
+
     def due_in(self) -> Optional[float]:
         """Seconds until a waiting source has its next record (None: not waiting)."""
         return self.source.due_in() if self.waiting and self._waits else None

@@ -28,11 +28,11 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import fsspec
 
-from flux.checksums import Damaged, digest
+from flux.checksums import Damaged, digest, seal, unseal
 from flux.errors import CheckpointCorrupt
 from flux.protocol.ingress_journal import entries_past
 from flux.protocol.ingress_twin_log import EPOCH
@@ -212,6 +212,21 @@ class SplitLogs:
     def log(self, split: int) -> SplitLog:
         return SplitLog(self.fs, self.root, split)
 
+    def origin(self, current: Any) -> Any:
+        """Where the splits begin, as the first run at this location recorded it (the
+        counts in the logs and the checkpoints are from there); ``current`` is recorded
+        when none was. A damaged record: ``CheckpointCorrupt``."""
+        path = f"{self.root.rstrip('/')}/{FOLDER}/origin.json"
+        if not self.fs.exists(path):
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(path, seal({"origin": current}))
+            return current
+        try:
+            return unseal(self.fs.cat_file(path), path)["origin"]
+        except (Damaged, KeyError) as exc:
+            raise CheckpointCorrupt(path, f"the splits' origin cannot be read: {exc}") \
+                from None
+
     def next_attempt(self) -> int:
         """The folder number of the next run's writes: past every earlier run's."""
         return 1 + max([-1] + [a for i in range(self.splits)
@@ -229,6 +244,10 @@ class SplitLogs:
             if got.damaged is not None:
                 raise CheckpointCorrupt(got.damaged.path, f"split {split}'s log: "
                                         f"{got.damaged.why}")
+            if not cut and got.first > 1:  # truncated for checkpoints none of which is left
+                raise CheckpointCorrupt(f"{self.url}/{FOLDER}/{split}", f"a restart from "
+                                        f"the first input needs its log from place 1, it "
+                                        f"keeps places from {got.first} on")
             out[split] = (positions[split] if cut else 0,
                           entries_past(got.entries, cut, self.splits), got.last)
         return out

@@ -97,6 +97,22 @@ def shipped_sink(sink) -> bytes:
                          f"a bootstrap string), never a lock, a socket or a client") from exc
 
 
+def driver_checkpoints(opts: JobOptions, dataflow, source, replay_order: Optional[str],
+                       splits: int, events: list, sinks: int) -> Optional[DriverCheckpoints]:
+    """The driver's part of checkpointing (None: no ``checkpoint=``): of the driver's
+    ingress (``replay_order``: how a restart reads the source again), or of the pairs of
+    ingresses of a ``SplitSource``'s ``splits``."""
+    rep = opts.replication
+    if replay_order is not None:
+        return DriverCheckpoints(opts.checkpoints, dataflow, rep.nodes, source, replay_order,
+                                 events, sinks=sinks, key_groups=rep.key_groups)
+    if splits and opts.checkpoints.location is not None:  # cut by the pairs
+        return SplitCheckpoints(opts.checkpoints, dataflow, rep.nodes, source, splits,
+                                opts.tuning.epoch_interval, events, sinks=sinks,
+                                key_groups=rep.key_groups)
+    return None
+
+
 class FluxJob(JobViews):
     """``FluxJob(spark, dataflow, source, sink=None, **options)``: the keyword arguments
     are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them); what
@@ -153,21 +169,15 @@ class FluxJob(JobViews):
             digests=opts.checkpoints.digests,
             split_source=cloudpickle.dumps(source) if splits else b"", splits=splits,
             epoch_interval=tuning.epoch_interval, epoch_origin=time.time())
-        self._checkpointing: Optional[DriverCheckpoints] = None
-        if replay_order is not None:
-            self._checkpointing = DriverCheckpoints(opts.checkpoints, dataflow, nodes, source,
-                                                    replay_order, self.metrics.events,
-                                                    sinks=self.config.egresses,
-                                                    key_groups=opts.replication.key_groups)
-        elif splits and opts.checkpoints.location is not None:  # cut by the pairs
-            self._checkpointing = SplitCheckpoints(
-                opts.checkpoints, dataflow, nodes, source, splits, tuning.epoch_interval,
-                self.metrics.events, sinks=self.config.egresses,
-                key_groups=opts.replication.key_groups)
+        self._checkpointing = driver_checkpoints(opts, dataflow, source, replay_order, splits,
+                                                 self.metrics.events, self.config.egresses)
         if self._checkpointing is not None:
             self._checkpointing.plan(self.output.holds())
+            if splits:  # read from the origin recorded at this location (SplitOrigin)
+                self.source = source = self._checkpointing.source
             self.config = replace(self.config, checkpoint=self._checkpointing.url,
-                                  key_groups=self._checkpointing.key_groups)
+                                  key_groups=self._checkpointing.key_groups,
+                                  split_source=cloudpickle.dumps(source) if splits else b"")
             restore = self._checkpointing.restore
             if restore is not None and restore["partitions"] != nodes:
                 check_rescalable(dataflow, sample, opts.replication.key_groups)

@@ -5,23 +5,32 @@ only steers.
 - **Cuts.** Every ``interval`` seconds the coordinator names an epoch a margin ahead of
   the wall clock and tells every node (``CutAtEpoch``); the replicas of the pairs that
   decide stamp it, each by itself, and each pair reports passing it with its split's
-  count there (``SplitCutPassed``). With every split's count, the checkpoint has its
-  source position: one count per split. A pair already past that epoch refuses the cut
-  and the checkpoint never completes (the next one does).
+  count there (``SplitCutPassed``) and, for a source that can seek
+  (``flux.connector_api.SeekableSplits``), where the split's source stood at a count at
+  or before it. With every split's, the checkpoint has its source position
+  (``{"counts": [...], "marks": [...]}``). A pair already past that epoch refuses the
+  cut and the checkpoint never completes (the next one does).
 - **Restarts.** Each split's durable log is read, and every pair follows the entries
-  past the restored cut (``node_settings``); the epoch clock goes on past the last epoch
-  any log starts, so a new driver's clock does not hold the pairs back.
+  past the restored cut (``node_settings``), reading its split from the mark (else
+  from its origin); the epoch clock goes on past the last epoch any log starts, so a
+  new driver's clock does not hold the pairs back.
+- **The origin.** A source whose splits begin where it was made
+  (``flux.connector_api.SplitOrigin``: Kafka's ``earliest`` and ``latest`` move) is
+  read from the origin the first run at this location recorded: every count is from
+  there.
 - **Truncation.** As checkpoints complete, what no restart reads of the logs goes
   (``SplitLogs.truncate``, through the checkpoint service).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import pickle
 import time
-from typing import Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
+from flux.connector_api import SplitOrigin
 from flux.control_messages import CutAtEpoch, SplitCutPassed
 from flux.runtime.split_log import SplitLogs
 from flux.sequence import EPOCH_INPUTS, epoch_first
@@ -43,11 +52,20 @@ class SplitCheckpoints(DriverCheckpoints):
                          key_groups=key_groups)
         self.splits, self.epoch_interval = splits, epoch_interval
         self.logs = SplitLogs(self.url, splits)
+        if isinstance(source, SplitOrigin):  # counts from where the first run began
+            recorded = self.logs.origin(source.origin())
+            if recorded != source.origin():
+                log.info("%r reads from the origin its first run at %s recorded: %s",
+                         source, self.url, recorded)
+                self.source = source.at_origin(recorded)
         self.service.input_log = self.logs  # truncated as checkpoints complete
-        #: checkpoint -> split -> its count at the cut, as the pairs report
-        self._passed: Dict[int, Dict[int, int]] = {}
-        position = self.restore["source"] if self.restore else [0] * splits
-        if not (isinstance(position, list) and len(position) == splits):
+        #: checkpoint -> split -> (its count at the cut, its source's mark or None), as
+        #: the pairs report
+        self._passed: Dict[int, Dict[int, Tuple[int, Any]]] = {}
+        position = self.restore["source"] if self.restore else None
+        if self.restore is not None and not (
+                isinstance(position, dict) and len(position.get("counts", ())) == splits
+                and len(position.get("marks", ())) == splits):
             raise ValueError(f"checkpoint {self.restore['checkpoint']} of {self.url} holds "
                              f"the source position {position!r}, not a count for each of "
                              f"this SplitSource's {splits} splits: a job of another "
@@ -60,14 +78,17 @@ class SplitCheckpoints(DriverCheckpoints):
         past the last epoch any log starts)."""
         restore = self.restore
         cut = restore["cut"] if restore else 0
-        logs = self.logs.replay(cut, restore["source"] if restore else [])
+        logs = self.logs.replay(cut, restore["source"]["counts"] if restore else [])
+        marks = {split: tuple(mark) for split, mark in enumerate(
+            restore["source"]["marks"] if restore else []) if mark is not None}
         resume = {split: got for split, got in logs.items() if cut or got[1]}
         last = max(self.logs.last_epoch(logs), cut // (self.splits * EPOCH_INPUTS) - 1)
         if resume:
             log.info("the pairs of ingresses follow their splits' logs past cut %d: %s",
                      cut, {s: len(e) for s, (_, e, _) in resume.items()})
+        self._cut_at = time.monotonic() + self.interval  # the first cut an interval on
         return dict(split_attempt=self.logs.next_attempt(),
-                    split_resume=pickle.dumps((cut, resume)) if resume else b"",
+                    split_resume=pickle.dumps((cut, resume, marks)) if resume else b"",
                     epoch_origin=min(origin, now - (last + 2) * self.epoch_interval))
 
     # -- while the data flows (a thread of the driver's) -----------------------------------
@@ -99,15 +120,17 @@ class SplitCheckpoints(DriverCheckpoints):
         if got is None:
             return  # of an earlier run, or abandoned long ago
         if msg.split in got:
-            if got[msg.split] != msg.read:  # the twins read the same split to one cut
+            if got[msg.split][0] != msg.read:  # the twins read the same split to one cut
                 log.error("split %d passed checkpoint %d's cut having read %d inputs, "
                           "and %d by its twin's report", msg.split, msg.number, msg.read,
-                          got[msg.split])
+                          got[msg.split][0])
             return
-        got[msg.split] = msg.read
+        got[msg.split] = (msg.read, json.loads(msg.mark) if msg.mark else None)
         if len(got) == self.splits:
             del self._passed[msg.number]
-            self.service.source_recorded(msg.number, [got[i] for i in range(self.splits)])
+            self.service.source_recorded(msg.number, {
+                "counts": [got[i][0] for i in range(self.splits)],
+                "marks": [got[i][1] for i in range(self.splits)]})
 
     def restart(self, sink_holds):
         self._passed.clear()  # the old run's cuts will not complete
