@@ -47,10 +47,10 @@ def local_cluster_session(executors: int, tmp_dir: str, memory_mb: int = 1024,
     sc = spark.sparkContext
     quiet_task_failures(spark)
     deadline = time.monotonic() + ready_timeout
-    while _executor_count(sc) < executors:
+    while executor_count(sc) < executors:
         if time.monotonic() > deadline:
             spark.stop()
-            raise TimeoutError(f"only {_executor_count(sc)} of {executors} executors registered")
+            raise TimeoutError(f"only {executor_count(sc)} of {executors} executors registered")
         time.sleep(0.2)
     # Warm every executor's Python daemon so a retried task starts at once.
     sc.parallelize(range(executors * 2), executors * 2).map(lambda x: x).collect()
@@ -136,6 +136,7 @@ def driver_python_path() -> str:
     return os.pathsep.join(dict.fromkeys(p for p in entries if os.path.isdir(p)))
 
 
-def _executor_count(sc) -> int:
+def executor_count(sc) -> int:
+    """How many executors of the session's context are registered now."""
     status = sc._jsc.sc().getExecutorMemoryStatus()
     return status.size() - 1  # the driver is listed too
