@@ -57,7 +57,8 @@ class NodeIngresses:
         self.interval = interval
         self.origin = origin
         self.wall = wall
-        #: ingress address -> (the replica, the intake of its split, the split's reader)
+        #: ingress address -> (the replica, the intake of its split, the split's reader if
+        #: it knows its position, else None)
         self.intakes: Dict[Any, Tuple[Any, SourceIntake, Any]] = {}
         #: split -> where its source stood at a count at or before a restart's cut
         #: (seekable sources: ``resume``)
@@ -92,7 +93,7 @@ class NodeIngresses:
                 if not intake.done and intake.feed(ingress, ingress.batch_rows):
                     touch(addr)
                     moved = True
-                    if isinstance(reader, SplitReader) and intake.drained():
+                    if reader is not None and intake.drained():
                         ingress.mark_source(ingress.inputs, reader.position)
             except OperatorError:
                 raise  # the next stage's key raised on an input: named already
@@ -104,7 +105,8 @@ class NodeIngresses:
         return moved
 
     def _intake(self, addr, ingress) -> Tuple[SourceIntake, Any]:
-        """The intake of ``ingress``'s split and its reader; opened where its numbering
+        """The intake of ``ingress``'s split and its reader (None: it knows no position;
+        asked once, not at every turn); opened where its numbering
         stands when the replica is new here (a seekable source from the newest mark
         known at or before that count)."""
         held = self.intakes.get(addr)
@@ -116,7 +118,8 @@ class NodeIngresses:
                 reader = self.source.read_split(split, count)
             else:
                 reader = self.source.read_split_from(split, mark[1], count - mark[0])
-            held = self.intakes[addr] = (ingress, SourceIntake(iter(reader)), reader)
+            held = self.intakes[addr] = (ingress, SourceIntake(iter(reader)), reader
+                                         if isinstance(reader, SplitReader) else None)
             log.info("%s reads split %d from input %d%s", addr, split, count,
                      f" (at {mark[1]!r}, input {mark[0]})" if mark else "")
         return held[1], held[2]
