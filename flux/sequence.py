@@ -45,6 +45,18 @@ def epoch_first(epoch: int, ingress: int, ingresses: int) -> int:
     return (epoch * ingresses + ingress) * EPOCH_INPUTS
 
 
+def epoch_at(wall: float, origin: float, interval: float) -> int:
+    """The epoch of the wall clock at ``wall``: epoch e begins at ``origin + e *
+    interval`` for every ingress of a job (the nodes' and the driver's clocks alike)."""
+    return max(0, int((wall - origin) // interval))
+
+
+def epoch_ended_by(cut: int, ingresses: int) -> int:
+    """The epoch whose end a checkpoint's cut is (``epoch_first(e + 1, 0, k)`` for the
+    cut at the end of epoch ``e``); -1 for no cut (0)."""
+    return cut // (ingresses * EPOCH_INPUTS) - 1
+
+
 def input_sn(n: int) -> SN:
     """The SN the ingress gives its n-th input (n >= 1)."""
     if n < 1:

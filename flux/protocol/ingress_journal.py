@@ -33,7 +33,7 @@ from flux.data_messages import LogAck
 from flux.effects import Send
 from flux.errors import LocalProtocolError
 from flux.protocol.ingress_twin_log import CUT, EPOCH, FOLLOWING, ITEM, LEADING
-from flux.sequence import EPOCH_INPUTS, epoch_first
+from flux.sequence import epoch_ended_by, epoch_first
 
 
 def entries_past(entries: List[Tuple], cut: int, ingresses: int) -> List[Tuple]:
@@ -42,7 +42,7 @@ def entries_past(entries: List[Tuple], cut: int, ingresses: int) -> List[Tuple]:
     from the start, ``cut`` 0). Earlier ones number inputs the checkpoint covers."""
     if not cut:
         return list(entries)
-    ended = cut // (ingresses * EPOCH_INPUTS) - 1
+    ended = epoch_ended_by(cut, ingresses)
     first = next((n for n, e in enumerate(entries) if e[0] == EPOCH and e[1] > ended),
                  len(entries))
     return list(entries[first:])

@@ -29,6 +29,7 @@ from flux.errors import OperatorError
 from flux.operator import describe
 from flux.protocol.host import Host
 from flux.runtime.source_intake import SourceIntake
+from flux.sequence import epoch_at
 from flux.runtime.split_log_writer import SplitLogWriter
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class NodeIngresses:
 
     def epoch_now(self) -> int:
         """The epoch the wall clock is in."""
-        return max(0, int((self.wall() - self.origin) // self.interval))
+        return epoch_at(self.wall(), self.origin, self.interval)
 
     def epoch_start(self, epoch: int) -> float:
         """When epoch ``epoch`` began (wall clock)."""

@@ -36,7 +36,7 @@ from flux.checksums import Damaged, digest, seal, unseal
 from flux.errors import CheckpointCorrupt
 from flux.protocol.ingress_journal import entries_past
 from flux.protocol.ingress_twin_log import EPOCH
-from flux.sequence import EPOCH_INPUTS
+from flux.sequence import epoch_ended_by
 from flux.runtime.ranged_objects import ranged_objects, ranged_path
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ class SplitLogs:
 
     def truncate(self, cut: int) -> None:
         """The oldest checkpoint kept has cut ``cut``: what no restart reads goes."""
-        ended = cut // (self.splits * EPOCH_INPUTS) - 1
+        ended = epoch_ended_by(cut, self.splits)
         for split in range(self.splits):
             try:
                 self.log(split).truncate(ended)

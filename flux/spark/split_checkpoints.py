@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Tuple
 from flux.connector_api import SplitOrigin
 from flux.control_messages import CutAtEpoch, SplitCutPassed
 from flux.runtime.split_log import SplitLogs
-from flux.sequence import EPOCH_INPUTS, epoch_first
+from flux.sequence import epoch_ended_by, epoch_first
 from flux.spark.driver_checkpoints import DriverCheckpoints
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class SplitCheckpoints(DriverCheckpoints):
         marks = {split: tuple(mark) for split, mark in enumerate(
             restore["source"]["marks"] if restore else []) if mark is not None}
         resume = {split: got for split, got in logs.items() if cut or got[1]}
-        last = max(self.logs.last_epoch(logs), cut // (self.splits * EPOCH_INPUTS) - 1)
+        last = max(self.logs.last_epoch(logs), epoch_ended_by(cut, self.splits))
         if resume:
             log.info("the pairs of ingresses follow their splits' logs past cut %d: %s",
                      cut, {s: len(e) for s, (_, e, _) in resume.items()})

@@ -14,7 +14,7 @@ from pyspark import cloudpickle
 
 from flux.connectors.sources import NOT_YET
 from flux.control_messages import IngressEnded, NodeStats
-from flux.sequence import EPOCH_INPUTS
+from flux.sequence import EPOCH_INPUTS, epoch_at
 from flux.spark.split_checkpoints import SplitCheckpoints
 
 
@@ -62,7 +62,7 @@ class SplitWatch:
 
     def epoch_now(self, wall: float) -> int:
         """The epoch the pairs' clock is in at wall-clock time ``wall``."""
-        return max(0, int((wall - self.origin) // self.interval))
+        return epoch_at(wall, self.origin, self.interval)
 
     def input_time(self, sn: int) -> float:
         """When the epoch of input ``sn`` began (wall clock): at most an epoch before the
