@@ -33,9 +33,13 @@ runs, in one of these scenarios (drawn at random):
   them); the node scenarios run as above, ``ingress-kill`` kills the node of a
   random split's leading ingress replica instead (its worker or executor): the
   survivor must lead alone, the lost replica be rebuilt, the output be the
-  reference; and ``egress-kill`` runs as above, no record crossing the driver
+  reference; ``egress-kill`` runs as above, no record crossing the driver
   (each partition's sink must hold, in order, that partition's part of the
-  reference);
+  reference); ``double-restart`` checkpoints as above (the pairs of ingresses write
+  their splits' logs) with the output kept in the driver or, drawn, a ``FileSink``
+  per partition on the executors: both nodes of a pair are killed, the job restarts
+  from its last checkpoint and each pair follows its split's log; and
+  ``driver-kill`` runs ``experiments.resumable_job --splits 3``;
 - ``driver-kill``: the driver of ``experiments.resumable_job`` (its own Spark,
   in a process group of its own) is SIGKILLed at a random moment, once or
   twice, and the program run again with the same checkpoint location: the
@@ -90,9 +94,9 @@ RESTART_SCENARIOS = ("double-restart", "ingress-kill", "driver-kill")
 CHECKPOINTED = ("double-restart", "ingress-kill")
 SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "double",
              *RESTART_SCENARIOS, *HOST_SCENARIOS, "egress-kill")
-#: the scenarios of ``--splits`` (no checkpoints with a split source yet)
+#: the scenarios of ``--splits``
 SPLIT_SCENARIOS = ("one", "two-pairs", "same-pair", "standby-during-catch-up", "ingress-kill",
-                   "egress-kill")
+                   "egress-kill", "double-restart", "driver-kill")
 SPLITS = 4
 NODES, STANDBYS = 4, 1
 
@@ -223,6 +227,7 @@ class Chaos:
         from flux.spark.job import FluxJob
 
         self.run, self.rng, self.args, self.rig = run, rng, args, rig
+        self.folder: Optional[str] = None  # a run's files, removed by ``close``
         if args.splits:  # read on the executors, into a dataflow naming its inputs
             run.dataflow = "relaying, 4 splits"
             self.records = [tuple(r) for r in keyed_workload(
@@ -231,11 +236,20 @@ class Chaos:
                                    rate=args.rate / SPLITS)
             self.duration, self.sink, self.output = args.packets / args.rate, None, None
             egresses = {}
-            if run.scenario == "egress-kill":  # each partition's egress on an executor
+            restarts = run.scenario == "double-restart"
+            if restarts or run.scenario == "egress-kill":
                 self.folder = tempfile.mkdtemp(prefix="flux-chaos-")
+            if run.scenario == "egress-kill" or restarts and rng.random() < 0.5:
+                # each partition's egress on an executor, into its own FileSink
                 self.sink = SinkPerPartition(lambda p: FileSink(f"{self.folder}/out/{p}"))
                 egresses = dict(ordered_output=False, egress_on_executors=True,
                                 sink=self.sink)
+            if restarts:  # the pairs write their splits' logs; cuts at epochs' ends
+                interval = rng.choice((0.5, 1.0, 2.0))
+                run.kills.append(f"checkpoints every {interval}s"
+                                 + (", a FileSink per partition" if self.sink else ""))
+                egresses.update(checkpoint=f"{self.folder}/ckpt",
+                                checkpoint_interval=interval)
             self.job = FluxJob(spark, relaying_dataflow(), self.feed, nodes=NODES,
                                standbys=STANDBYS, **egresses)
             return
@@ -386,15 +400,20 @@ class Chaos:
         if run.scenario in CHECKPOINTED and not self.args.splits:
             self.check_restarted(output)
             return
-        if run.scenario == "egress-kill":  # no output in the driver: the sinks hold it
-            output = []  # (``check_sink`` reads them once the job stopped)
+        if run.scenario == "double-restart":  # with --splits
+            self.check_restart_log()
+        # with an egress per partition on the executors the sinks hold the output
+        # (``check_sink`` reads them once the job stopped)
+        in_sinks = run.scenario == "egress-kill" or self.args.splits and self.sink is not None
         self.wait(lambda: not self.recovery().pending() and not self.catching_up(),
                   "every pair to be rebuilt")
         if self.job.controller.dead and not self.recovery().completed:
             raise AssertionError("a node was declared dead and nothing was rebuilt")
-        if self.args.splits and run.scenario != "egress-kill":
+        if in_sinks:
+            pass
+        elif self.args.splits:
             self.check_split_output(output)
-        elif run.scenario != "egress-kill" and not self.output.equals(output):
+        elif not self.output.equals(output):
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
                                  f"{len(self.output.ordered)} expected)")
         if not self.args.splits and self.feed.dropped:  # a split waits, never drops
@@ -420,13 +439,16 @@ class Chaos:
         self.check_split_output(sorted(out for part in parts for out in part))
 
 
-    def check_restarted(self, output) -> None:
+    def check_restart_log(self) -> None:
         job, run = self.job, self.run
         if not job.restart_log:
             raise AssertionError(f"{run.scenario}: the job did not restart")
         for when, restored, why in job.restart_log:
             run.kills.append(f"restarted from checkpoint {restored} "
                              f"at {when - job.metrics.t0:.2f}s")
+
+    def check_restarted(self, output) -> None:
+        self.check_restart_log()
         if not self.output.equals(output):
             raise AssertionError(f"output differs from the reference ({len(output)} outputs, "
                                  f"{len(self.output.ordered)} expected)")
@@ -448,9 +470,7 @@ class Chaos:
             raise AssertionError("the FileSink's committed content is not the reference")
 
     def close(self) -> None:
-        if self.args.splits and self.run.scenario != "egress-kill":
-            return
-        if self.run.scenario in CHECKPOINTED or self.run.scenario == "egress-kill":
+        if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -458,7 +478,7 @@ def play_driver_kill(run: Run, rng: random.Random, args) -> None:
     """Run ``experiments.resumable_job``, SIGKILL its driver at a random moment (once or
     twice), run it again with the same checkpoint location until it is done; its sink
     must hold the failure-free output. Its Spark is its own: no other runs meanwhile."""
-    from experiments.resumable_job import Program, read_sink, write_inputs
+    from experiments.resumable_job import Program, per_key, read_sink, write_inputs
 
     folder = pathlib.Path(tempfile.mkdtemp(prefix="flux-chaos-"))
     try:
@@ -468,8 +488,9 @@ def play_driver_kill(run: Run, rng: random.Random, args) -> None:
         expected = write_inputs(folder / "in", args.packets, seed=rng.randrange(1 << 30))
         cli = ["--input", str(folder / "in"), "--sink", str(folder / "out"), "--sink-format",
                fmt, "--checkpoint", str(folder / "ckpt"), "--interval", str(interval),
-               "--rate", str(args.rate)]
-        run.kills.append(f"checkpoints every {interval}s")
+               "--rate", str(args.rate)] + (["--splits", "3"] if args.splits else [])
+        run.kills.append(f"checkpoints every {interval}s"
+                         + (", read as 3 splits on the executors" if args.splits else ""))
         for attempt in range(rng.choice((1, 1, 2))):
             program = Program(cli, folder / f"driver{attempt}.log")
             try:
@@ -489,7 +510,13 @@ def play_driver_kill(run: Run, rng: random.Random, args) -> None:
         run.kills.append(f"run again from checkpoint {started['checkpoint']} "
                          f"(cut {started['cut']})")
         got = read_sink(fmt, str(folder / "out"))
-        if got != expected:
+        if args.splits:  # numbered in the job's order: the same key by key, each once
+            sns = [tuple(sn) for sn, _ in got]
+            if sns != sorted(set(sns)) or per_key(got) != per_key(expected):
+                raise AssertionError(f"the sink holds {len(got)} outputs, not the "
+                                     f"{len(expected)} of the reference key by key (or an "
+                                     "SN twice, or out of order)")
+        elif got != expected:
             raise AssertionError(f"the sink holds {len(got)} outputs, not the "
                                  f"{len(expected)} of the reference (or not in order)")
     finally:

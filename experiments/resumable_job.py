@@ -47,6 +47,16 @@ def read_sink(fmt: str, path: str) -> list:
     return read_file_sink(path)
 
 
+def per_key(rows) -> dict:
+    """The records of ``(sn, record)`` rows by key, each key's in SN order. With
+    ``--splits`` the job numbers the splits' inputs in an order of its own, but each
+    key's inputs lie in one split, in order: its outputs are the same key by key."""
+    out: dict = {}
+    for _, record in sorted(rows, key=lambda row: tuple(row[0])):
+        out.setdefault(record[0], []).append(record)
+    return out
+
+
 def write_inputs(folder: Path, n: int, files: int = 4, seed: int = 5) -> list:
     """``n`` keyed records in ``files`` JSON-lines files of ``folder``; returns the
     failure-free output of this program's dataflow over its 4 partitions, as its sink reads

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.resumable_job import Program, read_sink, write_inputs
+from experiments.resumable_job import Program, per_key, read_sink, write_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,14 +50,6 @@ def test_a_killed_driver_run_again_resumes_from_its_checkpoint(tmp_path, fmt):
     assert started["cut"] > 0
     assert done["restarts"] == 0
     assert read_sink(fmt, str(tmp_path / "out")) == expected
-
-
-def per_key(rows) -> dict:
-    """The records of ``(sn, record)`` rows by key, each key's in SN order."""
-    out: dict = {}
-    for _, record in sorted(rows, key=lambda row: row[0]):
-        out.setdefault(record[0], []).append(record)
-    return out
 
 
 def test_a_killed_driver_of_a_split_job_run_again_resumes_from_its_checkpoint(tmp_path):
