@@ -67,13 +67,13 @@ def test_a_split_job_refuses_what_is_not_built_for_it_naming_it():
     two = ListSplits([[1], [2]])
     assert check_split_job(two, JobOptions.from_kwargs()) == 2
     assert check_split_job(two, JobOptions.from_kwargs(checkpoint="/tmp/x")) == 2
-    with pytest.raises(ValueError, match="verify_interval= is not built"):
-        check_split_job(two, JobOptions.from_kwargs(verify_interval=1.0))
+    assert check_split_job(two, JobOptions.from_kwargs(verify_interval=1.0)) == 2
     with pytest.raises(ValueError, match="replication='flux'"):
         check_split_job(two, JobOptions.from_kwargs(replication="none"))
     with pytest.raises(ValueError, match="Unpicklable cannot be pickled"):
         check_split_job(Unpicklable(), JobOptions.from_kwargs())
     assert split_sample(ListSplits([[1, 2, 3], [4]]), 2) == [1, 2]
+    assert split_sample(ListSplits([[1, 2, 3], [4]]), 0) == []  # check_records=0: no checks
 
 
 class Clock:
@@ -82,6 +82,28 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def test_verify_cuts_without_checkpoints_name_an_epoch_ahead_every_interval():
+    """``verify_interval=`` with a split source: every interval the end of an epoch
+    0.3 s past the clock's, told to every node, numbered on; none once all was read."""
+    from flux.control_messages import CutAtEpoch
+    from flux.spark.verify_cuts import EpochVerifyCuts
+
+    clock, told = Clock(0.0), []
+    cuts = EpochVerifyCuts(0.5, epoch_interval=0.01, clock=clock)
+    cuts.maybe_cut_at_epoch(40, told.append, done=False)
+    assert told == []  # not due yet
+    clock.t = 0.5
+    cuts.maybe_cut_at_epoch(50, told.append, done=False)
+    cuts.maybe_cut_at_epoch(51, told.append, done=False)  # the next is an interval on
+    clock.t = 1.0
+    cuts.maybe_cut_at_epoch(100, told.append, done=False)
+    clock.t = 1.5
+    cuts.maybe_cut_at_epoch(150, told.append, done=True)
+    assert told == [CutAtEpoch(1, 80), CutAtEpoch(2, 130)]
+    with pytest.raises(ValueError, match="verify_interval must be > 0"):
+        EpochVerifyCuts(0, epoch_interval=0.01)
 
 
 def node(replica: int, source, clock):

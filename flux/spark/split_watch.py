@@ -7,8 +7,9 @@ counters. It stands where the driver's feed stands for the end of the job
 (``flux.spark.split_checkpoints``)."""
 from __future__ import annotations
 
+import itertools
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from pyspark import cloudpickle
 
@@ -16,14 +17,15 @@ from flux.connectors.sources import NOT_YET
 from flux.control_messages import IngressEnded, NodeStats
 from flux.sequence import EPOCH_INPUTS, epoch_at
 from flux.spark.split_checkpoints import SplitCheckpoints
+from flux.spark.verify_cuts import EpochVerifyCuts
 
 
 class SplitWatch:
     """The splits' ends as reported (by the controller's thread), asked by the driver's;
-    the checkpoints' cuts, when the job has them."""
+    the checkpoints' cuts, or without checkpoints the verify cuts, when the job has them."""
 
     def __init__(self, splits: int, epoch_origin: float, epoch_interval: float,
-                 cuts: Optional[SplitCheckpoints] = None):
+                 cuts: Union[SplitCheckpoints, EpochVerifyCuts, None] = None):
         self.splits = splits
         self.cuts = cuts
         self.origin, self.interval = epoch_origin, epoch_interval
@@ -42,7 +44,7 @@ class SplitWatch:
 
     def turn(self, node_stats, metrics, tell: Callable[[Any], None]) -> None:
         """The controller's thread, each turn: the inputs the nodes counted, to the
-        metrics; a checkpoint's cut when one is due (``tell``: to every node)."""
+        metrics; a cut when one is due (``tell``: to every node)."""
         taken = self.inputs_taken(node_stats)
         if taken is not None:
             metrics.inputs_counted(taken)
@@ -97,9 +99,6 @@ def check_split_job(source, options) -> int:
         raise ValueError(f"a SplitSource's splits are read by pairs of ingresses, which "
                          f"replication={options.replication.mode!r} does not have: use "
                          f"replication='flux'")
-    if options.checkpoints.verify_interval is not None:
-        raise ValueError("verify_interval= is not built for a SplitSource yet: with "
-                         "checkpoint= the pairs' digests are compared at every checkpoint")
     try:
         cloudpickle.dumps(source)
     except Exception as exc:
@@ -110,12 +109,7 @@ def check_split_job(source, options) -> int:
 
 
 def split_sample(source, n: int) -> list:
-    """Up to ``n`` first inputs of split 0, for the checks before deploying."""
-    out = []
-    for item in source.read_split(0, 0):
-        if item is NOT_YET:
-            break
-        out.append(item)
-        if len(out) >= n:
-            break
-    return out
+    """Up to ``n`` first inputs of split 0, for the checks before deploying (none:
+    ``check_records=0`` leaves the checks out)."""
+    read = itertools.takewhile(lambda item: item is not NOT_YET, source.read_split(0, 0))
+    return list(itertools.islice(read, max(n, 0)))
