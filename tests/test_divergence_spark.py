@@ -114,6 +114,27 @@ def test_without_checkpoints_verify_cuts_find_it(spark, tmp_path):
     assert not (tmp_path / "ckpt").exists()  # nothing written
 
 
+def test_a_split_job_without_checkpoints_finds_it_at_a_verify_cut(spark):
+    """The input read on the executors (``ListSplits``): the driver names an epoch's end
+    every ``verify_interval`` and the pairs of ingresses cut there, as for a checkpoint
+    (nothing is written)."""
+    from flux.connectors.split_sources import ListSplits
+    from flux.dataflow import Dataflow, Stage
+    from flux.errors import ReplicasDiverged
+    from flux.spark.job import FluxJob
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(40_000, seed=5, keys=20)]
+    splits = ListSplits([records[0::2], records[1::2]], rate=2_500)
+    job = FluxJob(spark, Dataflow([Stage("counts", key_of, (CountsWithLastSeen,))]), splits,
+                  nodes=2, standbys=1, check_records=0, verify_interval=0.5)
+    with job:
+        with pytest.raises(ReplicasDiverged, match="the state of CountsWithLastSeen") as caught:
+            job.wait(timeout=120)
+    assert caught.value.number == 1  # the first verify cut
+    assert job.attempt.ingress_process is None  # the driver read no input
+
+
 def test_a_keyed_state_that_diverges_names_a_key_whose_values_differ(spark, tmp_path):
     """The controller asks both replicas for their pairs in the groups of the digest that
     differ, as at the cut, and names the first key there whose values differ."""

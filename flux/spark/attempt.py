@@ -41,6 +41,7 @@ from flux.spark.output import OutputWriter
 from flux.spark.driver_ingress import feed_ingress, start_feed, start_ingress_process
 from flux.spark.set_rebuild import SetRebuild
 from flux.spark.split_watch import SplitWatch
+from flux.spark.verify_cuts import EpochVerifyCuts
 from flux.spark.writer_watch import WriterWatch
 from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
 
@@ -150,8 +151,10 @@ class Attempt:
             restore=self.restored["checkpoint"] if self.restored else -1, **settings)
         self.topology = self.config.topology()
         if config.splits:
+            cuts = p.checkpoints or (EpochVerifyCuts(p.verify_interval, config.epoch_interval)
+                                     if p.verify_interval else None)
             self.split_watch = SplitWatch(config.splits, self.config.epoch_origin,
-                                          config.epoch_interval, cuts=p.checkpoints)
+                                          config.epoch_interval, cuts=cuts)
 
     def _data_report(self, msg) -> None:
         """The controller's thread: a node's report of the data's progress."""

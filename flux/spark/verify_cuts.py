@@ -4,14 +4,19 @@ With ``checkpoint=`` the pairs compare their digests at every checkpoint's cut. 
 one, ``verify_interval=`` asks the ingress for a cut every that many seconds (when inputs
 came since the last): the cut travels with the data as a checkpoint's does, every
 replica digests its state and outputs when its merge passes it, and nothing is written
-(no replica keeps a snapshot, the sinks commit as they would anyway).
+(no replica keeps a snapshot, the sinks commit as they would anyway). With a
+``SplitSource`` the pairs of ingresses on the executors cut, as for a checkpoint, at the
+end of an epoch the driver names (``EpochVerifyCuts``).
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
+from flux.control_messages import CutAtEpoch, SplitCutPassed
 from flux.runtime.ingress_feed import IngressFeed
+from flux.spark.split_checkpoints import CUT_AHEAD
 
 
 class VerifyCuts:
@@ -35,3 +40,31 @@ class VerifyCuts:
 
     def report_offsets(self, report) -> None:
         """As ``DriverCheckpoints.report_offsets``: no checkpoint, no position to report."""
+
+
+class EpochVerifyCuts:
+    """The verify cuts of a job whose splits are read on the executors: every
+    ``interval`` seconds the end of an epoch ``CUT_AHEAD`` past the clock's, told to every
+    node as a checkpoint's is (``SplitCheckpoints.maybe_cut_at_epoch``); nothing is
+    recorded of the pairs passing it."""
+
+    def __init__(self, interval: float, epoch_interval: float,
+                 clock: Callable[[], float] = time.monotonic):
+        if not interval > 0:
+            raise ValueError(f"verify_interval must be > 0 seconds, got {interval!r}")
+        self.interval, self.clock = interval, clock
+        self.ahead = math.ceil(CUT_AHEAD / epoch_interval)
+        self._due = clock() + interval
+        self.next_number = 1
+
+    def maybe_cut_at_epoch(self, epoch_now: int, tell: Callable[[CutAtEpoch], None],
+                           done: bool) -> None:
+        now = self.clock()
+        if now < self._due or done:
+            return
+        self._due = now + self.interval
+        tell(CutAtEpoch(self.next_number, epoch_now + self.ahead))
+        self.next_number += 1
+
+    def passed(self, msg: SplitCutPassed) -> None:
+        """A pair past a cut: no position to keep without a checkpoint."""
