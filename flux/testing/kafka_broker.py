@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 import uuid
 from typing import Dict, Optional
 
@@ -186,9 +187,18 @@ class KafkaBroker:
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self.bootstrap})
+        deadline = time.monotonic() + timeout
         for i, value in enumerate(values):
-            producer.produce(topic, value, partition=i % partitions)
-        if producer.flush(timeout):
+            while True:
+                try:
+                    producer.produce(topic, value, partition=i % partitions)
+                    break
+                except BufferError:  # the client's queue is full (100K records): wait
+                    if time.monotonic() > deadline:
+                        raise BrokerError(f"{topic}: not every record was written in "
+                                          f"{timeout}s") from None
+                    producer.poll(0.05)
+        if producer.flush(max(0.0, deadline - time.monotonic())):
             raise BrokerError(f"{topic}: not every record was written in {timeout}s")
 
     def add_partitions(self, name: str, total: int, timeout: float = 10.0) -> None:
