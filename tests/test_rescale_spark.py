@@ -85,3 +85,67 @@ def test_a_running_job_rescaled_goes_on_at_the_new_count_exactly(spark, tmp_path
     assert "rescale to 6 nodes" in why and restored is not None
     assert any(kind == "rescale" and what == (4, 6) for _, kind, what in job.metrics.events)
     assert job.restarts_left == 3  # a rescale is not one of the failures' restarts
+
+
+@pytest.mark.parametrize("old, new", [(4, 6), (6, 3)])
+def test_a_split_job_run_again_with_other_nodes_resumes_from_its_checkpoint(spark, tmp_path,
+                                                                            old, new):
+    """The input read on the executors (``ListSplits`` of 3 splits by key, a pair of
+    ingresses each): stopped after three checkpoints and run again at another count,
+    each pair follows its split's log past the cut and each new partition starts from
+    the key groups it owns. The sink ends with the failure-free output of the inputs in
+    the order the job numbered them, each once (the dataflow's output is the same at
+    every count)."""
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(24_000, seed=8, keys=300)]
+    splits = ListSplits.by_key(records, 3, key=lambda r: r[0])
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    first = FluxJob(spark, relaying_dataflow(), ListSplits(splits.parts, rate=4000 / 3),
+                    nodes=old, standbys=0, sink=make_sink("jsonl", out), checkpoint=ckpt,
+                    checkpoint_interval=0.5)
+    with first:
+        assert first.wait_until(lambda: len(first.checkpoints.completed) >= 3, 120)
+    assert 0 < len(read_sink("jsonl", out)) < len(records)
+
+    second = FluxJob(spark, relaying_dataflow(), splits, nodes=new, standbys=0,
+                     sink=make_sink("jsonl", out), checkpoint=ckpt)
+    assert second.resumed_from["partitions"] == old and second.resumed_from["cut"] > 0
+    with second:
+        second.wait(timeout=240)
+    rows = [(tuple(sn), record) for sn, record in read_sink("jsonl", out)]
+    wrong = relayed_mismatch(rows, records, splits.parts, new)
+    assert wrong is None, wrong
+    assert any(kind == "rescale" and what == (old, new)
+               for _, kind, what in second.metrics.events)
+
+
+def test_a_running_split_job_rescaled_goes_on_at_the_new_count_exactly(spark, tmp_path):
+    """``job.rescale(6)`` on a job of 4 nodes whose splits are read on the executors: the
+    driver names a cut at once, the pairs pass it, and the job restarts from that
+    checkpoint at 6, each pair of ingresses following its split's log past the cut."""
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(30_000, seed=9, keys=300)]
+    splits = ListSplits.by_key(records, 3, key=lambda r: r[0])
+    out = str(tmp_path / "out")
+    job = FluxJob(spark, relaying_dataflow(), ListSplits(splits.parts, rate=4000 / 3),
+                  nodes=4, standbys=0, sink=make_sink("jsonl", out),
+                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(6)
+        assert job.options.replication.nodes == 6 and len(job.topology.nodes) == 6
+        job.wait(timeout=300)
+    rows = [(tuple(sn), record) for sn, record in read_sink("jsonl", out)]
+    wrong = relayed_mismatch(rows, records, splits.parts, 6)
+    assert wrong is None, wrong
+    (when, restored, why), = job.restart_log
+    assert "rescale to 6 nodes" in why and restored is not None
+    assert any(kind == "rescale" and what == (4, 6) for _, kind, what in job.metrics.events)
