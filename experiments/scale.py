@@ -230,7 +230,8 @@ def summarize(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
                            "busiest_us": round(statistics.median(tops), 3)}
         busiest = max(kinds.items(), key=lambda kv: kv[1]["busiest_us"])
         name = f"{n} nodes at {rate}/s" + ("" if egress == "driver" else ", egress on executors") \
-            + ("" if source == "driver" else ", splits read on executors")
+            + ("" if source == "driver" else ", splits read on executors") \
+            + (", their logs written" if source == "splits-logged" else "")
         by[name] = {
             "nodes": n, "rate": rate, "egress": egress, "source": source, "kinds": kinds,
             "busiest": busiest[0],
