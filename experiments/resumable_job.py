@@ -7,7 +7,11 @@ the JSON-lines files of ``--input`` (at ``--rate`` records per second), counts p
 the same checkpoint location after the driver was killed, it resumes from the last
 complete checkpoint, as Structured Streaming does with its ``checkpointLocation``.
 With ``--splits K`` the records are read on the executors, dealt by key to ``K``
-splits (``flux.ListSplits.by_key``): no input through the driver. It prints one JSON line per second (``started``, then ``progress``, then ``done``) for
+splits (``flux.ListSplits.by_key``): no input through the driver. With ``--kafka
+BOOTSTRAP``, ``--input`` and ``--sink`` name topics: the input topic's partitions are
+read on the executors (``flux.KafkaSplits``, up to ``--ending``) and each last-stage
+partition's outputs go to the sink topic's partition of that number through a
+transactional producer on an executor: no record through the driver. It prints one JSON line per second (``started``, then ``progress``, then ``done``) for
 whoever watches it (``tests/test_driver_kill.py``, ``experiments.restart``).
 """
 from __future__ import annotations
@@ -35,6 +39,16 @@ def make_sink(fmt: str, path: str, commit_every: int = 100_000):
     from flux.connectors.file_sink import FileSink
 
     return FileSink(path, format=fmt, commit_every=commit_every)
+
+
+def kafka_sink(bootstrap: str, topic: str):
+    """A transactional producer per last-stage partition, on the executors, each into
+    ``topic``'s partition of its number."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.kafka_sink import KafkaSink
+
+    return SinkPerPartition(lambda p: KafkaSink(bootstrap, topic, f"flux-{topic}-{p}",
+                                                partition=p))
 
 
 def read_sink(fmt: str, path: str) -> list:
@@ -153,6 +167,13 @@ def main(argv=None) -> int:
                    help="read the inputs on the executors as this many splits by key "
                         "(flux.ListSplits.by_key, each paced at rate/splits): no input "
                         "through the driver; 0: the driver's ingress reads the files")
+    p.add_argument("--kafka", default=None, metavar="BOOTSTRAP",
+                   help="Kafka in and out: --input and --sink are topics of this broker, "
+                        "read and written on the executors (--rate, --splits and "
+                        "--sink-format do not apply)")
+    p.add_argument("--ending", default=None,
+                   help="with --kafka: where the input ends, JSON {partition: offset} "
+                        "(default: the topic's end when the job starts)")
     p.add_argument("--state-mb", type=float, default=0.0,
                    help="extra keyed state per partition (MB, Ballast in the first stage)")
     args = p.parse_args(argv)
@@ -165,25 +186,36 @@ def main(argv=None) -> int:
     from flux.spark.job import FluxJob
     from flux.spark.session import local_cluster
 
-    sink = make_sink(args.sink_format, args.sink, args.commit_every)
+    egresses: dict = {}
+    if args.kafka:  # nothing through the driver: splits in, a producer per partition out
+        sink = kafka_sink(args.kafka, args.sink)
+        egresses = dict(ordered_output=False, egress_on_executors=True)
+    else:
+        sink = make_sink(args.sink_format, args.sink, args.commit_every)
+    committed = (lambda: None) if args.kafka else (lambda: list(sink.committed() or ()) or None)
     with local_cluster(args.nodes + args.standbys) as spark:
         say("spark")  # Spark is up: what follows is Flux's own start
         dataflow = counting_dataflow(2)
         if args.state_mb:
             dataflow = with_ballast(dataflow, args.state_mb)
-        source = Paced(FileSource(args.input), args.rate)
-        if args.splits:  # the same records every run: the files', dealt by key
+        if args.kafka:
+            from flux.connectors.kafka_splits import KafkaSplits
+
+            source = KafkaSplits(args.kafka, args.input, ending=json.loads(args.ending)
+                                 if args.ending else "latest")
+        elif args.splits:  # the same records every run: the files', dealt by key
             source = ListSplits.by_key(list(FileSource(args.input)), args.splits,
                                        key=lambda r: r[0], rate=args.rate / args.splits)
+        else:
+            source = Paced(FileSource(args.input), args.rate)
         job = FluxJob(spark, dataflow, source,
                       nodes=args.nodes, standbys=args.standbys, sink=sink,
                       checkpoint=args.checkpoint, checkpoint_interval=args.interval,
-                      checkpoint_full_every=args.full_every)
+                      checkpoint_full_every=args.full_every, **egresses)
         restored = job.resumed_from
         with job:
             say("started", checkpoint=restored["checkpoint"] if restored else None,
-                cut=restored["cut"] if restored else 0,
-                committed=list(sink.committed() or ()) or None)
+                cut=restored["cut"] if restored else 0, committed=committed())
             deadline = time.monotonic() + args.timeout
             if job.wait_until(lambda: job.metrics.output_total > 0 or job.finished(), 60):
                 say("first_output", outputs=job.metrics.output_total)
@@ -192,7 +224,7 @@ def main(argv=None) -> int:
                 done = job.checkpoints.latest
                 say("progress", inputs=job.metrics.input_total, outputs=job.metrics.output_total,
                     checkpoint=done.number if done else None, cut=done.cut if done else None,
-                    committed=list(sink.committed() or ()) or None)
+                    committed=committed())
             job.wait(timeout=10)
         say("done", outputs=job.metrics.output_total, restarts=len(job.restart_log))
     return 0

@@ -1,8 +1,10 @@
 """The driver dies (SIGKILL) and the same program is run again with the same checkpoint
 location: it resumes from the last complete checkpoint, and the sink's committed content
-is the failure-free output, no gap, no duplicate (issue 14; slow: Spark in a process of
-its own, one at a time)."""
+is the failure-free output, no gap, no duplicate (slow: Spark in a process of its own,
+one at a time)."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -76,6 +78,40 @@ def test_a_killed_driver_of_a_split_job_run_again_resumes_from_its_checkpoint(tm
     sns = [tuple(sn) for sn, _ in rows]
     assert sns == sorted(set(sns))
     assert per_key(rows) == expected
+
+
+def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, broker):
+    """Kafka in, the topic's partitions read on the executors (``KafkaSplits``), and out
+    through a transactional producer per partition on the executors: no record through
+    the driver. The driver killed after three checkpoints, the rest of the input fed, and
+    the program run again: a ``read_committed`` reader sees, key by key, the failure-free output, each SN
+    once and in order (each key lies in one partition of the input topic)."""
+    from experiments.kafka_io import Feed, read_output
+    from flux.connectors.file_source import FileSource
+
+    expected = per_key(write_inputs(tmp_path / "in", 24_000))
+    records = list(FileSource(str(tmp_path / "in")))
+    topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
+    # held half way until the driver is dead: the job cannot end before the kill
+    feed = Feed(broker.bootstrap, topic_in, records, 3, 3000, hold_at=12_000).start()
+    args = ["--kafka", broker.bootstrap, "--input", topic_in, "--sink", topic_out,
+            "--ending", json.dumps(feed.ending), "--checkpoint", str(tmp_path / "ckpt"),
+            "--interval", "1"]
+    try:
+        run_then_kill(args, tmp_path / "first.log")
+        partial = per_key([((k,), r) for k, r in enumerate(read_output(broker.bootstrap,
+                                                                        topic_out))])
+        assert 0 < sum(map(len, partial.values())) < sum(map(len, expected.values()))
+        assert all(rows == expected[key][:len(rows)] for key, rows in partial.items())
+        feed.release()
+        started, done = run_to_the_end(args, tmp_path / "second.log")
+    finally:
+        feed.stop()
+    assert not feed.error
+    assert started["checkpoint"] is not None and started["checkpoint"] >= 3
+    assert done["restarts"] == 0
+    out = read_output(broker.bootstrap, topic_out)  # each partition in SN order, none twice
+    assert per_key([((k,), r) for k, r in enumerate(out)]) == expected
 
 
 def test_a_chaos_run_of_driver_kill_changes_nothing_in_the_output(tmp_path):
