@@ -123,6 +123,10 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
 def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Transport,
              mover: StateMoverService, me0: ProcAddr, spares=None) -> Iterator[tuple]:
     """Register, build the node, start its StateMover service, run until told to stop."""
+    # before registering: unpickling an in-memory source holds the GIL (1.3 s of CPU for
+    # 46 MB of records, several seconds on a loaded machine), and once registered the
+    # heartbeat thread must not wait that long for it, or the node is declared dead
+    source = cloudpickle.loads(config.split_source) if config.split_source else None
     register = Envelope(me0, CONTROLLER, 0, Register(
         task, inc, transport.address, os.getpid(), executor_pid(), config.secret,
         mover.address, machine_name(transport.address), executor_id(), boot_id()), inc, None)
@@ -142,7 +146,7 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     try:
         if config.checkpoint:
             writer = SnapshotWriter(CheckpointStore(config.checkpoint), config.secret[:8])
-        splits = split_ingresses(config)
+        splits = split_ingresses(config, source)
         try:
             built.append(build_loop(welcome, inc, members, transport, config, dataflow,
                                     mover_relay=mover_peer(name), on_turn=liveness.loop_turned,
@@ -335,11 +339,11 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     return loop
 
 
-def split_ingresses(config: NodeConfig) -> Optional[NodeIngresses]:
-    """The intakes of the ingress replicas a node may run (``flux.SplitSource``), or None
-    when the driver's ingress reads the job's source. A standby has them too: a replica
-    of a pair of ingresses may be rebuilt on it."""
-    if not config.split_source:
+def split_ingresses(config: NodeConfig, source) -> Optional[NodeIngresses]:
+    """The intakes of the ingress replicas a node may run (``source``: the job's
+    ``flux.SplitSource``), or None when the driver's ingress reads the job's source. A
+    standby has them too: a replica of a pair of ingresses may be rebuilt on it."""
+    if source is None:
         return None
     logs = None
     if config.checkpoint:  # each split's durable log: this run's folder, past the last place
@@ -347,6 +351,5 @@ def split_ingresses(config: NodeConfig) -> Optional[NodeIngresses]:
         resume = pickle.loads(config.split_resume)[1] if config.split_resume else {}
         logs = SplitLogWriter(lambda split: SplitLog(
             fs, root, split, config.split_attempt, resume.get(split, (0, [], 0))[2]))
-    return NodeIngresses(cloudpickle.loads(config.split_source), config.epoch_interval,
-                         config.epoch_origin, logs=logs)
+    return NodeIngresses(source, config.epoch_interval, config.epoch_origin, logs=logs)
 
