@@ -61,29 +61,38 @@ def test_a_job_run_again_with_other_nodes_resumes_from_its_checkpoint(spark, tmp
                for _, kind, what in second.metrics.events)
 
 
-def test_a_running_job_rescaled_goes_on_at_the_new_count_exactly(spark, tmp_path):
-    """``job.rescale(6)`` on a job of 4 nodes: a checkpoint cut at once, the job restarted
-    from it at 6, each new partition with its key groups; the sink ends with the
-    failure-free output."""
-    from flux.connectors.file_source import FileSource
-    from flux.connectors.sources import Paced
+def rescaled_to_6(spark, dataflow, source, tmp_path) -> tuple:
+    """A job of 4 nodes into a JSON-lines sink, ``job.rescale(6)`` once two checkpoints
+    are complete, run to its end: it restarted once, for the rescale, from a checkpoint.
+    The job and its sink's rows."""
     from flux.spark.job import FluxJob
-    from flux.testing.dataflows import regrouping_dataflow
 
-    expected = write_inputs(tmp_path / "in", 30_000)
     out = str(tmp_path / "out")
-    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
-                  nodes=4, standbys=0, sink=make_sink("jsonl", out),
+    job = FluxJob(spark, dataflow, source, nodes=4, standbys=0, sink=make_sink("jsonl", out),
                   checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
         job.rescale(6)
         assert job.options.replication.nodes == 6 and len(job.topology.nodes) == 6
         job.wait(timeout=300)
-    assert read_sink("jsonl", out) == expected
     (when, restored, why), = job.restart_log
     assert "rescale to 6 nodes" in why and restored is not None
     assert any(kind == "rescale" and what == (4, 6) for _, kind, what in job.metrics.events)
+    return job, read_sink("jsonl", out)
+
+
+def test_a_running_job_rescaled_goes_on_at_the_new_count_exactly(spark, tmp_path):
+    """``job.rescale(6)`` on a job of 4 nodes: a checkpoint cut at once, the job restarted
+    from it at 6, each new partition with its key groups; the sink ends with the
+    failure-free output."""
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.testing.dataflows import regrouping_dataflow
+
+    expected = write_inputs(tmp_path / "in", 30_000)
+    job, rows = rescaled_to_6(spark, regrouping_dataflow(2),
+                              Paced(FileSource(str(tmp_path / "in")), 4000), tmp_path)
+    assert rows == expected
     assert job.restarts_left == 3  # a rescale is not one of the failures' restarts
 
 
@@ -128,24 +137,12 @@ def test_a_running_split_job_rescaled_goes_on_at_the_new_count_exactly(spark, tm
     driver names a cut at once, the pairs pass it, and the job restarts from that
     checkpoint at 6, each pair of ingresses following its split's log past the cut."""
     from flux.connectors.split_sources import ListSplits
-    from flux.spark.job import FluxJob
     from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
     from flux.testing.workloads import keyed_workload
 
     records = [tuple(r) for r in keyed_workload(30_000, seed=9, keys=300)]
     splits = ListSplits.by_key(records, 3, key=lambda r: r[0])
-    out = str(tmp_path / "out")
-    job = FluxJob(spark, relaying_dataflow(), ListSplits(splits.parts, rate=4000 / 3),
-                  nodes=4, standbys=0, sink=make_sink("jsonl", out),
-                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
-    with job:
-        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
-        job.rescale(6)
-        assert job.options.replication.nodes == 6 and len(job.topology.nodes) == 6
-        job.wait(timeout=300)
-    rows = [(tuple(sn), record) for sn, record in read_sink("jsonl", out)]
-    wrong = relayed_mismatch(rows, records, splits.parts, 6)
+    _, rows = rescaled_to_6(spark, relaying_dataflow(),
+                            ListSplits(splits.parts, rate=4000 / 3), tmp_path)
+    wrong = relayed_mismatch([(tuple(sn), r) for sn, r in rows], records, splits.parts, 6)
     assert wrong is None, wrong
-    (when, restored, why), = job.restart_log
-    assert "rescale to 6 nodes" in why and restored is not None
-    assert any(kind == "rescale" and what == (4, 6) for _, kind, what in job.metrics.events)
