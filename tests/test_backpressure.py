@@ -197,7 +197,7 @@ def stalled_run(window, inputs=300, partitions=2):
                   WorldConfig(capacity=8, ingress_capacity=8, batch_size=3, window=window), rng)
     while steps := [s for s in world.enabled() if s != ("process", stuck)]:
         world.apply(rng.choice(steps))
-    if window is not None:  # what monitoring sees (issue 12): the full windows upstream
+    if window is not None:  # what monitoring sees: the full windows upstream
         feeding = [world.machine(Addr(1, j, P)).stats() for j in range(partitions)]
         assert all(st.blocked >= 1 and st.in_flight >= window for st in feeding)
         assert world.machine(stuck).stats().taken == 0

@@ -1,4 +1,4 @@
-"""Items and the batch operator API (issue 16, DESIGN 11): a segment that processes whole
+"""Items and the batch operator API (DESIGN 11): a segment that processes whole
 items gives, to the SN, what the per-record path gives (flux/protocol/segment_processing.py
 ``process``/``process_ready``, flux/operator.py ``process_many``)."""
 from __future__ import annotations

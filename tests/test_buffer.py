@@ -517,7 +517,7 @@ def test_buffer_misuse_is_a_local_protocol_error():
 
 
 def test_the_same_tuples_taken_for_both_destinations_are_one_object():
-    """A batch sent to both replicas of a pair is encoded once (issue 16): the second take
+    """A batch sent to both replicas of a pair is encoded once: the second take
     of the same range returns the first's tuples; any other range is taken afresh."""
     b = Buffer(8)
     for n in (1, 2, 3):

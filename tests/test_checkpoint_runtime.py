@@ -1,4 +1,4 @@
-"""The runtime's pieces of checkpoints, without Spark (issue 14): replayable sources, the
+"""The runtime's pieces of checkpoints, without Spark: replayable sources, the
 snapshot writer, the driver's checkpoint service, a node restoring its operators."""
 from __future__ import annotations
 

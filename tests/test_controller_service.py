@@ -361,7 +361,7 @@ def test_a_node_that_stops_on_its_own_says_why_and_is_failed_at_once(zmq_ctx):
 
 
 def test_a_node_declared_dead_that_speaks_again_is_told_to_stop_and_not_heard(zmq_ctx):
-    """A cut link heals after the node was declared dead (issue 13): its reports are not
+    """A cut link heals after the node was declared dead: its reports are not
     acted on, and it is told to stop, so that its task ends and rejoins as a standby."""
     from controller.placement import ChainedDeclustering
     from controller.recovery import Recovery

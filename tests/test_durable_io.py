@@ -1,4 +1,4 @@
-"""The durable building blocks of issue 14: a replayable FileSource, exactly-once FileSink
+"""The durable building blocks: a replayable FileSource, exactly-once FileSink
 and DeltaSink (a real Delta table through delta-rs), and the checkpoint store."""
 from __future__ import annotations
 

@@ -215,7 +215,7 @@ def test_finished_once_the_bound_covers_the_last_item_and_nothing_is_queued():
 
 
 def test_settled_names_the_inputs_whose_outputs_were_all_delivered():
-    """What lets the driver forget their arrival times (issue 12): an item is numbered by
+    """What lets the driver forget their arrival times: an item is numbered by
     its last input and delivered whole, so every input of an item the frontier covers
     whole (``item_bound``) had all its outputs delivered."""
     eg = Egress(1, 2, batch_rows=3)

@@ -1,4 +1,4 @@
-"""Event-time expiry (issue 12, flux/expiry.py): the library's operators on an endless
+"""Event-time expiry (flux/expiry.py): the library's operators on an endless
 feed of ever new keys hold a bounded state, expire exactly as a model says, and a
 replica rebuilt mid-stream (whole snapshot, or bulk parts plus delta) expires as its
 twin does."""
@@ -153,7 +153,7 @@ def move_whole(a, b):
 
 
 def move_in_parts(a, b, records):
-    """As a catch-up does (issue 11): parts read while the active keeps processing
+    """As a catch-up does: parts read while the active keeps processing
     ``records``, then the delta of everything since; returns the active's outputs."""
     store = a.state
     store.clear_dirty()

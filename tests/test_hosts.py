@@ -1,4 +1,4 @@
-"""No pair on one host (issue 13): which registered task runs which node, and which
+"""No pair on one host: which registered task runs which node, and which
 standby replaces a failed node, judged against an exhaustive search."""
 from __future__ import annotations
 

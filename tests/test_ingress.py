@@ -460,7 +460,7 @@ def test_absent_replicas_are_dead_from_the_start():
     assert (0, PRIM) in ing.flushable() and (0, SEC) not in ing.flushable()
 
 
-# --- a run of inputs in one call (issue 16) -----------------------------------------
+# --- a run of inputs in one call -----------------------------------------
 
 @pytest.mark.parametrize("seed", range(20))
 def test_accept_many_is_accept_one_by_one_until_back_pressure(seed):

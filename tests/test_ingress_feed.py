@@ -1,4 +1,4 @@
-"""The driver's side of the ingress process (issue 16): what it hands over, and when.
+"""The driver's side of the ingress process: what it hands over, and when.
 
 The ingress process's end of the pipe is played by ``Pipe`` below: it records what the
 driver sent and accepts what the test says, as the ingress's back-pressure would. The

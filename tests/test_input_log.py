@@ -1,4 +1,4 @@
-"""The durable input log of a source with partitions of its own (DESIGN 10, issue 15):
+"""The durable input log of a source with partitions of its own (DESIGN 10):
 what it holds reads back in order from any cut, a restart's overlapping appends agree,
 what a checkpoint covers goes, and the writer keeps inputs waiting while it cannot write."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Kafka building blocks of issue 15, against a real Kafka-protocol broker (noida-db,
+"""The Kafka building blocks, against a real Kafka-protocol broker (noida-db,
 started once for the module and stopped by its PID): KafkaSource's position and resume,
 the refusal of a new partition, the consumer group's offsets; KafkaSink's transactions,
 committed SN, replay, crash and fencing, as a read_committed reader sees them."""

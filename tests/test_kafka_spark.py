@@ -1,4 +1,4 @@
-"""Kafka in and out of a Flux job on Spark, exactly once (issue 15; slow: Spark and a real
+"""Kafka in and out of a Flux job on Spark, exactly once (slow: Spark and a real
 Kafka-protocol broker). A topic of several partitions fed at a steady rate, a transactional
 KafkaSink; one node killed (Flux masks it), and both replicas of a partition killed (the job
 restarts from its checkpoint, the input log replays the interleaving): a read_committed

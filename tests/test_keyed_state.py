@@ -231,7 +231,7 @@ def test_matches_a_dict_and_snapshot_plus_delta_rebuilds_the_state(before, after
        size=st.integers(1, 8))
 def test_parts_read_while_the_store_changes_plus_the_delta_rebuild_it(before, during, as_lists,
                                                                        size):
-    """Catch-up's phase 1 (issue 11): parts are not a snapshot, the partition goes on
+    """Catch-up's phase 1: parts are not a snapshot, the partition goes on
     changing the store between them; the delta of everything since the call fixes it."""
     from flux.state_codec import pack_part, unpack_part
 

@@ -1,4 +1,4 @@
-"""Heartbeats from a thread of their own (issue 11): a busy loop does not silence its node."""
+"""Heartbeats from a thread of their own: a busy loop does not silence its node."""
 from __future__ import annotations
 
 import time

@@ -1,4 +1,4 @@
-"""The Prometheus endpoint (issue 12): scraped over HTTP from a running cluster on
+"""The Prometheus endpoint: scraped over HTTP from a running cluster on
 threads, the numbers an operator of the service watches are there and right."""
 from __future__ import annotations
 

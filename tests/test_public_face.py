@@ -1,4 +1,4 @@
-"""The public face (issue 10): users import from ``flux`` alone, and ``import flux`` is light."""
+"""The public face: users import from ``flux`` alone, and ``import flux`` is light."""
 from __future__ import annotations
 
 import re

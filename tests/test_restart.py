@@ -1,6 +1,6 @@
 """Both replicas of a partition die: the job restarts by itself from its last checkpoint,
 and the sink's committed content is the failure-free output, no gap, no duplicate
-(issue 14; slow: Spark)."""
+(slow: Spark)."""
 from __future__ import annotations
 
 import time
@@ -166,7 +166,7 @@ class RunningTotal:
 
 
 def test_the_ingress_process_killed_restarts_the_job_from_its_checkpoint(spark, tmp_path):
-    """The ingress runs in a process of its own (issue 16): SIGKILLed (the OOM killer's
+    """The ingress runs in a process of its own: SIGKILLed (the OOM killer's
     way), what it held dies with it; the job restarts from its last checkpoint, and the
     sink's content is the failure-free output."""
     import os

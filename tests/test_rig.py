@@ -1,4 +1,4 @@
-"""Across hosts (issue 13), on the rig: a Spark standalone cluster whose workers are
+"""Across hosts, on the rig: a Spark standalone cluster whose workers are
 hosts of their own (network namespaces on a bridge). A host cut off silently is
 detected and masked and, when it comes back, fenced; a host killed whole is masked;
 no pair ever shares a host; the rig leaves nothing behind (slow: Spark, root)."""

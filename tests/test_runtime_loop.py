@@ -222,7 +222,7 @@ class EndlessWork:
 
 
 def test_a_busy_loop_reports_every_bounded_turn():
-    """The liveness thread beats for the node (issue 11); the loop tells it at every turn,
+    """The liveness thread beats for the node; the loop tells it at every turn,
     and a busy loop's turns end after ``max_turn``, so a beat's lag stays that small."""
     from flux.addresses import Addr
 
@@ -338,7 +338,7 @@ def test_a_movement_is_reported_once_with_the_bytes_of_its_parts():
 
 
 def test_the_pause_of_a_catch_up_is_reported_from_pause_to_resume():
-    """The recovering partition's pause (issue 11: bounded by the delta, not the state)
+    """The recovering partition's pause (bounded by the delta, not the state)
     is timed where its active pauses and resumes its sources."""
     from flux.addresses import Addr
     from flux.control_messages import CatchUpPaused

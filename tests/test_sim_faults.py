@@ -1,4 +1,4 @@
-"""The simulator drives the failure detector's policy (DESIGN 6, issue 13): false
+"""The simulator drives the failure detector's policy (DESIGN 6): false
 suspicions, link cuts and heals, silent crashes, lossy mover links, zombies."""
 from __future__ import annotations
 

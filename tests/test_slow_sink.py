@@ -1,4 +1,4 @@
-"""A sink twenty times slower than the feed (issue 12): back-pressure holds every queue to
+"""A sink twenty times slower than the feed: back-pressure holds every queue to
 its window, the feed that cannot wait drops and counts, and what was accepted comes
 out exactly as the failure-free run of the accepted inputs (slow: Spark)."""
 from __future__ import annotations

@@ -152,7 +152,7 @@ def run_metrics(m: Metrics, clock: FakeClock, inputs: int, start: int = 1, lag: 
 @pytest.mark.slow  # a cluster run or a long property run: CI, not the quick suite
 @pytest.mark.timeout(120)  # 5 s alone; tracemalloc is slow on a loaded machine
 def test_metrics_hold_no_object_per_input_or_output():
-    """Issue 12: what a job measures does not grow with its length (the arrivals array and
+    """What a job measures does not grow with its length (the arrivals array and
     the per-interval dicts grew ~40 bytes per input before)."""
     import tracemalloc
 

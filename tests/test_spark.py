@@ -52,7 +52,7 @@ def test_a_failure_free_run_on_spark_equals_the_reference(spark, tmp_path):
                                           "node": f"node{p}"}.items()))] == replicas[
                 tuple(sorted({"stage": stage, "partition": p, "replica": "secondary",
                               "node": f"node{(int(p) + 1) % 4}"}.items()))] > 0
-    assert job.delivered == []  # with a sink the job keeps no output (issue 12)
+    assert job.delivered == []  # with a sink the job keeps no output
     assert read_json_lines(out) == [(sn, wire_form(r)) for sn, r in expected]
     summary = job.metrics.summary()
     assert (summary["inputs"], summary["dropped_inputs"]) == (len(records), 0)
@@ -210,7 +210,7 @@ def rss_mb() -> float:
 
 
 def test_a_long_run_with_a_sink_holds_no_memory_per_output(spark):
-    """Issue 12: a million outputs through a counting sink; the driver's memory stays flat
+    """A million outputs through a counting sink; the driver's memory stays flat
     (before, it kept ~400 bytes per output and 40 per input)."""
     from flux.testing.dataflows import counting_dataflow
     from flux.spark.job import FluxJob
@@ -233,7 +233,7 @@ def test_a_long_run_with_a_sink_holds_no_memory_per_output(spark):
 def test_a_file_source_into_a_file_sink_and_a_rerun_duplicates_nothing(spark, tmp_path):
     """FileSource in, FileSink out (exactly-once by SN): running the same program again
     over the same folder regenerates the same SNs, and the sink keeps what it committed
-    and adds nothing twice (issue 14's sink, before checkpoints)."""
+    and adds nothing twice (the exactly-once sink, before checkpoints)."""
     import json
 
     from flux.testing.dataflows import counting_dataflow

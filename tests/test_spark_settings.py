@@ -1,4 +1,4 @@
-"""The Spark settings a job depends on are checked before any task starts (issue 13):
+"""The Spark settings a job depends on are checked before any task starts:
 each wrong one is named with its value and what to set instead."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A state packed as a stream of small msgpack objects decodes to what one unpackb gives
-(issue 11: no single C call as long as the state is large)."""
+(no single C call as long as the state is large)."""
 from __future__ import annotations
 
 import msgpack

@@ -605,7 +605,7 @@ def test_the_receiver_dies_between_parts():
     assert a.send_part(T, b"more") == [] and a.send(T, b"final") == []
 
 
-# -- a link that lost messages (a lossy mover link, issue 13) -------------------------
+# -- a link that lost messages (a lossy mover link) -------------------------
 
 def test_lost_messages_from_a_peer_ask_its_live_transfers_for_a_resend_and_no_others():
     a, b = ready_pair()

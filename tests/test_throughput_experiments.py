@@ -1,4 +1,4 @@
-"""The figures of experiments.throughput and experiments.overhead (issue 16): medians with
+"""The figures of experiments.throughput and experiments.overhead: medians with
 their spread, ratios per round, never one run."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topology: the one map from processes to endpoints (issue 10, DESIGN 2)."""
+"""Topology: the one map from processes to endpoints (DESIGN 2)."""
 from __future__ import annotations
 
 from controller.placement import ChainedDeclustering, ClusterPairs
