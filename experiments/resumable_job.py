@@ -41,14 +41,14 @@ def make_sink(fmt: str, path: str, commit_every: int = 100_000):
     return FileSink(path, format=fmt, commit_every=commit_every)
 
 
-def kafka_sink(bootstrap: str, topic: str):
+def kafka_sink(bootstrap: str, topic: str, commit_every: int = 100_000):
     """A transactional producer per last-stage partition, on the executors, each into
     ``topic``'s partition of its number."""
     from flux.connector_api import SinkPerPartition
     from flux.connectors.kafka_sink import KafkaSink
 
     return SinkPerPartition(lambda p: KafkaSink(bootstrap, topic, f"flux-{topic}-{p}",
-                                                partition=p))
+                                                partition=p, commit_every=commit_every))
 
 
 def read_sink(fmt: str, path: str) -> list:
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
 
     egresses: dict = {}
     if args.kafka:  # nothing through the driver: splits in, a producer per partition out
-        sink = kafka_sink(args.kafka, args.sink)
+        sink = kafka_sink(args.kafka, args.sink, args.commit_every)
         egresses = dict(ordered_output=False, egress_on_executors=True)
     else:
         sink = make_sink(args.sink_format, args.sink, args.commit_every)

@@ -13,12 +13,13 @@ from experiments.resumable_job import Program, per_key, read_sink, write_inputs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def run_then_kill(args, log) -> dict:
+def run_then_kill(args, log, on_start=lambda: None) -> dict:
     """Run the program until its third checkpoint, then kill its driver; its "started"
-    line."""
+    line. ``on_start``: called once the job is deployed."""
     first = Program(args, log)
     try:
         started = first.wait_for(lambda x: x["kind"] == "started", 180)
+        on_start()
         first.wait_for(lambda x: x["kind"] == "progress" and (x["checkpoint"] or 0) >= 3, 120)
     finally:
         first.kill()
@@ -83,22 +84,28 @@ def test_a_killed_driver_of_a_split_job_run_again_resumes_from_its_checkpoint(tm
 def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, broker):
     """Kafka in, the topic's partitions read on the executors (``KafkaSplits``), and out
     through a transactional producer per partition on the executors: no record through
-    the driver. The driver killed after three checkpoints, the rest of the input fed, and
-    the program run again: a ``read_committed`` reader sees, key by key, the failure-free output, each SN
-    once and in order (each key lies in one partition of the input topic)."""
+    the driver. The driver killed mid-stream after three checkpoints, and the program run
+    again: it reads each partition on from where its checkpoint left it (the origin its
+    first run recorded, the offsets beside the counts), and a ``read_committed`` reader
+    sees the failure-free output key by key (the job numbers the splits' inputs in its own
+    order; each key's inputs lie in one partition of the input topic, in order), each SN
+    once and in order. (The split job's test above is the one that needs the logs'
+    replay: it fails without it; this one passes without it.)"""
     from experiments.kafka_io import Feed, read_output
     from flux.connectors.file_source import FileSource
 
     expected = per_key(write_inputs(tmp_path / "in", 24_000))
     records = list(FileSource(str(tmp_path / "in")))
     topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
-    # held half way until the driver is dead: the job cannot end before the kill
-    feed = Feed(broker.bootstrap, topic_in, records, 3, 3000, hold_at=12_000).start()
+    # fed from the job's start at 3000/s, so the kill lands mid-stream with inputs past
+    # the cut; held at 18K until the driver is dead: the job cannot end before the kill
+    feed = Feed(broker.bootstrap, topic_in, records, 3, 3000, hold_at=18_000)
     args = ["--kafka", broker.bootstrap, "--input", topic_in, "--sink", topic_out,
             "--ending", json.dumps(feed.ending), "--checkpoint", str(tmp_path / "ckpt"),
-            "--interval", "1"]
+            "--interval", "1", "--commit-every", "500"]
+    fed = []
     try:
-        run_then_kill(args, tmp_path / "first.log")
+        run_then_kill(args, tmp_path / "first.log", on_start=lambda: fed.append(feed.start()))
         partial = per_key([((k,), r) for k, r in enumerate(read_output(broker.bootstrap,
                                                                         topic_out))])
         assert 0 < sum(map(len, partial.values())) < sum(map(len, expected.values()))
@@ -106,7 +113,8 @@ def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, br
         feed.release()
         started, done = run_to_the_end(args, tmp_path / "second.log")
     finally:
-        feed.stop()
+        if fed:
+            feed.stop()
     assert not feed.error
     assert started["checkpoint"] is not None and started["checkpoint"] >= 3
     assert done["restarts"] == 0
