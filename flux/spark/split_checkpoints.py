@@ -45,6 +45,12 @@ CUT_AHEAD = 0.3
 OPEN_CUTS = 16
 
 
+def epoch_to_cut(epoch_now: int, epoch_interval: float) -> int:
+    """The epoch whose end a cut named now is at: ``CUT_AHEAD`` past the clock's, so every
+    pair hears of it before its leader ends that epoch."""
+    return epoch_now + math.ceil(CUT_AHEAD / epoch_interval)
+
+
 class SplitCheckpoints(DriverCheckpoints):
     def __init__(self, options, dataflow, partitions: int, source, splits: int,
                  epoch_interval: float, events: list, sinks: int, key_groups: int):
@@ -104,7 +110,7 @@ class SplitCheckpoints(DriverCheckpoints):
         self._cut_at = now + self.interval
         number = self.next_number
         self.next_number += 1
-        epoch = epoch_now + math.ceil(CUT_AHEAD / self.epoch_interval)
+        epoch = epoch_to_cut(epoch_now, self.epoch_interval)
         self.service.cut_begun(number, epoch_first(epoch + 1, 0, self.splits))
         self._passed[number] = {}
         for old in sorted(self._passed)[:-OPEN_CUTS]:
@@ -137,4 +143,4 @@ class SplitCheckpoints(DriverCheckpoints):
         return super().restart(sink_holds)
 
 
-__all__ = ["SplitCheckpoints", "CUT_AHEAD"]
+__all__ = ["SplitCheckpoints", "CUT_AHEAD", "epoch_to_cut"]

@@ -10,13 +10,12 @@ end of an epoch the driver names (``EpochVerifyCuts``).
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable
 
 from flux.control_messages import CutAtEpoch, SplitCutPassed
 from flux.runtime.ingress_feed import IngressFeed
-from flux.spark.split_checkpoints import CUT_AHEAD
+from flux.spark.split_checkpoints import epoch_to_cut
 
 
 class VerifyCuts:
@@ -44,16 +43,16 @@ class VerifyCuts:
 
 class EpochVerifyCuts:
     """The verify cuts of a job whose splits are read on the executors: every
-    ``interval`` seconds the end of an epoch ``CUT_AHEAD`` past the clock's, told to every
-    node as a checkpoint's is (``SplitCheckpoints.maybe_cut_at_epoch``); nothing is
-    recorded of the pairs passing it."""
+    ``interval`` seconds the end of an epoch a little past the clock's
+    (``epoch_to_cut``), told to every node as a checkpoint's is
+    (``SplitCheckpoints.maybe_cut_at_epoch``); nothing is recorded of the pairs passing
+    it."""
 
     def __init__(self, interval: float, epoch_interval: float,
                  clock: Callable[[], float] = time.monotonic):
         if not interval > 0:
             raise ValueError(f"verify_interval must be > 0 seconds, got {interval!r}")
-        self.interval, self.clock = interval, clock
-        self.ahead = math.ceil(CUT_AHEAD / epoch_interval)
+        self.interval, self.clock, self.epoch_interval = interval, clock, epoch_interval
         self._due = clock() + interval
         self.next_number = 1
 
@@ -63,7 +62,7 @@ class EpochVerifyCuts:
         if now < self._due or done:
             return
         self._due = now + self.interval
-        tell(CutAtEpoch(self.next_number, epoch_now + self.ahead))
+        tell(CutAtEpoch(self.next_number, epoch_to_cut(epoch_now, self.epoch_interval)))
         self.next_number += 1
 
     def passed(self, msg: SplitCutPassed) -> None:
