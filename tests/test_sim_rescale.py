@@ -26,7 +26,10 @@ def failures(results):
     dict(stages=3, crashes=3, standbys=2, cuts=1),
     dict(placement="cluster-pairs", rescale_to=(2, 6)),
     dict(source_partitions=3, corrupt_checkpoints=1),
-], ids=["standbys", "3-stages-cuts", "cluster-pairs", "logged-corrupt"])
+    dict(ingresses=3, ingress_pairs=True, crashes=2, standbys=1, rescale_cuts=1),
+    dict(ingresses=2, crashes=2),
+], ids=["standbys", "3-stages-cuts", "cluster-pairs", "logged-corrupt", "ingress-pairs",
+        "ingresses"])
 def test_restarts_at_other_counts_keep_the_failure_free_output(shape):
     results = schedules(SimParams(**{**RESCALE, **shape}), range(1, 61))
     assert not failures(results), failures(results)
@@ -43,8 +46,11 @@ def test_rescales_asked_while_the_job_runs_cut_then_restart_at_the_new_count():
     assert not any(r.sets_rebuilt for r in results)  # a rescale's cut is not a set's
 
 
-def test_state_installed_unsplit_is_caught():
-    results = schedules(SimParams(**RESCALE, variant="rescale-unsplit"), range(1, 41))
+@pytest.mark.parametrize("shape", [{}, dict(ingresses=3, ingress_pairs=True)],
+                         ids=["one-ingress", "ingress-pairs"])
+def test_state_installed_unsplit_is_caught(shape):
+    results = schedules(SimParams(**RESCALE, **shape, variant="rescale-unsplit"),
+                        range(1, 41))
     assert failures(results)
 
 

@@ -147,7 +147,10 @@ def rescale(world, partitions: int) -> bool:
 def restore(world, chains: Dict, addr, segment) -> None:
     """``segment`` starts from its partition's state in a checkpoint's ``chains``, as the
     runtime's restore: its own chain at the same count, else the key groups it owns of the
-    old partitions' (``flux.rescale``)."""
+    old partitions' (``flux.rescale``). A pair of ingresses holds no operator state: it
+    follows its split's log past the cut instead (``World.build``)."""
+    if addr.stage == 0:
+        return
     old = 1 + max(p for _, p in chains)
     if old == world.partitions or not world.config.split_rescaled:
         if (addr.stage, addr.partition) in chains:  # (the broken variant: else empty)

@@ -174,11 +174,11 @@ class SimParams:
         if self.rescale_to:
             if any(n < 2 for n in self.rescale_to):
                 raise ValueError(f"--rescale-to counts must be >= 2, got {self.rescale_to}")
-            if not self.checkpoints or self.egress_per_partition or self.ingresses > 1 \
+            if not self.checkpoints or self.egress_per_partition \
                     or self.dataflow != "regroup":
                 raise ValueError("--rescale-to restarts from checkpoints (--checkpoints N) "
-                                 "with one ordered egress, one ingress and --dataflow "
-                                 "regroup (state keyed by its stages' keys)")
+                                 "with one ordered egress and --dataflow regroup (state "
+                                 "keyed by its stages' keys)")
 
 
 @dataclass
