@@ -442,9 +442,11 @@ CODECS: Dict[str, _Codec] = {
                                for a in m.avail],
                               [[list(w.addr), w.inc, w.node] for w in m.writers]],
              _arity(5, _view)),
-    "writer_progress": (WriterProgress, lambda m: [m.partition, list(m.bound), m.settled],
-                        _arity(3, lambda p, b, n: WriterProgress(
-                            _int(p, "partition"), _sn(b, "bound"), _int(n, "settled")))),
+    "writer_progress": (WriterProgress, lambda m: [m.partition, list(m.bound), m.settled,
+                                                   m.outputs],
+                        _arity(4, lambda p, b, n, o: WriterProgress(
+                            _int(p, "partition"), _sn(b, "bound"), _int(n, "settled"),
+                            _int(o, "outputs")))),
     "ingress_ended": (IngressEnded, lambda m: [m.split, m.last, m.inputs],
                       _arity(3, lambda k, n, c: IngressEnded(
                           _int(k, "split"), _int(n, "last"), _int(c, "inputs")))),

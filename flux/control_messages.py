@@ -253,11 +253,14 @@ class Avail:
 class WriterProgress:
     """A node tells the controller how far partition ``partition``'s writer got: no
     output at or below ``bound`` (its merge's frontier) can still come, and every output
-    of inputs up to ``settled`` is in its sink (docs/design/parallel_io.md)."""
+    of inputs up to ``settled`` is in its sink (docs/design/parallel_io.md); ``outputs``:
+    how many this writer has committed to its sink since it started on that node (the
+    driver's metrics count the job's outputs from them)."""
 
     partition: int
     bound: Tuple[int, ...]
     settled: int
+    outputs: int = 0
 
 
 @dataclass(frozen=True, slots=True)

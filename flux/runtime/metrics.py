@@ -186,6 +186,11 @@ class Metrics:
         self._input_time, self._wall = input_time, wall
 
     # -- writers: egress ----------------------------------------------------------------
+    def outputs_elsewhere(self, total: int) -> None:
+        """The egresses run on the executors: ``total`` outputs are in their sinks, as
+        their writers reported (counted, no latency measured)."""
+        self.output_total = total
+
     def output(self, sn: tuple) -> None:
         self.outputs([sn])
 

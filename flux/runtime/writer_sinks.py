@@ -40,6 +40,7 @@ class WriterSinks:
         self.new_writer = new_writer
         self.sinks: Dict[int, Any] = {}
         self.last: Dict[int, SN] = {}  # partition -> the last output written to its sink
+        self.handed: Dict[int, int] = {}  # partition -> outputs its writer here wrote
         self.writers: Dict[int, SinkWriter] = {}  # partition -> its writer here
 
     def open(self, partition: int) -> Any:
@@ -62,6 +63,7 @@ class WriterSinks:
         """A view starts the writer ``addr`` here (``Host``'s ``writer_factory``)."""
         p = addr.partition
         self.last.pop(p, None)
+        self.handed[p] = 0
         sink = self.open(p)
         writer = self.writers[p] = self.new_writer(p)
         log.info("writer of partition %s starts here after output %s", p, sink.committed())
@@ -79,6 +81,7 @@ class WriterSinks:
         if items:
             self.sinks[partition].write(items)
             self.last[partition] = tuple(items[-1][0])
+            self.handed[partition] = self.handed.get(partition, 0) + len(items)
 
     def commit(self, partition: int) -> Tuple[Any, List]:
         """Make what the partition's sink was given durable: its last output's SN, and
@@ -104,7 +107,8 @@ class WriterSinks:
                     continue
                 report = before
             else:
-                report = WriterProgress(p, tuple(writer.fcons.frontier()), writer.settled())
+                report = WriterProgress(p, tuple(writer.fcons.frontier()), writer.settled(),
+                                        self.handed.get(p, 0))
             if before != report:
                 self._reported[p] = report
                 out.append(report)

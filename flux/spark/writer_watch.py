@@ -20,9 +20,16 @@ class WriterWatch:
         self.partitions = partitions
         self.on_commit = on_commit
         self.progress: Dict[int, WriterProgress] = {}
+        #: partition -> the outputs its earlier writers committed (each writer counts
+        #: from 0 on the node it starts on)
+        self._earlier: Dict[int, int] = {}
 
     def report(self, msg) -> None:
         if isinstance(msg, WriterProgress):
+            before = self.progress.get(msg.partition)
+            if before is not None and msg.outputs < before.outputs:  # a writer started anew
+                self._earlier[msg.partition] = self._earlier.get(msg.partition, 0) + \
+                    before.outputs
             self.progress[msg.partition] = msg
         elif isinstance(msg, SinkCommitted) and self.on_commit is not None:
             self.on_commit(msg.number, msg.sn, msg.partition)
@@ -34,6 +41,11 @@ class WriterWatch:
         if len(progress) < self.partitions:
             return None
         return min(r.settled for r in progress.values())
+
+    def outputs(self) -> int:
+        """The outputs the writers committed to their sinks, as far as they reported."""
+        progress = dict(self.progress)
+        return sum(self._earlier.values()) + sum(r.outputs for r in progress.values())
 
     def finished(self, read: int) -> bool:
         """Every writer's bound covers input ``read`` (the last): no output can still come
@@ -50,6 +62,7 @@ class WriterWatch:
             settled = self.settled()
             if settled is not None:
                 metrics.settled(settled)
+            metrics.outputs_elsewhere(self.outputs())
             now = feed()
             if not finished.is_set() and now is not None and now.source_done \
                     and self.finished(now.read):
