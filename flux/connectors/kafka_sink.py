@@ -224,7 +224,9 @@ class KafkaSink(CommitsBySN):
         settings = {"bootstrap.servers": self.bootstrap, "group.id": "flux-sink-state",
                     "enable.auto.commit": False, "session.timeout.ms": 6000,
                     "enable.partition.eof": True, "logger": log}
-        deadline = time.monotonic() + self.timeout
+        # a transaction a crash left open lasts ``timeout`` at most, and the broker aborts
+        # it at its next check (Kafka: every 10 s): wait for that, not only ``timeout``
+        deadline = time.monotonic() + 2 * self.timeout
         reader = Consumer({**settings, "isolation.level": "read_committed"})
         ender = Consumer({**settings, "isolation.level": "read_uncommitted"})
         try:
@@ -253,7 +255,7 @@ class KafkaSink(CommitsBySN):
             if left <= 0:
                 raise KafkaSinkError(f"KafkaSink {self.topic}: could not read the state topic "
                                      f"{self.state_topic} up to offset {end} within "
-                                     f"{self.timeout} s (a transaction of another sink "
+                                     f"{2 * self.timeout} s (a transaction of another sink "
                                      f"sharing it still open?)")
             message = reader.poll(min(left, 0.5))
             if message is None:
