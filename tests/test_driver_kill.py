@@ -5,6 +5,7 @@ one at a time)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -13,14 +14,16 @@ from experiments.resumable_job import Program, per_key, read_sink, write_inputs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def run_then_kill(args, log, on_start=lambda: None) -> dict:
-    """Run the program until its third checkpoint, then kill its driver; its "started"
-    line. ``on_start``: called once the job is deployed."""
+def run_then_kill(args, log, on_start=lambda: None, linger: float = 0.0) -> dict:
+    """Run the program until its third checkpoint, then (``linger`` seconds later: its
+    sinks commit on past the last cut meanwhile) kill its driver; its "started" line.
+    ``on_start``: called once the job is deployed."""
     first = Program(args, log)
     try:
         started = first.wait_for(lambda x: x["kind"] == "started", 180)
         on_start()
         first.wait_for(lambda x: x["kind"] == "progress" and (x["checkpoint"] or 0) >= 3, 120)
+        time.sleep(linger)
     finally:
         first.kill()
     return started
@@ -61,19 +64,22 @@ def test_a_killed_driver_of_a_split_job_run_again_resumes_from_its_checkpoint(tm
     follows its split's log past the restored cut, so every output the sink committed
     keeps its SN. The job numbers the splits' inputs in its own order, so the check is
     per key (each key's inputs lie in one split, in order): the failure-free output,
-    each once, SNs increasing. The sink commits every 500 outputs, ahead of the cuts:
-    outputs past the restored cut it holds must come again with the same SNs."""
+    each once, SNs increasing. The sink commits every 100 outputs, ahead of the cuts, and
+    the driver dies half a checkpoint interval after one completes: the sink holds outputs
+    past the restored cut (checked), which must come again with the same SNs."""
     expected = per_key(write_inputs(tmp_path / "in", 30_000))
     args = ["--input", str(tmp_path / "in"), "--sink", str(tmp_path / "out"),
             "--checkpoint", str(tmp_path / "ckpt"), "--interval", "1", "--rate", "3000",
-            "--splits", "3", "--commit-every", "500"]
-    run_then_kill(args, tmp_path / "first.log")
-    partial = per_key(read_sink("jsonl", str(tmp_path / "out")))
+            "--splits", "3", "--commit-every", "100"]
+    run_then_kill(args, tmp_path / "first.log", linger=0.5)
+    first = read_sink("jsonl", str(tmp_path / "out"))
+    partial = per_key(first)
     assert 0 < sum(map(len, partial.values())) < sum(map(len, expected.values()))
     assert all(rows == expected[key][:len(rows)] for key, rows in partial.items())
 
     started, done = run_to_the_end(args, tmp_path / "second.log")
     assert started["checkpoint"] is not None and started["checkpoint"] >= 3
+    assert past_the_cut(first, started["cut"])  # what the replay must number as before
     assert done["restarts"] == 0
     rows = read_sink("jsonl", str(tmp_path / "out"))
     sns = [tuple(sn) for sn, _ in rows]
@@ -81,16 +87,30 @@ def test_a_killed_driver_of_a_split_job_run_again_resumes_from_its_checkpoint(tm
     assert per_key(rows) == expected
 
 
+def in_order_within(rows: list, expected: list) -> bool:
+    """Are ``rows`` some of ``expected``, each once, in its order?"""
+    rest = iter(expected)
+    return all(any(row == e for e in rest) for row in rows)
+
+
+def past_the_cut(rows, cut: int) -> int:
+    """How many of the ``(sn, record)`` rows a sink committed derive from inputs past a
+    checkpoint's ``cut`` (an output's SN begins with its input's)."""
+    return sum(1 for sn, _ in rows if sn[0] > cut)
+
+
 def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, broker):
     """Kafka in, the topic's partitions read on the executors (``KafkaSplits``), and out
     through a transactional producer per partition on the executors: no record through
-    the driver. The driver killed mid-stream after three checkpoints, and the program run
-    again: it reads each partition on from where its checkpoint left it (the origin its
-    first run recorded, the offsets beside the counts), and a ``read_committed`` reader
-    sees the failure-free output key by key (the job numbers the splits' inputs in its own
-    order; each key's inputs lie in one partition of the input topic, in order), each SN
-    once and in order. (The split job's test above is the one that needs the logs'
-    replay: it fails without it; this one passes without it.)"""
+    the driver. The driver killed after three checkpoints, and the program run again: it
+    reads each partition on from where its checkpoint left it (the origin its first run
+    recorded, the offsets beside the counts), and a ``read_committed`` reader sees the
+    failure-free output key by key (the job numbers the splits' inputs in its own order;
+    each key's inputs lie in one partition of the input topic, in order), each SN once
+    and in order. Whether its sinks hold outputs past the restored cut when the driver
+    dies depends on the day's timing (on this broker they lag the checkpoints by
+    seconds): the split job's test above is the one that checks the splits' logs'
+    replay, its sink holding outputs past the cut (checked); it fails without it."""
     from experiments.kafka_io import Feed, read_output
     from flux.connectors.file_source import FileSource
 
@@ -109,7 +129,10 @@ def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, br
         partial = per_key([((k,), r) for k, r in enumerate(read_output(broker.bootstrap,
                                                                         topic_out))])
         assert 0 < sum(map(len, partial.values())) < sum(map(len, expected.values()))
-        assert all(rows == expected[key][:len(rows)] for key, rows in partial.items())
+        # each partition commits by itself and a key's outputs spread over the partitions
+        # (stage 2 is keyed by the count too): each key's are in the failure-free order,
+        # not yet all of them
+        assert all(in_order_within(rows, expected[key]) for key, rows in partial.items())
         feed.release()
         started, done = run_to_the_end(args, tmp_path / "second.log")
     finally:
