@@ -31,8 +31,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import pathlib
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from typing import Any, Dict, List, Tuple
@@ -44,9 +47,10 @@ from flux.reference import ReferenceRun
 from flux.testing.dataflows import counting_dataflow, with_ballast
 from flux.testing.workloads import keyed_workload
 
-#: mode -> (ordered_output, pause_room)
-MODES = {"ordered": (True, PAUSE_ROOM), "per-partition": (False, PAUSE_ROOM),
-         "per-partition-room-1": (False, 1)}
+#: mode -> (ordered_output, pause_room, egress on the executors)
+MODES = {"ordered": (True, PAUSE_ROOM, False), "per-partition": (False, PAUSE_ROOM, False),
+         "per-partition-room-1": (False, 1, False),
+         "per-partition-executors": (False, PAUSE_ROOM, True)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,8 +68,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--capacity", type=int, default=16,
                     help="sub-items a connection's buffer holds (the job's capacity)")
     ap.add_argument("--victim", default="node1")
+    ap.add_argument("--splits", type=int, default=0,
+                    help="read the input as K splits on the executors (ListSplits, dealt "
+                         "by key) instead of the driver's feed: then no input and, with "
+                         "per-partition-executors, no output crosses the driver")
     ap.add_argument("--out", default="docs/results/partition_pauses")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.splits and "ordered" in args.modes:
+        ap.error("--splits numbers the inputs in epochs, not as the reference does: the "
+                 "ordered mode's partitions cannot be told from its one stream; give "
+                 "--modes of the per-partition kinds")
+    return args
 
 
 class Arrivals:
@@ -88,6 +101,67 @@ class Arrivals:
         return take
 
 
+class TimedFileSink:
+    """An exactly-once sink of one partition on an executor that writes, with each output,
+    when the egress handed it over (``time.monotonic``: one clock for every process of a
+    machine), so the driver can place the partition's waits after the job."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._pending: List[tuple] = []
+        self._committed = None
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    self._committed = tuple(json.loads(line)[1])
+
+    def write(self, items) -> None:
+        now = time.monotonic()
+        for sn, record in items:
+            sn = tuple(sn)
+            if self._committed is None or sn > self._committed:
+                self._pending.append((now, sn, wire_form(record)))
+
+    def commit(self, sn) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in self._pending)
+        self._pending, self._committed = [], tuple(sn)
+
+    def committed(self):
+        return self._committed
+
+    def close(self) -> None:
+        if self._pending:
+            self.commit(self._pending[-1][1])
+
+
+class TimedFiles:
+    """``SinkPerPartition``'s opener: partition p's ``TimedFileSink`` in ``folder``."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def __call__(self, partition: int) -> TimedFileSink:
+        return TimedFileSink(os.path.join(self.folder, f"{partition}.jsonl"))
+
+    def read(self, partition: int) -> List[list]:
+        """``[time, sn, record]`` rows of the partition, as committed."""
+        path = os.path.join(self.folder, f"{partition}.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f]
+
+
+def by_key(outputs: List[Any]) -> Dict[Any, List[Any]]:
+    """A partition's outputs key by key, each key's in order: what a split source keeps
+    (it numbers the splits' inputs in an order of its own, each key's in order)."""
+    out: Dict[Any, List[Any]] = {}
+    for _, record in outputs:
+        out.setdefault(json.dumps(record[0]), []).append(record)
+    return out
+
+
 def largest_gap(times: List[float], start: float, end: float) -> float:
     """The longest wait between two outputs, of the waits that ended in ``(start, end]``."""
     return largest_gap_and_end(times, start, end)[0]
@@ -101,15 +175,20 @@ def largest_gap_and_end(times: List[float], start: float, end: float) -> tuple:
 
 def one_run(spark, mode: str, args, records, expected) -> Tuple[List[Dict[str, Any]], list]:
     from flux.connectors.sources import RateLimited
+    from flux.connectors.split_sources import ListSplits
     from flux.spark.job import FluxJob
 
     dataflow = with_ballast(counting_dataflow(args.stages), args.state_mb)
     arrivals = Arrivals(expected["partition_of"])
-    ordered, pause_room = MODES[mode]
-    sink = arrivals.sink() if ordered else SinkPerPartition(arrivals.sink)
-    job = FluxJob(spark, dataflow, RateLimited(records, args.rate), nodes=args.nodes,
+    ordered, pause_room, on_executors = MODES[mode]
+    files = TimedFiles(tempfile.mkdtemp(prefix="flux-pauses-")) if on_executors else None
+    sink = arrivals.sink() if ordered else SinkPerPartition(files or arrivals.sink)
+    source = (ListSplits.by_key(records, args.splits, key=lambda r: r[0],
+                                rate=args.rate / args.splits) if args.splits
+              else RateLimited(records, args.rate))
+    job = FluxJob(spark, dataflow, source, nodes=args.nodes,
                   standbys=1, sink=sink, ordered_output=ordered, pause_room=pause_room,
-                  capacity=args.capacity)
+                  capacity=args.capacity, egress_on_executors=on_executors)
     with job:
         touched = {a.partition for a, n in job.topology.where.items()
                    if n == args.victim and a.stage == args.stages}
@@ -129,6 +208,14 @@ def one_run(spark, mode: str, args, records, expected) -> Tuple[List[Dict[str, A
         # what the job did after the kill, to place each partition's longest wait
         events = [(round(t - killed, 4), what, str(detail)) for t, what, detail
                   in job.metrics.events if t >= killed]
+    if files is not None:
+        for p in range(args.nodes):
+            got = files.read(p)
+            arrivals.times[p] = [t for t, _, _ in got]
+            arrivals.outputs[p] = [[sn, record] for _, sn, record in got]
+        shutil.rmtree(files.folder, ignore_errors=True)
+    same = ((lambda got, want: by_key(got) == by_key(want)) if args.splits
+            else (lambda got, want: got == want))
     rows = []
     for p in range(args.nodes):
         times = arrivals.times.get(p, [])
@@ -136,7 +223,8 @@ def one_run(spark, mode: str, args, records, expected) -> Tuple[List[Dict[str, A
         rows.append({
             "mode": mode, "partition": p, "touched": p in touched,
             "outputs": len(times),
-            "same_as_failure_free": arrivals.outputs.get(p, []) == expected["by_partition"][p],
+            "same_as_failure_free": same(arrivals.outputs.get(p, []),
+                                         expected["by_partition"][p]),
             # steady state: from a second in, up to the kill
             "largest_gap_before_s": round(largest_gap(times, t0 + 1.0, killed), 4),
             "largest_gap_after_s": round(gap, 4),

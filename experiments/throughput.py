@@ -175,15 +175,16 @@ def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
 
 
 def probe(spark, rate: float, args, records: List[Any],
-          kind: str = "per-record") -> Dict[str, Any]:
-    """``flux`` fed at ``rate`` for ``--probe-seconds``: drops and median latency."""
+          kind: str = "per-record", **tuning: Any) -> Dict[str, Any]:
+    """``flux`` fed at ``rate`` for ``--probe-seconds``: drops and median latency
+    (``tuning``: more of ``FluxJob``'s keyword arguments)."""
     from flux.connectors.sources import RateLimited
     from flux.spark.job import FluxJob
 
     feed = records[:max(1000, int(rate * args.probe_seconds))]
     want = expected_for(feed, args)
     job = FluxJob(spark, dataflow_of(kind), RateLimited(feed, rate), nodes=args.nodes,
-                  standbys=0, replication="flux")
+                  standbys=0, replication="flux", **tuning)
     with job:
         output = job.wait(600)
         summary = job.metrics.summary()
