@@ -45,3 +45,29 @@ def test_a_short_run_writes_its_rows_and_summary(tmp_path):
     # each kill's events, placed after it: the detection comes first
     events = (out / "events.csv").read_text().splitlines()
     assert events[0] == "run,mode,after_kill_s,event,detail" and len(events) > 2
+
+
+def test_a_timed_file_sink_keeps_each_output_once_with_when_it_came(tmp_path):
+    from experiments.partition_pauses import TimedFiles, by_key
+
+    files = TimedFiles(str(tmp_path))
+    sink = files(0)
+    sink.write([((1, 0), ("k", 1)), ((2, 0), ("j", 1))])
+    sink.commit((2, 0))
+    again = files(0)  # a writer started again reads what was committed
+    assert again.committed() == (2, 0)
+    again.write([((2, 0), ("j", 1)), ((3, 0), ("k", 2))])  # the first is a replay
+    again.close()
+    rows = files.read(0)
+    assert [sn for _, sn, _ in rows] == [[1, 0], [2, 0], [3, 0]]
+    assert all(a <= b for a, b in zip([t for t, _, _ in rows], [t for t, _, _ in rows][1:]))
+    assert by_key([[sn, r] for _, sn, r in rows]) == {'"k"': [["k", 1], ["k", 2]],
+                                                      '"j"': [["j", 1]]}
+
+
+def test_split_sources_are_refused_with_the_ordered_mode():
+    from experiments.partition_pauses import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--splits", "3", "--modes", "ordered", "per-partition"])
+    assert parse_args(["--splits", "3", "--modes", "per-partition"]).splits == 3
