@@ -177,6 +177,45 @@ def test_kafka_splits_in_and_out_exactly_once_through_a_double_failure(spark, br
     assert got.damaged is None and got.first > 1
 
 
+def filled_kafka_job(spark, broker, seed: int, **options):
+    """A job reading a topic of 3 partitions filled with ``INPUTS`` records first (so it
+    reads as fast as it can) through the pairs of ingresses, and writing through a
+    transactional producer per partition on the executors: the job (not started), the
+    records, the output topic."""
+    import json
+
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.kafka_sink import KafkaSink
+    from flux.connectors.kafka_splits import KafkaSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
+    records = [tuple(r) for r in keyed_workload(INPUTS, seed=seed, keys=40)]
+    broker.produce(topic_in, [json.dumps(r).encode() for r in records], 3, timeout=60)
+    splits = KafkaSplits(broker.bootstrap, topic_in, decode=lambda v: tuple(json.loads(v)),
+                         ending="latest")
+    bootstrap = broker.bootstrap  # the open function goes to the executors: no broker
+    sinks = SinkPerPartition(lambda p: KafkaSink(bootstrap, topic_out, f"flux-{topic_out}-{p}",
+                                                 partition=p))
+    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1, sink=sinks,
+                  ordered_output=False, egress_on_executors=True, **options)
+    return job, records, topic_out
+
+
+def assert_relayed_exactly(broker, topic_out: str, records: list) -> None:
+    """A ``read_committed`` reader sees exactly the failure-free output of ``records`` in
+    the order the job numbered them, each once (record i went to input partition i % 3)."""
+    from experiments.kafka_io import read_output
+    from flux.testing.dataflows import relayed_mismatch
+
+    out = read_output(broker.bootstrap, topic_out)  # SN order, each SN once
+    parts = [records[k::3] for k in range(3)]
+    wrong = relayed_mismatch([((k,), r) for k, r in enumerate(out)], records, parts, 4)
+    assert wrong is None, wrong
+
+
 def test_kafka_splits_in_and_out_at_full_rate_through_a_double_failure(spark, broker,
                                                                       tmp_path):
     """As the test above, but the topic filled before the job starts, so that it reads as
@@ -185,27 +224,9 @@ def test_kafka_splits_in_and_out_at_full_rate_through_a_double_failure(spark, br
     pair follows its split's log past the cut, and a ``read_committed`` reader sees
     exactly the failure-free output of the inputs in the order the job numbered them,
     each once."""
-    import json
-
-    from experiments.kafka_io import read_output
-    from flux.connector_api import SinkPerPartition
-    from flux.connectors.kafka_sink import KafkaSink
-    from flux.connectors.kafka_splits import KafkaSplits
-    from flux.spark.job import FluxJob
-    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
-    from flux.testing.workloads import keyed_workload
-
-    topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
-    records = [tuple(r) for r in keyed_workload(INPUTS, seed=13, keys=40)]
-    broker.produce(topic_in, [json.dumps(r).encode() for r in records], 3, timeout=60)
-    splits = KafkaSplits(broker.bootstrap, topic_in, decode=lambda v: tuple(json.loads(v)),
-                         ending="latest")
-    bootstrap = broker.bootstrap  # the open function goes to the executors: no broker
-    sinks = SinkPerPartition(lambda p: KafkaSink(bootstrap, topic_out, f"flux-{topic_out}-{p}",
-                                                 partition=p))
-    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1, sink=sinks,
-                  ordered_output=False, egress_on_executors=True,
-                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=0.5)
+    job, records, topic_out = filled_kafka_job(spark, broker, 13,
+                                               checkpoint=str(tmp_path / "ckpt"),
+                                               checkpoint_interval=0.5)
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
         read_at_the_kill = job.metrics.input_total
@@ -217,10 +238,7 @@ def test_kafka_splits_in_and_out_at_full_rate_through_a_double_failure(spark, br
     assert restored is not None and "both replicas" in why
     assert job.delivered == [] and job.attempt.ingress_process is None
     assert read_at_the_kill < INPUTS  # mid-stream
-    out = read_output(broker.bootstrap, topic_out)  # SN order, each SN once
-    parts = [records[k::3] for k in range(3)]  # value i went to partition i % 3
-    wrong = relayed_mismatch([((k,), r) for k, r in enumerate(out)], records, parts, 4)
-    assert wrong is None, wrong
+    assert_relayed_exactly(broker, topic_out, records)
 
 
 @pytest.mark.parametrize("kill", ["ingress-leader", "egress-writer"])
@@ -232,26 +250,7 @@ def test_kafka_splits_in_and_out_at_full_rate_through_a_single_kill(spark, broke
     dies with it; the egress starts again beside the surviving replica). The kill is
     masked, no restart; a ``read_committed`` reader sees exactly the failure-free output
     of the inputs in the order the job numbered them, each once."""
-    import json
-
-    from experiments.kafka_io import read_output
-    from flux.connector_api import SinkPerPartition
-    from flux.connectors.kafka_sink import KafkaSink
-    from flux.connectors.kafka_splits import KafkaSplits
-    from flux.spark.job import FluxJob
-    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
-    from flux.testing.workloads import keyed_workload
-
-    topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
-    records = [tuple(r) for r in keyed_workload(INPUTS, seed=12, keys=40)]
-    broker.produce(topic_in, [json.dumps(r).encode() for r in records], 3, timeout=60)
-    splits = KafkaSplits(broker.bootstrap, topic_in, decode=lambda v: tuple(json.loads(v)),
-                         ending="latest")
-    bootstrap = broker.bootstrap  # the open function goes to the executors: no broker
-    sinks = SinkPerPartition(lambda p: KafkaSink(bootstrap, topic_out, f"flux-{topic_out}-{p}",
-                                                 partition=p))
-    job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1, sink=sinks,
-                  ordered_output=False, egress_on_executors=True)
+    job, records, topic_out = filled_kafka_job(spark, broker, 12)
     with job:
         assert job.wait_until(lambda: job.metrics.input_total >= INPUTS // 5, 120)
         victim = (job.topology.where[Addr(0, 1, P)] if kill == "ingress-leader"
@@ -264,7 +263,4 @@ def test_kafka_splits_in_and_out_at_full_rate_through_a_single_kill(spark, broke
     kinds = [what for _, what, _ in job.metrics.relative_events()]
     assert kinds.index("killed") < kinds.index("detected") < kinds.index("catch-up done")
     assert read_at_the_kill < INPUTS == job.metrics.input_total  # mid-stream
-    out = read_output(broker.bootstrap, topic_out)  # SN order, each SN once
-    parts = [records[k::3] for k in range(3)]  # value i went to partition i % 3
-    wrong = relayed_mismatch([((k,), r) for k, r in enumerate(out)], records, parts, 4)
-    assert wrong is None, wrong
+    assert_relayed_exactly(broker, topic_out, records)
