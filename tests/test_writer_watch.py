@@ -32,3 +32,13 @@ def test_the_job_is_finished_once_every_writer_bound_covers_the_last_input():
     assert not watch.finished(30)
     watch.report(WriterProgress(1, (31,), 31, outputs=2))
     assert watch.finished(30) and watch.settled() == 30
+
+
+def test_a_writer_counts_only_what_its_sink_keeps():
+    from flux.runtime.writer_sinks import kept_by
+
+    items = [((5, 0), "a"), ((6, 0), "b"), ((7, 1), "c")]
+    assert kept_by(items, None) == 3
+    assert kept_by(items, (4, 9)) == 3
+    assert kept_by(items, (6, 0)) == 1  # a restart's replay of what the sink holds
+    assert kept_by(items, (7, 1)) == 0

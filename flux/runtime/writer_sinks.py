@@ -24,6 +24,14 @@ log = logging.getLogger(__name__)
 SN = Tuple[int, ...]
 
 
+def kept_by(items, committed) -> int:
+    """How many of ``items`` (in SN order) lie past ``committed``: what an exactly-once
+    sink keeps of them (a restart's replay of what it holds is dropped)."""
+    if committed is None or tuple(items[0][0]) > committed:
+        return len(items)
+    return sum(1 for sn, _ in items if tuple(sn) > committed)
+
+
 class WriterSinks:
     """Partition -> its sink, for the writers of one node."""
 
@@ -40,7 +48,8 @@ class WriterSinks:
         self.new_writer = new_writer
         self.sinks: Dict[int, Any] = {}
         self.last: Dict[int, SN] = {}  # partition -> the last output written to its sink
-        self.handed: Dict[int, int] = {}  # partition -> outputs its writer here wrote
+        #: partition -> outputs its writer here wrote that its sink keeps
+        self.handed: Dict[int, int] = {}
         self.writers: Dict[int, SinkWriter] = {}  # partition -> its writer here
 
     def open(self, partition: int) -> Any:
@@ -79,9 +88,11 @@ class WriterSinks:
 
     def deliver(self, partition: int, items) -> None:
         if items:
-            self.sinks[partition].write(items)
+            sink = self.sinks[partition]
+            kept = kept_by(items, sink.committed())
+            sink.write(items)
             self.last[partition] = tuple(items[-1][0])
-            self.handed[partition] = self.handed.get(partition, 0) + len(items)
+            self.handed[partition] = self.handed.get(partition, 0) + kept
 
     def commit(self, partition: int) -> Tuple[Any, List]:
         """Make what the partition's sink was given durable: its last output's SN, and

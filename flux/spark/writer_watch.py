@@ -44,8 +44,8 @@ class WriterWatch:
 
     def outputs(self) -> int:
         """The outputs the writers committed to their sinks, as far as they reported."""
-        progress = dict(self.progress)
-        return sum(self._earlier.values()) + sum(r.outputs for r in progress.values())
+        progress, earlier = dict(self.progress), dict(self._earlier)
+        return sum(earlier.values()) + sum(r.outputs for r in progress.values())
 
     def finished(self, read: int) -> bool:
         """Every writer's bound covers input ``read`` (the last): no output can still come
@@ -57,12 +57,14 @@ class WriterWatch:
     def watch(self, stop, metrics, finished, feed: Callable[[], object]) -> None:
         """A driver thread's loop until ``stop``: the metrics' settled inputs, and the
         job's end (``finished`` set) once the source is exhausted and every writer's
-        bound covers the last input."""
+        bound covers the last input. The outputs counted add to those of the job's
+        earlier attempts."""
+        before = metrics.output_total
         while not stop.wait(0.01):
             settled = self.settled()
             if settled is not None:
                 metrics.settled(settled)
-            metrics.outputs_elsewhere(self.outputs())
+            metrics.outputs_elsewhere(before + self.outputs())
             now = feed()
             if not finished.is_set() and now is not None and now.source_done \
                     and self.finished(now.read):
