@@ -19,9 +19,9 @@ import argparse
 import csv
 import json
 import pathlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from experiments.throughput import KINDS, probe
+from experiments.throughput import KINDS, Bisection, probe
 from flux.testing.workloads import packet_workload
 
 
@@ -44,29 +44,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.delays or any(d <= 0 for d in args.delays) or args.probes < 1:
         ap.error("--item-delays: positive seconds; --probes >= 1")
     return args
-
-
-class Bisection:
-    """One delay's search for its highest steady rate in [min-rate, max-rate]: the first
-    probe at the lowest rate, then halfway between the highest steady and the lowest
-    unsteady rate probed."""
-
-    def __init__(self, lo: float, hi: float):
-        self.lo, self.hi = lo, hi
-        self.best: Optional[float] = None
-        self.probes: List[Dict[str, Any]] = []
-        self.done = False
-
-    def next_rate(self) -> float:
-        return self.lo if not self.probes else (self.lo + self.hi) / 2
-
-    def took(self, rate: float, row: Dict[str, Any]) -> None:
-        self.probes.append(row)
-        if row["steady"]:
-            self.best, self.lo = max(self.best or 0.0, rate), rate
-        else:
-            self.hi = rate
-            self.done = self.best is None  # not even the lowest rate is steady
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,7 @@ import pathlib
 import statistics
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from flux.examples import paper_dataflow, vectorized_dataflow
 from flux.operator import wire_form
@@ -207,22 +207,41 @@ def expected_for(records: List[Any], args) -> List[str]:
     return [wire_form(x) for x in reference_output(paper_dataflow(), records, args.nodes)]
 
 
+class Bisection:
+    """A search for the highest steady rate in [lo, hi]: the first probe at the lowest
+    rate, then halfway between the highest steady and the lowest unsteady rate probed;
+    done when not even the lowest rate is steady."""
+
+    def __init__(self, lo: float, hi: float):
+        self.lo, self.hi = lo, hi
+        self.best: Optional[float] = None
+        self.probes: List[Dict[str, Any]] = []
+        self.done = False
+
+    def next_rate(self) -> float:
+        return self.lo if not self.probes else (self.lo + self.hi) / 2
+
+    def took(self, rate: float, row: Dict[str, Any]) -> None:
+        self.probes.append(row)
+        if row["steady"]:
+            self.best, self.lo = max(self.best or 0.0, rate), rate
+        else:
+            self.hi = rate
+            self.done = self.best is None
+
+
 def search(spark, args, records, hi: float, kind: str = "per-record") -> Dict[str, Any]:
     """Bisect the highest steady rate in [lo, hi] with ``--probes`` probes."""
-    lo, probes, best = args.min_rate, [], None
+    bisection = Bisection(args.min_rate, hi)
     for _ in range(args.probes):
-        rate = (lo + hi) / 2 if best is not None or probes else lo
+        rate = bisection.next_rate()
         row = probe(spark, rate, args, records, kind)
-        probes.append(row)
         print("probe", row, flush=True)
-        if row["steady"]:
-            best = max(best or 0, rate)
-            lo = rate
-        else:
-            hi = rate
-            if best is None and rate <= args.min_rate:
-                break  # not even the lowest rate is steady
-    return {"highest_steady_tps": round(best) if best else None, "probes": probes}
+        bisection.took(rate, row)
+        if bisection.done:
+            break
+    best = bisection.best
+    return {"highest_steady_tps": round(best) if best else None, "probes": bisection.probes}
 
 
 def plot(summary: Dict[str, Any], path: pathlib.Path, kind: str = "per-record",
