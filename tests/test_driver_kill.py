@@ -5,7 +5,6 @@ one at a time)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -14,16 +13,16 @@ from experiments.resumable_job import Program, per_key, read_sink, write_inputs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def run_then_kill(args, log, on_start=lambda: None, linger: float = 0.0) -> dict:
-    """Run the program until its third checkpoint, then (``linger`` seconds later: its
-    sinks commit on past the last cut meanwhile) kill its driver; its "started" line.
-    ``on_start``: called once the job is deployed."""
+def run_then_kill(args, log, on_start=lambda: None, ready=lambda line: True) -> dict:
+    """Run the program until a progress line says its third checkpoint is complete and
+    ``ready(line)``, then kill its driver; its "started" line. ``on_start``: called once
+    the job is deployed."""
     first = Program(args, log)
     try:
         started = first.wait_for(lambda x: x["kind"] == "started", 180)
         on_start()
-        first.wait_for(lambda x: x["kind"] == "progress" and (x["checkpoint"] or 0) >= 3, 120)
-        time.sleep(linger)
+        first.wait_for(lambda x: x["kind"] == "progress" and (x["checkpoint"] or 0) >= 3
+                       and ready(x), 120)
     finally:
         first.kill()
     return started
@@ -65,13 +64,16 @@ def test_a_killed_driver_of_a_split_job_run_again_resumes_from_its_checkpoint(tm
     keeps its SN. The job numbers the splits' inputs in its own order, so the check is
     per key (each key's inputs lie in one split, in order): the failure-free output,
     each once, SNs increasing. The sink commits every 100 outputs, ahead of the cuts, and
-    the driver dies half a checkpoint interval after one completes: the sink holds outputs
-    past the restored cut (checked), which must come again with the same SNs."""
+    the driver dies once it committed past the last complete checkpoint's cut: the sink
+    holds outputs past the restored cut (checked), which must come again with the same
+    SNs."""
     expected = per_key(write_inputs(tmp_path / "in", 30_000))
     args = ["--input", str(tmp_path / "in"), "--sink", str(tmp_path / "out"),
             "--checkpoint", str(tmp_path / "ckpt"), "--interval", "1", "--rate", "3000",
             "--splits", "3", "--commit-every", "100"]
-    run_then_kill(args, tmp_path / "first.log", linger=0.5)
+    # killed once its sink committed past the last complete checkpoint's cut
+    run_then_kill(args, tmp_path / "first.log",
+                  ready=lambda x: bool(x["committed"]) and x["committed"][0] > x["cut"])
     first = read_sink("jsonl", str(tmp_path / "out"))
     partial = per_key(first)
     assert 0 < sum(map(len, partial.values())) < sum(map(len, expected.values()))
