@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any, Dict, List, Tuple
 
-from flux.connector_api import SinkPerPartition
+from flux.connector_api import CommitsBySN, SinkPerPartition
 from flux.operator import wire_form
 from flux.protocol.producer import PAUSE_ROOM
 from flux.reference import ReferenceRun
@@ -101,38 +101,31 @@ class Arrivals:
         return take
 
 
-class TimedFileSink:
+class TimedFileSink(CommitsBySN):
     """An exactly-once sink of one partition on an executor that writes, with each output,
     when the egress handed it over (``time.monotonic``: one clock for every process of a
-    machine), so the driver can place the partition's waits after the job."""
+    machine), so the driver can place the partition's waits after the job. What it keeps
+    and drops is ``CommitsBySN``'s; it commits when the writer does."""
+
+    name = "TimedFileSink"
 
     def __init__(self, path: str):
         self.path = path
-        self._pending: List[tuple] = []
-        self._committed = None
+        committed = None
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 for line in f:
-                    self._committed = tuple(json.loads(line)[1])
+                    committed = tuple(json.loads(line)[1])
+        super().__init__(committed, commit_every=1 << 30)
 
     def write(self, items) -> None:
         now = time.monotonic()
-        for sn, record in items:
-            sn = tuple(sn)
-            if self._committed is None or sn > self._committed:
-                self._pending.append((now, sn, wire_form(record)))
+        super().write([(sn, (now, record)) for sn, record in items])
 
-    def commit(self, sn) -> None:
+    def _commit(self, rows: list, sn) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in self._pending)
-        self._pending, self._committed = [], tuple(sn)
-
-    def committed(self):
-        return self._committed
-
-    def close(self) -> None:
-        if self._pending:
-            self.commit(self._pending[-1][1])
+            f.writelines(json.dumps([t, list(sn), record]) + "\n"
+                         for sn, (t, record) in rows)
 
 
 class TimedFiles:
