@@ -42,3 +42,69 @@ def test_a_writer_counts_only_what_its_sink_keeps():
     assert kept_by(items, (4, 9)) == 3
     assert kept_by(items, (6, 0)) == 1  # a restart's replay of what the sink holds
     assert kept_by(items, (7, 1)) == 0
+
+
+class _Writer:
+    """What ``WriterSinks`` reads of a writer: its bounds, outputs since its last commit."""
+
+    partition = 0
+
+    def __init__(self):
+        self.frontier, self.uncommitted = (0,), 0
+
+    def bounds(self):
+        return self.frontier, self.frontier[0]
+
+    def committed(self):
+        return []
+
+
+def _sink():
+    from flux.connector_api import CommitsBySN
+
+    class Memory(CommitsBySN):
+        def __init__(self):
+            super().__init__(None, 10**9)
+
+        def _commit(self, rows, sn):
+            pass
+
+    return Memory()
+
+
+def test_a_writer_at_full_rate_reports_how_far_its_last_commit_got():
+    """At full rate a writer always has outputs since its last commit when it reports:
+    it reports its bound as of that commit, never a bound past what its sink holds, and
+    never one older than it reported before."""
+    from flux.runtime.writer_sinks import WriterSinks
+
+    writer, sink = _Writer(), _sink()
+    sinks = WriterSinks(lambda p: sink, lambda p: writer, commit_interval=0.1)
+    sinks.adopt(writer)
+    now = 0.0
+
+    def deliver(n):
+        sinks.deliver(0, [((n, 0), ("k", n))])
+        writer.frontier, writer.uncommitted = (n,), writer.uncommitted + 1
+
+    reports = []
+    for n in range(1, 40):
+        deliver(n)
+        if n % 3 == 0:  # a commit covers what was delivered so far
+            writer.uncommitted = 0
+            sinks.commit(0)
+            deliver(n + 100)  # ... and at once more outputs: never idle when it reports
+            writer.frontier, writer.uncommitted = (n,), 1
+        now += 0.05
+        reports += sinks.progress(now)
+    assert reports, "no report while outputs kept coming"
+    settled = [r.settled for r in reports]
+    assert settled == sorted(settled) and settled[-1] >= 36
+    assert all(r.settled % 3 == 0 for r in reports)  # each a commit's bound
+    # idle: everything committed, its bound now
+    writer.uncommitted = 0
+    writer.frontier = (50,)
+    assert [r.settled for r in sinks.progress(now + 1)] == [50]
+    # more outputs after it: the last report stands, nothing older comes again
+    writer.uncommitted = 1
+    assert sinks.progress(now + 2) == []

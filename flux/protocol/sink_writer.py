@@ -48,6 +48,11 @@ class SinkWriter(Egress):
         """A commit between checkpoints (a timer's, or the sink's own choice)."""
         return [self.commit(0, 0)] if self.uncommitted else []
 
+    def bounds(self) -> tuple:
+        """(frontier, settled): how far its outputs got (``Egress.settled``); taken right
+        after a commit, how far its sink's committed outputs got."""
+        return tuple(self.fcons.frontier()), self.settled()
+
     def committed(self) -> List:
         """The sink returned from a commit: both replicas may evict what it covers."""
         return self.fcons.commit_acks()

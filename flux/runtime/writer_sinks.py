@@ -44,6 +44,8 @@ class WriterSinks:
         self.commit_interval = commit_interval
         self._committed_at = self._reported_at = float("-inf")
         self._reported: Dict[int, WriterProgress] = {}
+        #: partition -> its writer's progress as of its sink's last commit
+        self._at_commit: Dict[int, WriterProgress] = {}
         self.open_sink = open_sink
         self.new_writer = new_writer
         self.sinks: Dict[int, Any] = {}
@@ -72,6 +74,7 @@ class WriterSinks:
         """A view starts the writer ``addr`` here (``Host``'s ``writer_factory``)."""
         p = addr.partition
         self.last.pop(p, None)
+        self._at_commit.pop(p, None)
         self.handed[p] = 0
         sink = self.open(p)
         writer = self.writers[p] = self.new_writer(p)
@@ -101,12 +104,20 @@ class WriterSinks:
         committed = sink.committed()
         if last is not None and (committed is None or last > committed):
             sink.commit(last)
-        return sink.committed(), self.writers[partition].committed()
+        writer = self.writers[partition]
+        self._at_commit[partition] = self._progress_now(partition, writer)
+        return sink.committed(), writer.committed()
+
+    def _progress_now(self, partition: int, writer: SinkWriter) -> WriterProgress:
+        frontier, settled = writer.bounds()
+        return WriterProgress(partition, frontier, settled, self.handed.get(partition, 0))
 
     def progress(self, now: float) -> List[WriterProgress]:
         """How far each writer's committed outputs got, for the driver (the job's end,
         its metrics), when it moved on and at most every ``commit_interval``: its bound
-        once everything it sent to its sink is committed, else the last one reported."""
+        now if everything it sent to its sink is committed, else its bound at its sink's
+        last commit (at full rate a writer always has outputs since its last commit: its
+        reports would otherwise stop until the feed pauses)."""
         if now - self._reported_at < self.commit_interval:
             return []
         self._reported_at = now
@@ -114,12 +125,11 @@ class WriterSinks:
         for p, writer in sorted(self.writers.items()):
             before = self._reported.get(p)
             if writer.uncommitted:
-                if before is None:
+                report = self._at_commit.get(p, before)
+                if report is None:
                     continue
-                report = before
-            else:
-                report = WriterProgress(p, tuple(writer.fcons.frontier()), writer.settled(),
-                                        self.handed.get(p, 0))
+            else:  # all committed: as good as a commit's, and never older than one
+                report = self._at_commit[p] = self._progress_now(p, writer)
             if before != report:
                 self._reported[p] = report
                 out.append(report)
