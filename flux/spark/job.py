@@ -51,9 +51,19 @@ from flux.spark.split_watch import check_split_job, split_sample
 log = logging.getLogger(__name__)
 
 
+#: partitions the deploy checks run the source's first records at, whatever the job's
+#: count: enough for records to move between partitions, and the operators they build
+#: (each twice in the driver, and in each of the determinism check's two processes) do
+#: not grow with the job: 6 partitions of 20 MB of state took 770 MB in the driver and as
+#: much in each of those processes, 2 partitions 370 MB (``experiments.failover``'s
+#: ballast); at 100 MB per partition and 16 nodes the driver alone would need gigabytes
+CHECK_PARTITIONS = 2
+
+
 def check_before_deploy(dataflow, sample: List[Any], partitions: int,
                         determinism: bool = True) -> None:
-    """Refuse, before any task starts, a dataflow that fails on the source's first records:
+    """Refuse, before any task starts, a dataflow that fails on the source's first records
+    (run at ``min(partitions, CHECK_PARTITIONS)`` partitions):
     an operator or key that raises, a key msgpack cannot hash, a state msgpack cannot
     serialize or ``install_state`` does not restore (DESIGN 4.1), a ``process_batch`` that
     disagrees with ``process``; and (``determinism``) one that computes otherwise in two
@@ -62,6 +72,7 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int,
         return  # nothing to check yet; the executors build the operators and report
     # a columnar source's batches: their first rows, as many as the records asked for
     sample = input_records(sample)[:len(sample)]
+    partitions = min(partitions, CHECK_PARTITIONS)
     try:
         check_state_round_trip(dataflow, sample, partitions)
         check_batch_api(dataflow, sample)
