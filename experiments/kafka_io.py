@@ -157,9 +157,46 @@ class RecordedOrder:
         self.source.close()
 
 
+def last_committed(bootstrap: str, topic: str, timeout: float = 10.0) -> Optional[tuple]:
+    """The largest SN any of ``topic``'s KafkaSinks committed (None: none yet), read
+    ``read_committed`` from their shared state topic: how far the furthest partition's
+    output is durable."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from flux.connectors.kafka_sink import STATE_SUFFIX
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "flux-last-committed",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False, "session.timeout.ms": 6000})
+    state = topic + STATE_SUFFIX
+    try:
+        if state not in consumer.list_topics(timeout=timeout).topics:
+            return None  # no sink opened yet
+        consumer.assign([TopicPartition(state, 0, 0)])
+        best, deadline = None, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return best
+                raise RuntimeError(f"reading {state}: {message.error()}")
+            sn = tuple(json.loads(message.value())["sn"])
+            best = sn if best is None else max(best, sn)
+        raise TimeoutError(f"{state} not read to its end in {timeout} s")
+    finally:
+        consumer.close()
+
+
 def read_output(bootstrap: str, topic: str, timeout: float = 60.0) -> List[Any]:
     """Everything a ``read_committed`` consumer reads in ``topic`` (a KafkaSink's), in SN
     order; each partition's records must come in increasing SN order, and no SN twice."""
+    return [record for _, record in read_output_sns(bootstrap, topic, timeout)]
+
+
+def read_output_sns(bootstrap: str, topic: str, timeout: float = 60.0) -> List[tuple]:
+    """``read_output``'s records with their SNs: ``(sn, record)`` in SN order."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from flux.connectors.kafka_sink import SN_HEADER
@@ -194,4 +231,4 @@ def read_output(bootstrap: str, topic: str, timeout: float = 60.0) -> List[Any]:
     merged = sorted((row for part in rows.values() for row in part), key=lambda r: r[0])
     if len({sn for sn, _ in merged}) != len(merged):
         raise AssertionError(f"{topic}: an SN in two partitions")
-    return [record for _, record in merged]
+    return merged

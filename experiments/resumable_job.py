@@ -192,7 +192,16 @@ def main(argv=None) -> int:
         egresses = dict(ordered_output=False, egress_on_executors=True)
     else:
         sink = make_sink(args.sink_format, args.sink, args.commit_every)
-    committed = (lambda: None) if args.kafka else (lambda: list(sink.committed() or ()) or None)
+
+    def committed():
+        """The last output's SN the sink committed; with Kafka, the furthest partition's
+        (read from the sinks' state topic: the sinks are on the executors)."""
+        if args.kafka:
+            from experiments.kafka_io import last_committed
+
+            return list(last_committed(args.kafka, args.sink) or ()) or None
+        return list(sink.committed() or ()) or None
+
     with local_cluster(args.nodes + args.standbys) as spark:
         say("spark")  # Spark is up: what follows is Flux's own start
         dataflow = counting_dataflow(2)

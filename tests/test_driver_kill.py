@@ -104,16 +104,15 @@ def past_the_cut(rows, cut: int) -> int:
 def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, broker):
     """Kafka in, the topic's partitions read on the executors (``KafkaSplits``), and out
     through a transactional producer per partition on the executors: no record through
-    the driver. The driver killed after three checkpoints, and the program run again: it
+    the driver. The driver killed once a sink committed past the last complete
+    checkpoint's cut (read from the sinks' state topic), and the program run again: it
     reads each partition on from where its checkpoint left it (the origin its first run
     recorded, the offsets beside the counts), and a ``read_committed`` reader sees the
     failure-free output key by key (the job numbers the splits' inputs in its own order;
     each key's inputs lie in one partition of the input topic, in order), each SN once
-    and in order. Whether its sinks hold outputs past the restored cut when the driver
-    dies depends on the day's timing (on this broker they lag the checkpoints by
-    seconds): the split job's test above is the one that checks the splits' logs'
-    replay, its sink holding outputs past the cut (checked); it fails without it."""
-    from experiments.kafka_io import Feed, read_output
+    and in order. The outputs a sink held past the restored cut (checked) must come again
+    with the same SNs: the splits' logs' replay."""
+    from experiments.kafka_io import Feed, read_output, read_output_sns
     from flux.connectors.file_source import FileSource
 
     expected = per_key(write_inputs(tmp_path / "in", 24_000))
@@ -127,9 +126,11 @@ def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, br
             "--interval", "1", "--commit-every", "500"]
     fed = []
     try:
-        run_then_kill(args, tmp_path / "first.log", on_start=lambda: fed.append(feed.start()))
-        partial = per_key([((k,), r) for k, r in enumerate(read_output(broker.bootstrap,
-                                                                        topic_out))])
+        # killed once a sink committed past the last complete checkpoint's cut
+        run_then_kill(args, tmp_path / "first.log", on_start=lambda: fed.append(feed.start()),
+                      ready=lambda x: bool(x["committed"]) and x["committed"][0] > x["cut"])
+        first = read_output_sns(broker.bootstrap, topic_out)
+        partial = per_key([((k,), r) for k, (_, r) in enumerate(first)])
         assert 0 < sum(map(len, partial.values())) < sum(map(len, expected.values()))
         # each partition commits by itself and a key's outputs spread over the partitions
         # (stage 2 is keyed by the count too): each key's are in the failure-free order,
@@ -142,6 +143,7 @@ def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, br
             feed.stop()
     assert not feed.error
     assert started["checkpoint"] is not None and started["checkpoint"] >= 3
+    assert past_the_cut(first, started["cut"])  # what the replay must number as before
     assert done["restarts"] == 0
     out = read_output(broker.bootstrap, topic_out)  # each partition in SN order, none twice
     assert per_key([((k,), r) for k, r in enumerate(out)]) == expected

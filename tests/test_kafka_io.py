@@ -315,6 +315,28 @@ def test_sinks_sharing_a_topic_each_read_back_their_own_sn(broker):
     assert KafkaSink(broker.bootstrap, topic, f"b-{topic}").committed() == (100, 1)
 
 
+def test_how_far_the_furthest_sink_of_a_topic_committed_is_read_from_its_state(broker):
+    from experiments.kafka_io import last_committed
+
+    topic = broker.fresh_topic(prefix="t", partitions=2)
+    assert last_committed(broker.bootstrap, topic) is None  # no sink yet
+    a = KafkaSink(broker.bootstrap, topic, f"a-{topic}", partition=0)
+    b = KafkaSink(broker.bootstrap, topic, f"b-{topic}", partition=1)
+    assert last_committed(broker.bootstrap, topic) is None  # none committed
+    a.write(outputs(1, 2))
+    a.commit((2, 0))
+    b.commit((7, 1))
+    a.commit((9, 0))
+    b.producer.begin_transaction()  # what is not committed does not count
+    b.producer.produce(b.state_topic, json.dumps({"sn": [50, 1]}).encode(),
+                       key=f"b-{topic}".encode())  # the state topic's records are keyed
+    b.producer.flush()
+    assert last_committed(broker.bootstrap, topic) == (9, 0)
+    a.close()
+    b.producer.abort_transaction()
+    b.close()
+
+
 def test_a_sink_with_a_partition_writes_only_there_and_a_missing_one_is_refused(broker):
     topic = broker.fresh_topic(prefix="t", partitions=3)
     with KafkaSink(broker.bootstrap, topic, f"p2-{topic}", key=lambda r: r["k"],
