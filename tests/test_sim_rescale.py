@@ -74,10 +74,10 @@ def test_a_sink_per_partition_rescales_at_a_drained_cut(shape):
     cut if a replica died before its snapshot). Every sink partition then holds exactly
     the outputs of the inputs up to the cut (checked), and each holds the failure-free
     outputs of its partition at the count in force for their inputs."""
-    results = schedules(SimParams(**{**DRAINED, **shape}), range(1, 101))
+    results = schedules(SimParams(**{**DRAINED, **shape}), range(1, 61))
     assert not failures(results), failures(results)
-    assert sum(len(r.drains) for r in results) >= 80
-    assert sum(r.rescales for r in results) >= 80  # restored from a checkpoint, split
+    assert sum(len(r.drains) for r in results) >= 40
+    assert sum(r.rescales for r in results) >= 40  # restored from a checkpoint, split
 
 
 @pytest.mark.parametrize("variant", ["rescale-undrained", "rescale-under-sinks"])
