@@ -159,6 +159,8 @@ class CheckpointCoordinator:
         if any(c.phase is Phase.OPEN for c in self.checkpoints.values()):
             raise ValueError("a rescale while a checkpoint is open: restart first")
         self.partitions = partitions
+        if self.sinks > 1:  # a sink partition per last-stage partition
+            self.sinks = partitions
 
     # -- queries -------------------------------------------------------------------------
     def abandoned(self) -> List[int]:

@@ -111,3 +111,19 @@ def test_the_fingerprint_tells_dataflows_and_partition_counts_apart():
     assert a == fingerprint(counting_dataflow(2), 4)
     assert len({a, fingerprint(counting_dataflow(2), 8), fingerprint(counting_dataflow(3), 4),
                 fingerprint(paper_dataflow(), 4)}) == 4
+
+
+def test_a_rescale_with_a_sink_per_partition_waits_for_each_new_partitions_sink():
+    coord = CheckpointCoordinator(1, 2, "f", sinks=2)
+    coord.restarted(None)
+    coord.rescaled(3)
+    coord.begin(1, cut=40)
+    for p in range(3):
+        coord.part_written(1, 1, p, f"s1p{p}-1")
+    coord.source_recorded(1, ["a.jsonl", 100])
+    assert coord.sink_committed(1, (38, 0), 0) is None
+    assert coord.sink_committed(1, (39, 1), 1) is None
+    manifest = coord.sink_committed(1, (40, 2), 2)  # the third sink partition, new
+    assert manifest is not None and manifest["sinks"] == [[38, 0], [39, 1], [40, 2]]
+    with pytest.raises(ValueError, match="no sink partition 3"):
+        coord.sink_committed(1, (40, 3), 3)

@@ -3,7 +3,9 @@ at another partition count, each new partition starting from the key groups it o
 the old partitions' snapshots. The oracle is unchanged: the output is the failure-free
 run's (the regrouping dataflow's output does not depend on the count: checked when the
 world is made), and every snapshot written after a rescale is the failure-free state of
-its partition at the new count."""
+its partition at the new count. With a sink per partition, what each sink partition
+holds is the failure-free output of that partition at the count in force for each
+output's input (docs/design/rescaling.md: drained rescales)."""
 from __future__ import annotations
 
 import pytest
@@ -57,3 +59,40 @@ def test_state_installed_unsplit_is_caught(shape):
 def test_a_dataflow_whose_output_depends_on_the_count_is_refused():
     with pytest.raises(ValueError, match="--dataflow regroup"):
         SimParams(**{**RESCALE, "dataflow": "counter"}).validate()
+
+
+DRAINED = dict(RESCALE, restarts=1, rescale_cuts=2, standbys=1)
+DRAINED_SHAPES = [dict(partitioned_egress=True, crashes=2),
+                  dict(writers_on_nodes=True, corrupt_checkpoints=1)]
+
+
+@pytest.mark.parametrize("shape", DRAINED_SHAPES, ids=["sink-per-partition", "writers"])
+def test_a_sink_per_partition_rescales_at_a_drained_cut(shape):
+    """A sink per partition, each committed up to its own SN: ``job.rescale`` cuts a
+    checkpoint past every output a sink committed, the source gives nothing past the
+    cut, the job restarts from it at the next count once it completes (again at the same
+    cut if a replica died before its snapshot). Every sink partition then holds exactly
+    the outputs of the inputs up to the cut (checked), and each holds the failure-free
+    outputs of its partition at the count in force for their inputs."""
+    results = schedules(SimParams(**{**DRAINED, **shape}), range(1, 61))
+    assert not failures(results), failures(results)
+    assert sum(len(r.drains) for r in results) >= 40
+    assert sum(r.rescales for r in results) >= 40  # restored from a checkpoint, split
+
+
+@pytest.mark.parametrize("variant", ["rescale-undrained", "rescale-under-sinks"])
+@pytest.mark.parametrize("shape", DRAINED_SHAPES, ids=["sink-per-partition", "writers"])
+def test_a_rescale_that_is_not_drained_is_caught(shape, variant):
+    """The source going on past the rescale's cut, or a cut under what a sink committed
+    (after a restart from an older checkpoint): sink partitions hold outputs the new
+    count writes again elsewhere."""
+    seeds = range(1, 21) if variant == "rescale-undrained" else range(1, 41)
+    results = schedules(SimParams(**{**DRAINED, **shape, "variant": variant}), seeds)
+    assert failures(results)
+
+
+def test_a_sink_per_partition_rescales_only_at_a_drained_cut_of_one_ingress():
+    with pytest.raises(ValueError, match="drained rescales"):
+        SimParams(**{**RESCALE, "partitioned_egress": True}).validate()
+    with pytest.raises(ValueError, match="drained rescales"):
+        SimParams(**{**DRAINED, "partitioned_egress": True, "ingresses": 2}).validate()

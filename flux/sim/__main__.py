@@ -193,7 +193,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rescale-to", default="", metavar="M[,M2...]",
                     help="every restart runs at the next of these partition counts, each "
                          "partition's state split by key group from the checkpoint "
-                         "(DESIGN 13; with --checkpoints and --dataflow regroup)")
+                         "(DESIGN 13; with --checkpoints and --dataflow regroup); with a "
+                         "sink per partition only the drained cuts of --rescale-cuts do "
+                         "(docs/design/rescaling.md)")
     ap.add_argument("--rescale-cuts", type=int, default=0, metavar="K",
                     help="K rescales asked for while the job runs (job.rescale), each at a "
                          "random step: a checkpoint cut at once, and the job restarted from "
@@ -238,6 +240,7 @@ def main(argv=None) -> int:
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
     compared = diverged = undefined = probed = named = sets_rebuilt = rescales = 0
+    drains = given_up = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -261,6 +264,8 @@ def main(argv=None) -> int:
         restarts += len(result.restarts)
         sets_rebuilt += result.sets_rebuilt
         rescales += result.rescales
+        drains += len(result.drains)
+        given_up += result.rescales_given_up
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
         failed_writes += result.failed_writes
@@ -295,7 +300,8 @@ def main(argv=None) -> int:
           f"digest pairs compared={compared}, diverged={diverged} (key named {named}/{probed}), "
           f"{f'nondeterminism-raised={undefined}, ' if undefined else ''}"
           f"restarts={restarts}{f' (sets rebuilt {sets_rebuilt})' if sets_rebuilt else ''}"
-          f"{f' (rescaled {rescales})' if rescales else ''}, "
+          f"{f' (rescaled {rescales})' if rescales else ''}"
+          f"{f' (drained {drains}, given up {given_up})' if drains or given_up else ''}, "
           f"{corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)

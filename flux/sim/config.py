@@ -60,6 +60,10 @@ class WorldConfig:
     placement_for: Optional[Callable[[int], Any]] = None
     #: False: a broken variant installs old partition p's state whole in new partition p
     split_rescaled: bool = True
+    #: False: broken variants of a drained rescale (a sink per partition): the source
+    #: keeps giving inputs past the rescale's cut; the cut falls under what a sink committed
+    drain_stops_inputs: bool = True
+    drain_past_sinks: bool = True
     capacity: int = 4
     ingress_capacity: int = 4
     batch_size: int = 2
@@ -145,6 +149,10 @@ class Outcome:
     sets_rebuilt: int = 0
     #: restarts at another partition count, their states split by key group (DESIGN 13)
     rescales: int = 0
+    #: drained rescales (a sink per partition): (cut, count) of each, in order
+    drains: List[Tuple[int, int]] = field(default_factory=list)
+    #: drained rescales given up: their checkpoint could not complete
+    rescales_given_up: int = 0
     #: the divergence the pairs' digests found, which stopped the job (DESIGN 14)
     diverged: str = ""
     catchups: List[Addr] = field(default_factory=list)

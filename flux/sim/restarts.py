@@ -16,6 +16,10 @@ from flux.sim.oracle import Violation
 from flux.snapshot_chain import install, rebuild
 
 
+#: a stuck drained rescale cuts again this many times before it is given up
+RECUTS = 3
+
+
 class Restarts:
     """The input log, and restarting the world from the checkpoint store."""
 
@@ -34,6 +38,8 @@ class Restarts:
         self.rebuild_cut = False
         self.rebuild_after: Optional[int] = None
         self.cut_for = ""
+        #: checkpoints cut again at a stuck drain's cut (``drain_stuck``)
+        self.recuts = 0
 
     def set_lost(self) -> None:
         """A view failed a whole replica set: the job is rebuilt from a consistent
@@ -49,9 +55,51 @@ class Restarts:
         if self.rebuild_after is None and not self.rebuild_cut:
             self.rebuild_cut, self.cut_for = True, why
 
-    def cut_taken(self, number: int) -> bool:
-        """Checkpoint ``number`` was cut: the rebuild's, if one is wanted."""
-        if not self.rebuild_cut:
+    def draining(self) -> bool:
+        """A rescale of a job with a sink per partition cut its checkpoint: the source
+        gives no input past the cut, so every sink commits up to it and no further, and the
+        job at the new count writes only outputs above every old sink's (docs/design/
+        rescaling.md: a drained rescale, Flink's stop-with-savepoint)."""
+        return (self.cut_for == "rescale" and self.rebuild_after is not None
+                and not self.world.config.ordered_output)
+
+    def drain_stuck(self) -> bool:
+        """Draining, and no checkpoint since the drain's cut completed (a manifest, as the
+        store holds it): asked when everything else is idle, so none will (a replica died
+        before its snapshot, and no input is left to carry a later cut). The job cuts
+        another at the same place, as the runtime asks again when a checkpoint is
+        abandoned; after ``RECUTS`` of them it gives the rescale up (``job.rescale`` fails
+        and the job goes on at its count: a checkpoint cannot complete while a replica
+        that writes snapshots is lost and not rebuilt)."""
+        return self.draining() and not any(
+            k >= self.rebuild_after for k in self.world.store.manifests)
+
+    def recut(self) -> bool:
+        """The drain is stuck: cut again (True), or give the rescale up (False)."""
+        self.recuts += 1
+        if self.recuts <= RECUTS:
+            return True
+        self.rebuild_after, self.cut_for, self.recuts = None, "", 0
+        self.world.outcome.rescales_given_up += 1
+        return False
+
+    def cut_ready(self, accepted: int) -> bool:
+        """May the wanted rebuild's cut fall after input ``accepted``? A drained rescale's
+        only past every output a sink committed: after a restart from an older checkpoint
+        the sinks hold outputs the replay makes again, and the new count would write them
+        to other sink partitions, where no committed SN drops them."""
+        if not (self.rebuild_cut and self.cut_for == "rescale"
+                and not self.world.config.ordered_output) \
+                or not self.world.config.drain_past_sinks:  # (the broken variant)
+            return True
+        sink = self.world.sink
+        committed = [sink.last_committed(p) for p in sink.held]
+        return all(sn is None or sn[0] <= accepted for sn in committed)
+
+    def cut_taken(self, number: int, accepted: int) -> bool:
+        """Checkpoint ``number`` was cut after input ``accepted``: the rebuild's, if one is
+        wanted and may fall there."""
+        if not self.rebuild_cut or not self.cut_ready(accepted):
             return False
         self.rebuild_cut, self.rebuild_after = False, number
         return True
@@ -74,10 +122,12 @@ class Restarts:
         if driver_lives:
             w.sink.commit()
         w.sink.drop_uncommitted()
+        drained = self.rebuild_after if self.draining() else None
         if self.rebuild_after is not None and self.cut_for == "set":
             outcome.sets_rebuilt += 1
         self.due = self.rebuild_cut = False
         self.rebuild_after = None
+        self.recuts = 0
         skipped = len(outcome.fallbacks)
         k = store.restorable()
         if k is None and len(outcome.fallbacks) > skipped:
@@ -88,6 +138,14 @@ class Restarts:
             return
         restored = None if k is None else (k, store.manifests[k][0])
         cut = 0 if restored is None else restored[1]
+        if outcome.drains and cut < outcome.drains[-1][0]:
+            # the outputs up to a drained rescale's cut are in the old count's sink
+            # partitions: a replay from before it would write them to the new count's
+            outcome.checkpoint_corrupt = (
+                f"no checkpoint since the rescale at cut {outcome.drains[-1][0]} verifies "
+                f"(checkpoint {k} is from before it)")
+            w.stopped = True
+            return
         logged = self.source_parts is not None or w.epochs is not None
         if logged and cut < store.log_from:
             raise Violation(f"the input log was truncated past checkpoint {k}'s cut: it covers "
@@ -96,9 +154,18 @@ class Restarts:
         w.coordinator.restarted(k)
         outcome.restarts.append(k)
         counts = w.config.rescale_to
-        if counts and rescale(w, counts[(len(outcome.restarts) - 1) % len(counts)]) and \
-                restored is not None:
+        if counts and w.config.ordered_output:  # every restart at the next count
+            count = counts[(len(outcome.restarts) - 1) % len(counts)]
+        elif counts and drained is not None and k is not None and k >= drained:
+            count = counts[len(outcome.drains) % len(counts)]  # the drained cut's restart
+            w.judge_drain(cut)  # no sink committed past it
+            outcome.drains.append((cut, count))
+        else:  # a sink per partition, each up to its own SN: only a drained cut rescales
+            count = w.partitions
+        if counts and rescale(w, count) and restored is not None:
             outcome.rescales += 1  # from a checkpoint: its state split
+            if not w.config.ordered_output:
+                w.on_drained_rescale()
         if w.config.cuts_follow_restore:
             w.last_cut = cut
         store.chains = {}  # every replica starts anew: its first snapshot is whole
@@ -135,12 +202,16 @@ class Restarts:
 def rescale(world, partitions: int) -> bool:
     """The job runs again at ``partitions``: its machines, placement and checkpoints at
     the new count, its state split by key group from the checkpoint restored (DESIGN 13;
-    one ordered egress: the sink's last SN is the whole job's). Did the count change?"""
+    one ordered egress: the sink's last SN is the whole job's; a sink per partition: a
+    drained cut, a sink partition per new partition). Did the count change?"""
     if partitions == world.partitions:
         return False
     world.partitions = world.builder.partitions = partitions
     world.placement = world.config.placement_for(partitions)
     world.coordinator.rescaled(partitions)
+    if not world.config.ordered_output:  # a sink partition and its oracle per partition
+        world.sink_partitions = partitions
+        world.settled_oracles = world.new_settled_oracles()
     return True
 
 

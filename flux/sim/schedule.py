@@ -174,11 +174,14 @@ class SimParams:
         if self.rescale_to:
             if any(n < 2 for n in self.rescale_to):
                 raise ValueError(f"--rescale-to counts must be >= 2, got {self.rescale_to}")
-            if not self.checkpoints or self.egress_per_partition \
-                    or self.dataflow != "regroup":
+            if not self.checkpoints or self.dataflow != "regroup":
                 raise ValueError("--rescale-to restarts from checkpoints (--checkpoints N) "
-                                 "with one ordered egress and --dataflow regroup (state "
-                                 "keyed by its stages' keys)")
+                                 "with --dataflow regroup (state keyed by its stages' keys)")
+            if self.egress_per_partition and (not self.rescale_cuts or self.ingresses > 1):
+                raise ValueError("--rescale-to with an egress per partition: drained rescales "
+                                 "(--rescale-cuts K) of one ingress; each sink partition "
+                                 "committed up to its own SN, so a restart at another count "
+                                 "from any other cut would repeat or lose outputs")
 
 
 @dataclass
@@ -211,6 +214,9 @@ class ScheduleResult:
     restarts: List[Optional[int]] = field(default_factory=list)
     sets_rebuilt: int = 0
     rescales: int = 0
+    #: drained rescales (a sink per partition): (cut, count) each; those given up
+    drains: List[Tuple[int, int]] = field(default_factory=list)
+    rescales_given_up: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -255,8 +261,9 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     if params.ingresses > 1:  # which ingress reads each input, in which epoch: its SN
         plan = EpochPlan(inputs, params.ingresses, random.Random(f"ingresses {seed}"))
         inputs, numbers = plan.inputs, plan.numbers
-    reference, outputs_upto, states_after, states, parts = reference_run(dataflow, inputs,
-                                                                         params, numbers)
+    reference, outputs_upto, states_after, states, parts_at = reference_run(dataflow, inputs,
+                                                                            params, numbers)
+    parts = list(parts_at[params.partitions])
     placement = PLACEMENTS[params.placement](params.stages, params.partitions)
     config = WorldConfig(
         capacity=rng.randint(1, 6),
@@ -324,16 +331,62 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
 
     def reorder(new_inputs, new_numbers=None):
         """The failure-free run of the inputs' new order (its lists changed in place)."""
-        for old, new in zip((reference, outputs_upto, states_after, states, parts),
+        for old, new in zip((reference, outputs_upto, states_after, states, parts_at),
                             reference_run(dataflow, new_inputs, params, new_numbers)):
             if isinstance(old, dict):
                 old.clear()
                 old.update(new)
             else:
                 old[:] = new
+        redraw()
+
+    def redraw():
+        """Each output's sink partition and the outputs each holds after n inputs, with
+        the drained rescales so far (``drained_parts``)."""
+        if params.egress_per_partition:
+            parts[:], outputs_upto[:] = drained_parts(reference, parts_at, params.partitions,
+                                                      world.outcome.drains, len(world.inputs))
+        else:
+            parts[:] = parts_at[params.partitions]
+
+    def judge_drain(cut):
+        due = outputs_upto[world.position(cut)]
+        for p, want in enumerate(due):
+            held = world.sink.committed.get(p, 0)
+            if held != want:
+                raise Violation(f"a drained rescale from cut {cut}: sink partition {p} "
+                                f"committed {held} outputs, the inputs up to the cut make "
+                                f"{want} of it")
 
     world.on_reorder = reorder
+    world.on_drained_rescale = redraw
+    if params.egress_per_partition and params.rescale_to and config.deterministic:
+        world.judge_drain = judge_drain
+    redraw()
     return world, reference, states, parts if params.egress_per_partition else None
+
+
+def drained_parts(reference, parts_at, first: int, drains, inputs: int) -> tuple:
+    """Each output's sink partition with a sink per partition: its partition at the count
+    in force for its input (``first``, then each drained rescale's count for the inputs
+    after its cut), and ``[n]``: how many outputs each sink partition holds after the first
+    n inputs (an output's SN starts with its input's number; one ingress)."""
+    width = max([first, *(count for _, count in drains)])
+    held = [0] * width
+    parts, upto = [], [tuple(held)]
+    i = 0
+    for n in range(1, inputs + 1):
+        count = first
+        for cut, later in drains:
+            if n > cut:
+                count = later
+        while i < len(reference) and reference[i][0][0] == n:
+            p = parts_at[count][i]
+            parts.append(p)
+            held[p] += 1
+            i += 1
+        upto.append(tuple(held))
+    return parts, upto
 
 
 def nondeterminism(params: SimParams, seed: int) -> dict:
@@ -352,11 +405,13 @@ def reference_run(dataflow, inputs, params: SimParams, numbers=None):
     (with an egress per partition: per partition, ``[n][p]``), the operators' states after
     n inputs (with checkpoints) and at the end, each per partition count the run may have
     (``{count: states}``: ``partitions`` and those of ``rescale_to``), and each output's
-    last-stage partition. ``numbers``: the inputs' SNs (several ingresses); None: 1, 2, 3..."""
+    last-stage partition at each of those counts (``{count: [partition, ...]}``).
+    ``numbers``: the inputs' SNs (several ingresses); None: 1, 2, 3..."""
     run, reference, outputs_upto, states_after = _reference(dataflow, inputs, params,
                                                             params.partitions, numbers)
     after = {params.partitions: states_after}
     states = {params.partitions: [[c.get_state() for c in stage] for stage in run.chains]}
+    parts_at = {params.partitions: list(run.output_partitions)}
     for n in params.rescale_to:
         if n in after:
             continue
@@ -365,7 +420,8 @@ def reference_run(dataflow, inputs, params: SimParams, numbers=None):
             raise ValueError(f"the dataflow's output at {n} partitions is not its output at "
                              f"{params.partitions}: a rescale cannot keep it")
         states[n] = [[c.get_state() for c in stage] for stage in other.chains]
-    return reference, outputs_upto, after, states, list(run.output_partitions)
+        parts_at[n] = list(other.output_partitions)
+    return reference, outputs_upto, after, states, parts_at
 
 
 def _reference(dataflow, inputs, params: SimParams, partitions: int, numbers):
@@ -535,7 +591,14 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
         # what the sink holds is judged again, against the new order
         oracle.set_reference(reference, parts)
 
+    redraw = world.on_drained_rescale
+
+    def on_drained_rescale():
+        redraw()  # the outputs past the cut go to the new count's partitions
+        oracle.set_reference(reference, parts)
+
     world.on_reorder = on_reorder
+    world.on_drained_rescale = on_drained_rescale
     result = ScheduleResult(seed, OK, expected=len(reference))
     # a nondeterministic operator has no one failure-free run to compare with: what is
     # judged is the digests' comparison (flux.sim.divergence) and the machines' own rules
@@ -627,6 +690,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.restarts = list(world.outcome.restarts)
     result.sets_rebuilt = world.outcome.sets_rebuilt
     result.rescales = world.outcome.rescales
+    result.drains = list(world.outcome.drains)
+    result.rescales_given_up = world.outcome.rescales_given_up
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.log_replays = world.outcome.log_replays
@@ -708,6 +773,8 @@ def format_step(step: tuple, payload: Any) -> str:
         return "RESTART (everything stops at once)"
     if kind == "rescale":
         return "RESCALE asked (a checkpoint cut now, then a restart from it)"
+    if kind == "drain-stuck":
+        return "DRAIN STUCK (no checkpoint at the drained cut completes: cut again, or give up)"
     if kind == "corrupt":
         if payload is None:
             return "CORRUPT (a checkpoint file damaged)"

@@ -84,6 +84,9 @@ class Steps:
         if faults.corruptions_left and w.store.files:
             steps.append(("corrupt",))  # a file of the store is damaged
             hosts.append(CHECKPOINT_STORE)
+        if not steps and w.restarts.drain_stuck():
+            steps.append(("drain-stuck",))  # the drain's checkpoint will not complete: cut
+            hosts.append(INGRESS_HOST)  # another at the same place, or give the rescale up
         if not steps and w.recovery.attempts and w.config.mover_loss:
             steps.append(("tick",))  # a catch-up waits for what a lossy link lost: its
             hosts.append(CONTROLLER)  # deadline is long next to a healthy transfer
@@ -143,11 +146,13 @@ class Steps:
         if addr == INGRESS:
             ingress = w.ingress
             steps = [("flush", INGRESS, i, d) for i, d in ingress.flushable()]
-            if w.next_input < len(w.inputs) and ingress.can_accept(w.inputs[w.next_input]):
+            if w.next_input < len(w.inputs) and ingress.can_accept(w.inputs[w.next_input]) \
+                    and not (w.restarts.draining() and w.config.drain_stops_inputs):
                 steps.append(("accept",))
             if ingress.can_cut():
                 steps.append(("item",))  # the pending inputs leave as an item (DESIGN 11)
-            if (w.checkpoints_left or w.restarts.rebuild_cut) and ingress.accepted > w.last_cut:
+            if (w.checkpoints_left or w.restarts.rebuild_cut and w.restarts.cut_ready(
+                    ingress.accepted)) and ingress.accepted > w.last_cut:
                 steps.append(("checkpoint",))
             if ingress.log_due():
                 steps.append(("log",))  # the input log made durable up to here
@@ -184,6 +189,8 @@ class Steps:
             return CHECKPOINT_STORE
         if kind == "sink-commit":
             return EGRESS_HOST
+        if kind == "drain-stuck":
+            return INGRESS_HOST
         if kind in ("accept", "item", "checkpoint", "epoch"):  # a pair's replica: its node's
             return w.host_of[step[1]] if w.config.ingress_pairs else INGRESS_HOST
         return w.host_of[step[1]]
@@ -240,7 +247,7 @@ class Steps:
             self._apply_local(step[2], w.hosts[step[1]])
         elif kind == "checkpoint" and w.epochs is not None:
             number = len(w.outcome.cuts) + 1
-            if not w.restarts.cut_taken(number):
+            if not w.restarts.cut_taken(number, w.ingress.accepted):
                 w.checkpoints_left -= 1
             w.net.touched(INGRESS_HOST, None)
             w.begin_checkpoint(number, w.epochs.choose_cut(w.ingresses, number, w.last_cut,
@@ -260,6 +267,11 @@ class Steps:
             self._apply_ingress(kind)
         elif kind == "sink-commit":
             w.writers.commit()
+        elif kind == "drain-stuck":
+            if w.restarts.recut():
+                self._apply_ingress("checkpoint")
+            else:  # given up: the source goes on
+                self.dirty.add(INGRESS)
         elif kind == "corrupt":
             w.faults.damage()
         else:
@@ -299,7 +311,8 @@ class Steps:
             self.dirty.add(INGRESS)
         else:
             number = len(w.outcome.cuts) + 1
-            if not w.restarts.cut_taken(number):
+            if not w.restarts.cut_taken(number, ingress.accepted) \
+                    and not w.restarts.draining():  # (a drain's cut again: drain_stuck)
                 w.checkpoints_left -= 1
             self.dirty.add(INGRESS)
             w.effects(*w.hosts[INGRESS_HOST].run_local(ingress.choose_cut(number)))

@@ -345,6 +345,11 @@ WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
                   # a restart at another count installs each old partition's state whole
                   # in the new partition of its number, unsplit (DESIGN 13)
                   "rescale-unsplit": {"split_rescaled": False},
+                  # a drained rescale (a sink per partition) whose source goes on past the
+                  # cut; one whose cut falls under what a sink committed (docs/design/
+                  # rescaling.md)
+                  "rescale-undrained": {"drain_stops_inputs": False},
+                  "rescale-under-sinks": {"drain_past_sinks": False},
                   "eager-writer-acks": {"writer_class": WriterAckingOnReceipt}}
 
 #: name -> (buffer class, segment class)
@@ -366,6 +371,8 @@ VARIANTS = {
     "unlogged-epoch-bound": (Buffer, Segment),
     "restore-unverified": (Buffer, Segment),
     "rescale-unsplit": (Buffer, Segment),
+    "rescale-undrained": (Buffer, Segment),
+    "rescale-under-sinks": (Buffer, Segment),
     "eager-writer-acks": (Buffer, Segment),
     "no-resend": (Buffer, Segment),
     "pair-eager-send": (Buffer, Segment),

@@ -132,14 +132,14 @@ class World:
         #: the oracle's view of a snapshot and of a sink commit (set by ``make_world``)
         self.judge_snapshot = lambda *a: None
         self.judge_commit = lambda *a: None
+        #: a drained rescale restarts from ``cut``: no sink partition committed past it
+        self.judge_drain = lambda cut: None
+        #: after it, the outputs' partitions are the new count's past its cut
+        self.on_drained_rescale = lambda: None
         #: the sink: ``outcome.delivered`` is what it holds, per partition what it committed
         self.sink = SimSink(self.outcome.delivered)
         #: the oracles of what each egress claims it delivered (``settled``, ``finished``)
-        reference = FailureFreeOutputs(dataflow, partitions,
-                                       config.epochs.numbers if config.epochs else None)
-        self.settled_oracles = [SettledOracle(dataflow, partitions,
-                                              None if config.ordered_output else p, reference)
-                                for p in range(self.sink_partitions)]
+        self.settled_oracles = self.new_settled_oracles()
         self.store = CheckpointStore(self)
         self.restarts = Restarts(self)
         self.faults = Faults(self, corrupt_rng or random.Random(0))
@@ -148,6 +148,16 @@ class World:
         #: the controller's comparison of the pairs' digests, and its oracle
         self.divergence = SimDivergence(config.deterministic)
         self.build()
+
+    def new_settled_oracles(self) -> list:
+        """An oracle per egress at the current partition count, sharing the failure-free
+        outputs."""
+        config = self.config
+        reference = FailureFreeOutputs(self.dataflow, self.partitions,
+                                       config.epochs.numbers if config.epochs else None)
+        return [SettledOracle(self.dataflow, self.partitions,
+                              None if config.ordered_output else p, reference)
+                for p in range(self.sink_partitions)]
 
     def build(self, restored: Optional[Tuple[int, int]] = None) -> None:
         """Every process of the job, fresh; ``restored``: ``(checkpoint, cut)`` whose
