@@ -236,6 +236,17 @@ class SettledOracle:
                 f"delivered {done} outputs since)")
 
 
+def settled_oracles(world) -> List[SettledOracle]:
+    """An oracle per egress of ``world`` at its partition count, sharing the failure-free
+    outputs."""
+    config = world.config
+    reference = FailureFreeOutputs(world.dataflow, world.partitions,
+                                   config.epochs.numbers if config.epochs else None)
+    return [SettledOracle(world.dataflow, world.partitions,
+                          None if config.ordered_output else p, reference)
+            for p in range(world.sink_partitions)]
+
+
 def writer_lost(world, k: int) -> bool:
     """Checkpoint ``k`` may stay incomplete only because a partition's writer halted
     before writing: every partition it waits for was crossed by the replica that does

@@ -12,7 +12,7 @@ from typing import Deque, Dict, Optional
 from controller.key_groups import sources
 from exchange.partitioner import KEY_GROUPS
 from flux.rescale import rescaled_states
-from flux.sim.oracle import Violation
+from flux.sim.oracle import Violation, settled_oracles
 from flux.snapshot_chain import install, rebuild
 
 
@@ -63,6 +63,18 @@ class Restarts:
         return (self.cut_for == "rescale" and self.rebuild_after is not None
                 and not self.world.config.ordered_output)
 
+    def gives_inputs(self) -> bool:
+        """May the source give its next input? Not while draining (the broken variant:
+        it does)."""
+        return not self.draining() or not self.world.config.drain_stops_inputs
+
+    def may_cut(self, accepted: int) -> bool:
+        """May the ingress cut a checkpoint after input ``accepted``: one of the schedule's
+        or the wanted rebuild's (where it may fall), after an input past the last cut."""
+        w = self.world
+        return (w.checkpoints_left > 0 or self.rebuild_cut and self.cut_ready(accepted)) \
+            and accepted > w.last_cut
+
     def drain_stuck(self) -> bool:
         """Draining, and no checkpoint since the drain's cut completed (a manifest, as the
         store holds it): asked when everything else is idle, so none will (a replica died
@@ -95,6 +107,16 @@ class Restarts:
         sink = self.world.sink
         committed = [sink.last_committed(p) for p in sink.held]
         return all(sn is None or sn[0] <= accepted for sn in committed)
+
+    def take_cut(self, accepted: int) -> int:
+        """The ingress cuts a checkpoint after input ``accepted``: its number. The
+        rebuild's, if one is wanted and may fall there; else one of the schedule's
+        (a drain's cut again is neither)."""
+        w = self.world
+        number = len(w.outcome.cuts) + 1
+        if not self.cut_taken(number, accepted) and not self.draining():
+            w.checkpoints_left -= 1
+        return number
 
     def cut_taken(self, number: int, accepted: int) -> bool:
         """Checkpoint ``number`` was cut after input ``accepted``: the rebuild's, if one is
@@ -211,7 +233,7 @@ def rescale(world, partitions: int) -> bool:
     world.coordinator.rescaled(partitions)
     if not world.config.ordered_output:  # a sink partition and its oracle per partition
         world.sink_partitions = partitions
-        world.settled_oracles = world.new_settled_oracles()
+        world.settled_oracles = settled_oracles(world)
     return True
 
 

@@ -35,6 +35,11 @@ from flux.state_codec import pack_state
 from statemover.messages import LinkLost
 
 
+#: the process whose speed decides the pace of steps of these kinds
+PROCESS_OF_STEP = {"detect": CONTROLLER, "tick": CONTROLLER, "log": INPUT_LOG,
+                   "corrupt": CHECKPOINT_STORE, "sink-commit": EGRESS_HOST}
+
+
 class Steps:
     """The enabled steps of a world, kept up to date, and how each is taken."""
 
@@ -84,9 +89,8 @@ class Steps:
         if faults.corruptions_left and w.store.files:
             steps.append(("corrupt",))  # a file of the store is damaged
             hosts.append(CHECKPOINT_STORE)
-        if not steps and w.restarts.drain_stuck():
-            steps.append(("drain-stuck",))  # the drain's checkpoint will not complete: cut
-            hosts.append(INGRESS_HOST)  # another at the same place, or give the rescale up
+        if not steps and w.restarts.drain_stuck():  # its checkpoint will not complete
+            steps, hosts = [("drain-stuck",)], [INGRESS_HOST]
         if not steps and w.recovery.attempts and w.config.mover_loss:
             steps.append(("tick",))  # a catch-up waits for what a lossy link lost: its
             hosts.append(CONTROLLER)  # deadline is long next to a healthy transfer
@@ -147,12 +151,11 @@ class Steps:
             ingress = w.ingress
             steps = [("flush", INGRESS, i, d) for i, d in ingress.flushable()]
             if w.next_input < len(w.inputs) and ingress.can_accept(w.inputs[w.next_input]) \
-                    and not (w.restarts.draining() and w.config.drain_stops_inputs):
+                    and w.restarts.gives_inputs():
                 steps.append(("accept",))
             if ingress.can_cut():
                 steps.append(("item",))  # the pending inputs leave as an item (DESIGN 11)
-            if (w.checkpoints_left or w.restarts.rebuild_cut and w.restarts.cut_ready(
-                    ingress.accepted)) and ingress.accepted > w.last_cut:
+            if w.restarts.may_cut(ingress.accepted):
                 steps.append(("checkpoint",))
             if ingress.log_due():
                 steps.append(("log",))  # the input log made durable up to here
@@ -181,17 +184,9 @@ class Steps:
                 w.host_of[step[1][1]]
         if kind in ("view", "told", "zombie"):
             return step[1]
-        if kind in ("detect", "tick"):
-            return CONTROLLER
-        if kind == "log":
-            return INPUT_LOG
-        if kind == "corrupt":
-            return CHECKPOINT_STORE
-        if kind == "sink-commit":
-            return EGRESS_HOST
-        if kind == "drain-stuck":
-            return INGRESS_HOST
-        if kind in ("accept", "item", "checkpoint", "epoch"):  # a pair's replica: its node's
+        if kind in PROCESS_OF_STEP:
+            return PROCESS_OF_STEP[kind]
+        if kind in ("accept", "item", "checkpoint", "epoch", "drain-stuck"):  # a pair's: its node's
             return w.host_of[step[1]] if w.config.ingress_pairs else INGRESS_HOST
         return w.host_of[step[1]]
 
@@ -246,9 +241,7 @@ class Steps:
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], w.hosts[step[1]])
         elif kind == "checkpoint" and w.epochs is not None:
-            number = len(w.outcome.cuts) + 1
-            if not w.restarts.cut_taken(number, w.ingress.accepted):
-                w.checkpoints_left -= 1
+            number = w.restarts.take_cut(w.ingress.accepted)
             w.net.touched(INGRESS_HOST, None)
             w.begin_checkpoint(number, w.epochs.choose_cut(w.ingresses, number, w.last_cut,
                                                            w.rng))
@@ -267,11 +260,8 @@ class Steps:
             self._apply_ingress(kind)
         elif kind == "sink-commit":
             w.writers.commit()
-        elif kind == "drain-stuck":
-            if w.restarts.recut():
-                self._apply_ingress("checkpoint")
-            else:  # given up: the source goes on
-                self.dirty.add(INGRESS)
+        elif kind == "drain-stuck":  # cut again, or the rescale given up: the source goes on
+            self._apply_ingress("checkpoint") if w.restarts.recut() else self.dirty.add(INGRESS)
         elif kind == "corrupt":
             w.faults.damage()
         else:
@@ -310,10 +300,7 @@ class Steps:
             w.effects(*w.hosts[INGRESS_HOST].run_local(ingress.inputs_logged(n)))
             self.dirty.add(INGRESS)
         else:
-            number = len(w.outcome.cuts) + 1
-            if not w.restarts.cut_taken(number, ingress.accepted) \
-                    and not w.restarts.draining():  # (a drain's cut again: drain_stuck)
-                w.checkpoints_left -= 1
+            number = w.restarts.take_cut(ingress.accepted)
             self.dirty.add(INGRESS)
             w.effects(*w.hosts[INGRESS_HOST].run_local(ingress.choose_cut(number)))
 

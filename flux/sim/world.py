@@ -67,7 +67,7 @@ from flux.sim.detection import Detection
 from flux.sim.divergence import SimDivergence
 from flux.sim.faults import REMOVED_SHARE, Faults
 from flux.sim.ingresses import SimIngresses, ingress_claims
-from flux.sim.oracle import FailureFreeOutputs, SettledOracle
+from flux.sim.oracle import settled_oracles
 from flux.sim.restarts import Restarts, restore
 from flux.sim.sink import SimSink
 from flux.sim.steps import Steps
@@ -139,7 +139,7 @@ class World:
         #: the sink: ``outcome.delivered`` is what it holds, per partition what it committed
         self.sink = SimSink(self.outcome.delivered)
         #: the oracles of what each egress claims it delivered (``settled``, ``finished``)
-        self.settled_oracles = self.new_settled_oracles()
+        self.settled_oracles = settled_oracles(self)
         self.store = CheckpointStore(self)
         self.restarts = Restarts(self)
         self.faults = Faults(self, corrupt_rng or random.Random(0))
@@ -148,16 +148,6 @@ class World:
         #: the controller's comparison of the pairs' digests, and its oracle
         self.divergence = SimDivergence(config.deterministic)
         self.build()
-
-    def new_settled_oracles(self) -> list:
-        """An oracle per egress at the current partition count, sharing the failure-free
-        outputs."""
-        config = self.config
-        reference = FailureFreeOutputs(self.dataflow, self.partitions,
-                                       config.epochs.numbers if config.epochs else None)
-        return [SettledOracle(self.dataflow, self.partitions,
-                              None if config.ordered_output else p, reference)
-                for p in range(self.sink_partitions)]
 
     def build(self, restored: Optional[Tuple[int, int]] = None) -> None:
         """Every process of the job, fresh; ``restored``: ``(checkpoint, cut)`` whose
