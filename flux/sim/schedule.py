@@ -343,10 +343,10 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     def redraw():
         """Each output's sink partition and the outputs each holds after n inputs, with
         the drained rescales so far (``drained_parts``)."""
-        if params.egress_per_partition:
+        if params.egress_per_partition and world.outcome.drains:  # (one ingress: SN = n)
             parts[:], outputs_upto[:] = drained_parts(reference, parts_at, params.partitions,
                                                       world.outcome.drains, len(world.inputs))
-        else:
+        else:  # ``outputs_upto`` as the reference run gave it
             parts[:] = parts_at[params.partitions]
 
     def judge_drain(cut):
