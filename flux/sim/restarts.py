@@ -60,8 +60,11 @@ class Restarts:
         gives no input past the cut, so every sink commits up to it and no further, and the
         job at the new count writes only outputs above every old sink's (docs/design/
         rescaling.md: a drained rescale, Flink's stop-with-savepoint)."""
-        return (self.cut_for == "rescale" and self.rebuild_after is not None
-                and not self.world.config.ordered_output)
+        return self._rescale_drains() and self.rebuild_after is not None
+
+    def _rescale_drains(self) -> bool:
+        """The rebuild wanted is a rescale of a job with a sink per partition."""
+        return self.cut_for == "rescale" and not self.world.config.ordered_output
 
     def gives_inputs(self) -> bool:
         """May the source give its next input? Not while draining (the broken variant:
@@ -100,8 +103,7 @@ class Restarts:
         only past every output a sink committed: after a restart from an older checkpoint
         the sinks hold outputs the replay makes again, and the new count would write them
         to other sink partitions, where no committed SN drops them."""
-        if not (self.rebuild_cut and self.cut_for == "rescale"
-                and not self.world.config.ordered_output) \
+        if not (self.rebuild_cut and self._rescale_drains()) \
                 or not self.world.config.drain_past_sinks:  # (the broken variant)
             return True
         sink = self.world.sink
