@@ -40,7 +40,13 @@ from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts, driver_builder
 from flux.spark.driver_checkpoints import DriverCheckpoints
-from flux.spark.job_rescale import RescaleAsked, check_rescale, cut_for_rescale, rescaled_parts
+from flux.spark.job_rescale import (
+    RescaleAsked,
+    check_rescale,
+    cut_for_rescale,
+    drained_cut,
+    rescaled_parts,
+)
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
 from flux.spark.job_views import JobViews
@@ -289,14 +295,16 @@ class FluxJob(JobViews):
             if self._restart_due is None:
                 time.sleep(0.01)
                 continue
+            why = self._restart_due
             try:
-                self._restart(self._restart_due)
+                self._restart(why)
             except BaseException as exc:
                 log.exception("the restart failed")
                 self.errors.append(exc)
                 return
             finally:
-                self._restart_due = None
+                if self._restart_due is why:  # a rescale asked meanwhile comes next
+                    self._restart_due = None
 
     def _restart(self, why: BaseException) -> None:
         """End this attempt and launch the next from the last complete checkpoint whose
@@ -310,7 +318,12 @@ class FluxJob(JobViews):
         self.attempt.end(JOB_STOPPED, timeout=0.5)
         log.info("the old attempt ended in %.2fs", time.monotonic() - now)
         self.output.commit()  # what it was handed is the failure-free prefix
+        drained = rescale is not None and not self.config.ordered_output
+        if drained:
+            self._checkpointing.drained_restart(rescale.checkpoint)
         restore = self._checkpointing.restart(self.output.holds())
+        if drained:
+            self.output.rescaled(rescale.nodes)
         if rescale is not None:
             old = self._parts.nodes
             self._parts = rescaled_parts(self._parts, rescale.nodes)
@@ -328,8 +341,10 @@ class FluxJob(JobViews):
         """Go on with ``nodes`` pairs (DESIGN 13; ``flux.spark.job_rescale``): a
         checkpoint cut now, then a restart from it at the new count, each new partition
         with the key groups it owns; returns once the data flows again. The output
-        stalls for the restart; nothing is lost or twice. Needs ``checkpoint=`` and one
-        ordered egress; refuses state it cannot split (``RescaleRefused``)."""
+        stalls for the restart; nothing is lost or twice. Needs ``checkpoint=``; refuses
+        state it cannot split (``RescaleRefused``). With an egress per partition the job
+        drains first: the source is read no further than the cut, and every sink
+        partition commits up to it (docs/design/rescaling.md)."""
         if self.attempt is None or self._stopped or self.finished():
             raise ValueError("rescale() a running job: start() it first (or give nodes= "
                              "to FluxJob), and not once it finished or stopped")
@@ -338,9 +353,15 @@ class FluxJob(JobViews):
             return
         check_settings(self.spark, nodes + self._parts.standbys,
                        wait=self.options.network.executor_wait)
-        restarts = len(self.restart_log)
-        self._restart_due = RescaleAsked(nodes, cut_for_rescale(self._checkpointing, timeout))
-        started = self.wait_until(lambda: self.attempt.number > restarts and
+        if self.config.ordered_output:
+            cut = cut_for_rescale(self._checkpointing, timeout)
+        else:  # an egress per partition: drained first (DESIGN 13)
+            holds = self.output.holds()
+            cut = drained_cut(self._checkpointing, holds[0] if holds else 0, timeout)
+        restarts = len(self.restart_log)  # (a lost pair's restart may come meanwhile)
+        self._restart_due = RescaleAsked(nodes, cut)
+        started = self.wait_until(lambda: self._parts.nodes == nodes and
+                                  self.attempt.number > restarts and
                                   self.attempt.feed is not None, timeout)
         if not started:
             raise TimeoutError(f"the rescale to {nodes} nodes did not restart the data "
