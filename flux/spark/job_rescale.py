@@ -87,6 +87,16 @@ def cut_for_rescale(checkpoints, timeout: float, clock=time.monotonic,
     raise TimeoutError(f"the rescale's checkpoint did not complete in {timeout}s")
 
 
+def rescale_cut(checkpoints, output, ordered_output: bool, timeout: float) -> Optional[int]:
+    """The checkpoint a rescale restarts from (None: the first input): one cut now
+    (``cut_for_rescale``), or with an egress per partition a drained one (``drained_cut``)
+    past the furthest input whose output a sink (of ``output``) holds."""
+    if ordered_output:
+        return cut_for_rescale(checkpoints, timeout)
+    holds = output.holds()
+    return drained_cut(checkpoints, holds[0] if holds else 0, timeout)
+
+
 def drained_cut(checkpoints, holds: int, timeout: float, clock=time.monotonic,
                 sleep=time.sleep) -> int:
     """A drained rescale's checkpoint (``DriverCheckpoints.drain``): the source read up
