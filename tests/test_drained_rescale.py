@@ -145,3 +145,16 @@ def test_a_drained_cut_is_cut_again_then_given_up():
     with pytest.raises(TimeoutError, match=f"{RECUTS + 1} cuts.*goes on at its count"):
         drained_cut(never, 7, 600, clock, clock.sleep)
     assert never.asked == RECUTS + 1 and never.ended == 1  # the source is read on
+
+
+def test_a_drained_rescale_of_splits_read_on_the_executors_is_refused_as_not_built():
+    from types import SimpleNamespace
+
+    from flux.errors import RescaleRefused
+    from flux.spark.job_rescale import check_rescale
+
+    config = SimpleNamespace(ordered_output=False, splits=3, key_groups=256)
+    with pytest.raises(RescaleRefused, match="splits are read on the executors is not built"):
+        check_rescale(regrouping_dataflow(2), config, 6, object())
+    check_rescale(regrouping_dataflow(2), SimpleNamespace(ordered_output=False, splits=0,
+                                                          key_groups=256), 6, object())
