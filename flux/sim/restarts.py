@@ -123,6 +123,16 @@ class Restarts:
             return None
         return self.world.epochs.cut_epoch.get(self.rebuild_after)
 
+    def cut_at_epoch(self) -> None:
+        """Several ingresses: a checkpoint cut at an epoch's end, every ingress stamping
+        it; the rebuild's at or past ``cut_floor``."""
+        w = self.world
+        number = len(w.outcome.cuts) + 1
+        cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng, self.cut_floor())
+        if self.take_cut(cut) != number:
+            raise AssertionError(f"checkpoint {number} numbered otherwise by the restarts")
+        w.begin_checkpoint(number, cut)
+
     def take_cut(self, cut: int) -> int:
         """The ingresses cut a checkpoint at ``cut`` (an SN): its number. The rebuild's,
         if one is wanted and may fall there; else one of the schedule's (a drain's cut

@@ -257,12 +257,9 @@ class Steps:
         elif kind == "sink-commit":
             w.writers.commit()
         elif kind == "drain-stuck":  # cut again, or the rescale given up: the source goes on
-            if not w.restarts.recut():
-                self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
-            elif w.epochs is not None:
-                self._cut_at_epoch()
-            else:
-                self._apply_ingress("checkpoint")
+            if w.restarts.recut():
+                self._cut_at_epoch() if w.epochs is not None else self._apply_ingress("checkpoint")
+            self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind == "corrupt":
             w.faults.damage()
         else:
@@ -285,16 +282,9 @@ class Steps:
             ingress_took_over(w)
 
     def _cut_at_epoch(self) -> None:
-        """Several ingresses: a checkpoint cut at an epoch's end, all of them stamping it;
-        the rebuild's at or past ``cut_floor``."""
         w = self.world
-        number = len(w.outcome.cuts) + 1
         w.net.touched(INGRESS_HOST, None)
-        cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng,
-                                  w.restarts.cut_floor())
-        if w.restarts.take_cut(cut) != number:
-            raise AssertionError(f"checkpoint {number} numbered otherwise by the restarts")
-        w.begin_checkpoint(number, cut)
+        w.restarts.cut_at_epoch()
         self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
 
     def _apply_ingress(self, kind: str) -> None:
