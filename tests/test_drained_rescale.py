@@ -147,14 +147,35 @@ def test_a_drained_cut_is_cut_again_then_given_up():
     assert never.asked == RECUTS + 1 and never.ended == 1  # the source is read on
 
 
-def test_a_drained_rescale_of_splits_read_on_the_executors_is_refused_as_not_built():
-    from types import SimpleNamespace
 
-    from flux.errors import RescaleRefused
-    from flux.spark.job_rescale import check_rescale
+def test_a_split_job_drains_at_an_epoch_past_the_sinks_and_holds_every_pair_there(tmp_path):
+    """With splits read on the executors the drain's cut is an epoch's end at or past
+    the SN a sink holds; every node hears ``HoldInputs`` for that epoch first (and again
+    while it drains), a cut again is at a later epoch, and a drain given up releases
+    the hold."""
+    from flux.connectors.split_sources import ListSplits
+    from flux.control_messages import CutAtEpoch, HoldInputs
+    from flux.sequence import epoch_first
+    from flux.spark.split_checkpoints import SplitCheckpoints, epoch_to_cut
 
-    config = SimpleNamespace(ordered_output=False, splits=3, key_groups=256)
-    with pytest.raises(RescaleRefused, match="splits are read on the executors is not built"):
-        check_rescale(regrouping_dataflow(2), config, 6, object())
-    check_rescale(regrouping_dataflow(2), SimpleNamespace(ordered_output=False, splits=0,
-                                                          key_groups=256), 6, object())
+    checkpoints = SplitCheckpoints(Checkpointing(location=str(tmp_path), interval=3600.0),
+                                   regrouping_dataflow(2), 4, ListSplits([[1, 2], [3]]), 2,
+                                   0.1, [], sinks=4, key_groups=256)
+    told = []
+    checkpoints.maybe_cut_at_epoch(10, told.append, done=False)  # the first cut
+    checkpoints.maybe_cut_at_epoch(10, told.append, done=False)
+    assert told == [CutAtEpoch(1, epoch_to_cut(10, 0.1))]  # the next an hour on
+    told.clear()
+    ahead = epoch_to_cut(10, 0.1)
+    checkpoints.drain(holds=epoch_first(ahead + 3, 1, 2) + 5)  # a sink holds epoch ahead+3
+    checkpoints.maybe_cut_at_epoch(10, told.append, done=False)
+    assert told == [HoldInputs(ahead + 3), CutAtEpoch(2, ahead + 3)]
+    assert checkpoints.wanted_cut == 2
+    checkpoints.maybe_cut_at_epoch(11, told.append, done=False)
+    assert told[2:] == []  # held, cut: nothing more until the hold is told again
+    checkpoints.cut_now()  # its checkpoint did not complete: again, later
+    checkpoints.maybe_cut_at_epoch(40, told.append, done=False)
+    assert told[2:] == [CutAtEpoch(3, epoch_to_cut(40, 0.1))]
+    checkpoints.end_drain()
+    checkpoints.maybe_cut_at_epoch(41, told.append, done=False)
+    assert told[-1] == HoldInputs(None)

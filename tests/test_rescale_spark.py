@@ -190,3 +190,44 @@ def test_a_running_split_job_rescaled_goes_on_at_the_new_count_exactly(spark, tm
                             ListSplits(splits.parts, rate=4000 / 3), tmp_path)
     wrong = relayed_mismatch([(tuple(sn), r) for sn, r in rows], records, splits.parts, 6)
     assert wrong is None, wrong
+
+
+def test_a_running_split_job_with_a_sink_per_partition_drains_then_goes_on_exactly(
+        spark, tmp_path):
+    """Splits read by pairs of ingresses on the executors, ``ordered_output=False``, a
+    sink per partition: ``job.rescale(6)`` cuts at an epoch's end past what the sinks
+    hold and tells every node to hold its pairs past that epoch, every sink partition
+    commits up to the cut, and the job goes on at 6. The sinks together hold the
+    failure-free output of the inputs in the order the job numbered them, each once."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(30_000, seed=9, keys=300)]
+    splits = ListSplits.by_key(records, 3, key=lambda r: r[0])
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}"),
+                                                commit_every=100_000))
+    job = FluxJob(spark, relaying_dataflow(), ListSplits(splits.parts, rate=4000 / 3),
+                  nodes=4, standbys=0, sink=sinks, checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0, checkpoint_keep=1000, ordered_output=False)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(6)
+        assert job.options.replication.nodes == 6
+        job.wait(timeout=300)
+    (_, restored, why), = job.restart_log
+    assert "rescale to 6 nodes" in why and restored is not None
+    cut = job.checkpoints.store.manifest(restored)["cut"]
+    parts = [read_file_sink(str(out / f"partition-{p}")) for p in range(6)]
+    for part in parts:  # each in SN order, nothing twice
+        sns = [tuple(sn) for sn, _ in part]
+        assert sns == sorted(set(sns))
+    for part in parts[4:]:
+        assert part and all(sn[0] > cut for sn, _ in part)
+    rows = sorted((tuple(sn), record) for part in parts for sn, record in part)
+    wrong = relayed_mismatch(rows, records, splits.parts, 6)
+    assert wrong is None, wrong

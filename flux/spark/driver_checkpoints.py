@@ -196,10 +196,11 @@ class DriverCheckpoints:
 
     def drain(self, holds: int) -> None:
         """A drained rescale (DESIGN 13): read the source up to input ``holds`` at least
-        (the furthest input a sink holds an output of: after a restart the replay must
-        pass it, else the new count would write those outputs to other sink partitions)
-        and no further, then cut there; ``cut_now`` cuts there again. Every sink commits
-        up to the cut before its checkpoint completes, and holds nothing past it."""
+        (the furthest input a sink holds an output of, its SN with splits: after a
+        restart the replay must pass it, else the new count would write those outputs to
+        other sink partitions) and no further, then cut there; ``cut_now`` cuts there
+        again. Every sink commits up to the cut before its checkpoint completes, and
+        holds nothing past it. (``SplitCheckpoints`` holds the pairs at an epoch.)"""
         self._drain_to = max(holds, 0)
         self.cut_now()
 

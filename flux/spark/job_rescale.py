@@ -5,9 +5,10 @@ A checkpoint is cut at once (as a lost replica set's rebuild cuts one,
 count: each new partition installs the key groups it owns of the checkpoint's
 partitions (``flux.runtime.restore``), the source resumes at the cut, and the one
 ordered egress's sink drops what it had. With an egress per partition the rescale
-drains first (docs/design/rescaling.md): the source is read no further than the cut, so
-every sink partition commits up to it and nothing past it, and the new count's outputs
-all lie above what any old sink partition holds. The output stalls for a restart's
+drains first (docs/design/rescaling.md): the source is read no further than the cut (a
+``SplitSource``'s pairs take no input past the cut's epoch), so every sink partition
+commits up to it and nothing past it, and the new count's outputs all lie above what
+any old sink partition holds. The output stalls for a restart's
 length (seconds); nothing is lost or twice. Moving key-group ranges between running pairs
 without a restart (the two-phase movement of a catch-up) is not built
 (docs/design/rescaling.md).
@@ -51,11 +52,6 @@ def check_rescale(dataflow, config, nodes: int, checkpoints, sample=()) -> None:
     if checkpoints is None:
         raise ValueError("rescale() restarts the job from a checkpoint cut now: give the "
                          "job checkpoint=")
-    if not config.ordered_output and config.splits:
-        raise RescaleRefused("rescale() of a job with an egress per partition whose splits "
-                             "are read on the executors is not built (the splits' "
-                             "ingresses cannot stop at a cut yet): use ordered_output=True, "
-                             "or a source the driver reads")
     if config.key_groups is None:
         raise RescaleRefused("this job restored a checkpoint written before key groups "
                              "(its keys routed by hash % partitions): it cannot be "
