@@ -69,7 +69,9 @@ class JobShape:
                 f"checkpoint {k} at {where} was written with {partitions} partitions, this "
                 f"job has {self.partitions} and an egress per partition: each partition's "
                 f"sink holds its own last output, and a key's outputs would move to "
-                f"another partition's sink; rescale with ordered_output=True")
+                f"another partition's sink past what the restored cut says: run it at "
+                f"{partitions} nodes and rescale it while it runs (job.rescale(n) drains "
+                f"the sinks to its cut first), or use ordered_output=True")
         return groups
 
     def _mismatch(self, k, where: str, what: str) -> CheckpointMismatch:

@@ -60,6 +60,7 @@ from flux.control_messages import (
     WriterProgress,
     IngressEnded,
     CutAtEpoch,
+    HoldInputs,
     SplitCutPassed,
 )
 from flux.data_messages import (
@@ -453,6 +454,8 @@ CODECS: Dict[str, _Codec] = {
     "cut_at_epoch": (CutAtEpoch, lambda m: [m.number, m.epoch],
                      _arity(2, lambda k, e: CutAtEpoch(_int(k, "checkpoint"),
                                                        _int(e, "epoch")))),
+    "hold_inputs": (HoldInputs, lambda m: [m.after_epoch],
+                    _arity(1, lambda e: HoldInputs(_opt_int(e, "epoch")))),
     "split_cut_passed": (SplitCutPassed, lambda m: [m.number, m.cut, m.split, m.read,
                                                     m.mark],
                          _arity(5, lambda k, c, i, n, mark: SplitCutPassed(

@@ -286,6 +286,15 @@ class CutAtEpoch:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldInputs:
+    """The driver to every node while a rescale drains (DESIGN 13, docs/design/
+    rescaling.md): no ingress replica that decides takes an input into an epoch after
+    ``after_epoch`` (its epochs still end, empty); None: take inputs again."""
+
+    after_epoch: Optional[int]
+
+
+@dataclass(frozen=True, slots=True)
 class SplitCutPassed:
     """A replica of split ``split``'s pair of ingresses passed checkpoint ``number``'s cut
     ``cut`` having read ``read`` inputs of its split: where a restart from that

@@ -37,7 +37,8 @@ def test_other_key_groups_or_another_dataflow_are_refused_naming_them():
 def test_a_rescale_with_an_egress_per_partition_is_refused():
     shape = JobShape.of(FLOW, 6, 256, ordered_output=False)
     assert shape.routing(manifest(6), "here") == 256  # the same count: restored
-    with pytest.raises(RescaleRefused, match="rescale with ordered_output=True"):
+    with pytest.raises(RescaleRefused,
+                       match=r"run it at 4 nodes and rescale it while it runs \(job.rescale"):
         shape.routing(manifest(4), "here")
 
 

@@ -90,3 +90,19 @@ def test_the_rescale_experiment_restores_at_both_counts_exactly(tmp_path):
     assert {(r["mode"], r["nodes"], r["from_partitions"]) for r in rows} == {
         ("rescale", "3", "2"), ("same", "2", "2")}
     assert (out / "rescale.png").stat().st_size > 0
+
+
+def test_the_running_rescale_experiment_rescales_both_egress_modes_exactly(tmp_path):
+    """``experiments.running_rescale``: ``job.rescale(3)`` of a job of 2 nodes with one
+    ordered egress and with a sink per partition (drained), each exact, with the
+    rescale's duration and the longest output gap."""
+    from experiments.running_rescale import main
+
+    out = tmp_path / "running_rescale"
+    status = main(["--inputs", "8000", "--rate", "3000", "--old", "2", "--new", "3",
+                   "--runs", "1", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert status == 0 and summary["ordered_exact"] and summary["drained_exact"]
+    rows = list(csv.DictReader(open(out / "runs.csv")))
+    assert {r["mode"] for r in rows} == {"ordered", "drained"}
+    assert all(float(r["longest_gap_s"]) > 0 and float(r["rescale_s"]) > 0 for r in rows)

@@ -96,6 +96,50 @@ def test_a_running_job_rescaled_goes_on_at_the_new_count_exactly(spark, tmp_path
     assert job.restarts_left == 3  # a rescale is not one of the failures' restarts
 
 
+@pytest.mark.parametrize("old, new, on_executors", [(4, 6, False), (6, 3, True)])
+def test_a_running_job_with_a_sink_per_partition_drains_then_goes_on_exactly(
+        spark, tmp_path, old, new, on_executors):
+    """``ordered_output=False``, a JSON-lines sink per partition (written in the driver, or
+    by writers on the executors): ``job.rescale`` reads the source no further than a cut,
+    every sink partition commits up to it, and the job goes on at the new count from
+    that checkpoint. The sinks together hold the failure-free output, each output once
+    (an output the old count's sinks held and the new count made again would be in two
+    partitions), each partition's in SN order; the partitions only the new count has
+    hold only outputs past the cut."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    expected = write_inputs(tmp_path / "in", 30_000)
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}"),
+                                                commit_every=100_000))
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=old, standbys=0, sink=sinks, checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0, checkpoint_keep=1000, ordered_output=False,
+                  egress_on_executors=on_executors)  # (kept: the test reads the cut)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(new)
+        assert job.options.replication.nodes == new and len(job.topology.nodes) == new
+        job.wait(timeout=300)
+    (_, restored, why), = job.restart_log
+    assert f"rescale to {new} nodes" in why and restored is not None
+    cut = job.checkpoints.store.manifest(restored)["cut"]
+    assert 0 < cut < len(expected)
+    parts = [read_file_sink(str(out / f"partition-{p}")) for p in range(max(old, new))]
+    rows = sorted(tuple(row) for part in parts for row in part)
+    assert len(rows) == len(expected) and rows == sorted(tuple(row) for row in expected)
+    for part in parts:  # each in SN order, nothing twice
+        sns = [tuple(sn) for sn, _ in part]
+        assert sns == sorted(set(sns))
+    for part in parts[old:]:
+        assert part and all(sn[0] > cut for sn, _ in part)
+
+
 @pytest.mark.parametrize("old, new", [(4, 6), (6, 3)])
 def test_a_split_job_run_again_with_other_nodes_resumes_from_its_checkpoint(spark, tmp_path,
                                                                             old, new):
@@ -145,4 +189,45 @@ def test_a_running_split_job_rescaled_goes_on_at_the_new_count_exactly(spark, tm
     _, rows = rescaled_to_6(spark, relaying_dataflow(),
                             ListSplits(splits.parts, rate=4000 / 3), tmp_path)
     wrong = relayed_mismatch([(tuple(sn), r) for sn, r in rows], records, splits.parts, 6)
+    assert wrong is None, wrong
+
+
+def test_a_running_split_job_with_a_sink_per_partition_drains_then_goes_on_exactly(
+        spark, tmp_path):
+    """Splits read by pairs of ingresses on the executors, ``ordered_output=False``, a
+    sink per partition: ``job.rescale(6)`` cuts at an epoch's end past what the sinks
+    hold and tells every node to hold its pairs past that epoch, every sink partition
+    commits up to the cut, and the job goes on at 6. The sinks together hold the
+    failure-free output of the inputs in the order the job numbered them, each once."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(30_000, seed=9, keys=300)]
+    splits = ListSplits.by_key(records, 3, key=lambda r: r[0])
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}"),
+                                                commit_every=100_000))
+    job = FluxJob(spark, relaying_dataflow(), ListSplits(splits.parts, rate=4000 / 3),
+                  nodes=4, standbys=0, sink=sinks, checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0, checkpoint_keep=1000, ordered_output=False)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(6)
+        assert job.options.replication.nodes == 6
+        job.wait(timeout=300)
+    (_, restored, why), = job.restart_log
+    assert "rescale to 6 nodes" in why and restored is not None
+    cut = job.checkpoints.store.manifest(restored)["cut"]
+    parts = [read_file_sink(str(out / f"partition-{p}")) for p in range(6)]
+    for part in parts:  # each in SN order, nothing twice
+        sns = [tuple(sn) for sn, _ in part]
+        assert sns == sorted(set(sns))
+    for part in parts[4:]:
+        assert part and all(sn[0] > cut for sn, _ in part)
+    rows = sorted((tuple(sn), record) for part in parts for sn, record in part)
+    wrong = relayed_mismatch(rows, records, splits.parts, 6)
     assert wrong is None, wrong

@@ -347,3 +347,24 @@ def test_a_seekable_source_is_marked_as_read_and_a_restart_seeks_to_the_mark():
     restarted.step(host, lambda a: None)
     assert source.opened[-1] == (0, 2, 1)  # at index 2, one input skipped
     assert again.inputs == 3  # the follower takes nothing it has not heard of yet
+
+
+def test_a_drained_rescale_holds_the_pairs_past_its_epoch_and_their_epochs_still_end():
+    """``HoldInputs(e)``: the replica that decides takes no input into an epoch after
+    ``e`` (its epochs still end, so the drain's cut at ``e``'s end is crossed); told
+    ``HoldInputs(None)`` it takes inputs again."""
+    from flux.control_messages import HoldInputs
+
+    clock = Clock(100.0)
+    source = ListSplits([[("a", 1), ("b", 2), ("a", 3)], [("c", 4)]])
+    host, leader, ingresses = node(P, source, clock)
+    ingresses.told(host, HoldInputs(4), lambda a: None)
+    clock.t = 100.055  # epoch 5: past the hold
+    moved, _, _ = ingresses.step(host, lambda a: None)
+    assert leader.epoch == 5 and not moved and leader.inputs == 0
+    clock.t = 100.075
+    ingresses.step(host, lambda a: None)
+    assert leader.epoch == 7 and leader.inputs == 0  # its epochs end, empty
+    ingresses.told(host, HoldInputs(None), lambda a: None)
+    moved, _, _ = ingresses.step(host, lambda a: None)
+    assert moved and leader.inputs == 3

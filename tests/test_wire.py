@@ -12,6 +12,7 @@ from flux.addresses import Addr, MoverAddr, ProcAddr
 from flux.digests import GROUPS, Digest
 from flux.control_messages import (
     CutAtEpoch,
+    HoldInputs,
     IngressEnded,
     SplitCutPassed,
     Avail,
@@ -85,7 +86,8 @@ MESSAGES = [
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
     View(5), View(6, writers=(WriterMove(Addr(3, 1, 0), 9, "node2"),)),
     Reverse((3, 1), (5, 1)), WriterProgress(2, (17, 2), 16, 40), SinkCommitted(3, (9, 1, 2), 1),
-    IngressEnded(2, 3 << 20, 17), CutAtEpoch(3, 1234), SplitCutPassed(3, 5 << 20, 1, 96),
+    IngressEnded(2, 3 << 20, 17), CutAtEpoch(3, 1234), HoldInputs(7), HoldInputs(None),
+    SplitCutPassed(3, 5 << 20, 1, 96),
     SplitCutPassed(4, 6 << 20, 0, 97, "[90, 1234]"),
     SinkCommitted(4, None, 0), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),
     Register(2, 41, "tcp://127.0.0.1:5000", 123, 99, "s3cret", "tcp://127.0.0.1:5002"),

@@ -63,6 +63,9 @@ class IngressFeed:
         self._placed = isinstance(source, Source)
         self.position: Any = source.position if self._placed else None
         self.source_done = False  # the source has no more: ``read`` is the last input
+        #: a drained rescale's (DESIGN 13): the source is read no further once ``read``
+        #: reaches this input (None: read on)
+        self.hold_from: Optional[int] = None
         self.stats = None  # the ingress's counters, as it last reported them
         self.last_cut: Optional[int] = None  # the input the last checkpoint's cut follows
         self.input_log, self.logged_before = input_log, logged_before
@@ -116,7 +119,7 @@ class IngressFeed:
                 raise msg[1] if isinstance(msg[1], BaseException) else RuntimeError(msg[1])
 
     def _read(self) -> bool:
-        if self.source_done:
+        if self.source_done or self.hold_from is not None and self.read >= self.hold_from:
             return False
         source = self.source
         room = self.window - (self.read - self.accepted)
@@ -218,6 +221,12 @@ class IngressFeed:
     def has_new_inputs(self) -> bool:
         """Did inputs come since the last cut (or is there none yet)?"""
         return self.last_cut is None or self.handed != self.last_cut
+
+    def drained(self) -> bool:
+        """Held (``hold_from``) and everything read was handed over: a cut now is after
+        the last input this attempt gives."""
+        held = self.source_done or self.hold_from is not None and self.read >= self.hold_from
+        return held and self.handed == self.read
 
     def choose_cut(self, number: int) -> Tuple[int, Any]:
         """Checkpoint ``number`` covers every input handed over so far: its cut and the

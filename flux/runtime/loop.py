@@ -27,6 +27,7 @@ from controller.failure_detector import Lease
 from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
 from flux.control_messages import (
     CutAtEpoch,
+    HoldInputs,
     CutDigest,
     ProbedKeys,
     ProbeKeys,
@@ -262,9 +263,9 @@ class HostLoop:
             self.stopped = env.msg.reason
         elif env.dst == self.me and isinstance(env.msg, ProbeKeys):
             self.report(probed_keys(self.host, env.msg))  # on the thread owning the segment
-        elif env.dst == self.me and isinstance(env.msg, CutAtEpoch):
+        elif env.dst == self.me and isinstance(env.msg, (CutAtEpoch, HoldInputs)):
             if self.splits is not None:  # (a process without ingress replicas: none here)
-                self.splits.cut_at(self.host, env.msg.number, env.msg.epoch, self.local.touch)
+                self.splits.told(self.host, env.msg, self.local.touch)
         elif env.dst == self.me and isinstance(env.msg, (Heartbeat, Welcome)):
             pass  # a Welcome again: the task registered again before it heard the first
         else:

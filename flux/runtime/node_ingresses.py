@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flux.connector_api import SeekableSplits, SplitReader
-from flux.control_messages import IngressEnded
+from flux.control_messages import HoldInputs, IngressEnded
 from flux.errors import OperatorError
 from flux.operator import describe
 from flux.protocol.host import Host
@@ -55,6 +55,9 @@ class NodeIngresses:
         self.writing: Dict[Any, Any] = {}
         #: the coordinator's cuts told so far: checkpoint -> the epoch its cut ends
         self.cuts: Dict[int, int] = {}
+        #: a drained rescale's epoch (``HoldInputs``): no replica that decides takes an
+        #: input into a later one (None: no drain)
+        self.hold_after: Optional[int] = None
         self.interval = interval
         self.origin = origin
         self.wall = wall
@@ -86,9 +89,13 @@ class NodeIngresses:
         running = self._running(host)
         for addr in [a for a in self.intakes if a not in host.machines]:
             del self.intakes[addr]  # no longer here (its node's view moved it)
+        hold = self.hold_after
         for addr, ingress in running:
             if ingress.decides() and epoch > ingress.epoch:
                 continue  # its epoch is over: it ends it (``advance``) before taking more
+            if hold is not None and ingress.decides() and ingress.epoch > hold:
+                continue  # a rescale drains: nothing past its cut (a follower takes only
+                # what its leader numbered)
             try:
                 intake, reader = self._intake(addr, ingress)
                 if not intake.done and intake.feed(ingress, ingress.batch_rows):
@@ -201,6 +208,14 @@ class NodeIngresses:
             m.log_due() and a not in self.writing for a, m in self._running(host))
 
     # -- checkpoints ---------------------------------------------------------------
+    def told(self, host: Host, msg: Any, touch: Callable[[Any], None]) -> None:
+        """The coordinator's word: a checkpoint's cut (``CutAtEpoch``), or a drained
+        rescale's hold (``HoldInputs``)."""
+        if isinstance(msg, HoldInputs):
+            self.hold_after = msg.after_epoch
+        else:
+            self.cut_at(host, msg.number, msg.epoch, touch)
+
     def cut_at(self, host: Host, number: int, epoch: int,
                touch: Callable[[Any], None]) -> None:
         """The coordinator's cut of checkpoint ``number`` at the end of ``epoch``: kept,

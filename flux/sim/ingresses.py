@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from flux.addresses import Addr, P, S
 from flux.protocol.ingress import Ingress
@@ -161,15 +161,18 @@ class SimIngresses:
             return self.plan.last_epoch
         return self.plan.reads[addr.partition][self.read[addr]][0]
 
-    def steps(self, ingress: Ingress, checkpoint: bool, slowest: int) -> List[tuple]:
+    def steps(self, ingress: Ingress, checkpoint: bool, slowest: int,
+              held_after: Optional[int] = None) -> List[tuple]:
         """Its local steps other than flushes, in a fixed order; ``checkpoint``: one may
         be taken (asked of ingress 0 only: the driver chooses a cut for all); ``slowest``:
-        the lowest epoch of all ingresses."""
+        the lowest epoch of all ingresses; ``held_after``: a drained rescale's epoch, past
+        which it accepts no input (its clock goes on: its epochs end, empty)."""
         a, steps = ingress.addr, []
         epoch = self._next_epoch(a)
         # its clock waits for the slowest ingress's (unless it is the slowest)
         waits = self.skew is not None and epoch > slowest + self.skew and ingress.epoch > slowest
-        if not self.done(a) and epoch == ingress.epoch and ingress.can_accept():
+        held = held_after is not None and epoch > held_after
+        if not self.done(a) and epoch == ingress.epoch and ingress.can_accept() and not held:
             steps.append(("accept", a))
         if ingress.can_cut():
             steps.append(("item", a))  # the pending inputs leave as an item (DESIGN 11)
@@ -253,11 +256,21 @@ class SimIngresses:
         return range(low, self.plan.last_epoch)
 
     def choose_cut(self, ingresses: List[Ingress], number: int, last_cut: int,
-                   rng: random.Random) -> int:
-        """Checkpoint ``number`` at the end of an epoch of the scheduler's choosing; every
-        ingress stamps it (``cut_at_epoch``); returns the cut."""
+                   rng: random.Random, floor: int = 0) -> int:
+        """Checkpoint ``number`` at the end of an epoch of the scheduler's choosing, its
+        cut at or past SN ``floor``; every ingress stamps it (``cut_at_epoch``); returns
+        the cut. With no epoch left that every ingress will end (a drained rescale cutting
+        again once every ingress read its last input), the clock goes on: the plan's last
+        epoch moves one further."""
         epochs = self.cut_epochs(ingresses, last_cut)
-        epoch = min(epochs.start + rng.choice(CUT_AHEAD), epochs.stop - 1)
+        if not epochs:
+            self.plan.last_epoch += 1
+            epochs = self.cut_epochs(ingresses, last_cut)
+        span = self.plan.ingresses * EPOCH_INPUTS
+        low = max(epochs.start, -(-floor // span) - 1)  # its end's first SN is >= floor
+        if low >= epochs.stop:
+            raise AssertionError(f"a cut at or past SN {floor} lies past the plan's epochs")
+        epoch = min(low + rng.choice(CUT_AHEAD), epochs.stop - 1)
         for ingress in ingresses:
             ingress.cut_at_epoch(number, epoch)
         self.positions[number] = {}

@@ -131,6 +131,9 @@ class SettledOracle:
         self.cut = 0  # the cut this incarnation resumed after
         self.next = 0  # the position of the next failure-free output to be delivered
         self.diverged = False
+        #: a writer that resumed after its sink's last commit sends the committed item
+        #: again, whose outputs the sink drops: outputs at or below this SN are not judged
+        self.committed: Optional[tuple] = None
         #: per ingress, the numbers (last inputs) of items cut, as seen at checks, not below
         #: the input of the next output still to come: finished(n) of any must be false
         self.items: Dict[int, Deque[int]] = {}
@@ -156,6 +159,7 @@ class SettledOracle:
         self.cut = cut
         self.next = self.upto[cut]
         self.diverged = False
+        self.committed = None
         self.items.clear()
 
     def took_over(self, index: int, known: int) -> None:
@@ -170,10 +174,11 @@ class SettledOracle:
         """The inputs' order changed within the incarnation (an ingress's twin took over
         and numbers the inputs its dead leader never let go anew): only inputs no output
         was delivered of moved, so the outputs delivered keep their places."""
-        delivered = self.next
+        delivered, diverged, committed = self.next, self.diverged, self.committed
         self._of = None
         self.begin(inputs, self.cut)
-        self.next = delivered
+        self.next, self.committed = delivered, committed
+        self.diverged = diverged  # (blind: its count of what was delivered is stale)
 
     def resume(self, committed: Optional[Any]) -> None:
         """A sink's writer started again after ``committed``, the last output its sink
@@ -184,15 +189,18 @@ class SettledOracle:
             start = max(start, bisect_right(sns, tuple(committed)))
         self.next = start
         self.diverged = False
+        self.committed = tuple(committed) if committed is not None else None
         self.items.clear()
 
     def delivered(self, items: Sequence[Any]) -> None:
         """The egress delivered ``items``, (sn, record) each, in order."""
         if self.diverged:
             return
-        pos, outputs = self.next, self.outputs
+        pos, outputs, committed = self.next, self.outputs, self.committed
         for item in items:
             sn = item[0]
+            if committed is not None and tuple(sn) <= committed:
+                continue  # sent again after a writer resumed: the sink drops it
             if pos >= len(outputs) or (sn != outputs[pos][0] and tuple(sn) != outputs[pos][0]):
                 self.diverged = True
                 return

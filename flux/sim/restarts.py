@@ -98,32 +98,55 @@ class Restarts:
         self.world.outcome.rescales_given_up += 1
         return False
 
-    def cut_ready(self, accepted: int) -> bool:
-        """May the wanted rebuild's cut fall after input ``accepted``? A drained rescale's
-        only past every output a sink committed: after a restart from an older checkpoint
-        the sinks hold outputs the replay makes again, and the new count would write them
-        to other sink partitions, where no committed SN drops them."""
+    def cut_ready(self, cut: int) -> bool:
+        """May the wanted rebuild's cut be ``cut`` (an SN: with one ingress, the inputs
+        before it)? A drained rescale's only past every output a sink committed
+        (``cut_floor``)."""
+        return cut >= self.cut_floor()
+
+    def cut_floor(self) -> int:
+        """The SN the wanted rebuild's cut must reach (0: any): a drained rescale's cut
+        falls past every output a sink committed. After a restart from an older
+        checkpoint the sinks hold outputs the replay makes again, and the new count would
+        write them to other sink partitions, where no committed SN drops them."""
         if not (self.rebuild_cut and self._rescale_drains()) \
                 or not self.world.config.drain_past_sinks:  # (the broken variant)
-            return True
+            return 0
         sink = self.world.sink
         committed = [sink.last_committed(p) for p in sink.held]
-        return all(sn is None or sn[0] <= accepted for sn in committed)
+        return max((sn[0] for sn in committed if sn is not None), default=0)
 
-    def take_cut(self, accepted: int) -> int:
-        """The ingress cuts a checkpoint after input ``accepted``: its number. The
-        rebuild's, if one is wanted and may fall there; else one of the schedule's
-        (a drain's cut again is neither)."""
+    def drain_epoch(self) -> Optional[int]:
+        """Several ingresses: the epoch whose end a drain's cut is, past which no ingress
+        accepts an input (None: not draining, or the broken variant's drain)."""
+        if not self.draining() or self.gives_inputs():
+            return None
+        return self.world.epochs.cut_epoch.get(self.rebuild_after)
+
+    def cut_at_epoch(self) -> None:
+        """Several ingresses: a checkpoint cut at an epoch's end, every ingress stamping
+        it; the rebuild's at or past ``cut_floor``."""
         w = self.world
         number = len(w.outcome.cuts) + 1
-        if not self.cut_taken(number, accepted) and not self.draining():
+        cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng, self.cut_floor())
+        if self.take_cut(cut) != number:
+            raise AssertionError(f"checkpoint {number} numbered otherwise by the restarts")
+        w.begin_checkpoint(number, cut)
+
+    def take_cut(self, cut: int) -> int:
+        """The ingresses cut a checkpoint at ``cut`` (an SN): its number. The rebuild's,
+        if one is wanted and may fall there; else one of the schedule's (a drain's cut
+        again is neither)."""
+        w = self.world
+        number = len(w.outcome.cuts) + 1
+        if not self.cut_taken(number, cut) and not self.draining():
             w.checkpoints_left -= 1
         return number
 
-    def cut_taken(self, number: int, accepted: int) -> bool:
-        """Checkpoint ``number`` was cut after input ``accepted``: the rebuild's, if one is
-        wanted and may fall there."""
-        if not self.rebuild_cut or not self.cut_ready(accepted):
+    def cut_taken(self, number: int, cut: int) -> bool:
+        """Checkpoint ``number`` was cut at ``cut``: the rebuild's, if one is wanted and
+        may fall there."""
+        if not self.rebuild_cut or not self.cut_ready(cut):
             return False
         self.rebuild_cut, self.rebuild_after = False, number
         return True

@@ -177,9 +177,9 @@ class SimParams:
             if not self.checkpoints or self.dataflow != "regroup":
                 raise ValueError("--rescale-to restarts from checkpoints (--checkpoints N) "
                                  "with --dataflow regroup (state keyed by its stages' keys)")
-            if self.egress_per_partition and (not self.rescale_cuts or self.ingresses > 1):
+            if self.egress_per_partition and not self.rescale_cuts:
                 raise ValueError("--rescale-to with an egress per partition: drained rescales "
-                                 "(--rescale-cuts K) of one ingress; each sink partition "
+                                 "(--rescale-cuts K); each sink partition "
                                  "committed up to its own SN, so a restart at another count "
                                  "from any other cut would repeat or lose outputs")
 
@@ -343,9 +343,11 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     def redraw():
         """Each output's sink partition and the outputs each holds after n inputs, with
         the drained rescales so far (``drained_parts``)."""
-        if params.egress_per_partition and world.outcome.drains:  # (one ingress: SN = n)
+        if params.egress_per_partition and world.outcome.drains:
+            numbers = world.epochs.plan.numbers if world.epochs is not None else \
+                range(1, len(world.inputs) + 1)
             parts[:], outputs_upto[:] = drained_parts(reference, parts_at, params.partitions,
-                                                      world.outcome.drains, len(world.inputs))
+                                                      world.outcome.drains, numbers)
         else:  # ``outputs_upto`` as the reference run gave it
             parts[:] = parts_at[params.partitions]
 
@@ -366,21 +368,22 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     return world, reference, states, parts if params.egress_per_partition else None
 
 
-def drained_parts(reference, parts_at, first: int, drains, inputs: int) -> tuple:
+def drained_parts(reference, parts_at, first: int, drains, numbers) -> tuple:
     """Each output's sink partition with a sink per partition: its partition at the count
     in force for its input (``first``, then each drained rescale's count for the inputs
     after its cut), and ``[n]``: how many outputs each sink partition holds after the first
-    n inputs (an output's SN starts with its input's number; one ingress)."""
+    n inputs. ``numbers``: the inputs' SNs, in order (one ingress: 1, 2, ...); an output's
+    SN starts with its input's, and a cut is an SN."""
     width = max([first, *(count for _, count in drains)])
     held = [0] * width
     parts, upto = [], [tuple(held)]
     i = 0
-    for n in range(1, inputs + 1):
+    for number in numbers:
         count = first
         for cut, later in drains:
-            if n > cut:
+            if number > cut:
                 count = later
-        while i < len(reference) and reference[i][0][0] == n:
+        while i < len(reference) and reference[i][0][0] == number:
             p = parts_at[count][i]
             parts.append(p)
             held[p] += 1

@@ -141,12 +141,12 @@ class Steps:
         if addr.stage == 0 and w.epochs is not None:  # one of several ingresses
             ingress = w.machine(addr)
             # of ingress 0's leader only (a follower's steps stay as they were when it moves)
-            checkpoint = ingress is w.ingresses[0] and bool(
+            checkpoint = ingress is w.ingresses[0] and not w.restarts.draining() and bool(
                 (w.checkpoints_left > 0 or w.restarts.rebuild_cut)
                 and w.epochs.cut_epochs(w.ingresses, w.last_cut))
             slowest = min(ingress.epoch for ingress in w.ingresses)
             return [("flush", addr, i, d) for i, d in ingress.flushable()] + \
-                w.epochs.steps(ingress, checkpoint, slowest)
+                w.epochs.steps(ingress, checkpoint, slowest, w.restarts.drain_epoch())
         if addr == INGRESS:
             ingress = w.ingress
             steps = [("flush", INGRESS, i, d) for i, d in ingress.flushable()]
@@ -241,11 +241,7 @@ class Steps:
         elif kind == "zombie":  # a local step of a machine of a zombie
             self._apply_local(step[2], w.hosts[step[1]])
         elif kind == "checkpoint" and w.epochs is not None:
-            number = w.restarts.take_cut(w.ingress.accepted)
-            w.net.touched(INGRESS_HOST, None)
-            w.begin_checkpoint(number, w.epochs.choose_cut(w.ingresses, number, w.last_cut,
-                                                           w.rng))
-            self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
+            self._cut_at_epoch()
         elif kind in ("accept", "item", "epoch", "log") and w.epochs is not None:
             addr = step[1]
             ingress, host = w.machine(addr), w.hosts[w.host_of[addr]]
@@ -261,7 +257,9 @@ class Steps:
         elif kind == "sink-commit":
             w.writers.commit()
         elif kind == "drain-stuck":  # cut again, or the rescale given up: the source goes on
-            self._apply_ingress("checkpoint") if w.restarts.recut() else self.dirty.add(INGRESS)
+            if w.restarts.recut():
+                self._cut_at_epoch() if w.epochs is not None else self._apply_ingress("checkpoint")
+            self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind == "corrupt":
             w.faults.damage()
         else:
@@ -282,6 +280,12 @@ class Steps:
         w.effects(*effects, host=host)
         if w.config.ingress_pairs:
             ingress_took_over(w)
+
+    def _cut_at_epoch(self) -> None:
+        w = self.world
+        w.net.touched(INGRESS_HOST, None)
+        w.restarts.cut_at_epoch()
+        self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
 
     def _apply_ingress(self, kind: str) -> None:
         w = self.world

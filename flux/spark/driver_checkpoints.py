@@ -17,7 +17,7 @@ from controller.checkpoint_shape import JobShape
 from controller.checkpoints import CheckpointCoordinator, fingerprint
 from exchange.partitioner import KEY_GROUPS
 from flux.connector_api import LOGGED, SplitSource
-from flux.errors import CheckpointCorrupt
+from flux.errors import CheckpointCorrupt, CheckpointMismatch
 from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.ingress_feed import IngressFeed
@@ -71,6 +71,13 @@ class DriverCheckpoints:
         #: a cut, and its number is kept (``cut_now``, ``wanted_cut``)
         self._cut_wanted = False
         self.wanted_cut: Optional[int] = None
+        #: a drained rescale's (DESIGN 13, docs/design/rescaling.md): the source is read
+        #: up to this input at least and then no further, and the wanted cut falls after
+        #: the last input read (None: no drain)
+        self._drain_to: Optional[int] = None
+        #: no restart restores a checkpoint older than this one: a drained rescale
+        #: restarted from it, and the outputs up to its cut are in the old count's sinks
+        self.floor: Optional[int] = None
         self._offsets_reported: Optional[int] = None
         if self.restore is not None:
             log.info("resuming from checkpoint %d of %s (cut at input %d)",
@@ -94,6 +101,18 @@ class DriverCheckpoints:
         files do not verify is passed over; ``CheckpointCorrupt`` when none is left)."""
         self.service.settle()
         self.restore = self.service.store.latest()
+        had = self.restore["checkpoint"] if self.restore is not None else None
+        if self.floor is not None and (had is None or had < self.floor):
+            raise CheckpointMismatch(
+                f"checkpoint {self.floor} of {self.url}, the one a drained rescale "
+                f"restarted from, does not verify, and an older checkpoint cannot be "
+                f"restored: the sink partitions of the old count hold the outputs up to "
+                f"the rescale's cut, and a replay from before it would write them again to "
+                f"the new count's")
+        if self._drain_to is not None:  # the drain goes on in the next attempt: past
+            holds = sink_holds[0] if sink_holds else 0  # what the sinks hold now, cut anew
+            self._drain_to = max(self._drain_to, holds)
+            self.cut_now()
         self.service.coordinator.restarted(self.restore["checkpoint"] if self.restore
                                            else None)
         self.plan(sink_holds)
@@ -147,7 +166,12 @@ class DriverCheckpoints:
     # -- while the data flows (the source's thread) -----------------------------------
     def maybe_cut(self, feed: IngressFeed) -> None:
         """Every ``interval`` seconds (when inputs came since the last), checkpoint the job
-        at a cut after the last input handed over."""
+        at a cut after the last input handed over; while a rescale drains, only its cut."""
+        feed.hold_from = self._drain_to
+        if self._drain_to is not None:
+            if self._cut_wanted and feed.drained():  # again at the same place: a re-cut
+                self._cut(feed, wanted=True)
+            return
         now = time.monotonic()
         wanted = self._cut_wanted
         if now < self._cut_at and not wanted:
@@ -155,6 +179,9 @@ class DriverCheckpoints:
         self._cut_at = now + self.interval
         if not feed.has_new_inputs():
             return  # nothing new since the last cut (a rebuild's waits for the next input)
+        self._cut(feed, wanted)
+
+    def _cut(self, feed: IngressFeed, wanted: bool) -> None:
         number = self.next_number
         self.next_number += 1
         cut, position = feed.choose_cut(number)
@@ -166,6 +193,27 @@ class DriverCheckpoints:
         """A checkpoint at the next input, cut by the source's thread (it waits for an
         input when none came since the last cut); ``wanted_cut`` is its number once cut."""
         self.wanted_cut, self._cut_wanted = None, True
+
+    def drain(self, holds: int) -> None:
+        """A drained rescale (DESIGN 13): read the source up to input ``holds`` at least
+        (the furthest input a sink holds an output of, its SN with splits: after a
+        restart the replay must pass it, else the new count would write those outputs to
+        other sink partitions) and no further, then cut there; ``cut_now`` cuts there
+        again. Every sink commits up to the cut before its checkpoint completes, and
+        holds nothing past it. (``SplitCheckpoints`` holds the pairs at an epoch.)"""
+        self._drain_to = max(holds, 0)
+        self.cut_now()
+
+    def drained_restart(self, checkpoint: int) -> None:
+        """The drained rescale restarts from ``checkpoint``: the next attempt reads on,
+        and no restart from now on restores an older checkpoint (``floor``)."""
+        self._drain_to, self.floor = None, checkpoint
+        self.cancel_cut()
+
+    def end_drain(self) -> None:
+        """The drained rescale was given up: the source is read on at this count."""
+        self._drain_to = None
+        self.cancel_cut()
 
     def cancel_cut(self) -> Optional[int]:
         """No checkpoint wanted any more; the number of the wanted one if it was cut."""

@@ -40,7 +40,7 @@ from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts, driver_builder
 from flux.spark.driver_checkpoints import DriverCheckpoints
-from flux.spark.job_rescale import RescaleAsked, check_rescale, cut_for_rescale, rescaled_parts
+from flux.spark.job_rescale import RescaleAsked, check_rescale, rescale_cut, rescaled_parts
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
 from flux.spark.job_views import JobViews
@@ -124,6 +124,18 @@ def driver_checkpoints(opts: JobOptions, dataflow, source, replay_order: Optiona
     return None
 
 
+def checkpointed_source(source) -> Tuple[Any, str]:
+    """A source a restart can read again from a position, and how it orders a replay."""
+    replay = replayable(source)
+    if replay is None:
+        raise ValueError(
+            f"checkpoint= needs a source that can be read again from a position (a "
+            f"flux.Source such as FileSource, or a sequence), got "
+            f"{type(source).__name__}: after a restart its inputs must come again")
+    # with LOGGED the ingress logs each input's partition (DESIGN 10): never guessed
+    return replay, replay_order_of(replay)
+
+
 class FluxJob(JobViews):
     """``FluxJob(spark, dataflow, source, sink=None, **options)``: the keyword arguments
     are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them); what
@@ -139,15 +151,7 @@ class FluxJob(JobViews):
             splits = check_split_job(source, opts)
             sample = split_sample(source, tuning.check_records)
         elif opts.checkpoints.location is not None:
-            replay = replayable(source)
-            if replay is None:
-                raise ValueError(
-                    f"checkpoint= needs a source that can be read again from a position (a "
-                    f"flux.Source such as FileSource, or a sequence), got "
-                    f"{type(source).__name__}: after a restart its inputs must come again")
-            source = replay
-            # with LOGGED the ingress logs each input's partition (DESIGN 10): never guessed
-            replay_order = replay_order_of(source)
+            source, replay_order = checkpointed_source(source)
         if not splits:
             sample, source = peek(source, tuning.check_records)
         check_before_deploy(dataflow, sample, nodes, tuning.check_determinism)
@@ -289,14 +293,16 @@ class FluxJob(JobViews):
             if self._restart_due is None:
                 time.sleep(0.01)
                 continue
+            why = self._restart_due
             try:
-                self._restart(self._restart_due)
+                self._restart(why)
             except BaseException as exc:
                 log.exception("the restart failed")
                 self.errors.append(exc)
                 return
             finally:
-                self._restart_due = None
+                if self._restart_due is why:  # a rescale asked meanwhile comes next
+                    self._restart_due = None
 
     def _restart(self, why: BaseException) -> None:
         """End this attempt and launch the next from the last complete checkpoint whose
@@ -310,6 +316,9 @@ class FluxJob(JobViews):
         self.attempt.end(JOB_STOPPED, timeout=0.5)
         log.info("the old attempt ended in %.2fs", time.monotonic() - now)
         self.output.commit()  # what it was handed is the failure-free prefix
+        if rescale is not None and not self.config.ordered_output:  # a drained rescale
+            self._checkpointing.drained_restart(rescale.checkpoint)
+            self.output.rescaled(rescale.nodes)
         restore = self._checkpointing.restart(self.output.holds())
         if rescale is not None:
             old = self._parts.nodes
@@ -328,8 +337,9 @@ class FluxJob(JobViews):
         """Go on with ``nodes`` pairs (DESIGN 13; ``flux.spark.job_rescale``): a
         checkpoint cut now, then a restart from it at the new count, each new partition
         with the key groups it owns; returns once the data flows again. The output
-        stalls for the restart; nothing is lost or twice. Needs ``checkpoint=`` and one
-        ordered egress; refuses state it cannot split (``RescaleRefused``)."""
+        stalls for the restart; nothing is lost or twice. Needs ``checkpoint=``; refuses
+        state it cannot split (``RescaleRefused``); with an egress per partition, drains
+        first (``drained_cut``)."""
         if self.attempt is None or self._stopped or self.finished():
             raise ValueError("rescale() a running job: start() it first (or give nodes= "
                              "to FluxJob), and not once it finished or stopped")
@@ -338,10 +348,12 @@ class FluxJob(JobViews):
             return
         check_settings(self.spark, nodes + self._parts.standbys,
                        wait=self.options.network.executor_wait)
-        restarts = len(self.restart_log)
-        self._restart_due = RescaleAsked(nodes, cut_for_rescale(self._checkpointing, timeout))
-        started = self.wait_until(lambda: self.attempt.number > restarts and
-                                  self.attempt.feed is not None, timeout)
+        cut = rescale_cut(self._checkpointing, self.output, self.config.ordered_output,
+                          timeout)
+        restarts = len(self.restart_log)  # (a lost pair's restart may come meanwhile)
+        self._restart_due = RescaleAsked(nodes, cut)
+        started = self.wait_until(lambda: self._parts.nodes == nodes and self.attempt.number
+                                  > restarts and self.attempt.feed is not None, timeout)
         if not started:
             raise TimeoutError(f"the rescale to {nodes} nodes did not restart the data "
                                f"within {timeout}s")

@@ -4,8 +4,12 @@ A checkpoint is cut at once (as a lost replica set's rebuild cuts one,
 ``flux.spark.set_rebuild``), and once it is complete the job restarts from it at the new
 count: each new partition installs the key groups it owns of the checkpoint's
 partitions (``flux.runtime.restore``), the source resumes at the cut, and the one
-ordered egress's sink drops what it had. The output stalls for a restart's length
-(seconds); nothing is lost or twice. Moving key-group ranges between running pairs
+ordered egress's sink drops what it had. With an egress per partition the rescale
+drains first (docs/design/rescaling.md): the source is read no further than the cut (a
+``SplitSource``'s pairs take no input past the cut's epoch), so every sink partition
+commits up to it and nothing past it, and the new count's outputs all lie above what
+any old sink partition holds. The output stalls for a restart's
+length (seconds); nothing is lost or twice. Moving key-group ranges between running pairs
 without a restart (the two-phase movement of a catch-up) is not built
 (docs/design/rescaling.md).
 """
@@ -25,6 +29,13 @@ log = logging.getLogger(__name__)
 #: seconds a wanted cut may wait for an input before the rescale goes from the newest
 #: complete checkpoint instead (a source with nothing new: nothing to cut after)
 IDLE_CUT_WAIT = 2.0
+#: seconds a drained rescale's checkpoint may take before the source's thread cuts again at
+#: the same place: a replica that died before its snapshot leaves a checkpoint open, and a
+#: drained job has no later input to carry the next one (docs/design/rescaling.md)
+RECUT_AFTER = 15.0
+#: cuts again at most, before a drained rescale is given up and the job reads on at its
+#: count (while a replica that writes snapshots is lost, no checkpoint completes)
+RECUTS = 3
 
 
 class RescaleAsked(Exception):
@@ -41,10 +52,6 @@ def check_rescale(dataflow, config, nodes: int, checkpoints, sample=()) -> None:
     if checkpoints is None:
         raise ValueError("rescale() restarts the job from a checkpoint cut now: give the "
                          "job checkpoint=")
-    if not config.ordered_output:
-        raise RescaleRefused("rescale() with an egress per partition: each partition's "
-                             "sink holds its own last output, and a key's outputs would "
-                             "move to another partition's sink; use ordered_output=True")
     if config.key_groups is None:
         raise RescaleRefused("this job restored a checkpoint written before key groups "
                              "(its keys routed by hash % partitions): it cannot be "
@@ -74,6 +81,52 @@ def cut_for_rescale(checkpoints, timeout: float, clock=time.monotonic,
         sleep(0.02)
     checkpoints.cancel_cut()
     raise TimeoutError(f"the rescale's checkpoint did not complete in {timeout}s")
+
+
+def rescale_cut(checkpoints, output, ordered_output: bool, timeout: float) -> Optional[int]:
+    """The checkpoint a rescale restarts from (None: the first input): one cut now
+    (``cut_for_rescale``), or with an egress per partition a drained one (``drained_cut``)
+    past the furthest input whose output a sink (of ``output``) holds."""
+    if ordered_output:
+        return cut_for_rescale(checkpoints, timeout)
+    holds = output.holds()
+    return drained_cut(checkpoints, holds[0] if holds else 0, timeout)
+
+
+def drained_cut(checkpoints, holds: int, timeout: float, clock=time.monotonic,
+                sleep=time.sleep) -> int:
+    """A drained rescale's checkpoint (``DriverCheckpoints.drain``): the source read up
+    to ``holds`` at least and no further, a cut there, and its number once complete (the
+    source stays held until the restart). Cut again at the same place every
+    ``RECUT_AFTER`` seconds it is not complete, ``RECUTS`` times; then, or after
+    ``timeout``, the drain is given up, the source read on, and ``TimeoutError`` raised."""
+    checkpoints.drain(holds)
+    started = cut_at = clock()
+    recuts = 0
+    try:
+        while clock() - started < timeout:
+            done = checkpoints.wanted_complete()
+            if done is not None:
+                return done
+            if checkpoints.wanted_cut is None:
+                cut_at = clock()  # not cut yet: the source is read up to ``holds``
+            elif clock() - cut_at > RECUT_AFTER:
+                if recuts == RECUTS:
+                    break
+                recuts += 1
+                log.warning("the drained rescale's checkpoint %d did not complete in %.0fs: "
+                            "cutting again at the same place (%d of %d)",
+                            checkpoints.wanted_cut, RECUT_AFTER, recuts, RECUTS)
+                checkpoints.cut_now()
+                cut_at = clock()
+            sleep(0.02)
+    except BaseException:
+        checkpoints.end_drain()
+        raise
+    checkpoints.end_drain()
+    raise TimeoutError(f"the drained rescale's checkpoint did not complete ({recuts + 1} "
+                       f"cuts, {clock() - started:.0f}s): the job goes on at its count; a "
+                       f"replica that writes snapshots may be lost and not yet rebuilt")
 
 
 def rescaled_parts(parts, nodes: int):

@@ -114,6 +114,15 @@ class OutputWriter:
                                  else [])
         return max((sn for sn in have if sn is not None), default=None)
 
+    def rescaled(self, partitions: int) -> None:
+        """The job goes on at ``partitions`` (a drained rescale, DESIGN 13): a sink for each
+        new partition. The sinks of partitions it no longer has stay open and counted in
+        ``holds``: they hold the outputs up to the rescale's cut."""
+        if isinstance(self.per_partition, SinkPerPartition) and not self.on_executors:
+            self.sinks.extend(self.per_partition.open(p)
+                              for p in range(len(self.sinks), partitions))
+        self.partitions = max(self.partitions, partitions)
+
     def close(self) -> None:
         for sink in self.sinks:
             if isinstance(sink, ClosingSink):  # a callable sink may have nothing to close

@@ -28,12 +28,12 @@ import logging
 import math
 import pickle
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from flux.connector_api import SplitOrigin
-from flux.control_messages import CutAtEpoch, SplitCutPassed
+from flux.control_messages import CutAtEpoch, HoldInputs, SplitCutPassed
 from flux.runtime.split_log import SplitLogs
-from flux.sequence import epoch_ended_by, epoch_first
+from flux.sequence import EPOCH_INPUTS, epoch_ended_by, epoch_first
 from flux.spark.driver_checkpoints import DriverCheckpoints
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 CUT_AHEAD = 0.3
 #: the checkpoints whose pairs' reports are kept while they come in (older: abandoned)
 OPEN_CUTS = 16
+#: seconds between tellings of a drained rescale's hold (``HoldInputs``)
+HOLD_RETOLD = 0.5
 
 
 def epoch_to_cut(epoch_now: int, epoch_interval: float) -> int:
@@ -68,6 +70,9 @@ class SplitCheckpoints(DriverCheckpoints):
         #: checkpoint -> split -> (its count at the cut, its source's mark or None), as
         #: the pairs report
         self._passed: Dict[int, Dict[int, Tuple[int, Any]]] = {}
+        #: a drained rescale's epoch, past which the pairs take no input (None: none)
+        self._hold_epoch: Optional[int] = None
+        self._hold_told = 0.0
         position = self.restore["source"] if self.restore else None
         if self.restore is not None and not (
                 isinstance(position, dict) and len(position.get("counts", ())) == splits
@@ -98,19 +103,48 @@ class SplitCheckpoints(DriverCheckpoints):
                     epoch_origin=min(origin, now - (last + 2) * self.epoch_interval))
 
     # -- while the data flows (a thread of the driver's) -----------------------------------
-    def maybe_cut_at_epoch(self, epoch_now: int, tell: Callable[[CutAtEpoch], None],
+    def maybe_cut_at_epoch(self, epoch_now: int, tell: Callable[[Any], None],
                            done: bool) -> None:
         """Every ``interval`` seconds (and at once when one is wanted), checkpoint the
         job at the end of an epoch ``CUT_AHEAD`` past ``epoch_now``: ``tell`` every node.
-        None once every split was read (``done``)."""
+        None once every split was read (``done``). While a rescale drains, only its cut
+        (``_drain_at_epoch``)."""
         now = time.monotonic()
+        if self._drain_to is not None or self._hold_epoch is not None:
+            self._drain_at_epoch(epoch_now, tell, now)
+            return
         wanted = self._cut_wanted
         if (now < self._cut_at and not wanted) or done:
             return
         self._cut_at = now + self.interval
+        self._cut_epoch(epoch_to_cut(epoch_now, self.epoch_interval), tell, wanted)
+
+    def _drain_at_epoch(self, epoch_now: int, tell: Callable[[Any], None],
+                        now: float) -> None:
+        """A drained rescale (DESIGN 13): its cut at the end of an epoch at or past every
+        SN a sink holds, every node told to hold its pairs past that epoch (told again
+        every ``HOLD_RETOLD`` seconds: a node started since must hear it); a cut again,
+        at a later epoch, holds the same inputs. Once the drain ends (given up), the
+        pairs take inputs again."""
+        if self._drain_to is None:  # given up
+            self._hold_epoch = None
+            tell(HoldInputs(None))
+            return
+        if self._hold_epoch is None:
+            span = self.splits * EPOCH_INPUTS
+            self._hold_epoch = max(epoch_to_cut(epoch_now, self.epoch_interval),
+                                   self._drain_to // span)
+            self._hold_told = 0.0
+        if now - self._hold_told >= HOLD_RETOLD:
+            tell(HoldInputs(self._hold_epoch))
+            self._hold_told = now
+        if self._cut_wanted:
+            epoch = max(self._hold_epoch, epoch_to_cut(epoch_now, self.epoch_interval))
+            self._cut_epoch(epoch, tell, True)
+
+    def _cut_epoch(self, epoch: int, tell: Callable[[Any], None], wanted: bool) -> None:
         number = self.next_number
         self.next_number += 1
-        epoch = epoch_to_cut(epoch_now, self.epoch_interval)
         self.service.cut_begun(number, epoch_first(epoch + 1, 0, self.splits))
         self._passed[number] = {}
         for old in sorted(self._passed)[:-OPEN_CUTS]:
@@ -140,6 +174,7 @@ class SplitCheckpoints(DriverCheckpoints):
 
     def restart(self, sink_holds):
         self._passed.clear()  # the old run's cuts will not complete
+        self._hold_epoch = None  # a drain goes on: at an epoch of the next attempt's clock
         return super().restart(sink_holds)
 
 
