@@ -6,6 +6,8 @@ split's in its own order), through the kill of a node that runs an ingress's lea
 with the egresses on the executors too, no record crosses the driver (slow: Spark)."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from flux.addresses import Addr, P, S
@@ -177,11 +179,12 @@ def test_kafka_splits_in_and_out_exactly_once_through_a_double_failure(spark, br
     assert got.damaged is None and got.first > 1
 
 
-def filled_kafka_job(spark, broker, seed: int, **options):
-    """A job reading a topic of 3 partitions filled with ``INPUTS`` records first (so it
-    reads as fast as it can) through the pairs of ingresses, and writing through a
-    transactional producer per partition on the executors: the job (not started), the
-    records, the output topic."""
+def filled_kafka_job(spark, broker, seed: int, first: int = INPUTS, **options):
+    """A job reading a topic of 3 partitions filled with the first ``first`` of ``INPUTS``
+    records (so it reads as fast as it can) through the pairs of ingresses, and writing
+    through a transactional producer per partition on the executors: the job (not
+    started), the records, the output topic, and a function that produces the others
+    (the source ends after all ``INPUTS``)."""
     import json
 
     from flux.connector_api import SinkPerPartition
@@ -193,15 +196,19 @@ def filled_kafka_job(spark, broker, seed: int, **options):
 
     topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
     records = [tuple(r) for r in keyed_workload(INPUTS, seed=seed, keys=40)]
-    broker.produce(topic_in, [json.dumps(r).encode() for r in records], 3, timeout=60)
+    values = [json.dumps(r).encode() for r in records]
+    if first % 3:
+        raise ValueError("record i goes to input partition i % 3: first must be a multiple")
+    broker.produce(topic_in, values[:first], 3, timeout=60)
     splits = KafkaSplits(broker.bootstrap, topic_in, decode=lambda v: tuple(json.loads(v)),
-                         ending="latest")
+                         ending={p: len(values[p::3]) for p in range(3)})
     bootstrap = broker.bootstrap  # the open function goes to the executors: no broker
     sinks = SinkPerPartition(lambda p: KafkaSink(bootstrap, topic_out, f"flux-{topic_out}-{p}",
                                                  partition=p))
     job = FluxJob(spark, relaying_dataflow(), splits, nodes=4, standbys=1, sink=sinks,
                   ordered_output=False, egress_on_executors=True, **options)
-    return job, records, topic_out
+    return job, records, topic_out, lambda: broker.produce(topic_in, values[first:], 3,
+                                                           timeout=60)
 
 
 def assert_relayed_exactly(broker, topic_out: str, records: list) -> None:
@@ -218,26 +225,33 @@ def assert_relayed_exactly(broker, topic_out: str, records: list) -> None:
 
 def test_kafka_splits_in_and_out_at_full_rate_through_a_double_failure(spark, broker,
                                                                       tmp_path):
-    """As the test above, but the topic filled before the job starts, so that it reads as
-    fast as it can, and checkpoints every half second: both nodes of split 1 killed
-    mid-stream once two checkpoints are complete; the job restarts from the last, each
-    pair follows its split's log past the cut, and a ``read_committed`` reader sees
-    exactly the failure-free output of the inputs in the order the job numbered them,
-    each once."""
-    job, records, topic_out = filled_kafka_job(spark, broker, 13,
-                                               checkpoint=str(tmp_path / "ckpt"),
-                                               checkpoint_interval=0.5)
+    """As the test above, but half the topic filled before the job starts, so that it
+    reads as fast as it can, and checkpoints every half second; once two checkpoints are
+    complete the other half is produced at once, and both nodes of split 1 are killed
+    as soon as the job reads it (mid-stream: before, the job could read the whole topic
+    before its sinks first committed at a cut); the job restarts from the last
+    checkpoint, each pair follows its split's log past the cut, and a
+    ``read_committed`` reader sees exactly the failure-free output of the inputs in the
+    order the job numbered them, each once."""
+    half = INPUTS // 2
+    job, records, topic_out, produce_rest = filled_kafka_job(
+        spark, broker, 13, first=half, checkpoint=str(tmp_path / "ckpt"),
+        checkpoint_interval=0.5)
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        producer = threading.Thread(target=produce_rest, daemon=True)
+        producer.start()
+        assert job.wait_until(lambda: job.metrics.input_total > half, 60)
         read_at_the_kill = job.metrics.input_total
         where = job.topology.where
         for replica in (P, S):
             job.kill_node(where[Addr(0, 1, replica)])
+        producer.join(timeout=60)
         job.wait(timeout=240)
     (_, restored, why), = job.restart_log
     assert restored is not None and "both replicas" in why
     assert job.delivered == [] and job.attempt.ingress_process is None
-    assert read_at_the_kill < INPUTS  # mid-stream
+    assert half < read_at_the_kill < INPUTS  # mid-stream
     assert_relayed_exactly(broker, topic_out, records)
 
 
@@ -250,7 +264,7 @@ def test_kafka_splits_in_and_out_at_full_rate_through_a_single_kill(spark, broke
     dies with it; the egress starts again beside the surviving replica). The kill is
     masked, no restart; a ``read_committed`` reader sees exactly the failure-free output
     of the inputs in the order the job numbered them, each once."""
-    job, records, topic_out = filled_kafka_job(spark, broker, 12)
+    job, records, topic_out, _ = filled_kafka_job(spark, broker, 12)
     with job:
         assert job.wait_until(lambda: job.metrics.input_total >= INPUTS // 5, 120)
         victim = (job.topology.where[Addr(0, 1, P)] if kill == "ingress-leader"
