@@ -92,11 +92,13 @@ def restore(spark, flow, records: list, nodes: int, location: str, want: list) -
             "exact": wire_form(job.delivered) == wire_form([o for o in want if o[0][0] > cut])}
 
 
-def summarize(runs: List[dict]) -> Dict[str, Any]:
+def summarize(runs: List[dict], modes=("rescale", "same"),
+              fields=("first_output_s", "start_s")) -> Dict[str, Any]:
+    """Per mode: each field's median with min-max, and whether every run was exact."""
     out: Dict[str, Any] = {}
-    for mode in ("rescale", "same"):
+    for mode in modes:
         mine = [r for r in runs if r["mode"] == mode]
-        for field in ("first_output_s", "start_s"):
+        for field in fields:
             values = [r[field] for r in mine]
             out[f"{mode}_{field}"] = {"median": round(statistics.median(values), 3),
                                       "min": min(values), "max": max(values)}

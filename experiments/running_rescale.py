@@ -23,7 +23,6 @@ import argparse
 import csv
 import json
 import pathlib
-import statistics
 import tempfile
 import threading
 import time
@@ -80,18 +79,6 @@ def run_one(spark, records: list, want: list, mode: str, old: int, new: int,
             "exact": wire_form(rows) == wire_form(sorted((tuple(sn), r) for sn, r in want))}
 
 
-def summarize(runs: List[dict]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for mode in ("ordered", "drained"):
-        mine = [r for r in runs if r["mode"] == mode]
-        for field in ("rescale_s", "longest_gap_s"):
-            values = [r[field] for r in mine]
-            out[f"{mode}_{field}"] = {"median": round(statistics.median(values), 3),
-                                      "min": min(values), "max": max(values)}
-        out[f"{mode}_exact"] = all(r["exact"] for r in mine)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.running_rescale",
                                  description=__doc__,
@@ -103,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default="docs/results/running_rescale")
     args = ap.parse_args(argv)
+    from experiments.rescale import summarize
     from flux.reference import reference_output
     from flux.spark.session import local_cluster
     from flux.testing.dataflows import regrouping_dataflow
@@ -124,7 +112,8 @@ def main(argv=None) -> int:
                 print(json.dumps(run), flush=True)
                 runs.append(run)
     summary = {"inputs": args.inputs, "rate": args.rate, "old": args.old, "new": args.new,
-               "runs": args.runs, **summarize(runs)}
+               "runs": args.runs, **summarize(runs, ("ordered", "drained"),
+                                              ("rescale_s", "longest_gap_s"))}
     with open(out / "runs.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(runs[0]))
         writer.writeheader()
