@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from exchange.group_map import GroupMap, GroupMove
 from exchange.partitioner import KEY_GROUPS, HashPartitioner, first_refused, group_owner
 from exchange.rows import ColumnsError, NumberedRows
 
@@ -52,12 +53,27 @@ def column_names(key: Any) -> Optional[tuple]:
 
 class RecordRouter:
     """Partitions record by record, by ``route(record)`` (per-record records; the tuples
-    of a columnar item's rows)."""
+    of a columnar item's rows). ``key``, ``key_groups``: what ``route`` was made of, for
+    a router of another group map (``regrouped``)."""
 
-    def __init__(self, route: Callable[[Any], int], partitions: int, schema: Any = None):
+    def __init__(self, route: Callable[[Any], int], partitions: int, schema: Any = None,
+                 key: Any = None, key_groups: Optional[int] = None):
         self.partitions = partitions
         self.schema = schema  # the next stage's columns, when it takes batches
         self.route = route
+        self.key, self.key_groups = key, key_groups
+        #: each group's partition where live moves changed them (None: contiguous ranges)
+        self.groups: Optional[GroupMap] = None
+
+    def regrouped(self, groups: GroupMap) -> "RecordRouter":
+        """This router with each key group's partition from ``groups`` (a live move)."""
+        if self.key is None or self.key_groups is None:
+            raise ValueError("a router without key groups cannot follow a group map")
+        route = HashPartitioner(self.partitions, self.key_groups).router(self.key,
+                                                                          groups.owners)
+        router = RecordRouter(route, self.partitions, self.schema, self.key, self.key_groups)
+        router.groups = groups
+        return router
 
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return _in_form(rows, self.schema)
@@ -75,11 +91,21 @@ class ColumnRouter:
     the key groups (``exchange.partitioner``)."""
 
     def __init__(self, columns: Sequence[str], partitions: int, schema: Any = None,
-                 key_groups: Optional[int] = KEY_GROUPS):
+                 key_groups: Optional[int] = KEY_GROUPS, groups: Optional[GroupMap] = None):
         self.columns = tuple(columns)
         self.partitions = partitions
         self.schema = schema
         self.key_groups = key_groups
+        #: each group's partition where live moves changed them (None: contiguous ranges)
+        self.groups = groups
+
+    def regrouped(self, groups: GroupMap) -> "ColumnRouter":
+        """This router with each key group's partition from ``groups`` (a live move)."""
+        if self.key_groups is None or groups.key_groups != self.key_groups:
+            raise ValueError(f"a map of {groups.key_groups} key groups for a router of "
+                             f"{self.key_groups}")
+        return ColumnRouter(self.columns, self.partitions, self.schema, self.key_groups,
+                            groups)
 
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return _in_form(rows, self.schema)
@@ -94,6 +120,8 @@ class ColumnRouter:
         if self.key_groups is None:
             return (hashes % np.uint64(self.partitions)).astype(np.int64)
         groups = (hashes % np.uint64(self.key_groups)).astype(np.int64)
+        if self.groups is not None:
+            return self.groups.owner(groups)
         return group_owner(groups, self.key_groups, self.partitions)
 
 
@@ -101,12 +129,24 @@ class ToOne:
     """Everything to the one consumer (the last stage's egress)."""
 
     partitions = 1
+    groups = None  # no key groups: nothing moves
 
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return rows
 
     def partitions_of(self, rows: NumberedRows) -> np.ndarray:
         return np.zeros(len(rows), dtype=np.int64)
+
+
+def moved(router: Any, moves: Sequence[GroupMove]) -> Any:
+    """``router`` after the live ``moves`` of its stage's key groups (none: itself)."""
+    if not moves:
+        return router
+    if router.key_groups is None:
+        raise ValueError("a live move of key groups, and the routing has none (a job "
+                         "restored from a checkpoint written before key groups)")
+    groups = router.groups or GroupMap.even(router.partitions, router.key_groups)
+    return router.regrouped(groups.moved(moves))
 
 
 def router_for(key: Any, partitions: int, schema: Any = None,
@@ -118,7 +158,7 @@ def router_for(key: Any, partitions: int, schema: Any = None,
     if columns is not None:
         return ColumnRouter(columns, partitions, schema, key_groups)
     return RecordRouter(HashPartitioner(partitions, key_groups).router(key), partitions,
-                        schema)
+                        schema, key, key_groups)
 
 
 def _in_form(rows: NumberedRows, schema: Any) -> NumberedRows:

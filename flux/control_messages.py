@@ -7,7 +7,7 @@ fold-in done, state moved, a failure to start, an operator that raised).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from flux.addresses import Addr
 from flux.digests import Digest
@@ -343,3 +343,37 @@ class View:
     failed_incs: frozenset = frozenset()
     avail: tuple = ()
     writers: tuple = ()  # WriterMove, after the failures that made them
+
+
+@dataclass(frozen=True, slots=True)
+class RangePacked:
+    """A replica of a live move's source partition crossed the move's cut (checkpoint
+    ``number``) and took the range's state out of its stores: ``data``, packed (DESIGN
+    13). Both replicas report it; the controller keeps the first and hands it to the
+    destination's replicas (``InstallRange``)."""
+
+    number: int
+    move: Any
+    addr: Addr
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InstallRange:
+    """To a replica of a live move's destination partition: the range's state at the
+    move's cut (checkpoint ``number``); it processes nothing past the cut before it
+    installed it (DESIGN 13)."""
+
+    number: int
+    move: Any
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RangeInstalled:
+    """``addr``, a replica of a live move's destination, holds the range of the move
+    at checkpoint ``number``: the controller need not send it again."""
+
+    number: int
+    move: Any
+    addr: Addr

@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 
-from exchange.partitioner import KEY_GROUPS, HashPartitioner, group_owner
+from exchange.group_map import GroupMap
+from exchange.partitioner import KEY_GROUPS, HashPartitioner
 from exchange.routing import column_hash, column_names
 from flux.dataflow import Stage, factory_name
 from flux.errors import RescaleRefused
@@ -74,10 +75,29 @@ def rescaled_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Seque
     return states
 
 
+def regrouped_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequence[Any]],
+                     partition: int, before: GroupMap, after: GroupMap) -> List[Any]:
+    """``rescaled_states`` where the partitions' groups are maps (live moves, DESIGN 13):
+    ``old[q]`` holds the groups ``before`` gives ``q``, and ``partition`` gets the ones
+    ``after`` gives it."""
+    states: List[Any] = []
+    for i, is_keyed in enumerate(keyed):
+        if not is_keyed:
+            states.append(old[partition][i] if partition in old else None)
+            continue
+        states.append(_split(stage, i, factory_name(stage.operators[i]),
+                             {q: ops[i] or [] for q, ops in old.items()},
+                             partition, after, before, after.key_groups))
+    return states
+
+
 def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partition: int,
-           partitions: int, old_partitions: int, key_groups: int) -> list:
+           partitions: Any, old_partitions: Any, key_groups: int) -> list:
     """The pairs of ``partition``'s key groups, in key order: each old partition's are in
-    key order already (a snapshot's), so one source needs no sort."""
+    key order already (a snapshot's), so one source needs no sort. ``partitions`` and
+    ``old_partitions``: counts (contiguous ranges) or ``GroupMap``s."""
+    new_map, old_map = (m if isinstance(m, GroupMap) else GroupMap.even(m, key_groups)
+                        for m in (partitions, old_partitions))
     parts: List[list] = []
     widest: Dict[Any, Any] = {}  # partition-wide entries: the smallest value of each
     for q in sorted(old):
@@ -91,7 +111,7 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
         if not keys:
             continue
         groups = key_groups_of(stage, keys, key_groups)
-        owners = group_owner(groups, key_groups, old_partitions)
+        owners = old_map.owner(groups)
         wrong = np.flatnonzero(owners != q)
         if len(wrong):
             raise RescaleRefused(
@@ -100,7 +120,7 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
                 f"partition {int(owners[wrong[0]])}: its state is keyed by something other "
                 f"than the stage's partition key, and cannot be split over another "
                 f"partition count (restart with the same number of nodes)")
-        mine = np.flatnonzero(group_owner(groups, key_groups, partitions) == partition)
+        mine = np.flatnonzero(new_map.owner(groups) == partition)
         parts.append([[keys[i], values[i]] for i in mine.tolist()])
     pairs = parts[0] if len(parts) == 1 else [p for part in parts for p in part]
     if len(parts) > 1 or widest:

@@ -88,7 +88,7 @@ def test_a_restart_without_any_checkpoint_that_verifies_stops_the_job():
     world = world_with_complete_checkpoints(2)
     for k in sorted(world.manifests):
         damage(world, k)
-    committed = world.sink_committed
+    committed = world.sink.total_committed
     world.restart()
     assert world.stopped and "no complete checkpoint verifies" in world.outcome.checkpoint_corrupt
     assert world.outcome.restarts == [] and len(world.outcome.fallbacks) == 2

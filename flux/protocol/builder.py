@@ -7,9 +7,10 @@ build their machines here, so they run the same wiring.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from exchange.partitioner import KEY_GROUPS
+from exchange.group_map import GroupMap
 from exchange.routing import ToOne, router_for
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
@@ -60,6 +61,9 @@ class MachineBuilder:
         self.ingress_pairs = ingress_pairs
         self.digests = digests
         self.key_groups = key_groups
+        #: stage (from 1) -> its group map where live moves changed it (DESIGN 13): a job
+        #: started again from a checkpoint routes by the map at its cut
+        self.groups: Dict[int, GroupMap] = {}
         if ingresses < 1:
             raise ValueError(f"ingresses must be >= 1, got {ingresses}")
         self.ingresses = ingresses
@@ -126,13 +130,17 @@ class MachineBuilder:
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
         return self.segment_class(a, fcons, chain, fprod, router, mode,
-                                  full_every=self.full_every, digests=self.digests)
+                                  full_every=self.full_every, digests=self.digests,
+                                  stage_spec=self.dataflow.stages[s - 1],
+                                  key_groups=self.key_groups)
 
     def router(self, stage: int) -> Any:
         """Routes to the partitions of stage ``stage + 1`` (0-based ``stage``) by its key,
         in the form it takes (columns of its ``schema``, if it has one)."""
         target = self.dataflow.stages[stage]
-        return router_for(target.key, self.partitions, target.schema, self.key_groups)
+        router = router_for(target.key, self.partitions, target.schema, self.key_groups)
+        groups = self.groups.get(stage + 1)
+        return router if groups is None else router.regrouped(groups)
 
     def standby_segment(self, a: Addr) -> Segment:
         """A new replica on a standby, waiting for its state (an ingress's, at stage 0)."""

@@ -7,29 +7,57 @@ beyond ``n`` (such a tuple was produced after its producer learned the cut,
 and FIFO brings the stamp first; docs/design/checkpoints.md), and it *crosses* the
 cut when its merge can release nothing derived from inputs up to ``n`` any
 more: then a segment snapshots its operators, the egress has the sink commit.
+
+A stamp may carry live moves of key groups ``(k, n, move_cuts)`` (DESIGN 13,
+``exchange.group_map``), ``move_cuts`` being every ``(k_i, n_i, moves_i)`` its producer
+learned: the moves take effect at their own cut ``n_i``. A consumer may learn cut ``k``
+without ever seeing an older cut (its producer sent it nothing in between): that skips
+a checkpoint, never a move, since every stamp carries them all
+(docs/design/rescaling.md).
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+from exchange.group_map import GroupMove, moves_from_wire
 from flux.sequence import SN, bound_key
 
 Cut = Tuple[int, int]
 
 
 class Cuts:
-    def __init__(self) -> None:
+    def __init__(self, moves: bool = True) -> None:
         self.latest: Optional[Cut] = None
         self.pending: Dict[int, int] = {}  # checkpoint -> its cut, not crossed yet
+        #: moves are kept and crossed (False: an egress, which routes nothing)
+        self.keeps_moves = moves
+        #: checkpoint -> its cut and the key-group moves it carries, not crossed yet
+        self.moves: Dict[int, Tuple[int, Tuple[GroupMove, ...]]] = {}
+        #: every move cut learned, in order, as stamps carry them on
+        self.move_cuts: Tuple[tuple, ...] = ()
 
-    def learn(self, cut: Optional[Cut]) -> None:
-        """A batch said ``cut``; a newer one than any known is pending from now."""
+    def learn(self, cut: Optional[tuple]) -> None:
+        """A batch said ``cut``; a newer one than any known is pending from now, and so
+        are the moves of cuts newer than any move cut known."""
         if cut is None:
             return
-        k, n = cut
+        k, n = cut[0], cut[1]
         if self.latest is None or k > self.latest[0]:
             self.latest = (k, n)
             self.pending[k] = n
+        if len(cut) > 2 and self.keeps_moves:
+            seen = self.move_cuts[-1][0] if self.move_cuts else 0
+            for k_i, n_i, moves in cut[2]:
+                if k_i > seen:
+                    self.moves[k_i] = (n_i, moves_from_wire(moves))
+                    self.move_cuts += ((k_i, n_i, tuple(moves_from_wire(moves))),)
+
+    def stamp(self) -> Optional[tuple]:
+        """What this consumer's own batches say downstream: the newest cut, and every
+        move cut it learned."""
+        if self.latest is None or not self.move_cuts:
+            return self.latest
+        return self.latest + (self.move_cuts,)
 
     def due(self, frontier: SN) -> Optional[Cut]:
         """The oldest pending cut the merge's ``frontier`` has passed, or None."""
@@ -40,14 +68,33 @@ class Cuts:
             return None  # cuts are crossed in order
         return None
 
+    def moves_due(self, frontier: SN) -> Optional[int]:
+        """The oldest move cut the merge's ``frontier`` has passed, or None."""
+        for k in sorted(self.moves):
+            if bound_key(frontier) >= bound_key((self.moves[k][0],)):
+                return k
+            return None
+        return None
+
     def crossed(self, k: int) -> None:
         del self.pending[k]
 
+    def cross_moves(self, k: int) -> Tuple[GroupMove, ...]:
+        """Move cut ``k`` is crossed: its moves take effect now."""
+        return self.moves.pop(k)[1]
+
     def to_state(self) -> List:
         return [list(self.latest) if self.latest else None,
-                [[k, n] for k, n in sorted(self.pending.items())]]
+                [[k, n] for k, n in sorted(self.pending.items())],
+                [[k, n, [m.to_wire() for m in moves]] for k, (n, moves) in
+                 sorted(self.moves.items())],
+                [[k, n, [m.to_wire() for m in moves]] for k, n, moves in self.move_cuts]]
 
     def install_state(self, state) -> None:
-        latest, pending = state
+        latest, pending = state[0], state[1]
         self.latest = tuple(latest) if latest else None
         self.pending = {k: n for k, n in pending}
+        self.moves = {k: (n, moves_from_wire(moves)) for k, n, moves in state[2]} \
+            if len(state) > 2 else {}
+        self.move_cuts = tuple((k, n, moves_from_wire(moves)) for k, n, moves in state[3]) \
+            if len(state) > 3 else ()

@@ -48,7 +48,7 @@ class Egress:
         self.delivered = 0
         self.batch_rows = batch_rows
         self.released = 0  # the number of the last item released (its last input)
-        self.cuts = Cuts()  # checkpoints whose cut the output has not passed yet
+        self.cuts = Cuts(moves=False)  # checkpoints whose cut the output has not passed yet
 
     def finished(self, accepted: int) -> bool:
         """Every output of the first ``accepted`` inputs was delivered: every item is

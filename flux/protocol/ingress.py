@@ -25,9 +25,10 @@ DESIGN 12): this class is the one ingress, numbering 1, 2, 3, ...
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Iterable, List, Optional, Set, Tuple
+from typing import Any, Deque, Iterable, List, Optional, Sequence, Set, Tuple
 
-from exchange.routing import RouteRefused, routed
+from exchange.group_map import GroupMove, stage_moves
+from exchange.routing import RouteRefused, moved, routed
 from exchange.rows import NumberedRows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
@@ -147,6 +148,9 @@ class Ingress(Stage1Connections):
         self.index = index
         #: stage 1's key and input form (``exchange.routing``)
         self.router = router
+        #: every checkpoint cut that carried live moves of key groups: stamps carry them
+        #: all (``flux.protocol.cuts``)
+        self.move_cuts: Tuple[tuple, ...] = ()
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         self.out = self._producer(peers, capacity, batch_size, buffer_factory, absent, window,
                                   pause_room)
@@ -303,14 +307,19 @@ class Ingress(Stage1Connections):
             self._put(x, subs)
         self.logged = n
 
-    def choose_cut(self, number: int) -> List:
+    def choose_cut(self, number: int, moves: Sequence[GroupMove] = ()) -> List:
         """Checkpoint ``number`` covers every input accepted so far (DESIGN 10): the cut
-        travels on every batch from here on."""
+        travels on every batch from here on, with the live ``moves`` of key groups that
+        take effect at it (DESIGN 13): the inputs after it go to stage 1 by the map after
+        its moves, and every stage's producers switch as they cross it."""
         if self.out.cut is not None and number <= self.out.cut[0]:
             raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
         if self.pending:  # a cut lies between items: the pending inputs are the last one,
             self.cut_item(force=True)  # with or without room (a buffer holds one item more at most)
-        self.out.cut = (number, self.accepted)
+        if moves:
+            self.move_cuts += ((number, self.accepted, tuple(moves)),)
+        self.out.cut = (number, self.accepted) + ((self.move_cuts,) if self.move_cuts else ())
+        self.router = moved(self.router, stage_moves(moves, 1))
         return [CutChosen(number, self.accepted)]
 
     def items_left(self) -> bool:

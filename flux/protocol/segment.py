@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Set
 
+from exchange.partitioner import KEY_GROUPS
 from flux.addresses import Addr, other
-from flux.control_messages import Avail, SegmentStats
+from flux.control_messages import Avail, InstallRange, SegmentStats
 from flux.protocol.cuts import Cuts
 from flux.digests import OutputDigest
 from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
@@ -36,11 +37,12 @@ from flux.protocol.segment_mode import (  # noqa: F401 (the segment's vocabulary
     Event,
     SegmentMode,
 )
+from flux.protocol.segment_moves import MoveSide
 from flux.protocol.segment_processing import ProcessingSide
 from flux.protocol.segment_snapshots import CheckpointSide
 
 
-class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
+class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
     """The machines and operators of one partition replica of one stage."""
 
     #: keys (with their values) of keyed state per bulk part (phase 1)
@@ -70,8 +72,14 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         mode: SegmentMode = PROCESSING,
         full_every: int = 1,
         digests: bool = True,
+        stage_spec: Any = None,
+        key_groups: Optional[int] = KEY_GROUPS,
     ):
         self.addr = addr
+        #: this stage's ``Stage`` (its key hashes a key to its group) and how many groups
+        #: there are: a live move takes the keys of its groups (DESIGN 13)
+        self.stage_spec, self.key_groups = stage_spec, key_groups
+        self._init_moves()
         self.dual = Addr(addr.stage, addr.partition, other(addr.replica))
         self.fcons = consumer
         self.chain = chain
@@ -143,7 +151,7 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
         if isinstance(msg, Batch):
             effects = self.fcons.on_batch(src, msg)
             self.cuts.learn(msg.cut)
-            self.fprod.out.cut = self.cuts.latest  # downstream learns it with our next batch
+            self.fprod.out.cut = self.cuts.stamp()  # downstream learns it with our next batch
             return effects
         if isinstance(msg, Ack):
             self.fprod.out.on_ack(src, msg)
@@ -159,6 +167,8 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide):
             return self.fprod.out.on_csync(src, msg)
         if isinstance(msg, PSync):
             return self.fcons.on_psync(src, msg)
+        if isinstance(msg, InstallRange):
+            return self.on_install_range(msg)
         raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
 
     def on_pause_ack(self, src: Addr, msg: PauseAck) -> List:

@@ -240,6 +240,7 @@ class CatchUpSide:
             state["cuts"] = self.cuts.to_state()
         if self.outputs is not None:  # the new replica's outputs since the cut begin here
             state["outputs"] = self.outputs.to_state()
+        state["moves"] = self.moves_state()
         return state
 
     def install_state(self, state: dict, skip=()) -> None:
@@ -252,9 +253,11 @@ class CatchUpSide:
         self.fprod.install_state(state["fprod"], reverse=True)
         if "cuts" in state:  # a cut the active has not crossed yet
             self.cuts.install_state(state["cuts"])
-            self.fprod.out.cut = self.cuts.latest
+            self.fprod.out.cut = self.cuts.stamp()
         if self.outputs is not None:
             self.outputs.install_state(state.get("outputs"))
+        if "moves" in state:
+            self.install_moves_state(state["moves"])
 
     def _install_moved(self, state: dict) -> None:
         """Phase 2 at the new replica: the bulk parts are in; apply each keyed store's

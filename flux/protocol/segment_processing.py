@@ -23,9 +23,11 @@ class ProcessingSide:
 
     def can_process(self) -> bool:
         """Figure 3 action 1's guard: running, room in the buffers, an item to release,
-        and no checkpoint cut crossed but not yet snapshotted."""
+        no checkpoint cut crossed but not yet snapshotted, and no key-group range moved
+        here at a crossed cut and not installed yet (DESIGN 13)."""
         return (self.mode in (PROCESSING, STREAMING, DRAINING) and not self.fprod.out.full()
-                and self.fcons.can_release() and not self.snapshot_due())
+                and self.fcons.can_release() and not self.snapshot_due()
+                and not self.awaiting_range())
 
     def process_ready(self, limit: int) -> int:
         """Local work: ``process`` while ``can_process`` holds, at most ``limit`` items;

@@ -28,8 +28,11 @@ class CheckpointSide:
     def snapshot_due(self) -> bool:
         """Has the merge passed a checkpoint's cut (nothing of inputs up to it can be
         released any more) that this replica has not snapshotted?"""
-        return (bool(self.cuts.pending) and self.mode in (PROCESSING, STREAMING, DRAINING)
-                and self.cuts.due(self.fcons.frontier()) is not None)
+        if self.mode not in (PROCESSING, STREAMING, DRAINING) or self.awaiting_range():
+            return False  # (a range due: nothing past its cut, DESIGN 13)
+        frontier = self.fcons.frontier()
+        return (bool(self.cuts.pending) and self.cuts.due(frontier) is not None) or \
+            (bool(self.cuts.moves) and self.cuts.moves_due(frontier) is not None)
 
     def snapshot(self, keep: bool = True) -> List:
         """Local work: the operators' state after every input up to the cut, none beyond.
@@ -38,7 +41,12 @@ class CheckpointSide:
         since this replica's last snapshot (``base``): whole the first time, once in
         ``full_every``, and after a crossing without packing or a lost write."""
         self._next(Event.PROCESS)
-        due = self.cuts.due(self.fcons.frontier())
+        frontier = self.fcons.frontier()
+        due, moved_at = self.cuts.due(frontier), self.cuts.moves_due(frontier)
+        if moved_at is not None and (due is None or moved_at < due[0]):
+            # the moves of a cut this replica snapshotted (the step before), or whose
+            # checkpoint it never learned: a step of their own, after the snapshot
+            return self.cross_moves(moved_at, self.cuts.cross_moves(moved_at))
         if due is None:
             raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
         k, n = due

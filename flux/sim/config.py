@@ -138,6 +138,8 @@ class WorldConfig:
     #: each of the several ingresses a pair of replicas on the nodes, crashing with them
     #: (``flux.protocol.ingress_pair``)
     ingress_pairs: bool = False
+    #: live moves of key-group ranges, each at a checkpoint's cut (``flux.sim.moves``)
+    moves: int = 0
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Deque, Dict, Optional
 from controller.key_groups import sources
 from exchange.partitioner import KEY_GROUPS
 from flux.rescale import rescaled_states
+from flux.sim.moves import restore_split
 from flux.sim.oracle import Violation, settled_oracles
 from flux.snapshot_chain import install, rebuild
 
@@ -199,6 +200,7 @@ class Restarts:
                             f"the inputs after {store.log_from}, the restart reads from "
                             f"input {cut + 1} on")
         w.coordinator.restarted(k)
+        w.moves.restarted(k)  # routing by the map of the restored cut
         outcome.restarts.append(k)
         counts = w.config.rescale_to
         if counts and w.config.ordered_output:  # every restart at the next count
@@ -268,6 +270,10 @@ def restore(world, chains: Dict, addr, segment) -> None:
     old partitions' (``flux.rescale``). A pair of ingresses holds no operator state: it
     follows its split's log past the cut instead (``World.build``)."""
     if addr.stage == 0:
+        return
+    maps = world.moves.split(world.restored, addr.stage)
+    if maps is not None:  # the checkpoint's cut carried live moves of this stage
+        restore_split(world, chains, addr, segment, maps)
         return
     old = 1 + max(p for _, p in chains)
     if old == world.partitions or not world.config.split_rescaled:

@@ -20,6 +20,7 @@ from flux.protocol.host import Host
 from flux.operator import wire_form
 from flux.sim.oracle import PrefixOracle, Violation, final_checks
 from flux.sim.ingresses import SKEWS, EpochPlan
+from flux.sim.moves import expected_state, final_states
 from flux.sim.variants import (DivergenceDraw, HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS,
                                WORLD_VARIANTS)
 from flux.sim.world import CHECKPOINT_STORE, INPUT_LOG, World, WorldConfig
@@ -121,6 +122,9 @@ class SimParams:
     #: rescales asked for while the job runs (``job.rescale``), each at a random step: a
     #: checkpoint cut at once, and the job restarted from it at the next count
     rescale_cuts: int = 0
+    #: live moves of a key-group range from one running partition to another, each
+    #: carried by a checkpoint's cut (DESIGN 13)
+    moves: int = 0
     max_steps: int = 200_000
 
     @property
@@ -169,6 +173,16 @@ class SimParams:
                              "2), under chained or single placement")
         if not 0.0 <= self.lossy_mover < 1.0:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
+        if self.moves < 0:
+            raise ValueError(f"--moves must be >= 0, got {self.moves}")
+        if self.moves and (not self.checkpoints or self.dataflow != "regroup"
+                           or self.ingresses > 1 or self.rescale_to
+                           or self.egress_per_partition):
+            raise ValueError("--moves are carried by checkpoints' cuts (--checkpoints N) "
+                             "with --dataflow regroup (state keyed by its stages' keys), "
+                             "one ingress, one ordered egress and one partition count "
+                             "(moves with several ingresses, a sink per partition or "
+                             "rescales are not modelled yet)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:
@@ -217,6 +231,10 @@ class ScheduleResult:
     #: drained rescales (a sink per partition): (cut, count) each; those given up
     drains: List[Tuple[int, int]] = field(default_factory=list)
     rescales_given_up: int = 0
+    #: live moves of key-group ranges asked, and those whose range both replicas of the
+    #: destination installed
+    moves: int = 0
+    moves_done: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -309,6 +327,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         epochs=plan,
         ingress_pairs=params.ingress_pairs,
         rescale_to=params.rescale_to,
+        moves=params.moves,
         placement_for=partial(PLACEMENTS[params.placement], params.stages),
         log_epochs=bool(params.checkpoints or params.restarts),
         epoch_skew=random.Random(f"skew {seed}").choice(SKEWS),
@@ -323,10 +342,14 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     config.segment_settings.setdefault("digest_hot_skip", whole.randint(0, 3))
     world = World(dataflow, inputs, params.partitions, placement, config, rng,
                   fault_rng=random.Random(f"faults {seed}"),
-                  corrupt_rng=random.Random(f"corrupt {seed}"))
+                  corrupt_rng=random.Random(f"corrupt {seed}"),
+                  moves_rng=random.Random(f"moves {seed}"))
     if params.checkpoints and config.deterministic:
         world.judge_snapshot = partial(judge_snapshot, states_after, world.position,
                                        lambda: world.partitions)
+        if params.moves:  # each partition's groups, as the moves left them at the cut
+            world.judge_snapshot = partial(judge_moved_snapshot, states_after,
+                                           world.moves, world.position)
         world.judge_commit = partial(judge_commit, outputs_upto, world.position)
 
     def reorder(new_inputs, new_numbers=None):
@@ -465,6 +488,16 @@ def judge_snapshot(states_after, position, partitions, snap) -> None:
     if got != want:
         raise Violation(f"checkpoint {snap.number} (cut {snap.cut}): {snap.addr}'s snapshot "
                         f"{got!r} is not the state after input {snap.cut}: {want!r}")
+
+
+def judge_moved_snapshot(states_after, moves, position, snap) -> None:
+    """``judge_snapshot`` where live moves changed which groups a partition holds."""
+    got = wire_form(unpack_state(snap.data)["operators"])
+    want = expected_state(states_after, moves, position, snap)
+    if got != want:
+        raise Violation(f"checkpoint {snap.number} (cut {snap.cut}): {snap.addr}'s snapshot "
+                        f"{got!r} is not the state of its key groups after input "
+                        f"{snap.cut}: {want!r}")
 
 
 def judge_commit(outputs_upto, position, commit, delivered: int) -> None:
@@ -665,8 +698,10 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
                 raise Violation(f"no quiescence after {t} steps (livelock)")
         if result.status == OK:
             result.expected = len(reference)  # a restart may have changed the inputs' order
-            problem = final_checks(world, len(reference), states[world.partitions]) \
-                if judged else None
+            final = states[world.partitions]
+            if params.moves:  # each partition holds the groups the moves left it
+                final = final_states(final, world.moves)
+            problem = final_checks(world, len(reference), final) if judged else None
             if problem:
                 result.status, result.reason = VIOLATION, problem
     except Violation as exc:
@@ -695,6 +730,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.rescales = world.outcome.rescales
     result.drains = list(world.outcome.drains)
     result.rescales_given_up = world.outcome.rescales_given_up
+    result.moves = params.moves - world.moves.left
+    result.moves_done = len(world.moves.done)
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.log_replays = world.outcome.log_replays

@@ -37,7 +37,8 @@ from statemover.messages import LinkLost
 
 #: the process whose speed decides the pace of steps of these kinds
 PROCESS_OF_STEP = {"detect": CONTROLLER, "tick": CONTROLLER, "log": INPUT_LOG,
-                   "corrupt": CHECKPOINT_STORE, "sink-commit": EGRESS_HOST}
+                   "corrupt": CHECKPOINT_STORE, "sink-commit": EGRESS_HOST,
+                   "install-range": CONTROLLER}
 
 
 class Steps:
@@ -68,19 +69,18 @@ class Steps:
         cut = faults.cut
         w.net.deliveries(steps, hosts, cut)
         w.net.view_steps(steps, hosts, cut)
+        w.moves.steps(steps, hosts)  # ranges of live moves sent to their destinations
         for name in detection.crashed_undetected:
             steps.append(("detect", name))
             hosts.append(CONTROLLER)
-        if faults.told:
-            for name in sorted(faults.told):
-                if name not in cut:  # the controller's Stop waits for the link too
-                    steps.append(("told", name))
-                    hosts.append(name)
+        for name in sorted(faults.told):
+            if name not in cut:  # the controller's Stop waits for the link too
+                steps.append(("told", name))
+                hosts.append(name)
         if detection.clock_runs():
             steps.append(("tick",))
             hosts.append(CONTROLLER)
-        if self.dirty:
-            self._refresh()
+        self._refresh()  # the machines a step touched
         steps.extend(chain.from_iterable(self.local.values()))
         hosts.extend(chain.from_iterable(self.local_hosts.values()))
         if w.writers.commits_due():
@@ -180,8 +180,7 @@ class Steps:
         w = self.world
         kind = step[0]
         if kind == "deliver":
-            return w.net.route(w.net.head(step[1])) if w.faults.zombies else \
-                w.host_of[step[1][1]]
+            return w.net.route(w.net.head(step[1])) if w.faults.zombies else w.host_of[step[1][1]]
         if kind in ("view", "told", "zombie"):
             return step[1]
         if kind in PROCESS_OF_STEP:
@@ -262,6 +261,8 @@ class Steps:
             self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind == "corrupt":
             w.faults.damage()
+        elif kind == "install-range":
+            self.dirty.add(w.moves.apply(step))  # a replica of a live move's destination
         else:
             self._apply_local(step, w.hosts[w.host_of[step[1]]])
 
@@ -306,7 +307,8 @@ class Steps:
         else:
             number = w.restarts.take_cut(ingress.accepted)
             self.dirty.add(INGRESS)
-            w.effects(*w.hosts[INGRESS_HOST].run_local(ingress.choose_cut(number)))
+            cut = ingress.choose_cut(number, w.moves.choose(number))  # and its moves
+            w.effects(*w.hosts[INGRESS_HOST].run_local(cut))
 
     def _apply_local(self, step: tuple, host: Host) -> None:
         w = self.world

@@ -353,6 +353,15 @@ WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
                   "eager-writer-acks": {"writer_class": WriterAckingOnReceipt}}
 
 #: name -> (buffer class, segment class)
+class SegmentNotWaitingForRange(Segment):
+    """A live move's destination goes on past the move's cut before it installed the
+    range (the routing switched before the range arrived, DESIGN 13 broken): the
+    range's keys start again from nothing, and their later state is overwritten."""
+
+    def awaiting_range(self) -> bool:
+        return False
+
+
 VARIANTS = {
     "none": (Buffer, Segment),
     "no-dup-filter": (BufferWithoutDuplicateFilter, Segment),
@@ -380,4 +389,5 @@ VARIANTS = {
     "pair-rebuild-past-pending": (Buffer, Segment),
     "pair-cut-unlogged": (Buffer, Segment),
     "pair-ack-unwritten": (Buffer, Segment),
+    "move-before-install": (Buffer, SegmentNotWaitingForRange),
 }

@@ -33,7 +33,13 @@ from controller.placement import Placement
 from controller.recovery import Recovery
 from flux.addresses import P, S, Addr
 from flux.protocol.builder import MachineBuilder
-from flux.control_messages import FoldedIn, TakeoverDone, View
+from flux.control_messages import (
+    FoldedIn,
+    RangeInstalled,
+    RangePacked,
+    TakeoverDone,
+    View,
+)
 from flux.effects import (
     CutChosen,
     CutPassed,
@@ -67,6 +73,7 @@ from flux.sim.detection import Detection
 from flux.sim.divergence import SimDivergence
 from flux.sim.faults import REMOVED_SHARE, Faults
 from flux.sim.ingresses import SimIngresses, ingress_claims
+from flux.sim.moves import SimMoves
 from flux.sim.oracle import settled_oracles
 from flux.sim.restarts import Restarts, restore
 from flux.sim.sink import SimSink
@@ -89,7 +96,8 @@ class World:
 
     def __init__(self, dataflow, inputs: Sequence[Any], partitions: int, placement: Placement,
                  config: WorldConfig, rng, fault_rng: Optional[random.Random] = None,
-                 corrupt_rng: Optional[random.Random] = None):
+                 corrupt_rng: Optional[random.Random] = None,
+                 moves_rng: Optional[random.Random] = None):
         self.rng = rng
         #: draws for timed faults (truncations of a zombie's links, lost mover envelopes):
         #: a stream of its own, so runs without them draw what they always drew
@@ -136,6 +144,7 @@ class World:
         self.judge_drain = lambda cut: None
         #: after it, the outputs' partitions are the new count's past its cut
         self.on_drained_rescale = lambda: None
+        self.moves = SimMoves(self, config.moves, moves_rng or random.Random(0))
         #: the sink: ``outcome.delivered`` is what it holds, per partition what it committed
         self.sink = SimSink(self.outcome.delivered)
         #: the oracles of what each egress claims it delivered (``settled``, ``finished``)
@@ -162,6 +171,7 @@ class World:
                                                      config.writers_on_nodes, pairs,
                                                      1 if pairs else builder.ingresses)
         writers = self.writers.place(topology)
+        self.restored = None  # the checkpoint the segments restore if restored is None else restored[0]
         peer_incs = topology.peer_incs()
         for name in topology.workers:
             machines = {a: builder.ingress(index=a.partition, replica=a.replica,
@@ -303,6 +313,8 @@ class World:
                     last = self.sink.last_committed(e.partition)
                     self.store.report(self.coordinator.sink_committed(e.number, last,
                                                                       e.partition))
+            elif isinstance(e, (RangePacked, RangeInstalled)):  # a live move's range
+                self.moves.report(e, host.name)
             elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed)):
                 pass  # for the runtime's metrics
             else:
@@ -322,11 +334,6 @@ class World:
     def position(self, sn: int) -> int:
         """How many inputs have an SN up to ``sn`` (with one ingress: ``sn``)."""
         return sn if self.epochs is None else self.epochs.plan.position(sn)
-
-    @property
-    def sink_committed(self) -> int:
-        """How many outputs the sink committed (all partitions)."""
-        return self.sink.total_committed
 
     def broadcast(self, views: List[View]) -> None:
         """The controller's views, to every live process not declared dead."""

@@ -1,0 +1,212 @@
+"""Live moves of key-group ranges between running partitions, in the simulator (DESIGN 13).
+
+The controller's side of ``flux.protocol.segment_moves``: at a checkpoint the ingress
+cuts, it may attach a move of a range of groups of one stage from the partition that
+owns them to another (``choose``); it keeps the range the source's replicas pack as
+they cross the cut (``packed``) and sends it to each replica of the destination until
+that replica, in its current process, says it holds it (an ``install-range`` step per
+replica and process, early or late: a replica that has not crossed the cut keeps it). The map
+after each checkpoint's moves is its manifest's: a restart from it routes by it, and
+each partition restores the groups it owns in it from the snapshots, which hold the
+groups of the map before (``restore_split``).
+
+The oracle is unchanged: the output equals the failure-free run's (the regrouping
+dataflow's output does not depend on which partition holds a key), and every snapshot
+equals the failure-free state of exactly the groups its partition owned at its cut
+(``expected_state``).
+"""
+from __future__ import annotations
+
+import random
+from typing import Dict, List, Optional, Set, Tuple
+
+from exchange.group_map import GroupMap, GroupMove
+from exchange.partitioner import KEY_GROUPS
+from flux.addresses import P, S, Addr
+from flux.control_messages import InstallRange, RangeInstalled, RangePacked
+from flux.operator import wire_form
+from flux.rescale import regrouped_states
+from flux.sim.config import CONTROLLER
+from flux.sim.violation import Violation
+from flux.snapshot_chain import rebuild
+
+MoveKey = Tuple[int, GroupMove]
+#: a checkpoint's cut carries a move with this chance, while moves are left
+MOVE_CHANCE = 0.5
+
+
+class SimMoves:
+    """The moves asked, the maps they make, the ranges held for the destinations."""
+
+    def __init__(self, world, count: int, rng: random.Random):
+        self.world = world
+        self.left = count
+        self.rng = rng
+        #: stage -> the map of the inputs accepted from now (absent: contiguous ranges)
+        self.current: Dict[int, GroupMap] = {}
+        #: checkpoint -> the maps before and after the moves its cut carries
+        self.before: Dict[int, Dict[int, GroupMap]] = {}
+        self.after: Dict[int, Dict[int, GroupMap]] = {}
+        #: ranges packed and not yet held by both replicas of their destination
+        self.packs: Dict[MoveKey, bytes] = {}
+        #: per move: (replica, process) it was sent to, and those that said they hold it
+        self.sent: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
+        self.confirmed: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
+        #: moves whose range both replicas of the destination hold
+        self.done: Set[MoveKey] = set()
+
+    def map_of(self, stage: int) -> GroupMap:
+        return self.current.get(stage) or GroupMap.even(self.world.partitions, KEY_GROUPS)
+
+    # -- the ingress cuts a checkpoint --------------------------------------------------
+    def choose(self, number: int) -> Tuple[GroupMove, ...]:
+        """The moves checkpoint ``number``'s cut carries (maybe none)."""
+        self.before[number] = dict(self.current)
+        moves: Tuple[GroupMove, ...] = ()
+        if self.left and self.rng.random() < MOVE_CHANCE:
+            move = self._draw()
+            self.current[move.stage] = self.map_of(move.stage).moved([move])
+            self.left -= 1
+            moves = (move,)
+        self.after[number] = dict(self.current)
+        return moves
+
+    def _draw(self) -> GroupMove:
+        """A range inside one run of groups of one owner (half the time all of it: a
+        schedule's few keys fall in few groups), to another partition."""
+        rng = self.rng
+        stage = rng.randint(1, self.world.stages)
+        first, last, source = rng.choice(self.map_of(stage).ranges())
+        lo, hi = first, last
+        if rng.random() < 0.5:
+            lo = rng.randint(first, last)
+            hi = rng.randint(lo, min(last, lo + rng.choice((0, 3, 40, 255))))
+        dest = rng.choice([p for p in range(self.world.partitions) if p != source])
+        return GroupMove(stage, lo, hi, source, dest)
+
+    # -- what the replicas report ---------------------------------------------------------
+    def report(self, e, host_name: str) -> None:
+        self.packed(e) if isinstance(e, RangePacked) else self.installed(e, host_name)
+
+    def packed(self, e: RangePacked) -> None:
+        key = (e.number, e.move)
+        if key in self.done:
+            return
+        known = self.packs.get(key)
+        if known is None:
+            self.packs[key] = e.data
+            self.sent[key], self.confirmed[key] = set(), set()
+        elif known != e.data:
+            raise Violation(f"the replicas of partition {e.move.source} of stage "
+                            f"{e.move.stage} packed different states of {e.move} at "
+                            f"checkpoint {e.number}")
+
+    def installed(self, e: RangeInstalled, host_name: str) -> None:
+        key = (e.number, e.move)
+        if key not in self.packs:
+            return
+        confirmed = self.confirmed[key]
+        confirmed.add((e.addr, host_name))
+        host_of = self.world.host_of
+        dest = [Addr(e.move.stage, e.move.dest, r) for r in (P, S)]
+        if all((a, host_of.get(a)) in confirmed for a in dest):
+            del self.packs[key], self.confirmed[key], self.sent[key]
+            self.done.add(key)
+
+    # -- the controller sends a range ------------------------------------------------------
+    def steps(self, steps: List[tuple], hosts: List[str]) -> None:
+        """An ``install-range`` step per replica of a destination that may take it."""
+        w = self.world
+        for i, key in enumerate(self.packs):
+            number, move = key
+            for r in (P, S):
+                addr = Addr(move.stage, move.dest, r)
+                name = w.host_of.get(addr)
+                if name is None or not w.alive.get(name) or name in w.faults.zombies \
+                        or (addr, name) in self.sent[key]:
+                    continue
+                seg = w.hosts[name].machines.get(addr)
+                if seg is None or not seg.ready_for(None, InstallRange(number, move, b"")):
+                    continue
+                steps.append(("install-range", i, r))
+                hosts.append(CONTROLLER)
+
+    def apply(self, step: tuple) -> Addr:
+        """Send a range to one replica of its destination; returns that replica."""
+        w = self.world
+        key = list(self.packs)[step[1]]
+        number, move = key
+        addr = Addr(move.stage, move.dest, step[2])
+        host = w.hosts[w.host_of[addr]]
+        self.sent[key].add((addr, host.name))
+        w.net.touched(host.name, addr)
+        effects = host.machines[addr].on_message(None, InstallRange(number, move,
+                                                                    self.packs[key]))
+        w.effects(*host.run_local(effects), host=host)
+        return addr
+
+    # -- a restart --------------------------------------------------------------------
+    def restarted(self, k: Optional[int]) -> None:
+        """The job starts again from checkpoint ``k`` (None: the beginning): its map is the
+        manifest's; ranges in flight are of cuts the restart forgets, or in its state."""
+        self.current = dict(self.after.get(k, {})) if k is not None else {}
+        self.world.builder.groups = dict(self.current)
+        self.packs.clear()
+        self.sent.clear()
+        self.confirmed.clear()
+
+    def split(self, k: int, stage: int) -> Optional[Tuple[GroupMap, GroupMap]]:
+        """The maps before and after checkpoint ``k``'s moves of ``stage``, where it
+        carried some (its snapshots then hold the groups of the map before)."""
+        before = self.before.get(k, {}).get(stage)
+        after = self.after.get(k, {}).get(stage)
+        if before == after:
+            return None
+        even = GroupMap.even(self.world.partitions, KEY_GROUPS)
+        return before or even, after or even
+
+
+def restore_split(world, chains, addr, segment, maps: Tuple[GroupMap, GroupMap]) -> None:
+    """``segment`` restores the groups it owns after a checkpoint's moves from the
+    snapshots of its stage's partitions, which hold the groups of the map before."""
+    before, after = maps
+    stage = world.dataflow.stages[addr.stage - 1]
+    keyed = [store is not None for store in segment.chain.keyed_stores()]
+    sources = sorted({int(before.owner(g)) for g in after.groups_of(addr.partition)}
+                     | {addr.partition})
+    states = {q: rebuild(world.store.read(chains[addr.stage, q])) for q in sources}
+    segment.chain.install_state(regrouped_states(stage, keyed, states, addr.partition,
+                                                 before, after))
+
+
+def expected_state(states_after, moves: SimMoves, position, snap) -> list:
+    """The failure-free state of ``snap``'s partition after the inputs up to its cut, of
+    the groups it owned there (the map before the cut's own moves)."""
+    count = moves.world.partitions
+    parts = states_after[count][position(snap.cut)][snap.addr.stage - 1]
+    groups = moves.before.get(snap.number, {}).get(snap.addr.stage)
+    if groups is None:
+        return parts[snap.addr.partition]
+    stage = moves.world.dataflow.stages[snap.addr.stage - 1]
+    keyed = [True] * len(stage.operators)
+    even = GroupMap.even(count, KEY_GROUPS)
+    return wire_form(regrouped_states(stage, keyed, dict(enumerate(parts)),
+                                      snap.addr.partition, even, groups))
+
+
+def final_states(states: list, moves: SimMoves) -> list:
+    """The failure-free run's states per stage and partition (at contiguous ranges), each
+    partition's being those of the groups the moves left it."""
+    count = moves.world.partitions
+    even = GroupMap.even(count, KEY_GROUPS)
+    out = []
+    for s, parts in enumerate(states, 1):
+        groups = moves.current.get(s)
+        if groups is None:
+            out.append(parts)
+            continue
+        stage = moves.world.dataflow.stages[s - 1]
+        keyed = [True] * len(stage.operators)
+        out.append([regrouped_states(stage, keyed, dict(enumerate(parts)), p, even, groups)
+                    for p in range(count)])
+    return out

@@ -1,0 +1,67 @@
+"""Live moves of key groups (DESIGN 13): the group map, routing by it, and moves carried
+in band with the checkpoint cuts, so a consumer that never saw a move's own cut still
+crosses its moves there."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exchange.group_map import GroupMap, GroupMove
+from exchange.partitioner import HashPartitioner, group_owner
+from exchange.routing import moved, router_for
+from flux.protocol.cuts import Cuts
+from flux.testing.counter import first_field
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_the_even_map_is_the_contiguous_ranges():
+    groups = GroupMap.even(6, 256)
+    assert groups.owner(np.arange(256)).tolist() == \
+        group_owner(np.arange(256), 256, 6).tolist()
+    assert groups.ranges()[0] == (0, 42, 0) and groups.ranges()[-1] == (214, 255, 5)
+
+
+def test_a_move_gives_its_groups_to_the_destination_only():
+    groups = GroupMap.even(4, 256).moved([GroupMove(1, 10, 20, 0, 3)])
+    assert set(groups.owner(np.arange(10, 21)).tolist()) == {3}
+    assert groups.owner(9) == 0 and groups.owner(21) == 0
+    assert groups.ranges()[:3] == [(0, 9, 0), (10, 20, 3), (21, 63, 0)]
+
+
+def test_a_move_of_groups_its_source_does_not_own_is_refused():
+    with pytest.raises(ValueError, match="does not own"):
+        GroupMap.even(4, 256).moved([GroupMove(1, 60, 70, 0, 2)])
+
+
+def test_a_router_after_a_move_sends_the_moved_keys_to_the_destination():
+    router = router_for(first_field, 4)
+    group = HashPartitioner(4).group
+    keys = [f"k{i}" for i in range(200)]
+    source = int(router.route((keys[0], 1)))
+    g = group(keys[0])
+    after = moved(router, [GroupMove(1, g, g, source, (source + 1) % 4)])
+    for key in keys:
+        want = (source + 1) % 4 if group(key) == g else router.route((key, 1))
+        assert after.route((key, 1)) == want
+
+
+def test_a_consumer_that_learns_a_later_cut_first_still_crosses_the_moves_before_it():
+    move = GroupMove(1, 0, 5, 0, 1)
+    cuts = Cuts()
+    cuts.learn((2, 9, ((1, 4, (move,)),)))  # cut 1 (at input 4) never came alone
+    assert cuts.pending == {2: 9}  # checkpoint 1 is skipped, as before
+    assert cuts.moves_due((3,)) is None and cuts.moves_due((4,)) == 1
+    assert cuts.cross_moves(1) == (move,)
+    cuts.learn((3, 12, ((1, 4, (move,)),)))  # known already: not again
+    assert not cuts.moves
+    assert cuts.stamp() == (3, 12, ((1, 4, (move,)),))
+
+
+def test_cuts_with_moves_survive_a_catch_up():
+    cuts = Cuts()
+    cuts.learn((1, 4, ((1, 4, (GroupMove(2, 0, 5, 0, 1),)),)))
+    copy = Cuts()
+    copy.install_state(cuts.to_state())
+    assert copy.moves == cuts.moves and copy.move_cuts == cuts.move_cuts
+    assert copy.stamp() == cuts.stamp()

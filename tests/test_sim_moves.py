@@ -1,0 +1,41 @@
+"""Live moves of key-group ranges between running partitions, in the simulator (DESIGN
+13, docs/design/rescaling.md): a move rides a checkpoint's cut, the source packs the
+range there, the destination holds everything past the cut until it installed it. The
+oracle is unchanged: the output equals the failure-free run's, every snapshot the
+failure-free state of the groups its partition owned at its cut."""
+from __future__ import annotations
+
+import pytest
+
+from flux.sim.__main__ import schedules
+from flux.sim.schedule import VIOLATION, SimParams
+
+pytestmark = [pytest.mark.sim, pytest.mark.timeout(900)]
+
+MOVES = dict(dataflow="regroup", checkpoints=5, inputs=40, moves=3)
+
+
+def failures(results):
+    return "\n".join(f"seed {r.seed}: {r.reason}" for r in results if r.status == VIOLATION)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(standbys=2, crashes=3),
+    dict(stages=3, standbys=1, crashes=2, restarts=1),
+    dict(placement="single", standbys=2, crashes=2),
+], ids=["standbys", "3-stages-restart", "single"])
+def test_live_moves_keep_the_failure_free_output_and_states(shape):
+    results = schedules(SimParams(**{**MOVES, **shape}), range(1, 81))
+    assert not failures(results), failures(results)
+    assert sum(r.moves_done for r in results) >= 60  # both replicas installed the range
+
+
+def test_a_destination_going_on_before_it_installed_the_range_is_caught():
+    results = schedules(SimParams(**MOVES, crashes=0, variant="move-before-install"),
+                        range(1, 61))
+    assert failures(results)
+
+
+def test_moves_with_a_sink_per_partition_are_refused_until_modelled():
+    with pytest.raises(ValueError, match="not modelled yet"):
+        SimParams(**MOVES, partitioned_egress=True).validate()
