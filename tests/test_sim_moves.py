@@ -30,6 +30,12 @@ def test_live_moves_keep_the_failure_free_output_and_states(shape):
     assert sum(r.moves_done for r in results) >= 60  # both replicas installed the range
 
 
+def test_restarts_from_a_cut_that_carried_moves_restore_each_partition_its_groups():
+    results = schedules(SimParams(**MOVES, restarts=2, standbys=1), range(1, 81))
+    assert not failures(results), failures(results)
+    assert sum(r.moves_restored for r in results) >= 20  # restored split by a cut's moves
+
+
 def test_a_destination_going_on_before_it_installed_the_range_is_caught():
     results = schedules(SimParams(**MOVES, crashes=0, variant="move-before-install"),
                         range(1, 61))

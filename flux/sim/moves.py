@@ -54,6 +54,8 @@ class SimMoves:
         self.confirmed: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
         #: moves whose range both replicas of the destination hold
         self.done: Set[MoveKey] = set()
+        #: segments that restored the groups of a checkpoint's map after its cut's moves
+        self.restores_split = 0
 
     def map_of(self, stage: int) -> GroupMap:
         return self.current.get(stage) or GroupMap.even(self.world.partitions, KEY_GROUPS)

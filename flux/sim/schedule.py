@@ -235,6 +235,7 @@ class ScheduleResult:
     #: destination installed
     moves: int = 0
     moves_done: int = 0
+    moves_restored: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -732,6 +733,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.rescales_given_up = world.outcome.rescales_given_up
     result.moves = params.moves - world.moves.left
     result.moves_done = len(world.moves.done)
+    result.moves_restored = world.moves.restores_split
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.log_replays = world.outcome.log_replays
