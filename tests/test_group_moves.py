@@ -65,3 +65,12 @@ def test_cuts_with_moves_survive_a_catch_up():
     copy.install_state(cuts.to_state())
     assert copy.moves == cuts.moves and copy.move_cuts == cuts.move_cuts
     assert copy.stamp() == cuts.stamp()
+
+
+def test_the_moves_of_a_rescale_make_the_new_ranges():
+    grown = GroupMap.even(4, 256, pairs=6)  # pairs 4 and 5 own nothing yet
+    moves = grown.moves_to(GroupMap.even(6, 256), stage=1)
+    assert moves[:2] == [GroupMove(1, 43, 63, 0, 1), GroupMove(1, 86, 127, 1, 2)]
+    assert grown.moved(moves) == GroupMap.even(6, 256)
+    shrunk = GroupMap.even(3, 256, pairs=6)
+    assert GroupMap.even(6, 256).moved(GroupMap.even(6, 256).moves_to(shrunk, 1)) == shrunk
