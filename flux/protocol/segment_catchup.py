@@ -253,7 +253,8 @@ class CatchUpSide:
         self.fprod.install_state(state["fprod"], reverse=True)
         if "cuts" in state:  # a cut the active has not crossed yet
             self.cuts.install_state(state["cuts"])
-            self.fprod.out.cut = self.cuts.stamp()
+            self.fprod.out.cut = self.cuts.latest
+            self.fprod.out.move_cuts = self.cuts.move_cuts
         if self.outputs is not None:
             self.outputs.install_state(state.get("outputs"))
         if "moves" in state:
