@@ -240,7 +240,9 @@ class CatchUpSide:
             state["cuts"] = self.cuts.to_state()
         if self.outputs is not None:  # the new replica's outputs since the cut begin here
             state["outputs"] = self.outputs.to_state()
-        state["moves"] = self.moves_state()
+        moves = self.moves_state()
+        if moves is not None:  # a live move was seen here (DESIGN 13)
+            state["moves"] = moves
         return state
 
     def install_state(self, state: dict, skip=()) -> None:

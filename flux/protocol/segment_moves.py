@@ -20,7 +20,7 @@ A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -119,8 +119,12 @@ class MoveSide:
         return out
 
     # -- the record a new replica takes over (catch-up) ---------------------------
-    def moves_state(self) -> dict:
+    def moves_state(self) -> Optional[dict]:
+        """What a new replica takes over of the moves; None: nothing moved here."""
         groups = self.router.groups
+        if not (self.moves_due or self.ranges_arrived or self.moves_installed) and \
+                groups is None:
+            return None
         return {"due": [[k, m.to_wire()] for k, m in self.moves_due],
                 "arrived": [[k, m.to_wire(), d] for (k, m), d in self.ranges_arrived.items()],
                 "installed": [[k, m.to_wire()] for k, m in self.moves_installed],
