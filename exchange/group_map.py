@@ -12,7 +12,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,9 +66,13 @@ class GroupMap:
             raise ValueError(f"a group's owner must be one of {partitions} partitions")
 
     @classmethod
-    def even(cls, partitions: int, key_groups: int) -> "GroupMap":
-        """Contiguous ranges, Flink's assignment: the map before any move."""
-        return cls(group_owner(np.arange(key_groups), key_groups, partitions), partitions)
+    def even(cls, partitions: int, key_groups: int,
+             pairs: Optional[int] = None) -> "GroupMap":
+        """Contiguous ranges, Flink's assignment: the map before any move; over the first
+        ``partitions`` of ``pairs`` (more: pairs that own no group yet, for a live
+        rescale to come)."""
+        return cls(group_owner(np.arange(key_groups), key_groups, partitions),
+                   pairs or partitions)
 
     @property
     def key_groups(self) -> int:
@@ -92,6 +96,21 @@ class GroupMap:
                                  f"groups {move.first}..{move.last}")
             owners[move.first:move.last + 1] = move.dest
         return GroupMap(owners, self.partitions)
+
+    def moves_to(self, other: "GroupMap", stage: int) -> List[GroupMove]:
+        """The moves that make this map ``other``: one per run of groups whose owner
+        changes from one partition to one other (a live rescale, DESIGN 13)."""
+        moves, start = [], None
+        old, new = self.owners, other.owners
+        for g in range(len(old) + 1):
+            same_run = start is not None and g < len(old) and \
+                (old[g], new[g]) == (old[start], new[start])
+            if same_run:
+                continue
+            if start is not None and old[start] != new[start]:
+                moves.append(GroupMove(stage, start, g - 1, int(old[start]), int(new[start])))
+            start = g if g < len(old) else None
+        return moves
 
     def groups_of(self, partition: int) -> List[int]:
         return np.flatnonzero(self.owners == partition).tolist()

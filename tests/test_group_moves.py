@@ -55,7 +55,7 @@ def test_a_consumer_that_learns_a_later_cut_first_still_crosses_the_moves_before
     assert cuts.cross_moves(1) == (move,)
     cuts.learn((3, 12, ((1, 4, (move,)),)))  # known already: not again
     assert not cuts.moves
-    assert cuts.stamp() == (3, 12, ((1, 4, (move,)),))
+    assert cuts.latest == (3, 12) and cuts.move_cuts == ((1, 4, (move,)),)
 
 
 def test_cuts_with_moves_survive_a_catch_up():
@@ -64,4 +64,37 @@ def test_cuts_with_moves_survive_a_catch_up():
     copy = Cuts()
     copy.install_state(cuts.to_state())
     assert copy.moves == cuts.moves and copy.move_cuts == cuts.move_cuts
-    assert copy.stamp() == cuts.stamp()
+    assert copy.latest == cuts.latest
+
+
+def test_the_moves_of_a_rescale_make_the_new_ranges():
+    grown = GroupMap.even(4, 256, pairs=6)  # pairs 4 and 5 own nothing yet
+    moves = grown.moves_to(GroupMap.even(6, 256), stage=1)
+    assert moves[:2] == [GroupMove(1, 43, 63, 0, 1), GroupMove(1, 86, 127, 1, 2)]
+    assert grown.moved(moves) == GroupMap.even(6, 256)
+    shrunk = GroupMap.even(3, 256, pairs=6)
+    assert GroupMap.even(6, 256).moved(GroupMap.even(6, 256).moves_to(shrunk, 1)) == shrunk
+
+
+def _producer():
+    from flux.addresses import P, S, Addr
+    from flux.protocol.producer import SEND, Producer
+
+    consumer = (Addr(1, 0, P), Addr(1, 0, S))
+    return Producer(Addr(0, 0, P), [consumer], 8, 4, normal_modes=(SEND, SEND)), consumer
+
+
+def test_a_connection_is_told_each_move_cut_once_and_a_new_replica_all_of_them():
+    producer, consumer = _producer()
+    first, second = GroupMove(1, 0, 5, 0, 1), GroupMove(1, 6, 9, 0, 1)
+    producer.cut, producer.move_cuts = (1, 4), ((1, 4, (first,)),)
+    producer.put(0, (3, 0), "a")
+    assert producer.flush(0, 0, (4,)).msg.cut == (1, 4, ((1, 4, (first,)),))
+    producer.put(0, (5, 0), "b")
+    assert producer.flush(0, 0, (6,)).msg.cut == (1, 4)  # told already
+    producer.cut = (2, 8)
+    producer.move_cuts += ((2, 8, (second,)),)
+    assert producer.flush(0, 0, (9,)).msg.cut == (2, 8, ((2, 8, (second,)),))
+    producer.fail_addresses({consumer[0]})
+    producer.on_avail(consumer[0], 1)  # a new replica there knows nothing we told
+    assert producer.links[0][0].told_cut is None

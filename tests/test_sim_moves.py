@@ -30,6 +30,29 @@ def test_live_moves_keep_the_failure_free_output_and_states(shape):
     assert sum(r.moves_done for r in results) >= 60  # both replicas installed the range
 
 
+def test_restarts_from_a_cut_that_carried_moves_restore_each_partition_its_groups():
+    results = schedules(SimParams(**MOVES, restarts=2, standbys=1), range(1, 81))
+    assert not failures(results), failures(results)
+    assert sum(r.moves_restored for r in results) >= 20  # restored split by a cut's moves
+
+
+def test_live_rescales_grow_and_shrink_over_pairs_that_own_no_group_yet():
+    """4 -> 6 -> 3 partitions live: the keys start on 4 of 6 pairs, each rescale is the
+    moves of one cut, with crashes of any replica and standbys."""
+    results = schedules(SimParams(**{**MOVES, "moves": 0}, partitions=6,
+                                  live_rescales=(4, 6, 3), standbys=2, crashes=3),
+                        range(1, 81))
+    assert not failures(results), failures(results)
+    assert sum(r.live_rescales for r in results) >= 100
+
+
+def test_a_live_rescale_whose_destinations_go_on_before_the_ranges_came_is_caught():
+    results = schedules(SimParams(**{**MOVES, "moves": 0}, partitions=6,
+                                  live_rescales=(4, 6), crashes=0,
+                                  variant="move-before-install"), range(1, 21))
+    assert failures(results)
+
+
 def test_a_destination_going_on_before_it_installed_the_range_is_caught():
     results = schedules(SimParams(**MOVES, crashes=0, variant="move-before-install"),
                         range(1, 61))

@@ -9,11 +9,12 @@ cut when its merge can release nothing derived from inputs up to ``n`` any
 more: then a segment snapshots its operators, the egress has the sink commit.
 
 A stamp may carry live moves of key groups ``(k, n, move_cuts)`` (DESIGN 13,
-``exchange.group_map``), ``move_cuts`` being every ``(k_i, n_i, moves_i)`` its producer
-learned: the moves take effect at their own cut ``n_i``. A consumer may learn cut ``k``
+``exchange.group_map``), ``move_cuts`` being the ``(k_i, n_i, moves_i)`` its producer
+learned after the cut it told that connection last (all of them on a connection never
+told): the moves take effect at their own cut ``n_i``. A consumer may learn cut ``k``
 without ever seeing an older cut (its producer sent it nothing in between): that skips
-a checkpoint, never a move, since every stamp carries them all
-(docs/design/rescaling.md).
+a checkpoint, never a move, since whoever knows cut ``k`` knows every move cut up to it
+and tells each connection all it was not told (docs/design/rescaling.md).
 """
 from __future__ import annotations
 
@@ -51,13 +52,6 @@ class Cuts:
                 if k_i > seen:
                     self.moves[k_i] = (n_i, moves_from_wire(moves))
                     self.move_cuts += ((k_i, n_i, tuple(moves_from_wire(moves))),)
-
-    def stamp(self) -> Optional[tuple]:
-        """What this consumer's own batches say downstream: the newest cut, and every
-        move cut it learned."""
-        if self.latest is None or not self.move_cuts:
-            return self.latest
-        return self.latest + (self.move_cuts,)
 
     def due(self, frontier: SN) -> Optional[Cut]:
         """The oldest pending cut the merge's ``frontier`` has passed, or None."""

@@ -148,9 +148,6 @@ class Ingress(Stage1Connections):
         self.index = index
         #: stage 1's key and input form (``exchange.routing``)
         self.router = router
-        #: every checkpoint cut that carried live moves of key groups: stamps carry them
-        #: all (``flux.protocol.cuts``)
-        self.move_cuts: Tuple[tuple, ...] = ()
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         self.out = self._producer(peers, capacity, batch_size, buffer_factory, absent, window,
                                   pause_room)
@@ -317,8 +314,8 @@ class Ingress(Stage1Connections):
         if self.pending:  # a cut lies between items: the pending inputs are the last one,
             self.cut_item(force=True)  # with or without room (a buffer holds one item more at most)
         if moves:
-            self.move_cuts += ((number, self.accepted, tuple(moves)),)
-        self.out.cut = (number, self.accepted) + ((self.move_cuts,) if self.move_cuts else ())
+            self.out.move_cuts += ((number, self.accepted, tuple(moves)),)
+        self.out.cut = (number, self.accepted)
         self.router = moved(self.router, stage_moves(moves, 1))
         return [CutChosen(number, self.accepted)]
 

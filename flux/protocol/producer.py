@@ -87,8 +87,11 @@ class Producer(ConnectionRoles):
             raise ValueError(f"window must be >= 1 tuple, got {window}")
         self.addr = addr
         self.batch_size = batch_size
-        #: the newest checkpoint cut this producer's side knows, stamped on every batch
+        #: the newest checkpoint cut this producer's side knows, stamped on every batch, and
+        #: every cut that carried live moves of key groups: a batch carries those newer
+        #: than the cut its connection was told last (``flux.protocol.cuts``)
         self.cut = None
+        self.move_cuts: Tuple[tuple, ...] = ()
         self.window = window
         self.capacity = capacity
         self.buffer_factory = buffer_factory
@@ -215,8 +218,14 @@ class Producer(ConnectionRoles):
             link.sent_bound = bound
         else:
             bound = link.sent_bound
+        cut = self.cut
+        if self.move_cuts and cut is not None:
+            told = link.told_cut
+            news = tuple(m for m in self.move_cuts if told is None or m[0] > told[0])
+            if news:
+                cut = cut + (news,)
         link.told_cut = self.cut
-        return Send(self.addr, link.peer, Batch(tuple(items), bound, self.cut))
+        return Send(self.addr, link.peer, Batch(tuple(items), bound, cut))
 
     def on_ack(self, src: Addr, msg: Ack) -> None:
         """Action 3: a cumulative ack from an ACTIVE destination with ACK."""

@@ -104,6 +104,7 @@ class ConnectionRoles:
             if link.status is not DEAD:
                 raise RemoteProtocolError(f"{self.addr}: avail for {addr}, which is {link.status.name}")
             link.status, link.expected = STDBY, version
+            link.told_cut = None  # the new replica knows none of what the old one was told
             self._links_changed()
 
     def on_pause(self, src: Addr, msg: Pause) -> List[Send]:

@@ -151,7 +151,8 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         if isinstance(msg, Batch):
             effects = self.fcons.on_batch(src, msg)
             self.cuts.learn(msg.cut)
-            self.fprod.out.cut = self.cuts.stamp()  # downstream learns it with our next batch
+            out = self.fprod.out  # downstream learns them with our next batch
+            out.cut, out.move_cuts = self.cuts.latest, self.cuts.move_cuts
             return effects
         if isinstance(msg, Ack):
             self.fprod.out.on_ack(src, msg)

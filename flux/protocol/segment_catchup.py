@@ -240,7 +240,9 @@ class CatchUpSide:
             state["cuts"] = self.cuts.to_state()
         if self.outputs is not None:  # the new replica's outputs since the cut begin here
             state["outputs"] = self.outputs.to_state()
-        state["moves"] = self.moves_state()
+        moves = self.moves_state()
+        if moves is not None:  # a live move was seen here (DESIGN 13)
+            state["moves"] = moves
         return state
 
     def install_state(self, state: dict, skip=()) -> None:
@@ -253,7 +255,8 @@ class CatchUpSide:
         self.fprod.install_state(state["fprod"], reverse=True)
         if "cuts" in state:  # a cut the active has not crossed yet
             self.cuts.install_state(state["cuts"])
-            self.fprod.out.cut = self.cuts.stamp()
+            self.fprod.out.cut = self.cuts.latest
+            self.fprod.out.move_cuts = self.cuts.move_cuts
         if self.outputs is not None:
             self.outputs.install_state(state.get("outputs"))
         if "moves" in state:

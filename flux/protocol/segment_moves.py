@@ -20,7 +20,7 @@ A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,12 +57,14 @@ class MoveSide:
         """Checkpoint ``number``'s cut is crossed, and it carries ``moves``."""
         stage, me = self.addr.stage, self.addr.partition
         self.router = moved(self.router, stage_moves(moves, stage + 1))
-        effects: List[Any] = []
-        for move in stage_moves(moves, stage):
-            if move.source == me:
-                effects.append(RangePacked(number, move, self.addr,
-                                           self._take_range(number, move)))
-            elif move.dest == me:
+        mine = stage_moves(moves, stage)
+        # every range taken out before any comes in: a pack is the state at the cut,
+        # the same bytes at both replicas whenever each got what it gains
+        effects: List[Any] = [RangePacked(number, move, self.addr,
+                                          self._take_range(number, move))
+                              for move in mine if move.source == me]
+        for move in mine:
+            if move.dest == me:
                 self.moves_due[number, move] = True
                 data = self.ranges_arrived.pop((number, move), None)
                 if data is not None:
@@ -87,9 +89,8 @@ class MoveSide:
         taken = []
         for i, store in self._range_stores(move):
             keys = store.keys()
-            if not keys:
-                continue
-            groups = key_groups_of(self.stage_spec, keys, self.key_groups)
+            groups = key_groups_of(self.stage_spec, keys, self.key_groups) if keys else \
+                np.zeros(0, dtype=np.int64)
             mine = np.flatnonzero(move.covers(groups)).tolist()
             taken.append([i, [[keys[j], store.pop(keys[j])] for j in mine]])
         return self._packed(lambda: taken, f"the move of {move} at checkpoint {number}",
@@ -118,8 +119,12 @@ class MoveSide:
         return out
 
     # -- the record a new replica takes over (catch-up) ---------------------------
-    def moves_state(self) -> dict:
+    def moves_state(self) -> Optional[dict]:
+        """What a new replica takes over of the moves; None: nothing moved here."""
         groups = self.router.groups
+        if not (self.moves_due or self.ranges_arrived or self.moves_installed) and \
+                groups is None:
+            return None
         return {"due": [[k, m.to_wire()] for k, m in self.moves_due],
                 "arrived": [[k, m.to_wire(), d] for (k, m), d in self.ranges_arrived.items()],
                 "installed": [[k, m.to_wire()] for k, m in self.moves_installed],

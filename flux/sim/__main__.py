@@ -200,6 +200,10 @@ def main(argv=None) -> int:
                     help="K live moves of a key-group range from one running partition to "
                          "another, each carried by a checkpoint's cut (DESIGN 13; with "
                          "--checkpoints and --dataflow regroup)")
+    ap.add_argument("--live-rescales", default="", metavar="N,M[,M2...]",
+                    help="the keys start spread over N of the --partitions pairs (the others "
+                         "own no group yet); each next count is reached live, by the moves "
+                         "of one checkpoint's cut (DESIGN 13)")
     ap.add_argument("--rescale-cuts", type=int, default=0, metavar="K",
                     help="K rescales asked for while the job runs (job.rescale), each at a "
                          "random step: a checkpoint cut at once, and the job restarted from "
@@ -234,7 +238,8 @@ def main(argv=None) -> int:
                        writers_on_nodes=args.writers_on_nodes,
                        ingresses=args.ingresses, ingress_pairs=args.ingress_pairs,
                        rescale_to=tuple(int(n) for n in args.rescale_to.split(",") if n),
-                       rescale_cuts=args.rescale_cuts, moves=args.moves)
+                       rescale_cuts=args.rescale_cuts, moves=args.moves,
+                       live_rescales=tuple(int(n) for n in args.live_rescales.split(",") if n))
     try:
         params.validate()
     except ValueError as exc:
@@ -244,7 +249,7 @@ def main(argv=None) -> int:
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
     compared = diverged = undefined = probed = named = sets_rebuilt = rescales = 0
-    drains = given_up = moves = moves_done = 0
+    drains = given_up = moves = moves_done = live = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -272,6 +277,7 @@ def main(argv=None) -> int:
         given_up += result.rescales_given_up
         moves += result.moves
         moves_done += result.moves_done
+        live += result.live_rescales
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
         failed_writes += result.failed_writes
@@ -309,6 +315,7 @@ def main(argv=None) -> int:
           f"{f' (rescaled {rescales})' if rescales else ''}"
           f"{f' (drained {drains}, given up {given_up})' if drains or given_up else ''}, "
           f"{f'live moves={moves} (installed by both replicas {moves_done}), ' if moves else ''}"
+          f"{f'live rescales={live}, ' if params.live_rescales else ''}"
           f"{corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)

@@ -140,6 +140,9 @@ class WorldConfig:
     ingress_pairs: bool = False
     #: live moves of key-group ranges, each at a checkpoint's cut (``flux.sim.moves``)
     moves: int = 0
+    #: the key groups spread over the first count's pairs, then each next count reached
+    #: live (``flux.sim.moves``)
+    live_rescales: Tuple[int, ...] = ()
 
 
 @dataclass

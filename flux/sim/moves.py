@@ -42,8 +42,17 @@ class SimMoves:
         self.world = world
         self.left = count
         self.rng = rng
+        counts = world.config.live_rescales
+        #: each stage's map at the start: the first count's ranges over the pairs (absent:
+        #: contiguous ranges over all), and the counts live rescales are still to reach
+        self.initial: Dict[int, GroupMap] = {
+            s: GroupMap.even(counts[0], KEY_GROUPS, world.partitions)
+            for s in range(1, world.stages + 1)} if counts else {}
+        self.counts = list(counts[1:])
+        self.rescaled = 0
         #: stage -> the map of the inputs accepted from now (absent: contiguous ranges)
-        self.current: Dict[int, GroupMap] = {}
+        self.current: Dict[int, GroupMap] = dict(self.initial)
+        world.builder.groups = dict(self.initial)
         #: checkpoint -> the maps before and after the moves its cut carries
         self.before: Dict[int, Dict[int, GroupMap]] = {}
         self.after: Dict[int, Dict[int, GroupMap]] = {}
@@ -54,6 +63,8 @@ class SimMoves:
         self.confirmed: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
         #: moves whose range both replicas of the destination hold
         self.done: Set[MoveKey] = set()
+        #: segments that restored the groups of a checkpoint's map after its cut's moves
+        self.restores_split = 0
 
     def map_of(self, stage: int) -> GroupMap:
         return self.current.get(stage) or GroupMap.even(self.world.partitions, KEY_GROUPS)
@@ -63,7 +74,14 @@ class SimMoves:
         """The moves checkpoint ``number``'s cut carries (maybe none)."""
         self.before[number] = dict(self.current)
         moves: Tuple[GroupMove, ...] = ()
-        if self.left and self.rng.random() < MOVE_CHANCE:
+        if self.counts and self.rng.random() < MOVE_CHANCE:  # a live rescale: every stage
+            count = self.counts.pop(0)
+            target = GroupMap.even(count, KEY_GROUPS, self.world.partitions)
+            for s in range(1, self.world.stages + 1):
+                moves += tuple(self.map_of(s).moves_to(target, s))
+                self.current[s] = target
+            self.rescaled += 1
+        elif self.left and self.rng.random() < MOVE_CHANCE:
             move = self._draw()
             self.current[move.stage] = self.map_of(move.stage).moved([move])
             self.left -= 1
@@ -149,7 +167,7 @@ class SimMoves:
     def restarted(self, k: Optional[int]) -> None:
         """The job starts again from checkpoint ``k`` (None: the beginning): its map is the
         manifest's; ranges in flight are of cuts the restart forgets, or in its state."""
-        self.current = dict(self.after.get(k, {})) if k is not None else {}
+        self.current = dict(self.after[k] if k in self.after else self.initial)
         self.world.builder.groups = dict(self.current)
         self.packs.clear()
         self.sent.clear()

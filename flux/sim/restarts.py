@@ -274,6 +274,7 @@ def restore(world, chains: Dict, addr, segment) -> None:
     maps = world.moves.split(world.restored, addr.stage)
     if maps is not None:  # the checkpoint's cut carried live moves of this stage
         restore_split(world, chains, addr, segment, maps)
+        world.moves.restores_split += 1
         return
     old = 1 + max(p for _, p in chains)
     if old == world.partitions or not world.config.split_rescaled:

@@ -125,6 +125,10 @@ class SimParams:
     #: live moves of a key-group range from one running partition to another, each
     #: carried by a checkpoint's cut (DESIGN 13)
     moves: int = 0
+    #: live rescales: the job's keys start spread over the first of these counts of its
+    #: ``partitions`` pairs (the others own no group yet), and each next count is reached
+    #: by the moves of one checkpoint's cut (DESIGN 13)
+    live_rescales: Tuple[int, ...] = ()
     max_steps: int = 200_000
 
     @property
@@ -175,10 +179,14 @@ class SimParams:
             raise ValueError(f"--lossy-mover is a probability below 1, got {self.lossy_mover}")
         if self.moves < 0:
             raise ValueError(f"--moves must be >= 0, got {self.moves}")
-        if self.moves and (not self.checkpoints or self.dataflow != "regroup"
+        if self.live_rescales and (len(self.live_rescales) < 2 or not all(
+                1 <= n <= self.partitions for n in self.live_rescales)):
+            raise ValueError(f"--live-rescales are two counts or more, each at most "
+                             f"--partitions ({self.partitions}) pairs, got {self.live_rescales}")
+        if (self.moves or self.live_rescales) and (not self.checkpoints or self.dataflow != "regroup"
                            or self.ingresses > 1 or self.rescale_to
                            or self.egress_per_partition):
-            raise ValueError("--moves are carried by checkpoints' cuts (--checkpoints N) "
+            raise ValueError("--moves and --live-rescales are carried by checkpoints' cuts (--checkpoints N) "
                              "with --dataflow regroup (state keyed by its stages' keys), "
                              "one ingress, one ordered egress and one partition count "
                              "(moves with several ingresses, a sink per partition or "
@@ -235,6 +243,8 @@ class ScheduleResult:
     #: destination installed
     moves: int = 0
     moves_done: int = 0
+    moves_restored: int = 0
+    live_rescales: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -328,6 +338,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         ingress_pairs=params.ingress_pairs,
         rescale_to=params.rescale_to,
         moves=params.moves,
+        live_rescales=params.live_rescales,
         placement_for=partial(PLACEMENTS[params.placement], params.stages),
         log_epochs=bool(params.checkpoints or params.restarts),
         epoch_skew=random.Random(f"skew {seed}").choice(SKEWS),
@@ -347,7 +358,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     if params.checkpoints and config.deterministic:
         world.judge_snapshot = partial(judge_snapshot, states_after, world.position,
                                        lambda: world.partitions)
-        if params.moves:  # each partition's groups, as the moves left them at the cut
+        if params.moves or params.live_rescales:  # as the moves left them at the cut
             world.judge_snapshot = partial(judge_moved_snapshot, states_after,
                                            world.moves, world.position)
         world.judge_commit = partial(judge_commit, outputs_upto, world.position)
@@ -699,7 +710,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
         if result.status == OK:
             result.expected = len(reference)  # a restart may have changed the inputs' order
             final = states[world.partitions]
-            if params.moves:  # each partition holds the groups the moves left it
+            if params.moves or params.live_rescales:  # the groups the moves left it
                 final = final_states(final, world.moves)
             problem = final_checks(world, len(reference), final) if judged else None
             if problem:
@@ -731,7 +742,9 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.drains = list(world.outcome.drains)
     result.rescales_given_up = world.outcome.rescales_given_up
     result.moves = params.moves - world.moves.left
+    result.live_rescales = world.moves.rescaled
     result.moves_done = len(world.moves.done)
+    result.moves_restored = world.moves.restores_split
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.log_replays = world.outcome.log_replays

@@ -171,7 +171,7 @@ class World:
                                                      config.writers_on_nodes, pairs,
                                                      1 if pairs else builder.ingresses)
         writers = self.writers.place(topology)
-        self.restored = None  # the checkpoint the segments restore if restored is None else restored[0]
+        self.restored = None if restored is None else restored[0]  # its snapshots
         peer_incs = topology.peer_incs()
         for name in topology.workers:
             machines = {a: builder.ingress(index=a.partition, replica=a.replica,
