@@ -70,8 +70,9 @@ def rescaled_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Seque
             states.append(None)
             continue
         states.append(_split(stage, i, factory_name(stage.operators[i]),
-                             {q: ops[i] or [] for q, ops in old.items()},
-                             partition, partitions, old_partitions, key_groups))
+                             {q: ops[i] or [] for q, ops in old.items()}, partition,
+                             GroupMap.even(partitions, key_groups),
+                             GroupMap.even(old_partitions, key_groups), key_groups))
     return states
 
 
@@ -92,12 +93,10 @@ def regrouped_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequ
 
 
 def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partition: int,
-           partitions: Any, old_partitions: Any, key_groups: int) -> list:
-    """The pairs of ``partition``'s key groups, in key order: each old partition's are in
-    key order already (a snapshot's), so one source needs no sort. ``partitions`` and
-    ``old_partitions``: counts (contiguous ranges) or ``GroupMap``s."""
-    new_map, old_map = (m if isinstance(m, GroupMap) else GroupMap.even(m, key_groups)
-                        for m in (partitions, old_partitions))
+           new_map: GroupMap, old_map: GroupMap, key_groups: int) -> list:
+    """The pairs of ``partition``'s key groups in ``new_map``, in key order, from the old
+    partitions' (each holding its groups in ``old_map``): each old partition's are in
+    key order already (a snapshot's), so one source needs no sort."""
     parts: List[list] = []
     widest: Dict[Any, Any] = {}  # partition-wide entries: the smallest value of each
     for q in sorted(old):
