@@ -28,11 +28,13 @@ class CheckpointSide:
     def snapshot_due(self) -> bool:
         """Has the merge passed a checkpoint's cut (nothing of inputs up to it can be
         released any more) that this replica has not snapshotted?"""
-        if self.mode not in (PROCESSING, STREAMING, DRAINING) or self.awaiting_range():
+        cuts = self.cuts
+        if not (cuts.pending or cuts.moves) or self.awaiting_range() or \
+                self.mode not in (PROCESSING, STREAMING, DRAINING):
             return False  # (a range due: nothing past its cut, DESIGN 13)
-        frontier = self.fcons.frontier()
-        return (bool(self.cuts.pending) and self.cuts.due(frontier) is not None) or \
-            (bool(self.cuts.moves) and self.cuts.moves_due(frontier) is not None)
+        frontier = self.fcons.frontier()  # asked only with a cut ahead: on every item
+        return (bool(cuts.pending) and cuts.due(frontier) is not None) or \
+            (bool(cuts.moves) and cuts.moves_due(frontier) is not None)
 
     def snapshot(self, keep: bool = True) -> List:
         """Local work: the operators' state after every input up to the cut, none beyond.
