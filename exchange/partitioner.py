@@ -94,21 +94,10 @@ class HashPartitioner:
         pack, crc32, partitions, groups = self._pack, zlib.crc32, self.partitions, \
             self.key_groups
 
-        if owners is not None:
-            if groups is None or len(owners) != groups:
-                raise ValueError(f"a map of {len(owners)} key groups for a partitioner of "
-                                 f"{groups}")
-            table = [int(o) for o in owners]
-
-            def route(record: Any) -> int:
-                key = key_of(record)
-                try:
-                    data = pack(key)
-                except (TypeError, ValueError, OverflowError):
-                    self(key)  # the same error, worded in one place
-                    raise
-                return table[crc32(data) % groups]
-        elif groups is None:
+        if owners is not None and (groups is None or len(owners) != groups):
+            raise ValueError(f"a map of {len(owners)} key groups for a partitioner of "
+                             f"{groups}")
+        if groups is None:
             def route(record: Any) -> int:
                 key = key_of(record)
                 try:
@@ -116,14 +105,17 @@ class HashPartitioner:
                 except (TypeError, ValueError, OverflowError):
                     return self(key)  # the same error, worded in one place
                 return crc32(data) % partitions
-        else:
+        else:  # each group's owner from a table: the contiguous ranges, or a moved map
+            table = [int(o) for o in owners] if owners is not None else \
+                [g * partitions // groups for g in range(groups)]
+
             def route(record: Any) -> int:
                 key = key_of(record)
                 try:
                     data = pack(key)
                 except (TypeError, ValueError, OverflowError):
                     return self(key)
-                return crc32(data) % groups * partitions // groups
+                return table[crc32(data) % groups]
 
         return route
 
