@@ -50,8 +50,9 @@ class Cuts:
             seen = self.move_cuts[-1][0] if self.move_cuts else 0
             for k_i, n_i, moves in cut[2]:
                 if k_i > seen:
-                    self.moves[k_i] = (n_i, moves_from_wire(moves))
-                    self.move_cuts += ((k_i, n_i, tuple(moves_from_wire(moves))),)
+                    moves = moves_from_wire(moves)
+                    self.moves[k_i] = (n_i, moves)
+                    self.move_cuts += ((k_i, n_i, moves),)
 
     def due(self, frontier: SN) -> Optional[Cut]:
         """The oldest pending cut the merge's ``frontier`` has passed, or None."""
