@@ -54,33 +54,24 @@ def key_groups_of(stage: Stage, keys: Sequence[Any], key_groups: int) -> np.ndar
 
 
 def rescaled_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequence[Any]],
-                    partition: int, partitions: int, old_partitions: int,
-                    key_groups: int) -> List[Any]:
-    """The operator states of new partition ``partition`` of ``partitions``, from the
-    states of the old partitions it draws keys from (``old[q]``: partition ``q`` of
-    ``old_partitions``'s operator states, as ``OperatorChain.get_state`` gives them).
-    ``keyed[i]``: is operator ``i``'s whole state a keyed store (``[[key, value], ...]``)?
+                    partition: int, before: GroupMap, after: GroupMap) -> List[Any]:
+    """The operator states of partition ``partition`` of another partition count, from
+    the states of the old partitions it draws keys from (``old[q]``: old partition
+    ``q``'s operator states, as ``OperatorChain.get_state`` gives them, holding the key
+    groups ``before`` gives ``q``); it gets the groups ``after`` gives it. ``keyed[i]``:
+    is operator ``i``'s whole state a keyed store (``[[key, value], ...]``)?
     ``RescaleRefused`` for state that cannot be split."""
-    states: List[Any] = []
     for i, is_keyed in enumerate(keyed):
-        if not is_keyed:
-            held = [q for q, ops in old.items() if ops[i] is not None]
-            if held:
-                raise _not_keyed(stage, i, f" (partition {held[0]} holds some)")
-            states.append(None)
-            continue
-        states.append(_split(stage, i, factory_name(stage.operators[i]),
-                             {q: ops[i] or [] for q, ops in old.items()}, partition,
-                             GroupMap.even(partitions, key_groups),
-                             GroupMap.even(old_partitions, key_groups), key_groups))
-    return states
+        held = [q for q, ops in old.items() if ops[i] is not None]
+        if not is_keyed and held:
+            raise _not_keyed(stage, i, f" (partition {held[0]} holds some)")
+    return regrouped_states(stage, keyed, old, partition, before, after)
 
 
 def regrouped_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequence[Any]],
                      partition: int, before: GroupMap, after: GroupMap) -> List[Any]:
-    """``rescaled_states`` where the partitions' groups are maps (live moves, DESIGN 13):
-    ``old[q]`` holds the groups ``before`` gives ``q``, and ``partition`` gets the ones
-    ``after`` gives it."""
+    """``rescaled_states`` at one partition count, where key groups moved between
+    partitions (live moves, DESIGN 13): a state that is not keyed stays where it is."""
     states: List[Any] = []
     for i, is_keyed in enumerate(keyed):
         if not is_keyed:
@@ -152,7 +143,8 @@ def check_rescalable(dataflow, sample: Sequence[Any] = (),
         keyed = [store is not None for store in stage.build_chain().keyed_stores()]
         old = {q: run.chains[s][q].get_state() for q in range(2)}
         for p in range(3):
-            rescaled_states(stage, keyed, old, p, 3, 2, key_groups)
+            rescaled_states(stage, keyed, old, p, GroupMap.even(2, key_groups),
+                            GroupMap.even(3, key_groups))
 
 
 def _not_keyed(stage: Stage, index: int, where: str) -> RescaleRefused:

@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from controller.failure_detector import Lease
+from exchange.wire import MAX_FRAME
 from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
 from flux.control_messages import (
     CutAtEpoch,
@@ -32,6 +33,8 @@ from flux.control_messages import (
     ProbedKeys,
     ProbeKeys,
     FoldedIn,
+    RangeInstalled,
+    RangePacked,
     Heartbeat,
     Members,
     NodeStats,
@@ -52,6 +55,7 @@ from flux.effects import (
     StateInstalled,
 )
 from flux.envelope import Envelope
+from flux.errors import OperatorError
 from flux.protocol.host import Host
 from flux.protocol.ingress import INGRESS
 from flux.runtime.catchup_timing import CatchUpTiming
@@ -63,6 +67,9 @@ from flux.runtime.transport import DEFAULT_POLL_LIMIT, ConnectionGap, Transport
 from statemover.messages import SmReady, TransferFailed
 
 log = logging.getLogger(__name__)
+
+#: the largest range a live move carries (it travels in one frame, ``exchange.wire``)
+RANGE_LIMIT = MAX_FRAME - (1 << 20)
 
 #: effects of a catch-up step, which the host may have carried to another segment
 CATCH_UP_EVENTS = (SmReady, StateInstalled, SourcesPaused, SourcesResumed, TransferFailed)
@@ -77,6 +84,18 @@ def probed_keys(host: Host, msg: ProbeKeys) -> ProbedKeys:
         found = work.snapshots.probe_keys(msg.number, msg.cut, msg.operator, msg.groups)
         pairs = None if found is None else tuple(tuple(p) for p in found)
     return ProbedKeys(msg.addr, msg.number, msg.cut, msg.operator, pairs)
+
+
+def _fits(e: RangePacked) -> RangePacked:
+    """A live move's range travels in one frame to the controller and on (DESIGN 13):
+    one that cannot stops the job with an error saying so (both replicas would pack it)."""
+    if len(e.data) > RANGE_LIMIT:
+        m = e.move
+        raise OperatorError(
+            f"the live move of key groups {m.first}..{m.last} to partition {m.dest}",
+            m.stage, m.source, (), f"the range packs {len(e.data) >> 20} MiB, more than the "
+            f"{RANGE_LIMIT >> 20} MiB one move may carry: move fewer key groups at a time")
+    return e
 
 
 class HostLoop:
@@ -303,13 +322,13 @@ class HostLoop:
         self.local.touch(INGRESS)
         return True
 
-    def choose_cut(self, number: int) -> None:
+    def choose_cut(self, number: int, moves=()) -> None:
         """The ingress's process: checkpoint ``number`` covers every input accepted so far
         (DESIGN 10; the driver's feed knows that input and the source's position after
-        it). The cut leaves with the next batches."""
+        it), and carries live ``moves`` of key groups (DESIGN 13)."""
         ingress = self.host.machines[INGRESS]
         self.local.touch(INGRESS)
-        self._emit(*self.host.run_local(ingress.choose_cut(number)))
+        self._emit(*self.host.run_local(ingress.choose_cut(number, moves)))
 
     def _keeps_snapshot(self, addr) -> bool:
         """Does this replica pack its checkpoint snapshot (a SnapshotWriter takes it)?"""
@@ -349,8 +368,10 @@ class HostLoop:
                     self.snapshots.write(e)  # to the store, off this thread
                 if e.digest is not None:  # compared with its twin's (DESIGN 14)
                     self.report(CutDigest(e.addr, e.digest))
-            elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
+            elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed, RangeInstalled)):
                 self.report(e)  # the controller retries a failed transfer (3.4)
+            elif isinstance(e, RangePacked):  # a live move's range, for its destination
+                self.report(_fits(e))
             elif isinstance(e, Deliver) and self.writer_sinks is not None:
                 self.writer_sinks.deliver(e.partition, e.items)
             elif isinstance(e, SinkCommit) and e.through is not None:
