@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from controller.key_groups import maps_to_manifest
+from controller.key_groups import groups_to_manifest
 from flux.dataflow import Dataflow, factory_name
 
 
@@ -209,12 +209,8 @@ class CheckpointCoordinator:
                     "digests": dict(sorted(c.digests.items()))}
         if self.key_groups is not None:
             manifest.update(key_groups=self.key_groups, shape=self.shape)
-        if c.groups is not None:  # where key groups moved live: the map routed by after
-            before, after = map(maps_to_manifest, c.groups)  # the cut, and the map the
-            if after:                                        # snapshots hold if other
-                manifest["groups"] = after
-            if before != after:
-                manifest["groups_before"] = before
+        if c.groups is not None:  # where key groups moved live (DESIGN 13)
+            manifest.update(groups_to_manifest(*c.groups))
         if self.sinks > 1:  # each sink partition's last committed SN
             manifest["sinks"] = [list(c.sinks[p]) if c.sinks[p] is not None else None
                                  for p in range(self.sinks)]

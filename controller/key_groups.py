@@ -34,11 +34,20 @@ def plan(partitions: int, old_partitions: int, key_groups: int) -> List[List[int
 
 # -- maps in a checkpoint's manifest (live moves, DESIGN 13) ----------------------------
 
-def maps_to_manifest(maps: Dict[int, GroupMap]) -> Dict[str, List[int]]:
-    """The stages whose map is not contiguous ranges, as a manifest holds them (JSON:
-    the stage a string, the owner of each key group)."""
-    return {str(s): m.owners.tolist() for s, m in sorted(maps.items())
-            if m != GroupMap.even(m.partitions, len(m.owners))}
+def groups_to_manifest(before: Dict[int, GroupMap], after: Dict[int, GroupMap]) -> dict:
+    """What a checkpoint's manifest says of its key groups (JSON: a stage is a string, a
+    map the owner of each group): ``groups``, the stages routed after its cut by a map
+    other than contiguous ranges; ``groups_before``, the stages whose map its cut's
+    moves changed, as its snapshots hold them (absent: none moved)."""
+    out = {}
+    moved = {str(s): m.owners.tolist() for s, m in sorted(before.items()) if m != after.get(s)}
+    routed = {str(s): m.owners.tolist() for s, m in sorted(after.items())
+              if m != GroupMap.even(m.partitions, len(m.owners))}
+    if routed:
+        out["groups"] = routed
+    if moved:
+        out["groups_before"] = moved
+    return out
 
 
 def manifest_maps(manifest: dict) -> Tuple[Dict[int, GroupMap], Dict[int, GroupMap]]:
