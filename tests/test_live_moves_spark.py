@@ -5,12 +5,13 @@ through a kill of the destination during the move and a restart from a checkpoin
 whose cut carried moves (slow: Spark)."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from experiments.resumable_job import make_sink, read_sink
-from flux.addresses import P, Addr
+from flux.addresses import P, S, Addr
 from test_rescale_spark import write_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -29,14 +30,29 @@ def ranges_moved(job) -> list:
     return [what for _, kind, what in job.metrics.events if kind == "range moved"]
 
 
-def test_key_groups_move_live_and_the_output_is_exact_through_a_kill_of_the_destination(
+def move_and_kill(job, asked: tuple, victim: Addr) -> int:
+    """``job.move_key_groups(*asked)`` in a thread, and the node of ``victim`` killed
+    50 ms after the ask, about when the next input's cut carries the move; the number of
+    the checkpoint that covers it."""
+    done: list = []
+    mover = threading.Thread(target=lambda: done.append(job.move_key_groups(*asked,
+                                                                            timeout=90)))
+    mover.start()
+    time.sleep(0.05)
+    job.kill_node(job.topology.where[victim])
+    mover.join(120)
+    assert done and done[0] is not None
+    return done[0]
+
+
+def test_key_groups_move_live_and_the_output_is_exact_through_kills_of_the_destination(
         spark, tmp_path):
     """Two moves while the job runs: groups 0..100 of stage 1 (owned by partitions 0 and
-    1) to partition 3, and then 64..191 of stage 2 to partition 0, whose replica P is
-    killed as the move is asked (its standby is rebuilt from its twin and gets the range
-    from the controller). No restart; the sink holds the failure-free output; the
-    newest checkpoint's manifest routes by the moved maps, and a job run again on it at
-    the same count restores by them and ends with the same output."""
+    1) to partition 3, whose replica P is killed as the move is asked, and then 64..191
+    of stage 2 to partition 0, whose replica S is killed as it is asked (a standby
+    rebuilt from its twin gets the range from the controller, or its twin's state has
+    it). No restart; the sink holds the failure-free output; the newest checkpoint's
+    manifest routes by the moved maps."""
     from flux.connectors.file_source import FileSource
     from flux.connectors.sources import Paced
     from flux.runtime.checkpoint_store import CheckpointStore
@@ -45,10 +61,8 @@ def test_key_groups_move_live_and_the_output_is_exact_through_a_kill_of_the_dest
     job = moving_job(spark, tmp_path, Paced(FileSource(str(tmp_path / "in")), 4000))
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
-        first = job.move_key_groups(0, 100, to=3, stage=1, timeout=60)
-        assert first is not None
-        job.kill_node(job.topology.where[Addr(2, 0, P)])
-        second = job.move_key_groups(64, 191, to=0, stage=2, timeout=60)
+        first = move_and_kill(job, (0, 100, 3, 1), Addr(1, 3, P))
+        second = move_and_kill(job, (64, 191, 0, 2), Addr(2, 0, S))
         assert second > first
         job.wait(timeout=300)
         moved = ranges_moved(job)
