@@ -9,13 +9,14 @@ That is checked, not assumed: a key whose group the old partition did not own sh
 store keyed by something else, and the rescale is refused naming it; so is an operator
 whose state is not a keyed store (it cannot be split). Entries of a partition, not of a
 key (an expiry's watermark, ``flux.keys.PARTITION_WIDE``), take the smallest of those the
-old partitions held.
+old partitions held; where key groups moved live at one count, each partition keeps its
+own.
 
 Pure: no I/O.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -65,13 +66,16 @@ def rescaled_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Seque
         held = [q for q, ops in old.items() if ops[i] is not None]
         if not is_keyed and held:
             raise _not_keyed(stage, i, f" (partition {held[0]} holds some)")
-    return regrouped_states(stage, keyed, old, partition, before, after)
+    return regrouped_states(stage, keyed, old, partition, before, after, rescaled=True)
 
 
 def regrouped_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequence[Any]],
-                     partition: int, before: GroupMap, after: GroupMap) -> List[Any]:
+                     partition: int, before: GroupMap, after: GroupMap,
+                     rescaled: bool = False) -> List[Any]:
     """``rescaled_states`` at one partition count, where key groups moved between
-    partitions (live moves, DESIGN 13): a state that is not keyed stays where it is."""
+    partitions (live moves, DESIGN 13): a state that is not keyed stays where it is, and
+    so do entries of a partition rather than of a key (as a live move leaves them,
+    ``flux.protocol.segment_moves``). ``rescaled``: ``rescaled_states``'s rule."""
     states: List[Any] = []
     for i, is_keyed in enumerate(keyed):
         if not is_keyed:
@@ -79,15 +83,18 @@ def regrouped_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequ
             continue
         states.append(_split(stage, i, factory_name(stage.operators[i]),
                              {q: ops[i] or [] for q, ops in old.items()},
-                             partition, after, before, after.key_groups))
+                             partition, after, before, after.key_groups,
+                             None if rescaled else partition))
     return states
 
 
 def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partition: int,
-           new_map: GroupMap, old_map: GroupMap, key_groups: int) -> list:
+           new_map: GroupMap, old_map: GroupMap, key_groups: int,
+           wide_from: Optional[int] = None) -> list:
     """The pairs of ``partition``'s key groups in ``new_map``, in key order, from the old
     partitions' (each holding its groups in ``old_map``): each old partition's are in
-    key order already (a snapshot's), so one source needs no sort."""
+    key order already (a snapshot's), so one source needs no sort. Partition-wide
+    entries: the smallest of the sources', or only ``wide_from``'s where given."""
     parts: List[list] = []
     widest: Dict[Any, Any] = {}  # partition-wide entries: the smallest value of each
     for q in sorted(old):
@@ -96,6 +103,8 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
         wide = [i for i, k in enumerate(keys) if type(k) is tuple and k in PARTITION_WIDE]
         for i in reversed(wide):
             k, v = keys.pop(i), values.pop(i)
+            if wide_from is not None and q != wide_from:
+                continue
             if k not in widest or tuplify(v) < tuplify(widest[k]):
                 widest[k] = v
         if not keys:

@@ -183,3 +183,69 @@ def test_a_move_is_refused_where_it_is_not_built_yet():
     with pytest.raises(ValueError, match="a running job"):
         check_move(False, NodeConfig(dataflow=b"", stages=2, partitions=4), Checkpoints(),
                    asked, 2)
+
+
+# -- a range taken out of a keyed store and put in another: changes like any other ---------
+
+def vectorized_stores(ttl=None) -> tuple:
+    """The vectorized operators' stores after a workload (sessions, stats), with the
+    expiry's watermark among the pairs when ``ttl``."""
+    import sys
+
+    sys.path.insert(0, "tests")
+    from test_vectorized_examples import Pair
+    from flux.keyed_state import keyed_state_of
+    from flux.testing.workloads import packet_workload
+
+    pair = Pair(ttl=ttl, idle_ttl=ttl)
+    packets = packet_workload(600, 5, pairs=40, apps=4, sources=8)
+    for i in range(0, len(packets), 100):
+        pair.feed(packets[i:i + 100])
+    return keyed_state_of(pair.vsessions), keyed_state_of(pair.vstats)
+
+
+def store_kinds() -> list:
+    from flux.columnar_state import ColumnarKeyedState
+    from flux.keyed_state import KeyedState
+
+    plain = KeyedState([[("k", i), [i, i * i]] for i in range(40)])
+    columnar = ColumnarKeyedState([[("k", i), [i, i * i]] for i in range(40)],
+                                  total=int, squares=int)
+    sessions, stats = vectorized_stores(ttl=20)
+    return [("KeyedState", plain, lambda: KeyedState()),
+            ("ColumnarKeyedState", columnar,
+             lambda: ColumnarKeyedState(total=int, squares=int)),
+            ("SessionTable", sessions, lambda: type(sessions)()),
+            ("StatsTable", stats, lambda: type(stats)())]
+
+
+@pytest.mark.parametrize("kind", range(4), ids=["KeyedState", "ColumnarKeyedState",
+                                                "SessionTable", "StatsTable"])
+def test_a_range_taken_and_put_is_a_change_at_both_stores_and_the_watermark_stays(kind):
+    from flux.expiry import WATERMARK_KEY
+    from flux.keys import PARTITION_WIDE, sorted_keys
+
+    _, source, empty = store_kinds()[kind]
+    before = source.snapshot()
+    keys = [k for k, _ in before if k not in PARTITION_WIDE]
+    moved = keys[::3]
+    dest = empty()
+    for store in (source, dest):  # both tracking, as during a catch-up and a checkpoint
+        store.clear_dirty()
+        store.start_changes()
+    installs = source.installs, dest.installs
+    stray = [("never", "held")] if kind < 2 else []  # (the tables' keys are typed)
+    held, values = source.take_keys(moved + stray)
+    assert held == moved
+    dest.put_keys(held, values)
+    assert (source.installs, dest.installs) == (installs[0] + 1, installs[1] + 1)
+    taken = [pair for pair in before if pair[0] in set(moved)]
+    assert source.snapshot() == [pair for pair in before if pair[0] not in set(moved)]
+    assert dest.snapshot() == taken
+    for changes in (source.changes(), source.delta()):
+        assert changes["set"] == [] and changes["deleted"] == sorted_keys(moved)
+    for changes in (dest.changes(), dest.delta()):
+        assert changes["set"] == taken and changes["deleted"] == []
+    if kind >= 2:  # the vectorized stores of the ttl run hold the expiry's watermark
+        assert any(k == WATERMARK_KEY for k, _ in source.snapshot())
+        assert all(k != WATERMARK_KEY for k, _ in dest.snapshot())
