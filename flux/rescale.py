@@ -130,13 +130,16 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
 
 
 def check_rescalable(dataflow, sample: Sequence[Any] = (),
-                     key_groups: int = KEY_GROUPS) -> None:
+                     key_groups: int = KEY_GROUPS, only: Optional[int] = None) -> None:
     """Refuse, before anything stops, a rescale of a dataflow with an operator whose state
     is not a keyed store (a fresh instance's state tells: None is stateless), or whose
     stores hold keys other than their stage's key on ``sample`` (the source's first
     records, run at 2 partitions and split over 3). A key of the real state can still be
-    refused when the new partitions restore (``rescaled_states``)."""
-    for stage in dataflow.stages:
+    refused when the new partitions restore (``rescaled_states``). ``only``: that stage
+    (1-based) alone, whose key groups move live."""
+    for s, stage in enumerate(dataflow.stages, 1):
+        if only is not None and s != only:
+            continue
         chain = stage.build_chain()
         for i, (op, store) in enumerate(zip(chain.operators, chain.keyed_stores())):
             if store is None and op.get_state() is not None:
@@ -149,6 +152,8 @@ def check_rescalable(dataflow, sample: Sequence[Any] = (),
     for record in sample:
         run.feed(record)
     for s, stage in enumerate(dataflow.stages):
+        if only is not None and s + 1 != only:
+            continue
         keyed = [store is not None for store in stage.build_chain().keyed_stores()]
         old = {q: run.chains[s][q].get_state() for q in range(2)}
         for p in range(3):

@@ -249,3 +249,18 @@ def test_a_range_taken_and_put_is_a_change_at_both_stores_and_the_watermark_stay
     if kind >= 2:  # the vectorized stores of the ttl run hold the expiry's watermark
         assert any(k == WATERMARK_KEY for k, _ in source.snapshot())
         assert all(k != WATERMARK_KEY for k, _ in dest.snapshot())
+
+
+def test_a_stage_whose_state_is_not_keyed_by_its_key_is_refused_before_it_moves():
+    """The third stage of the packets' dataflow counts per app in a stage keyed by
+    ``(app, ts)``: its groups cannot move (nor be split), the first two stages' can."""
+    from flux.errors import RescaleRefused
+    from flux.rescale import check_rescalable
+    from flux.testing.dataflows import packet_dataflow
+    from flux.testing.workloads import packet_workload
+
+    flow, sample = packet_dataflow(3), packet_workload(400, 2, pairs=50, apps=3, sources=9)
+    for stage in (1, 2):
+        check_rescalable(flow, sample, G, only=stage)
+    with pytest.raises(RescaleRefused, match="count3"):
+        check_rescalable(flow, sample, G, only=3)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 from exchange.group_map import GroupMap, GroupMove
 from flux.errors import RescaleRefused
+from flux.rescale import check_rescalable
 from flux.runtime.restore import routing_maps
 
 log = logging.getLogger(__name__)
@@ -175,4 +176,5 @@ class KeyGroupMoves:
         asked = MoveAsked(stage, first, last, to)
         check_move(self.attempt is not None and not self._stopped and not self.finished(),
                    self.config, self._checkpointing, asked, len(self.dataflow.stages))
+        check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
         return move_live(self._checkpointing, asked, timeout)
