@@ -549,9 +549,9 @@ CODECS: Dict[str, _Codec] = {
         _arity(3, lambda k, mv, d: InstallRange(_int(k, "checkpoint"), _group_move(mv),
                                                 _bytes(d, "range")))),
     "range_installed": (
-        RangeInstalled, lambda m: [m.number, m.move.to_wire(), list(m.addr)],
-        _arity(3, lambda k, mv, a: RangeInstalled(_int(k, "checkpoint"), _group_move(mv),
-                                                  _addr(a, "addr")))),
+        RangeInstalled, lambda m: [m.number, m.move.to_wire(), list(m.addr), m.waited],
+        _arity(4, lambda k, mv, a, t: RangeInstalled(_int(k, "checkpoint"), _group_move(mv),
+                                                     _addr(a, "addr"), _seconds(t, "waited")))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address, m.host, m.executor, m.boot],

@@ -149,40 +149,55 @@ def test_packs_that_differ_between_the_source_replicas_are_a_divergence():
     (MoveAsked(1, 0, 4, 4), "to must be a partition from 0 to 3"),
 ])
 def test_a_move_the_job_cannot_make_is_refused_naming_why(asked, error):
+    from flux.spark.job_moves import check_move
+
+    with pytest.raises(ValueError, match=error):
+        check_move(asked, 2, G, 4)
+    check_move(MoveAsked(1, 0, 4, 3), 2, G, 4)
+
+
+def test_live_moves_are_refused_where_they_are_not_built_yet():
+    from flux.errors import RescaleRefused
     from flux.runtime.config import NodeConfig
-    from flux.spark.live_moves import check_move
+    from flux.spark.job_moves import check_live
 
     class Checkpoints:
         key_groups = G
         moves = LiveMoves(2, 4, G, None)
 
     config = NodeConfig(dataflow=b"", stages=2, partitions=4)
-    with pytest.raises(ValueError, match=error):
-        check_move(True, config, Checkpoints(), asked, 2)
-    check_move(True, config, Checkpoints(), MoveAsked(1, 0, 4, 3), 2)
-
-
-def test_a_move_is_refused_where_it_is_not_built_yet():
-    from flux.errors import RescaleRefused
-    from flux.runtime.config import NodeConfig
-    from flux.spark.live_moves import check_move
-
-    class Checkpoints:
-        key_groups = G
-        moves = LiveMoves(2, 4, G, None)
-
-    asked = MoveAsked(1, 0, 4, 3)
+    check_live(True, config, Checkpoints())
     with pytest.raises(ValueError, match="give the job checkpoint="):
-        check_move(True, NodeConfig(dataflow=b"", stages=2, partitions=4), None, asked, 2)
+        check_live(True, config, None)
     with pytest.raises(RescaleRefused, match="sink per partition"):
-        check_move(True, NodeConfig(dataflow=b"", stages=2, partitions=4,
-                                    ordered_output=False), Checkpoints(), asked, 2)
+        check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4,
+                                    ordered_output=False), Checkpoints())
     with pytest.raises(RescaleRefused, match="SplitSource"):
-        check_move(True, NodeConfig(dataflow=b"", stages=2, partitions=4, splits=2),
-                   Checkpoints(), asked, 2)
+        check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4, splits=2),
+                   Checkpoints())
     with pytest.raises(ValueError, match="a running job"):
-        check_move(False, NodeConfig(dataflow=b"", stages=2, partitions=4), Checkpoints(),
-                   asked, 2)
+        check_live(False, config, Checkpoints())
+
+
+def test_a_spread_is_every_stages_moves_to_contiguous_ranges_over_the_first_pairs():
+    """Over 4 of 6 pairs and back to 6: the moves of one cut each, pairs 4 and 5 owning
+    nothing in between; a restart at fewer pairs than the spread drops it."""
+    from flux.spark.live_moves import SpreadAsked
+
+    moves = LiveMoves(2, 6, G, None)
+    moves.ask(SpreadAsked(4, G))
+    carried, (_, after) = moves.cut(3)
+    assert after == {1: GroupMap.even(4, G, 6), 2: GroupMap.even(4, G, 6)}
+    assert {m.stage for m in carried} == {1, 2} and not after[1].groups_of(5)
+    moves.ask(SpreadAsked(6, G))
+    carried, (_, after) = moves.cut(4)
+    assert after == {1: even(6), 2: even(6)}
+    four = GroupMap.even(4, G, 6)
+    assert carried == four.moves_to(even(6), 1) + four.moves_to(even(6), 2)
+    assert len(carried) == 2 * 6  # the design's six moves of 4 -> 6, per stage
+    moves.ask(SpreadAsked(6, G))
+    moves.restarted(None, 5)  # to the first input, at 5 pairs: the spread over 4 again
+    assert moves.asked == [SpreadAsked(4, G)]
 
 
 # -- a range taken out of a keyed store and put in another: changes like any other ---------

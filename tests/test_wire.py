@@ -82,7 +82,7 @@ MESSAGES = [
                                                   GroupMove(2, 7, 9, 3, 1)))))),  # live moves
     RangePacked(4, GroupMove(2, 7, 9, 3, 1), Addr(2, 3, 0), b"\x92\x01\x02"),
     InstallRange(4, GroupMove(2, 7, 9, 3, 1), b"\x92\x01\x02"),
-    RangeInstalled(4, GroupMove(2, 7, 9, 3, 1), Addr(2, 1, 1)),
+    RangeInstalled(4, GroupMove(2, 7, 9, 3, 1), Addr(2, 1, 1), 0.031),
     Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     IngressLog(4, (("item", 1048579), ("epoch", 2), ("cut", 3, 2), ("item", 3145729))),
     LogAck(6),

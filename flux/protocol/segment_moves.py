@@ -27,6 +27,7 @@ import numpy as np
 from exchange.group_map import GroupMap, GroupMove, moves_from_wire, stage_moves
 from exchange.routing import moved
 from flux.control_messages import InstallRange, RangeInstalled, RangePacked
+from flux.effects import RangeAwaited
 from flux.errors import LocalProtocolError, RescaleRefused
 from flux.keys import PARTITION_WIDE, sorted_keys
 from flux.rescale import key_groups_of
@@ -66,8 +67,8 @@ class MoveSide:
             if move.dest == me:
                 self.moves_due[number, move] = True
                 data = self.ranges_arrived.pop((number, move), None)
-                if data is not None:
-                    effects += self._install_range(number, move, data)
+                effects += self._install_range(number, move, data) if data is not None \
+                    else [RangeAwaited(number, move, self.addr)]  # the pause begins
         return effects
 
     def on_install_range(self, msg: InstallRange) -> List:

@@ -9,7 +9,9 @@ data does), again to a standby that replaces one, until both say they hold it
 the job stops with ``ReplicasDiverged``.
 
 A range travels in one frame: a move's range must pack to less than ``RANGE_LIMIT``
-(a node refuses a bigger one with a clear error, ``flux.runtime.loop``).
+(a node refuses a bigger one with a clear error, ``flux.runtime.range_timing``). The
+event ``range moved`` says ``(stage, first, last, source, dest, checkpoint, pause)``,
+the pause the longest of the destination's replicas' (seconds they processed nothing).
 
 A part of ``flux.runtime.controller_service.ControllerService`` (its attributes are the
 service's).
@@ -28,7 +30,8 @@ log = logging.getLogger("flux.runtime.controller_service")
 
 class MoveRelaySide:
     """Ranges of live moves from their source replicas to their destination replicas;
-    mixed into ``ControllerService`` (``self.ranges``: its ``RangeRelay``)."""
+    mixed into ``ControllerService`` (``self.ranges``: its ``RangeRelay``;
+    ``self.range_waits``: the longest pause of a move's destination replicas so far)."""
 
     def on_range_packed(self, msg: RangePacked) -> None:
         wrong = self.ranges.packed(msg)
@@ -37,11 +40,16 @@ class MoveRelaySide:
             self.error = ReplicasDiverged(wrong, msg.move.stage, msg.move.source, msg.number)
 
     def on_range_installed(self, msg: RangeInstalled, process: str) -> None:
+        key = (msg.number, msg.move)
+        self.range_waits[key] = max(self.range_waits.get(key, 0.0), msg.waited)
         if self.ranges.installed(msg, process, self._hosting):
-            self.events.append((self.clock(), "range moved",
-                                f"stage {msg.move.stage} groups {msg.move.first}.."
-                                f"{msg.move.last}: partition {msg.move.source} -> "
-                                f"{msg.move.dest} (checkpoint {msg.number})"))
+            m, waited = msg.move, self.range_waits.pop(key)
+            log.info("key groups %d..%d of stage %d moved from partition %d to %d at "
+                     "checkpoint %d; the destination paused %.3fs", m.first, m.last,
+                     m.stage, m.source, m.dest, msg.number, waited)
+            self.events.append((self.clock(), "range moved", (m.stage, m.first, m.last,
+                                                              m.source, m.dest, msg.number,
+                                                              round(waited, 4))))
 
     def send_ranges(self) -> None:
         """Each pack to every destination replica, where it is hosted now, not sent it."""

@@ -101,6 +101,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
         self.probes: dict = {}
         #: ranges of live moves on their way to their destinations (DESIGN 13)
         self.ranges = RangeRelay()
+        self.range_waits: Dict[tuple, float] = {}
         self.transport = transport
         self.on_data_report = on_data_report
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints

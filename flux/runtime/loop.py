@@ -24,7 +24,6 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from controller.failure_detector import Lease
-from exchange.wire import MAX_FRAME
 from flux.addresses import CONTROLLER, S, MoverAddr, ProcAddr
 from flux.control_messages import (
     CutAtEpoch,
@@ -48,6 +47,7 @@ from flux.control_messages import (
 from flux.effects import (
     CutPassed,
     Deliver,
+    RangeAwaited,
     SinkCommit,
     Snapshot,
     SourcesPaused,
@@ -55,21 +55,18 @@ from flux.effects import (
     StateInstalled,
 )
 from flux.envelope import Envelope
-from flux.errors import OperatorError
 from flux.protocol.host import Host
 from flux.protocol.ingress import INGRESS
 from flux.runtime.catchup_timing import CatchUpTiming
 from flux.runtime.local_steps import ITEM_DELAY, LocalSteps
 from flux.runtime.metrics import Metrics
 from flux.runtime.outbox import Outbox
+from flux.runtime.range_timing import RangeTiming
 from flux.runtime.source_intake import SourceIntake
 from flux.runtime.transport import DEFAULT_POLL_LIMIT, ConnectionGap, Transport
 from statemover.messages import SmReady, TransferFailed
 
 log = logging.getLogger(__name__)
-
-#: the largest range a live move carries (it travels in one frame, ``exchange.wire``)
-RANGE_LIMIT = MAX_FRAME - (1 << 20)
 
 #: effects of a catch-up step, which the host may have carried to another segment
 CATCH_UP_EVENTS = (SmReady, StateInstalled, SourcesPaused, SourcesResumed, TransferFailed)
@@ -84,18 +81,6 @@ def probed_keys(host: Host, msg: ProbeKeys) -> ProbedKeys:
         found = work.snapshots.probe_keys(msg.number, msg.cut, msg.operator, msg.groups)
         pairs = None if found is None else tuple(tuple(p) for p in found)
     return ProbedKeys(msg.addr, msg.number, msg.cut, msg.operator, pairs)
-
-
-def _fits(e: RangePacked) -> RangePacked:
-    """A live move's range travels in one frame to the controller and on (DESIGN 13):
-    one that cannot stops the job with an error saying so (both replicas would pack it)."""
-    if len(e.data) > RANGE_LIMIT:
-        m = e.move
-        raise OperatorError(
-            f"the live move of key groups {m.first}..{m.last} to partition {m.dest}",
-            m.stage, m.source, (), f"the range packs {len(e.data) >> 20} MiB, more than the "
-            f"{RANGE_LIMIT >> 20} MiB one move may carry: move fewer key groups at a time")
-    return e
 
 
 class HostLoop:
@@ -144,6 +129,7 @@ class HostLoop:
         self.local = LocalSteps(host, self._emit, clock, flush_delay, self._keeps_snapshot,
                                 item_delay)
         self.timing = CatchUpTiming(host, clock)
+        self.ranges = RangeTiming(clock)  # live moves' ranges (DESIGN 13)
         #: envelopes taken off the wire, per connection, until the host may take them
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         self.gaps: List[ConnectionGap] = []
@@ -324,8 +310,7 @@ class HostLoop:
 
     def choose_cut(self, number: int, moves=()) -> None:
         """The ingress's process: checkpoint ``number`` covers every input accepted so far
-        (DESIGN 10; the driver's feed knows that input and the source's position after
-        it), and carries live ``moves`` of key groups (DESIGN 13)."""
+        (DESIGN 10), and carries live ``moves`` of key groups (DESIGN 13)."""
         ingress = self.host.machines[INGRESS]
         self.local.touch(INGRESS)
         self._emit(*self.host.run_local(ingress.choose_cut(number, moves)))
@@ -368,10 +353,10 @@ class HostLoop:
                     self.snapshots.write(e)  # to the store, off this thread
                 if e.digest is not None:  # compared with its twin's (DESIGN 14)
                     self.report(CutDigest(e.addr, e.digest))
-            elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed, RangeInstalled)):
+            elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
                 self.report(e)  # the controller retries a failed transfer (3.4)
-            elif isinstance(e, RangePacked):  # a live move's range, for its destination
-                self.report(_fits(e))
+            elif isinstance(e, (RangePacked, RangeAwaited, RangeInstalled)):
+                self._report_if(self.ranges.effect(e))  # a live move (DESIGN 13)
             elif isinstance(e, Deliver) and self.writer_sinks is not None:
                 self.writer_sinks.deliver(e.partition, e.items)
             elif isinstance(e, SinkCommit) and e.through is not None:

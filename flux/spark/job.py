@@ -40,7 +40,7 @@ from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts, driver_builder
 from flux.spark.driver_checkpoints import DriverCheckpoints
-from flux.spark.live_moves import KeyGroupMoves
+from flux.spark.job_moves import KeyGroupMoves
 from flux.spark.job_rescale import RescaleAsked, check_rescale, rescale_cut, rescaled_parts
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter

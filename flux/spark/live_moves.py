@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from exchange.group_map import GroupMap, GroupMove
-from flux.errors import RescaleRefused
-from flux.rescale import check_rescalable
 from flux.runtime.restore import routing_maps
 
 log = logging.getLogger(__name__)
@@ -34,14 +31,43 @@ class MoveAsked:
     last: int
     dest: int
 
-    def moves(self, groups: GroupMap) -> List[GroupMove]:
+    def moves(self, maps: Dict[int, GroupMap]) -> List[GroupMove]:
         """One move per run of these groups with one owner other than ``dest``."""
         out = []
-        for first, last, owner in groups.ranges():
+        for first, last, owner in maps[self.stage].ranges():
             lo, hi = max(first, self.first), min(last, self.last)
             if lo <= hi and owner != self.dest:
                 out.append(GroupMove(self.stage, lo, hi, owner, self.dest))
         return out
+
+    def fits(self, partitions: int) -> bool:
+        return self.dest < partitions
+
+    def __str__(self) -> str:
+        return (f"the move of key groups {self.first}..{self.last} of stage {self.stage} "
+                f"to partition {self.dest}")
+
+
+@dataclass(frozen=True)
+class SpreadAsked:
+    """Every stage's key groups over the first ``over`` partitions, in contiguous ranges
+    (as a job of ``over`` nodes has them): a live rescale among the pairs running."""
+
+    over: int
+    key_groups: int
+
+    def moves(self, maps: Dict[int, GroupMap]) -> List[GroupMove]:
+        out: List[GroupMove] = []
+        for s, groups in sorted(maps.items()):
+            target = GroupMap.even(self.over, self.key_groups, groups.partitions)
+            out += groups.moves_to(target, s)
+        return out
+
+    def fits(self, partitions: int) -> bool:
+        return self.over <= partitions
+
+    def __str__(self) -> str:
+        return f"the spread of the key groups over {self.over} partitions"
 
 
 class LiveMoves:
@@ -69,8 +95,9 @@ class LiveMoves:
             before = dict(self.maps)
             moves: List[GroupMove] = []
             for a in asked:
-                mine = a.moves(self.maps[a.stage])
-                self.maps[a.stage] = self.maps[a.stage].moved(mine)
+                mine = a.moves(self.maps)
+                for s in {m.stage for m in mine}:
+                    self.maps[s] = self.maps[s].moved([m for m in mine if m.stage == s])
                 moves += mine
             if asked:
                 self.carried[number] = asked
@@ -93,13 +120,11 @@ class LiveMoves:
             done = manifest["checkpoint"] if manifest is not None else 0
             again = [a for k in sorted(self.carried) if k > done for a in self.carried[k]]
             self.carried = {}
-            kept = [a for a in again + self.asked if a.dest < partitions]
             for a in again + self.asked:
-                if a.dest >= partitions:
-                    log.warning("the move of key groups %d..%d of stage %d to partition %d "
-                                "is dropped: the job restarted with %d partitions",
-                                a.first, a.last, a.stage, a.dest, partitions)
-            self.asked = kept
+                if not a.fits(partitions):
+                    log.warning("%s is dropped: the job restarted with %d partitions", a,
+                                partitions)
+            self.asked = [a for a in again + self.asked if a.fits(partitions)]
 
     def waiting_for_cut(self) -> bool:
         with self._lock:
@@ -110,71 +135,3 @@ class LiveMoves:
         checkpoint ``number``?"""
         with self._lock:
             return bool(self.asked) or any(number is None or k > number for k in self.carried)
-
-
-def check_move(running: bool, config, checkpoints, asked: MoveAsked, stages: int) -> None:
-    """Refuse, naming why, a live move this job cannot make (before anything changes)."""
-    if not running:
-        raise ValueError("move_key_groups() a running job: start() it first, and not once "
-                         "it finished or stopped")
-    if checkpoints is None:
-        raise ValueError("move_key_groups() rides a checkpoint's cut: give the job "
-                         "checkpoint=")
-    if checkpoints.moves is None:
-        raise RescaleRefused("this job restored a checkpoint written before key groups "
-                             "(its keys routed by hash % partitions): its keys cannot move")
-    if config.splits:
-        raise RescaleRefused("live moves with a SplitSource (several ingresses) are not "
-                             "built yet: rescale from a checkpoint (rescale()) instead")
-    if not config.ordered_output:
-        raise RescaleRefused("live moves with a sink per partition (ordered_output=False) "
-                             "are not built yet: rescale() drains and restarts instead")
-    groups = checkpoints.key_groups
-    if not 1 <= asked.stage <= stages:
-        raise ValueError(f"stage must be from 1 to {stages}, got {asked.stage!r}")
-    if not 0 <= asked.first <= asked.last < groups:
-        raise ValueError(f"key groups must be first..last within 0..{groups - 1}, got "
-                         f"{asked.first!r}..{asked.last!r}")
-    if not 0 <= asked.dest < config.partitions:
-        raise ValueError(f"to must be a partition from 0 to {config.partitions - 1}, got "
-                         f"{asked.dest!r}")
-
-
-def move_live(checkpoints, asked: MoveAsked, timeout: float, clock=time.monotonic,
-              sleep=time.sleep) -> int:
-    """Ask the move, cut a checkpoint to carry it, and wait until a complete checkpoint
-    covers it; that checkpoint's number. A restart to an older checkpoint meanwhile asks it
-    again (``LiveMoves.restarted``). ``TimeoutError`` if none does in ``timeout`` (no
-    input came to cut after, or checkpoints do not complete)."""
-    moves = checkpoints.moves
-    moves.ask(asked)
-    checkpoints.cut_now()
-    started = clock()
-    while clock() - started < timeout:
-        latest = checkpoints.service.latest
-        number = latest.number if latest is not None else None
-        if not moves.pending(number):
-            return number
-        if moves.waiting_for_cut() and checkpoints.wanted_cut is not None:
-            checkpoints.cut_now()  # the cut that carried it was undone by a restart
-        sleep(0.02)
-    raise TimeoutError(f"the move of key groups {asked.first}..{asked.last} of stage "
-                       f"{asked.stage} to partition {asked.dest} was not in a complete "
-                       f"checkpoint within {timeout}s (it needs an input to cut after)")
-
-
-class KeyGroupMoves:
-    """``FluxJob.move_key_groups``; mixed into ``FluxJob`` (its attributes are the job's)."""
-
-    def move_key_groups(self, first: int, last: int, to: int, stage: int = 1,
-                        timeout: float = 60.0) -> Optional[int]:
-        """Move key groups ``first..last`` of ``stage`` to partition ``to`` while the job
-        runs, without a restart (DESIGN 13, docs/design/rescaling.md): the move rides
-        the next checkpoint's cut; the groups' state goes from the partitions that own
-        them to ``to``, which holds the inputs after the cut until it has it. Returns
-        the number of the complete checkpoint that covers the move."""
-        asked = MoveAsked(stage, first, last, to)
-        check_move(self.attempt is not None and not self._stopped and not self.finished(),
-                   self.config, self._checkpointing, asked, len(self.dataflow.stages))
-        check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
-        return move_live(self._checkpointing, asked, timeout)
