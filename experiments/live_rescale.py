@@ -80,17 +80,18 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
     rows: List[Dict[str, Any]] = []
     with job:
         job.wait_until(lambda: len(job.checkpoints.completed) >= 1, 120)
-        job.spread_key_groups(counts[0], timeout=120)
+        covered = job.spread_key_groups(counts[0], timeout=120)
         built = source.start + args.keys / args.rate + BUILD_MARGIN
         time.sleep(max(0.0, built - time.monotonic()))
         previous = counts[0]
         for count in counts[1:]:
-            seen = len(_moved(job))
             asked = time.monotonic()
-            job.spread_key_groups(count, timeout=120)
+            after = covered  # this rescale's moves ride a later cut than the last one's
+            covered = job.spread_key_groups(count, timeout=120)
             returned = time.monotonic() - asked
-            job.wait_until(lambda: _all_moved(job, seen, previous, count, args), 60)
-            moved = _moved(job)[seen:]
+            job.wait_until(lambda: len(_moved(job, after)) >= _moves(previous, count, args),
+                           60)
+            moved = _moved(job, after)
             done = max((t for t, _ in moved), default=asked) - asked
             time.sleep(max(0.0, asked + args.settle - time.monotonic()))
             half = args.settle / 2  # (the window before is clear of the last rescale's)
@@ -111,18 +112,19 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
     return rows, stamped.rows, source.start, job.restart_log
 
 
-def _moved(job) -> List[tuple]:
-    return [(t, what) for t, kind, what in list(job.metrics.events) if kind == "range moved"]
+def _moved(job, after: int) -> List[tuple]:
+    """The ranges moved at cuts after checkpoint ``after``: (when, what) each."""
+    return [(t, what) for t, kind, what in list(job.metrics.events)
+            if kind == "range moved" and what[5] > after]
 
 
-def _all_moved(job, seen: int, old: int, new: int, args) -> bool:
-    """Every range of the rescale from ``old`` to ``new`` installed at both replicas."""
+def _moves(old: int, new: int, args) -> int:
+    """How many ranges change owner from ``old`` partitions to ``new``."""
     from exchange.group_map import GroupMap
     from exchange.partitioner import KEY_GROUPS
 
-    want = len(GroupMap.even(old, KEY_GROUPS, args.pairs).moves_to(
+    return len(GroupMap.even(old, KEY_GROUPS, args.pairs).moves_to(
         GroupMap.even(new, KEY_GROUPS, args.pairs), 1))
-    return len(_moved(job)) - seen >= want
 
 
 def summarize(rows: List[dict]) -> Dict[str, Any]:
