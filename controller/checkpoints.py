@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from controller.key_groups import groups_to_manifest
 from flux.dataflow import Dataflow, factory_name
 
 
@@ -58,6 +59,8 @@ class Checkpoint:
     has_sink: bool = False  # every sink partition committed
     #: sink partition -> the last SN it committed at the cut (an egress per partition)
     sinks: Dict[int, Optional[Tuple[int, ...]]] = field(default_factory=dict)
+    #: the key groups' maps before and after the live moves its cut carries (DESIGN 13)
+    groups: Optional[tuple] = None
 
 
 class CheckpointCoordinator:
@@ -77,8 +80,10 @@ class CheckpointCoordinator:
         self.latest_complete: Optional[int] = None
 
     # -- events --------------------------------------------------------------------------
-    def begin(self, number: int, cut: int) -> None:
-        """The ingress chose cut ``cut`` for checkpoint ``number``."""
+    def begin(self, number: int, cut: int, groups: Optional[tuple] = None) -> None:
+        """The ingress chose cut ``cut`` for checkpoint ``number``; ``groups``: the key
+        groups of each stage's partitions before and after the live moves its cut carries
+        (two dicts stage -> ``GroupMap``; None: contiguous ranges, DESIGN 13)."""
         if number in self.checkpoints:
             raise ValueError(f"checkpoint {number} was begun already")
         if self.checkpoints and number < max(self.checkpoints):
@@ -87,7 +92,7 @@ class CheckpointCoordinator:
         last = max(live, key=lambda c: c.number) if live else None
         if last is not None and cut < last.cut:
             raise ValueError(f"checkpoint {number}'s cut {cut} is before {last.cut}")
-        self.checkpoints[number] = Checkpoint(number, cut)
+        self.checkpoints[number] = Checkpoint(number, cut, groups=groups)
 
     def source_recorded(self, number: int, position: Any) -> Optional[dict]:
         c = self._open(number)
@@ -204,6 +209,8 @@ class CheckpointCoordinator:
                     "digests": dict(sorted(c.digests.items()))}
         if self.key_groups is not None:
             manifest.update(key_groups=self.key_groups, shape=self.shape)
+        if c.groups is not None:  # where key groups moved live (DESIGN 13)
+            manifest.update(groups_to_manifest(*c.groups))
         if self.sinks > 1:  # each sink partition's last committed SN
             manifest["sinks"] = [list(c.sinks[p]) if c.sinks[p] is not None else None
                                  for p in range(self.sinks)]

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import msgpack
 import numpy as np
 
+from exchange.group_map import GroupMove
 from exchange.rows import NumberedRows, Rows
 from flux.addresses import Addr, MoverAddr, ProcAddr
 from flux.digests import GROUPS, Digest
@@ -62,6 +63,9 @@ from flux.control_messages import (
     CutAtEpoch,
     HoldInputs,
     SplitCutPassed,
+    InstallRange,
+    RangeInstalled,
+    RangePacked,
 )
 from flux.data_messages import (
     Ack,
@@ -130,12 +134,39 @@ def _sn(v, what: str = "SN") -> Tuple[int, ...]:
 
 
 def _cut(v):
-    """A checkpoint cut ``[k, n]``, or None."""
+    """A checkpoint cut ``[k, n]``, or None; ``[k, n, move_cuts]`` with the live moves of
+    key groups the producer tells (``flux.protocol.cuts``): ``[[k_i, n_i, [move, ...]],
+    ...]``, each move ``[stage, first, last, source, dest]``."""
     if v is None:
         return None
-    if not (isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)):
+    if not (isinstance(v, list) and len(v) in (2, 3)
+            and all(type(x) is int and x >= 0 for x in v[:2])):
         raise WireError(f"a checkpoint cut must be [checkpoint, input], got {v!r:.60}")
-    return (v[0], v[1])
+    if len(v) == 2:
+        return (v[0], v[1])
+    return (v[0], v[1], tuple(_move_cut(c) for c in _list(v[2], "move cuts")))
+
+
+def _move_cut(v) -> tuple:
+    if not (isinstance(v, list) and len(v) == 3):
+        _bad("move cut", v)
+    return (_int(v[0], "move cut checkpoint"), _int(v[1], "move cut input"),
+            tuple(_group_move(m) for m in _list(v[2], "moves")))
+
+
+def _group_move(v) -> GroupMove:
+    if not (isinstance(v, list) and len(v) == 5 and all(type(x) is int and x >= 0 for x in v)
+            and v[1] <= v[2]):
+        raise WireError(f"a move is [stage, first, last, source, dest], got {v!r:.60}")
+    return GroupMove.from_wire(v)
+
+
+def _put_cut(cut) -> Any:
+    if cut is None:
+        return None
+    if len(cut) == 2:
+        return list(cut)
+    return [cut[0], cut[1], [[k, n, [m.to_wire() for m in moves]] for k, n, moves in cut[2]]]
 
 
 def _chain(v) -> tuple:
@@ -394,8 +425,7 @@ def _batch(fields: List) -> Batch:
 
 
 CODECS: Dict[str, _Codec] = {
-    "batch": (Batch, lambda m: [*_put_batch_items(m.items), list(m.bound),
-                                None if m.cut is None else list(m.cut)],
+    "batch": (Batch, lambda m: [*_put_batch_items(m.items), list(m.bound), _put_cut(m.cut)],
               _batch),
     "ack": (Ack, lambda m: [list(m.hwm)], _arity(1, lambda h: Ack(_sn(h, "hwm")))),
     "credit": (Credit, lambda m: [list(m.sn)], _arity(1, lambda sn: Credit(_sn(sn, "sn")))),
@@ -510,6 +540,18 @@ CODECS: Dict[str, _Codec] = {
         _arity(5, lambda a, k, n, o, p: ProbedKeys(
             _addr(a, "addr"), _int(k, "checkpoint"), _int(n, "cut"), _int(o, "operator"),
             None if p is None else tuple(_probed_pair(x) for x in _list(p, "pairs"))))),
+    "range_packed": (
+        RangePacked, lambda m: [m.number, m.move.to_wire(), list(m.addr), m.data],
+        _arity(4, lambda k, mv, a, d: RangePacked(_int(k, "checkpoint"), _group_move(mv),
+                                                  _addr(a, "addr"), _bytes(d, "range")))),
+    "install_range": (
+        InstallRange, lambda m: [m.number, m.move.to_wire(), m.data],
+        _arity(3, lambda k, mv, d: InstallRange(_int(k, "checkpoint"), _group_move(mv),
+                                                _bytes(d, "range")))),
+    "range_installed": (
+        RangeInstalled, lambda m: [m.number, m.move.to_wire(), list(m.addr), m.waited],
+        _arity(4, lambda k, mv, a, t: RangeInstalled(_int(k, "checkpoint"), _group_move(mv),
+                                                     _addr(a, "addr"), _seconds(t, "waited")))),
     "ready": (Ready, lambda m: [], _arity(0, Ready)),
     "register": (Register, lambda m: [m.task, m.inc, m.address, m.pid, m.executor_pid, m.secret,
                                       m.mover_address, m.host, m.executor, m.boot],

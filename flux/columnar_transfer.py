@@ -30,6 +30,7 @@ class SlotTransfer:
     - ``_write(keys, values)``: add or replace keys (tuples) with values (as they come
       off the wire); they are not dirty afterwards;
     - ``_forget(keys)``: delete those of ``keys`` held;
+    - ``_touched(keys)``: the keys (held) were written: changed, for each record kept;
     - ``_clear()``: hold nothing;
     - ``_new_record()`` and ``_net(record)``: a change record whose baseline is now,
       and its net changes, ``{"set": [[key, value], ...], "deleted": [key, ...]}`` in
@@ -43,6 +44,7 @@ class SlotTransfer:
     _read: Callable[[Sequence[Any]], tuple]
     _write: Callable[[List[Any], List[Any]], None]
     _forget: Callable[[List[Any]], None]
+    _touched: Callable[[List[Any]], None]
     _clear: Callable[[], None]
     _new_record: Callable[[], Any]
     _net: Callable[[Any], dict]
@@ -61,6 +63,30 @@ class SlotTransfer:
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys}")
         return _parts(self, self._held(), max_keys)
+
+    # -- a live move of key groups (DESIGN 13): changes like any other --------------
+    def held_keys(self) -> list:
+        return self._held()
+
+    def read_keys(self, keys: Sequence[Any]) -> tuple:
+        """``(held, values)``: those of ``keys`` held, and their values in wire form."""
+        return self._read(list(keys))
+
+    def take_keys(self, keys: Sequence[Any]) -> tuple:
+        """Take ``keys`` out (a range moving away): ``read_keys``'s, each deletion a
+        change (catch-up's delta and the next snapshot's delta carry it)."""
+        held, values = self._read(list(keys))
+        self._forget(list(held))
+        self.installs += 1
+        return held, values
+
+    def put_keys(self, keys: Sequence[Any], values: Sequence[Any]) -> None:
+        """Add a range that moved here (as it came off the wire), each key a change."""
+        keys = [tuplify(k) for k in keys]
+        if keys:
+            self._write(list(keys), list(values))
+            self._touched(keys)
+        self.installs += 1
 
     # -- in --------------------------------------------------------------------------
     def restore(self, pairs: Optional[Iterable]) -> None:
@@ -158,6 +184,7 @@ class ColumnarTransfer(SlotTransfer):
     _dirty: Optional[Record]
     _since: Optional[Record]
     # ColumnarKeyedState's own, used here
+    _mark: Callable[[np.ndarray], None]
     slots: Callable[[Any], np.ndarray]
     delete: Callable[[np.ndarray], None]
     keys_of: Callable[[np.ndarray], list]
@@ -189,6 +216,9 @@ class ColumnarTransfer(SlotTransfer):
     def _forget(self, keys: List[Any]) -> None:
         self.delete(np.array([s for s in map(self._index.get, keys) if s is not None],
                              np.int64))
+
+    def _touched(self, keys: List[Any]) -> None:
+        self._mark(np.fromiter(map(self._index.__getitem__, keys), np.int64, len(keys)))
 
     def _new_record(self) -> Record:
         return Record(len(self._live))

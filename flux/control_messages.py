@@ -372,8 +372,11 @@ class InstallRange:
 @dataclass(frozen=True, slots=True)
 class RangeInstalled:
     """``addr``, a replica of a live move's destination, holds the range of the move
-    at checkpoint ``number``: the controller need not send it again."""
+    at checkpoint ``number``: the controller need not send it again. ``waited``: the
+    seconds it processed nothing, from its crossing of the cut to the install (the
+    runtime's measure; 0: the range came first)."""
 
     number: int
     move: Any
     addr: Addr
+    waited: float = 0.0

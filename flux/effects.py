@@ -63,6 +63,17 @@ class SourcesResumed:
 # -- checkpoints (DESIGN 10, docs/design/checkpoints.md) ------------------------------------------
 
 @dataclass(frozen=True, slots=True)
+class RangeAwaited:
+    """Replica ``addr`` crossed the cut of checkpoint ``number`` as the destination of
+    ``move`` without its range: it processes nothing past the cut until it installed it
+    (``RangeInstalled``). The runtime times that pause (DESIGN 13)."""
+
+    number: int
+    move: Any
+    addr: Any
+
+
+@dataclass(frozen=True, slots=True)
 class CutChosen:
     """The ingress chose the cut of checkpoint ``number``: inputs 1..``cut``. The runtime
     records the source position after input ``cut`` for it."""

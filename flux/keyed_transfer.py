@@ -122,6 +122,32 @@ class StateTransfer:
                 pass
         self.install_chunk(zip(keys, values))
 
+    # -- a live move of key groups (DESIGN 13): changes like any other --------------
+    def held_keys(self) -> list:
+        return list(self._data)
+
+    def read_keys(self, keys: Sequence[Any]) -> tuple:
+        """``(held, values)``: those of ``keys`` held, and their values."""
+        data = self._data
+        held = [k for k in keys if k in data]
+        return held, [data[k] for k in held]
+
+    def take_keys(self, keys: Sequence[Any]) -> tuple:
+        """Take ``keys`` out (a range moving away): ``read_keys``'s, each deletion a
+        change (catch-up's delta and the next snapshot's delta carry it)."""
+        held, values = self.read_keys(keys)
+        for key in held:
+            self.pop(key)
+        self.installs += 1  # an index beside the store is rebuilt
+        return held, values
+
+    def put_keys(self, keys: Sequence[Any], values: Sequence[Any]) -> None:
+        """Add a range that moved here (as it came off the wire), each key a change."""
+        decode = self.decode
+        for key, value in zip(keys, values):
+            self[tuplify(key)] = decode(value) if decode is not None else value
+        self.installs += 1
+
     def apply_delta(self, delta: dict) -> None:
         """Apply a ``delta()`` (possibly after msgpack); the result is the new baseline."""
         self.install_chunk(delta.get("set"))

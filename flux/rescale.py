@@ -9,13 +9,14 @@ That is checked, not assumed: a key whose group the old partition did not own sh
 store keyed by something else, and the rescale is refused naming it; so is an operator
 whose state is not a keyed store (it cannot be split). Entries of a partition, not of a
 key (an expiry's watermark, ``flux.keys.PARTITION_WIDE``), take the smallest of those the
-old partitions held.
+old partitions held; where key groups moved live at one count, each partition keeps its
+own.
 
 Pure: no I/O.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -54,33 +55,27 @@ def key_groups_of(stage: Stage, keys: Sequence[Any], key_groups: int) -> np.ndar
 
 
 def rescaled_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequence[Any]],
-                    partition: int, partitions: int, old_partitions: int,
-                    key_groups: int) -> List[Any]:
-    """The operator states of new partition ``partition`` of ``partitions``, from the
-    states of the old partitions it draws keys from (``old[q]``: partition ``q`` of
-    ``old_partitions``'s operator states, as ``OperatorChain.get_state`` gives them).
-    ``keyed[i]``: is operator ``i``'s whole state a keyed store (``[[key, value], ...]``)?
+                    partition: int, before: GroupMap, after: GroupMap) -> List[Any]:
+    """The operator states of partition ``partition`` of another partition count, from
+    the states of the old partitions it draws keys from (``old[q]``: old partition
+    ``q``'s operator states, as ``OperatorChain.get_state`` gives them, holding the key
+    groups ``before`` gives ``q``); it gets the groups ``after`` gives it. ``keyed[i]``:
+    is operator ``i``'s whole state a keyed store (``[[key, value], ...]``)?
     ``RescaleRefused`` for state that cannot be split."""
-    states: List[Any] = []
     for i, is_keyed in enumerate(keyed):
-        if not is_keyed:
-            held = [q for q, ops in old.items() if ops[i] is not None]
-            if held:
-                raise _not_keyed(stage, i, f" (partition {held[0]} holds some)")
-            states.append(None)
-            continue
-        states.append(_split(stage, i, factory_name(stage.operators[i]),
-                             {q: ops[i] or [] for q, ops in old.items()}, partition,
-                             GroupMap.even(partitions, key_groups),
-                             GroupMap.even(old_partitions, key_groups), key_groups))
-    return states
+        held = [q for q, ops in old.items() if ops[i] is not None]
+        if not is_keyed and held:
+            raise _not_keyed(stage, i, f" (partition {held[0]} holds some)")
+    return regrouped_states(stage, keyed, old, partition, before, after, rescaled=True)
 
 
 def regrouped_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequence[Any]],
-                     partition: int, before: GroupMap, after: GroupMap) -> List[Any]:
-    """``rescaled_states`` where the partitions' groups are maps (live moves, DESIGN 13):
-    ``old[q]`` holds the groups ``before`` gives ``q``, and ``partition`` gets the ones
-    ``after`` gives it."""
+                     partition: int, before: GroupMap, after: GroupMap,
+                     rescaled: bool = False) -> List[Any]:
+    """``rescaled_states`` at one partition count, where key groups moved between
+    partitions (live moves, DESIGN 13): a state that is not keyed stays where it is, and
+    so do entries of a partition rather than of a key (as a live move leaves them,
+    ``flux.protocol.segment_moves``). ``rescaled``: ``rescaled_states``'s rule."""
     states: List[Any] = []
     for i, is_keyed in enumerate(keyed):
         if not is_keyed:
@@ -88,15 +83,18 @@ def regrouped_states(stage: Stage, keyed: Sequence[bool], old: Mapping[int, Sequ
             continue
         states.append(_split(stage, i, factory_name(stage.operators[i]),
                              {q: ops[i] or [] for q, ops in old.items()},
-                             partition, after, before, after.key_groups))
+                             partition, after, before, after.key_groups,
+                             None if rescaled else partition))
     return states
 
 
 def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partition: int,
-           new_map: GroupMap, old_map: GroupMap, key_groups: int) -> list:
+           new_map: GroupMap, old_map: GroupMap, key_groups: int,
+           wide_from: Optional[int] = None) -> list:
     """The pairs of ``partition``'s key groups in ``new_map``, in key order, from the old
     partitions' (each holding its groups in ``old_map``): each old partition's are in
-    key order already (a snapshot's), so one source needs no sort."""
+    key order already (a snapshot's), so one source needs no sort. Partition-wide
+    entries: the smallest of the sources', or only ``wide_from``'s where given."""
     parts: List[list] = []
     widest: Dict[Any, Any] = {}  # partition-wide entries: the smallest value of each
     for q in sorted(old):
@@ -105,6 +103,8 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
         wide = [i for i, k in enumerate(keys) if type(k) is tuple and k in PARTITION_WIDE]
         for i in reversed(wide):
             k, v = keys.pop(i), values.pop(i)
+            if wide_from is not None and q != wide_from:
+                continue
             if k not in widest or tuplify(v) < tuplify(widest[k]):
                 widest[k] = v
         if not keys:
@@ -130,13 +130,16 @@ def _split(stage: Stage, index: int, name: str, old: Mapping[int, list], partiti
 
 
 def check_rescalable(dataflow, sample: Sequence[Any] = (),
-                     key_groups: int = KEY_GROUPS) -> None:
+                     key_groups: int = KEY_GROUPS, only: Optional[int] = None) -> None:
     """Refuse, before anything stops, a rescale of a dataflow with an operator whose state
     is not a keyed store (a fresh instance's state tells: None is stateless), or whose
     stores hold keys other than their stage's key on ``sample`` (the source's first
     records, run at 2 partitions and split over 3). A key of the real state can still be
-    refused when the new partitions restore (``rescaled_states``)."""
-    for stage in dataflow.stages:
+    refused when the new partitions restore (``rescaled_states``). ``only``: that stage
+    (1-based) alone, whose key groups move live."""
+    for s, stage in enumerate(dataflow.stages, 1):
+        if only is not None and s != only:
+            continue
         chain = stage.build_chain()
         for i, (op, store) in enumerate(zip(chain.operators, chain.keyed_stores())):
             if store is None and op.get_state() is not None:
@@ -149,10 +152,13 @@ def check_rescalable(dataflow, sample: Sequence[Any] = (),
     for record in sample:
         run.feed(record)
     for s, stage in enumerate(dataflow.stages):
+        if only is not None and s + 1 != only:
+            continue
         keyed = [store is not None for store in stage.build_chain().keyed_stores()]
         old = {q: run.chains[s][q].get_state() for q in range(2)}
         for p in range(3):
-            rescaled_states(stage, keyed, old, p, 3, 2, key_groups)
+            rescaled_states(stage, keyed, old, p, GroupMap.even(2, key_groups),
+                            GroupMap.even(3, key_groups))
 
 
 def _not_keyed(stage: Stage, index: int, where: str) -> RescaleRefused:

@@ -106,3 +106,20 @@ def test_the_running_rescale_experiment_rescales_both_egress_modes_exactly(tmp_p
     rows = list(csv.DictReader(open(out / "runs.csv")))
     assert {r["mode"] for r in rows} == {"ordered", "drained"}
     assert all(float(r["longest_gap_s"]) > 0 and float(r["rescale_s"]) > 0 for r in rows)
+
+
+def test_the_live_rescale_experiment_spreads_the_keys_live_exactly(tmp_path):
+    """``experiments.live_rescale``: 2 -> 4 -> 3 among 4 pairs, no restart: each
+    rescale's ranges moved, the destinations' pauses, the output exact."""
+    from experiments.live_rescale import main
+
+    out = tmp_path / "live_rescale"
+    status = main(["--pairs", "4", "--counts", "2,4,3", "--mb", "0.5", "--settle", "2",
+                   "--runs", "1", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert status == 0 and summary["exact"]
+    rows = list(csv.DictReader(open(out / "runs.csv")))
+    assert [r["rescale"] for r in rows] == ["2->4", "4->3"]
+    assert [int(r["ranges"]) for r in rows] == [3, 3]  # GroupMap.moves_to's runs
+    assert all(float(r["longest_pause_s"]) >= 0 for r in rows)
+    assert (out / "live_rescale.png").stat().st_size > 0

@@ -14,6 +14,7 @@ import pytest
 import zmq
 from pyspark import cloudpickle
 
+from exchange.group_map import GroupMove
 from flux.testing.dataflows import counting_dataflow
 from flux.errors import IngressLost
 from flux.runtime import ingress_process
@@ -183,22 +184,22 @@ def pipe(zmq_ctx):
 def test_a_cut_is_chosen_when_every_input_before_it_was_taken(pipe):
     a, b = pipe
     source, cuts, taken = FeedSource(b), [], []
-    source.on_cut = lambda n: cuts.append((n, list(taken)))
+    source.on_cut = lambda n, moves: cuts.append((n, list(taken), moves))
     assert source.take(10) == [] and not source.finished  # nothing yet: not the end
-    for msg in [(RECORDS, [[1, 2]]), (CUT, 5), (RECORDS, [[3]]), (END,)]:
+    for msg in [(RECORDS, [[1, 2]]), (CUT, 5, [[1, 0, 63, 0, 2]]), (RECORDS, [[3]]), (END,)]:
         a.send(pickle.dumps(msg))
     while run := source.take(10):
         taken += run
-    assert taken == [1, 2, 3] and cuts == [(5, [1, 2])]
+    assert taken == [1, 2, 3] and cuts == [(5, [1, 2], (GroupMove(1, 0, 63, 0, 2),))]
     a.send(pickle.dumps((CUT, 6)))  # after the last input: at once
     source.pump()
-    assert cuts == [(5, [1, 2]), (6, [1, 2, 3])]
+    assert cuts[1:] == [(6, [1, 2, 3], ())]
 
 
 def test_runs_taken_stop_before_a_cut_which_waits_for_what_was_put_back(pipe):
     a, b = pipe
     source, cuts = FeedSource(b), []
-    source.on_cut = cuts.append
+    source.on_cut = lambda n, moves: cuts.append(n)
     for msg in [(RECORDS, [[1, 2, 3]]), (CUT, 5), (RECORDS, [[4]]), (END,)]:
         a.send(pickle.dumps(msg))
     time.sleep(0.05)
@@ -218,7 +219,7 @@ def test_a_columnar_sources_batches_are_runs_of_their_own(pipe):
     a, b = pipe
     batch = pa.RecordBatch.from_pydict({"x": list(range(10, 17))})
     source = FeedSource(b)
-    source.on_cut = lambda n: None
+    source.on_cut = lambda n, moves: None
     for msg in [(RECORDS, [[1, 2], batch, [3]]), (END,)]:
         a.send(pickle.dumps(msg))
     time.sleep(0.05)

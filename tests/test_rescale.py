@@ -13,6 +13,7 @@ from flux.examples import paper_dataflow
 from flux.examples.dataflows import paper_dataflow_on_columns
 from flux.operator import wire_form
 from flux.reference import ReferenceRun
+from exchange.group_map import GroupMap
 from flux.rescale import rescaled_states
 from flux.testing.counter import KeyedCounter, first_field
 from flux.testing.dataflows import counting_dataflow, regrouping_dataflow
@@ -35,7 +36,7 @@ def _rescaled(flow, run, old, new):
         out.append([wire_form(rescaled_states(
             stage, keyed, {q: run.chains[s][q].get_state()
                            for q in sources(p, new, old, GROUPS)},
-            p, new, old, GROUPS)) for p in range(new)])
+            p, GroupMap.even(old, GROUPS), GroupMap.even(new, GROUPS))) for p in range(new)])
     return out
 
 

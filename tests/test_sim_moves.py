@@ -30,6 +30,18 @@ def test_live_moves_keep_the_failure_free_output_and_states(shape):
     assert sum(r.moves_done for r in results) >= 60  # both replicas installed the range
 
 
+def test_the_papers_two_operators_move_live_too():
+    """The paper's sessions and stats (two keyed stages, keys of two fields): moves and a
+    live rescale with crashes, standbys and restarts."""
+    for shape in (dict(moves=3, standbys=2, crashes=3),
+                  dict(moves=0, partitions=6, live_rescales=(4, 6, 3), standbys=2,
+                       crashes=2, restarts=1)):
+        results = schedules(SimParams(**{**MOVES, "dataflow": "packets", **shape}),
+                            range(1, 61))
+        assert not failures(results), failures(results)
+        assert sum(r.moves_done for r in results) >= 40
+
+
 def test_restarts_from_a_cut_that_carried_moves_restore_each_partition_its_groups():
     results = schedules(SimParams(**MOVES, restarts=2, standbys=1), range(1, 81))
     assert not failures(results), failures(results)

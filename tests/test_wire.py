@@ -39,7 +39,11 @@ from flux.control_messages import (
     SinkCommitted,
     WriterMove,
     WriterProgress,
+    InstallRange,
+    RangeInstalled,
+    RangePacked,
 )
+from exchange.group_map import GroupMove
 from flux.data_messages import (
     Ack,
     Batch,
@@ -73,6 +77,12 @@ MESSAGES = [
     Batch((((3, 1), ["k", 1, 2.5]), ((4, 2), None)), (4,)),
     Batch((), (0,)),
     Batch((((7, 1), "x"),), (7,), (3, 6)),  # with a checkpoint cut
+    Batch((((9, 1), "x"),), (9,), (4, 8, ((2, 3, (GroupMove(1, 0, 63, 0, 2),)),
+                                          (4, 8, (GroupMove(1, 64, 64, 1, 0),
+                                                  GroupMove(2, 7, 9, 3, 1)))))),  # live moves
+    RangePacked(4, GroupMove(2, 7, 9, 3, 1), Addr(2, 3, 0), b"\x92\x01\x02"),
+    InstallRange(4, GroupMove(2, 7, 9, 3, 1), b"\x92\x01\x02"),
+    RangeInstalled(4, GroupMove(2, 7, 9, 3, 1), Addr(2, 1, 1), 0.031),
     Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     IngressLog(4, (("item", 1048579), ("epoch", 2), ("cut", 3, 2), ("item", 3145729))),
     LogAck(6),
@@ -187,6 +197,12 @@ GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
      "batch: batch items must be SN bytes and a list of records"),
     (frame(wire.VERSION, "batch", *GOOD[2:7], 0, b"", [], [1], [1, -2]),
      "batch: a checkpoint cut must be [checkpoint, input]"),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], 0, b"", [], [1], [1, 2, [[1, 2, [[1, 9, 3, 0, 1]]]]]),
+     "batch: a move is [stage, first, last, source, dest]"),
+    (frame(wire.VERSION, "batch", *GOOD[2:7], 0, b"", [], [1], [1, 2, [[1, 2]]]),
+     "batch: malformed move cut"),
+    (frame(wire.VERSION, "install_range", *GOOD[2:7], 3, [1, 0, 3, 0, 1], "not bytes"),
+     "install_range: range must be bytes"),
     (frame(wire.VERSION, "sm_chunk", *GOOD[2:7], [1, 2, 3], 0, "not bytes", 0),
      "sm_chunk: chunk data must be bytes"),
     (frame(wire.VERSION, "sm_part_trailer", *GOOD[2:7], [1, 2, 3], "0", 1, 7, 9, 0),

@@ -27,9 +27,9 @@ import numpy as np
 from exchange.group_map import GroupMap, GroupMove, moves_from_wire, stage_moves
 from exchange.routing import moved
 from flux.control_messages import InstallRange, RangeInstalled, RangePacked
+from flux.effects import RangeAwaited
 from flux.errors import LocalProtocolError, RescaleRefused
-from flux.keyed_state import KeyedState
-from flux.keys import tuplify
+from flux.keys import PARTITION_WIDE, sorted_keys
 from flux.rescale import key_groups_of
 from flux.state_codec import unpack_state
 
@@ -67,8 +67,8 @@ class MoveSide:
             if move.dest == me:
                 self.moves_due[number, move] = True
                 data = self.ranges_arrived.pop((number, move), None)
-                if data is not None:
-                    effects += self._install_range(number, move, data)
+                effects += self._install_range(number, move, data) if data is not None \
+                    else [RangeAwaited(number, move, self.addr)]  # the pause begins
         return effects
 
     def on_install_range(self, msg: InstallRange) -> List:
@@ -85,37 +85,38 @@ class MoveSide:
         return []
 
     def _take_range(self, number: int, move: GroupMove) -> bytes:
-        """Pop the range's keys out of every keyed store: ``[[operator, pairs], ...]``."""
+        """Take the range's keys out of every keyed store: ``[[operator, keys, values],
+        ...]``. Entries of the partition rather than of a key (an expiry's watermark,
+        ``PARTITION_WIDE``) stay: each partition keeps its own (``regrouped_states``)."""
         taken = []
         for i, store in self._range_stores(move):
-            keys = store.keys()
+            keys = [k for k in store.held_keys() if k not in PARTITION_WIDE]
             groups = key_groups_of(self.stage_spec, keys, self.key_groups) if keys else \
                 np.zeros(0, dtype=np.int64)
             mine = np.flatnonzero(move.covers(groups)).tolist()
-            taken.append([i, [[keys[j], store.pop(keys[j])] for j in mine]])
+            held, values = store.take_keys(sorted_keys([keys[j] for j in mine]))
+            taken.append([i, list(held), list(values)])
         return self._packed(lambda: taken, f"the move of {move} at checkpoint {number}",
                             None)
 
     def _install_range(self, number: int, move: GroupMove, data: bytes) -> List:
         stores = self._stores()
-        for i, pairs in unpack_state(data):
-            store = stores[i]
-            for key, value in pairs:
-                store[tuplify(key)] = value
+        for i, keys, values in unpack_state(data):
+            stores[i].put_keys(keys, values)
         del self.moves_due[number, move]
         self.moves_installed.add((number, move))
         return [RangeInstalled(number, move, self.addr)]
 
-    def _range_stores(self, move: GroupMove) -> List[Tuple[int, KeyedState]]:
+    def _range_stores(self, move: GroupMove) -> List[Tuple[int, Any]]:
         """The operators' keyed stores; a state a move cannot split is refused, naming it."""
         out = []
         for i, (op, store) in enumerate(zip(self.chain.operators, self._stores())):
-            if isinstance(store, KeyedState):
+            if store is not None:
                 out.append((i, store))
-            elif store is not None or op.get_state() is not None:
+            elif op.get_state() is not None:
                 raise RescaleRefused(
                     f"stage {self.addr.stage} operator {i} ({type(op).__name__}) keeps state "
-                    f"that is not a KeyedState: {move} cannot take its part of it")
+                    f"that is not a keyed store: {move} cannot take its part of it")
         return out
 
     # -- the record a new replica takes over (catch-up) ---------------------------

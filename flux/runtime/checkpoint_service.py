@@ -60,8 +60,11 @@ class CheckpointService:
         self._thread.start()
 
     # -- reports (any thread) -------------------------------------------------------------
-    def cut_chosen(self, number: int, cut: int, position: Any) -> None:
-        self._reports.put(("cut", number, cut, position, self.clock()))
+    def cut_chosen(self, number: int, cut: int, position: Any,
+                   groups: Optional[tuple] = None) -> None:
+        """``groups``: the key groups' maps before and after the live moves the cut
+        carries (``CheckpointCoordinator.begin``)."""
+        self._reports.put(("cut", number, cut, position, self.clock(), groups))
 
     def cut_begun(self, number: int, cut: int) -> None:
         """Checkpoint ``number``'s cut is ``cut``; the source's position comes later
@@ -111,8 +114,8 @@ class CheckpointService:
             report[1].set()
             return
         if kind == "cut":
-            _, number, cut, position, at = report
-            c.begin(number, cut)
+            _, number, cut, position, at, groups = report
+            c.begin(number, cut, groups)
             self._begun[number] = at
             self._complete(number, c.source_recorded(number, position))
         elif kind == "begin":

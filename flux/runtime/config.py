@@ -29,6 +29,10 @@ class NodeConfig:
     #: how many key groups keys hash to (DESIGN 13); None: ``hash % partitions``, the
     #: routing of a checkpoint written before key groups, restored as it was
     key_groups: Optional[int] = KEY_GROUPS
+    #: each stage whose key groups are not contiguous ranges over its partitions (live
+    #: moves, DESIGN 13): ``((stage, owner of each group), ...)``, the restored
+    #: checkpoint's map after its cut (``flux.runtime.restore.routing_maps``)
+    group_maps: Tuple[Tuple[int, Tuple[int, ...]], ...] = ()
     #: the most inputs in one item (DESIGN 11); capacity and batch_size count sub-items
     batch_rows: int = 1024
     capacity: int = 16

@@ -11,8 +11,10 @@ its FIFO connection. The ingress and the egress are assumed
 always available (paper 3.1.1) and are never declared dead.
 
 The service is split along its seams, one file each: how a task becomes a
-member (``flux.runtime.controller_registration``) and how failures are
-declared (``flux.runtime.controller_failures``); this file holds what they
+member (``flux.runtime.controller_registration``), how failures are
+declared (``flux.runtime.controller_failures``), the pairs' digests
+(``flux.runtime.controller_divergence``) and the ranges of live moves
+(``flux.runtime.controller_moves``); this file holds what they
 share: the service's record, its turn and its connections to every process.
 """
 from __future__ import annotations
@@ -24,12 +26,15 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from controller.divergence import DivergenceMonitor
 from controller.failure_detector import FailureDetector, Timings
+from controller.range_relay import RangeRelay
 from controller.recovery import Recovery
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
     CutDigest,
     ProbedKeys,
+    RangeInstalled,
+    RangePacked,
     SinkCommitted,
     SnapshotWritten,
     WriterProgress,
@@ -51,6 +56,7 @@ from flux.control_messages import (
 from flux.envelope import Envelope
 from flux.runtime.controller_divergence import ON_DIVERGENCE, DivergenceSide
 from flux.runtime.controller_failures import FailureSide
+from flux.runtime.controller_moves import MoveRelaySide
 from flux.runtime.controller_registration import PENDING, START_FAILURES, RegistrationSide
 from flux.runtime.metrics import MAX_EVENTS
 from flux.runtime.transport import ConnectionLost, Transport
@@ -62,7 +68,7 @@ DATA_REPORTS = (WriterProgress, SinkCommitted, IngressEnded, SplitCutPassed)
 VIEWS_KEPT = 64
 
 
-class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
+class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelaySide):
     """The controller's process: membership, failure detection, views.
 
     Built before anyone registers; ``add_member`` makes a process known without a
@@ -93,6 +99,9 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
         self.divergence = DivergenceMonitor()
         #: divergences waiting for their replicas' keys (``controller_divergence.Probe``)
         self.probes: dict = {}
+        #: ranges of live moves on their way to their destinations (DESIGN 13)
+        self.ranges = RangeRelay()
+        self.range_waits: Dict[tuple, float] = {}
         self.transport = transport
         self.on_data_report = on_data_report
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints
@@ -201,6 +210,10 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
                 self.on_cut_digest(env.msg)
             elif isinstance(env.msg, ProbedKeys):
                 self.on_probed_keys(env.msg)
+            elif isinstance(env.msg, RangePacked):
+                self.on_range_packed(env.msg)
+            elif isinstance(env.msg, RangeInstalled):
+                self.on_range_installed(env.msg, name)
             elif isinstance(env.msg, SnapshotWritten) and self.on_snapshot is not None:
                 self.on_snapshot(env.msg)
             elif isinstance(env.msg, DATA_REPORTS) and self.on_data_report:
@@ -222,6 +235,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
                 self._act(self.detector.connection_gap(gap.peer.split("#")[0].split("/")[0],
                                                        gap.expected, gap.got))
         self._send_told()
+        self.send_ranges()
         if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6),
             self._last_beat = now               # from registration: nodes wait for the start
             for name in self._live():
@@ -264,9 +278,13 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide):
             self.transport.watch(name)
 
     def _send(self, name: str, msg, view: int) -> None:
+        self._send_to(name, ProcAddr(name), msg, view)
+
+    def _send_to(self, name: str, dst, msg, view: int) -> None:
+        """``msg`` to endpoint ``dst`` (the process, or a segment it hosts) in ``name``."""
         if name not in self.transport.dealers:
             self._connect(name)
-        self.transport.send(name, Envelope(CONTROLLER, ProcAddr(name), view, msg, 0, None))
+        self.transport.send(name, Envelope(CONTROLLER, dst, view, msg, 0, None))
 
     def _broadcast(self, views: List[View]) -> None:
         for view in views:

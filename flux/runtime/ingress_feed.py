@@ -228,9 +228,10 @@ class IngressFeed:
         held = self.source_done or self.hold_from is not None and self.read >= self.hold_from
         return held and self.handed == self.read
 
-    def choose_cut(self, number: int) -> Tuple[int, Any]:
+    def choose_cut(self, number: int, moves=()) -> Tuple[int, Any]:
         """Checkpoint ``number`` covers every input handed over so far: its cut and the
-        source's position after it (DESIGN 10). The ingress cuts its batches there."""
-        self.process.send(CUT, number)
+        source's position after it (DESIGN 10). The ingress cuts its batches there, and
+        the cut carries the live ``moves`` of key groups (``GroupMove``s, DESIGN 13)."""
+        self.process.send(CUT, number, *([[m.to_wire() for m in moves]] if moves else []))
         self.last_cut = self.handed
         return self.handed, self.position

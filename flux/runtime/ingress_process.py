@@ -32,6 +32,7 @@ from typing import Any, Deque, List, Optional, Tuple
 
 import zmq
 
+from exchange.group_map import GroupMove
 from flux.errors import IngressLost, OperatorError
 from flux.runtime import temp_folders
 
@@ -177,10 +178,13 @@ def _remove_orphaned_folder(address: str) -> None:
 
 
 class _Cut:
-    __slots__ = ("number",)
+    """Checkpoint ``number``'s cut, and the live moves of key groups it carries (DESIGN
+    13; ``[stage, first, last, source, dest]`` each)."""
 
-    def __init__(self, number: int):
-        self.number = number
+    __slots__ = ("number", "moves")
+
+    def __init__(self, number: int, moves=()):
+        self.number, self.moves = number, tuple(GroupMove.from_wire(m) for m in moves)
 
 
 class FeedSource:
@@ -198,7 +202,7 @@ class FeedSource:
         self.ended = False  # the driver's source has no more
         self.finished = False  # ... and the loop took the last record
         self.stopped = False  # the driver said stop
-        self.on_cut = None  # number -> None: the loop's ``choose_cut``
+        self.on_cut = None  # (number, moves) -> None: the loop's ``choose_cut``
 
     def take(self, limit: int) -> Any:
         """Up to ``limit`` inputs in order, one run (a list of records, or a batch of them
@@ -210,7 +214,8 @@ class FeedSource:
         if self.queued < limit and not self.ended:
             self.pump()
         while waiting and type(waiting[0]) is _Cut:
-            self.on_cut(waiting.popleft().number)
+            cut = waiting.popleft()
+            self.on_cut(cut.number, cut.moves)
         if not waiting:
             if self.ended:
                 self.finished = True
@@ -237,10 +242,11 @@ class FeedSource:
                 break
             if kind == RECORDS:  # runs: lists of records, batches of inputs as columns
                 self._queue(rest[0])
-            elif kind == CUT and self.finished:
-                self.on_cut(rest[0])  # the loop asks for no more: every input was accepted
+            elif kind == CUT and self.finished:  # the loop asks for no more: every input
+                cut = _Cut(*rest)                # was accepted
+                self.on_cut(cut.number, cut.moves)
             elif kind == CUT:
-                self.waiting.append(_Cut(rest[0]))
+                self.waiting.append(_Cut(*rest))
             elif kind == END:
                 self.ended = True
             elif kind == STOP:
@@ -280,6 +286,7 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
     from flux.protocol.host import Host
     from flux.runtime.loop import HostLoop
     from flux.runtime.transport import Transport
+    from controller.key_groups import maps_from_config
     from controller.topology import INGRESS_PROCESS
 
     msg = _wait_for(feed, SPEC, parent)
@@ -291,6 +298,7 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
                              replication=spec["replication"], window=spec["window"],
                              batch_rows=spec["batch_rows"], pause_room=spec["pause_room"],
                              key_groups=spec["key_groups"])
+    builder.groups = maps_from_config(spec.get("groups", ()), spec["partitions"])
     transport = Transport(ctx, INGRESS_PROCESS, spec["inc"], host=spec["host"],
                           keys=spec["keys"], ports=spec["ports"])
     try:

@@ -32,6 +32,8 @@ from flux.control_messages import (
     ProbedKeys,
     ProbeKeys,
     FoldedIn,
+    RangeInstalled,
+    RangePacked,
     Heartbeat,
     Members,
     NodeStats,
@@ -45,6 +47,7 @@ from flux.control_messages import (
 from flux.effects import (
     CutPassed,
     Deliver,
+    RangeAwaited,
     SinkCommit,
     Snapshot,
     SourcesPaused,
@@ -58,6 +61,7 @@ from flux.runtime.catchup_timing import CatchUpTiming
 from flux.runtime.local_steps import ITEM_DELAY, LocalSteps
 from flux.runtime.metrics import Metrics
 from flux.runtime.outbox import Outbox
+from flux.runtime.range_timing import RangeTiming
 from flux.runtime.source_intake import SourceIntake
 from flux.runtime.transport import DEFAULT_POLL_LIMIT, ConnectionGap, Transport
 from statemover.messages import SmReady, TransferFailed
@@ -125,6 +129,7 @@ class HostLoop:
         self.local = LocalSteps(host, self._emit, clock, flush_delay, self._keeps_snapshot,
                                 item_delay)
         self.timing = CatchUpTiming(host, clock)
+        self.ranges = RangeTiming(clock)  # live moves' ranges (DESIGN 13)
         #: envelopes taken off the wire, per connection, until the host may take them
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         self.gaps: List[ConnectionGap] = []
@@ -303,13 +308,12 @@ class HostLoop:
         self.local.touch(INGRESS)
         return True
 
-    def choose_cut(self, number: int) -> None:
+    def choose_cut(self, number: int, moves=()) -> None:
         """The ingress's process: checkpoint ``number`` covers every input accepted so far
-        (DESIGN 10; the driver's feed knows that input and the source's position after
-        it). The cut leaves with the next batches."""
+        (DESIGN 10), and carries live ``moves`` of key groups (DESIGN 13)."""
         ingress = self.host.machines[INGRESS]
         self.local.touch(INGRESS)
-        self._emit(*self.host.run_local(ingress.choose_cut(number)))
+        self._emit(*self.host.run_local(ingress.choose_cut(number, moves)))
 
     def _keeps_snapshot(self, addr) -> bool:
         """Does this replica pack its checkpoint snapshot (a SnapshotWriter takes it)?"""
@@ -351,6 +355,8 @@ class HostLoop:
                     self.report(CutDigest(e.addr, e.digest))
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
                 self.report(e)  # the controller retries a failed transfer (3.4)
+            elif isinstance(e, (RangePacked, RangeAwaited, RangeInstalled)):
+                self._report_if(self.ranges.effect(e))  # a live move (DESIGN 13)
             elif isinstance(e, Deliver) and self.writer_sinks is not None:
                 self.writer_sinks.deliver(e.partition, e.items)
             elif isinstance(e, SinkCommit) and e.through is not None:

@@ -4,16 +4,20 @@ At the checkpoint's partition count each segment installs its own partition's ch
 whole snapshot and the deltas after it, flux.snapshot_chain). At another count (the job
 run again with another ``nodes=``) each segment reads the chains of the old partitions
 whose key groups overlap its own (``controller.key_groups.sources``: a few, not all) and
-installs the key groups it owns of them (``flux.rescale``).
+installs the key groups it owns of them (``flux.rescale``). A checkpoint whose cut
+carried live moves of key groups (DESIGN 13) holds snapshots of the groups each
+partition owned before them: each segment installs the groups it owns after them, from
+the snapshots that hold them (its own, and the moves' sources').
 """
 from __future__ import annotations
 
 import logging
 from typing import Dict, List, Optional
 
-from controller.key_groups import sources
+from controller.key_groups import map_sources, restore_maps
+from exchange.group_map import GroupMap
 from flux.errors import CheckpointCorrupt, RescaleRefused
-from flux.rescale import rescaled_states
+from flux.rescale import regrouped_states, rescaled_states
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.snapshot_chain import install, rebuild
 from flux.state_codec import unpack_state
@@ -26,7 +30,8 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
                       key_groups: Optional[int] = None) -> None:
     """Every segment starts from complete checkpoint ``checkpoint``: its operators' state
     after exactly the inputs up to the checkpoint's cut. ``dataflow``, ``partitions``
-    and ``key_groups``: the job's, for a checkpoint of another partition count."""
+    and ``key_groups``: the job's, for a checkpoint of another partition count or whose
+    cut carried live moves of key groups."""
     manifest = store.manifest(checkpoint)
     old = manifest["partitions"]
     rescaling = partitions is not None and old != partitions
@@ -34,21 +39,27 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
         raise RescaleRefused(f"checkpoint {checkpoint} of {store.url} has {old} partitions "
                              f"and key groups {manifest.get('key_groups')}, this job "
                              f"{partitions} partitions and key groups {key_groups}")
+    maps = restore_maps(manifest, partitions or old)
     rebuilt: Dict[tuple, list] = {}  # (stage, old partition) -> its operators' states
     for addr, segment in machines.items():
         try:
-            if not rescaling:
+            before, after = maps.get(addr.stage, (None, None))
+            if not rescaling and before == after:  # its own partition's groups, as written
                 install(segment.chain, _chain(store, manifest, addr.stage, addr.partition))
                 continue
             stage = dataflow.stages[addr.stage - 1]
             keyed = [s is not None for s in segment.chain.keyed_stores()]
+            sources = map_sources(addr.partition, before, after)
+            if not rescaling:  # its own state that is not keyed stays
+                sources = sorted(set(sources) | {addr.partition})
             old_states = {}
-            for q in sources(addr.partition, partitions, old, key_groups):
+            for q in sources:
                 if (addr.stage, q) not in rebuilt:  # read and rebuilt once per process
                     rebuilt[addr.stage, q] = rebuild(_chain(store, manifest, addr.stage, q))
                 old_states[q] = rebuilt[addr.stage, q]
-            segment.chain.install_state(rescaled_states(
-                stage, keyed, old_states, addr.partition, partitions, old, key_groups))
+            split = rescaled_states if rescaling else regrouped_states
+            segment.chain.install_state(split(stage, keyed, old_states, addr.partition,
+                                              before, after))
         except (CheckpointCorrupt, RescaleRefused):
             raise
         except Exception as exc:
@@ -58,6 +69,18 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
     log.info("restored %d segments from checkpoint %d (cut %d) of %s%s", len(machines),
              checkpoint, manifest["cut"], store.url,
              f", rescaled from {old} to {partitions} partitions" if rescaling else "")
+
+
+def routing_maps(manifest: Optional[dict], partitions: int) -> Dict[int, GroupMap]:
+    """The key groups each stage's partitions own in a job restarted from ``manifest``
+    at ``partitions`` (``MachineBuilder.groups``): the manifest's map after its cut's
+    moves, where not contiguous ranges (none at another count: a rescale from a
+    checkpoint starts from contiguous ranges)."""
+    if manifest is None or manifest.get("key_groups") is None:
+        return {}
+    maps = restore_maps(manifest, partitions)
+    return {s: after for s, (_, after) in maps.items()
+            if after != GroupMap.even(partitions, manifest["key_groups"])}
 
 
 def _chain(store: CheckpointStore, manifest: dict, stage: int, partition: int) -> List[dict]:

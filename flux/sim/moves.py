@@ -18,19 +18,19 @@ equals the failure-free state of exactly the groups its partition owned at its c
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from exchange.group_map import GroupMap, GroupMove
 from exchange.partitioner import KEY_GROUPS
-from flux.addresses import P, S, Addr
-from flux.control_messages import InstallRange, RangeInstalled, RangePacked
+from controller.range_relay import RangeRelay
+from flux.addresses import Addr
+from flux.control_messages import InstallRange, RangePacked
 from flux.operator import wire_form
 from flux.rescale import regrouped_states
 from flux.sim.config import CONTROLLER
 from flux.sim.violation import Violation
 from flux.snapshot_chain import rebuild
 
-MoveKey = Tuple[int, GroupMove]
 #: a checkpoint's cut carries a move with this chance, while moves are left
 MOVE_CHANCE = 0.5
 
@@ -56,13 +56,8 @@ class SimMoves:
         #: checkpoint -> the maps before and after the moves its cut carries
         self.before: Dict[int, Dict[int, GroupMap]] = {}
         self.after: Dict[int, Dict[int, GroupMap]] = {}
-        #: ranges packed and not yet held by both replicas of their destination
-        self.packs: Dict[MoveKey, bytes] = {}
-        #: per move: (replica, process) it was sent to, and those that said they hold it
-        self.sent: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
-        self.confirmed: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
-        #: moves whose range both replicas of the destination hold
-        self.done: Set[MoveKey] = set()
+        #: the ranges packed and not yet held by both replicas of their destination
+        self.relay = RangeRelay()
         #: segments that restored the groups of a checkpoint's map after its cut's moves
         self.restores_split = 0
 
@@ -102,65 +97,43 @@ class SimMoves:
         dest = rng.choice([p for p in range(self.world.partitions) if p != source])
         return GroupMove(stage, lo, hi, source, dest)
 
+    @property
+    def done(self):
+        """Moves whose range both replicas of the destination held."""
+        return self.relay.done
+
     # -- what the replicas report ---------------------------------------------------------
     def report(self, e, host_name: str) -> None:
-        self.packed(e) if isinstance(e, RangePacked) else self.installed(e, host_name)
-
-    def packed(self, e: RangePacked) -> None:
-        key = (e.number, e.move)
-        if key in self.done:
-            return
-        known = self.packs.get(key)
-        if known is None:
-            self.packs[key] = e.data
-            self.sent[key], self.confirmed[key] = set(), set()
-        elif known != e.data:
-            raise Violation(f"the replicas of partition {e.move.source} of stage "
-                            f"{e.move.stage} packed different states of {e.move} at "
-                            f"checkpoint {e.number}")
-
-    def installed(self, e: RangeInstalled, host_name: str) -> None:
-        key = (e.number, e.move)
-        if key not in self.packs:
-            return
-        confirmed = self.confirmed[key]
-        confirmed.add((e.addr, host_name))
-        host_of = self.world.host_of
-        dest = [Addr(e.move.stage, e.move.dest, r) for r in (P, S)]
-        if all((a, host_of.get(a)) in confirmed for a in dest):
-            del self.packs[key], self.confirmed[key], self.sent[key]
-            self.done.add(key)
+        if isinstance(e, RangePacked):
+            wrong = self.relay.packed(e)
+            if wrong is not None:
+                raise Violation(wrong)
+        else:
+            self.relay.installed(e, host_name, self.world.host_of.get)
 
     # -- the controller sends a range ------------------------------------------------------
     def steps(self, steps: List[tuple], hosts: List[str]) -> None:
         """An ``install-range`` step per replica of a destination that may take it."""
         w = self.world
-        for i, key in enumerate(self.packs):
-            number, move = key
-            for r in (P, S):
-                addr = Addr(move.stage, move.dest, r)
-                name = w.host_of.get(addr)
-                if name is None or not w.alive.get(name) or name in w.faults.zombies \
-                        or (addr, name) in self.sent[key]:
-                    continue
-                seg = w.hosts[name].machines.get(addr)
-                if seg is None or not seg.ready_for(None, InstallRange(number, move, b"")):
-                    continue
-                steps.append(("install-range", i, r))
-                hosts.append(CONTROLLER)
+        keys = list(self.relay.packs)
+        for key, addr, name in self.relay.unsent(w.host_of.get):
+            if not w.alive.get(name) or name in w.faults.zombies:
+                continue
+            seg = w.hosts[name].machines.get(addr)
+            if seg is None or not seg.ready_for(None, InstallRange(key[0], key[1], b"")):
+                continue
+            steps.append(("install-range", keys.index(key), addr.replica))
+            hosts.append(CONTROLLER)
 
     def apply(self, step: tuple) -> Addr:
         """Send a range to one replica of its destination; returns that replica."""
         w = self.world
-        key = list(self.packs)[step[1]]
-        number, move = key
-        addr = Addr(move.stage, move.dest, step[2])
+        key = list(self.relay.packs)[step[1]]
+        addr = Addr(key[1].stage, key[1].dest, step[2])
         host = w.hosts[w.host_of[addr]]
-        self.sent[key].add((addr, host.name))
+        msg = self.relay.send(key, addr, host.name)
         w.net.touched(host.name, addr)
-        effects = host.machines[addr].on_message(None, InstallRange(number, move,
-                                                                    self.packs[key]))
-        w.effects(*host.run_local(effects), host=host)
+        w.effects(*host.run_local(host.machines[addr].on_message(None, msg)), host=host)
         return addr
 
     # -- a restart --------------------------------------------------------------------
@@ -169,9 +142,7 @@ class SimMoves:
         manifest's; ranges in flight are of cuts the restart forgets, or in its state."""
         self.current = dict(self.after[k] if k in self.after else self.initial)
         self.world.builder.groups = dict(self.current)
-        self.packs.clear()
-        self.sent.clear()
-        self.confirmed.clear()
+        self.relay.forget()
 
     def split(self, k: int, stage: int) -> Optional[Tuple[GroupMap, GroupMap]]:
         """The maps before and after checkpoint ``k``'s moves of ``stage``, where it

@@ -10,6 +10,7 @@ from collections import deque
 from typing import Deque, Dict, Optional
 
 from controller.key_groups import sources
+from exchange.group_map import GroupMap
 from exchange.partitioner import KEY_GROUPS
 from flux.rescale import rescaled_states
 from flux.sim.moves import restore_split
@@ -285,5 +286,6 @@ def restore(world, chains: Dict, addr, segment) -> None:
     keyed = [store is not None for store in segment.chain.keyed_stores()]
     states = {q: rebuild(world.store.read(chains[addr.stage, q]))
               for q in sources(addr.partition, world.partitions, old, KEY_GROUPS)}
-    segment.chain.install_state(rescaled_states(stage, keyed, states, addr.partition,
-                                                world.partitions, old, KEY_GROUPS))
+    segment.chain.install_state(rescaled_states(
+        stage, keyed, states, addr.partition, GroupMap.even(old, KEY_GROUPS),
+        GroupMap.even(world.partitions, KEY_GROUPS)))

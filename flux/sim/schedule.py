@@ -183,14 +183,17 @@ class SimParams:
                 1 <= n <= self.partitions for n in self.live_rescales)):
             raise ValueError(f"--live-rescales are two counts or more, each at most "
                              f"--partitions ({self.partitions}) pairs, got {self.live_rescales}")
-        if (self.moves or self.live_rescales) and (not self.checkpoints or self.dataflow != "regroup"
-                           or self.ingresses > 1 or self.rescale_to
-                           or self.egress_per_partition):
-            raise ValueError("--moves and --live-rescales are carried by checkpoints' cuts (--checkpoints N) "
-                             "with --dataflow regroup (state keyed by its stages' keys), "
-                             "one ingress, one ordered egress and one partition count "
-                             "(moves with several ingresses, a sink per partition or "
-                             "rescales are not modelled yet)")
+        keyed_by_stage = self.dataflow == "regroup" or (self.dataflow == "packets"
+                                                         and self.stages <= 2)
+        if (self.moves or self.live_rescales) and (
+                not self.checkpoints or not keyed_by_stage or self.ingresses > 1
+                or self.rescale_to or self.egress_per_partition):
+            raise ValueError("--moves and --live-rescales are carried by checkpoints' cuts "
+                             "(--checkpoints N) with state keyed by its stages' keys "
+                             "(--dataflow regroup, or packets of at most 2 stages: the "
+                             "third counts per app), one ingress, one ordered egress and "
+                             "one partition count (moves with several ingresses, a sink "
+                             "per partition or rescales are not modelled yet)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:

@@ -44,6 +44,7 @@ from flux.effects import (
     CutChosen,
     CutPassed,
     Deliver,
+    RangeAwaited,
     SinkCommit,
     Snapshot,
     SourcesPaused,
@@ -315,7 +316,7 @@ class World:
                                                                       e.partition))
             elif isinstance(e, (RangePacked, RangeInstalled)):  # a live move's range
                 self.moves.report(e, host.name)
-            elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed)):
+            elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed, RangeAwaited)):
                 pass  # for the runtime's metrics
             else:
                 raise ValueError(f"unknown effect {e!r}")

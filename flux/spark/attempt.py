@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 import zmq
 
 from controller.hosts import PlacementError, assign_hosts
+from controller.key_groups import maps_from_config, maps_to_config
 from controller.recovery import Recovery
 from flux.protocol.builder import MachineBuilder
 from flux.control_messages import JOB_STOPPED, IngressEnded, Register, SplitCutPassed
@@ -34,6 +35,7 @@ from flux.runtime.ingress_feed import IngressFeed
 from flux.runtime.ingress_process import IngressProcess
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
+from flux.runtime.restore import routing_maps
 from flux.runtime.transport import Transport
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.node_task import node_main
@@ -84,10 +86,13 @@ class JobParts:
 def driver_builder(dataflow, config: NodeConfig) -> MachineBuilder:
     """The protocol machines the driver's side of an attempt builds (the ingress's router,
     the egresses), at ``config``'s partitions and routing."""
-    return MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
-                          replication=config.replication, window=config.window,
-                          batch_rows=config.batch_rows, ordered_output=config.ordered_output,
-                          pause_room=config.pause_room, key_groups=config.key_groups)
+    builder = MachineBuilder(dataflow, config.partitions, config.capacity, config.batch_size,
+                             replication=config.replication, window=config.window,
+                             batch_rows=config.batch_rows,
+                             ordered_output=config.ordered_output,
+                             pause_room=config.pause_room, key_groups=config.key_groups)
+    builder.groups = maps_from_config(config.group_maps, config.partitions)
+    return builder
 
 
 class Attempt:
@@ -123,8 +128,10 @@ class Attempt:
         # where the nodes start (the splits' logs read first: a damaged one stops here)
         settings = p.checkpoints.node_settings(config.epoch_origin, time.time()) \
             if p.checkpoints else {}
+        config = replace(config, group_maps=maps_to_config(  # where live moves moved keys
+            routing_maps(self.restored, config.partitions)))
         if not config.splits:  # else ingresses on the nodes read the splits
-            self.ingress_process = start_ingress_process(p, DRIVER_INCS[INGRESS_PROCESS])
+            self.ingress_process = start_ingress_process(p, DRIVER_INCS[INGRESS_PROCESS], config)
         self.ctx = zmq.Context()
         try:  # whatever fails from here on, the ingress process and the sockets go with it
             for n, inc in DRIVER_INCS.items():

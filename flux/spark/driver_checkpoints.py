@@ -22,6 +22,7 @@ from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.ingress_feed import IngressFeed
 from flux.runtime.input_log import InputLog, InputLogWriter
+from flux.spark.live_moves import LiveMoves
 from flux.spark.options import Checkpointing
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,9 @@ class DriverCheckpoints:
         #: restarted from it, and the outputs up to its cut are in the old count's sinks
         self.floor: Optional[int] = None
         self._offsets_reported: Optional[int] = None
+        #: live moves of key groups asked, carried by cuts, and the maps they make
+        self.moves: Optional[LiveMoves] = None if self.key_groups is None else LiveMoves(
+            len(dataflow.stages), partitions, self.key_groups, self.restore)
         if self.restore is not None:
             log.info("resuming from checkpoint %d of %s (cut at input %d)",
                      self.restore["checkpoint"], url, self.restore["cut"])
@@ -115,6 +119,8 @@ class DriverCheckpoints:
             self.cut_now()
         self.service.coordinator.restarted(self.restore["checkpoint"] if self.restore
                                            else None)
+        if self.moves is not None:
+            self.moves.restarted(self.restore, self.service.coordinator.partitions)
         self.plan(sink_holds)
         return self.restore
 
@@ -184,8 +190,13 @@ class DriverCheckpoints:
     def _cut(self, feed: IngressFeed, wanted: bool) -> None:
         number = self.next_number
         self.next_number += 1
-        cut, position = feed.choose_cut(number)
-        self.service.cut_chosen(number, cut, position)
+        moves, groups = [], None
+        if self.moves is not None:  # the live moves asked ride this cut (DESIGN 13)
+            latest = self.service.latest
+            self.moves.completed(latest.number if latest is not None else 0)
+            moves, groups = self.moves.cut(number)
+        cut, position = feed.choose_cut(number, moves)
+        self.service.cut_chosen(number, cut, position, groups)
         if wanted:
             self.wanted_cut, self._cut_wanted = number, False
 
@@ -232,6 +243,8 @@ class DriverCheckpoints:
         """The job restarted at another partition count: the checkpoints from now on
         wait for its partitions (DESIGN 13)."""
         self.service.coordinator.rescaled(partitions)
+        if self.moves is not None:
+            self.moves.restarted(self.restore, partitions)
 
     def report_offsets(self, report: Optional[Callable[[Any], None]]) -> None:
         """A source that reports positions elsewhere (Kafka's consumer group, for lag

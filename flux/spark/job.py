@@ -40,6 +40,7 @@ from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts, driver_builder
 from flux.spark.driver_checkpoints import DriverCheckpoints
+from flux.spark.job_moves import KeyGroupMoves
 from flux.spark.job_rescale import RescaleAsked, check_rescale, rescale_cut, rescaled_parts
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
@@ -136,7 +137,7 @@ def checkpointed_source(source) -> Tuple[Any, str]:
     return replay, replay_order_of(replay)
 
 
-class FluxJob(JobViews):
+class FluxJob(JobViews, KeyGroupMoves):
     """``FluxJob(spark, dataflow, source, sink=None, **options)``: the keyword arguments
     are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them); what
     users read of a running job is in ``JobViews``."""

@@ -28,6 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from controller.key_groups import maps_from_config
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.protocol.builder import MachineBuilder
 from flux.control_messages import (
@@ -311,6 +312,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              digests=config.digests, key_groups=config.key_groups,
                              ingresses=max(1, config.splits),
                              ingress_pairs=bool(config.splits))
+    builder.groups = maps_from_config(config.group_maps, config.partitions)
     machines = {a: builder.ingress(index=a.partition, replica=a.replica) if a.stage == 0
                 else builder.segment(a) for a in topology.endpoints_of(name)}
     segments = {a: m for a, m in machines.items() if a.stage > 0}

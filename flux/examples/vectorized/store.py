@@ -100,6 +100,11 @@ class SlotStore(KeyTable, SlotTransfer):
         self._drop(slots[slots >= 0])
         self.compact()
 
+    def _touched(self, keys: List[Any]) -> None:
+        """(A live move's keys; never the watermark, which stays with its partition.)"""
+        slots = self.find(*self.encode(keys))
+        self.mark(slots[slots >= 0])
+
     def _new_record(self) -> Marks:
         return Marks(self.live, self.watermark)
 

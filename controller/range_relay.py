@@ -1,0 +1,95 @@
+"""The controller's side of a live move of key groups (DESIGN 13, docs/design/rescaling.md).
+
+The replicas of a move's source partition each pack the range as they cross the move's
+cut (``RangePacked``); the controller keeps the first pack and checks the other is the
+same bytes (a difference is a divergence of the source's pair). It sends the pack to
+each replica of the destination (``InstallRange``) until that replica, *in the process
+that hosts it now*, says it holds it (``RangeInstalled``): a standby that replaces a
+destination replica gets it again (its twin's state may predate the install, and an
+install twice is acknowledged, not installed twice). Once both replicas of the
+destination hold it, the pack is dropped.
+
+The same object serves the simulator and the runtime's controller service, which
+decide when a send may happen (the simulator as a step, the service at once).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterator, Optional, Set, Tuple
+
+from exchange.group_map import GroupMove
+from flux.addresses import P, S, Addr
+from flux.control_messages import InstallRange, RangeInstalled, RangePacked
+
+MoveKey = Tuple[int, GroupMove]
+#: the process that hosts a segment now (None: none does)
+ProcessOf = Callable[[Addr], Optional[str]]
+
+
+class RangeRelay:
+    """Ranges packed and not yet held by both replicas of their destination."""
+
+    def __init__(self) -> None:
+        self.packs: Dict[MoveKey, bytes] = {}
+        #: per move: (replica, process) it was sent to, and those that said they hold it
+        self.sent: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
+        self.confirmed: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
+        #: moves whose range both replicas of the destination held (a late pack is old)
+        self.done: Set[MoveKey] = set()
+
+    def packed(self, e: RangePacked) -> Optional[str]:
+        """A source replica's pack; what is wrong when it differs from its twin's."""
+        key = (e.number, e.move)
+        if key in self.done:
+            return None
+        known = self.packs.get(key)
+        if known is None:
+            self.packs[key] = e.data
+            self.sent[key], self.confirmed[key] = set(), set()
+            return None
+        if known != e.data:
+            return (f"the replicas of stage {e.move.stage} partition {e.move.source} packed "
+                    f"different states of key groups {e.move.first}..{e.move.last} at "
+                    f"checkpoint {e.number} ({len(known)} and {len(e.data)} bytes): the "
+                    f"pair diverged")
+        return None
+
+    def installed(self, e: RangeInstalled, process: str, process_of: ProcessOf) -> bool:
+        """``process`` says its replica ``e.addr`` holds the range; True once both
+        replicas of the destination, where they are hosted now, do."""
+        key = (e.number, e.move)
+        if key not in self.packs:
+            return False
+        confirmed = self.confirmed[key]
+        confirmed.add((e.addr, process))
+        if all((a, process_of(a)) in confirmed for a in _replicas(e.move)):
+            del self.packs[key], self.confirmed[key], self.sent[key]
+            self.done.add(key)
+            return True
+        return False
+
+    def unsent(self, process_of: ProcessOf) -> Iterator[Tuple[MoveKey, Addr, str]]:
+        """Every (move, destination replica, its process) the range was not sent to."""
+        for key in self.packs:
+            for addr in _replicas(key[1]):
+                process = process_of(addr)
+                if process is not None and (addr, process) not in self.sent[key]:
+                    yield key, addr, process
+
+    def send(self, key: MoveKey, addr: Addr, process: str) -> InstallRange:
+        """The range for ``addr`` in ``process``, counted as sent there."""
+        self.sent[key].add((addr, process))
+        return InstallRange(key[0], key[1], self.packs[key])
+
+    def forget(self) -> None:
+        """The job restarts from a checkpoint: ranges in flight are of cuts it forgets
+        or in its state already."""
+        self.packs.clear()
+        self.sent.clear()
+        self.confirmed.clear()
+
+    def pending(self) -> int:
+        return len(self.packs)
+
+
+def _replicas(move: GroupMove) -> Tuple[Addr, Addr]:
+    return Addr(move.stage, move.dest, P), Addr(move.stage, move.dest, S)

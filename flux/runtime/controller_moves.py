@@ -1,0 +1,64 @@
+"""What the controller does for a live move of key groups (DESIGN 13).
+
+The source's replicas report the range they took out at the move's cut
+(``RangePacked``); the pure ``RangeRelay`` keeps one pack, and the service sends it to
+each replica of the destination where it is hosted now (``InstallRange``, addressed to
+the segment: it waits at the head of its connection until the segment may take it, as
+data does), again to a standby that replaces one, until both say they hold it
+(``RangeInstalled``). Packs that differ between the source's replicas are a divergence:
+the job stops with ``ReplicasDiverged``.
+
+A range travels in one frame: a move's range must pack to less than ``RANGE_LIMIT``
+(a node refuses a bigger one with a clear error, ``flux.runtime.range_timing``). The
+event ``range moved`` says ``(stage, first, last, source, dest, checkpoint, pause)``,
+the pause the longest of the destination's replicas' (seconds they processed nothing).
+
+A part of ``flux.runtime.controller_service.ControllerService`` (its attributes are the
+service's).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from flux.addresses import Addr
+from flux.control_messages import RangeInstalled, RangePacked
+from flux.errors import ReplicasDiverged
+
+log = logging.getLogger("flux.runtime.controller_service")
+
+
+class MoveRelaySide:
+    """Ranges of live moves from their source replicas to their destination replicas;
+    mixed into ``ControllerService`` (``self.ranges``: its ``RangeRelay``;
+    ``self.range_waits``: the longest pause of a move's destination replicas so far)."""
+
+    def on_range_packed(self, msg: RangePacked) -> None:
+        wrong = self.ranges.packed(msg)
+        if wrong is not None and self.error is None:
+            log.error("%s", wrong)
+            self.error = ReplicasDiverged(wrong, msg.move.stage, msg.move.source, msg.number)
+
+    def on_range_installed(self, msg: RangeInstalled, process: str) -> None:
+        key = (msg.number, msg.move)
+        self.range_waits[key] = max(self.range_waits.get(key, 0.0), msg.waited)
+        if self.ranges.installed(msg, process, self._hosting):
+            m, waited = msg.move, self.range_waits.pop(key)
+            log.info("key groups %d..%d of stage %d moved from partition %d to %d at "
+                     "checkpoint %d; the destination paused %.3fs", m.first, m.last,
+                     m.stage, m.source, m.dest, msg.number, waited)
+            self.events.append((self.clock(), "range moved", (m.stage, m.first, m.last,
+                                                              m.source, m.dest, msg.number,
+                                                              round(waited, 4))))
+
+    def send_ranges(self) -> None:
+        """Each pack to every destination replica, where it is hosted now, not sent it."""
+        if not self.ranges.pending() or self.recovery is None:
+            return
+        for key, addr, process in list(self.ranges.unsent(self._hosting)):
+            msg = self.ranges.send(key, addr, process)
+            self._send_to(process, addr, msg, self.recovery.view)
+
+    def _hosting(self, addr: Addr) -> Optional[str]:
+        node = self.recovery.node_of.get(addr)
+        return None if node is None or node in self.dead else node

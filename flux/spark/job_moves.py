@@ -1,0 +1,104 @@
+"""``FluxJob.move_key_groups`` and ``FluxJob.spread_key_groups``: live moves of key groups
+between the running pairs, without a restart (DESIGN 13, docs/design/rescaling.md).
+
+A move is asked (``flux.spark.live_moves.LiveMoves``), a checkpoint cut at once carries
+it, and the call returns once a complete checkpoint covers it: a restart from then on
+keeps it. What the job cannot move is refused first, naming why.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from flux.errors import RescaleRefused
+from flux.rescale import check_rescalable
+from flux.spark.live_moves import MoveAsked, SpreadAsked
+
+
+def check_live(running: bool, config, checkpoints) -> None:
+    """Refuse, naming why, live moves in a job that cannot make them."""
+    if not running:
+        raise ValueError("live moves of key groups need a running job: start() it first, "
+                         "and not once it finished or stopped")
+    if checkpoints is None:
+        raise ValueError("live moves of key groups ride a checkpoint's cut: give the job "
+                         "checkpoint=")
+    if checkpoints.moves is None:
+        raise RescaleRefused("this job restored a checkpoint written before key groups "
+                             "(its keys routed by hash % partitions): its keys cannot move")
+    if config.splits:
+        raise RescaleRefused("live moves with a SplitSource (several ingresses) are not "
+                             "built yet: rescale from a checkpoint (rescale()) instead")
+    if not config.ordered_output:
+        raise RescaleRefused("live moves with a sink per partition (ordered_output=False) "
+                             "are not built yet: rescale() drains and restarts instead")
+
+
+def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int) -> None:
+    if not 1 <= asked.stage <= stages:
+        raise ValueError(f"stage must be from 1 to {stages}, got {asked.stage!r}")
+    if not 0 <= asked.first <= asked.last < key_groups:
+        raise ValueError(f"key groups must be first..last within 0..{key_groups - 1}, got "
+                         f"{asked.first!r}..{asked.last!r}")
+    if not 0 <= asked.dest < partitions:
+        raise ValueError(f"to must be a partition from 0 to {partitions - 1}, got "
+                         f"{asked.dest!r}")
+
+
+def move_live(checkpoints, asked, timeout: float, clock=time.monotonic,
+              sleep=time.sleep) -> Optional[int]:
+    """Ask the move, cut a checkpoint to carry it, and wait until a complete checkpoint
+    covers it; that checkpoint's number. A restart to an older checkpoint meanwhile asks it
+    again (``LiveMoves.restarted``). ``TimeoutError`` if none does in ``timeout`` (no
+    input came to cut after, or checkpoints do not complete)."""
+    moves = checkpoints.moves
+    moves.ask(asked)
+    checkpoints.cut_now()
+    started = clock()
+    while clock() - started < timeout:
+        latest = checkpoints.service.latest
+        number = latest.number if latest is not None else None
+        if not moves.pending(number):
+            return number
+        if moves.waiting_for_cut() and checkpoints.wanted_cut is not None:
+            checkpoints.cut_now()  # the cut that carried it was undone by a restart
+        sleep(0.02)
+    raise TimeoutError(f"{asked} was not in a complete checkpoint within {timeout}s (it "
+                       f"needs an input to cut after)")
+
+
+class KeyGroupMoves:
+    """Live moves of a running job; mixed into ``FluxJob`` (its attributes are the job's)."""
+
+    def move_key_groups(self, first: int, last: int, to: int, stage: int = 1,
+                        timeout: float = 60.0) -> Optional[int]:
+        """Move key groups ``first..last`` of ``stage`` to partition ``to`` while the job
+        runs, without a restart: the move rides the next checkpoint's cut; the groups'
+        state goes from the partitions that own them to ``to``, which holds the inputs
+        after the cut until it has it. Returns the number of the complete checkpoint
+        that covers the move."""
+        asked = MoveAsked(stage, first, last, to)
+        self._check_live()
+        check_move(asked, len(self.dataflow.stages), self._checkpointing.key_groups,
+                   self.config.partitions)
+        check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
+        return move_live(self._checkpointing, asked, timeout)
+
+    def spread_key_groups(self, over: int, timeout: float = 60.0) -> Optional[int]:
+        """Spread every stage's key groups over the first ``over`` pairs, in contiguous
+        ranges as a job of ``over`` nodes has them, while the job runs: a live rescale
+        among the pairs started (``nodes=``), the others owning no key (idle). Every
+        range that changes owner moves at one checkpoint's cut, as ``move_key_groups``
+        moves one. Returns the number of the complete checkpoint that covers it."""
+        self._check_live()
+        if not isinstance(over, int) or isinstance(over, bool) or \
+                not 1 <= over <= self.config.partitions:
+            raise ValueError(f"over must be an int from 1 to the job's {self.config.partitions} "
+                             f"pairs, got {over!r}")
+        check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups)
+        return move_live(self._checkpointing,
+                         SpreadAsked(over, self._checkpointing.key_groups), timeout)
+
+    def _check_live(self) -> None:
+        check_live(self.attempt is not None and not self._stopped and not self.finished(),
+                   self.config, self._checkpointing)

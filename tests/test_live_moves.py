@@ -1,0 +1,281 @@
+"""Live moves of key groups in the runtime, the parts that are not Spark (DESIGN 13): the
+maps a checkpoint's manifest records and a restart reads back, the driver's record of
+the moves asked and carried, and the controller's relay of the ranges."""
+from __future__ import annotations
+
+import pytest
+
+from controller.checkpoints import CheckpointCoordinator
+from controller.key_groups import groups_to_manifest, manifest_maps, restore_maps
+from controller.range_relay import RangeRelay
+from exchange.group_map import GroupMap, GroupMove
+from flux.addresses import P, S, Addr
+from flux.control_messages import InstallRange, RangeInstalled, RangePacked
+from flux.runtime.restore import routing_maps
+from flux.spark.live_moves import LiveMoves, MoveAsked
+
+G = 256
+
+
+def even(n: int) -> GroupMap:
+    return GroupMap.even(n, G)
+
+
+def manifest(before: dict, after: dict, partitions: int = 4, stages: int = 2) -> dict:
+    """A complete checkpoint's manifest whose cut moved ``before`` to ``after``."""
+    c = CheckpointCoordinator(stages, partitions, "f", key_groups=G, shape="s")
+    c.begin(1, 100, (before, after))
+    c.source_recorded(1, None)
+    c.sink_committed(1, None)
+    done = None
+    for s in range(1, stages + 1):
+        for p in range(partitions):
+            done = c.part_written(1, s, p, f"s{s}p{p}")
+    return dict(done, checkpoint=1)
+
+
+# -- the maps in a manifest -----------------------------------------------------------
+
+def test_a_manifest_holds_the_maps_before_and_after_its_cuts_moves():
+    """Stage 1's groups 0..127 moved to partition 3 at the cut (its map before was
+    contiguous ranges); stage 2 had moved earlier and did not move now."""
+    moved2 = even(4).moved([GroupMove(2, 0, 9, 0, 1)])
+    before = {1: even(4), 2: moved2}
+    after = {1: even(4).moved([GroupMove(1, 0, 63, 0, 3), GroupMove(1, 64, 127, 1, 3)]),
+             2: moved2}
+    m = manifest(before, after)
+    assert set(m["groups"]) == {"1", "2"} and set(m["groups_before"]) == {"1"}
+    got_before, got_after = manifest_maps(m)
+    assert got_before == before and got_after == after
+    assert restore_maps(m, 4) == {1: (before[1], after[1]), 2: (moved2, moved2)}
+    assert routing_maps(m, 4) == after
+
+
+def test_a_manifest_of_contiguous_ranges_names_no_map_and_restores_as_before():
+    m = manifest({1: even(4), 2: even(4)}, {1: even(4), 2: even(4)})
+    assert "groups" not in m and "groups_before" not in m
+    assert restore_maps(m, 4) == {s: (even(4), even(4)) for s in (1, 2)}
+    assert routing_maps(m, 4) == {}
+
+
+def test_a_restore_at_another_count_starts_from_contiguous_ranges():
+    """A rescale from a checkpoint whose map was moved: the old partitions' snapshots
+    hold the moved map's groups, the new partitions own contiguous ranges."""
+    after = even(4).moved([GroupMove(1, 0, 63, 0, 3)])
+    m = manifest({1: after, 2: even(4)}, {1: after, 2: even(4)})
+    assert restore_maps(m, 6) == {1: (after, even(6)), 2: (even(4), even(6))}
+    assert routing_maps(m, 6) == {}
+
+
+def test_a_manifest_from_before_key_groups_has_no_maps():
+    assert manifest_maps({"partitions": 4, "stages": 2}) == ({}, {})
+    assert groups_to_manifest({1: even(4)}, {1: even(4)}) == {}
+
+
+# -- the driver's record of moves -------------------------------------------------------
+
+def test_an_ask_becomes_one_move_per_run_of_owners_at_the_next_cut():
+    moves = LiveMoves(2, 4, G, None)
+    moves.ask(MoveAsked(1, 32, 100, 3))
+    carried, (before, after) = moves.cut(7)
+    assert carried == [GroupMove(1, 32, 63, 0, 3), GroupMove(1, 64, 100, 1, 3)]
+    assert before[1] == even(4) and after[1].groups_of(3) == list(range(32, 101)) + \
+        list(range(192, 256))
+    assert moves.cut(8)[0] == []  # carried once
+    assert moves.pending(6) and not moves.pending(7)  # until a checkpoint covers it
+
+
+def test_an_ask_a_restart_undid_comes_again_and_one_for_a_partition_gone_is_dropped():
+    moves = LiveMoves(2, 4, G, None)
+    moves.ask(MoveAsked(2, 0, 10, 2))
+    moves.cut(5)
+    moves.ask(MoveAsked(1, 0, 10, 3))
+    moves.restarted(None, 4)  # back to the first input: the map of contiguous ranges
+    assert moves.maps == {1: even(4), 2: even(4)}
+    assert moves.asked == [MoveAsked(2, 0, 10, 2), MoveAsked(1, 0, 10, 3)]
+    moves.restarted(None, 3)  # a rescale from a checkpoint to 3: partition 3 is no more
+    assert moves.asked == [MoveAsked(2, 0, 10, 2)]
+
+
+def test_a_restart_from_the_checkpoint_that_carried_a_move_keeps_it():
+    moves = LiveMoves(2, 4, G, None)
+    moves.ask(MoveAsked(1, 0, 63, 2))
+    _, groups = moves.cut(3)
+    m = manifest(*groups)
+    m["checkpoint"] = 3
+    moves.restarted(m, 4)
+    assert moves.asked == [] and moves.maps[1].groups_of(2)[:64] == list(range(64))
+
+
+# -- the controller's relay -------------------------------------------------------------
+
+MOVE = GroupMove(1, 0, 63, 0, 2)
+
+
+def test_a_range_goes_to_each_destination_replica_until_it_holds_it_where_it_is_hosted():
+    relay = RangeRelay()
+    where = {Addr(1, 2, P): "node1", Addr(1, 2, S): "node2"}
+    assert relay.packed(RangePacked(3, MOVE, Addr(1, 0, P), b"range")) is None
+    assert relay.packed(RangePacked(3, MOVE, Addr(1, 0, S), b"range")) is None  # the same
+    due = list(relay.unsent(where.get))
+    assert [(a, n) for _, a, n in due] == [(Addr(1, 2, P), "node1"), (Addr(1, 2, S), "node2")]
+    assert relay.send((3, MOVE), Addr(1, 2, P), "node1") == InstallRange(3, MOVE, b"range")
+    assert not relay.installed(RangeInstalled(3, MOVE, Addr(1, 2, P)), "node1", where.get)
+    where[Addr(1, 2, P)] = "standby0"  # node1 died: its standby gets the range again
+    assert [(a, n) for _, a, n in relay.unsent(where.get)] == \
+        [(Addr(1, 2, P), "standby0"), (Addr(1, 2, S), "node2")]
+    relay.send((3, MOVE), Addr(1, 2, S), "node2")
+    relay.send((3, MOVE), Addr(1, 2, P), "standby0")
+    assert not relay.installed(RangeInstalled(3, MOVE, Addr(1, 2, S)), "node2", where.get)
+    assert relay.installed(RangeInstalled(3, MOVE, Addr(1, 2, P)), "standby0", where.get)
+    assert relay.pending() == 0 and list(relay.unsent(where.get)) == []
+    # a late pack of a move done is old news
+    assert relay.packed(RangePacked(3, MOVE, Addr(1, 0, S), b"other")) is None
+    assert relay.pending() == 0
+
+
+def test_packs_that_differ_between_the_source_replicas_are_a_divergence():
+    relay = RangeRelay()
+    relay.packed(RangePacked(3, MOVE, Addr(1, 0, P), b"range"))
+    wrong = relay.packed(RangePacked(3, MOVE, Addr(1, 0, S), b"rangE"))
+    assert "stage 1 partition 0 packed different states of key groups 0..63 at " \
+           "checkpoint 3" in wrong
+
+
+@pytest.mark.parametrize("asked, error", [
+    (MoveAsked(3, 0, 1, 1), "stage must be from 1 to 2"),
+    (MoveAsked(1, 5, 4, 1), "key groups must be first..last within 0..255"),
+    (MoveAsked(1, 0, 256, 1), "key groups must be first..last within 0..255"),
+    (MoveAsked(1, 0, 4, 4), "to must be a partition from 0 to 3"),
+])
+def test_a_move_the_job_cannot_make_is_refused_naming_why(asked, error):
+    from flux.spark.job_moves import check_move
+
+    with pytest.raises(ValueError, match=error):
+        check_move(asked, 2, G, 4)
+    check_move(MoveAsked(1, 0, 4, 3), 2, G, 4)
+
+
+def test_live_moves_are_refused_where_they_are_not_built_yet():
+    from flux.errors import RescaleRefused
+    from flux.runtime.config import NodeConfig
+    from flux.spark.job_moves import check_live
+
+    class Checkpoints:
+        key_groups = G
+        moves = LiveMoves(2, 4, G, None)
+
+    config = NodeConfig(dataflow=b"", stages=2, partitions=4)
+    check_live(True, config, Checkpoints())
+    with pytest.raises(ValueError, match="give the job checkpoint="):
+        check_live(True, config, None)
+    with pytest.raises(RescaleRefused, match="sink per partition"):
+        check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4,
+                                    ordered_output=False), Checkpoints())
+    with pytest.raises(RescaleRefused, match="SplitSource"):
+        check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4, splits=2),
+                   Checkpoints())
+    with pytest.raises(ValueError, match="a running job"):
+        check_live(False, config, Checkpoints())
+
+
+def test_a_spread_is_every_stages_moves_to_contiguous_ranges_over_the_first_pairs():
+    """Over 4 of 6 pairs and back to 6: the moves of one cut each, pairs 4 and 5 owning
+    nothing in between; a restart at fewer pairs than the spread drops it."""
+    from flux.spark.live_moves import SpreadAsked
+
+    moves = LiveMoves(2, 6, G, None)
+    moves.ask(SpreadAsked(4, G))
+    carried, (_, after) = moves.cut(3)
+    assert after == {1: GroupMap.even(4, G, 6), 2: GroupMap.even(4, G, 6)}
+    assert {m.stage for m in carried} == {1, 2} and not after[1].groups_of(5)
+    moves.ask(SpreadAsked(6, G))
+    carried, (_, after) = moves.cut(4)
+    assert after == {1: even(6), 2: even(6)}
+    four = GroupMap.even(4, G, 6)
+    assert carried == four.moves_to(even(6), 1) + four.moves_to(even(6), 2)
+    assert len(carried) == 2 * 6  # the design's six moves of 4 -> 6, per stage
+    moves.ask(SpreadAsked(6, G))
+    moves.restarted(None, 5)  # to the first input, at 5 pairs: the spread over 4 again
+    assert moves.asked == [SpreadAsked(4, G)]
+
+
+# -- a range taken out of a keyed store and put in another: changes like any other ---------
+
+def vectorized_stores(ttl=None) -> tuple:
+    """The vectorized operators' stores after a workload (sessions, stats), with the
+    expiry's watermark among the pairs when ``ttl``."""
+    import sys
+
+    sys.path.insert(0, "tests")
+    from test_vectorized_examples import Pair
+    from flux.keyed_state import keyed_state_of
+    from flux.testing.workloads import packet_workload
+
+    pair = Pair(ttl=ttl, idle_ttl=ttl)
+    packets = packet_workload(600, 5, pairs=40, apps=4, sources=8)
+    for i in range(0, len(packets), 100):
+        pair.feed(packets[i:i + 100])
+    return keyed_state_of(pair.vsessions), keyed_state_of(pair.vstats)
+
+
+def store_kinds() -> list:
+    from flux.columnar_state import ColumnarKeyedState
+    from flux.keyed_state import KeyedState
+
+    plain = KeyedState([[("k", i), [i, i * i]] for i in range(40)])
+    columnar = ColumnarKeyedState([[("k", i), [i, i * i]] for i in range(40)],
+                                  total=int, squares=int)
+    sessions, stats = vectorized_stores(ttl=20)
+    return [("KeyedState", plain, lambda: KeyedState()),
+            ("ColumnarKeyedState", columnar,
+             lambda: ColumnarKeyedState(total=int, squares=int)),
+            ("SessionTable", sessions, lambda: type(sessions)()),
+            ("StatsTable", stats, lambda: type(stats)())]
+
+
+@pytest.mark.parametrize("kind", range(4), ids=["KeyedState", "ColumnarKeyedState",
+                                                "SessionTable", "StatsTable"])
+def test_a_range_taken_and_put_is_a_change_at_both_stores_and_the_watermark_stays(kind):
+    from flux.expiry import WATERMARK_KEY
+    from flux.keys import PARTITION_WIDE, sorted_keys
+
+    _, source, empty = store_kinds()[kind]
+    before = source.snapshot()
+    keys = [k for k, _ in before if k not in PARTITION_WIDE]
+    moved = keys[::3]
+    dest = empty()
+    for store in (source, dest):  # both tracking, as during a catch-up and a checkpoint
+        store.clear_dirty()
+        store.start_changes()
+    installs = source.installs, dest.installs
+    stray = [("never", "held")] if kind < 2 else []  # (the tables' keys are typed)
+    held, values = source.take_keys(moved + stray)
+    assert held == moved
+    dest.put_keys(held, values)
+    assert (source.installs, dest.installs) == (installs[0] + 1, installs[1] + 1)
+    taken = [pair for pair in before if pair[0] in set(moved)]
+    assert source.snapshot() == [pair for pair in before if pair[0] not in set(moved)]
+    assert dest.snapshot() == taken
+    for changes in (source.changes(), source.delta()):
+        assert changes["set"] == [] and changes["deleted"] == sorted_keys(moved)
+    for changes in (dest.changes(), dest.delta()):
+        assert changes["set"] == taken and changes["deleted"] == []
+    if kind >= 2:  # the vectorized stores of the ttl run hold the expiry's watermark
+        assert any(k == WATERMARK_KEY for k, _ in source.snapshot())
+        assert all(k != WATERMARK_KEY for k, _ in dest.snapshot())
+
+
+def test_a_stage_whose_state_is_not_keyed_by_its_key_is_refused_before_it_moves():
+    """The third stage of the packets' dataflow counts per app in a stage keyed by
+    ``(app, ts)``: its groups cannot move (nor be split), the first two stages' can."""
+    from flux.errors import RescaleRefused
+    from flux.rescale import check_rescalable
+    from flux.testing.dataflows import packet_dataflow
+    from flux.testing.workloads import packet_workload
+
+    flow, sample = packet_dataflow(3), packet_workload(400, 2, pairs=50, apps=3, sources=9)
+    for stage in (1, 2):
+        check_rescalable(flow, sample, G, only=stage)
+    with pytest.raises(RescaleRefused, match="count3"):
+        check_rescalable(flow, sample, G, only=3)

@@ -1,0 +1,124 @@
+"""Live moves of key groups between running partitions (DESIGN 13): ``job.move_key_groups``
+moves a range's state from the partition that owns it to another at a checkpoint's cut,
+without a restart; the sink ends with the failure-free output, nothing lost or twice,
+through a kill of the destination during the move and a restart from a checkpoint
+whose cut carried moves (slow: Spark)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from experiments.resumable_job import make_sink, read_sink
+from flux.addresses import P, S, Addr
+from test_rescale_spark import write_inputs
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def moving_job(spark, tmp_path, source):
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    return FluxJob(spark, regrouping_dataflow(2), source, nodes=4, standbys=1,
+                   sink=make_sink("jsonl", str(tmp_path / "out")),
+                   checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+
+
+def ranges_moved(job) -> list:
+    return [what for _, kind, what in job.metrics.events if kind == "range moved"]
+
+
+def move_and_kill(job, asked: tuple, victim: Addr) -> int:
+    """``job.move_key_groups(*asked)`` in a thread, and the node of ``victim`` killed
+    50 ms after the ask, about when the next input's cut carries the move; the number of
+    the checkpoint that covers it."""
+    done: list = []
+    mover = threading.Thread(target=lambda: done.append(job.move_key_groups(*asked,
+                                                                            timeout=90)))
+    mover.start()
+    time.sleep(0.05)
+    job.kill_node(job.topology.where[victim])
+    mover.join(120)
+    assert done and done[0] is not None
+    return done[0]
+
+
+def test_key_groups_move_live_and_the_output_is_exact_through_kills_of_the_destination(
+        spark, tmp_path):
+    """Two moves while the job runs: groups 0..100 of stage 1 (owned by partitions 0 and
+    1) to partition 3, whose replica P is killed as the move is asked, and then 64..191
+    of stage 2 to partition 0, whose replica S is killed as it is asked (a standby
+    rebuilt from its twin gets the range from the controller, or its twin's state has
+    it). No restart; the sink holds the failure-free output; the newest checkpoint's
+    manifest routes by the moved maps."""
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.runtime.checkpoint_store import CheckpointStore
+
+    expected = write_inputs(tmp_path / "in", 40_000)
+    job = moving_job(spark, tmp_path, Paced(FileSource(str(tmp_path / "in")), 4000))
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        first = move_and_kill(job, (0, 100, 3, 1), Addr(1, 3, P))
+        second = move_and_kill(job, (64, 191, 0, 2), Addr(2, 0, S))
+        assert second > first
+        job.wait(timeout=300)
+        moved = ranges_moved(job)
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert job.restart_log == []
+    assert len(moved) == 4  # 0..63 from 0, 64..100 from 1; 64..127 from 1, 128..191 from 2
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    manifest = store.manifest(store.complete_ids()[-1])
+    stage1, stage2 = manifest["groups"]["1"], manifest["groups"]["2"]
+    assert set(stage1[:101]) == {3} and stage1[101:128] == [1] * 27
+    assert set(stage2[64:192]) == {0} and stage2[:64] == [0] * 64
+
+
+def test_a_restart_from_a_checkpoint_whose_cut_carried_a_move_restores_by_its_maps(
+        spark, tmp_path):
+    """Both replicas of stage 1's partition 3 killed right after a move to it: the job
+    restarts from its newest complete checkpoint (maybe the move's own: its snapshots
+    hold the groups before the move, each partition installs the groups it owns after),
+    or from an older one (the move is asked again); the sink holds the failure-free
+    output."""
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+
+    expected = write_inputs(tmp_path / "in", 40_000)
+    job = moving_job(spark, tmp_path, Paced(FileSource(str(tmp_path / "in")), 4000))
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.move_key_groups(0, 127, to=3, stage=1, timeout=60)
+        time.sleep(0.2)
+        where = job.topology.where
+        for replica in (0, 1):
+            job.kill_node(where[Addr(1, 3, replica)])
+        job.wait(timeout=300)
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert len(job.restart_log) == 1
+
+
+def test_the_vectorized_operators_state_moves_live_too(spark, tmp_path):
+    """The paper's dataflow on Arrow batches (its state in the vectorized operators' slot
+    tables, keyed by columns): stage 1's groups 200..255 and stage 2's 0..90 move while
+    it runs; the output is the per-record reference's, SN for SN."""
+    from flux.connectors.sources import Paced
+    from flux.examples import paper_dataflow, vectorized_dataflow
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+    from flux.spark.job import FluxJob
+    from flux.testing.workloads import packet_workload
+
+    records = packet_workload(30_000, seed=4, pairs=2_000, apps=4, sources=100)
+    expected = [wire_form(x) for x in reference_output(paper_dataflow(), records, 4)]
+    job = FluxJob(spark, vectorized_dataflow(), Paced(records, 4000), nodes=4, standbys=1,
+                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.move_key_groups(200, 255, to=0, stage=1, timeout=60)
+        job.move_key_groups(0, 90, to=2, stage=2, timeout=60)
+        job.wait(timeout=300)
+    assert [wire_form(x) for x in job.delivered] == expected
+    assert job.restart_log == [] and len(ranges_moved(job)) == 3
