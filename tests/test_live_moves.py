@@ -156,6 +156,15 @@ def test_a_move_the_job_cannot_make_is_refused_naming_why(asked, error):
     check_move(MoveAsked(1, 0, 4, 3), 2, G, 4)
 
 
+def test_the_last_stages_groups_stay_with_a_sink_per_partition():
+    from flux.errors import RescaleRefused
+    from flux.spark.job_moves import check_move
+
+    check_move(MoveAsked(1, 0, 4, 3), 2, G, 4, ordered_output=False)
+    with pytest.raises(RescaleRefused, match="a key's outputs would change sink partition"):
+        check_move(MoveAsked(2, 0, 4, 3), 2, G, 4, ordered_output=False)
+
+
 def test_live_moves_are_refused_where_they_are_not_built_yet():
     from flux.errors import RescaleRefused
     from flux.runtime.config import NodeConfig
@@ -169,9 +178,8 @@ def test_live_moves_are_refused_where_they_are_not_built_yet():
     check_live(True, config, Checkpoints())
     with pytest.raises(ValueError, match="give the job checkpoint="):
         check_live(True, config, None)
-    with pytest.raises(RescaleRefused, match="sink per partition"):
-        check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4,
-                                    ordered_output=False), Checkpoints())
+    check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4, ordered_output=False),
+               Checkpoints())  # with a sink per partition: the stages before the last
     with pytest.raises(RescaleRefused, match="SplitSource"):
         check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4, splits=2),
                    Checkpoints())

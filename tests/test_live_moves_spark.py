@@ -122,3 +122,42 @@ def test_the_vectorized_operators_state_moves_live_too(spark, tmp_path):
         job.wait(timeout=300)
     assert [wire_form(x) for x in job.delivered] == expected
     assert job.restart_log == [] and len(ranges_moved(job)) == 3
+
+
+@pytest.mark.parametrize("on_executors", [False, True])
+def test_with_a_sink_per_partition_the_stages_before_the_last_move_live(spark, tmp_path,
+                                                                         on_executors):
+    """``ordered_output=False`` (sinks in the driver, or writers on the executors): stage
+    1's groups 0..127 move to partition 3, whose replica P is killed as it is asked;
+    each sink partition holds exactly the failure-free run's outputs of that partition
+    (the last stage's routing decides it), in SN order, each once."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.operator import wire_form
+    from flux.reference import ReferenceRun
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    write_inputs(tmp_path / "in", 30_000)
+    run = ReferenceRun(regrouping_dataflow(2), 4)
+    expected = [o for r in FileSource(str(tmp_path / "in")) for o in run.feed(r)]
+    want = [sorted((tuple(sn), wire_form(x)) for (sn, x), p in
+                   zip(expected, run.output_partitions) if p == q) for q in range(4)]
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}"),
+                                                commit_every=100_000))
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=1, sink=sinks, checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0, ordered_output=False,
+                  egress_on_executors=on_executors)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        move_and_kill(job, (0, 127, 3, 1), Addr(1, 3, P))
+        job.wait(timeout=300)
+    assert job.restart_log == [] and len(ranges_moved(job)) == 2
+    for q in range(4):
+        part = [(tuple(sn), x) for sn, x in read_file_sink(str(out / f"partition-{q}"))]
+        assert [sn for sn, _ in part] == sorted({sn for sn, _ in part})
+        assert sorted(part) == want[q]

@@ -112,3 +112,29 @@ def test_a_long_operator_call_is_not_a_death():
         stuck = [detail for _, what, detail in cluster.controller.events if what == "stuck"]
     assert stuck, "the long call was not reported"
     assert [wire_form(x) for x in cluster.delivered] == [wire_form(x) for x in expected]
+
+
+def test_a_stuck_loop_leaves_its_stack_in_the_log_once_per_stall(zmq_ctx, monkeypatch, caplog):
+    """A node declared stuck must leave the why: where its loop waits (a sink's broker,
+    an operator), logged once the loop has not turned for ``STACK_AFTER`` seconds."""
+    from flux.runtime import liveness as module
+
+    monkeypatch.setattr(module, "STACK_AFTER", 0.15)
+    controller = Transport(zmq_ctx, "controller", -3)
+    liveness = Liveness(zmq_ctx, "node1", 7, controller.address, interval=0.02)
+
+    def waiting_for_a_sinks_broker():
+        time.sleep(0.5)
+
+    try:
+        liveness.loop_turned()  # this thread is the loop
+        liveness.start()
+        with caplog.at_level("WARNING", logger="flux.runtime.liveness"):
+            waiting_for_a_sinks_broker()
+            liveness.loop_turned()
+            time.sleep(0.1)  # turning again: no new stall
+    finally:
+        liveness.stop()
+        controller.close()
+    stacks = [r.getMessage() for r in caplog.records if "has not turned" in r.getMessage()]
+    assert len(stacks) == 1 and "waiting_for_a_sinks_broker" in stacks[0]

@@ -71,6 +71,19 @@ def test_a_destination_going_on_before_it_installed_the_range_is_caught():
     assert failures(results)
 
 
-def test_moves_with_a_sink_per_partition_are_refused_until_modelled():
+def test_moves_of_the_last_stage_with_a_sink_per_partition_are_refused_until_modelled():
     with pytest.raises(ValueError, match="not modelled yet"):
-        SimParams(**MOVES, partitioned_egress=True).validate()
+        SimParams(**MOVES, stages=1, partitioned_egress=True).validate()
+    with pytest.raises(ValueError, match="not modelled yet"):
+        SimParams(**{**MOVES, "moves": 0}, partitions=6, live_rescales=(4, 6),
+                  partitioned_egress=True).validate()
+
+
+@pytest.mark.parametrize("egress", ["partitioned_egress", "writers_on_nodes"])
+def test_moves_before_the_last_stage_keep_each_sink_partitions_output(egress):
+    """A sink per partition (in the driver, or writers on the nodes): the stages before
+    the last move, each sink partition's output stays the failure-free run's."""
+    results = schedules(SimParams(**MOVES, stages=3, standbys=2, crashes=2, restarts=1,
+                                  **{egress: True}), range(1, 61))
+    assert not failures(results), failures(results)
+    assert sum(r.moves_done for r in results) >= 40

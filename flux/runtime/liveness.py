@@ -10,13 +10,17 @@ stuck, a condition of its own, not a silent death.
 
 The loop tells this thread it turned by ``loop_turned()`` (one float written,
 read here: atomic under the GIL). The thread only beats; it never touches the
-loop's sockets or machines.
+loop's sockets or machines. A loop stuck for ``STACK_AFTER`` seconds gets its
+stack logged once (a warning naming where it waits: a sink's broker, an
+operator, a lock), so a node the controller later declares stuck leaves the why.
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+import traceback
 from typing import Callable, Optional, Tuple
 
 import zmq
@@ -27,6 +31,9 @@ from flux.envelope import Envelope
 from flux.runtime.transport import Transport
 
 log = logging.getLogger(__name__)
+
+#: seconds a loop may not turn before its stack is logged (once per stall)
+STACK_AFTER = 5.0
 
 
 def liveness_peer(name: str) -> str:
@@ -53,6 +60,8 @@ class Liveness:
         #: the view the loop has applied, carried by each beat (read from the loop)
         self.view: Callable[[], int] = lambda: 0
         self.beats = 0
+        self.loop_thread: Optional[int] = None  # the loop's thread, as it last turned
+        self._stack_logged_for: Optional[float] = None  # the stall whose stack was logged
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.error: Optional[BaseException] = None
@@ -60,6 +69,7 @@ class Liveness:
     def loop_turned(self) -> None:
         """Called by the node loop at every turn."""
         self.last_turn = self.clock()
+        self.loop_thread = threading.get_ident()
 
     def start(self, view: Callable[[], int] = lambda: 0) -> "Liveness":
         self.view = view
@@ -87,11 +97,22 @@ class Liveness:
             Heartbeat(round(lag, 3), round(late, 3)), self.inc, None))
         self.beats += 1
 
+    def _log_stuck_stack(self) -> None:
+        turned = self.last_turn
+        if self.clock() - turned < STACK_AFTER or self._stack_logged_for == turned:
+            return
+        self._stack_logged_for = turned
+        frame = sys._current_frames().get(self.loop_thread) if self.loop_thread else None
+        if frame is not None:
+            log.warning("%s: its loop has not turned for %.1fs; it is at:\n%s", self.name,
+                        self.clock() - turned, "".join(traceback.format_stack(frame)))
+
     def _run(self) -> None:
         try:
             self.transport.connect(CONTROLLER.name, self.controller_address)
             while not self._stop.is_set():
                 self.beat()
+                self._log_stuck_stack()
                 self._stop.wait(self.interval)
         except BaseException as exc:  # the node loop sees it and stops the process
             self.error = exc

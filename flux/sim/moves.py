@@ -86,9 +86,11 @@ class SimMoves:
 
     def _draw(self) -> GroupMove:
         """A range inside one run of groups of one owner (half the time all of it: a
-        schedule's few keys fall in few groups), to another partition."""
+        schedule's few keys fall in few groups), to another partition; of a stage before
+        the last with a sink per partition (the last one's would change a key's sink)."""
         rng = self.rng
-        stage = rng.randint(1, self.world.stages)
+        w = self.world  # with a sink per partition, the last stage's keys stay
+        stage = rng.randint(1, w.stages - (not w.config.ordered_output))
         first, last, source = rng.choice(self.map_of(stage).ranges())
         lo, hi = first, last
         if rng.random() < 0.5:

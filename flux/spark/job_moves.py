@@ -14,6 +14,12 @@ from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
 from flux.spark.live_moves import MoveAsked, SpreadAsked
 
+#: why the last stage's groups stay with a sink per partition
+_LAST_STAGE = ("the last stage's key groups cannot move live with a sink per partition "
+               "(ordered_output=False): a key's outputs would change sink partition (not "
+               "built yet; the stages before it move): rescale() drains and restarts "
+               "instead")
+
 
 def check_live(running: bool, config, checkpoints) -> None:
     """Refuse, naming why, live moves in a job that cannot make them."""
@@ -29,14 +35,14 @@ def check_live(running: bool, config, checkpoints) -> None:
     if config.splits:
         raise RescaleRefused("live moves with a SplitSource (several ingresses) are not "
                              "built yet: rescale from a checkpoint (rescale()) instead")
-    if not config.ordered_output:
-        raise RescaleRefused("live moves with a sink per partition (ordered_output=False) "
-                             "are not built yet: rescale() drains and restarts instead")
 
 
-def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int) -> None:
+def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int,
+               ordered_output: bool = True) -> None:
     if not 1 <= asked.stage <= stages:
         raise ValueError(f"stage must be from 1 to {stages}, got {asked.stage!r}")
+    if asked.stage == stages and not ordered_output:
+        raise RescaleRefused(_LAST_STAGE)
     if not 0 <= asked.first <= asked.last < key_groups:
         raise ValueError(f"key groups must be first..last within 0..{key_groups - 1}, got "
                          f"{asked.first!r}..{asked.last!r}")
@@ -80,7 +86,7 @@ class KeyGroupMoves:
         asked = MoveAsked(stage, first, last, to)
         self._check_live()
         check_move(asked, len(self.dataflow.stages), self._checkpointing.key_groups,
-                   self.config.partitions)
+                   self.config.partitions, self.config.ordered_output)
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
         return move_live(self._checkpointing, asked, timeout)
 
@@ -91,6 +97,8 @@ class KeyGroupMoves:
         range that changes owner moves at one checkpoint's cut, as ``move_key_groups``
         moves one. Returns the number of the complete checkpoint that covers it."""
         self._check_live()
+        if not self.config.ordered_output:
+            raise RescaleRefused(_LAST_STAGE)
         if not isinstance(over, int) or isinstance(over, bool) or \
                 not 1 <= over <= self.config.partitions:
             raise ValueError(f"over must be an int from 1 to the job's {self.config.partitions} "
