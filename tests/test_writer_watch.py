@@ -2,6 +2,8 @@
 got, how many there are, and when the job is done."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from flux.control_messages import WriterProgress
@@ -55,7 +57,7 @@ class _Writer:
     def bounds(self):
         return self.frontier, self.frontier[0]
 
-    def committed(self):
+    def committed(self, through=None):
         return []
 
 
@@ -76,6 +78,7 @@ def test_a_writer_at_full_rate_reports_how_far_its_last_commit_got():
     """At full rate a writer always has outputs since its last commit when it reports:
     it reports its bound as of that commit, never a bound past what its sink holds, and
     never one older than it reported before."""
+    from flux.effects import SinkCommit
     from flux.runtime.writer_sinks import WriterSinks
 
     writer, sink = _Writer(), _sink()
@@ -92,7 +95,9 @@ def test_a_writer_at_full_rate_reports_how_far_its_last_commit_got():
         deliver(n)
         if n % 3 == 0:  # a commit covers what was delivered so far
             writer.uncommitted = 0
-            sinks.commit(0)
+            sinks.submit(SinkCommit(0, 0, 0, (n,)))  # (made on the committing thread)
+            while not sinks.finished():
+                time.sleep(0.001)
             deliver(n + 100)  # ... and at once more outputs: never idle when it reports
             writer.frontier, writer.uncommitted = (n,), 1
         now += 0.05

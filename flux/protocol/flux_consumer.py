@@ -122,13 +122,16 @@ class FluxConsumer(ConsumerRoles):
         return []
 
     # -- a sink's writer (docs/design/parallel_io.md) ------------------------------
-    def commit_acks(self) -> List[Send]:
-        """The sink committed everything released: both replicas may evict it now."""
+    def commit_acks(self, through: Optional[SN] = None) -> List[Send]:
+        """The sink committed everything released (up to ``through``, where the commit ran
+        while more was released: a runtime's sink commits off its loop): both replicas may
+        evict it now."""
         effects = []
         for feed in self.feeds:
-            if feed.taken <= feed.committed:
+            upto = feed.taken if through is None else through
+            if upto <= feed.committed:
                 continue
-            feed.committed = feed.taken
+            feed.committed = upto
             for y in {feed.data_from, feed.ack_to} - {None}:
                 effects.append(Send(self.addr, feed.replicas[y].addr, Ack(feed.committed)))
         return effects

@@ -53,9 +53,10 @@ class SinkWriter(Egress):
         after a commit, how far its sink's committed outputs got."""
         return tuple(self.fcons.frontier()), self.settled()
 
-    def committed(self) -> List:
-        """The sink returned from a commit: both replicas may evict what it covers."""
-        return self.fcons.commit_acks()
+    def committed(self, through: Optional[SN] = None) -> List:
+        """The sink returned from a commit: both replicas may evict what it covers (up to
+        its ``SinkCommit.through``; None: everything taken, the commit made at once)."""
+        return self.fcons.commit_acks(through)
 
     def resume(self, last_output: Optional[SN], dead) -> List:
         """Start again on another node (the old one died) after ``last_output``, the SN of

@@ -178,6 +178,7 @@ class HostLoop:
         if self.snapshots is not None:
             self._snapshots_written()
         if self.writer_sinks is not None:  # writers commit at least this often
+            self._writers_committed()
             self._emit(*self.host.run_local(self.writer_sinks.commits_due(polled)))
             for report in self.writer_sinks.progress(polled):
                 self.report(report)
@@ -360,20 +361,19 @@ class HostLoop:
             elif isinstance(e, Deliver) and self.writer_sinks is not None:
                 self.writer_sinks.deliver(e.partition, e.items)
             elif isinstance(e, SinkCommit) and e.through is not None:
-                self._writer_committed(e)
+                self.writer_sinks.submit(e)  # a writer here commits its sink
             elif isinstance(e, CutPassed):  # a pair of ingresses here passed a cut
                 mark = self.splits.mark(e.ingress, e.read) if self.splits else None
                 self.report(SplitCutPassed(e.number, e.cut, e.ingress, e.read,
                                            json.dumps(mark) if mark else ""))
             self.on_effect(e)
 
-    def _writer_committed(self, e: SinkCommit) -> None:
-        """A writer here commits its sink; then it acks both replicas of its partition,
-        and at a checkpoint's cut the controller hears what the sink holds (DESIGN 10)."""
-        sn, acks = self.writer_sinks.commit(e.partition)
-        if e.number:
-            self.report(SinkCommitted(e.number, sn, e.partition))
-        self._emit(*self.host.run_local(acks))
+    def _writers_committed(self) -> None:
+        """Writers whose sink returned from a commit (off this thread) ack both replicas;
+        at a checkpoint's cut the controller hears what the sink holds (DESIGN 10)."""
+        for e, sn, acks in self.writer_sinks.finished():
+            self._report_if(SinkCommitted(e.number, sn, e.partition) if e.number else None)
+            self._emit(*self.host.run_local(acks))
 
     def _report_if(self, msg) -> None:
         if msg is not None:

@@ -8,15 +8,24 @@ writer acks both replicas of its partition. A writer the controller starts here 
 (its old node died) opens its partition's sink anew (the sink fences the old writer:
 what it had not committed is gone) and resumes after the last output the sink
 committed.
+
+A sink commits on a thread of its own (``submit``, then ``finished`` at a later turn):
+a commit waits on the sink's broker or store, for up to its timeout, and the node's
+loop, which runs every replica there, must not wait with it (a loop stalled on a broker
+was declared stuck and its pairs lost). Outputs released meanwhile wait here until
+it returns; the writer's acks cover what the commit covered (``SinkCommit.through``).
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Set, Tuple
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Deque, Dict, List, Set, Tuple
 
 from flux.addresses import Addr
 from flux.control_messages import WriterProgress
 from flux.connector_api import ClosingSink, is_exactly_once
+from flux.effects import SinkCommit
 from flux.protocol.sink_writer import SinkWriter
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,11 @@ class WriterSinks:
         #: partition -> outputs its writer here wrote that its sink keeps
         self.handed: Dict[int, int] = {}
         self.writers: Dict[int, SinkWriter] = {}  # partition -> its writer here
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="flux-sink-commit")
+        #: partition -> the commit its sink is making, its future and its progress report
+        self._inflight: Dict[int, Tuple[SinkCommit, Future, WriterProgress]] = {}
+        self._queued: Dict[int, Deque[SinkCommit]] = {}  # commits asked meanwhile
+        self._held: Dict[int, List] = {}  # outputs released meanwhile, for the sink after
 
     def open(self, partition: int) -> Any:
         sink = self.open_sink(partition)
@@ -90,23 +104,51 @@ class WriterSinks:
         return [e for writer in self.writers.values() for e in writer.commit_now()]
 
     def deliver(self, partition: int, items) -> None:
-        if items:
-            sink = self.sinks[partition]
-            kept = kept_by(items, sink.committed())
-            sink.write(items)
-            self.last[partition] = tuple(items[-1][0])
-            self.handed[partition] = self.handed.get(partition, 0) + kept
+        if not items:
+            return
+        if partition in self._inflight:  # after the commit the sink is making
+            self._held.setdefault(partition, []).append(items)
+            return
+        sink = self.sinks[partition]
+        kept = kept_by(items, sink.committed())
+        sink.write(items)
+        self.last[partition] = tuple(items[-1][0])
+        self.handed[partition] = self.handed.get(partition, 0) + kept
 
-    def commit(self, partition: int) -> Tuple[Any, List]:
-        """Make what the partition's sink was given durable: its last output's SN, and
-        then its writer's acks to both replicas (effects)."""
-        sink, last = self.sinks[partition], self.last.get(partition)
+    def submit(self, commit: SinkCommit) -> None:
+        """Make what the partition's sink was given durable, off the loop's thread (after
+        the commit it is making, if any); ``finished`` says when it returned."""
+        p = commit.partition
+        if p in self._inflight:
+            self._queued.setdefault(p, deque()).append(commit)
+            return
+        sink, last = self.sinks[p], self.last.get(p)
         committed = sink.committed()
         if last is not None and (committed is None or last > committed):
-            sink.commit(last)
-        writer = self.writers[partition]
-        self._at_commit[partition] = self._progress_now(partition, writer)
-        return sink.committed(), writer.committed()
+            future = self._committer.submit(sink.commit, last)
+        else:
+            future = Future()
+            future.set_result(None)
+        self._inflight[p] = (commit, future, self._progress_now(p, self.writers[p]))
+
+    def finished(self) -> List[Tuple[SinkCommit, Any, List]]:
+        """The commits whose sink returned: each with the last SN its sink holds now and
+        its writer's acks to both replicas (effects). A sink's error is raised here."""
+        out = []
+        for p, (commit, future, progress) in list(self._inflight.items()):
+            if not future.done():
+                continue
+            del self._inflight[p]
+            future.result()
+            self._at_commit[p] = progress
+            out.append((commit, self.sinks[p].committed(),
+                        self.writers[p].committed(commit.through)))
+            for items in self._held.pop(p, []):
+                self.deliver(p, items)
+            queued = self._queued.get(p)
+            if queued:
+                self.submit(queued.popleft())
+        return out
 
     def _progress_now(self, partition: int, writer: SinkWriter) -> WriterProgress:
         frontier, settled = writer.bounds()
@@ -124,7 +166,7 @@ class WriterSinks:
         out = []
         for p, writer in sorted(self.writers.items()):
             before = self._reported.get(p)
-            if writer.uncommitted:
+            if writer.uncommitted or p in self._inflight:
                 report = self._at_commit.get(p, before)
                 if report is None:
                     continue
@@ -136,6 +178,12 @@ class WriterSinks:
         return out
 
     def close(self) -> None:
+        """The job's end: the commits being made return, then every sink closes."""
+        while self._inflight:
+            for _, future, _ in list(self._inflight.values()):
+                future.result()
+            self.finished()  # (and the commits asked meanwhile, in order)
+        self._committer.shutdown(wait=True)
         for sink in self.sinks.values():
             if isinstance(sink, ClosingSink):
                 sink.close()

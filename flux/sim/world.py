@@ -309,7 +309,8 @@ class World:
                     self.judge_commit(e, self.sink.holds(e.partition))
                 self.sink.commit(e.partition)
                 if e.through is not None:  # the writer hears its sink returned
-                    self.net.send(host.run_local(self.egresses[e.partition].committed())[0])
+                    self.net.send(host.run_local(
+                        self.egresses[e.partition].committed(e.through))[0])
                 if e.number:
                     last = self.sink.last_committed(e.partition)
                     self.store.report(self.coordinator.sink_committed(e.number, last,

@@ -1,0 +1,97 @@
+"""A node's writers commit their sinks off the loop's thread (flux.runtime.writer_sinks): a
+sink's broker that is slow to commit must not stall the loop, which runs every replica of
+the node (a loop stalled on a broker was declared stuck and its pairs lost). Outputs
+released meanwhile wait for the commit; the writer's acks cover what it covered."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from flux.connector_api import CommitsBySN
+from flux.runtime.writer_sinks import WriterSinks
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class SlowSink(CommitsBySN):
+    """Commits block until ``release`` is set; what each commit wrote is kept."""
+
+    def __init__(self):
+        super().__init__(None, commit_every=10_000)
+        self.release = threading.Event()
+        self.commits: list = []
+
+    def _commit(self, rows, sn) -> None:
+        self.release.wait(10)
+        self.commits.append((list(rows), sn))
+
+
+class Writer:
+    """A writer's surface WriterSinks calls: its acks say what they covered."""
+
+    uncommitted = 0
+
+    def bounds(self):
+        return (), 0
+
+    def committed(self, through=None):
+        return [("acks through", through)]
+
+
+def test_a_slow_commit_does_not_block_and_what_comes_meanwhile_waits_for_it():
+    from flux.effects import SinkCommit
+
+    sink, writer = SlowSink(), Writer()
+    sinks = WriterSinks(lambda p: sink, lambda p: writer)
+    sinks.sinks[0], sinks.writers[0] = sink, writer
+    sinks.deliver(0, [((1,), "a"), ((2,), "b")])
+    started = time.monotonic()
+    sinks.submit(SinkCommit(0, 0, 0, (2,)))
+    assert time.monotonic() - started < 0.5  # the loop goes on
+    sinks.deliver(0, [((3,), "c")])  # released while the sink commits: held
+    sinks.submit(SinkCommit(4, 3, 0, (3,)))  # asked meanwhile: after it
+    assert sinks.finished() == [] and ((3,), "c") not in sink.pending  # held here
+    sink.release.set()
+    done = []
+    while len(done) < 2:
+        done += sinks.finished()
+        time.sleep(0.01)
+    first, second = done
+    assert first == (SinkCommit(0, 0, 0, (2,)), (2,), [("acks through", (2,))])
+    assert second == (SinkCommit(4, 3, 0, (3,)), (3,), [("acks through", (3,))])
+    assert sink.commits == [([((1,), "a"), ((2,), "b")], (2,)), ([((3,), "c")], (3,))]
+    sinks.close()
+
+
+def test_a_sinks_error_in_a_commit_is_raised_at_the_loop():
+    from flux.effects import SinkCommit
+
+    class Broken(SlowSink):
+        def _commit(self, rows, sn):
+            raise RuntimeError("the broker refused the commit")
+
+    sink, writer = Broken(), Writer()
+    sinks = WriterSinks(lambda p: sink, lambda p: writer)
+    sinks.sinks[0], sinks.writers[0] = sink, writer
+    sinks.deliver(0, [((1,), "a")])
+    sinks.submit(SinkCommit(0, 0, 0, (1,)))
+    with pytest.raises(RuntimeError, match="refused the commit"):
+        for _ in range(100):
+            sinks.finished()
+            time.sleep(0.01)
+
+
+def test_the_jobs_end_waits_for_the_commits_being_made():
+    from flux.effects import SinkCommit
+
+    sink, writer = SlowSink(), Writer()
+    sinks = WriterSinks(lambda p: sink, lambda p: writer)
+    sinks.sinks[0], sinks.writers[0] = sink, writer
+    sinks.deliver(0, [((1,), "a")])
+    sinks.submit(SinkCommit(0, 0, 0, (1,)))
+    sinks.deliver(0, [((2,), "b")])
+    threading.Timer(0.2, sink.release.set).start()
+    sinks.close()  # (CommitsBySN.close commits what it holds)
+    assert [sn for _, sn in sink.commits] == [(1,), (2,)]
