@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Callable, Dict, Optional
 
 from exchange.wire import MAX_FRAME
-from flux.control_messages import RangeInstalled, RangePacked
+from flux.control_messages import RangePacked
 from flux.effects import RangeAwaited
 from flux.errors import OperatorError
 
@@ -49,4 +49,4 @@ def _fits(e: RangePacked) -> RangePacked:
     return e
 
 
-__all__ = ["RangeTiming", "RANGE_LIMIT", "RangeInstalled"]
+__all__ = ["RangeTiming", "RANGE_LIMIT"]
