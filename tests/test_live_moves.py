@@ -364,3 +364,21 @@ def test_a_stage_whose_state_is_not_keyed_by_its_key_is_refused_before_it_moves(
         check_rescalable(flow, sample, G, only=stage)
     with pytest.raises(RescaleRefused, match="count3"):
         check_rescalable(flow, sample, G, only=3)
+
+
+# -- a move in two phases: the changes since the bulk --------------------------------------
+
+def test_the_changes_since_a_bulk_are_the_keys_whose_value_is_not_the_bulks():
+    """Assigned an equal value: unchanged; another value, a new key: changed; a key of
+    the bulk gone: deleted; an array (``==`` answers per element): changed, to be safe."""
+    import numpy as np
+
+    from flux.protocol.segment_moves import range_changes
+
+    same = {"n": 1}
+    arr = np.arange(3)
+    bulk = [2, [("a",), ("b",), ("c",), ("d",), ("e",)], [same, 5, 7, [1, 2], arr]]
+    now = [2, [("a",), ("b",), ("d",), ("e",), ("f",)], [same, 6, [1, 2], arr.copy(), 0]]
+    assert range_changes(bulk, now) == [2, [("b",), ("e",), ("f",)],
+                                        [6, now[2][3], 0], [("c",)]]
+    assert range_changes(bulk, bulk) == [2, [], [], []]

@@ -139,7 +139,7 @@ class MoveSide:
         if kept is None:
             return None, self._packed(lambda: parts, when, None)
         over, bulk = kept
-        return over, self._packed(lambda: [_changes(old, now) for old, now in
+        return over, self._packed(lambda: [range_changes(old, now) for old, now in
                                            zip(bulk, parts)], when, None)
 
     # -- as the destination ----------------------------------------------------------
@@ -215,7 +215,7 @@ class MoveSide:
                                                          self.router.partitions))
 
 
-def _changes(old: list, now: list) -> list:
+def range_changes(old: list, now: list) -> list:
     """One store's part of a move as its changes since its bulk: ``[operator, keys,
     values, deleted keys]``, the keys whose value is not the bulk's (the same object,
     or equal) and the bulk's keys gone since."""
