@@ -375,6 +375,18 @@ class SegmentMovingTheBulkOnly(Segment):
         return over, pack_state([[p[0], [], [], []] for p in unpack_state(data)])
 
 
+class SegmentMovingNoDeletions(Segment):
+    """A live move in two phases whose changes leave out the keys gone since the bulk
+    (docs/design/rescaling.md broken): the destination keeps them with their bulk
+    values (a session the source closed meanwhile lives on)."""
+
+    def _take_range(self, number, move):
+        over, data = super()._take_range(number, move)
+        if over is None:
+            return over, data
+        return over, pack_state([p[:3] + [[]] for p in unpack_state(data)])
+
+
 VARIANTS = {
     "none": (Buffer, Segment),
     "no-dup-filter": (BufferWithoutDuplicateFilter, Segment),
@@ -404,4 +416,5 @@ VARIANTS = {
     "pair-ack-unwritten": (Buffer, Segment),
     "move-before-install": (Buffer, SegmentNotWaitingForRange),
     "move-bulk-only": (Buffer, SegmentMovingTheBulkOnly),
+    "move-no-deletions": (Buffer, SegmentMovingNoDeletions),
 }
