@@ -9,6 +9,12 @@ destination replica gets it again (its twin's state may predate the install, and
 install twice is acknowledged, not installed twice). Once both replicas of the
 destination hold it, the pack is dropped.
 
+A prepare's bulk (``move.prepare``) is relayed alike, and kept until its move is held
+by both replicas of the destination: a replica rebuilt before it installed the move
+needs the bulk again, and the move's pack may be only the changes since it. The two
+replicas of a source pack the same form unless one was rebuilt after the prepare (it
+packs the range whole): packs of one form are compared, the first of any is sent.
+
 The same object serves the simulator and the runtime's controller service, which
 decide when a send may happen (the simulator as a step, the service at once).
 """
@@ -29,7 +35,10 @@ class RangeRelay:
     """Ranges packed and not yet held by both replicas of their destination."""
 
     def __init__(self) -> None:
-        self.packs: Dict[MoveKey, bytes] = {}
+        #: per move (or prepare): the pack sent on, (the bulk it changes, data)
+        self.packs: Dict[MoveKey, Tuple[Optional[int], bytes]] = {}
+        #: per move: each form packed (the bulk's checkpoint or None) and its bytes
+        self.forms: Dict[MoveKey, Dict[Optional[int], bytes]] = {}
         #: per move: (replica, process) it was sent to, and those that said they hold it
         self.sent: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
         self.confirmed: Dict[MoveKey, Set[Tuple[Addr, str]]] = {}
@@ -41,11 +50,12 @@ class RangeRelay:
         key = (e.number, e.move)
         if key in self.done:
             return None
-        known = self.packs.get(key)
-        if known is None:
-            self.packs[key] = e.data
+        if key not in self.packs:
+            self.packs[key] = (e.over, e.data)
+            self.forms[key] = {e.over: e.data}
             self.sent[key], self.confirmed[key] = set(), set()
             return None
+        known = self.forms[key].setdefault(e.over, e.data)
         if known != e.data:
             return (f"the replicas of stage {e.move.stage} partition {e.move.source} packed "
                     f"different states of key groups {e.move.first}..{e.move.last} at "
@@ -61,11 +71,14 @@ class RangeRelay:
             return False
         confirmed = self.confirmed[key]
         confirmed.add((e.addr, process))
-        if all((a, process_of(a)) in confirmed for a in _replicas(e.move)):
-            del self.packs[key], self.confirmed[key], self.sent[key]
-            self.done.add(key)
-            return True
-        return False
+        if e.move.prepare or \
+                not all((a, process_of(a)) in confirmed for a in _replicas(e.move)):
+            return False
+        bulk = e.move.prepared()
+        for old in [k for k in self.packs if k == key or (k[1] == bulk and k[0] < e.number)]:
+            del self.packs[old], self.forms[old], self.confirmed[old], self.sent[old]
+        self.done.add(key)
+        return True
 
     def unsent(self, process_of: ProcessOf) -> Iterator[Tuple[MoveKey, Addr, str]]:
         """Every (move, destination replica, its process) the range was not sent to."""
@@ -78,17 +91,26 @@ class RangeRelay:
     def send(self, key: MoveKey, addr: Addr, process: str) -> InstallRange:
         """The range for ``addr`` in ``process``, counted as sent there."""
         self.sent[key].add((addr, process))
-        return InstallRange(key[0], key[1], self.packs[key])
+        over, data = self.packs[key]
+        return InstallRange(key[0], key[1], data, over)
 
     def forget(self) -> None:
         """The job restarts from a checkpoint: ranges in flight are of cuts it forgets
         or in its state already."""
         self.packs.clear()
+        self.forms.clear()
         self.sent.clear()
         self.confirmed.clear()
 
     def pending(self) -> int:
+        """Packs (of moves and prepares) held to send."""
         return len(self.packs)
+
+    def staged(self, number: int, move: GroupMove, process_of: ProcessOf) -> bool:
+        """Do both replicas of the destination, where hosted now, hold the bulk of the
+        prepare at checkpoint ``number`` (its move's cut can pause them least now)?"""
+        confirmed = self.confirmed.get((number, move), ())
+        return all((a, process_of(a)) in confirmed for a in _replicas(move))
 
 
 def _replicas(move: GroupMove) -> Tuple[Addr, Addr]:

@@ -22,13 +22,19 @@ from exchange.partitioner import group_owner
 @dataclass(frozen=True, slots=True)
 class GroupMove:
     """Key groups ``first``..``last`` (inclusive) of stage ``stage`` (from 1) go from
-    partition ``source`` to partition ``dest``."""
+    partition ``source`` to partition ``dest``.
+
+    ``prepare``: the first of a move's two phases (docs/design/rescaling.md): at this
+    cut the source's replicas send the range's bulk and keep it; nothing is routed
+    otherwise. The move itself (the same groups, ``prepare`` False) is a later cut's,
+    where only what changed since the bulk travels."""
 
     stage: int
     first: int
     last: int
     source: int
     dest: int
+    prepare: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.first <= self.last:
@@ -42,11 +48,20 @@ class GroupMove:
         return (groups >= self.first) & (groups <= self.last)
 
     def to_wire(self) -> list:
-        return [self.stage, self.first, self.last, self.source, self.dest]
+        fields = [self.stage, self.first, self.last, self.source, self.dest]
+        return fields + [1] if self.prepare else fields
 
     @classmethod
     def from_wire(cls, fields: Sequence[int]) -> "GroupMove":
-        return cls(*map(int, fields))
+        return cls(*map(int, fields[:5]), prepare=len(fields) > 5 and bool(fields[5]))
+
+    def prepared(self) -> "GroupMove":
+        """This move's first phase."""
+        return GroupMove(self.stage, self.first, self.last, self.source, self.dest, True)
+
+    def settled(self) -> "GroupMove":
+        """The move a prepare is the first phase of."""
+        return GroupMove(self.stage, self.first, self.last, self.source, self.dest)
 
 
 def moves_from_wire(moves: Iterable) -> Tuple[GroupMove, ...]:
@@ -135,3 +150,8 @@ class GroupMap:
 
 def stage_moves(moves: Iterable[GroupMove], stage: int) -> List[GroupMove]:
     return [m for m in moves if m.stage == stage]
+
+
+def owner_changes(moves: Iterable[GroupMove]) -> List[GroupMove]:
+    """The moves that change owners (a prepare changes none)."""
+    return [m for m in moves if not m.prepare]

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from exchange.group_map import GroupMap, GroupMove
+from exchange.group_map import GroupMap, GroupMove, owner_changes
 from exchange.partitioner import KEY_GROUPS, HashPartitioner, first_refused, group_owner
 from exchange.rows import ColumnsError, NumberedRows
 
@@ -139,7 +139,9 @@ class ToOne:
 
 
 def moved(router: Any, moves: Sequence[GroupMove]) -> Any:
-    """``router`` after the live ``moves`` of its stage's key groups (none: itself)."""
+    """``router`` after the live ``moves`` of its stage's key groups (none: itself; a
+    prepare moves nothing)."""
+    moves = owner_changes(moves)
     if not moves:
         return router
     if router.key_groups is None:

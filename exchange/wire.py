@@ -155,9 +155,10 @@ def _move_cut(v) -> tuple:
 
 
 def _group_move(v) -> GroupMove:
-    if not (isinstance(v, list) and len(v) == 5 and all(type(x) is int and x >= 0 for x in v)
-            and v[1] <= v[2]):
-        raise WireError(f"a move is [stage, first, last, source, dest], got {v!r:.60}")
+    if not (isinstance(v, list) and len(v) in (5, 6) and
+            all(type(x) is int and x >= 0 for x in v) and v[1] <= v[2]):
+        raise WireError(f"a move is [stage, first, last, source, dest(, prepare)], got "
+                        f"{v!r:.60}")
     return GroupMove.from_wire(v)
 
 
@@ -541,13 +542,15 @@ CODECS: Dict[str, _Codec] = {
             _addr(a, "addr"), _int(k, "checkpoint"), _int(n, "cut"), _int(o, "operator"),
             None if p is None else tuple(_probed_pair(x) for x in _list(p, "pairs"))))),
     "range_packed": (
-        RangePacked, lambda m: [m.number, m.move.to_wire(), list(m.addr), m.data],
-        _arity(4, lambda k, mv, a, d: RangePacked(_int(k, "checkpoint"), _group_move(mv),
-                                                  _addr(a, "addr"), _bytes(d, "range")))),
+        RangePacked, lambda m: [m.number, m.move.to_wire(), list(m.addr), m.data, m.over,
+                                m.took],
+        _arity(6, lambda k, mv, a, d, o, t: RangePacked(
+            _int(k, "checkpoint"), _group_move(mv), _addr(a, "addr"), _bytes(d, "range"),
+            _opt_int(o, "bulk checkpoint"), _seconds(t, "took")))),
     "install_range": (
-        InstallRange, lambda m: [m.number, m.move.to_wire(), m.data],
-        _arity(3, lambda k, mv, d: InstallRange(_int(k, "checkpoint"), _group_move(mv),
-                                                _bytes(d, "range")))),
+        InstallRange, lambda m: [m.number, m.move.to_wire(), m.data, m.over],
+        _arity(4, lambda k, mv, d, o: InstallRange(_int(k, "checkpoint"), _group_move(mv),
+                                                   _bytes(d, "range"), _opt_int(o, "bulk checkpoint")))),
     "range_installed": (
         RangeInstalled, lambda m: [m.number, m.move.to_wire(), list(m.addr), m.waited],
         _arity(4, lambda k, mv, a, t: RangeInstalled(_int(k, "checkpoint"), _group_move(mv),

@@ -11,8 +11,10 @@ pairs (little state yet); once the state is built, each next count is reached li
 
 Measured per live rescale: seconds from the ask to its return (a complete checkpoint
 covers it) and to the last range installed at both replicas of its destination
-(``done_s``), the ranges moved, the longest pause of a destination replica (from its
-crossing of the cut to the install: it processes nothing meanwhile), the longest gap
+(``done_s``), the ranges moved (and how many in two phases: a bulk first, then the
+changes), the longest pause of a destination replica (from the step that crossed the
+move's cut to the end of the install: it processes nothing meanwhile) and of a source
+replica (the steps that packed the bulk and the changes), the longest gap
 between two outputs reaching the sink in the ``--settle / 2`` seconds after the ask
 against the same in as many seconds before it (no move: the machine's own jitter), and
 the longest output latency in both windows. Whether the sink holds the failure-free
@@ -101,7 +103,9 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
                 "run": index, "rescale": f"{previous}->{count}", "asked_at_s":
                     round(asked - source.start, 3), "return_s": round(returned, 3),
                 "done_s": round(done, 3), "ranges": len(moved),
-                "longest_pause_s": max((what[-1] for _, what in moved), default=0.0),
+                "longest_pause_s": max((what[6] for _, what in moved), default=0.0),
+                "longest_source_pause_s": max((what[7] for _, what in moved), default=0.0),
+                "ranges_in_two_phases": sum(what[8] is not None for _, what in moved),
                 "gap_before_s": round(longest_gap(before), 4),
                 "gap_after_s": round(longest_gap(after), 4),
                 "latency_before_s": round(longest_latency(before, source.start, args.rate), 4),
@@ -131,7 +135,8 @@ def summarize(rows: List[dict]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for rescale in dict.fromkeys(r["rescale"] for r in rows):
         mine = [r for r in rows if r["rescale"] == rescale]
-        for field in ("return_s", "done_s", "longest_pause_s", "gap_before_s",
+        for field in ("return_s", "done_s", "longest_pause_s", "longest_source_pause_s",
+                      "gap_before_s",
                       "gap_after_s", "latency_before_s", "latency_after_s"):
             values = [r[field] for r in mine]
             out[f"{rescale} {field}"] = {"median": round(statistics.median(values), 4),

@@ -350,31 +350,37 @@ class RangePacked:
     """A replica of a live move's source partition crossed the move's cut (checkpoint
     ``number``) and took the range's state out of its stores: ``data``, packed (DESIGN
     13). Both replicas report it; the controller keeps the first and hands it to the
-    destination's replicas (``InstallRange``)."""
+    destination's replicas (``InstallRange``). A prepare's (``move.prepare``) is the
+    range's bulk, kept in the stores; ``over``: the checkpoint of the bulk this pack
+    is the changes since (None: the whole range). ``took``: the seconds the replica's
+    step that packed it took (the runtime's measure)."""
 
     number: int
     move: Any
     addr: Addr
     data: bytes
+    over: Optional[int] = None
+    took: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class InstallRange:
     """To a replica of a live move's destination partition: the range's state at the
     move's cut (checkpoint ``number``); it processes nothing past the cut before it
-    installed it (DESIGN 13)."""
+    installed it (DESIGN 13). ``over``: as ``RangePacked``'s."""
 
     number: int
     move: Any
     data: bytes
+    over: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)
 class RangeInstalled:
     """``addr``, a replica of a live move's destination, holds the range of the move
     at checkpoint ``number``: the controller need not send it again. ``waited``: the
-    seconds it processed nothing, from its crossing of the cut to the install (the
-    runtime's measure; 0: the range came first)."""
+    seconds it processed nothing, from the step that crossed the cut to the end of the
+    install (the runtime's measure)."""
 
     number: int
     move: Any

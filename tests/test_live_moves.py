@@ -74,15 +74,54 @@ def test_a_manifest_from_before_key_groups_has_no_maps():
 
 # -- the driver's record of moves -------------------------------------------------------
 
-def test_an_ask_becomes_one_move_per_run_of_owners_at_the_next_cut():
+def carry(moves: LiveMoves, k: int):
+    """Cut ``k`` prepares the asks, their bulks are staged, cut ``k + 1`` moves them."""
+    prepares, (before, after) = moves.cut(k)
+    assert after == before and all(m.prepare for m in prepares)  # the bulk moves no key
+    moves.staged(k)
+    return moves.cut(k + 1)
+
+
+def test_an_ask_becomes_one_move_per_run_of_owners_in_two_phases():
     moves = LiveMoves(2, 4, G, None)
     moves.ask(MoveAsked(1, 32, 100, 3))
-    carried, (before, after) = moves.cut(7)
-    assert carried == [GroupMove(1, 32, 63, 0, 3), GroupMove(1, 64, 100, 1, 3)]
+    expected = [GroupMove(1, 32, 63, 0, 3), GroupMove(1, 64, 100, 1, 3)]
+    assert moves.waiting_for_cut()
+    prepares, (before, after) = moves.cut(7)
+    assert prepares == [m.prepared() for m in expected] and after == before
+    assert not moves.waiting_for_cut() and moves.preparing() == (7, expected)
+    assert moves.cut(8) == ([], (before, before))  # the bulks are not there yet
+    moves.staged(7)  # they are: the next cut carries the moves
+    assert moves.waiting_for_cut() and moves.preparing() is None
+    carried, (before, after) = moves.cut(9)
+    assert carried == expected
     assert before[1] == even(4) and after[1].groups_of(3) == list(range(32, 101)) + \
         list(range(192, 256))
-    assert moves.cut(8)[0] == []  # carried once
-    assert moves.pending(6) and not moves.pending(7)  # until a checkpoint covers it
+    assert moves.cut(10)[0] == []  # carried once
+    assert moves.pending(8) and not moves.pending(9)  # until a checkpoint covers it
+
+
+def test_asks_while_a_prepare_waits_for_its_bulks_wait_for_its_moves():
+    moves = LiveMoves(2, 4, G, None)
+    moves.ask(MoveAsked(1, 0, 10, 3))
+    moves.cut(3)
+    moves.ask(MoveAsked(1, 5, 20, 2))  # groups the first moves: after it
+    assert not moves.waiting_for_cut() and moves.cut(4)[0] == []
+    moves.staged(4)  # not the prepare's checkpoint: nothing
+    assert moves.cut(5)[0] == []
+    moves.staged(3)
+    assert moves.cut(6)[0] == [GroupMove(1, 0, 10, 0, 3)]
+    assert moves.cut(7)[0] == [GroupMove(1, 5, 10, 3, 2).prepared(),
+                               GroupMove(1, 11, 20, 0, 2).prepared()]
+
+
+def test_a_restart_between_a_prepare_and_its_moves_asks_again():
+    moves = LiveMoves(2, 4, G, None)
+    moves.ask(MoveAsked(1, 0, 10, 3))
+    moves.cut(3)
+    moves.restarted({**manifest({1: even(4)}, {1: even(4)}), "checkpoint": 3}, 4)
+    assert moves.asked == [MoveAsked(1, 0, 10, 3)] and moves.preparing() is None
+    assert moves.cut(4)[0] == [GroupMove(1, 0, 10, 0, 3).prepared()]
 
 
 def test_an_ask_a_restart_undid_comes_again_and_one_for_a_partition_gone_is_dropped():
@@ -100,9 +139,9 @@ def test_an_ask_a_restart_undid_comes_again_and_one_for_a_partition_gone_is_drop
 def test_a_restart_from_the_checkpoint_that_carried_a_move_keeps_it():
     moves = LiveMoves(2, 4, G, None)
     moves.ask(MoveAsked(1, 0, 63, 2))
-    _, groups = moves.cut(3)
+    _, groups = carry(moves, 3)
     m = manifest(*groups)
-    m["checkpoint"] = 3
+    m["checkpoint"] = 4
     moves.restarted(m, 4)
     assert moves.asked == [] and moves.maps[1].groups_of(2)[:64] == list(range(64))
 
@@ -132,6 +171,44 @@ def test_a_range_goes_to_each_destination_replica_until_it_holds_it_where_it_is_
     # a late pack of a move done is old news
     assert relay.packed(RangePacked(3, MOVE, Addr(1, 0, S), b"other")) is None
     assert relay.pending() == 0
+
+
+def test_a_bulk_is_kept_for_the_destination_until_its_move_is_installed_there():
+    """A prepare's bulk goes to both destination replicas and is staged there; the move's
+    pack of changes since it goes too; a standby that replaces a destination replica
+    before it installed gets both again; once the move is held, both are dropped."""
+    relay = RangeRelay()
+    where = {Addr(1, 2, P): "node1", Addr(1, 2, S): "node2"}
+    bulk = MOVE.prepared()
+    relay.packed(RangePacked(3, bulk, Addr(1, 0, P), b"bulk"))
+    relay.packed(RangePacked(3, bulk, Addr(1, 0, S), b"bulk"))
+    for addr, name in where.items():
+        relay.send((3, bulk), addr, name)
+        assert not relay.installed(RangeInstalled(3, bulk, addr), name, where.get)
+    assert relay.staged(3, bulk, where.get) and relay.pending() == 1  # kept
+    relay.packed(RangePacked(5, MOVE, Addr(1, 0, P), b"changes", over=3))
+    relay.packed(RangePacked(5, MOVE, Addr(1, 0, S), b"changes", over=3))
+    assert relay.send((5, MOVE), Addr(1, 2, P), "node1") == \
+        InstallRange(5, MOVE, b"changes", over=3)
+    relay.installed(RangeInstalled(5, MOVE, Addr(1, 2, P)), "node1", where.get)
+    where[Addr(1, 2, S)] = "standby0"  # node2 died before it installed the move
+    assert not relay.staged(3, bulk, where.get)
+    assert sorted(k[0] for k, a, n in relay.unsent(where.get)) == [3, 5]
+    for key, addr, name in list(relay.unsent(where.get)):
+        relay.send(key, addr, name)
+    relay.installed(RangeInstalled(3, bulk, Addr(1, 2, S)), "standby0", where.get)
+    assert relay.installed(RangeInstalled(5, MOVE, Addr(1, 2, S)), "standby0", where.get)
+    assert relay.pending() == 0  # the bulk with its move
+
+
+def test_a_source_replica_rebuilt_after_the_prepare_packs_whole_and_is_not_compared():
+    """Its twin packs the changes since the bulk: two forms, each compared only with its
+    own kind, the first sent on; two packs of changes that differ are a divergence."""
+    relay = RangeRelay()
+    assert relay.packed(RangePacked(5, MOVE, Addr(1, 0, S), b"whole")) is None
+    assert relay.packed(RangePacked(5, MOVE, Addr(1, 0, P), b"changes", over=3)) is None
+    assert relay.send((5, MOVE), Addr(1, 2, P), "node1") == InstallRange(5, MOVE, b"whole")
+    assert "diverged" in relay.packed(RangePacked(5, MOVE, Addr(1, 0, P), b"other", over=3))
 
 
 def test_packs_that_differ_between_the_source_replicas_are_a_divergence():
@@ -194,11 +271,11 @@ def test_a_spread_is_every_stages_moves_to_contiguous_ranges_over_the_first_pair
 
     moves = LiveMoves(2, 6, G, None)
     moves.ask(SpreadAsked(4, G))
-    carried, (_, after) = moves.cut(3)
+    carried, (_, after) = carry(moves, 3)
     assert after == {1: GroupMap.even(4, G, 6), 2: GroupMap.even(4, G, 6)}
     assert {m.stage for m in carried} == {1, 2} and not after[1].groups_of(5)
     moves.ask(SpreadAsked(6, G))
-    carried, (_, after) = moves.cut(4)
+    carried, (_, after) = carry(moves, 5)
     assert after == {1: even(6), 2: even(6)}
     four = GroupMap.even(4, G, 6)
     assert carried == four.moves_to(even(6), 1) + four.moves_to(even(6), 2)
@@ -287,3 +364,21 @@ def test_a_stage_whose_state_is_not_keyed_by_its_key_is_refused_before_it_moves(
         check_rescalable(flow, sample, G, only=stage)
     with pytest.raises(RescaleRefused, match="count3"):
         check_rescalable(flow, sample, G, only=3)
+
+
+# -- a move in two phases: the changes since the bulk --------------------------------------
+
+def test_the_changes_since_a_bulk_are_the_keys_whose_value_is_not_the_bulks():
+    """Assigned an equal value: unchanged; another value, a new key: changed; a key of
+    the bulk gone: deleted; an array (``==`` answers per element): changed, to be safe."""
+    import numpy as np
+
+    from flux.protocol.segment_moves import range_changes
+
+    same = {"n": 1}
+    arr = np.arange(3)
+    bulk = [2, [("a",), ("b",), ("c",), ("d",), ("e",)], [same, 5, 7, [1, 2], arr]]
+    now = [2, [("a",), ("b",), ("d",), ("e",), ("f",)], [same, 6, [1, 2], arr.copy(), 0]]
+    assert range_changes(bulk, now) == [2, [("b",), ("e",), ("f",)],
+                                        [6, now[2][3], 0], [("c",)]]
+    assert range_changes(bulk, bulk) == [2, [], [], []]

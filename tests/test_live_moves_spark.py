@@ -47,12 +47,14 @@ def move_and_kill(job, asked: tuple, victim: Addr) -> int:
 
 def test_key_groups_move_live_and_the_output_is_exact_through_kills_of_the_destination(
         spark, tmp_path):
-    """Two moves while the job runs: groups 0..100 of stage 1 (owned by partitions 0 and
-    1) to partition 3, whose replica P is killed as the move is asked, and then 64..191
-    of stage 2 to partition 0, whose replica S is killed as it is asked (a standby
-    rebuilt from its twin gets the range from the controller, or its twin's state has
-    it). No restart; the sink holds the failure-free output; the newest checkpoint's
-    manifest routes by the moved maps."""
+    """Three moves while the job runs, each in two phases (a bulk, then the changes since):
+    groups 0..100 of stage 1 (owned by partitions 0 and 1) to partition 3, whose replica
+    P is killed as the move is asked, and then 64..191 of stage 2 to partition 0, whose
+    replica S is killed as it is asked (a standby rebuilt from its twin gets the bulk
+    and the changes from the controller, or its twin's state has them); then stage 1's
+    192..255 from partition 3 to 1, the source's replica S killed as it is asked (its
+    standby, rebuilt after the bulk, packs the range whole). No restart; the sink holds
+    the failure-free output; the newest checkpoint's manifest routes by the moved maps."""
     from flux.connectors.file_source import FileSource
     from flux.connectors.sources import Paced
     from flux.runtime.checkpoint_store import CheckpointStore
@@ -63,16 +65,19 @@ def test_key_groups_move_live_and_the_output_is_exact_through_kills_of_the_desti
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
         first = move_and_kill(job, (0, 100, 3, 1), Addr(1, 3, P))
         second = move_and_kill(job, (64, 191, 0, 2), Addr(2, 0, S))
-        assert second > first
+        third = move_and_kill(job, (192, 255, 1, 1), Addr(1, 3, S))
+        assert third > second > first
         job.wait(timeout=300)
         moved = ranges_moved(job)
     assert read_sink("jsonl", str(tmp_path / "out")) == expected
     assert job.restart_log == []
-    assert len(moved) == 4  # 0..63 from 0, 64..100 from 1; 64..127 from 1, 128..191 from 2
+    assert len(moved) == 5  # 0..63 from 0, 64..100 from 1; 64..127 from 1, 128..191 from 2
+    assert all(m[8] is not None for m in moved)  # each in two phases: a bulk, then changes
     store = CheckpointStore(str(tmp_path / "ckpt"))
     manifest = store.manifest(store.complete_ids()[-1])
     stage1, stage2 = manifest["groups"]["1"], manifest["groups"]["2"]
     assert set(stage1[:101]) == {3} and stage1[101:128] == [1] * 27
+    assert set(stage1[192:]) == {1}
     assert set(stage2[64:192]) == {0} and stage2[:64] == [0] * 64
 
 

@@ -28,6 +28,7 @@ def test_live_moves_keep_the_failure_free_output_and_states(shape):
     results = schedules(SimParams(**{**MOVES, **shape}), range(1, 81))
     assert not failures(results), failures(results)
     assert sum(r.moves_done for r in results) >= 60  # both replicas installed the range
+    assert sum(r.moves_by_changes for r in results) >= 20  # in two phases: bulk, changes
 
 
 def test_the_papers_two_operators_move_live_too():
@@ -68,6 +69,17 @@ def test_a_live_rescale_whose_destinations_go_on_before_the_ranges_came_is_caugh
 def test_a_destination_going_on_before_it_installed_the_range_is_caught():
     results = schedules(SimParams(**MOVES, crashes=0, variant="move-before-install"),
                         range(1, 61))
+    assert failures(results)
+
+
+@pytest.mark.parametrize("variant,dataflow", [("move-bulk-only", "regroup"),
+                                              ("move-no-deletions", "packets")])
+def test_a_move_in_two_phases_whose_changes_leave_something_out_is_caught(variant, dataflow):
+    """The destination installs the range as it was at the prepare's cut (no changes), or
+    without the deletions since (the paper's sessions close): older values or keys the
+    failure-free run no longer holds."""
+    results = schedules(SimParams(**{**MOVES, "dataflow": dataflow}, stages=2, crashes=0,
+                                  variant=variant), range(1, 201))
     assert failures(results)
 
 

@@ -16,6 +16,17 @@ ones after it ``b``, which holds them until it has ``a``'s state at ``C``. Takin
 installing are writes to the stores, so catch-up's tracking, the snapshots' deltas and
 the digests see them as any other change.
 
+Two phases, as catch-up moves state (paper 3.3): an earlier cut ``B`` may carry the
+move's *prepare*. Crossing it, the source's replicas pack the range's bulk and keep a
+reference to it (the values, which stores replace and never change in place); the
+destination's replicas keep the bulk aside when it comes (not in their state: they own
+none of it before ``C``). At ``C`` the source sends only the keys whose values differ
+from the bulk's and those gone since, and the destination installs bulk and changes:
+its pause is the changes' way, not the range's. A source replica without the bulk's
+reference (rebuilt after ``B``) sends the whole range at ``C``, as a move without a
+prepare does; a destination replica rebuilt before it installed gets the bulk again
+from the controller, which keeps it until the move is installed.
+
 A part of ``flux.protocol.segment.Segment`` (its attributes are the segment's).
 """
 from __future__ import annotations
@@ -29,11 +40,13 @@ from exchange.routing import moved
 from flux.control_messages import InstallRange, RangeInstalled, RangePacked
 from flux.effects import RangeAwaited
 from flux.errors import LocalProtocolError, RescaleRefused
-from flux.keys import PARTITION_WIDE, sorted_keys
+from flux.keys import PARTITION_WIDE, sorted_keys, tuplify
 from flux.rescale import key_groups_of
 from flux.state_codec import unpack_state
 
 MoveKey = Tuple[int, GroupMove]
+#: per keyed store: ``[operator, keys, values]``, as a range is packed
+Parts = List[list]
 
 
 class MoveSide:
@@ -41,13 +54,18 @@ class MoveSide:
 
     #: moves whose cut this replica crossed as their destination, not installed yet
     moves_due: Dict[MoveKey, bool]
-    #: ranges that came before their cut was crossed
-    ranges_arrived: Dict[MoveKey, bytes]
+    #: ranges that came before they could be installed: (the bulk's checkpoint, data)
+    ranges_arrived: Dict[MoveKey, Tuple[Optional[int], bytes]]
     #: moves installed here (an install sent again is acknowledged, not installed twice)
     moves_installed: set
+    #: as a source: move -> the prepare's checkpoint and the bulk it packed there
+    bulks_kept: Dict[GroupMove, Tuple[int, Parts]]
+    #: as a destination: (prepare's checkpoint, move) -> the bulk, unpacked
+    bulks_staged: Dict[MoveKey, Parts]
 
     def _init_moves(self) -> None:
         self.moves_due, self.ranges_arrived, self.moves_installed = {}, {}, set()
+        self.bulks_kept, self.bulks_staged = {}, {}
 
     def awaiting_range(self) -> bool:
         """Is a range due that is not installed? Then nothing past its cut is processed."""
@@ -60,51 +78,103 @@ class MoveSide:
         mine = stage_moves(moves, stage)
         # every range taken out before any comes in: a pack is the state at the cut,
         # the same bytes at both replicas whenever each got what it gains
-        effects: List[Any] = [RangePacked(number, move, self.addr,
-                                          self._take_range(number, move))
-                              for move in mine if move.source == me]
+        effects: List[Any] = []
         for move in mine:
-            if move.dest == me:
+            if move.source == me:
+                over, data = self._keep_bulk(number, move) if move.prepare else \
+                    self._take_range(number, move)
+                effects.append(RangePacked(number, move, self.addr, data, over))
+        for move in mine:
+            if move.dest == me and not move.prepare:
                 self.moves_due[number, move] = True
-                data = self.ranges_arrived.pop((number, move), None)
-                effects += self._install_range(number, move, data) if data is not None \
-                    else [RangeAwaited(number, move, self.addr)]  # the pause begins
+                effects += self._try_install(number, move) or \
+                    [RangeAwaited(number, move, self.addr)]  # the pause begins
         return effects
 
     def on_install_range(self, msg: InstallRange) -> List:
-        """The controller sends the range of a move this replica is the destination of."""
-        key = (msg.number, msg.move)
-        if msg.move.stage != self.addr.stage or msg.move.dest != self.addr.partition:
-            raise LocalProtocolError(f"{self.addr}: the range of {msg.move}, which is not "
+        """The controller sends the range of a move (or a prepare's bulk) this replica
+        is the destination of."""
+        move = msg.move
+        if move.stage != self.addr.stage or move.dest != self.addr.partition:
+            raise LocalProtocolError(f"{self.addr}: the range of {move}, which is not "
                                      f"this partition's")
+        done = [RangeInstalled(msg.number, move, self.addr)]
+        if move.prepare:
+            return self._stage_bulk(msg.number, move.settled(), msg.data) + done
+        key = (msg.number, move)
         if key in self.moves_installed:
-            return [RangeInstalled(msg.number, msg.move, self.addr)]
-        if key in self.moves_due:
-            return self._install_range(msg.number, msg.move, msg.data)
-        self.ranges_arrived[key] = msg.data  # its cut is still ahead
-        return []
+            return done
+        self.ranges_arrived[key] = (msg.over, msg.data)
+        return self._try_install(msg.number, move)  # (its cut may be still ahead)
 
-    def _take_range(self, number: int, move: GroupMove) -> bytes:
-        """Take the range's keys out of every keyed store: ``[[operator, keys, values],
-        ...]``. Entries of the partition rather than of a key (an expiry's watermark,
+    # -- as the source ---------------------------------------------------------------
+    def _range_parts(self, move: GroupMove, take: bool) -> Parts:
+        """The range's keys in every keyed store with their values (``take``: taken
+        out). Entries of the partition rather than of a key (an expiry's watermark,
         ``PARTITION_WIDE``) stay: each partition keeps its own (``regrouped_states``)."""
-        taken = []
+        parts = []
         for i, store in self._range_stores(move):
             keys = [k for k in store.held_keys() if k not in PARTITION_WIDE]
             groups = key_groups_of(self.stage_spec, keys, self.key_groups) if keys else \
                 np.zeros(0, dtype=np.int64)
-            mine = np.flatnonzero(move.covers(groups)).tolist()
-            held, values = store.take_keys(sorted_keys([keys[j] for j in mine]))
-            taken.append([i, list(held), list(values)])
-        return self._packed(lambda: taken, f"the move of {move} at checkpoint {number}",
-                            None)
+            mine = sorted_keys([keys[j] for j in np.flatnonzero(move.covers(groups))])
+            held, values = store.take_keys(mine) if take else store.read_keys(mine)
+            parts.append([i, list(held), list(values)])
+        return parts
 
-    def _install_range(self, number: int, move: GroupMove, data: bytes) -> List:
+    def _keep_bulk(self, number: int, move: GroupMove) -> Tuple[None, bytes]:
+        """A prepare's cut: the range's bulk, packed; its values kept for the changes."""
+        parts = self._range_parts(move, take=False)
+        self.bulks_kept[move.settled()] = (number, parts)
+        return None, self._packed(lambda: parts, f"the bulk of {move} at checkpoint "
+                                  f"{number}", None)
+
+    def _take_range(self, number: int, move: GroupMove) -> Tuple[Optional[int], bytes]:
+        """The move's cut: the range taken out, packed whole (``[[operator, keys,
+        values], ...]``), or as its changes since the bulk this replica packed
+        (``[[operator, keys, values, deleted keys], ...]``) with the bulk's checkpoint."""
+        parts = self._range_parts(move, take=True)
+        kept = self.bulks_kept.pop(move, None)
+        when = f"the move of {move} at checkpoint {number}"
+        if kept is None:
+            return None, self._packed(lambda: parts, when, None)
+        over, bulk = kept
+        return over, self._packed(lambda: [range_changes(old, now) for old, now in
+                                           zip(bulk, parts)], when, None)
+
+    # -- as the destination ----------------------------------------------------------
+    def _stage_bulk(self, number: int, move: GroupMove, data: bytes) -> List:
+        """A prepare's bulk: kept aside until its move's cut (unless that move was
+        installed already: a bulk sent again to a replica rebuilt since)."""
+        if any(m == move and k > number for k, m in self.moves_installed):
+            return []
+        self.bulks_staged[number, move] = unpack_state(data)
+        effects: List[Any] = []
+        for k, m in [key for key in self.moves_due if key[1] == move]:
+            effects += self._try_install(k, m)
+        return effects
+
+    def _try_install(self, number: int, move: GroupMove) -> List:
+        """Install the move's range if its cut is crossed and all of it is here."""
+        key = (number, move)
+        arrived = self.ranges_arrived.get(key)
+        if key not in self.moves_due or arrived is None:
+            return []
+        over, data = arrived
+        if over is not None and (over, move) not in self.bulks_staged:
+            return []  # the changes came before the bulk they change
+        del self.ranges_arrived[key], self.moves_due[key]
         stores = self._stores()
-        for i, keys, values in unpack_state(data):
-            stores[i].put_keys(keys, values)
-        del self.moves_due[number, move]
-        self.moves_installed.add((number, move))
+        if over is not None:
+            for i, keys, values in self.bulks_staged[over, move]:
+                stores[i].put_keys(keys, values)
+        for part in unpack_state(data):
+            stores[part[0]].put_keys(part[1], part[2])
+            if len(part) > 3 and part[3]:
+                stores[part[0]].take_keys([tuplify(k) for k in part[3]])
+        for staged in [s for s in self.bulks_staged if s[1] == move and s[0] < number]:
+            del self.bulks_staged[staged]  # (a whole range makes its bulk useless)
+        self.moves_installed.add(key)
         return [RangeInstalled(number, move, self.addr)]
 
     def _range_stores(self, move: GroupMove) -> List[Tuple[int, Any]]:
@@ -121,13 +191,16 @@ class MoveSide:
 
     # -- the record a new replica takes over (catch-up) ---------------------------
     def moves_state(self) -> Optional[dict]:
-        """What a new replica takes over of the moves; None: nothing moved here."""
+        """What a new replica takes over of the moves; None: nothing moved here. Not the
+        bulks: a new source replica sends its ranges whole, a new destination replica
+        is sent its bulks again."""
         groups = self.router.groups
         if not (self.moves_due or self.ranges_arrived or self.moves_installed) and \
                 groups is None:
             return None
         return {"due": [[k, m.to_wire()] for k, m in self.moves_due],
-                "arrived": [[k, m.to_wire(), d] for (k, m), d in self.ranges_arrived.items()],
+                "arrived": [[k, m.to_wire(), o, d]
+                            for (k, m), (o, d) in self.ranges_arrived.items()],
                 "installed": [[k, m.to_wire()] for k, m in self.moves_installed],
                 "groups": None if groups is None else groups.owners.tolist()}
 
@@ -135,8 +208,33 @@ class MoveSide:
         def key(k, m):
             return (k, moves_from_wire([m])[0])
         self.moves_due = {key(k, m): True for k, m in state["due"]}
-        self.ranges_arrived = {key(k, m): d for k, m, d in state["arrived"]}
+        self.ranges_arrived = {key(k, m): (o, d) for k, m, o, d in state["arrived"]}
         self.moves_installed = {key(k, m) for k, m in state["installed"]}
         if state["groups"] is not None:
             self.router = self.router.regrouped(GroupMap(state["groups"],
                                                          self.router.partitions))
+
+
+def range_changes(old: list, now: list) -> list:
+    """One store's part of a move as its changes since its bulk: ``[operator, keys,
+    values, deleted keys]``, the keys whose value is not the bulk's (the same object,
+    or equal) and the bulk's keys gone since."""
+    before = dict(zip(old[1], old[2]))
+    keys, values = [], []
+    for key, value in zip(now[1], now[2]):
+        was = before.pop(key, _ABSENT)
+        if not (was is value or _equal(was, value)):
+            keys.append(key)
+            values.append(value)
+    return [now[0], keys, values, sorted_keys(before)]
+
+
+_ABSENT = object()
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal values, where ``==`` says so plainly (an array's elementwise answer: not)."""
+    try:
+        return bool(a == b) if type(a) is type(b) else False
+    except (TypeError, ValueError):
+        return False

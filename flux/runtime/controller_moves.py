@@ -8,10 +8,16 @@ data does), again to a standby that replaces one, until both say they hold it
 (``RangeInstalled``). Packs that differ between the source's replicas are a divergence:
 the job stops with ``ReplicasDiverged``.
 
+A prepare's bulk is relayed alike; once both replicas of the destination hold it,
+``bulks_staged`` says so to the driver, which then cuts the moves (DESIGN 13).
+
 A range travels in one frame: a move's range must pack to less than ``RANGE_LIMIT``
 (a node refuses a bigger one with a clear error, ``flux.runtime.range_timing``). The
-event ``range moved`` says ``(stage, first, last, source, dest, checkpoint, pause)``,
-the pause the longest of the destination's replicas' (seconds they processed nothing).
+event ``range moved`` says ``(stage, first, last, source, dest, checkpoint, pause,
+source pause, bulk checkpoint)``: the pause the longest of the destination's replicas'
+(seconds they processed nothing), the source pause the longest step of the source's
+replicas that packed the range or its bulk, the bulk checkpoint None for a range
+moved whole.
 
 A part of ``flux.runtime.controller_service.ControllerService`` (its attributes are the
 service's).
@@ -31,9 +37,18 @@ log = logging.getLogger("flux.runtime.controller_service")
 class MoveRelaySide:
     """Ranges of live moves from their source replicas to their destination replicas;
     mixed into ``ControllerService`` (``self.ranges``: its ``RangeRelay``;
-    ``self.range_waits``: the longest pause of a move's destination replicas so far)."""
+    ``self.range_waits``: the longest pause of a move's destination replicas so far;
+    ``self.range_took``: of its source's replicas; ``self.staged``: prepares whose bulk
+    both replicas of the destination hold)."""
+
+    def bulks_staged(self, number: int, moves) -> bool:
+        """Do both replicas of each destination hold the bulks of ``moves``, prepared at
+        checkpoint ``number``? (Asked from the driver's threads.)"""
+        return all((number, m.prepared()) in self.staged for m in moves)
 
     def on_range_packed(self, msg: RangePacked) -> None:
+        key = (msg.number, msg.move)
+        self.range_took[key] = max(self.range_took.get(key, 0.0), msg.took)
         wrong = self.ranges.packed(msg)
         if wrong is not None and self.error is None:
             log.error("%s", wrong)
@@ -41,15 +56,26 @@ class MoveRelaySide:
 
     def on_range_installed(self, msg: RangeInstalled, process: str) -> None:
         key = (msg.number, msg.move)
+        if msg.move.prepare:
+            self.ranges.installed(msg, process, self._hosting)
+            if self.ranges.staged(msg.number, msg.move, self._hosting):
+                self.staged.add(key)
+            return
         self.range_waits[key] = max(self.range_waits.get(key, 0.0), msg.waited)
         if self.ranges.installed(msg, process, self._hosting):
             m, waited = msg.move, self.range_waits.pop(key)
+            bulks = [k for k in self.range_took if k[1] == m.prepared() and k[0] < msg.number]
+            took = max([self.range_took.pop(k) for k in bulks + [key] if k in self.range_took],
+                       default=0.0)
+            bulk = max(k[0] for k in bulks) if bulks else None
+            self.staged.difference_update(bulks)
             log.info("key groups %d..%d of stage %d moved from partition %d to %d at "
-                     "checkpoint %d; the destination paused %.3fs", m.first, m.last,
-                     m.stage, m.source, m.dest, msg.number, waited)
-            self.events.append((self.clock(), "range moved", (m.stage, m.first, m.last,
-                                                              m.source, m.dest, msg.number,
-                                                              round(waited, 4))))
+                     "checkpoint %d (bulk at %s); the destination paused %.3fs, the source "
+                     "%.3fs", m.first, m.last, m.stage, m.source, m.dest, msg.number, bulk,
+                     waited, took)
+            self.events.append((self.clock(), "range moved", (
+                m.stage, m.first, m.last, m.source, m.dest, msg.number, round(waited, 4),
+                round(took, 4), bulk)))
 
     def send_ranges(self) -> None:
         """Each pack to every destination replica, where it is hosted now, not sent it."""

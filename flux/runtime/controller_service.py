@@ -102,6 +102,8 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
         #: ranges of live moves on their way to their destinations (DESIGN 13)
         self.ranges = RangeRelay()
         self.range_waits: Dict[tuple, float] = {}
+        self.range_took: Dict[tuple, float] = {}
+        self.staged: set = set()
         self.transport = transport
         self.on_data_report = on_data_report
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints

@@ -37,9 +37,11 @@ class LocalSteps:
 
     def __init__(self, host: Host, emit: Callable[[List, List], None],
                  clock: Callable[[], float], flush_delay: float,
-                 keeps_snapshot: Callable[[Any], bool], item_delay: float = ITEM_DELAY):
+                 keeps_snapshot: Callable[[Any], bool], item_delay: float = ITEM_DELAY,
+                 cut_began: Callable[[float], None] = lambda t: None):
         """``emit`` carries the effects of a step out; ``keeps_snapshot(addr)``: does this
-        replica pack its snapshot, or cross the cut without (its twin writes it)?"""
+        replica pack its snapshot, or cross the cut without (its twin writes it)?
+        ``cut_began(t)``: a step that crosses a cut begins (live moves time theirs)."""
         self.host = host
         self.emit = emit
         self.clock = clock
@@ -48,6 +50,7 @@ class LocalSteps:
         #: since when each machine that gathers items has inputs pending
         self._pending_since: Dict[Any, float] = {}
         self.keeps_snapshot = keeps_snapshot
+        self.cut_began = cut_began
         #: machines whose state may have changed since ``run`` last found nothing to do
         #: for them, and each machine's flushable connections as last computed
         self._dirty: set = set(host.machines)
@@ -106,6 +109,7 @@ class LocalSteps:
             while left > 0:
                 if snapshots is not None and snapshots.snapshot_due():
                     # a checkpoint's cut: before the next input
+                    self.cut_began(self.clock())
                     self.emit(*host.run_local(snapshots.snapshot(self.keeps_snapshot(addr))))
                     did = True
                 if processes is None or not processes.can_process():

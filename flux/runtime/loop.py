@@ -126,10 +126,10 @@ class HostLoop:
         self.mover_relay = mover_relay
         self.outbox = Outbox(transport, addresses, self.dead_processes, clock, ack_delay)
         self.ack_delay = ack_delay
-        self.local = LocalSteps(host, self._emit, clock, flush_delay, self._keeps_snapshot,
-                                item_delay)
-        self.timing = CatchUpTiming(host, clock)
         self.ranges = RangeTiming(clock)  # live moves' ranges (DESIGN 13)
+        self.local = LocalSteps(host, self._emit, clock, flush_delay, self._keeps_snapshot,
+                                item_delay, self.ranges.began)
+        self.timing = CatchUpTiming(host, clock)
         #: envelopes taken off the wire, per connection, until the host may take them
         self.held: Dict[Tuple[Any, Any], Deque[Envelope]] = {}
         self.gaps: List[ConnectionGap] = []
@@ -289,6 +289,7 @@ class HostLoop:
             while q and self.host.accepts(q[0]):
                 env = q.popleft()
                 self.local.touch(env.dst if env.dst in machines else None)  # a mover's: any
+                self.ranges.delivering(env.msg)  # a live move's install is timed
                 self._emit(*self.host.on_envelope(env))
                 moved = True
         return moved
@@ -325,10 +326,9 @@ class HostLoop:
         data its consumers only ack (they take the P replica's), so the time it spends
         packing holds up no output; the P one while S's process is dead (or it never
         exists)."""
-        if addr.replica == S:
-            return True
         twin = addr._replace(replica=S)
-        return twin not in self.where or self.where[twin] in self.dead_processes
+        return addr.replica == S or twin not in self.where or \
+            self.where[twin] in self.dead_processes
 
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
         if others and any(isinstance(e, CATCH_UP_EVENTS) for e in others):

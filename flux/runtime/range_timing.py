@@ -4,8 +4,10 @@ A source replica's pack goes to the controller, which hands it on; it travels in
 frame, so one larger than ``RANGE_LIMIT`` stops the job with an error saying so (both
 replicas would pack it: a failover cannot help). A destination replica that crossed the
 move's cut without its range processes nothing past the cut until it installed it:
-the seconds between go with its install's report (``RangeInstalled.waited``), the
-pause a live move costs that partition.
+the seconds from the step that crossed the cut to the end of the install go with its
+install's report (``RangeInstalled.waited``): the pause a live move costs that
+partition. A source replica's pack carries the seconds of the step that packed it
+(``RangePacked.took``): the pause it costs the source.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import replace
 from typing import Callable, Dict, Optional
 
 from exchange.wire import MAX_FRAME
-from flux.control_messages import RangePacked
+from flux.control_messages import InstallRange, RangePacked
 from flux.effects import RangeAwaited
 from flux.errors import OperatorError
 
@@ -27,16 +29,26 @@ class RangeTiming:
     def __init__(self, clock: Callable[[], float]):
         self.clock = clock
         self.awaiting: Dict[tuple, float] = {}
+        self.step = clock()  # when the step that may cross a cut or install began
+
+    def began(self, t: float) -> None:
+        """A step that may cross a cut or install a range begins at ``t``."""
+        self.step = t
+
+    def delivering(self, msg) -> None:
+        """A message is delivered to a segment: an install's step begins."""
+        if type(msg) is InstallRange:
+            self.step = self.clock()
 
     def effect(self, e) -> Optional[object]:
         """What to report to the controller of a move's effect (None: nothing)."""
         if isinstance(e, RangePacked):
-            return _fits(e)
+            return replace(_fits(e), took=self.clock() - self.step)
         if isinstance(e, RangeAwaited):
-            self.awaiting[e.addr, e.number, e.move] = self.clock()
+            self.awaiting[e.addr, e.number, e.move] = self.step
             return None
-        since = self.awaiting.pop((e.addr, e.number, e.move), None)
-        return e if since is None else replace(e, waited=self.clock() - since)
+        since = self.awaiting.pop((e.addr, e.number, e.move), self.step)
+        return replace(e, waited=self.clock() - since)
 
 
 def _fits(e: RangePacked) -> RangePacked:

@@ -5,7 +5,10 @@ cuts, it may attach a move of a range of groups of one stage from the partition 
 owns them to another (``choose``); it keeps the range the source's replicas pack as
 they cross the cut (``packed``) and sends it to each replica of the destination until
 that replica, in its current process, says it holds it (an ``install-range`` step per
-replica and process, early or late: a replica that has not crossed the cut keeps it). The map
+replica and process, early or late: a replica that has not crossed the cut keeps it).
+Half the moves come in two phases: a cut carries their prepares (the bulk sent, the
+ranges kept) and a later one the moves, with only the changes since; a restart may fall
+between (the source's replicas then know no bulk and send the range whole). The map
 after each checkpoint's moves is its manifest's: a restart from it routes by it, and
 each partition restores the groups it owns in it from the snapshots, which hold the
 groups of the map before (``restore_split``).
@@ -60,6 +63,11 @@ class SimMoves:
         self.relay = RangeRelay()
         #: segments that restored the groups of a checkpoint's map after its cut's moves
         self.restores_split = 0
+        #: moves a cut prepared (its checkpoint), not carried by a cut yet
+        self.prepared: Tuple[GroupMove, ...] = ()
+        self.prepared_at = 0
+        #: moves packed as their changes since a prepare's bulk (a replica's pack)
+        self.by_changes = 0
 
     def map_of(self, stage: int) -> GroupMap:
         return self.current.get(stage) or GroupMap.even(self.world.partitions, KEY_GROUPS)
@@ -69,6 +77,13 @@ class SimMoves:
         """The moves checkpoint ``number``'s cut carries (maybe none)."""
         self.before[number] = dict(self.current)
         moves: Tuple[GroupMove, ...] = ()
+        if self.prepared:  # their second phase, at this cut or a later one
+            if self.rng.random() < MOVE_CHANCE:
+                moves, self.prepared = self.prepared, ()
+                for s in {m.stage for m in moves}:
+                    self.current[s] = self.map_of(s).moved([m for m in moves if m.stage == s])
+            self.after[number] = dict(self.current)
+            return moves
         if self.counts and self.rng.random() < MOVE_CHANCE:  # a live rescale: every stage
             count = self.counts.pop(0)
             target = GroupMap.even(count, KEY_GROUPS, self.world.partitions)
@@ -81,6 +96,13 @@ class SimMoves:
             self.current[move.stage] = self.map_of(move.stage).moved([move])
             self.left -= 1
             moves = (move,)
+        if moves and self.rng.random() < 0.5:  # two phases: this cut prepares them
+            for s in {m.stage for m in moves}:
+                self.current[s] = self.before[number].get(s)
+                if self.current[s] is None:
+                    del self.current[s]
+            self.prepared, self.prepared_at = moves, number
+            moves = tuple(m.prepared() for m in moves)
         self.after[number] = dict(self.current)
         return moves
 
@@ -107,6 +129,7 @@ class SimMoves:
     # -- what the replicas report ---------------------------------------------------------
     def report(self, e, host_name: str) -> None:
         if isinstance(e, RangePacked):
+            self.by_changes += e.over is not None
             wrong = self.relay.packed(e)
             if wrong is not None:
                 raise Violation(wrong)
@@ -145,6 +168,8 @@ class SimMoves:
         self.current = dict(self.after[k] if k in self.after else self.initial)
         self.world.builder.groups = dict(self.current)
         self.relay.forget()
+        if k is None or k < self.prepared_at:  # prepared at a cut the restart undoes
+            self.prepared = ()
 
     def split(self, k: int, stage: int) -> Optional[Tuple[GroupMap, GroupMap]]:
         """The maps before and after checkpoint ``k``'s moves of ``stage``, where it

@@ -251,6 +251,7 @@ class ScheduleResult:
     moves: int = 0
     moves_done: int = 0
     moves_restored: int = 0
+    moves_by_changes: int = 0
     live_rescales: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
@@ -752,6 +753,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.live_rescales = world.moves.rescaled
     result.moves_done = len(world.moves.done)
     result.moves_restored = world.moves.restores_split
+    result.moves_by_changes = world.moves.by_changes
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.log_replays = world.outcome.log_replays

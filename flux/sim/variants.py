@@ -21,6 +21,7 @@ from flux.protocol.ingress_pair import LEADING, EpochIngressReplica
 from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
 from flux.protocol.sink_writer import SinkWriter
 from flux.sequence import NO_PROGRESS
+from flux.state_codec import pack_state, unpack_state
 from statemover.mover import TERMINAL, StateMover
 
 
@@ -362,6 +363,30 @@ class SegmentNotWaitingForRange(Segment):
         return False
 
 
+class SegmentMovingTheBulkOnly(Segment):
+    """A live move in two phases whose source sends the bulk and, at the move's cut,
+    none of the changes since (docs/design/rescaling.md broken): the destination
+    installs the range as it was at the prepare."""
+
+    def _take_range(self, number, move):
+        over, data = super()._take_range(number, move)
+        if over is None:
+            return over, data
+        return over, pack_state([[p[0], [], [], []] for p in unpack_state(data)])
+
+
+class SegmentMovingNoDeletions(Segment):
+    """A live move in two phases whose changes leave out the keys gone since the bulk
+    (docs/design/rescaling.md broken): the destination keeps them with their bulk
+    values (a session the source closed meanwhile lives on)."""
+
+    def _take_range(self, number, move):
+        over, data = super()._take_range(number, move)
+        if over is None:
+            return over, data
+        return over, pack_state([p[:3] + [[]] for p in unpack_state(data)])
+
+
 VARIANTS = {
     "none": (Buffer, Segment),
     "no-dup-filter": (BufferWithoutDuplicateFilter, Segment),
@@ -390,4 +415,6 @@ VARIANTS = {
     "pair-cut-unlogged": (Buffer, Segment),
     "pair-ack-unwritten": (Buffer, Segment),
     "move-before-install": (Buffer, SegmentNotWaitingForRange),
+    "move-bulk-only": (Buffer, SegmentMovingTheBulkOnly),
+    "move-no-deletions": (Buffer, SegmentMovingNoDeletions),
 }

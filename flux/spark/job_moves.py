@@ -8,11 +8,11 @@ keeps it. What the job cannot move is refused first, naming why.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
-from flux.spark.live_moves import MoveAsked, SpreadAsked
+from flux.spark.live_moves import PREPARE_WAIT, MoveAsked, SpreadAsked
 
 #: why the last stage's groups stay with a sink per partition
 _LAST_STAGE = ("the last stage's key groups cannot move live with a sink per partition "
@@ -51,23 +51,33 @@ def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int,
                          f"{asked.dest!r}")
 
 
-def move_live(checkpoints, asked, timeout: float, clock=time.monotonic,
-              sleep=time.sleep) -> Optional[int]:
-    """Ask the move, cut a checkpoint to carry it, and wait until a complete checkpoint
-    covers it; that checkpoint's number. A restart to an older checkpoint meanwhile asks it
-    again (``LiveMoves.restarted``). ``TimeoutError`` if none does in ``timeout`` (no
-    input came to cut after, or checkpoints do not complete)."""
+def move_live(checkpoints, asked, timeout: float, staged=lambda number, moves: False,
+              clock=time.monotonic, sleep=time.sleep) -> Optional[int]:
+    """Ask the move, cut a checkpoint to carry its prepares, cut the next one to carry
+    the moves once ``staged(number, moves)`` (the controller: both replicas of every
+    destination hold the bulks prepared at checkpoint ``number``) or ``PREPARE_WAIT``
+    seconds passed, and wait until a complete checkpoint covers it; that checkpoint's
+    number. A restart to an older checkpoint meanwhile asks it again
+    (``LiveMoves.restarted``). ``TimeoutError`` if none does in ``timeout`` (no input came
+    to cut after, or checkpoints do not complete)."""
     moves = checkpoints.moves
     moves.ask(asked)
     checkpoints.cut_now()
     started = clock()
+    prepared_at: Dict[int, float] = {}
     while clock() - started < timeout:
         latest = checkpoints.service.latest
         number = latest.number if latest is not None else None
         if not moves.pending(number):
             return number
+        preparing = moves.preparing()
+        if preparing is not None:
+            k, prepared = preparing
+            since = prepared_at.setdefault(k, clock())
+            if staged(k, prepared) or clock() - since >= PREPARE_WAIT:
+                moves.staged(k)
         if moves.waiting_for_cut() and checkpoints.wanted_cut is not None:
-            checkpoints.cut_now()  # the cut that carried it was undone by a restart
+            checkpoints.cut_now()  # the moves' cut, or one a restart undid
         sleep(0.02)
     raise TimeoutError(f"{asked} was not in a complete checkpoint within {timeout}s (it "
                        f"needs an input to cut after)")
@@ -88,7 +98,7 @@ class KeyGroupMoves:
         check_move(asked, len(self.dataflow.stages), self._checkpointing.key_groups,
                    self.config.partitions, self.config.ordered_output)
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
-        return move_live(self._checkpointing, asked, timeout)
+        return move_live(self._checkpointing, asked, timeout, self._bulks_staged)
 
     def spread_key_groups(self, over: int, timeout: float = 60.0) -> Optional[int]:
         """Spread every stage's key groups over the first ``over`` pairs, in contiguous
@@ -105,7 +115,12 @@ class KeyGroupMoves:
                              f"pairs, got {over!r}")
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups)
         return move_live(self._checkpointing,
-                         SpreadAsked(over, self._checkpointing.key_groups), timeout)
+                         SpreadAsked(over, self._checkpointing.key_groups), timeout,
+                         self._bulks_staged)
+
+    def _bulks_staged(self, number: int, moves) -> bool:
+        attempt = self.attempt
+        return attempt is not None and attempt.controller.bulks_staged(number, moves)
 
     def _check_live(self) -> None:
         check_live(self.attempt is not None and not self._stopped and not self.finished(),

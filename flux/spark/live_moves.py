@@ -1,10 +1,14 @@
 """The driver's record of live moves of key groups: what was asked, what each cut carried,
 and each stage's map (DESIGN 13, docs/design/rescaling.md).
 
-A move asked (``ask``: groups ``first..last`` of a stage to a partition) rides the next
-checkpoint's cut: the source's thread turns it into one ``GroupMove`` per run of those
-groups with one owner (``cut``), and the cut's checkpoint records the maps before and
-after it. Until that checkpoint is complete a restart may go back to an older one, whose
+A move asked (``ask``: groups ``first..last`` of a stage to a partition) comes in two
+phases (docs/design/rescaling.md): the next checkpoint's cut carries its prepares (the
+source's thread turns it into one ``GroupMove`` per run of those groups with one owner,
+``cut``): the ranges' bulk goes to the destinations while the job runs on. Once both
+replicas of every destination hold it (``staged``, the controller's word, or after
+``PREPARE_WAIT`` seconds whatever they hold), the next cut carries the moves, and only
+what changed since travels while the destinations pause; that cut's checkpoint records
+the maps before and after it. Until that checkpoint is complete a restart may go back to an older one, whose
 map the move never changed: the asks its cuts carried are asked again (``restarted``).
 A restart at another partition count (a rescale from a checkpoint) starts from
 contiguous ranges; an ask whose partition is no more is dropped, with a warning.
@@ -20,6 +24,10 @@ from exchange.group_map import GroupMap, GroupMove
 from flux.runtime.restore import routing_maps
 
 log = logging.getLogger(__name__)
+
+#: seconds a prepared move waits for its bulk to be at its destinations before it is
+#: carried anyway (the destinations then pause until the bulk is there)
+PREPARE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,9 @@ class LiveMoves:
         #: checkpoint -> the asks its cut carried, until it is complete
         self.carried: Dict[int, List[MoveAsked]] = {}
         self.maps: Dict[int, GroupMap] = {}
+        #: the moves a cut prepared: (its checkpoint, moves, asks, maps after them)
+        self.prepared: Optional[Tuple[int, List[GroupMove], List[MoveAsked], dict]] = None
+        self.ready = False  # its bulks are staged: the next cut carries the moves
         self.restarted(restored, partitions)
 
     def ask(self, asked: MoveAsked) -> None:
@@ -88,20 +99,44 @@ class LiveMoves:
             self.asked.append(asked)
 
     def cut(self, number: int) -> Tuple[List[GroupMove], tuple]:
-        """Checkpoint ``number`` is cut: the moves it carries, and the maps before and
-        after them (``CheckpointCoordinator.begin``)."""
+        """Checkpoint ``number`` is cut: the moves (or prepares) it carries, and the maps
+        before and after them (``CheckpointCoordinator.begin``)."""
         with self._lock:
-            asked, self.asked = self.asked, []
             before = dict(self.maps)
-            moves: List[GroupMove] = []
+            if self.prepared is not None:  # the second phase, once the bulks are there
+                if not self.ready:
+                    return [], (before, before)
+                _, moves, asks, self.maps = self.prepared
+                self.prepared, self.ready = None, False
+                self.carried[number] = asks
+                return moves, (before, dict(self.maps))
+            asked, self.asked = self.asked, []
+            maps, moves = dict(self.maps), []
             for a in asked:
-                mine = a.moves(self.maps)
+                mine = a.moves(maps)
                 for s in {m.stage for m in mine}:
-                    self.maps[s] = self.maps[s].moved([m for m in mine if m.stage == s])
+                    maps[s] = maps[s].moved([m for m in mine if m.stage == s])
                 moves += mine
-            if asked:
-                self.carried[number] = asked
-            return moves, (before, dict(self.maps))
+            if moves:
+                self.prepared = (number, moves, asked, maps)
+            elif asked:
+                self.carried[number] = asked  # nothing to move: done at this cut
+            return [m.prepared() for m in moves], (before, before)
+
+    def preparing(self) -> Optional[Tuple[int, List[GroupMove]]]:
+        """The prepare a cut carried whose moves wait for their bulks (its checkpoint and
+        moves), or None."""
+        with self._lock:
+            if self.prepared is None or self.ready:
+                return None
+            return self.prepared[0], list(self.prepared[1])
+
+    def staged(self, number: int) -> None:
+        """The bulks of the prepare at checkpoint ``number`` are at their destinations (or
+        waited for long enough): the next cut carries its moves."""
+        with self._lock:
+            if self.prepared is not None and self.prepared[0] == number:
+                self.ready = True
 
     def completed(self, number: int) -> None:
         """Checkpoint ``number`` is complete: no restart undoes the moves up to it."""
@@ -119,7 +154,9 @@ class LiveMoves:
             self.maps.update(routing_maps(manifest, partitions))
             done = manifest["checkpoint"] if manifest is not None else 0
             again = [a for k in sorted(self.carried) if k > done for a in self.carried[k]]
-            self.carried = {}
+            if self.prepared is not None:  # prepared and not carried: prepared again
+                again += self.prepared[2]
+            self.carried, self.prepared, self.ready = {}, None, False
             for a in again + self.asked:
                 if not a.fits(partitions):
                     log.warning("%s is dropped: the job restarted with %d partitions", a,
@@ -127,11 +164,13 @@ class LiveMoves:
             self.asked = [a for a in again + self.asked if a.fits(partitions)]
 
     def waiting_for_cut(self) -> bool:
+        """Does a cut wait to carry asks (their prepares) or moves whose bulks are there?"""
         with self._lock:
-            return bool(self.asked)
+            return bool(self.asked) and self.prepared is None or self.ready
 
     def pending(self, number: Optional[int]) -> bool:
         """Are moves asked but not carried by a cut, or carried by one after complete
         checkpoint ``number``?"""
         with self._lock:
-            return bool(self.asked) or any(number is None or k > number for k in self.carried)
+            return bool(self.asked) or self.prepared is not None or \
+                any(number is None or k > number for k in self.carried)
