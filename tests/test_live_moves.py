@@ -201,6 +201,18 @@ def test_a_bulk_is_kept_for_the_destination_until_its_move_is_installed_there():
     assert relay.pending() == 0  # the bulk with its move
 
 
+def test_a_replica_that_installed_a_sources_own_copy_is_not_sent_the_controllers():
+    """The source's replicas send the changes straight to the destination's too: one
+    that said it holds them, where it is hosted now, is not sent them again."""
+    relay = RangeRelay()
+    where = {Addr(1, 2, P): "node1", Addr(1, 2, S): "node2"}
+    relay.packed(RangePacked(5, MOVE, Addr(1, 0, P), b"changes", over=3))
+    relay.installed(RangeInstalled(5, MOVE, Addr(1, 2, P)), "node1", where.get)
+    assert [a for _, a, _ in relay.unsent(where.get)] == [Addr(1, 2, S)]
+    where[Addr(1, 2, P)] = "standby0"  # rebuilt: its new process was sent nothing
+    assert [a for _, a, _ in relay.unsent(where.get)] == [Addr(1, 2, P), Addr(1, 2, S)]
+
+
 def test_a_source_replica_rebuilt_after_the_prepare_packs_whole_and_is_not_compared():
     """Its twin packs the changes since the bulk: two forms, each compared only with its
     own kind, the first sent on; two packs of changes that differ are a divergence."""

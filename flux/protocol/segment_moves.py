@@ -23,7 +23,10 @@ pack it (``PackRange``: the runtime packs it off its loop, and reports it); the
 destination's replicas keep the bulk aside when it comes (not in their state: they own
 none of it before ``C``). At ``C`` the source sends only the keys whose values differ
 from the bulk's and those gone since, and the destination installs bulk and changes:
-its pause is the changes' way, not the range's. A source replica without the bulk's
+its pause is the changes' way, not the range's: each source replica sends them straight
+to both destination replicas too (the first copy to come is installed, the others and
+the controller's acknowledged), so the controller is not on that way unless a replica
+was lost. A source replica without the bulk's
 reference (rebuilt after ``B``) sends the whole range at ``C``, as a move without a
 prepare does; a destination replica rebuilt before it installed gets the bulk again
 from the controller, which keeps it until the move is installed.
@@ -39,7 +42,8 @@ import numpy as np
 from exchange.group_map import GroupMap, GroupMove, moves_from_wire, stage_moves
 from exchange.routing import moved
 from flux.control_messages import InstallRange, RangeInstalled, RangePacked
-from flux.effects import PackRange, RangeAwaited
+from flux.addresses import P, S, Addr
+from flux.effects import PackRange, RangeAwaited, Send
 from flux.errors import LocalProtocolError, RescaleRefused
 from flux.keys import PARTITION_WIDE, sorted_keys, tuplify
 from flux.rescale import key_groups_of
@@ -87,6 +91,9 @@ class MoveSide:
             elif move.source == me:
                 over, data = self._take_range(number, move)
                 effects.append(RangePacked(number, move, self.addr, data, over))
+                # and straight to the destination's replicas, ahead of the controller's
+                effects += [Send(self.addr, Addr(stage, move.dest, r),
+                                 InstallRange(number, move, data, over)) for r in (P, S)]
         for move in mine:
             if move.dest == me and not move.prepare:
                 self.moves_due[number, move] = True
