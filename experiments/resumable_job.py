@@ -112,6 +112,8 @@ class Program:
         for line in self.proc.stdout:
             if line.startswith("{"):
                 self.lines.put(json.loads(line))
+                self.log.write(line)  # beside its stderr: where the job stood, when
+                self.log.flush()
 
     def next_line(self, timeout: float) -> dict:
         return self.lines.get(timeout=timeout)
