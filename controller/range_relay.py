@@ -85,7 +85,8 @@ class RangeRelay:
         for key in self.packs:
             for addr in _replicas(key[1]):
                 process = process_of(addr)
-                if process is not None and (addr, process) not in self.sent[key]:
+                if process is not None and (addr, process) not in self.sent[key] and \
+                        (addr, process) not in self.confirmed[key]:  # (a source's copy)
                     yield key, addr, process
 
     def send(self, key: MoveKey, addr: Addr, process: str) -> InstallRange:

@@ -33,13 +33,17 @@ class Feed:
 
     ``hold_at``: the feed stops after that many records until ``release()``, then goes on at
     ``rate`` from there, so a job bounded by ``ending`` cannot finish before a test's failure
-    lands, however slow the machine is that day."""
+    lands, however slow the machine is that day. ``slow_after``: ``(count, rate)``, the
+    records after the first ``count`` go at that rate: a trickle that keeps the job's
+    input flowing for a while, however late the job starts to read."""
 
     def __init__(self, bootstrap: str, topic: str, records: Sequence[Any], partitions: int,
                  rate: float, key: Callable[[Any], Any] = lambda r: r[0],
                  hold_at: Optional[int] = None,
-                 encode: Callable[[Any], bytes] = lambda r: json.dumps(r).encode()):
+                 encode: Callable[[Any], bytes] = lambda r: json.dumps(r).encode(),
+                 slow_after: Optional[Tuple[int, float]] = None):
         self.bootstrap, self.topic, self.records, self.rate = bootstrap, topic, records, rate
+        self.slow_after = slow_after
         self.encode = encode
         self.parts = [partition_of(key(r), partitions) for r in records]
         self.ending = {str(p): self.parts.count(p) for p in range(partitions)}
@@ -62,6 +66,13 @@ class Feed:
         self._released.set()
         self._thread.join(30)
 
+    def _offset(self, i: int) -> float:
+        """Seconds after the start that record ``i`` is due (holds aside)."""
+        if self.slow_after is None or i <= self.slow_after[0]:
+            return i / self.rate
+        count, rate = self.slow_after
+        return count / self.rate + (i - count) / rate
+
     def _run(self) -> None:
         from confluent_kafka import Producer
 
@@ -74,7 +85,7 @@ class Feed:
                     while not self._released.wait(0.05):
                         producer.poll(0)
                     start += time.monotonic() - held
-                due = start + i / self.rate
+                due = start + self._offset(i)
                 while not self._stop.is_set() and time.monotonic() < due:
                     producer.poll(0)
                     time.sleep(min(0.005, max(0.0, due - time.monotonic())))

@@ -7,7 +7,9 @@ local-cluster. A job of ``--pairs`` pairs (no standby) keeps ``--value-bytes`` p
 count of ``--counts`` (records of distinct keys), then updates of those keys. At its
 first checkpoint ``job.spread_key_groups(counts[0])`` puts every key on the first
 pairs (little state yet); once the state is built, each next count is reached live
-(``spread_key_groups``), ``--settle`` seconds apart. ``--runs`` runs.
+(``spread_key_groups``), ``--settle`` seconds apart. ``--runs`` runs. ``--kill``: at
+each rescale the node of the replica P of the last partition that gains groups is
+killed ``--kill-after`` seconds after the ask (the bulk on its way), with one standby.
 
 Measured per live rescale: seconds from the ask to its return (a complete checkpoint
 covers it) and to the last range installed at both replicas of its destination
@@ -77,8 +79,8 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
     dataflow = Dataflow([Stage("payload", first_field,
                                (partial(KeyedPayload, value_bytes=args.value_bytes),))])
     stamped, source = Stamped(), Paced(records, args.rate)
-    job = FluxJob(spark, dataflow, source, nodes=args.pairs, standbys=0, sink=stamped.write,
-                  checkpoint=location, checkpoint_interval=1.0)
+    job = FluxJob(spark, dataflow, source, nodes=args.pairs, standbys=int(args.kill),
+                  sink=stamped.write, checkpoint=location, checkpoint_interval=1.0)
     rows: List[Dict[str, Any]] = []
     with job:
         job.wait_until(lambda: len(job.checkpoints.completed) >= 1, 120)
@@ -89,8 +91,10 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
         for count in counts[1:]:
             asked = time.monotonic()
             after = covered  # this rescale's moves ride a later cut than the last one's
+            killer = _kill_later(job, previous, count, args) if args.kill else None
             covered = job.spread_key_groups(count, timeout=120)
             returned = time.monotonic() - asked
+            killed = killer.join() if killer is not None else ""
             job.wait_until(lambda: len(_moved(job, after)) >= _moves(previous, count, args),
                            60)
             moved = _moved(job, after)
@@ -102,7 +106,7 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
             rows.append({
                 "run": index, "rescale": f"{previous}->{count}", "asked_at_s":
                     round(asked - source.start, 3), "return_s": round(returned, 3),
-                "done_s": round(done, 3), "ranges": len(moved),
+                "done_s": round(done, 3), "ranges": len(moved), "killed": killed,
                 "longest_pause_s": max((what[6] for _, what in moved), default=0.0),
                 "longest_source_pause_s": max((what[7] for _, what in moved), default=0.0),
                 "ranges_in_two_phases": sum(what[8] is not None for _, what in moved),
@@ -114,6 +118,37 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
             previous = count
         job.wait(timeout=600)
     return rows, stamped.rows, source.start, job.restart_log
+
+
+class _Killer(threading.Thread):
+    """Kills the node of a destination's replica P ``delay`` seconds after the ask: the
+    bulk is then on its way (the first phase of the move)."""
+
+    def __init__(self, job, victim, delay: float):
+        super().__init__(name="live-rescale-kill", daemon=True)
+        self.job, self.victim, self.delay, self.node = job, victim, delay, ""
+
+    def run(self) -> None:
+        time.sleep(self.delay)
+        self.node = self.job.topology.where[self.victim]
+        self.job.kill_node(self.node)
+
+    def join(self, timeout=None) -> str:
+        super().join(timeout)
+        return f"{self.victim} on {self.node}"
+
+
+def _kill_later(job, old: int, new: int, args) -> _Killer:
+    """A killer of the replica P of the last partition that gains groups."""
+    from exchange.group_map import GroupMap
+    from exchange.partitioner import KEY_GROUPS
+    from flux.addresses import P, Addr
+
+    moves = GroupMap.even(old, KEY_GROUPS, args.pairs).moves_to(
+        GroupMap.even(new, KEY_GROUPS, args.pairs), 1)
+    killer = _Killer(job, Addr(1, max(m.dest for m in moves), P), args.kill_after)
+    killer.start()
+    return killer
 
 
 def _moved(job, after: int) -> List[tuple]:
@@ -182,6 +217,10 @@ def main(argv=None) -> int:
     ap.add_argument("--settle", type=float, default=4.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default="docs/results/live_rescale")
+    ap.add_argument("--kill", action="store_true",
+                    help="at each rescale, kill the node of a destination's replica P "
+                         "--kill-after seconds after the ask (one standby rebuilds it)")
+    ap.add_argument("--kill-after", type=float, default=0.05)
     args = ap.parse_args(argv)
     from flux.operator import wire_form
     from flux.spark.session import local_cluster
@@ -197,7 +236,7 @@ def main(argv=None) -> int:
     rows: List[dict] = []
     exact = True
     with tempfile.TemporaryDirectory(prefix="flux-live-rescale-") as tmp, \
-            local_cluster(args.pairs) as spark:
+            local_cluster(args.pairs + int(args.kill)) as spark:
         for r in range(args.runs):
             mine, outputs, start, restarts = run_one(spark, records, counts, args,
                                                      str(pathlib.Path(tmp) / f"run{r}"), r)
@@ -206,7 +245,8 @@ def main(argv=None) -> int:
             rows += mine
             if r == 0:
                 plot(outputs, start, args.rate, mine, out / "live_rescale.png")
-    summary = {"pairs": args.pairs, "counts": counts, "mb_per_partition": args.mb,
+    summary = {"pairs": args.pairs, "kill": args.kill, "counts": counts,
+               "mb_per_partition": args.mb,
                "keys": args.keys, "value_bytes": args.value_bytes, "rate": args.rate,
                "runs": args.runs, "exact": exact, **summarize(rows)}
     with open(out / "runs.csv", "w", newline="") as f:

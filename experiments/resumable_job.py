@@ -112,14 +112,16 @@ class Program:
         for line in self.proc.stdout:
             if line.startswith("{"):
                 self.lines.put(json.loads(line))
+                self.log.write(line)  # beside its stderr: where the job stood, when
+                self.log.flush()
 
     def next_line(self, timeout: float) -> dict:
         return self.lines.get(timeout=timeout)
 
     def wait_for(self, predicate, timeout: float) -> dict:
         """The first line that satisfies ``predicate``; a clear error if the program ends
-        first or ``timeout`` passes."""
-        deadline = time.monotonic() + timeout
+        first or ``timeout`` passes (naming the last line it printed)."""
+        deadline, last = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             try:
                 line = self.next_line(min(1.0, max(0.05, deadline - time.monotonic())))
@@ -130,8 +132,9 @@ class Program:
                 continue
             if predicate(line):
                 return line
-        raise TimeoutError(f"no line awaited from the program within {timeout:.0f}s: "
-                           f"see {self.log.name}")
+            last = line
+        raise TimeoutError(f"no line awaited from the program within {timeout:.0f}s (the "
+                           f"last: {json.dumps(last)}): see {self.log.name}")
 
     def kill(self) -> None:
         """SIGKILL the driver, then everything it started (its process group)."""

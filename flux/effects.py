@@ -74,6 +74,20 @@ class RangeAwaited:
 
 
 @dataclass(frozen=True, slots=True)
+class PackRange:
+    """Replica ``addr`` crossed the cut of checkpoint ``number`` as the source of the
+    prepare ``move`` and kept the range's bulk: ``parts`` (``[[operator, keys, values],
+    ...]``, values its stores replace and never change, so any thread may read them).
+    The host packs it and reports ``RangePacked``: the runtime off its loop, so that a
+    bulk of megabytes does not hold up the partition (DESIGN 13)."""
+
+    number: int
+    move: Any
+    addr: Any
+    parts: Any
+
+
+@dataclass(frozen=True, slots=True)
 class CutChosen:
     """The ingress chose the cut of checkpoint ``number``: inputs 1..``cut``. The runtime
     records the source position after input ``cut`` for it."""

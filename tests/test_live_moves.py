@@ -201,6 +201,18 @@ def test_a_bulk_is_kept_for_the_destination_until_its_move_is_installed_there():
     assert relay.pending() == 0  # the bulk with its move
 
 
+def test_a_replica_that_installed_a_sources_own_copy_is_not_sent_the_controllers():
+    """The source's replicas send the changes straight to the destination's too: one
+    that said it holds them, where it is hosted now, is not sent them again."""
+    relay = RangeRelay()
+    where = {Addr(1, 2, P): "node1", Addr(1, 2, S): "node2"}
+    relay.packed(RangePacked(5, MOVE, Addr(1, 0, P), b"changes", over=3))
+    relay.installed(RangeInstalled(5, MOVE, Addr(1, 2, P)), "node1", where.get)
+    assert [a for _, a, _ in relay.unsent(where.get)] == [Addr(1, 2, S)]
+    where[Addr(1, 2, P)] = "standby0"  # rebuilt: its new process was sent nothing
+    assert [a for _, a, _ in relay.unsent(where.get)] == [Addr(1, 2, P), Addr(1, 2, S)]
+
+
 def test_a_source_replica_rebuilt_after_the_prepare_packs_whole_and_is_not_compared():
     """Its twin packs the changes since the bulk: two forms, each compared only with its
     own kind, the first sent on; two packs of changes that differ are a divergence."""
@@ -382,3 +394,66 @@ def test_the_changes_since_a_bulk_are_the_keys_whose_value_is_not_the_bulks():
     assert range_changes(bulk, now) == [2, [("b",), ("e",), ("f",)],
                                         [6, now[2][3], 0], [("c",)]]
     assert range_changes(bulk, bulk) == [2, [], [], []]
+
+
+# -- a node's side: the bulk packed off the loop, the steps timed ----------------------
+
+def _until(predicate, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return predicate()
+
+
+def test_a_bulk_is_packed_off_the_loop_and_reported_with_the_step_that_kept_it():
+    from flux.effects import PackRange
+    from flux.runtime.range_timing import RangeTiming
+    from flux.state_codec import pack_state
+
+    now = [10.0]
+    timing = RangeTiming(lambda: now[0])
+    parts = [[0, [("k%d" % i,) for i in range(5000)], ["v" * 100] * 5000]]
+    move = GroupMove(1, 0, 63, 0, 2, prepare=True)
+    timing.began(10.0)
+    now[0] = 10.004  # the step that kept it took 4 ms
+    assert timing.effect(PackRange(3, move, Addr(1, 0, P), parts)) is None  # not yet
+    got = []
+    assert _until(lambda: got.extend(timing.packed()) or got)
+    assert got == [RangePacked(3, move, Addr(1, 0, P), pack_state(parts), None,
+                               pytest.approx(0.004))]
+    assert timing.packed() == []  # reported once
+
+
+def test_a_bulk_that_cannot_be_encoded_stops_the_job_naming_the_move():
+    from flux.effects import PackRange
+    from flux.errors import OperatorError
+    from flux.runtime.range_timing import RangeTiming
+
+    timing = RangeTiming(lambda: 0.0)
+    move = GroupMove(1, 0, 63, 0, 2, prepare=True)
+    timing.effect(PackRange(3, move, Addr(1, 0, P), [[0, [("k",)], [object()]]]))
+    assert _until(lambda: not timing.packer.busy())
+    with pytest.raises(OperatorError, match="the bulk of the live move of key groups 0..63"):
+        timing.packed()
+
+
+def test_a_destination_pause_runs_from_the_step_that_crossed_the_cut_to_the_install():
+    from flux.effects import RangeAwaited
+    from flux.runtime.range_timing import RangeTiming
+
+    now = [5.0]
+    timing = RangeTiming(lambda: now[0])
+    timing.began(5.0)  # the step that crosses the cut, the range not there
+    now[0] = 5.01
+    assert timing.effect(RangeAwaited(4, MOVE, Addr(1, 2, P))) is None
+    now[0] = 5.2
+    timing.delivering(InstallRange(4, MOVE, b""))  # the install's step begins
+    now[0] = 5.23
+    done = timing.effect(RangeInstalled(4, MOVE, Addr(1, 2, P)))
+    assert done.waited == pytest.approx(0.23)
+    timing.began(6.0)  # a range there at the crossing: the pause is the install's step
+    now[0] = 6.02
+    assert timing.effect(RangeInstalled(5, MOVE, Addr(1, 2, S))).waited == \
+        pytest.approx(0.02)

@@ -17,12 +17,16 @@ installing are writes to the stores, so catch-up's tracking, the snapshots' delt
 the digests see them as any other change.
 
 Two phases, as catch-up moves state (paper 3.3): an earlier cut ``B`` may carry the
-move's *prepare*. Crossing it, the source's replicas pack the range's bulk and keep a
-reference to it (the values, which stores replace and never change in place); the
+move's *prepare*. Crossing it, the source's replicas keep a reference to the range's
+bulk (the values, which stores replace and never change in place) and have their host
+pack it (``PackRange``: the runtime packs it off its loop, and reports it); the
 destination's replicas keep the bulk aside when it comes (not in their state: they own
 none of it before ``C``). At ``C`` the source sends only the keys whose values differ
 from the bulk's and those gone since, and the destination installs bulk and changes:
-its pause is the changes' way, not the range's. A source replica without the bulk's
+its pause is the changes' way, not the range's: each source replica sends them straight
+to both destination replicas too (the first copy to come is installed, the others and
+the controller's acknowledged), so the controller is not on that way unless a replica
+was lost. A source replica without the bulk's
 reference (rebuilt after ``B``) sends the whole range at ``C``, as a move without a
 prepare does; a destination replica rebuilt before it installed gets the bulk again
 from the controller, which keeps it until the move is installed.
@@ -38,7 +42,8 @@ import numpy as np
 from exchange.group_map import GroupMap, GroupMove, moves_from_wire, stage_moves
 from exchange.routing import moved
 from flux.control_messages import InstallRange, RangeInstalled, RangePacked
-from flux.effects import RangeAwaited
+from flux.addresses import P, S, Addr
+from flux.effects import PackRange, RangeAwaited, Send
 from flux.errors import LocalProtocolError, RescaleRefused
 from flux.keys import PARTITION_WIDE, sorted_keys, tuplify
 from flux.rescale import key_groups_of
@@ -80,10 +85,15 @@ class MoveSide:
         # the same bytes at both replicas whenever each got what it gains
         effects: List[Any] = []
         for move in mine:
-            if move.source == me:
-                over, data = self._keep_bulk(number, move) if move.prepare else \
-                    self._take_range(number, move)
+            if move.source == me and move.prepare:
+                effects.append(PackRange(number, move, self.addr, self._keep_bulk(number,
+                                                                                 move)))
+            elif move.source == me:
+                over, data = self._take_range(number, move)
                 effects.append(RangePacked(number, move, self.addr, data, over))
+                # and straight to the destination's replicas, ahead of the controller's
+                effects += [Send(self.addr, Addr(stage, move.dest, r),
+                                 InstallRange(number, move, data, over)) for r in (P, S)]
         for move in mine:
             if move.dest == me and not move.prepare:
                 self.moves_due[number, move] = True
@@ -122,12 +132,12 @@ class MoveSide:
             parts.append([i, list(held), list(values)])
         return parts
 
-    def _keep_bulk(self, number: int, move: GroupMove) -> Tuple[None, bytes]:
-        """A prepare's cut: the range's bulk, packed; its values kept for the changes."""
+    def _keep_bulk(self, number: int, move: GroupMove) -> Parts:
+        """A prepare's cut: the range's bulk, kept for the changes and packed by the host
+        (``PackRange``)."""
         parts = self._range_parts(move, take=False)
         self.bulks_kept[move.settled()] = (number, parts)
-        return None, self._packed(lambda: parts, f"the bulk of {move} at checkpoint "
-                                  f"{number}", None)
+        return parts
 
     def _take_range(self, number: int, move: GroupMove) -> Tuple[Optional[int], bytes]:
         """The move's cut: the range taken out, packed whole (``[[operator, keys,

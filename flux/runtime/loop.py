@@ -47,6 +47,7 @@ from flux.control_messages import (
 from flux.effects import (
     CutPassed,
     Deliver,
+    PackRange,
     RangeAwaited,
     SinkCommit,
     Snapshot,
@@ -177,6 +178,8 @@ class HostLoop:
         self.on_turn()
         if self.snapshots is not None:
             self._snapshots_written()
+        for packed in self.ranges.packed():  # live moves' bulks, packed off this thread
+            self.report(packed)
         if self.writer_sinks is not None:  # writers commit at least this often
             self._writers_committed()
             self._emit(*self.host.run_local(self.writer_sinks.commits_due(polled)))
@@ -318,17 +321,13 @@ class HostLoop:
         self._emit(*self.host.run_local(ingress.choose_cut(number, moves)))
 
     def _keeps_snapshot(self, addr) -> bool:
-        """Does this replica pack its checkpoint snapshot (a SnapshotWriter takes it)?"""
-        return self.snapshots is not None and self._writes_snapshot(addr)
-
-    def _writes_snapshot(self, addr) -> bool:
-        """One replica of a pair writes its checkpoint snapshot (DESIGN 10): the S one, whose
-        data its consumers only ack (they take the P replica's), so the time it spends
-        packing holds up no output; the P one while S's process is dead (or it never
-        exists)."""
+        """Does this replica pack its checkpoint snapshot (a SnapshotWriter takes it)? One
+        replica of a pair writes it (DESIGN 10): the S one, whose data its consumers only
+        ack (they take the P replica's), so the time it spends packing holds up no output;
+        the P one while S's process is dead (or it never exists)."""
         twin = addr._replace(replica=S)
-        return addr.replica == S or twin not in self.where or \
-            self.where[twin] in self.dead_processes
+        return self.snapshots is not None and (addr.replica == S or twin not in self.where
+                                                or self.where[twin] in self.dead_processes)
 
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
         if others and any(isinstance(e, CATCH_UP_EVENTS) for e in others):
@@ -356,7 +355,7 @@ class HostLoop:
                     self.report(CutDigest(e.addr, e.digest))
             elif isinstance(e, (FoldedIn, TakeoverDone, TransferFailed)):
                 self.report(e)  # the controller retries a failed transfer (3.4)
-            elif isinstance(e, (RangePacked, RangeAwaited, RangeInstalled)):
+            elif isinstance(e, (RangePacked, PackRange, RangeAwaited, RangeInstalled)):
                 self._report_if(self.ranges.effect(e))  # a live move (DESIGN 13)
             elif isinstance(e, Deliver) and self.writer_sinks is not None:
                 self.writer_sinks.deliver(e.partition, e.items)

@@ -28,11 +28,13 @@ from exchange.partitioner import KEY_GROUPS
 from controller.range_relay import RangeRelay
 from flux.addresses import Addr
 from flux.control_messages import InstallRange, RangePacked
+from flux.effects import PackRange
 from flux.operator import wire_form
 from flux.rescale import regrouped_states
 from flux.sim.config import CONTROLLER
 from flux.sim.violation import Violation
 from flux.snapshot_chain import rebuild
+from flux.state_codec import pack_state
 
 #: a checkpoint's cut carries a move with this chance, while moves are left
 MOVE_CHANCE = 0.5
@@ -128,6 +130,8 @@ class SimMoves:
 
     # -- what the replicas report ---------------------------------------------------------
     def report(self, e, host_name: str) -> None:
+        if isinstance(e, PackRange):  # (the runtime packs it later, off its loop)
+            e = RangePacked(e.number, e.move, e.addr, pack_state(e.parts))
         if isinstance(e, RangePacked):
             self.by_changes += e.over is not None
             wrong = self.relay.packed(e)

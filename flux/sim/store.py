@@ -57,7 +57,7 @@ class CheckpointStore:
 
     # -- writing ------------------------------------------------------------------
     def writes(self, host: Host, addr: Addr) -> bool:
-        """The runtime's rule (HostLoop._writes_snapshot): the S replica writes; the P one
+        """The runtime's rule (HostLoop._keeps_snapshot): the S replica writes; the P one
         only once its host knows S's process dead (or S never exists)."""
         if addr.replica == S:
             return True

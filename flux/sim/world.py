@@ -44,6 +44,7 @@ from flux.effects import (
     CutChosen,
     CutPassed,
     Deliver,
+    PackRange,
     RangeAwaited,
     SinkCommit,
     Snapshot,
@@ -315,7 +316,7 @@ class World:
                     last = self.sink.last_committed(e.partition)
                     self.store.report(self.coordinator.sink_committed(e.number, last,
                                                                       e.partition))
-            elif isinstance(e, (RangePacked, RangeInstalled)):  # a live move's range
+            elif isinstance(e, (RangePacked, PackRange, RangeInstalled)):  # a live move's
                 self.moves.report(e, host.name)
             elif isinstance(e, (SmReady, SourcesPaused, SourcesResumed, RangeAwaited)):
                 pass  # for the runtime's metrics
