@@ -34,8 +34,9 @@ class Feed:
     ``hold_at``: the feed stops after that many records until ``release()``, then goes on at
     ``rate`` from there, so a job bounded by ``ending`` cannot finish before a test's failure
     lands, however slow the machine is that day. ``slow_after``: ``(count, rate)``, the
-    records after the first ``count`` go at that rate: a trickle that keeps the job's
-    input flowing for a while, however late the job starts to read."""
+    records after the first ``count`` (up to ``hold_at``) go at that rate: a trickle
+    that keeps the job's input flowing for a while, however late the job starts to
+    read; after the hold, ``rate`` again."""
 
     def __init__(self, bootstrap: str, topic: str, records: Sequence[Any], partitions: int,
                  rate: float, key: Callable[[Any], Any] = lambda r: r[0],
@@ -67,11 +68,13 @@ class Feed:
         self._thread.join(30)
 
     def _offset(self, i: int) -> float:
-        """Seconds after the start that record ``i`` is due (holds aside)."""
+        """Seconds after the start that record ``i`` is due (holds aside): at ``rate``,
+        but at the slow rate from ``slow_after``'s count to ``hold_at``."""
         if self.slow_after is None or i <= self.slow_after[0]:
             return i / self.rate
         count, rate = self.slow_after
-        return count / self.rate + (i - count) / rate
+        slow_to = i if self._hold_at is None else min(i, max(self._hold_at, count))
+        return count / self.rate + (slow_to - count) / rate + (i - slow_to) / self.rate
 
     def _run(self) -> None:
         from confluent_kafka import Producer

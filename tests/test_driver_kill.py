@@ -118,16 +118,17 @@ def test_a_killed_driver_of_a_kafka_job_run_again_ends_exactly_once(tmp_path, br
     expected = per_key(write_inputs(tmp_path / "in", 24_000))
     records = list(FileSource(str(tmp_path / "in")))
     topic_in, topic_out = broker.fresh_topic(3, prefix="in"), broker.fresh_topic(4, prefix="out")
-    # fed from the job's start, 12K at 3000/s and then a trickle of 200/s, so the kill
+    # fed from the job's start, 6K at 3000/s and then a trickle of 100/s, so the kill
     # lands mid-stream with inputs past the cut; held at 18K until the driver is dead:
-    # the job cannot end before the kill. The kill waits for a sink to have committed
-    # past the newest complete checkpoint's cut, seen on a progress line about once a
-    # second: that holds only while inputs flow (once the feed holds, a last checkpoint
-    # covers every commit) after the first checkpoints complete, which took 7-37 s
-    # after the start here (the job's first output as late: fed 18K at 3000/s, it read
-    # them all at once and there was no window). The trickle flows for 30 s more
+    # the job cannot end before the kill (then the rest at 3000/s). The kill waits for a
+    # sink to have committed past the newest complete checkpoint's cut, seen on a
+    # progress line about once a second: that holds only while inputs flow (once the
+    # feed holds, a last checkpoint covers every commit) and the job keeps up with them
+    # (a cut falls at an epoch of the wall clock: none completes while the job works
+    # through a backlog). The job's first output came 3-37 s after its start here, and
+    # a 30 s trickle ended before a job under CI's load had caught up: 120 s of it now
     feed = Feed(broker.bootstrap, topic_in, records, 3, 3000, hold_at=18_000,
-                slow_after=(12_000, 200))
+                slow_after=(6_000, 100))
     args = ["--kafka", broker.bootstrap, "--input", topic_in, "--sink", topic_out,
             "--ending", json.dumps(feed.ending), "--checkpoint", str(tmp_path / "ckpt"),
             "--interval", "1", "--commit-every", "100"]

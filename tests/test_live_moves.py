@@ -115,6 +115,24 @@ def test_asks_while_a_prepare_waits_for_its_bulks_wait_for_its_moves():
                                GroupMove(1, 11, 20, 0, 2).prepared()]
 
 
+def test_a_prepare_whose_bulks_do_not_come_is_carried_after_a_while_whoever_waits():
+    """A destination replica dead and not replaced never says it holds the bulk; and the
+    caller that asked may have given up: after ``PREPARE_WAIT`` the next cut carries the
+    moves all the same (the destination then waits for the bulk at the cut)."""
+    from flux.spark.live_moves import PREPARE_WAIT
+
+    now = [100.0]
+    moves = LiveMoves(2, 4, G, None, clock=lambda: now[0])
+    moves.ask(MoveAsked(1, 0, 10, 3))
+    moves.cut(3)
+    now[0] += PREPARE_WAIT - 0.1
+    assert moves.cut(4)[0] == [] and moves.preparing() is not None
+    assert not moves.waiting_for_cut()
+    now[0] += 0.2
+    assert moves.preparing() is None and moves.waiting_for_cut()
+    assert moves.cut(5)[0] == [GroupMove(1, 0, 10, 0, 3)]
+
+
 def test_a_restart_between_a_prepare_and_its_moves_asks_again():
     moves = LiveMoves(2, 4, G, None)
     moves.ask(MoveAsked(1, 0, 10, 3))

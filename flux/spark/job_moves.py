@@ -8,11 +8,11 @@ keeps it. What the job cannot move is refused first, naming why.
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional
+from typing import Optional
 
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
-from flux.spark.live_moves import PREPARE_WAIT, MoveAsked, SpreadAsked
+from flux.spark.live_moves import MoveAsked, SpreadAsked
 
 #: why the last stage's groups stay with a sink per partition
 _LAST_STAGE = ("the last stage's key groups cannot move live with a sink per partition "
@@ -56,7 +56,7 @@ def move_live(checkpoints, asked, timeout: float, staged=lambda number, moves: F
     """Ask the move, cut a checkpoint to carry its prepares, cut the next one to carry
     the moves once ``staged(number, moves)`` (the controller: both replicas of every
     destination hold the bulks prepared at checkpoint ``number``) or ``PREPARE_WAIT``
-    seconds passed, and wait until a complete checkpoint covers it; that checkpoint's
+    seconds passed (``LiveMoves``), and wait until a complete checkpoint covers it; that checkpoint's
     number. A restart to an older checkpoint meanwhile asks it again
     (``LiveMoves.restarted``). ``TimeoutError`` if none does in ``timeout`` (no input came
     to cut after, or checkpoints do not complete)."""
@@ -64,18 +64,14 @@ def move_live(checkpoints, asked, timeout: float, staged=lambda number, moves: F
     moves.ask(asked)
     checkpoints.cut_now()
     started = clock()
-    prepared_at: Dict[int, float] = {}
     while clock() - started < timeout:
         latest = checkpoints.service.latest
         number = latest.number if latest is not None else None
         if not moves.pending(number):
             return number
-        preparing = moves.preparing()
-        if preparing is not None:
-            k, prepared = preparing
-            since = prepared_at.setdefault(k, clock())
-            if staged(k, prepared) or clock() - since >= PREPARE_WAIT:
-                moves.staged(k)
+        preparing = moves.preparing()  # (None once PREPARE_WAIT passed: carried anyway)
+        if preparing is not None and staged(*preparing):
+            moves.staged(preparing[0])
         if moves.waiting_for_cut() and checkpoints.wanted_cut is not None:
             checkpoints.cut_now()  # the moves' cut, or one a restart undid
         sleep(0.02)

@@ -5,8 +5,9 @@ A move asked (``ask``: groups ``first..last`` of a stage to a partition) comes i
 phases (docs/design/rescaling.md): the next checkpoint's cut carries its prepares (the
 source's thread turns it into one ``GroupMove`` per run of those groups with one owner,
 ``cut``): the ranges' bulk goes to the destinations while the job runs on. Once both
-replicas of every destination hold it (``staged``, the controller's word, or after
-``PREPARE_WAIT`` seconds whatever they hold), the next cut carries the moves, and only
+replicas of every destination hold it (``staged``, the controller's word, or
+``PREPARE_WAIT`` seconds after the prepare whatever they hold, whoever waits), the
+next cut carries the moves, and only
 what changed since travels while the destinations pause; that cut's checkpoint records
 the maps before and after it. Until that checkpoint is complete a restart may go back to an older one, whose
 map the move never changed: the asks its cuts carried are asked again (``restarted``).
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from exchange.group_map import GroupMap, GroupMove
 from flux.runtime.restore import routing_maps
@@ -82,15 +84,16 @@ class LiveMoves:
     """Asked from any thread; cut on the source's thread."""
 
     def __init__(self, stages: int, partitions: int, key_groups: int,
-                 restored: Optional[dict]):
-        self.stages, self.key_groups = stages, key_groups
+                 restored: Optional[dict], clock: Callable[[], float] = time.monotonic):
+        self.stages, self.key_groups, self.clock = stages, key_groups, clock
         self._lock = threading.Lock()
         self.asked: List[MoveAsked] = []  # not carried by a cut yet
         #: checkpoint -> the asks its cut carried, until it is complete
         self.carried: Dict[int, List[MoveAsked]] = {}
         self.maps: Dict[int, GroupMap] = {}
-        #: the moves a cut prepared: (its checkpoint, moves, asks, maps after them)
+        #: the moves a cut prepared: (its checkpoint, moves, asks, maps after them), and when
         self.prepared: Optional[Tuple[int, List[GroupMove], List[MoveAsked], dict]] = None
+        self.prepared_at = 0.0
         self.ready = False  # its bulks are staged: the next cut carries the moves
         self.restarted(restored, partitions)
 
@@ -104,7 +107,7 @@ class LiveMoves:
         with self._lock:
             before = dict(self.maps)
             if self.prepared is not None:  # the second phase, once the bulks are there
-                if not self.ready:
+                if not self.ready and self.clock() - self.prepared_at < PREPARE_WAIT:
                     return [], (before, before)
                 _, moves, asks, self.maps = self.prepared
                 self.prepared, self.ready = None, False
@@ -118,7 +121,7 @@ class LiveMoves:
                     maps[s] = maps[s].moved([m for m in mine if m.stage == s])
                 moves += mine
             if moves:
-                self.prepared = (number, moves, asked, maps)
+                self.prepared, self.prepared_at = (number, moves, asked, maps), self.clock()
             elif asked:
                 self.carried[number] = asked  # nothing to move: done at this cut
             return [m.prepared() for m in moves], (before, before)
@@ -127,9 +130,12 @@ class LiveMoves:
         """The prepare a cut carried whose moves wait for their bulks (its checkpoint and
         moves), or None."""
         with self._lock:
-            if self.prepared is None or self.ready:
+            if self.prepared is None or self.ready or self._waited():
                 return None
             return self.prepared[0], list(self.prepared[1])
+
+    def _waited(self) -> bool:
+        return self.clock() - self.prepared_at >= PREPARE_WAIT
 
     def staged(self, number: int) -> None:
         """The bulks of the prepare at checkpoint ``number`` are at their destinations (or
@@ -166,7 +172,8 @@ class LiveMoves:
     def waiting_for_cut(self) -> bool:
         """Does a cut wait to carry asks (their prepares) or moves whose bulks are there?"""
         with self._lock:
-            return bool(self.asked) and self.prepared is None or self.ready
+            return bool(self.asked) and self.prepared is None or self.prepared is not None \
+                and (self.ready or self._waited())
 
     def pending(self, number: Optional[int]) -> bool:
         """Are moves asked but not carried by a cut, or carried by one after complete
