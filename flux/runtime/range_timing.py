@@ -57,7 +57,6 @@ class RangeTiming:
         since = self.awaiting.pop((e.addr, e.number, e.move), self.step)
         return replace(e, waited=self.clock() - since)
 
-
     def packed(self) -> List[RangePacked]:
         """What to report of the bulks packed since the last call (each checked for
         size)."""
