@@ -9,7 +9,6 @@ move is rare); the loop collects what is packed at every turn (``finished``).
 """
 from __future__ import annotations
 
-import logging
 import threading
 from typing import List, Optional, Tuple
 
@@ -18,8 +17,6 @@ from flux.effects import PackRange
 from flux.errors import OperatorError
 from flux.operator import describe
 from flux.state_codec import pack_state
-
-log = logging.getLogger(__name__)
 
 
 class RangePacker:
