@@ -95,3 +95,57 @@ def test_the_jobs_end_waits_for_the_commits_being_made():
     threading.Timer(0.2, sink.release.set).start()
     sinks.close()  # (CommitsBySN.close commits what it holds)
     assert [sn for _, sn in sink.commits] == [(1,), (2,)]
+
+
+def test_a_writer_started_again_opens_its_sink_off_the_loop_and_is_held_meanwhile():
+    """Opening a sink fences the old writer and reads back what it committed, which may
+    wait long on a broker (a transaction a crash left open); the loop goes on meanwhile,
+    the writer takes no message, and a failure the views tell it is taken after it
+    resumed from what the sink committed."""
+    from flux.addresses import P, S, Addr
+    from flux.data_messages import Batch
+    from flux.effects import Send
+    from flux.protocol.sink_writer import SinkWriter
+
+    opening, sink = threading.Event(), SlowSink()
+    sink._committed = (7, 0)
+
+    def open_sink(p):
+        opening.wait(10)
+        return sink
+
+    sinks = WriterSinks(open_sink, lambda p: SinkWriter(1, 2, p, commit_every=10))
+    primary, secondary = Addr(1, 0, P), Addr(1, 0, S)
+    started = time.monotonic()
+    writer, first = sinks.start(Addr(2, 0, P), {primary})
+    assert time.monotonic() - started < 0.5 and first == []  # the loop goes on
+    assert not writer.ready_for(secondary, Batch((8,), None))  # held: messages wait
+    assert writer.on_fail({secondary}) == []  # told meanwhile: taken after resume
+    assert sinks.opened() == [] and sinks.commits_due(1e9) == [] and sinks.progress(1e9) == []
+    opening.set()
+    effects = []
+    for _ in range(100):
+        effects += sinks.opened()
+        if effects:
+            break
+        time.sleep(0.01)
+    assert all(isinstance(e, Send) for e in effects)
+    assert effects[0].dst == secondary and effects[0].msg.hwm == (6, 0)  # after output 7
+    assert not writer.held() and sinks.sinks[0] is sink
+    assert writer.fcons.feeds[0].data_from is None  # the later failure was taken: both gone
+    sinks.close()
+
+
+def test_a_sinks_error_while_opening_is_raised_at_the_loop():
+    def open_sink(p):
+        raise RuntimeError("the broker refused the producer")
+
+    from flux.addresses import P, Addr
+    from flux.protocol.sink_writer import SinkWriter
+
+    sinks = WriterSinks(open_sink, lambda p: SinkWriter(1, 2, p, commit_every=10))
+    sinks.start(Addr(2, 0, P), {Addr(1, 0, P)})
+    with pytest.raises(RuntimeError, match="refused the producer"):
+        for _ in range(100):
+            sinks.opened()
+            time.sleep(0.01)

@@ -7,13 +7,18 @@ from a commit (``committed``). So whichever replica survives the writer's node h
 everything the sink may still lose, and a writer started again on the survivor's node
 (``resume``) reads back what its sink committed, reverses the survivor from there, and
 the sink (which fenced the old writer and dropped what it had not committed) gets every
-output once. It commits at the checkpoint cuts it crosses, as any egress does, and
+output once. Opening that sink may wait on its store for a long time (a Kafka sink
+waits for transactions a crash left open), so the runtime opens it off the node's loop:
+meanwhile the writer is held (``hold``): it takes no message, and the views' failures
+and standbys it is told wait for ``resume``, which takes them after it, in order, as a
+writer whose sink opened at once would have. It commits at the checkpoint cuts it crosses, as any egress does, and
 whenever ``commit_every`` items went to the sink since its last commit: its producers'
 buffers hold what it did not commit, so it must commit before they fill.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from functools import partial
+from typing import Callable, List, Optional
 
 from flux.effects import SinkCommit
 from flux.protocol.egress import Egress
@@ -33,6 +38,30 @@ class SinkWriter(Egress):
                          partition=partition, acks_at_commit=True)
         self.commit_every = commit_every
         self.uncommitted = 0  # items sent to the sink since its last commit
+        #: while its sink opens: the views' events told meanwhile (None: not held)
+        self._held: Optional[List[Callable[[], List]]] = None
+
+    def hold(self) -> None:
+        """Its sink is being opened: nothing is taken until ``resume``."""
+        self._held = []
+
+    def held(self) -> bool:
+        return self._held is not None
+
+    def ready_for(self, src, msg) -> bool:
+        return self._held is None and super().ready_for(src, msg)
+
+    def on_fail(self, dead) -> List:
+        if self._held is not None:
+            self._held.append(partial(super().on_fail, set(dead)))
+            return []
+        return super().on_fail(dead)
+
+    def on_avail(self, avail, peer_mover=None) -> List:
+        if self._held is not None:
+            self._held.append(partial(super().on_avail, avail, peer_mover))
+            return []
+        return super().on_avail(avail, peer_mover)
 
     def commit(self, number: int, cut: int) -> SinkCommit:
         self.uncommitted = 0
@@ -68,8 +97,13 @@ class SinkWriter(Egress):
         every one before it, is committed, and items after it are numbered above n. So
         the survivor sends from after sub-item (n - 1, partition): the committed item
         again if it is numbered above n (the sink drops its outputs, none above
-        ``last_output``), and everything after it."""
+        ``last_output``), and everything after it. ``dead``: as when the view started
+        it; what views told a held writer since is taken after, in order."""
+        held, self._held = self._held or [], None
         self.fcons.mark_dead(set(dead))
         n = last_output[0] if last_output else 0
         self.released = max(n - 1, 0)
-        return self.fcons.resume((n - 1, self.partition) if n else ())
+        effects = self.fcons.resume((n - 1, self.partition) if n else ())
+        for event in held:
+            effects.extend(event())
+        return effects

@@ -181,6 +181,7 @@ class HostLoop:
         for packed in self.ranges.packed():  # live moves' bulks, packed off this thread
             self.report(packed)
         if self.writer_sinks is not None:  # writers commit at least this often
+            self._emit(*self.host.run_local(self.writer_sinks.opened()))
             self._writers_committed()
             self._emit(*self.host.run_local(self.writer_sinks.commits_due(polled)))
             for report in self.writer_sinks.progress(polled):

@@ -14,6 +14,10 @@ a commit waits on the sink's broker or store, for up to its timeout, and the nod
 loop, which runs every replica there, must not wait with it (a loop stalled on a broker
 was declared stuck and its pairs lost). Outputs released meanwhile wait here until
 it returns; the writer's acks cover what the commit covered (``SinkCommit.through``).
+A writer started again opens its sink on a thread too (``start``, then ``opened``): an
+open fences the old writer and reads back what it committed, which may wait for a
+transaction a crash left open (a Kafka sink: up to twice its timeout); the writer is
+held meanwhile (``SinkWriter.hold``).
 """
 from __future__ import annotations
 
@@ -63,13 +67,19 @@ class WriterSinks:
         self.handed: Dict[int, int] = {}
         self.writers: Dict[int, SinkWriter] = {}  # partition -> its writer here
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="flux-sink-commit")
+        self._opener = ThreadPoolExecutor(1, thread_name_prefix="flux-sink-open")
+        #: partition -> the sink being opened for its held writer, and the failures the
+        #: view that started it knew
+        self._opening: Dict[int, Tuple[Future, SinkWriter, Set[Addr]]] = {}
         #: partition -> the commit its sink is making, its future and its progress report
         self._inflight: Dict[int, Tuple[SinkCommit, Future, WriterProgress]] = {}
         self._queued: Dict[int, Deque[SinkCommit]] = {}  # commits asked meanwhile
         self._held: Dict[int, List] = {}  # outputs released meanwhile, for the sink after
 
     def open(self, partition: int) -> Any:
-        sink = self.open_sink(partition)
+        return self._opened_as(partition, self.open_sink(partition))
+
+    def _opened_as(self, partition: int, sink) -> Any:
         if not is_exactly_once(sink):
             raise TypeError(f"a writer on a node needs an exactly-once sink (a flux.Sink) "
                             f"for partition {partition}, got {type(sink).__name__}: a "
@@ -85,15 +95,32 @@ class WriterSinks:
         return writer
 
     def start(self, addr: Addr, dead: Set[Addr]) -> Tuple[SinkWriter, List]:
-        """A view starts the writer ``addr`` here (``Host``'s ``writer_factory``)."""
+        """A view starts the writer ``addr`` here (``Host``'s ``writer_factory``): held
+        until its sink is open (``opened``)."""
         p = addr.partition
         self.last.pop(p, None)
         self._at_commit.pop(p, None)
+        self.writers.pop(p, None)
         self.handed[p] = 0
-        sink = self.open(p)
-        writer = self.writers[p] = self.new_writer(p)
-        log.info("writer of partition %s starts here after output %s", p, sink.committed())
-        return writer, writer.resume(sink.committed(), dead)
+        writer = self.new_writer(p)
+        writer.hold()
+        self._opening[p] = (self._opener.submit(self.open_sink, p), writer, set(dead))
+        log.info("writer of partition %s starts here: opening its sink", p)
+        return writer, []
+
+    def opened(self) -> List:
+        """The writers whose sink opened: each resumes after the last output its sink
+        committed (effects). A sink's error is raised here."""
+        effects: List = []
+        for p, (future, writer, dead) in list(self._opening.items()):
+            if not future.done():
+                continue
+            del self._opening[p]
+            sink = self._opened_as(p, future.result())
+            self.writers[p] = writer
+            log.info("writer of partition %s resumes after output %s", p, sink.committed())
+            effects.extend(writer.resume(sink.committed(), dead))
+        return effects
 
     def commits_due(self, now: float) -> List:
         """Every ``commit_interval``: each writer with items since its last commit commits
@@ -179,6 +206,11 @@ class WriterSinks:
 
     def close(self) -> None:
         """The job's end: the commits being made return, then every sink closes."""
+        for p, (future, _, _) in list(self._opening.items()):
+            if future.exception() is None:  # (to be closed)
+                self.sinks[p] = future.result()
+        self._opening.clear()
+        self._opener.shutdown(wait=True)
         while self._inflight:
             for _, future, _ in list(self._inflight.values()):
                 future.result()

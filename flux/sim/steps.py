@@ -2,7 +2,7 @@
 
 The enabled steps come in a fixed order: deliveries (by connection), views, detections,
 stops told to zombies, a tick of the detector's clock, every machine's local steps, the
-sink's own commit and the damage of a checkpoint file. A seed replays only if that order
+sinks' opens (a writer started again) and own commits, and the damage of a checkpoint file. A seed replays only if that order
 never changes, so whatever is kept between steps is kept in it.
 
 A machine's local steps depend on its own state alone: they are kept per machine and
@@ -83,9 +83,7 @@ class Steps:
         self._refresh()  # the machines a step touched
         steps.extend(chain.from_iterable(self.local.values()))
         hosts.extend(chain.from_iterable(self.local_hosts.values()))
-        if w.writers.commits_due():
-            steps.append(("sink-commit",))  # an exactly-once sink's own commit_every
-            hosts.append(EGRESS_HOST)
+        w.writers.steps(steps, hosts)  # sinks opened, and their own commits
         if faults.corruptions_left and w.store.files:
             steps.append(("corrupt",))  # a file of the store is damaged
             hosts.append(CHECKPOINT_STORE)
@@ -181,7 +179,7 @@ class Steps:
         kind = step[0]
         if kind == "deliver":
             return w.net.route(w.net.head(step[1])) if w.faults.zombies else w.host_of[step[1][1]]
-        if kind in ("view", "told", "zombie"):
+        if kind in ("view", "told", "zombie", "sink-open"):
             return step[1]
         if kind in PROCESS_OF_STEP:
             return PROCESS_OF_STEP[kind]
@@ -253,8 +251,8 @@ class Steps:
             self.dirty.add(addr)  # (a follower is none of ``ingresses``, the leaders)
         elif kind in ("accept", "item", "log", "checkpoint"):
             self._apply_ingress(kind)
-        elif kind == "sink-commit":
-            w.writers.commit()
+        elif kind in ("sink-commit", "sink-open"):  # a sink's own commit; one opened
+            self.dirty.update(w.writers.apply(step))
         elif kind == "drain-stuck":  # cut again, or the rescale given up: the source goes on
             if w.restarts.recut():
                 self._cut_at_epoch() if w.epochs is not None else self._apply_ingress("checkpoint")

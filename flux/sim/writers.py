@@ -3,17 +3,20 @@
 With ``writers_on_nodes`` each last-stage partition's egress is a ``SinkWriter`` on the
 node of that partition's P replica; a view that declares its node dead starts it again
 beside the survivor (``controller.writers``): the host there calls ``factory``, which
-fences the old writer at the sink (what it had not committed is dropped), resumes the
-new one from what the sink committed, and re-bases that partition's oracle. Deliveries
-and commits of a fenced writer (a zombie's) never reach the sink.
+makes the new writer held while its sink opens (the runtime opens it off the node's
+loop); at a later step of its own (``open``) the sink fences the old writer (what it
+had not committed is dropped; until then a zombie's writer may still commit), the new
+one resumes from what the sink committed, and that partition's oracle is re-based.
+Deliveries and commits of a fenced writer (a zombie's) never reach the sink.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set, Tuple
 
 from flux.addresses import Addr
 from flux.protocol.host import Host
 from flux.protocol.sink_writer import SinkWriter
+from flux.sim.config import EGRESS_HOST
 
 
 class SimWriters:
@@ -23,6 +26,9 @@ class SimWriters:
         self.world = world
         #: partition -> the process its writer runs on (empty: egresses in the driver)
         self.host: Dict[int, str] = {}
+        #: partition -> (process, its held writer, the failures its view knew): sinks
+        #: being opened
+        self.opening: Dict[int, Tuple[str, SinkWriter, Set[Addr]]] = {}
 
     def new(self, partition: int) -> SinkWriter:
         w = self.world
@@ -34,7 +40,7 @@ class SimWriters:
 
     def place(self, topology) -> List[SinkWriter]:
         """Each partition's writer where the topology puts it (beside its P replica)."""
-        self.host = {}
+        self.host, self.opening = {}, {}
         if not topology.writers:
             return []
         writers = [self.new(p) for p in range(self.world.partitions)]
@@ -45,18 +51,49 @@ class SimWriters:
         """What the host ``name`` calls when a view starts a writer there."""
         def start(addr: Addr, dead) -> tuple:
             w = self.world
-            p = addr.partition
-            writer = self.new(p)
-            w.sink.abort(p)
-            w.outcome.writer_moves += 1
-            first = writer.resume(w.sink.last_committed(p), dead)
-            w.egresses[p] = writer
-            self.host[p] = w.host_of[addr] = name
-            w.settled_oracles[p].resume(w.sink.last_committed(p))
+            writer = self.new(addr.partition)
+            writer.hold()
+            self.opening[addr.partition] = (name, writer, set(dead))
+            w.host_of[addr] = name
             w.net.invalidate()
             w.steps.rehost()
-            return writer, first
+            return writer, []
         return start
+
+    def steps(self, steps: List[tuple], hosts: List[str]) -> None:
+        """A sink opened for a held writer on a live process; a sink's own commit."""
+        w = self.world
+        for p, (name, writer, _) in sorted(self.opening.items()):
+            if w.alive[name] and name not in w.detection.declared and \
+                    w.hosts[name].machines.get(writer.addr) is writer:
+                steps.append(("sink-open", name, p))
+                hosts.append(name)
+        if self.commits_due():
+            steps.append(("sink-commit",))  # an exactly-once sink's own commit_every
+            hosts.append(EGRESS_HOST)
+
+    def apply(self, step: tuple) -> tuple:
+        """Take a sink's step; returns the machines it touched."""
+        if step[0] == "sink-commit":
+            self.commit()
+            return ()
+        return (self.open(step[2]),)
+
+    def open(self, partition: int):
+        """The partition's sink opened for its new writer: the old one fenced, the new
+        one resumed after what the sink committed. Returns the writer's address."""
+        w = self.world
+        name, writer, dead = self.opening.pop(partition)
+        w.sink.abort(partition)
+        w.outcome.writer_moves += 1
+        last = w.sink.last_committed(partition)
+        w.egresses[partition] = writer
+        self.host[partition] = name
+        w.settled_oracles[partition].resume(last)
+        host = w.hosts[name]
+        w.net.touched(name, writer.addr)
+        w.effects(*host.run_local(writer.resume(last, dead)), host=host)
+        return writer.addr
 
     def writes(self, host: Optional[Host], partition: int) -> bool:
         """May ``host``'s writer of ``partition`` reach the sink? A fenced one may not."""
