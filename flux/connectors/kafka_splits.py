@@ -43,13 +43,15 @@ class KafkaSplits:
     ``batch`` rows (as ``KafkaSource``'s). ``ending="latest"`` (or ``{partition:
     offset}``) ends each split there, as Structured Streaming's ``endingOffsets``;
     without it a split never ends. ``config``: more librdkafka settings;
-    ``poll_timeout``: seconds a read waits for records before saying ``NOT_YET``;
-    ``timeout`` bounds every other call to the broker."""
+    ``poll_timeout``: seconds a read waits for records before saying ``NOT_YET`` (none
+    by default: a split is read on its node's loop, which runs every replica there and
+    waits in its own poll; reads that waited 50 ms held it nearly all the time of a
+    topic fed live); ``timeout`` bounds every other call to the broker."""
 
     def __init__(self, bootstrap: str, topic: str, decode: Callable[[bytes], Any] = json.loads,
                  start: str = "earliest", ending: Any = None,
                  config: Optional[Dict[str, Any]] = None, batch: int = 500,
-                 poll_timeout: float = 0.05, timeout: float = 30.0, schema: Any = None,
+                 poll_timeout: float = 0.0, timeout: float = 30.0, schema: Any = None,
                  decode_batch: Optional[Callable[[List[bytes]], Any]] = None):
         from confluent_kafka import Consumer, TopicPartition
 
