@@ -15,8 +15,9 @@ so the sink's content has no gap and no duplicate. A plain callable sink
 """
 from __future__ import annotations
 
-from typing import (Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, Tuple,
-                    runtime_checkable)
+from concurrent.futures import ThreadPoolExecutor
+from typing import (Any, Callable, Iterable, Iterator, List, Optional, Protocol, Sequence,
+                    Tuple, runtime_checkable)
 
 SN = Tuple[int, ...]
 
@@ -260,6 +261,24 @@ class SinkPerPartition:
             raise TypeError(f"SinkPerPartition: the sink of partition {partition} is a "
                             f"{type(sink).__name__}, neither a flux.Sink nor a callable")
         return sink
+
+    def open_many(self, partitions: Iterable[int]) -> List[Any]:
+        """The sinks of ``partitions``, in their order, opened at once (``open_at_once``)."""
+        return open_at_once(self.open, partitions)
+
+
+def open_at_once(open: Callable[[int], Any], partitions: Iterable[int]) -> List[Any]:
+    """``open(p)`` for every partition, each on a thread of its own. A sink's open may
+    wait for what the other partitions' sinks left open in a store they share, which
+    only their own open ends: a Kafka transaction a crash left open holds every
+    ``read_committed`` read of the state topic the sinks share until its transactional
+    id starts again (or the broker's transaction timeout ends it). Opened one after the
+    other, the first would wait for the next."""
+    partitions = list(partitions)
+    if len(partitions) < 2:
+        return [open(p) for p in partitions]
+    with ThreadPoolExecutor(len(partitions), thread_name_prefix="flux-sink-open") as pool:
+        return list(pool.map(open, partitions))
 
 
 class CommitsBySN:

@@ -149,3 +149,33 @@ def test_a_sinks_error_while_opening_is_raised_at_the_loop():
         for _ in range(100):
             sinks.opened()
             time.sleep(0.01)
+
+
+def test_the_sinks_of_a_job_open_at_once_where_each_waits_for_the_others_open():
+    """Kafka sinks sharing a state topic: each one's open reads the topic, which a
+    transaction the others' crashed incarnations left open holds until their own open
+    fences them. Opened one after the other (on the driver at a restart, on a node with
+    several writers) the first waited for the next and gave up after a minute."""
+    from flux.connector_api import SinkPerPartition
+    from flux.protocol.sink_writer import SinkWriter
+
+    def job_sinks():
+        opened = {p: threading.Event() for p in range(3)}
+
+        def open_sink(p):
+            opened[p].set()  # its producer fences its crashed incarnation
+            for q in opened:  # its read waits for every other's fence
+                if not opened[q].wait(5):
+                    raise TimeoutError(f"sink {p}: transaction of {q} still open")
+            sink = SlowSink()
+            sink._committed = (p,)
+            return sink
+        return open_sink
+
+    sinks = SinkPerPartition(job_sinks()).open_many(range(3))
+    assert [s.committed() for s in sinks] == [(0,), (1,), (2,)]
+    writers = WriterSinks(job_sinks(), lambda p: SinkWriter(1, 3, p, commit_every=10))
+    adopted = writers.adopt([SinkWriter(1, 3, p, commit_every=10) for p in (2, 0, 1)])
+    assert [w.partition for w in adopted] == [2, 0, 1]
+    assert {p: s.committed() for p, s in writers.sinks.items()} == {0: (0,), 1: (1,), 2: (2,)}
+    writers.close()

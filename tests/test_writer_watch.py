@@ -83,7 +83,7 @@ def test_a_writer_at_full_rate_reports_how_far_its_last_commit_got():
 
     writer, sink = _Writer(), _sink()
     sinks = WriterSinks(lambda p: sink, lambda p: writer, commit_interval=0.1)
-    sinks.adopt(writer)
+    sinks.adopt([writer])
     now = 0.0
 
     def deliver(n):

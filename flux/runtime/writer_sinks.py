@@ -28,7 +28,7 @@ from typing import Any, Callable, Deque, Dict, List, Set, Tuple
 
 from flux.addresses import Addr
 from flux.control_messages import WriterProgress
-from flux.connector_api import ClosingSink, is_exactly_once
+from flux.connector_api import ClosingSink, is_exactly_once, open_at_once
 from flux.effects import SinkCommit
 from flux.protocol.sink_writer import SinkWriter
 
@@ -67,7 +67,8 @@ class WriterSinks:
         self.handed: Dict[int, int] = {}
         self.writers: Dict[int, SinkWriter] = {}  # partition -> its writer here
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="flux-sink-commit")
-        self._opener = ThreadPoolExecutor(1, thread_name_prefix="flux-sink-open")
+        #: (one thread per sink being opened: see ``open_at_once``)
+        self._opener = ThreadPoolExecutor(8, thread_name_prefix="flux-sink-open")
         #: partition -> the sink being opened for its held writer, and the failures the
         #: view that started it knew
         self._opening: Dict[int, Tuple[Future, SinkWriter, Set[Addr]]] = {}
@@ -75,9 +76,6 @@ class WriterSinks:
         self._inflight: Dict[int, Tuple[SinkCommit, Future, WriterProgress]] = {}
         self._queued: Dict[int, Deque[SinkCommit]] = {}  # commits asked meanwhile
         self._held: Dict[int, List] = {}  # outputs released meanwhile, for the sink after
-
-    def open(self, partition: int) -> Any:
-        return self._opened_as(partition, self.open_sink(partition))
 
     def _opened_as(self, partition: int, sink) -> Any:
         if not is_exactly_once(sink):
@@ -87,12 +85,15 @@ class WriterSinks:
         self.sinks[partition] = sink
         return sink
 
-    def adopt(self, writer: SinkWriter) -> SinkWriter:
-        """A writer built with the node (the job's start): its sink opened; a restart's
-        replay of what it committed is dropped by the sink."""
-        self.open(writer.partition)
-        self.writers[writer.partition] = writer
-        return writer
+    def adopt(self, writers: List[SinkWriter]) -> List[SinkWriter]:
+        """The writers built with the node (the job's start): their sinks opened, at once
+        (``open_at_once``); a restart's replay of what one committed is dropped by its
+        sink."""
+        partitions = [w.partition for w in writers]
+        for writer, sink in zip(writers, open_at_once(self.open_sink, partitions)):
+            self._opened_as(writer.partition, sink)
+            self.writers[writer.partition] = writer
+        return writers
 
     def start(self, addr: Addr, dead: Set[Addr]) -> Tuple[SinkWriter, List]:
         """A view starts the writer ``addr`` here (``Host``'s ``writer_factory``): held

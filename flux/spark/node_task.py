@@ -325,9 +325,10 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     if config.writers_sink:  # this node writes the sinks of its partitions' writers
         sink = cloudpickle.loads(config.writers_sink)
         writer_sinks = WriterSinks(sink.open, builder.writer, config.commit_interval)
-        for e in topology.egresses:
-            if topology.where[e] == name:
-                machines[e] = writer_sinks.adopt(builder.writer(e.partition))
+        here = [e for e in topology.egresses if topology.where[e] == name]
+        for e, writer in zip(here, writer_sinks.adopt([builder.writer(e.partition)
+                                                       for e in here])):
+            machines[e] = writer
     where = dict(topology.where)
     where.update(dict(welcome.where))
     host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,

@@ -33,7 +33,7 @@ class OutputWriter:
         self.per_partition, self.partitions = sink, partitions
         #: the sink of each partition (``SinkPerPartition``), else the one sink, in [0]
         self.sinks: List[Any] = [] if on_executors else (
-            [sink.open(p) for p in range(partitions)]
+            sink.open_many(range(partitions))
             if isinstance(sink, SinkPerPartition) else [sink])
         kinds = {is_exactly_once(s) for s in self.sinks} or {True}
         if len(kinds) > 1:
@@ -104,8 +104,7 @@ class OutputWriter:
         executors' writers are gone when a restart asks: opening a sink fences none)."""
         if self.on_executors:
             have = []
-            for p in range(self.partitions):
-                sink = self.per_partition.open(p)
+            for sink in self.per_partition.open_many(range(self.partitions)):
                 have.append(sink.committed())
                 if isinstance(sink, ClosingSink):
                     sink.close()
@@ -119,8 +118,7 @@ class OutputWriter:
         new partition. The sinks of partitions it no longer has stay open and counted in
         ``holds``: they hold the outputs up to the rescale's cut."""
         if isinstance(self.per_partition, SinkPerPartition) and not self.on_executors:
-            self.sinks.extend(self.per_partition.open(p)
-                              for p in range(len(self.sinks), partitions))
+            self.sinks.extend(self.per_partition.open_many(range(len(self.sinks), partitions)))
         self.partitions = max(self.partitions, partitions)
 
     def close(self) -> None:

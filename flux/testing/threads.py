@@ -74,9 +74,10 @@ class ThreadCluster:
         if writers:  # each writer where the topology puts it (beside its P replica)
             for n in topology.workers:
                 ws = self.writer_sinks[n] = WriterSinks(sink.open, builder.writer)
-                for e in topology.egresses:
-                    if topology.where[e] == n:
-                        machines[n][e] = ws.adopt(builder.writer(e.partition))
+                here = [e for e in topology.egresses if topology.where[e] == n]
+                for e, writer in zip(here, ws.adopt([builder.writer(e.partition)
+                                                     for e in here])):
+                    machines[n][e] = writer
         peer_incs = topology.peer_incs()  # after the writers' places
         self.ctx = zmq.Context()
         #: with a ``secret``: CURVE on every socket, as a FluxJob on Spark does
