@@ -54,6 +54,7 @@ from flux.reference import reference_output
 #: name -> the module that defines it, imported on first use (it does I/O)
 _LAZY = {
     "FluxJob": "flux.spark.job",
+    "Rebalance": "flux.controller.rebalance",
     "lineage": "flux.runtime.lineage",
     "Lineage": "flux.runtime.lineage",
     "local_cluster": "flux.spark.session",
@@ -86,7 +87,7 @@ _LAZY = {
 
 __all__ = [
     # the dataflow and its deployment
-    "Dataflow", "Stage", "FluxJob", "local_cluster", "ThreadCluster",
+    "Dataflow", "Stage", "FluxJob", "local_cluster", "ThreadCluster", "Rebalance",
     # operators: the contract, stateless helpers, keyed state, the paper's operators
     "Operator", "Map", "Filter", "FlatMap", "KeyedAggregate", "keyed_state", "keyed_table",
     "tuplify", "SessionReconstruction", "session_key", "WindowedDurationStats", "stats_key",

@@ -166,3 +166,48 @@ def test_with_a_sink_per_partition_the_stages_before_the_last_move_live(spark, t
         part = [(tuple(sn), x) for sn, x in read_file_sink(str(out / f"partition-{q}"))]
         assert [sn for sn, _ in part] == sorted({sn for sn, _ in part})
         assert sorted(part) == want[q]
+
+
+def test_the_rebalancing_policy_moves_groups_off_a_hot_partition_and_the_output_is_exact(
+        spark, tmp_path):
+    """``rebalance=flux.Rebalance(...)``: three quarters of the inputs have keys whose
+    stage-1 groups partition 0 owns; the policy sees partition 0 take more than
+    1.5 times the stage's mean and moves part of its groups, live, to the least loaded
+    partition; the sink holds the failure-free output, with no restart."""
+    import json
+
+    from exchange.partitioner import HashPartitioner
+    from flux import Rebalance
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.operator import wire_form
+    from flux.reference import reference_output
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    groups = HashPartitioner(1, 256)
+    keys = [f"k{i}" for i in range(400)]
+    hot = [k for k in keys if groups.group(k) < 64][:40]  # partition 0's at 4 nodes
+    rest = [k for k in keys if groups.group(k) >= 64][:120]
+    records = [(hot[i % 40] if i % 4 else rest[i % 120], i) for i in range(40_000)]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part-0.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                          for r in records))
+    as_read = list(FileSource(str(tmp_path / "in")))
+    expected = [(sn, wire_form(r))
+                for sn, r in reference_output(regrouping_dataflow(2), as_read, 5)]
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=1, sink=make_sink("jsonl", str(tmp_path / "out")),
+                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0,
+                  rebalance=Rebalance(every=2.0, stages=(1,)))
+    with job:
+        assert job.wait_until(lambda: ranges_moved(job), 120)
+        job.wait(timeout=300)
+        decided = [what for _, kind, what in job.metrics.events if kind == "rebalanced"]
+        owners = job.key_group_owners(1)
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert job.restart_log == []
+    stage, first, last, dest, rates = decided[0]
+    assert stage == 1 and 0 < first <= last < 64 and dest != 0
+    assert rates[0] > 1.5 * sum(rates) / 4  # it was hot
+    assert set(owners[first:last + 1]) == {dest} and owners[0] == 0

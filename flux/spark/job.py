@@ -211,6 +211,9 @@ class FluxJob(JobViews, KeyGroupMoves):
         self._stopped = False
         self._finished = threading.Event()
         self._parts: Optional[JobParts] = None
+        self._rebalancer: Optional[threading.Thread] = None
+        if opts.replication.rebalance is not None:
+            self._movable_stages()  # refused now, naming why, if it cannot move
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":
@@ -254,6 +257,7 @@ class FluxJob(JobViews, KeyGroupMoves):
                 f"the {rep.nodes} nodes were not all running within {timeout}s: "
                 f"{', '.join(missing) or 'none'} not registered (too few Spark task slots?), "
                 f"{', '.join(building) or 'none'} still building their operators")
+        self._rebalancer = self._start_rebalancing()
         return self
 
     def _launch(self, restore: Optional[dict]) -> None:
@@ -417,6 +421,8 @@ class FluxJob(JobViews, KeyGroupMoves):
             return
         if self._supervisor is not None:
             self._supervisor.join(timeout=120)  # a restart under way ends first
+        if self._rebalancer is not None:
+            self._rebalancer.join(timeout=10)  # (a move it asked gives up as the job stops)
         # a failed job's controller tells no one to stop: cancel the tasks at once
         self.attempt.stop(timeout, at_once=bool(self.errors))
         if self.endpoint is not None:

@@ -3,16 +3,23 @@ between the running pairs, without a restart (DESIGN 13, docs/design/rescaling.m
 
 A move is asked (``flux.spark.live_moves.LiveMoves``), a checkpoint cut at once carries
 it, and the call returns once a complete checkpoint covers it: a restart from then on
-keeps it. What the job cannot move is refused first, naming why.
+keeps it. What the job cannot move is refused first, naming why. With
+``rebalance=flux.Rebalance(...)`` a thread of the driver asks the moves the policy
+(``flux.controller.rebalance``) decides from the nodes' counters, one at a time.
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
+from flux.controller.rebalance import RebalancePolicy
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
 from flux.spark.live_moves import MoveAsked, SpreadAsked
+
+log = logging.getLogger(__name__)
 
 #: why the last stage's groups stay with a sink per partition
 _LAST_STAGE = ("the last stage's key groups cannot move live with a sink per partition "
@@ -52,19 +59,23 @@ def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int,
 
 
 def move_live(checkpoints, asked, timeout: float, staged=lambda number, moves: False,
-              clock=time.monotonic, sleep=time.sleep) -> Optional[int]:
+              clock=time.monotonic, sleep=time.sleep,
+              stopped=lambda: False) -> Optional[int]:
     """Ask the move, cut a checkpoint to carry its prepares, cut the next one to carry
     the moves once ``staged(number, moves)`` (the controller: both replicas of every
     destination hold the bulks prepared at checkpoint ``number``) or ``PREPARE_WAIT``
     seconds passed (``LiveMoves``), and wait until a complete checkpoint covers it; that checkpoint's
     number. A restart to an older checkpoint meanwhile asks it again
     (``LiveMoves.restarted``). ``TimeoutError`` if none does in ``timeout`` (no input came
-    to cut after, or checkpoints do not complete)."""
+    to cut after, or checkpoints do not complete); ``ValueError`` if ``stopped()`` (the
+    job) first."""
     moves = checkpoints.moves
     moves.ask(asked)
     checkpoints.cut_now()
     started = clock()
     while clock() - started < timeout:
+        if stopped():
+            raise ValueError(f"the job stopped before a complete checkpoint covered {asked}")
         latest = checkpoints.service.latest
         number = latest.number if latest is not None else None
         if not moves.pending(number):
@@ -94,7 +105,8 @@ class KeyGroupMoves:
         check_move(asked, len(self.dataflow.stages), self._checkpointing.key_groups,
                    self.config.partitions, self.config.ordered_output)
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
-        return move_live(self._checkpointing, asked, timeout, self._bulks_staged)
+        return move_live(self._checkpointing, asked, timeout, self._bulks_staged,
+                         stopped=self._stopping.is_set)
 
     def spread_key_groups(self, over: int, timeout: float = 60.0) -> Optional[int]:
         """Spread every stage's key groups over the first ``over`` pairs, in contiguous
@@ -112,7 +124,78 @@ class KeyGroupMoves:
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups)
         return move_live(self._checkpointing,
                          SpreadAsked(over, self._checkpointing.key_groups), timeout,
-                         self._bulks_staged)
+                         self._bulks_staged, stopped=self._stopping.is_set)
+
+    def key_group_owners(self, stage: int = 1) -> List[int]:
+        """The partition that owns each key group of ``stage`` (1-based) now, as the
+        moves carried so far left them (a job that cannot move: the even ranges)."""
+        moves = self._checkpointing.moves if self._checkpointing is not None else None
+        if moves is None:
+            raise ValueError("key_group_owners() needs checkpoint= (the moves ride its cuts)")
+        return moves.owners()[stage]
+
+    def _movable_stages(self) -> List[int]:
+        """The stages whose key groups may move live (the last stays with a sink per
+        partition); a stage named by ``Rebalance.stages`` that cannot is refused."""
+        settings = self.options.replication.rebalance
+        check_live(True, self.config, self._checkpointing)
+        stages = len(self.dataflow.stages)
+        last = stages if self.config.ordered_output else stages - 1
+        for stage in settings.stages or ():
+            if not 1 <= stage <= last:
+                raise RescaleRefused(f"Rebalance: stage {stage} cannot move live (the "
+                                     f"stages that can: 1..{last})")
+            check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups,
+                             stage)
+        movable = []
+        for stage in range(1, last + 1):
+            try:
+                check_rescalable(self.dataflow, self._sample,
+                                 self._checkpointing.key_groups, stage)
+                movable.append(stage)
+            except RescaleRefused as why:
+                log.info("Rebalance: stage %d stays where it is: %s", stage, why)
+        return movable
+
+    def _start_rebalancing(self) -> Optional[threading.Thread]:
+        settings = self.options.replication.rebalance
+        if settings is None:
+            return None
+        policy = RebalancePolicy(settings, self._movable_stages(), self.config.partitions)
+        thread = threading.Thread(target=self._rebalance, args=(policy,), daemon=True,
+                                  name="flux-rebalance")
+        thread.start()
+        return thread
+
+    def _rebalance(self, policy: RebalancePolicy, poll: float = 1.0) -> None:
+        """Until the job ends: the policy looks at the nodes' counters, and each move it
+        decides is asked and waited for (an event ``rebalanced``, ``(stage, first,
+        last, to, rates)``)."""
+        while not self._stopping.wait(poll) and not self.finished():
+            try:
+                move = policy.observe(time.monotonic(), self._inputs_taken(),
+                                      self._checkpointing.moves.owners())
+                if move is None:
+                    continue
+                log.info("Rebalance: stage %d groups %d..%d to partition %d (inputs/s "
+                         "%s)", move.stage, move.first, move.last, move.dest,
+                         [round(r) for r in move.rates])
+                self.metrics.events.append((time.monotonic(), "rebalanced", (
+                    move.stage, move.first, move.last, move.dest, move.rates)))
+                self.move_key_groups(move.first, move.last, move.dest, move.stage)
+            except (TimeoutError, ValueError) as exc:  # no input to cut after; job ending
+                log.warning("Rebalance: %s", exc)
+            policy.restart_look()
+
+    def _inputs_taken(self) -> Dict[Tuple[int, int], int]:
+        """(stage, partition) -> inputs taken, the more of its replicas' last counters."""
+        attempt = self.attempt
+        taken: Dict[Tuple[int, int], int] = {}
+        for _, stats in list(attempt.controller.node_stats.values()) if attempt else ():
+            for s in stats.segments:
+                key = (s.addr.stage, s.addr.partition)
+                taken[key] = max(taken.get(key, 0), s.taken)
+        return taken
 
     def _bulks_staged(self, number: int, moves) -> bool:
         attempt = self.attempt

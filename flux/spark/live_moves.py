@@ -97,6 +97,12 @@ class LiveMoves:
         self.ready = False  # its bulks are staged: the next cut carries the moves
         self.restarted(restored, partitions)
 
+    def owners(self) -> Dict[int, List[int]]:
+        """Stage -> the partition owning each key group, as the moves carried so far
+        left them."""
+        with self._lock:
+            return {s: [int(p) for p in m.owners] for s, m in self.maps.items()}
+
     def ask(self, asked: MoveAsked) -> None:
         with self._lock:
             self.asked.append(asked)

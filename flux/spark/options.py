@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from exchange.partitioner import KEY_GROUPS, check_key_groups
 from flux.connector_api import SinkPerPartition, is_exactly_once
+from flux.controller.rebalance import Rebalance
 from flux.protocol.builder import REPLICATIONS
 from flux.protocol.producer import PAUSE_ROOM
 from flux.runtime.controller_divergence import ON_DIVERGENCE
@@ -29,8 +30,14 @@ class Replication:
     #: keys hash to this many key groups, each partition owning a range of them: the most
     #: nodes a checkpoint of this job can be rescaled to (DESIGN 13)
     key_groups: int = KEY_GROUPS
+    #: the metric-driven policy that moves key groups off hot partitions while the job
+    #: runs (``flux.Rebalance``); None: off
+    rebalance: Optional[Rebalance] = None
 
     def __post_init__(self) -> None:
+        if self.rebalance is not None and not isinstance(self.rebalance, Rebalance):
+            raise TypeError(f"rebalance must be a flux.Rebalance(...) or None, got "
+                            f"{type(self.rebalance).__name__}")
         if self.nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), "
                              f"got {self.nodes}")

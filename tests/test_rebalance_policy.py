@@ -1,0 +1,86 @@
+"""The metric-driven rebalancing policy (``flux.controller.rebalance``): it moves part of
+a hot partition's key groups to the least loaded partition, only when a stage is out of
+balance for a whole look, and never splits what cannot be split."""
+from __future__ import annotations
+
+import pytest
+
+from flux.controller.rebalance import Rebalance, RebalancePolicy, largest_run
+
+pytestmark = pytest.mark.timeout(30)
+
+EVEN4 = [g * 4 // 256 for g in range(256)]  # 4 partitions, 64 groups each
+
+
+def look(policy, rates, owners, seconds=10.0, stage=1, start=None):
+    """Two observations ``seconds`` apart with each partition taking ``rates``/s."""
+    before = start or {(stage, p): 1000 for p in range(len(rates))}
+    assert policy.observe(0.0, before, {stage: owners}) is None
+    after = {k: n + int(rates[k[1]] * seconds) for k, n in before.items()}
+    return policy.observe(seconds, after, {stage: owners})
+
+
+def test_an_even_load_moves_nothing():
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    assert look(policy, [500, 520, 480, 510], EVEN4) is None
+
+
+def test_a_hot_partition_gives_the_coolest_the_share_that_evens_them():
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    move = look(policy, [3000, 500, 1000, 500], EVEN4)
+    # (3000 - 500) / (2 * 3000) of its 64 groups: 27, from the end of its range
+    assert (move.stage, move.first, move.last, move.dest) == (1, 37, 63, 1)
+    assert move.rates == (3000.0, 500.0, 1000.0, 500.0)
+
+
+def test_an_idle_spare_pair_is_the_coolest():
+    owners = [g * 3 // 256 for g in range(256)]  # partitions 0..2; 3 owns nothing
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    move = look(policy, [400, 3000, 500, 0], owners)
+    assert move.dest == 3 and owners[move.first] == owners[move.last] == 1
+    assert move.last == max(g for g, o in enumerate(owners) if o == 1)
+
+
+def test_no_decision_before_a_whole_look_and_none_below_the_floor_rate():
+    policy = RebalancePolicy(Rebalance(every=10, min_rate=5000), [1], 4)
+    assert look(policy, [3000, 500, 500, 500], EVEN4) is None  # hot, but below 5000/s
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    assert look(policy, [3000, 500, 500, 500], EVEN4, seconds=5) is None  # half a look
+
+
+def test_a_partition_of_one_group_is_left_alone_and_one_keeps_a_group():
+    owners = [0] + [1] * 85 + [2] * 85 + [3] * 85
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    assert look(policy, [5000, 10, 10, 10], owners) is None  # one hot key
+    owners = [0, 0] + [1] * 254
+    policy = RebalancePolicy(Rebalance(every=10), [1], 2)
+    move = look(policy, [5000, 0], owners)
+    assert (move.first, move.last, move.dest) == (1, 1, 1)  # group 0 stays
+
+
+def test_a_counter_that_began_again_is_not_read_as_a_rate():
+    policy = RebalancePolicy(Rebalance(every=10), [1], 2)
+    assert policy.observe(0.0, {(1, 0): 50_000, (1, 1): 50_000}, {1: EVEN4}) is None
+    # partition 1's replica was rebuilt: its counter starts from 0
+    assert policy.observe(10.0, {(1, 0): 90_000, (1, 1): 100}, {1: EVEN4}) is None
+
+
+def test_only_the_stages_asked_for_are_balanced():
+    policy = RebalancePolicy(Rebalance(every=10, stages=(2,)), [1, 2], 4)
+    before = {(s, p): 0 for s in (1, 2) for p in range(4)}
+    assert policy.observe(0.0, before, {1: EVEN4, 2: EVEN4}) is None
+    after = {**before, (1, 0): 40_000, (1, 1): 100, (2, 0): 100, (2, 3): 40_000}
+    move = policy.observe(10.0, after, {1: EVEN4, 2: EVEN4})
+    assert move.stage == 2 and EVEN4[move.first] == 3
+
+
+def test_settings_are_checked():
+    for bad in (dict(every=0), dict(imbalance=1.0), dict(min_rate=-1)):
+        with pytest.raises(ValueError, match="Rebalance"):
+            Rebalance(**bad)
+
+
+def test_largest_run():
+    assert largest_run([0, 1, 2, 10, 11]) == (0, 2)
+    assert largest_run([3, 7, 8]) == (7, 8)
+    assert largest_run([5]) == (5, 5)
