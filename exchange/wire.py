@@ -428,8 +428,10 @@ def _batch(fields: List) -> Batch:
 CODECS: Dict[str, _Codec] = {
     "batch": (Batch, lambda m: [*_put_batch_items(m.items), list(m.bound), _put_cut(m.cut)],
               _batch),
-    "ack": (Ack, lambda m: [list(m.hwm)], _arity(1, lambda h: Ack(_sn(h, "hwm")))),
-    "credit": (Credit, lambda m: [list(m.sn)], _arity(1, lambda sn: Credit(_sn(sn, "sn")))),
+    "ack": (Ack, lambda m: [list(m.hwm), m.moves],
+            _arity(2, lambda h, k: Ack(_sn(h, "hwm"), _opt_int(k, "moves crossed")))),
+    "credit": (Credit, lambda m: [list(m.sn), m.moves],
+               _arity(2, lambda sn, k: Credit(_sn(sn, "sn"), _opt_int(k, "moves crossed")))),
     "reverse": (Reverse, lambda m: [list(m.hwm), None if m.held is None else list(m.held)],
                 _arity(2, lambda h, held: Reverse(_sn(h, "hwm"),
                                                   None if held is None else _sn(held, "held")))),

@@ -26,17 +26,22 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """Cumulative ack: the consumer holds every SN <= ``hwm`` of this connection (3.1.3)."""
+    """Cumulative ack: the consumer holds every SN <= ``hwm`` of this connection (3.1.3).
+    ``moves``: the newest move cut the consumer crossed (None: it keeps no moves, an
+    egress): a producer forgets the move cuts every consumer crossed (DESIGN 13)."""
 
     hwm: SN
+    moves: Optional[int] = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Credit:
     """Consumer to its data source: I took (released from my merge, to process) every
-    tuple <= ``sn`` you sent me; that many more may come (back-pressure, docs/design/backpressure.md)."""
+    tuple <= ``sn`` you sent me; that many more may come (back-pressure, docs/design/backpressure.md).
+    ``moves``: as ``Ack.moves``."""
 
     sn: SN
+    moves: Optional[int] = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,16 +56,16 @@ def test_delivers_in_global_sn_order_across_partitions():
     eg = Egress(1, 2)
     # Partition 0 sends its parts of items 1 and 3; partition 1 has said nothing yet.
     assert eg.on_message(L0P, b(((1, 0), ((1, 1), "a")), ((3, 0), ((3, 1), "c")),
-                                bound=(3,))) == [Send(EG, L0S, Ack((3, 0)))]
+                                bound=(3,))) == [Send(EG, L0S, Ack((3, 0), None))]
     assert eg.delivered == 0
     assert not eg.idle()
     # Partition 1's part of item 2 and bound (3,) release everything: ack first, then
     # deliver, then credit each data source with what was taken from it (back-pressure).
     assert eg.on_message(L1P, b(((2, 1), ((2, 1), "b")), bound=(3,))) == [
-        Send(EG, L1S, Ack((2, 1))),
+        Send(EG, L1S, Ack((2, 1), None)),
         Deliver((((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c"))),
-        Send(EG, L0P, Credit((3, 0))),
-        Send(EG, L1P, Credit((2, 1))),
+        Send(EG, L0P, Credit((3, 0), None)),
+        Send(EG, L1P, Credit((2, 1), None)),
     ]
     assert eg.delivered == 3
     assert eg.idle()
@@ -78,21 +78,21 @@ def test_delivers_an_item_only_whole_its_rows_merged_by_row_sn():
     M0P, M0S, M1P, M1S = Addr(2, 0, P), Addr(2, 0, S), Addr(2, 1, P), Addr(2, 1, S)
     item4_0 = ((4, 0), ((3, 1, 1), "a"), ((4, 1, 1), "c"))
     item4_1 = ((4, 1), ((3, 2, 1), "b"), ((4, 2, 1), "d"))
-    assert eg.on_message(M0P, b(item4_0, bound=(4,))) == [Send(eg.addr, M0S, Ack((4, 0)))]
+    assert eg.on_message(M0P, b(item4_0, bound=(4,))) == [Send(eg.addr, M0S, Ack((4, 0), None))]
     # partition 1's bound (3,), then one inside item 4: its part may still come
     assert eg.on_message(M1P, b(bound=(3,))) == []
     assert eg.on_message(M1P, b(bound=(4, 0))) == []
     # items up to 3 are out, but input 3 is in item 4: only what lies a whole item back
     assert eg.delivered == 0 and eg.settled() == 1
     # its part, with no bound covering item 4: it might still send more of it
-    assert eg.on_message(M1P, b(item4_1, bound=(4, 0))) == [Send(eg.addr, M1S, Ack((4, 1)))]
+    assert eg.on_message(M1P, b(item4_1, bound=(4, 0))) == [Send(eg.addr, M1S, Ack((4, 1), None))]
     assert eg.delivered == 0 and eg.settled() == 1
     # a later item from partition 1 proves item 4 whole: its rows leave merged
     assert eg.on_message(M1P, b(((6, 1), ((6, 1, 1), "f")), bound=(5,))) == [
-        Send(eg.addr, M1S, Ack((6, 1))),
+        Send(eg.addr, M1S, Ack((6, 1), None)),
         Deliver((((3, 1, 1), "a"), ((3, 2, 1), "b"), ((4, 1, 1), "c"), ((4, 2, 1), "d"))),
-        Send(eg.addr, M0P, Credit((4, 0))),  # one credit per part taken, by connection SN
-        Send(eg.addr, M1P, Credit((4, 1))),
+        Send(eg.addr, M0P, Credit((4, 0), None)),  # one credit per part taken, by connection SN
+        Send(eg.addr, M1P, Credit((4, 1), None)),
     ]
     assert eg.delivered == 4 and eg.settled() == 4
     # item 6 is held until both partitions cover it, the one that sent it too
@@ -100,19 +100,19 @@ def test_delivers_an_item_only_whole_its_rows_merged_by_row_sn():
     # items up to 5 are out, but item 6 may hold input 5: the last item released says more
     assert eg.delivered == 4 and eg.settled() == 4
     assert eg.on_message(M1P, b(bound=(6,))) == [Deliver((((6, 1, 1), "f"),)),
-                                                  Send(eg.addr, M1P, Credit((6, 1)))]
+                                                  Send(eg.addr, M1P, Credit((6, 1), None))]
     assert eg.delivered == 5 and eg.settled() == 6 and eg.idle()
 
 
 def test_holds_output_until_the_other_partitions_bound_covers_it():
     eg = Egress(1, 2)
     assert eg.on_message(L1P, b(((2, 1), ((2, 1), "b")), bound=(2,))) == [
-        Send(EG, L1S, Ack((2, 1)))]
+        Send(EG, L1S, Ack((2, 1), None))]
     # A bound (1,) from partition 0 covers nothing of item 2.
     assert eg.on_message(L0P, Batch((), (1,))) == []
     # Bound (2,): no SN with prefix <= (2,) will come from partition 0.
     assert eg.on_message(L0P, Batch((), (2,))) == [Deliver((((2, 1), "b"),)),
-                                                    Send(EG, L1P, Credit((2, 1)))]
+                                                    Send(EG, L1P, Credit((2, 1), None))]
     assert eg.on_message(L0P, Batch((), (3,))) == []
     assert eg.delivered == 1
 
@@ -121,7 +121,7 @@ def test_bound_only_batch_releases_earlier_output():
     eg = Egress(1, 2)
     eg.on_message(L0P, b(((1, 0), ((1, 1), "a"), ((1, 2), "a2")), bound=(1,)))
     assert eg.on_message(L1P, Batch((), (1,))) == [Deliver((((1, 1), "a"), ((1, 2), "a2"))),
-                                                    Send(EG, L0P, Credit((1, 0)))]
+                                                    Send(EG, L0P, Credit((1, 0), None))]
     assert eg.delivered == 2
 
 
@@ -135,14 +135,14 @@ def test_reverse_on_failure_of_a_p_replica():
     assert eg.on_message(L0S, b(((2, 0), ((2, 1), "b")), bound=(2,))) == []
     # ... and credited to the survivor, its data source now
     assert eg.on_message(L1P, Batch((), (2,))) == [Deliver((((2, 1), "b"),)),
-                                                    Send(EG, L0S, Credit((2, 0)))]
+                                                    Send(EG, L0S, Credit((2, 0), None))]
     with pytest.raises(RemoteProtocolError):
         eg.on_message(L0P, b(((3, 0), ((3, 1), "c")), bound=(3,)))
     # Partition 1 still takes data from P and acks to S.
     assert eg.on_message(L1P, b(((4, 1), ((4, 1), "d")), bound=(4,))) == [
-        Send(EG, L1S, Ack((4, 1)))]
+        Send(EG, L1S, Ack((4, 1), None))]
     assert eg.on_message(L0S, Batch((), (4,))) == [Deliver((((4, 1), "d"),)),
-                                                    Send(EG, L1P, Credit((4, 1)))]
+                                                    Send(EG, L1P, Credit((4, 1), None))]
     assert eg.delivered == 3
 
 
@@ -158,10 +158,10 @@ def test_an_item_split_across_a_take_over_is_delivered_once_whole():
     assert eg.on_message(L0S, b(((3, 0), ((3, 1), "c")), bound=(3,))) == []
     assert eg.delivered == 0  # partition 1 still may send its parts of items 2 and 3
     assert eg.on_message(L1P, b(((2, 1), ((2, 2), "b2")), bound=(3,))) == [
-        Send(EG, L1S, Ack((2, 1))),
+        Send(EG, L1S, Ack((2, 1), None)),
         Deliver((((1, 1), "a"), ((2, 1), "b"), ((2, 2), "b2"), ((3, 1), "c"))),
-        Send(EG, L0S, Credit((3, 0))),
-        Send(EG, L1P, Credit((2, 1))),
+        Send(EG, L0S, Credit((3, 0), None)),
+        Send(EG, L1P, Credit((2, 1), None)),
     ]
     assert eg.delivered == 4 and eg.idle()
 
@@ -175,9 +175,9 @@ def test_failure_of_an_s_replica_stops_acks_only():
     eg = Egress(1, 2)
     assert eg.on_fail({L1S}) == []
     assert eg.on_message(L0P, b(((1, 0), ((1, 1), "a")), bound=(1,))) == [
-        Send(EG, L0S, Ack((1, 0)))]
+        Send(EG, L0S, Ack((1, 0), None))]
     assert eg.on_message(L1P, b(((2, 1), ((2, 1), "b")), bound=(2,))) == [
-        Deliver((((1, 1), "a"),)), Send(EG, L0P, Credit((1, 0)))]
+        Deliver((((1, 1), "a"),)), Send(EG, L0P, Credit((1, 0), None))]
 
 
 @pytest.mark.parametrize("msg", [Ack((1, 0)), Reverse((1, 0)), None])

@@ -195,8 +195,8 @@ def test_hosting_the_egress():
     first = Batch((((2, 0), rows(((1, 1), "a"), ((2, 1), "b"))),), (2,))
     sends, others = h.on_envelope(env(L0P, eg.addr, 0, first))
     # acked to the dual, credited to the data source (back-pressure), by connection SN
-    assert sends == [Envelope(eg.addr, L0S, 0, Ack((2, 0))),
-                     Envelope(eg.addr, L0P, 0, Credit((2, 0)))]
+    assert sends == [Envelope(eg.addr, L0S, 0, Ack((2, 0), None)),
+                     Envelope(eg.addr, L0P, 0, Credit((2, 0), None))]
     assert others == [Deliver((((1, 1), "a"), ((2, 1), "b")))]
     # The view that kills L0P makes the egress reverse, stamped with that view.
     assert h.on_view(View(1, frozenset({L0P}), frozenset({PEER_INC}))) == (
@@ -207,7 +207,7 @@ def test_hosting_the_egress():
     late = env(L0P, eg.addr, 0, Batch((((3, 0), rows(((3, 1), "c"))),), (3,)), PEER_INC)
     assert h.on_envelope(late) == ([], [])
     assert h.on_envelope(env(L0S, eg.addr, 1, Batch((((3, 0), rows(((3, 1), "c"))),), (3,)))) == (
-        [Envelope(eg.addr, L0S, 1, Credit((3, 0)))],  # the survivor is the data source now
+        [Envelope(eg.addr, L0S, 1, Credit((3, 0), None))],  # the survivor is the data source now
         [Deliver((((3, 1), "c"),))],
     )
     assert eg.delivered == 3 and eg.settled() == 3

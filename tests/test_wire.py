@@ -175,7 +175,7 @@ def frame(*parts):
     return msgpack.packb(list(parts), use_bin_type=True)
 
 
-GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
+GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3], 0]
 
 
 @pytest.mark.parametrize("data,reason", [
@@ -187,8 +187,9 @@ GOOD = [wire.VERSION, "ack", [1, 0, 0], [2, 0, 1], 0, 1, None, [3]]
     (frame(99, *GOOD[1:]), "wire version 99"),
     (frame(wire.VERSION, "launch", *GOOD[2:]), "unknown message kind 'launch'"),
     (frame(wire.VERSION, 7, *GOOD[2:]), "unknown message kind 7"),
-    (frame(*GOOD[:7], ["3"]), "ack: hwm must be a list of ints"),
-    (frame(*GOOD[:7]), "ack: expected 1 fields, got 0"),
+    (frame(*GOOD[:7], ["3"], 0), "ack: hwm must be a list of ints"),
+    (frame(*GOOD[:7], [3], "2"), "ack: moves crossed must be an int"),
+    (frame(*GOOD[:7]), "ack: expected 2 fields, got 0"),
     (frame(*GOOD[:2], [1, 0, 2], *GOOD[3:]), "src: replica must be 0 or 1"),
     (frame(*GOOD[:2], {"a": 1}, *GOOD[3:]), "src must be [stage, partition, replica]"),
     (frame(*GOOD[:4], "0", *GOOD[5:]), "view must be an int"),

@@ -178,6 +178,6 @@ class ConsumerRoles:
             # a sink's writer: the new replica's buffer is the active's at its snapshot,
             # our commits since acked only the active, and none of them between its psync
             # and this one (no data source then) (docs/design/parallel_io.md)
-            effects += [Send(self.addr, replica.addr, Ack(feed.committed))
+            effects += [Send(self.addr, replica.addr, Ack(feed.committed, self.moves_crossed))
                         for replica in feed.replicas]
         return effects

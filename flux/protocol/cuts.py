@@ -15,6 +15,12 @@ told): the moves take effect at their own cut ``n_i``. A consumer may learn cut 
 without ever seeing an older cut (its producer sent it nothing in between): that skips
 a checkpoint, never a move, since whoever knows cut ``k`` knows every move cut up to it
 and tells each connection all it was not told (docs/design/rescaling.md).
+
+A move cut is kept to tell it on, until every consumer it may be told to crossed it
+(each says which it crossed last in its acks and credits, ``Producer.moves_forgettable``):
+then ``forget`` drops it, so a job moving groups all its life keeps no growing list
+(DESIGN 13). What was learned is remembered by number (``moves_seen``), so a cut told
+again by a producer that has not forgotten it yet is not learned twice.
 """
 from __future__ import annotations
 
@@ -34,8 +40,10 @@ class Cuts:
         self.keeps_moves = moves
         #: checkpoint -> its cut and the key-group moves it carries, not crossed yet
         self.moves: Dict[int, Tuple[int, Tuple[GroupMove, ...]]] = {}
-        #: every move cut learned, in order, as stamps carry them on
+        #: every move cut learned and not forgotten, in order, as stamps carry them on
         self.move_cuts: Tuple[tuple, ...] = ()
+        self.moves_seen = 0  # the newest move cut learned (forgotten or not)
+        self.moves_crossed = 0  # the newest move cut crossed
 
     def learn(self, cut: Optional[tuple]) -> None:
         """A batch said ``cut``; a newer one than any known is pending from now, and so
@@ -47,12 +55,12 @@ class Cuts:
             self.latest = (k, n)
             self.pending[k] = n
         if len(cut) > 2 and self.keeps_moves:
-            seen = self.move_cuts[-1][0] if self.move_cuts else 0
             for k_i, n_i, moves in cut[2]:
-                if k_i > seen:
+                if k_i > self.moves_seen:
                     moves = moves_from_wire(moves)
                     self.moves[k_i] = (n_i, moves)
                     self.move_cuts += ((k_i, n_i, moves),)
+                    self.moves_seen = k_i
 
     def due(self, frontier: SN) -> Optional[Cut]:
         """The oldest pending cut the merge's ``frontier`` has passed, or None."""
@@ -76,14 +84,23 @@ class Cuts:
 
     def cross_moves(self, k: int) -> Tuple[GroupMove, ...]:
         """Move cut ``k`` is crossed: its moves take effect now."""
+        self.moves_crossed = max(self.moves_crossed, k)
         return self.moves.pop(k)[1]
+
+    def forget(self, upto: int) -> None:
+        """Every consumer the move cuts up to ``upto`` may be told to crossed them: they
+        are told no more (those not crossed here yet are kept)."""
+        upto = min(upto, self.moves_crossed)
+        if self.move_cuts and self.move_cuts[0][0] <= upto:
+            self.move_cuts = tuple(m for m in self.move_cuts if m[0] > upto)
 
     def to_state(self) -> List:
         return [list(self.latest) if self.latest else None,
                 [[k, n] for k, n in sorted(self.pending.items())],
                 [[k, n, [m.to_wire() for m in moves]] for k, (n, moves) in
                  sorted(self.moves.items())],
-                [[k, n, [m.to_wire() for m in moves]] for k, n, moves in self.move_cuts]]
+                [[k, n, [m.to_wire() for m in moves]] for k, n, moves in self.move_cuts],
+                self.moves_seen, self.moves_crossed]
 
     def install_state(self, state) -> None:
         latest, pending = state[0], state[1]
@@ -93,3 +110,9 @@ class Cuts:
             if len(state) > 2 else {}
         self.move_cuts = tuple((k, n, moves_from_wire(moves)) for k, n, moves in state[3]) \
             if len(state) > 3 else ()
+        if len(state) > 5:
+            self.moves_seen, self.moves_crossed = state[4], state[5]
+        else:  # a state from before move cuts were forgotten: it kept all of them
+            self.moves_seen = max((m[0] for m in self.move_cuts), default=0)
+            self.moves_crossed = max((m[0] for m in self.move_cuts if m[0] not in self.moves),
+                                     default=0)

@@ -45,6 +45,7 @@ class Egress:
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in among]
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every,
                                   acks_at_commit)
+        self.fcons.keeps_no_moves()
         self.delivered = 0
         self.batch_rows = batch_rows
         self.released = 0  # the number of the last item released (its last input)

@@ -66,6 +66,8 @@ class ProducerPair:
     taken: SN = NO_SN
     #: a sink's writer: the last SN its sink committed, acked to both replicas
     committed: SN = NO_SN
+    #: the newest move cut crossed that its replicas were told (DESIGN 13)
+    moves_told: Optional[int] = 0
 
     def single(self) -> bool:
         """Both replicas are one process (the ingress): it never fails over."""
@@ -100,6 +102,10 @@ class FluxConsumer(ConsumerRoles):
         ]
         self.merge = OrderedMerge(range(len(self.feeds)))
         self.p_fail = False
+        #: the newest move cut its segment crossed, told in every ack and credit so the
+        #: producers forget what every consumer crossed (None: it keeps no moves, an
+        #: egress; DESIGN 13)
+        self.moves_crossed: Optional[int] = 0
         if absent:
             self.mark_dead(set(absent))
             for feed in self.feeds:
@@ -117,9 +123,22 @@ class FluxConsumer(ConsumerRoles):
             raise RemoteProtocolError(f"{self.addr}: data from {src}, which is not a data source")
         feed = self.feeds[j]
         last = self.merge.push(j, msg.items, msg.bound)
-        if msg.items and feed.ack_to is not None and not self.acks_at_commit:
-            return [Send(self.addr, feed.replicas[feed.ack_to].addr, Ack(last))]
-        return []
+        effects = []
+        news = feed.moves_told != self.moves_crossed  # told even while no data comes
+        if (msg.items or news) and feed.ack_to is not None and not self.acks_at_commit:
+            effects.append(Send(self.addr, feed.replicas[feed.ack_to].addr,
+                                Ack(last, self.moves_crossed)))
+        if news and not msg.items:  # (with items, their credit tells it)
+            effects.append(Send(self.addr, src, Credit(feed.taken, self.moves_crossed)))
+        feed.moves_told = self.moves_crossed
+        return effects
+
+    def keeps_no_moves(self) -> None:
+        """An egress routes nothing: move cuts are not for it, and its producers need
+        not keep them for it (DESIGN 13)."""
+        self.moves_crossed = None
+        for feed in self.feeds:
+            feed.moves_told = None
 
     # -- a sink's writer (docs/design/parallel_io.md) ------------------------------
     def commit_acks(self, through: Optional[SN] = None) -> List[Send]:
@@ -133,7 +152,8 @@ class FluxConsumer(ConsumerRoles):
                 continue
             feed.committed = upto
             for y in {feed.data_from, feed.ack_to} - {None}:
-                effects.append(Send(self.addr, feed.replicas[y].addr, Ack(feed.committed)))
+                effects.append(Send(self.addr, feed.replicas[y].addr,
+                                    Ack(feed.committed, self.moves_crossed)))
         return effects
 
     def reverse_to(self, j: int, y: int) -> Send:
@@ -193,7 +213,8 @@ class FluxConsumer(ConsumerRoles):
         effects = []
         for j, feed in enumerate(self.feeds):
             if self._credit_due(j):
-                effects.append(Send(self.addr, feed.data_source(), Credit(feed.taken)))
+                effects.append(Send(self.addr, feed.data_source(),
+                                    Credit(feed.taken, self.moves_crossed)))
                 feed.owed = 0
         return effects
 

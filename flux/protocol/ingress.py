@@ -93,10 +93,10 @@ class Stage1Connections:
     def on_message(self, src: Addr, msg) -> List:
         if isinstance(msg, Ack):
             self.out.on_ack(src, msg)
-            return []
+            return self._forget_moves()
         if isinstance(msg, Credit):
             self.out.on_credit(src, msg)
-            return []
+            return self._forget_moves()
         if isinstance(msg, Pause):
             return self.out.on_pause(src, msg)
         if isinstance(msg, CSync):
@@ -303,6 +303,14 @@ class Ingress(Stage1Connections):
                     self.held_for[i] -= 1
             self._put(x, subs)
         self.logged = n
+
+    def _forget_moves(self) -> List:
+        """The move cuts every stage-1 replica crossed are told no more (DESIGN 13)."""
+        out = self.out
+        if out.move_cuts:
+            upto = out.moves_forgettable()
+            out.move_cuts = tuple(m for m in out.move_cuts if m[0] > upto)
+        return []
 
     def choose_cut(self, number: int, moves: Sequence[GroupMove] = ()) -> List:
         """Checkpoint ``number`` covers every input accepted so far (DESIGN 10): the cut

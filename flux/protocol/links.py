@@ -63,6 +63,8 @@ class Link:
     in_flight_tuples: int = 0
     #: the newest checkpoint cut stamped on a batch of this connection (DESIGN 10)
     told_cut: Optional[Tuple[int, int]] = None
+    #: the newest move cut the consumer said it crossed (None: it keeps no moves)
+    moves_crossed: Optional[int] = 0
 
     def is_open(self) -> bool:
         """Figure 3 action 2's first guard: data may flow on this connection now."""

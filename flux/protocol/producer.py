@@ -231,6 +231,7 @@ class Producer(ConnectionRoles):
         """Action 3: a cumulative ack from an ACTIVE destination with ACK."""
         i, d = self.locate(src, ACK)
         self.buffers[i].ack(msg.hwm, d)
+        heard_moves(self.links[i][d], msg.moves)
 
     def on_credit(self, src: Addr, msg: Credit) -> None:
         """The consumer ``src`` took tuples from its merge. A credit that crossed a change
@@ -239,6 +240,15 @@ class Producer(ConnectionRoles):
             link = self.links[i][d]
             if link.status is ACTIVE and SEND in link.modes:
                 link.credit(msg.sn)
+                heard_moves(link, msg.moves)
+
+    def moves_forgettable(self) -> float:
+        """The newest move cut every consumer we may tell has crossed (DESIGN 13): a dead
+        one's standby gets its state from its twin, which is among them; a standby not
+        heard from yet holds it back."""
+        crossed = [link.moves_crossed for row in self.links for link in row
+                   if link.status is not DEAD and link.moves_crossed is not None]
+        return min(crossed, default=float("inf"))
 
     def check_invariants(self) -> None:
         if self._open is not None:
@@ -268,6 +278,14 @@ class Producer(ConnectionRoles):
     def idle(self) -> bool:
         """No tuple is waiting in any buffer."""
         return all(len(b) == 0 for b in self.buffers)
+
+
+def heard_moves(link: Link, moves: Optional[int]) -> None:
+    """The consumer on ``link`` crossed move cut ``moves`` (None: it keeps none)."""
+    if moves is None:
+        link.moves_crossed = None
+    elif link.moves_crossed is not None and moves > link.moves_crossed:
+        link.moves_crossed = moves
 
 
 __all__ = ["Producer", "Link", "Status", "ConnMode", "SEND", "ACK", "NONE", "ACTIVE", "DEAD",

@@ -105,6 +105,7 @@ class ConnectionRoles:
                 raise RemoteProtocolError(f"{self.addr}: avail for {addr}, which is {link.status.name}")
             link.status, link.expected = STDBY, version
             link.told_cut = None  # the new replica knows none of what the old one was told
+            link.moves_crossed = 0  # nor has it said which move cuts it crossed
             self._links_changed()
 
     def on_pause(self, src: Addr, msg: Pause) -> List[Send]:

@@ -156,10 +156,10 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
             return effects
         if isinstance(msg, Ack):
             self.fprod.out.on_ack(src, msg)
-            return []
+            return self._forget_moves()
         if isinstance(msg, Credit):
             self.fprod.out.on_credit(src, msg)
-            return []
+            return self._forget_moves()
         if isinstance(msg, Reverse):
             return self.fprod.on_reverse(src, msg) + self._maybe_start()
         if isinstance(msg, Pause):
@@ -171,6 +171,14 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         if isinstance(msg, InstallRange):
             return self.on_install_range(msg)
         raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
+
+    def _forget_moves(self) -> List:
+        """The move cuts every consumer crossed are told no more (DESIGN 13)."""
+        out = self.fprod.out
+        if out.move_cuts:
+            self.cuts.forget(out.moves_forgettable())
+            out.move_cuts = self.cuts.move_cuts
+        return []
 
     def on_pause_ack(self, src: Addr, msg: PauseAck) -> List:
         """5.3.1: a source paused after its last data; at the last one, checkpoint."""

@@ -255,6 +255,7 @@ class CatchUpSide:
         self.fprod.install_state(state["fprod"], reverse=True)
         if "cuts" in state:  # a cut the active has not crossed yet
             self.cuts.install_state(state["cuts"])
+            self.fcons.moves_crossed = self.cuts.moves_crossed
             self.fprod.out.cut = self.cuts.latest
             self.fprod.out.move_cuts = self.cuts.move_cuts
         if self.outputs is not None:

@@ -48,7 +48,9 @@ class CheckpointSide:
         if moved_at is not None and (due is None or moved_at < due[0]):
             # the moves of a cut this replica snapshotted (the step before), or whose
             # checkpoint it never learned: a step of their own, after the snapshot
-            return self.cross_moves(moved_at, self.cuts.cross_moves(moved_at))
+            moves = self.cuts.cross_moves(moved_at)
+            self.fcons.moves_crossed = self.cuts.moves_crossed  # told in its acks, credits
+            return self.cross_moves(moved_at, moves)
         if due is None:
             raise LocalProtocolError(f"{self.addr}: snapshot with no cut crossed")
         k, n = due
