@@ -54,7 +54,7 @@ from flux.reference import reference_output
 #: name -> the module that defines it, imported on first use (it does I/O)
 _LAZY = {
     "FluxJob": "flux.spark.job",
-    "Rebalance": "flux.controller.rebalance",
+    "Rebalance": "controller.rebalance",
     "lineage": "flux.runtime.lineage",
     "Lineage": "flux.runtime.lineage",
     "local_cluster": "flux.spark.session",

@@ -1,11 +1,11 @@
-"""The metric-driven rebalancing policy (``flux.controller.rebalance``): it moves part of
+"""The metric-driven rebalancing policy (``controller.rebalance``): it moves part of
 a hot partition's key groups to the least loaded partition, only when a stage is out of
 balance for a whole look, and never splits what cannot be split."""
 from __future__ import annotations
 
 import pytest
 
-from flux.controller.rebalance import Rebalance, RebalancePolicy, largest_run
+from controller.rebalance import Rebalance, RebalancePolicy, largest_run
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,7 +5,7 @@ A move is asked (``flux.spark.live_moves.LiveMoves``), a checkpoint cut at once 
 it, and the call returns once a complete checkpoint covers it: a restart from then on
 keeps it. What the job cannot move is refused first, naming why. With
 ``rebalance=flux.Rebalance(...)`` a thread of the driver asks the moves the policy
-(``flux.controller.rebalance``) decides from the nodes' counters, one at a time.
+(``controller.rebalance``) decides from the nodes' counters, one at a time.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from flux.controller.rebalance import RebalancePolicy
+from controller.rebalance import RebalancePolicy
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
 from flux.spark.live_moves import MoveAsked, SpreadAsked

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from exchange.partitioner import KEY_GROUPS, check_key_groups
 from flux.connector_api import SinkPerPartition, is_exactly_once
-from flux.controller.rebalance import Rebalance
+from controller.rebalance import Rebalance
 from flux.protocol.builder import REPLICATIONS
 from flux.protocol.producer import PAUSE_ROOM
 from flux.runtime.controller_divergence import ON_DIVERGENCE
