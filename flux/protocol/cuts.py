@@ -32,6 +32,13 @@ from flux.sequence import SN, bound_key
 Cut = Tuple[int, int]
 
 
+def after_move_cut(move_cuts: Tuple[tuple, ...], upto: float) -> Tuple[tuple, ...]:
+    """The move cuts ``(k, n, moves)`` numbered above ``upto``."""
+    if move_cuts and move_cuts[0][0] <= upto:
+        return tuple(m for m in move_cuts if m[0] > upto)
+    return move_cuts
+
+
 class Cuts:
     def __init__(self, moves: bool = True) -> None:
         self.latest: Optional[Cut] = None
@@ -90,9 +97,7 @@ class Cuts:
     def forget(self, upto: int) -> None:
         """Every consumer the move cuts up to ``upto`` may be told to crossed them: they
         are told no more (those not crossed here yet are kept)."""
-        upto = min(upto, self.moves_crossed)
-        if self.move_cuts and self.move_cuts[0][0] <= upto:
-            self.move_cuts = tuple(m for m in self.move_cuts if m[0] > upto)
+        self.move_cuts = after_move_cut(self.move_cuts, min(upto, self.moves_crossed))
 
     def to_state(self) -> List:
         return [list(self.latest) if self.latest else None,

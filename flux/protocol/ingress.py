@@ -32,6 +32,7 @@ from exchange.routing import RouteRefused, moved, routed
 from exchange.rows import NumberedRows
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
+from flux.protocol.cuts import after_move_cut
 from flux.control_messages import SegmentStats
 from flux.data_messages import Ack, Credit, CSync, Pause
 from flux.effects import CutChosen, Send
@@ -308,8 +309,7 @@ class Ingress(Stage1Connections):
         """The move cuts every stage-1 replica crossed are told no more (DESIGN 13)."""
         out = self.out
         if out.move_cuts:
-            upto = out.moves_forgettable()
-            out.move_cuts = tuple(m for m in out.move_cuts if m[0] > upto)
+            out.move_cuts = after_move_cut(out.move_cuts, out.moves_forgettable())
         return []
 
     def choose_cut(self, number: int, moves: Sequence[GroupMove] = ()) -> List:
