@@ -54,6 +54,8 @@ def test_a_dead_consumer_does_not_hold_it_back_but_its_standby_does():
     for addr in (C0P, C1P):
         fp.out.on_credit(addr, Credit((11, 0), 7))
     fp.out.on_ack(C0S, Ack((11, 0), 7))
+    fp.out.on_ack(C1S, Ack((11, 0), 4))
+    assert fp.out.moves_forgettable() == 4
     fp.on_fail({C1S})
     assert fp.out.moves_forgettable() == 7  # its standby gets its state from C1P
     fp.on_avail(Avail(C1S, 1, 1, "node9", "node2"))
