@@ -107,3 +107,19 @@ def test_a_node_builds_ahead_the_chains_its_placement_gives_one_node():
         assert {s: len(chains) for s, chains in spares.items()} == {1: per_stage, 2: per_stage}
         chains = [c for cs in spares.values() for c in cs]
         assert len({id(c) for c in chains}) == len(chains)  # fresh, never shared
+
+
+def test_a_rebalancing_policy_is_refused_where_groups_cannot_move(tmp_path):
+    """``rebalance=`` needs live moves: checkpoints to ride, a stage that can move."""
+    from flux import ListSplits, Rebalance
+    from flux.errors import RescaleRefused
+
+    with pytest.raises(ValueError, match="give the job checkpoint="):
+        job(rebalance=Rebalance())
+    with pytest.raises(TypeError, match="rebalance must be a flux.Rebalance"):
+        job(rebalance=30.0, checkpoint=str(tmp_path / "a"))
+    with pytest.raises(RescaleRefused, match="SplitSource"):
+        job(source=ListSplits([RECORDS[:150], RECORDS[150:]]), rebalance=Rebalance(),
+            checkpoint=str(tmp_path / "b"))
+    with pytest.raises(RescaleRefused, match="stage 3 cannot move live"):
+        job(rebalance=Rebalance(stages=(3,)), checkpoint=str(tmp_path / "c"))

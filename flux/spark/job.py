@@ -213,7 +213,11 @@ class FluxJob(JobViews, KeyGroupMoves):
         self._parts: Optional[JobParts] = None
         self._rebalancer: Optional[threading.Thread] = None
         if opts.replication.rebalance is not None:
-            self._movable_stages()  # refused now, naming why, if it cannot move
+            try:
+                self._movable_stages()  # refused now, naming why, if it cannot move
+            except BaseException:
+                self.stop()  # (the checkpoint service's thread)
+                raise
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":
