@@ -212,12 +212,7 @@ class FluxJob(JobViews, KeyGroupMoves):
         self._finished = threading.Event()
         self._parts: Optional[JobParts] = None
         self._rebalancer: Optional[threading.Thread] = None
-        if opts.replication.rebalance is not None:
-            try:
-                self._movable_stages()  # refused now, naming why, if it cannot move
-            except BaseException:
-                self.stop()  # (the checkpoint service's thread)
-                raise
+        self._check_rebalance()
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "FluxJob":

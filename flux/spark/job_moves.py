@@ -157,6 +157,17 @@ class KeyGroupMoves:
                 log.info("Rebalance: stage %d stays where it is: %s", stage, why)
         return movable
 
+    def _check_rebalance(self) -> None:
+        """A rebalancing policy is refused when the job is built, naming why, if its
+        groups cannot move (the refused job's checkpoint thread stopped)."""
+        if self.options.replication.rebalance is None:
+            return
+        try:
+            self._movable_stages()
+        except BaseException:
+            self.stop()
+            raise
+
     def _start_rebalancing(self) -> Optional[threading.Thread]:
         settings = self.options.replication.rebalance
         if settings is None:
