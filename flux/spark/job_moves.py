@@ -141,12 +141,11 @@ class KeyGroupMoves:
         check_live(True, self.config, self._checkpointing)
         stages = len(self.dataflow.stages)
         last = stages if self.config.ordered_output else stages - 1
-        for stage in settings.stages or ():
+        named = settings.stages or ()
+        for stage in named:
             if not 1 <= stage <= last:
                 raise RescaleRefused(f"Rebalance: stage {stage} cannot move live (the "
                                      f"stages that can: 1..{last})")
-            check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups,
-                             stage)
         movable = []
         for stage in range(1, last + 1):
             try:
@@ -154,6 +153,8 @@ class KeyGroupMoves:
                                  self._checkpointing.key_groups, stage)
                 movable.append(stage)
             except RescaleRefused as why:
+                if stage in named:
+                    raise
                 log.info("Rebalance: stage %d stays where it is: %s", stage, why)
         return movable
 
