@@ -107,7 +107,7 @@ class RebalancePolicy:
         if len(mine) < 2:
             return None  # one group (maybe one key): nothing to split
         share = (rates[hot] - rates[cool]) / (2 * rates[hot])
-        count = min(len(mine) - 1, max(1, round(len(mine) * share)))
+        count = max(1, round(len(mine) * share))
         first, last = largest_run(mine)
         keep = 1 if last - first + 1 == len(mine) else 0  # the hot one keeps a group
         count = min(count, last - first + 1 - keep)
