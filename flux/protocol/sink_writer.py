@@ -11,9 +11,10 @@ output once. Opening that sink may wait on its store for a long time (a Kafka si
 waits for transactions a crash left open), so the runtime opens it off the node's loop:
 meanwhile the writer is held (``hold``): it takes no message, and the views' failures
 and standbys it is told wait for ``resume``, which takes them after it, in order, as a
-writer whose sink opened at once would have. It commits at the checkpoint cuts it crosses, as any egress does, and
-whenever ``commit_every`` items went to the sink since its last commit: its producers'
-buffers hold what it did not commit, so it must commit before they fill.
+writer whose sink opened at once would have. It commits at the checkpoint cuts it
+crosses, as any egress does, and whenever ``commit_every`` items went to the sink since
+its last commit: its producers' buffers hold what it did not commit, so it must commit
+before they fill.
 """
 from __future__ import annotations
 

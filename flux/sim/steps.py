@@ -2,8 +2,9 @@
 
 The enabled steps come in a fixed order: deliveries (by connection), views, detections,
 stops told to zombies, a tick of the detector's clock, every machine's local steps, the
-sinks' opens (a writer started again) and own commits, and the damage of a checkpoint file. A seed replays only if that order
-never changes, so whatever is kept between steps is kept in it.
+sinks' opens (a writer started again) and own commits, and the damage of a checkpoint
+file. A seed replays only if that order never changes, so whatever is kept between
+steps is kept in it.
 
 A machine's local steps depend on its own state alone: they are kept per machine and
 asked again only for the machines a step touched (``dirty``), each with the process

@@ -128,10 +128,11 @@ class KeyGroupMoves:
 
     def key_group_owners(self, stage: int = 1) -> List[int]:
         """The partition that owns each key group of ``stage`` (1-based) now, as the
-        moves carried so far left them (a job that cannot move: the even ranges)."""
+        moves carried so far left them."""
         moves = self._checkpointing.moves if self._checkpointing is not None else None
         if moves is None:
-            raise ValueError("key_group_owners() needs checkpoint= (the moves ride its cuts)")
+            raise ValueError("key_group_owners() needs checkpoint= (the moves ride its "
+                             "cuts) of a job with key groups")
         return moves.owners()[stage]
 
     def _movable_stages(self) -> List[int]:
