@@ -17,8 +17,9 @@ class JobViews:
     """The read side of a job; mixed into ``FluxJob``."""
 
     @property
-    def delivered(self) -> List[Any]:
-        """The outputs so far, in order, when kept (``keep_output``)."""
+    def delivered(self) -> Sequence[Any]:
+        """The outputs so far, in order, when kept (``keep_output``): a read-only sequence
+        (``len``, index, slice, iteration; equal to a list of the same outputs)."""
         return self.output.delivered
 
     @property

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from flux.connector_api import ClosingSink, SinkPerPartition, is_exactly_once
+from flux.runtime.kept_outputs import KeptOutputs
 
 SN = Tuple[int, ...]
 
@@ -42,8 +43,9 @@ class OutputWriter:
                             "of some and not of others")
         self.exactly_once = kinds == {True}
         self.keep_output = keep_output
-        #: the outputs so far, in order, when kept (``keep_output``)
-        self.delivered: List[Any] = []
+        #: the outputs so far, in order, when kept (``keep_output``): pickled chunks, so
+        #: millions of them make no full collection long
+        self.delivered = KeptOutputs()
         #: per last-stage partition with an egress of its own (else all in 0): its last
         #: output handed, below which a restart's replay is dropped
         self._last_of: dict = {}
