@@ -211,3 +211,29 @@ def test_the_rebalancing_policy_moves_groups_off_a_hot_partition_and_the_output_
     assert stage == 1 and 0 < first <= last < 64 and dest != 0
     assert rates[0] > 1.5 * sum(rates) / 4  # it was hot
     assert set(owners[first:last + 1]) == {dest} and owners[0] == 0
+
+
+def test_rescale_at_the_jobs_own_count_spreads_keys_moved_onto_fewer_pairs_again_live(
+        spark, tmp_path):
+    """Every key spread over two of the four pairs (``spread_key_groups(2)``), then
+    ``rescale(4)``: the keys go back over all four, live (no restart), every stage's
+    groups in the contiguous ranges of a job of 4 nodes; the sink holds the failure-free
+    output. (It used to do nothing: the job already had 4 pairs.)"""
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from exchange.group_map import GroupMap
+
+    expected = write_inputs(tmp_path / "in", 30_000)
+    job = moving_job(spark, tmp_path, Paced(FileSource(str(tmp_path / "in")), 4000))
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.spread_key_groups(2, timeout=90)
+        narrowed = [set(job.key_group_owners(stage)) for stage in (1, 2)]
+        job.rescale(4, timeout=90)
+        spread = [job.key_group_owners(stage) for stage in (1, 2)]
+        job.wait(timeout=300)
+    assert narrowed == [{0, 1}, {0, 1}]
+    even = [int(p) for p in GroupMap.even(4, 256).owners]
+    assert spread == [even, even]
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert job.restart_log == [] and len(ranges_moved(job)) > 4

@@ -343,12 +343,14 @@ class FluxJob(JobViews, KeyGroupMoves):
         with the key groups it owns; returns once the data flows again. The output
         stalls for the restart; nothing is lost or twice. Needs ``checkpoint=``; refuses
         state it cannot split (``RescaleRefused``); with an egress per partition, drains
-        first (``drained_cut``)."""
+        first (``drained_cut``). At the job's own count, keys moved onto fewer pairs
+        are spread over all of them again, live (``spread_key_groups``)."""
         if self.attempt is None or self._stopped or self.finished():
             raise ValueError("rescale() a running job: start() it first (or give nodes= "
                              "to FluxJob), and not once it finished or stopped")
         check_rescale(self.dataflow, self.config, nodes, self._checkpointing, self._sample)
         if nodes == self._parts.nodes:
+            self._spread_again(nodes, timeout)
             return
         check_settings(self.spark, nodes + self._parts.standbys,
                        wait=self.options.network.executor_wait)
