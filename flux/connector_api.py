@@ -15,6 +15,7 @@ so the sink's content has no gap and no duplicate. A plain callable sink
 """
 from __future__ import annotations
 
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import (Any, Callable, Iterable, Iterator, List, Optional, Protocol, Sequence,
                     Tuple, runtime_checkable)
@@ -239,6 +240,27 @@ def is_exactly_once(sink: Any) -> bool:
     return isinstance(sink, Sink)
 
 
+#: set while a sink is opened only to read what it committed
+_OPENED_TO_READ = contextvars.ContextVar("flux_sink_opened_to_read", default=False)
+
+
+def opened_to_read() -> bool:
+    """Is the sink being made now opened only to read what it committed? The driver asks
+    what the sinks of a running job's writers on the executors hold (a drained rescale):
+    such an open must neither fence the partition's writer (a Kafka ``init_transactions``,
+    a ``FileSink`` epoch) nor clean up after it, and the sink is only asked
+    ``committed()`` and closed. A sink of one's own whose open fences reads this too."""
+    return _OPENED_TO_READ.get()
+
+
+def _open_to_read(open: Callable[[int], Any], partition: int) -> Any:
+    token = _OPENED_TO_READ.set(True)
+    try:
+        return open(partition)
+    finally:
+        _OPENED_TO_READ.reset(token)
+
+
 class SinkPerPartition:
     """A sink of its own for every last-stage partition, for ``ordered_output=False``
     (docs/design/parallel_io.md): each partition's outputs come in SN order, but the
@@ -262,8 +284,11 @@ class SinkPerPartition:
                             f"{type(sink).__name__}, neither a flux.Sink nor a callable")
         return sink
 
-    def open_many(self, partitions: Iterable[int]) -> List[Any]:
-        """The sinks of ``partitions``, in their order, opened at once (``open_at_once``)."""
+    def open_many(self, partitions: Iterable[int], to_read: bool = False) -> List[Any]:
+        """The sinks of ``partitions``, in their order, opened at once (``open_at_once``);
+        ``to_read``: only to read what they committed (``opened_to_read``)."""
+        if to_read:
+            return open_at_once(lambda p: _open_to_read(self.open, p), partitions)
         return open_at_once(self.open, partitions)
 
 

@@ -431,12 +431,12 @@ def test_a_file_sink_with_a_damaged_manifest_will_not_open_and_names_it(tmp_path
     repeat outputs (deleted, it is a sink that committed nothing: the parts it does not
     name are removed, as ever)."""
     from flux.errors import DamagedFile
-    from flux.connectors.file_sink import MANIFEST as SINK_MANIFEST, FileSink
+    from flux.connectors.file_sink import FileSink
 
     with FileSink(str(tmp_path), commit_every=2) as sink:
         sink.write([((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")])
-    damage(str(tmp_path / SINK_MANIFEST), how)
-    with pytest.raises(DamagedFile, match="_flux_sink.json"):
+    damage(str(tmp_path / "_flux_epochs" / "manifest-00000001.json"), how)
+    with pytest.raises(DamagedFile, match="manifest-00000001.json"):
         FileSink(str(tmp_path))
 
 
@@ -448,8 +448,8 @@ def test_reading_a_file_sink_with_a_damaged_part_names_the_part(tmp_path, how):
     with FileSink(str(tmp_path), commit_every=2) as sink:
         sink.write([((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")])
     assert read_file_sink(str(tmp_path)) == [((1, 1), "a"), ((2, 1), "b"), ((3, 1), "c")]
-    damage(str(tmp_path / "part-00000000.jsonl"), how)
-    with pytest.raises(DamagedFile, match="part-00000000.jsonl"):
+    damage(str(tmp_path / "part-00000001-00000000.jsonl"), how)
+    with pytest.raises(DamagedFile, match="part-00000001-00000000.jsonl"):
         read_file_sink(str(tmp_path))
 
 

@@ -98,10 +98,10 @@ def test_a_part_renamed_but_never_named_by_the_manifest_is_removed(tmp_path):
     sink = FileSink(str(tmp_path))
     sink.write(OUT[:2])
     sink.commit((2, 0))
-    (tmp_path / "part-00000001.jsonl").write_text('{"sn": [5, 0], "record": 1}\n')
-    (tmp_path / ".part-00000002.jsonl.tmp").write_text("half")
+    (tmp_path / "part-00000001-00000001.jsonl").write_text('{"sn": [5, 0], "record": 1}\n')
+    (tmp_path / ".part-00000001-00000002.jsonl.tmp").write_text("half")
     FileSink(str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == ["_flux_sink.json", "part-00000000.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == ["_flux_epochs", "part-00000001-00000000.jsonl"]
     assert read_file_sink(str(tmp_path)) == OUT[:2]
 
 

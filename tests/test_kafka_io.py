@@ -301,6 +301,26 @@ def test_a_fenced_sink_says_so_and_does_not_write(broker):
     check_exactly_once_in_sn_order(read_back(broker, topic), 7)
 
 
+def test_a_sink_opened_only_to_read_fences_no_running_writer(broker):
+    """The driver asks what a running writer's sink committed (a drained rescale with the
+    writers on the executors): its open must not take the transactional id over."""
+    from flux.connector_api import SinkPerPartition
+
+    topic = broker.fresh_topic(prefix="t", partitions=1)
+    tid = f"sink-{topic}"
+    writer = KafkaSink(broker.bootstrap, topic, tid, timeout=10)
+    writer.write(outputs(1, 3))
+    writer.commit((3, 0))
+    reader, = SinkPerPartition(lambda p: KafkaSink(broker.bootstrap, topic, tid, timeout=10)
+                               ).open_many([0], to_read=True)
+    assert reader.committed() == (3, 0)
+    reader.close()
+    writer.write(outputs(4, 6))
+    writer.commit((6, 0))  # not fenced
+    writer.close()
+    check_exactly_once_in_sn_order(read_back(broker, topic), 6)
+
+
 def test_sinks_sharing_a_topic_each_read_back_their_own_sn(broker):
     topic = broker.fresh_topic(prefix="t", partitions=2)
     a = KafkaSink(broker.bootstrap, topic, f"a-{topic}")

@@ -1,13 +1,17 @@
 """An exactly-once sink of part files in a folder (DESIGN 10).
 
-Outputs are written to a part file that stays hidden (``.part-N.tmp``) until
-``commit(sn)``: the part is renamed into place (``part-N.jsonl`` or
-``part-N.parquet``) and then the manifest ``_flux_sink.json``, naming every
-committed part and the last SN, is replaced atomically. The manifest is the
-truth: a reader reads the parts it names (``read_file_sink``), and a sink
-opened again deletes every part it does not name (what a crash left between
-rename and manifest) and drops every output whose SN is not above the
-committed one, which a restart's replay regenerates.
+Outputs are written to a part file that stays hidden (``.part-E-N.tmp``) until
+``commit(sn)``: the part is renamed into place (``part-E-N.jsonl`` or
+``.parquet``, E the writer's epoch) and then the writer's manifest
+(``_flux_epochs/manifest-E.json``), naming every committed part and the last
+SN, is replaced atomically. The manifest of the highest epoch is the truth: a
+reader reads the parts it names (``read_file_sink``), and a sink opened again
+takes a new epoch, which fences every earlier writer of the folder (a zombie's
+commit raises ``SinkFenced``: ``file_sink_epochs``), deletes every part of an
+earlier epoch the manifest does not name (what a crash left between rename and
+manifest) and drops every output whose SN is not above the committed one, which
+a restart's replay regenerates. A folder written before epochs (its manifest
+``_flux_sink.json``) is read and carried on.
 
 Rows are ``{"sn": [...], "record": ...}``: one JSON object per line, or in
 Parquet two columns, ``sn`` (list of int64) and ``record`` (its JSON text).
@@ -26,13 +30,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import fsspec
 
-from flux.connector_api import CommitsBySN
-from flux.errors import DamagedFile
-from flux.checksums import Damaged, digest, seal, unseal
+from flux.checksums import digest
+from flux.connector_api import CommitsBySN, opened_to_read
+# MANIFEST: the folder's manifest before epochs, importable from here as ever
+from flux.connectors.file_sink_epochs import MANIFEST, Epochs, part_epoch  # noqa: F401
+from flux.errors import DamagedFile, SinkFenced
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "_flux_sink.json"
 FORMATS = ("jsonl", "parquet")
 
 
@@ -48,32 +53,53 @@ class FileSink(CommitsBySN):
         self.fs, self.root = fsspec.core.url_to_fs(path)
         self.path, self.format = path, format
         self.fs.makedirs(self.root, exist_ok=True)
-        manifest = read_manifest(self.fs, self.root)
+        self.epochs = Epochs(self.fs, self.root)
+        #: opened only to read what was committed: no epoch, nothing fenced or removed
+        self.reading = opened_to_read()
+        #: this writer's epoch (fenced first, then the manifest read: file_sink_epochs)
+        self.epoch, self._token = (0, "") if self.reading else self.epochs.claim()
+        manifest = self.epochs.newest()
         if manifest is not None and manifest.get("format") != format:
             raise ValueError(f"FileSink: {path!r} holds {manifest.get('format')} parts, "
                              f"not {format}")
         self.parts: List[str] = list(manifest["parts"]) if manifest else []
         #: each committed part's checksum (parts committed before checksums have none)
         self.digests: Dict[str, str] = dict(manifest.get("digests") or {}) if manifest else {}
+        #: parts this writer committed (they are named by its epoch and this count)
+        self._made = 0
         super().__init__(tuple(manifest["sn"]) if manifest and manifest["sn"] is not None
                          else None, commit_every)
-        self._remove_leftovers()
+        if not self.reading:
+            self._write_manifest(self._committed)  # readers trust this epoch from now
+            self._remove_leftovers()
+            self.epochs.forget_before(self.epoch)
 
     def _commit(self, rows: list, sn: tuple) -> None:
-        """The part renamed into place, then the manifest naming it replaced atomically."""
+        """The part renamed into place, then this epoch's manifest naming it replaced
+        atomically; then, if a newer writer opened the folder meanwhile, ``SinkFenced``
+        (file_sink_epochs: the commit does not count)."""
+        if self.reading:
+            raise RuntimeError(f"FileSink {self.path}: opened only to read, not to commit")
+        self._check_fence(sn)
         parts = list(self.parts)
         if rows:
-            name = f"part-{len(parts):08d}.{self.format}"
+            name = f"part-{self.epoch:08d}-{self._made:08d}.{self.format}"
             tmp = self._full(f".{name}.tmp")
             data = self._encode(rows)
             with self.fs.open(tmp, "wb") as f:
                 f.write(data)
             self.fs.mv(tmp, self._full(name))
             parts.append(name)
+            self._made += 1
         digests = {**self.digests, **({parts[-1]: digest(data)} if rows else {})}
-        self._write_manifest({"format": self.format, "sn": list(sn), "parts": parts,
-                              "digests": digests})
         self.parts, self.digests = parts, digests
+        self._write_manifest(sn)
+        self._check_fence(sn)
+
+    def _check_fence(self, sn: tuple) -> None:
+        if self.epochs.fenced(self.epoch, self._token):
+            raise SinkFenced(f"FileSink {self.path}: a newer writer opened the sink; this "
+                             f"one (epoch {self.epoch}) cannot commit up to {sn}")
 
     # -- files ----------------------------------------------------------------------------
     def _encode(self, rows) -> bytes:
@@ -89,21 +115,19 @@ class FileSink(CommitsBySN):
         pq.write_table(table, out)
         return out.getvalue()
 
-    def _write_manifest(self, manifest: dict) -> None:
-        data = seal(manifest)
-        if "file" in self.fs.protocol:  # a rename is atomic on a local file system
-            tmp = self._full(f".{MANIFEST}.tmp")
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, self._full(MANIFEST))
-        else:  # one object put is atomic on object stores
-            self.fs.pipe_file(self._full(MANIFEST), data)
+    def _write_manifest(self, sn: Optional[tuple]) -> None:
+        self.epochs.write(self.epoch, {"format": self.format, "epoch": self.epoch,
+                                       "sn": list(sn) if sn is not None else None,
+                                       "parts": self.parts, "digests": self.digests})
 
     def _remove_leftovers(self) -> None:
-        named = set(self.parts) | {MANIFEST}
+        """Parts of earlier writers no manifest names (a crash between a part's rename and
+        its manifest); a newer writer's are not ours to judge."""
+        named = set(self.parts)
         for entry in self.fs.ls(self.root, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if name not in named and (name.startswith("part-") or name.startswith(".part-")
-                                      or name == f".{MANIFEST}.tmp"):
+            if (name.startswith("part-") or name.startswith(".part-")) \
+                    and name not in named and part_epoch(name) < self.epoch:
                 log.info("FileSink %s: removing %s, never committed", self.path, name)
                 self.fs.rm(entry)
 
@@ -112,16 +136,10 @@ class FileSink(CommitsBySN):
 
 
 def read_manifest(fs, root: str) -> Optional[dict]:
-    """The sink's manifest, verified: a damaged one (``DamagedFile``) names neither the
-    committed parts nor the last SN for certain, and guessing either would lose or repeat
-    outputs; None when nothing was committed yet."""
-    path = f"{root.rstrip('/')}/{MANIFEST}"
-    if not fs.exists(path):
-        return None
-    try:
-        return unseal(fs.cat_file(path), path)
-    except Damaged as exc:
-        raise DamagedFile(exc.path, f"the sink's manifest: {exc.why}") from None
+    """The sink's newest manifest, verified: a damaged one (``DamagedFile``) names neither
+    the committed parts nor the last SN for certain, and guessing either would lose or
+    repeat outputs; None when nothing was committed yet."""
+    return Epochs(fs, root).newest()
 
 
 def read_file_sink(path: str) -> List[Tuple[tuple, Any]]:

@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, Optional
 
-from flux.connector_api import CommitsBySN
+from flux.connector_api import CommitsBySN, opened_to_read
 from flux.errors import SinkFenced
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,10 @@ class KafkaSink(CommitsBySN):
                     "logger": log}
         settings.update(config or {})
         self._ensure_state_topic()
+        self.producer = None
+        if opened_to_read():  # the driver asks what a running writer committed: no fence
+            super().__init__(self._read_committed(), commit_every)
+            return
         self.producer = Producer(settings)
         try:  # fences every earlier incarnation and aborts what it left open
             self.producer.init_transactions(timeout)
@@ -98,6 +102,8 @@ class KafkaSink(CommitsBySN):
 
         if self._broken is not None:
             raise KafkaSinkError(self._broken)
+        if self.producer is None:
+            raise RuntimeError(f"KafkaSink {self.topic}: opened only to read, not to commit")
         deadline = time.monotonic() + self.timeout
         try:
             self.producer.begin_transaction()

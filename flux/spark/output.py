@@ -102,11 +102,12 @@ class OutputWriter:
 
     def holds(self) -> Optional[SN]:
         """The last SN the sink may hold: committed before this driver, or handed since;
-        with the egresses on the executors, what the sinks committed, read now (the
-        executors' writers are gone when a restart asks: opening a sink fences none)."""
+        with the egresses on the executors, what the sinks committed, read now, each
+        opened only to read (``opened_to_read``): the executors' writers may be running
+        (a drained rescale), and are not fenced."""
         if self.on_executors:
             have = []
-            for sink in self.per_partition.open_many(range(self.partitions)):
+            for sink in self.per_partition.open_many(range(self.partitions), to_read=True):
                 have.append(sink.committed())
                 if isinstance(sink, ClosingSink):
                     sink.close()
