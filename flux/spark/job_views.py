@@ -17,9 +17,8 @@ class JobViews:
     """The read side of a job; mixed into ``FluxJob``."""
 
     @property
-    def delivered(self) -> Sequence[Any]:
-        """The outputs so far, in order, when kept (``keep_output``): a read-only sequence
-        (``len``, index, slice, iteration; equal to a list of the same outputs)."""
+    def delivered(self) -> List[Any]:
+        """The outputs so far, in order, when kept (``keep_output``)."""
         return self.output.delivered
 
     @property

@@ -14,12 +14,15 @@ sink, committing at the cuts that partition's egress passes.
 """
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from flux.connector_api import ClosingSink, SinkPerPartition, is_exactly_once
-from flux.runtime.kept_outputs import KeptOutputs
 
 SN = Tuple[int, ...]
+
+#: kept outputs between two freezes of the collector (``OutputWriter._freeze_kept``)
+FREEZE_EVERY = 100_000
 
 
 class OutputWriter:
@@ -43,9 +46,9 @@ class OutputWriter:
                             "of some and not of others")
         self.exactly_once = kinds == {True}
         self.keep_output = keep_output
-        #: the outputs so far, in order, when kept (``keep_output``): pickled chunks, so
-        #: millions of them make no full collection long
-        self.delivered = KeptOutputs()
+        #: the outputs so far, in order, when kept (``keep_output``)
+        self.delivered: List[Any] = []
+        self._frozen_at = 0
         #: per last-stage partition with an egress of its own (else all in 0): its last
         #: output handed, below which a restart's replay is dropped
         self._last_of: dict = {}
@@ -69,6 +72,8 @@ class OutputWriter:
         self._last_of[partition] = tuple(items[-1][0])
         if self.keep_output:
             self.delivered.extend(items)
+            if len(self.delivered) - self._frozen_at >= FREEZE_EVERY:
+                self._freeze_kept()
         self._on_outputs([sn for sn, _ in items])
         sink = self._sink_of(partition)
         if self.exactly_once:
@@ -76,6 +81,16 @@ class OutputWriter:
         elif sink is not None:
             for item in items:
                 sink(item)
+
+    def _freeze_kept(self) -> None:
+        """The outputs kept so far out of the collector's way (``gc.freeze``): they live as
+        long as the job. Millions of them (msgpack's lists: containers it tracks) made
+        every full collection walk them all: 1.7-2.5 s each, mid-run, with 5M kept, the
+        controller's thread (in this interpreter) not turning meanwhile, nodes losing
+        its lease. Freezing costs nothing per output; what else is alive then and later
+        becomes a cycle of garbage stays (a few objects a freeze)."""
+        gc.freeze()
+        self._frozen_at = len(self.delivered)
 
     @property
     def last_sn(self) -> Optional[SN]:
