@@ -17,6 +17,19 @@ pytestmark = pytest.mark.timeout(60)
 OUT = [((i, 0), {"n": i}) for i in range(1, 31)]
 
 
+def began_before_the_open(zombie, monkeypatch) -> list:
+    """The zombie's next commit began before the successor's open: its first look for a
+    newer fence finds none; its look after its manifest is real. The epochs it looked at."""
+    real, looks = zombie.epochs.fenced, []
+
+    def first_look_before_the_fence(epoch, token):
+        looks.append(epoch)
+        return len(looks) > 1 and real(epoch, token)
+
+    monkeypatch.setattr(zombie.epochs, "fenced", first_look_before_the_fence)
+    return looks
+
+
 def test_a_zombies_commit_after_the_next_writer_opened_raises_and_is_not_read(tmp_path):
     zombie = FileSink(str(tmp_path))
     zombie.write(OUT[:5])
@@ -37,13 +50,7 @@ def test_a_zombie_committing_between_the_opens_fence_and_its_read_is_carried_on(
     carries the commit on (so the zombie's raising acknowledges nothing that is lost)."""
     zombie = FileSink(str(tmp_path))
     zombie.write(OUT[:8])
-    real, looks = zombie.epochs.fenced, []
-
-    def first_look_before_the_fence(epoch, token):  # its commit began before the open
-        looks.append(epoch)
-        return len(looks) > 1 and real(epoch, token)
-
-    monkeypatch.setattr(zombie.epochs, "fenced", first_look_before_the_fence)
+    looks = began_before_the_open(zombie, monkeypatch)
     newest = Epochs.newest
 
     def zombie_commits_first(self):
@@ -69,13 +76,7 @@ def test_a_zombie_committing_after_the_opens_read_raises_and_its_outputs_come_on
     zombie.write(OUT[:4])
     zombie.commit((4, 0))
     zombie.write(OUT[4:9])
-    real, looks = zombie.epochs.fenced, []
-
-    def first_look_before_the_fence(epoch, token):  # its commit began before the open
-        looks.append(epoch)
-        return len(looks) > 1 and real(epoch, token)
-
-    monkeypatch.setattr(zombie.epochs, "fenced", first_look_before_the_fence)
+    looks = began_before_the_open(zombie, monkeypatch)
     newest = Epochs.newest
 
     def zombie_commits_after_the_read(self):
