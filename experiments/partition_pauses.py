@@ -11,8 +11,9 @@ the one ordered egress (its merge releases an output only once every partition h
 its SN), or an upstream stage whose partition paused (every last-stage partition merges
 every upstream partition's items by SN, DESIGN 4.3), or a paused partition's full buffer
 at the producers that feed every partition (``pause_room=1``; by default a paused
-partition's buffer may hold 8 times its capacity, docs/design/backpressure.md). The modes
-run alternately, ``--runs`` times each, on one Spark session.
+partition's buffer may hold 8 times its capacity, docs/design/backpressure.md). The mode
+``per-partition-burn`` kills nothing and spins processes on the cores instead, a control
+for how long the partitions wait when only the machine stalls. The modes run alternately, ``--runs`` times each, on one Spark session.
 
 Per run and last-stage partition it records the largest wait between two of that
 partition's outputs before the kill (steady state) and after it (detection, take-over,
@@ -35,6 +36,8 @@ import os
 import pathlib
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -50,7 +53,12 @@ from flux.testing.workloads import keyed_workload
 #: mode -> (ordered_output, pause_room, egress on the executors)
 MODES = {"ordered": (True, PAUSE_ROOM, False), "per-partition": (False, PAUSE_ROOM, False),
          "per-partition-room-1": (False, 1, False),
-         "per-partition-executors": (False, PAUSE_ROOM, True)}
+         "per-partition-executors": (False, PAUSE_ROOM, True),
+         "per-partition-burn": (False, PAUSE_ROOM, False)}
+#: modes that kill nothing: at ``--kill-at`` the machine's cores are taken instead
+#: (``--burners`` processes spinning for ``--burn-seconds``), a control for how long the
+#: partitions wait when only the machine stalls, as during a catch-up's bulk phase
+BURN_MODES = {"per-partition-burn"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,6 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="read the input as K splits on the executors (ListSplits, dealt "
                          "by key) instead of the driver's feed: then no input and, with "
                          "per-partition-executors, no output crosses the driver")
+    ap.add_argument("--burners", type=int, default=2,
+                    help="per-partition-burn: processes spinning instead of the kill")
+    ap.add_argument("--burn-seconds", type=float, default=1.5,
+                    help="per-partition-burn: how long they spin (a catch-up's bulk phase)")
     ap.add_argument("--out", default="docs/results/partition_pauses")
     args = ap.parse_args(argv)
     if args.splits and "ordered" in args.modes:
@@ -166,6 +178,21 @@ def largest_gap_and_end(times: List[float], start: float, end: float) -> tuple:
                default=(0.0, None))
 
 
+def burn(burners: int, seconds: float) -> None:
+    """``burners`` processes spinning on the machine's cores for ``seconds``; returns once
+    they ended (each stopped by its PID should it outlive them)."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(burners)]
+    try:
+        for proc in procs:
+            proc.wait(timeout=seconds + 30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def one_run(spark, mode: str, args, records, expected) -> Tuple[List[Dict[str, Any]], list]:
     from flux.connectors.sources import RateLimited
     from flux.connectors.split_sources import ListSplits
@@ -188,14 +215,19 @@ def one_run(spark, mode: str, args, records, expected) -> Tuple[List[Dict[str, A
         assert job.wait_until(lambda: job.metrics.t0 is not None and
                               time.monotonic() - job.metrics.t0 >= args.kill_at, 120)
         killed = time.monotonic()
-        try:
-            job.kill_node(args.victim)
-        except RuntimeError:  # it died before: say what the job saw
-            print("the job's events before the kill:", job.metrics.relative_events())
-            raise
+        if mode in BURN_MODES:
+            touched = set()
+            burn(args.burners, args.burn_seconds)
+        else:
+            try:
+                job.kill_node(args.victim)
+            except RuntimeError:  # it died before: say what the job saw
+                print("the job's events before the kill:", job.metrics.relative_events())
+                raise
         rec = lambda: job.controller.recovery  # noqa: E731
         job.wait(timeout=args.duration * 4 + 120)
-        assert job.wait_until(lambda: rec().completed and not rec().pending(), 120)
+        if mode not in BURN_MODES:
+            assert job.wait_until(lambda: rec().completed and not rec().pending(), 120)
         t0 = job.metrics.t0
         ended = time.monotonic()
         # what the job did after the kill, to place each partition's longest wait
