@@ -71,3 +71,20 @@ def test_split_sources_are_refused_with_the_ordered_mode():
     with pytest.raises(SystemExit):
         parse_args(["--splits", "3", "--modes", "ordered", "per-partition"])
     assert parse_args(["--splits", "3", "--modes", "per-partition"]).splits == 3
+
+
+def test_the_control_spins_its_processes_for_the_time_asked_and_leaves_none():
+    import os
+    import time
+
+    from experiments.partition_pauses import burn
+
+    before = set(os.listdir("/proc"))
+    started = time.monotonic()
+    burn(2, 0.3)
+    took = time.monotonic() - started
+    assert 0.3 <= took < 10
+    children = [p for p in set(os.listdir("/proc")) - before if p.isdigit()
+                and os.path.exists(f"/proc/{p}/stat")
+                and open(f"/proc/{p}/stat").read().split()[3] == str(os.getpid())]
+    assert children == []
