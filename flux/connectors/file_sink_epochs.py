@@ -16,6 +16,8 @@ one above every epoch the folder has seen, and fences the others by files alone:
 If the old writer's manifest came before the opener's read, the opener carries its
 commit on; if after, its look for fences came after the opener's fence and it raises.
 Either way nothing it acknowledged is lost, and its own manifest is below the opener's.
+Two openers that claim one epoch at once fence each other (both commits raise): an error,
+never an output lost or written twice.
 A folder written before epochs has its manifest at the root (``_flux_sink.json``, epoch 0).
 """
 from __future__ import annotations
