@@ -10,6 +10,7 @@ import pytest
 from flux.connector_api import Sink, Source, is_exactly_once
 from flux.errors import CheckpointMismatch, SinkFenced
 from flux.runtime.checkpoint_store import CheckpointStore
+from flux.connector_api import SinkPerPartition
 from flux.connectors.delta_sink import DeltaSink, read_delta_sink
 from flux.connectors.file_sink import FileSink, read_file_sink
 from flux.connectors.file_source import FileSource
@@ -127,13 +128,14 @@ def test_delta_sink_commits_with_its_sn_and_skips_the_replay_after_a_restart(tmp
     sink.commit((4, 0))
     sink.write(OUT[4:6])  # never committed
     again = DeltaSink(uri, app_id="job-1")
-    assert again.committed() == (4, 0) and again.version == 1
+    # versions: the first open's fence, its commit, this open's fence
+    assert again.committed() == (4, 0) and again.version == 3
     again.write(OUT)
     again.commit((7, 0))
     assert read_delta_sink(uri) == OUT
     from deltalake import DeltaTable
 
-    assert DeltaTable(uri).transaction_version("job-1") == 2
+    assert DeltaTable(uri).transaction_version("job-1") == 4
 
 
 def test_a_delta_sink_that_another_writer_overtook_is_fenced(tmp_path):
@@ -148,6 +150,81 @@ def test_a_delta_sink_that_another_writer_overtook_is_fenced(tmp_path):
     with pytest.raises(SinkFenced, match="another writer took over"):
         old.commit((3, 0))
     assert read_delta_sink(uri) == OUT[:2]
+
+
+def test_a_delta_sink_opened_again_fences_the_one_before_before_either_commits(tmp_path):
+    """The zombie's first commit after its successor opened fails, though the successor
+    has committed nothing yet: the open fences (as the writers on the nodes assume)."""
+    uri = str(tmp_path / "table")
+    zombie = DeltaSink(uri, app_id="job")
+    zombie.write(OUT[:2])
+    zombie.commit((2, 0))
+    zombie.write(OUT[2:4])
+    successor = DeltaSink(uri, app_id="job")
+    with pytest.raises(SinkFenced):
+        zombie.commit((4, 0))
+    assert successor.committed() == (2, 0)
+    successor.write(OUT[2:5])
+    successor.commit((5, 0))
+    assert read_delta_sink(uri) == OUT[:5]
+
+
+def test_a_delta_commit_racing_another_of_its_app_id_fails_instead_of_landing_beside_it(
+        tmp_path, monkeypatch):
+    """The zombie checked the version before its successor opened and committed, and
+    writes after: its commit is made on the table as it checked it, so Delta finds the
+    two transactions of one app id in conflict and nothing is written twice."""
+    import deltalake
+
+    uri = str(tmp_path / "table")
+    zombie = DeltaSink(uri, app_id="job")
+    zombie.write(OUT[:2])
+    zombie.commit((2, 0))
+    zombie.write(OUT[2:4])
+    real, successor = deltalake.write_deltalake, []
+
+    def successor_commits_between_the_check_and_the_write(*args, **kwargs):
+        monkeypatch.setattr(deltalake, "write_deltalake", real)
+        successor.append(DeltaSink(uri, app_id="job"))
+        successor[0].write(OUT[2:4])
+        successor[0].commit((4, 0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "write_deltalake",
+                        successor_commits_between_the_check_and_the_write)
+    with pytest.raises(SinkFenced, match="committed while this one did"):
+        zombie.commit((4, 0))
+    assert read_delta_sink(uri) == OUT[:4]
+
+
+def test_the_delta_sinks_of_a_tables_partitions_open_at_once_each_fenced_once(tmp_path):
+    """Their opens race to create the table and fence their app ids at once: each ends
+    with its own fence, none fails."""
+    for run in range(3):
+        uri = str(tmp_path / f"table-{run}")
+        sinks = SinkPerPartition(lambda p: DeltaSink(uri, app_id=f"job-{p}")).open_many(
+            range(6))
+        assert [s.version for s in sinks] == [1] * 6
+        for p, sink in enumerate(sinks):
+            sink.write([((p + 1, p), p)])
+            sink.commit((p + 1, p))
+        assert sorted(read_delta_sink(uri)) == [((p + 1, p), p) for p in range(6)]
+
+
+def test_a_delta_sink_opened_only_to_read_fences_nothing(tmp_path):
+    from deltalake import DeltaTable
+
+    uri = str(tmp_path / "table")
+    writer = DeltaSink(uri, app_id="job")
+    writer.write(OUT[:2])
+    writer.commit((2, 0))
+    reader, = SinkPerPartition(lambda p: DeltaSink(uri, app_id="job")).open_many(
+        [0], to_read=True)
+    assert reader.committed() == (2, 0)
+    assert DeltaTable(uri).transaction_version("job") == 2  # no fence committed
+    writer.write(OUT[2:4])
+    writer.commit((4, 0))
+    assert read_delta_sink(uri) == OUT[:4]
 
 
 # -- the checkpoint store -------------------------------------------------------------------
