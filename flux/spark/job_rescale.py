@@ -89,7 +89,7 @@ def rescale_cut(checkpoints, output, ordered_output: bool, timeout: float) -> Op
     past the furthest input whose output a sink (of ``output``) holds."""
     if ordered_output:
         return cut_for_rescale(checkpoints, timeout)
-    holds = output.holds()
+    holds = output.holds(writers_running=True)
     return drained_cut(checkpoints, holds[0] if holds else 0, timeout)
 
 

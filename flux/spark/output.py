@@ -115,14 +115,18 @@ class OutputWriter:
             done.append(sink.committed())
         return max((sn for sn in done if sn is not None), default=None)
 
-    def holds(self) -> Optional[SN]:
+    def holds(self, writers_running: bool = False) -> Optional[SN]:
         """The last SN the sink may hold: committed before this driver, or handed since;
-        with the egresses on the executors, what the sinks committed, read now, each
-        opened only to read (``opened_to_read``): the executors' writers may be running
-        (a drained rescale), and are not fenced."""
+        with the egresses on the executors, what the sinks committed, read now. With
+        ``writers_running`` (a drained rescale) each is opened only to read
+        (``opened_to_read``), fencing no writer; at the job's start and at a restart no
+        writer runs, and an open as a writer's also ends what a crashed one left open (a
+        Kafka transaction, which holds every read of the state topic until it times
+        out)."""
         if self.on_executors:
             have = []
-            for sink in self.per_partition.open_many(range(self.partitions), to_read=True):
+            for sink in self.per_partition.open_many(range(self.partitions),
+                                                     to_read=writers_running):
                 have.append(sink.committed())
                 if isinstance(sink, ClosingSink):
                     sink.close()
