@@ -13,7 +13,8 @@ every upstream partition's items by SN, DESIGN 4.3), or a paused partition's ful
 at the producers that feed every partition (``pause_room=1``; by default a paused
 partition's buffer may hold 8 times its capacity, docs/design/backpressure.md). The mode
 ``per-partition-burn`` kills nothing and spins processes on the cores instead, a control
-for how long the partitions wait when only the machine stalls. The modes run alternately, ``--runs`` times each, on one Spark session.
+for how long the partitions wait when only the machine stalls. The modes run alternately,
+``--runs`` times each, on one Spark session.
 
 Per run and last-stage partition it records the largest wait between two of that
 partition's outputs before the kill (steady state) and after it (detection, take-over,

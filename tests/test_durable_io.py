@@ -225,6 +225,8 @@ def test_a_delta_sink_opened_only_to_read_fences_nothing(tmp_path):
     writer.write(OUT[2:4])
     writer.commit((4, 0))
     assert read_delta_sink(uri) == OUT[:4]
+    with pytest.raises(RuntimeError, match="only to read"):
+        reader.commit((5, 0))
 
 
 # -- the checkpoint store -------------------------------------------------------------------

@@ -45,7 +45,8 @@ class DeltaSink(CommitsBySN):
                  commit_every: int = 10_000, history_limit: int = 10_000):
         self.uri, self.app_id = table_uri, app_id
         self.storage_options = storage_options
-        self.history_limit = history_limit
+        #: opened only to read what was committed (``opened_to_read``): no fence, no commit
+        self.reading = opened_to_read()
         self.version: Optional[int] = None  # this app's last transaction version
         committed = None
         for _ in range(FENCE_TRIES):
@@ -54,7 +55,7 @@ class DeltaSink(CommitsBySN):
                 self.version = table.transaction_version(app_id)
                 if self.version is not None:
                     committed = self._sn_of_last_commit(table, history_limit)
-            if opened_to_read() or self._fence(table, committed):
+            if self.reading or self._fence(table, committed):
                 break
             time.sleep(random.uniform(0.0, 0.05))  # the others' commits go first
         else:
@@ -98,7 +99,7 @@ class DeltaSink(CommitsBySN):
 
     def _commit(self, rows: list, sn: tuple) -> None:
         """One Delta commit: the rows, the app transaction and the SN, together."""
-        if opened_to_read():
+        if self.reading:
             raise RuntimeError(f"DeltaSink {self.uri}: opened only to read, not to commit")
         table = self._table()
         now = table.transaction_version(self.app_id) if table is not None else None

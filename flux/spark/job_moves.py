@@ -127,20 +127,18 @@ class KeyGroupMoves:
                          SpreadAsked(over, self._checkpointing.key_groups), timeout,
                          self._bulks_staged, stopped=self._stopping.is_set)
 
-    def _spread_again(self, pairs: int, timeout: float) -> bool:
+    def _spread_again(self, pairs: int, timeout: float) -> None:
         """``rescale(n)`` at the job's own count of pairs: keys spread over fewer of them
         (``spread_key_groups``, ``move_key_groups``, the policy) are spread over all
-        ``n`` again, live. False when there is nothing to move, or nothing may move live
+        ``n`` again, live. Nothing when they are so already, or nothing may move live
         (no moves without ``checkpoint=``; with a sink per partition ``rescale`` only
         restarts)."""
         moves = self._checkpointing.moves if self._checkpointing is not None else None
         if moves is None or not self.config.ordered_output:
-            return False
+            return
         even = [int(p) for p in GroupMap.even(pairs, self._checkpointing.key_groups).owners]
-        if all(owners == even for owners in moves.owners().values()):
-            return False
-        self.spread_key_groups(pairs, timeout)
-        return True
+        if any(owners != even for owners in moves.owners().values()):
+            self.spread_key_groups(pairs, timeout)
 
     def key_group_owners(self, stage: int = 1) -> List[int]:
         """The partition that owns each key group of ``stage`` (1-based) now, as the
