@@ -53,6 +53,21 @@ def pytest_collection_modifyitems(session, config, items):
     items[:] = [i for i in items if not _takes_spark(i)] + spark
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed Spark test's report carries what its executors wrote (their warnings, a
+    hard crash's traceback): a failure seen once in many runs is understood from it."""
+    outcome = yield
+    report = outcome.get_result()
+    session = _SHARED["session"]
+    if report.when == "call" and report.failed and _takes_spark(item) and session is not None:
+        from flux.testing.executor_logs import executor_log_tails
+
+        tails = executor_log_tails(session.sparkContext.applicationId)
+        if tails:
+            report.sections.append(("executors' stderr", tails))
+
+
 def pytest_runtest_setup(item):
     """Never two clusters at once: a test that does not take the shared one (a rig, a
     cluster of its own, an experiment's) runs with none."""

@@ -9,6 +9,7 @@ configuration (SPARK_NOTES), and closes every socket on the way out.
 """
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
@@ -95,6 +96,8 @@ def node_main(task: int, config: NodeConfig) -> Iterator[tuple]:
 
     ctx_task = TaskContext.get()
     inc = ctx_task.taskAttemptId() if ctx_task is not None else os.getpid()
+    if not faulthandler.is_enabled():  # a hard crash (a native library's abort, a
+        faulthandler.enable(all_threads=True)  # segfault) leaves its traceback in the executor's log
     ctx = zmq.Context()
     keys = config.keys
     bind = dict(host=config.bind_host(), ports=config.ports)  # where peers reach us
