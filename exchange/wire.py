@@ -484,9 +484,11 @@ CODECS: Dict[str, _Codec] = {
     "ingress_ended": (IngressEnded, lambda m: [m.split, m.last, m.inputs],
                       _arity(3, lambda k, n, c: IngressEnded(
                           _int(k, "split"), _int(n, "last"), _int(c, "inputs")))),
-    "cut_at_epoch": (CutAtEpoch, lambda m: [m.number, m.epoch],
-                     _arity(2, lambda k, e: CutAtEpoch(_int(k, "checkpoint"),
-                                                       _int(e, "epoch")))),
+    "cut_at_epoch": (CutAtEpoch, lambda m: [m.number, m.epoch,
+                                            [mv.to_wire() for mv in m.moves]],
+                     _arity(3, lambda k, e, mv: CutAtEpoch(
+                         _int(k, "checkpoint"), _int(e, "epoch"),
+                         tuple(_group_move(m) for m in _list(mv, "moves"))))),
     "hold_inputs": (HoldInputs, lambda m: [m.after_epoch],
                     _arity(1, lambda e: HoldInputs(_opt_int(e, "epoch")))),
     "split_cut_passed": (SplitCutPassed, lambda m: [m.number, m.cut, m.split, m.read,
@@ -613,17 +615,20 @@ LOG_ENTRY_KINDS = ("item", "epoch", "cut")
 
 def _log_entries(v) -> tuple:
     """An ingress's log entries: ``[kind, number]`` each, ``["cut", checkpoint, epoch]``
-    for a checkpoint's cut."""
+    for a checkpoint's cut, ``["cut", checkpoint, epoch, moves]`` for one carrying live
+    moves of key groups (each in its wire form)."""
     if not isinstance(v, list):
         raise WireError(f"log entries must be a list, got {type(v).__name__}")
     entries = []
     for entry in v:
         if not (isinstance(entry, list) and entry and entry[0] in LOG_ENTRY_KINDS
-                and len(entry) == (3 if entry[0] == "cut" else 2)):
+                and len(entry) in ((3, 4) if entry[0] == "cut" else (2,))):
             raise WireError(f"a log entry must be [kind, number] (kind one of "
-                            f"{LOG_ENTRY_KINDS[:2]}) or [\"cut\", checkpoint, epoch], "
-                            f"got {entry!r:.60}")
-        entries.append((entry[0],) + tuple(_int(x, "log entry") for x in entry[1:]))
+                            f"{LOG_ENTRY_KINDS[:2]}) or [\"cut\", checkpoint, epoch(, "
+                            f"moves)], got {entry!r:.60}")
+        entries.append((entry[0],) + tuple(_int(x, "log entry") for x in entry[1:3]) + (
+            (tuple(_group_move(m).to_wire() for m in _list(entry[3], "moves")),)
+            if len(entry) == 4 else ()))
     return tuple(entries)
 
 

@@ -279,10 +279,13 @@ class IngressEnded:
 class CutAtEpoch:
     """The driver's checkpoint coordinator to every node: checkpoint ``number``'s cut is
     at the end of epoch ``epoch`` (a ``flux.SplitSource``'s ingresses number in epochs;
-    docs/design/parallel_io.md). The replicas of the pairs that decide stamp it."""
+    docs/design/parallel_io.md). The replicas of the pairs that decide stamp it, and
+    switch their routing for the live ``moves`` of key groups it carries (``GroupMove``s,
+    DESIGN 13) as they end that epoch."""
 
     number: int
     epoch: int
+    moves: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

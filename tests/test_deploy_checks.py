@@ -118,8 +118,8 @@ def test_a_rebalancing_policy_is_refused_where_groups_cannot_move(tmp_path):
         job(rebalance=Rebalance())
     with pytest.raises(TypeError, match="rebalance must be a flux.Rebalance"):
         job(rebalance=30.0, checkpoint=str(tmp_path / "a"))
-    with pytest.raises(RescaleRefused, match="SplitSource"):
-        job(source=ListSplits([RECORDS[:150], RECORDS[150:]]), rebalance=Rebalance(),
-            checkpoint=str(tmp_path / "b"))
+    split_job = job(source=ListSplits([RECORDS[:150], RECORDS[150:]]),
+                    rebalance=Rebalance(), checkpoint=str(tmp_path / "b"))
+    split_job.stop()  # several ingresses move groups too: each switches at the cut's epoch
     with pytest.raises(RescaleRefused, match="stage 3 cannot move live"):
         job(rebalance=Rebalance(stages=(3,)), checkpoint=str(tmp_path / "c"))

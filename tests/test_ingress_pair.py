@@ -204,3 +204,92 @@ def test_a_replica_alone_told_a_cut_again_takes_it_once_and_refuses_one_it_passe
     assert follower.out.cut[0] == 2
     with pytest.raises(LocalProtocolError, match="at the end of epoch 0"):
         follower.cut_at_epoch(3, 0)  # it is in epoch 1: that cut cannot be its
+
+
+def _owner(replica, key) -> int:
+    """The stage-1 partition ``replica``'s router sends ``key`` to now."""
+    return replica.router.route((key, 1))
+
+
+def _move_of(replica, key):
+    """A live move of ``key``'s key group, alone, to the other stage-1 partition."""
+    from exchange.group_map import GroupMove
+    from exchange.partitioner import HashPartitioner
+
+    router = replica.router
+    group = HashPartitioner(router.partitions, router.key_groups).group(router.key((key, 1)))
+    source = _owner(replica, key)
+    return GroupMove(1, group, group, source, 1 - source)
+
+
+def test_a_cuts_moves_switch_both_replicas_routing_as_they_end_its_epoch():
+    """The leader logs the cut with its moves; each replica routes by the old map up to
+    the cut's epoch's end (an input it numbers in that epoch lies below the cut) and by
+    the new one after it."""
+    leader, follower = pair()
+    move = _move_of(leader, "k1")
+    leader.cut_at_epoch(1, 0, (move,))
+    assert _owner(leader, "k1") == move.source  # told, not switched: epoch 0 goes on
+    assert leader.out.move_cuts == ((1, leader.out.cut[1], (move,)),)
+    leader.accept(("k1", 1))
+    leader.advance_epoch(1)  # the pending input leaves by the old map, then the switch
+    assert _owner(leader, "k1") == move.dest
+    relay_log(leader, follower)
+    follower.accept(("k1", 1))
+    assert _owner(follower, "k1") == move.source
+    follower.cut_item()  # its item, the cut with its moves, the epoch's start
+    assert _owner(follower, "k1") == move.dest
+    assert follower.out.move_cuts == leader.out.move_cuts
+
+
+def test_a_replica_rebuilt_from_its_twin_routes_and_switches_as_the_twin():
+    """The twin's state carries its router's map, the move cuts it tells its
+    connections and the moves of cuts it has still to pass: the new replica routes by
+    the map after the moves its twin made, and switches at the epochs its twin will."""
+    from flux.control_messages import Avail
+    from flux.protocol.segment_mode import CatchUp
+
+    builder = MachineBuilder(counting_dataflow(1), 2, 8, 4, ingresses=2, ingress_pairs=True)
+    survivor, dead = pair()
+    survivor.on_fail({dead.addr})
+    made, later = _move_of(survivor, "k1"), _move_of(survivor, "k3")
+    survivor.cut_at_epoch(1, 0, (made,))
+    survivor.advance_epoch(1)  # switched: k1 to its new owner
+    survivor.cut_at_epoch(2, 4, (later,))  # not yet: k3 switches at epoch 4's end
+    for d in range(2):
+        survivor.on_message(Addr(1, d, S), Reverse(()))
+    new = builder.standby_segment(dead.addr)
+    assert _owner(new, "k1") == made.source  # built with the job's start map
+    survivor.on_avail(Avail(dead.addr, 9, 1, "standby0", "node0"), "mover-standby")
+    write_log(survivor)
+    new.expect_state(CatchUp(1, "mover-node0"))
+    (state,) = survivor.sm_ready()
+    new.state_received(state.data)
+    assert _owner(new, "k1") == made.dest and _owner(new, "k3") == later.source
+    assert new.out.move_cuts == survivor.out.move_cuts
+    survivor.state_sent()
+    survivor.advance_epoch(5)
+    relay_log(survivor, new)
+    new.cut_item()  # it follows the epoch's start past the cut: switched as its twin
+    assert _owner(new, "k3") == later.dest == _owner(survivor, "k3")
+
+
+def test_a_cut_told_while_a_dead_leaders_entries_are_still_followed_comes_after_them():
+    """The twin of a dead leader heard a cut (with moves) it has not followed yet when
+    the coordinator tells it a later one: the later one waits behind the entries, else
+    the earlier one, stamped after it, would look told already and its moves be lost."""
+    leader, follower = pair()
+    move = _move_of(leader, "k1")
+    leader.accept(("k1", 1))
+    leader.cut_item()
+    leader.cut_at_epoch(1, 1, (move,))
+    (log,) = leader.flush(*TWIN)
+    follower.on_message(leader.addr, log.msg)  # heard: the item and the cut, not followed
+    write_log(follower)
+    follower.on_fail({leader.addr})
+    follower.cut_at_epoch(2, 2)  # the coordinator, after the take-over
+    follower.accept(("k1", 1))
+    follower.cut_item()  # the item it heard, then cut 1 and its moves, then cut 2
+    assert follower.out.cut[0] == 2 and follower.out.move_cuts[0][2] == (move,)
+    follower.advance_epoch(2)
+    assert _owner(follower, "k1") == move.dest

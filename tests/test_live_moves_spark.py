@@ -237,3 +237,37 @@ def test_rescale_at_the_jobs_own_count_spreads_keys_moved_onto_fewer_pairs_again
     assert spread == [even, even]
     assert read_sink("jsonl", str(tmp_path / "out")) == expected
     assert job.restart_log == [] and len(ranges_moved(job)) > 4
+
+
+def test_groups_move_live_with_a_split_source_through_the_kill_of_a_splits_leader(
+        spark, tmp_path):
+    """A source in three splits read on the executors by pairs of ingresses (several
+    ingresses numbering in epochs): each ingress switches its routing for a move as it
+    ends the cut's epoch, and a replica rebuilt on a standby routes as its twin. Stage
+    1's groups 0..100 move to partition 3 with split 1's leading ingress killed as the
+    move is asked, then every stage spreads over 2 pairs and back over 4, live. No
+    restart; the output is the failure-free run's over the inputs in the order the job
+    numbered them, each once."""
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+    from flux.testing.workloads import keyed_workload
+
+    records = [tuple(r) for r in keyed_workload(180_000, seed=9, keys=40)]
+    parts = [records[k::3] for k in range(3)]  # 20 s of input
+    job = FluxJob(spark, relaying_dataflow(), ListSplits(parts, rate=3000), nodes=4,
+                  standbys=1, checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        first = move_and_kill(job, (0, 100, 3, 1), Addr(0, 1, P))
+        second = job.spread_key_groups(2, timeout=90)
+        third = job.spread_key_groups(4, timeout=90)
+        assert third > second > first
+        assert job.metrics.input_total < len(records)  # the moves were made mid-stream
+        job.wait(timeout=300)
+        moved = ranges_moved(job)
+    assert job.restart_log == []
+    assert job.attempt.ingress_process is None  # the driver read no input
+    assert len(moved) >= 2 + 2 * 2  # 0..63 from 0, 64..100 from 1; then every stage's
+    wrong = relayed_mismatch(job.delivered, records, parts, 4)
+    assert wrong is None, wrong

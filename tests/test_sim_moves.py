@@ -99,3 +99,33 @@ def test_moves_before_the_last_stage_keep_each_sink_partitions_output(egress):
                                   **{egress: True}), range(1, 61))
     assert not failures(results), failures(results)
     assert sum(r.moves_done for r in results) >= 40
+
+
+@pytest.mark.parametrize("shape", [
+    dict(ingresses=3, ingress_pairs=True, partitions=4, live_rescales=(4, 2, 4), standbys=2,
+         crashes=2, checkpoints=6),
+    dict(ingresses=2, ingress_pairs=True, partitions=3, standbys=2, crashes=2, restarts=1),
+    dict(ingresses=3, partitions=3, standbys=1, crashes=1, restarts=1),
+], ids=["pairs-live-rescales", "pairs-moves-restart", "ingresses-moves-restart"])
+def test_several_ingresses_switch_their_routing_at_the_cuts_epoch(shape):
+    """Several ingresses, each switching its router as it ends the epoch a move's cut
+    ends (not when told: it may still be numbering inputs below the cut); pairs of them
+    with crashes (a twin that takes over is told again the cuts its dead leader's log
+    did not give it, after the entries it still follows) and standbys (a rebuilt
+    replica routes as its twin's state says)."""
+    results = schedules(SimParams(**{**MOVES, **shape}), range(1, 101))
+    assert not failures(results), failures(results)
+    assert sum(r.moves_done for r in results) >= 40
+
+
+def test_an_ingress_switching_its_routing_when_told_of_the_cut_is_caught():
+    """A replica of a pair of ingresses that switches its routing for a move when told
+    of the cut, not at the cut's epoch's end (DESIGN 13 broken). (A replica rebuilt from
+    its twin that routes by the map it was built with is not caught here: a rebuild after
+    a move whose range holds the schedule's few keys, with their inputs still to come,
+    is rare; ``tests/test_ingress_pair.py`` tests that rule.)"""
+    results = schedules(SimParams(**{**MOVES, "ingresses": 2, "ingress_pairs": True,
+                                     "partitions": 3, "standbys": 2, "crashes": 2,
+                                     "checkpoints": 4, "inputs": 24,
+                                     "variant": "pair-switch-when-told"}), range(1, 21))
+    assert any(r.status == VIOLATION for r in results)

@@ -88,6 +88,7 @@ MESSAGES = [
     RangeInstalled(4, GroupMove(2, 7, 9, 3, 1), Addr(2, 1, 1), 0.031),
     Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
     IngressLog(4, (("item", 1048579), ("epoch", 2), ("cut", 3, 2), ("item", 3145729))),
+    IngressLog(5, (("cut", 4, 3, ([1, 0, 63, 0, 2], [2, 7, 9, 3, 1, 1])),)),  # live moves
     LogAck(6),
     Handshake((1, 2, 3), "send"), Chunk((1, 2, 3), 0, b"\x00\xffstate", 4),
     Trailer((1, 2, 3), 1, 7, 123456, 5), PartTrailer((1, 2, 3), 2, 1, 7, 123456, 3),
@@ -99,7 +100,9 @@ MESSAGES = [
          (Avail(Addr(1, 0, 1), 9, 2, "standby0", "node0"),)),
     View(5), View(6, writers=(WriterMove(Addr(3, 1, 0), 9, "node2"),)),
     Reverse((3, 1), (5, 1)), WriterProgress(2, (17, 2), 16, 40), SinkCommitted(3, (9, 1, 2), 1),
-    IngressEnded(2, 3 << 20, 17), CutAtEpoch(3, 1234), HoldInputs(7), HoldInputs(None),
+    IngressEnded(2, 3 << 20, 17), CutAtEpoch(3, 1234),
+    CutAtEpoch(4, 1240, (GroupMove(1, 0, 63, 0, 2), GroupMove(2, 7, 9, 3, 1, prepare=True))),
+    HoldInputs(7), HoldInputs(None),
     SplitCutPassed(3, 5 << 20, 1, 96),
     SplitCutPassed(4, 6 << 20, 0, 97, "[90, 1234]"),
     SinkCommitted(4, None, 0), Heartbeat(), FoldedIn(Addr(1, 0, 0), Addr(2, 1, 1), 7), TakeoverDone(Addr(2, 0, 0)),

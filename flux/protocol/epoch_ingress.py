@@ -13,11 +13,17 @@ With an input log the bound also waits for the log, epochs' starts included: a b
 lets merges release, and sinks commit, the other ingresses' items below it, so a
 restart must not number a replayed input under it (the simulator found this rule).
 A checkpoint's cut is an epoch's end, the same for every ingress (``cut_at_epoch``).
+Live moves of key groups ride it (DESIGN 13): each ingress switches its router for stage
+1 when it *ends* the cut's epoch, after the epoch's last item left, not when told (it
+may still be numbering inputs below the cut then), so every input below the cut goes by
+the old map and every one above by the new, whichever ingress read it.
 """
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Sequence, Tuple
 
+from exchange.group_map import GroupMove, stage_moves
+from exchange.routing import moved
 from flux.effects import CutPassed
 from flux.errors import LocalProtocolError
 from flux.protocol.ingress import Ingress
@@ -35,9 +41,10 @@ class EpochIngress(Ingress):
         #: the epoch it numbers in, and the number below its inputs of that epoch
         self.epoch = 0
         self.floor = self.accepted = epoch_first(0, index, ingresses)
-        #: checkpoints whose cut ends an epoch it has not ended yet: (number, epoch),
-        #: told with ``CutPassed`` when it does
-        self.cut_epochs: List[Tuple[int, int]] = []
+        #: checkpoints whose cut ends an epoch it has not ended yet: (number, epoch, the
+        #: live moves the cut carries), told with ``CutPassed`` and the moves taken into
+        #: its router when it does
+        self.cut_epochs: List[Tuple[int, int, Tuple[GroupMove, ...]]] = []
 
     # -- numbering ---------------------------------------------------------------
     def _room(self) -> int:
@@ -83,10 +90,11 @@ class EpochIngress(Ingress):
                                      "pending and no room for their item (can_advance)")
         self.epoch = epoch
         self.floor = self.accepted = epoch_first(epoch, self.index, self.ingresses)
-        passed = [CutPassed(k, self.epoch_cut(e), self.index, self.inputs)
-                  for k, e in self.cut_epochs if e < epoch]
-        self.cut_epochs = [(k, e) for k, e in self.cut_epochs if e >= epoch]
-        return passed
+        passed = [c for c in self.cut_epochs if c[1] < epoch]
+        self.cut_epochs = [c for c in self.cut_epochs if c[1] >= epoch]
+        for _, _, moves in passed:  # the inputs from here on lie above those cuts
+            self.router = moved(self.router, stage_moves(moves, 1))
+        return [CutPassed(k, self.epoch_cut(e), self.index, self.inputs) for k, e, _ in passed]
 
     def log_due(self) -> bool:
         """Are items, or the start of an epoch, waiting for the input log?"""
@@ -101,21 +109,26 @@ class EpochIngress(Ingress):
         """The lowest epoch a checkpoint's cut may end here (``cut_at_epoch``)."""
         return self.epoch
 
-    def cut_at_epoch(self, number: int, epoch: int) -> None:
+    def cut_at_epoch(self, number: int, epoch: int, moves: Sequence[GroupMove] = ()) -> None:
         """Checkpoint ``number`` covers every input of the epochs up to ``epoch`` of every
         ingress: one cut for all, at an epoch's end, so each ingress stamps it by itself
-        and no input lies on both sides. It travels on every batch from here on;
-        ``advance_epoch`` says when this ingress passed it. ``epoch`` must not be one it
-        ended already: it sent items above the cut without the stamp."""
+        and no input lies on both sides. It travels on every batch from here on, with the
+        live ``moves`` of key groups that take effect at it (DESIGN 13);
+        ``advance_epoch`` says when this ingress passed it, and switches its router then.
+        ``epoch`` must not be one it ended already: it sent items above the cut without
+        the stamp, routed by the old map."""
         if epoch < self.epoch:
             raise LocalProtocolError(f"{self.addr}: checkpoint {number} at the end of epoch "
                                      f"{epoch}, which it ended already (it is in {self.epoch})")
         if self.out.cut is not None and number <= self.out.cut[0]:
             raise LocalProtocolError(f"checkpoint {number} after checkpoint {self.out.cut[0]}")
         self.out.cut = (number, self.epoch_cut(epoch))
-        self.cut_epochs.append((number, epoch))
+        moves = tuple(moves)
+        if moves:
+            self.out.move_cuts += ((number, self.epoch_cut(epoch), moves),)
+        self.cut_epochs.append((number, epoch, moves))
 
-    def choose_cut(self, number: int) -> List:
+    def choose_cut(self, number: int, moves: Sequence[GroupMove] = ()) -> List:
         raise LocalProtocolError("several ingresses cut at an epoch's end (cut_at_epoch)")
 
     def resume_after(self, n: int) -> None:

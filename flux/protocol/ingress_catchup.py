@@ -22,6 +22,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, List, Optional, Tuple
 
+from exchange.group_map import GroupMap, moves_from_wire
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.protocol.segment_mode import CatchUp
 from flux.state_codec import pack_state, unpack_state
@@ -73,6 +74,20 @@ class IngressCatchUp:
         self.catchup = CatchUp(c.version, c.peer_mover, started=True)
         return [RequestSend(c.transfer(self.addr), c.peer_mover)]
 
+    def _routing_state(self) -> list:
+        """Where its router sends each key group now (None: the job's start map) and the
+        move cuts it tells its connections (DESIGN 13): a twin rebuilt from this state
+        routes as it does, and switches at the same epochs (``cut_epochs``)."""
+        groups = self.router.groups
+        return [None if groups is None else groups.owners.tolist(),
+                [[k, n, [m.to_wire() for m in moves]] for k, n, moves in self.out.move_cuts]]
+
+    def _install_routing(self, state: list) -> None:
+        owners, move_cuts = state
+        if owners is not None:
+            self.router = self.router.regrouped(GroupMap(owners, self.router.partitions))
+        self.out.move_cuts = tuple((k, n, moves_from_wire(moves)) for k, n, moves in move_cuts)
+
     def mark_source(self, count: int, position: Any) -> None:
         """The runtime: its split's source goes on at ``position`` after ``count`` inputs
         (opaque here; a twin rebuilt from this state seeks there)."""
@@ -99,7 +114,9 @@ class IngressCatchUp:
                  "log": self.seq,
                  "follow": [list(e) for e in self.to_follow],
                  "cuts": [list(self.out.cut) if self.out.cut else None,
-                          [list(c) for c in self.cut_epochs]],
+                          [[k, e, [m.to_wire() for m in moves]]
+                           for k, e, moves in self.cut_epochs]],
+                 "moves": self._routing_state(),
                  "fprod": self.fprod.get_state(),
                  "mark": self.source_mark(self.inputs - pending)}
         return [SendState(self.catchup.transfer(self.addr), pack_state(state))]
@@ -156,7 +173,8 @@ class IngressCatchUp:
             self.mark_source(*state["mark"])
         cut, cut_epochs = state["cuts"]  # the checkpoints it stamps and has still to pass
         self.out.cut = tuple(cut) if cut else None
-        self.cut_epochs = [tuple(c) for c in cut_epochs]
+        self.cut_epochs = [(k, e, moves_from_wire(moves)) for k, e, moves in cut_epochs]
+        self._install_routing(state["moves"])
         for kind, what in self.missed:
             if kind == "fail":
                 self.fprod.replay_fail(what)

@@ -29,8 +29,9 @@ were (``flux.protocol.ingress_journal``).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, List, Set, Tuple
+from typing import Any, Deque, List, Sequence, Set, Tuple
 
+from exchange.group_map import GroupMove
 from flux.addresses import Addr, P, other
 from flux.data_messages import IngressLog, LogAck, Reverse
 from flux.errors import LocalProtocolError
@@ -48,6 +49,8 @@ from flux.protocol.ingress_twin_log import (  # noqa: F401 (the pair's vocabular
     TWIN,
     IngressRole,
     TwinLog,
+    cut_entry,
+    cut_moves,
 )
 from flux.protocol.segment_mode import CatchUp
 from flux.sequence import epoch_first
@@ -180,7 +183,7 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
             entry = self.to_follow[0]
             if entry[0] == CUT:
                 if not self._stamped(entry[1]):  # (a take-over may have told it already)
-                    EpochIngress.cut_at_epoch(self, entry[1], entry[2])
+                    EpochIngress.cut_at_epoch(self, entry[1], entry[2], cut_moves(entry))
             elif entry[0] == EPOCH:
                 if entry[1] != self.epoch or self.accepted != self.floor:
                     self.unreported += super().advance_epoch(entry[1])
@@ -240,21 +243,28 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
                 and not self.unreported and self.running())
 
     # -- checkpoints: the cut is an entry of the log -------------------------------------
-    def cut_at_epoch(self, number: int, epoch: int) -> None:
-        """The coordinator's cut at the end of ``epoch``. The leader stamps it and logs it
-        before any later epoch's start, so its twin stamps it in the same place; one
-        alone stamps it (told again after a take-over: it may never have heard the
+    def cut_at_epoch(self, number: int, epoch: int, moves: Sequence[GroupMove] = ()) -> None:
+        """The coordinator's cut at the end of ``epoch``, with the live ``moves`` it
+        carries. The leader stamps it and logs it (moves and all) before any later
+        epoch's start, so its twin stamps it, and switches its router, in the same place;
+        one alone stamps it (told again after a take-over: it may never have heard the
         entry). A follower takes it from its leader's log only: told directly, it
         ignores it (its leader was told too, or a take-over tells it again). A cut it
-        knows already, stamped or still to follow, is not taken twice."""
+        knows already, stamped or still to follow, is not taken twice. One that still
+        follows a dead leader's entries takes it after them: a cut among them, stamped
+        later, would otherwise look told already, and its moves be lost."""
         if self.role is FOLLOWING or self._knows_cut(number):
             return
         if epoch < self.epoch_decided():
             raise LocalProtocolError(f"{self.addr}: checkpoint {number} at the end of epoch "
                                      f"{epoch}; it follows its twin to {self.epoch_decided()}")
-        super().cut_at_epoch(number, epoch)
+        entry = cut_entry(number, epoch, moves)
+        if self.to_follow:
+            self.to_follow.append(entry)
+        else:
+            super().cut_at_epoch(number, epoch, moves)
         if self.role is LEADING:  # (alone: no twin to tell; a restart ignores cuts logged)
-            self._decide((CUT, number, epoch), 0)
+            self._decide(entry, 0)
 
     def takes_cut(self, number: int, epoch: int) -> bool:
         """Would ``cut_at_epoch`` stamp this cut now? Not a follower (its leader's log

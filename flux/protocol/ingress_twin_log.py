@@ -7,8 +7,9 @@ A part of ``flux.protocol.ingress_pair.PairedIngress`` (its attributes are the p
 from __future__ import annotations
 
 from enum import Enum
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
+from exchange.group_map import GroupMove, moves_from_wire
 from flux.addresses import Addr
 from flux.data_messages import IngressLog, LogAck
 from flux.effects import Send
@@ -17,6 +18,17 @@ from flux.errors import RemoteProtocolError
 ITEM, EPOCH, CUT = "item", "epoch", "cut"
 #: the "connection" to its twin among ``flushable()``'s: the log leaves with the flushes
 TWIN = (-1, -1)
+
+
+def cut_entry(number: int, epoch: int, moves: Sequence[GroupMove] = ()) -> Tuple:
+    """A checkpoint's cut as an entry of the log: its live moves, if any, in wire form
+    (the twin switches its router where the leader does, DESIGN 13)."""
+    return (CUT, number, epoch) + ((tuple(m.to_wire() for m in moves),) if moves else ())
+
+
+def cut_moves(entry: Sequence) -> Tuple[GroupMove, ...]:
+    """The live moves a cut's entry carries (none: an entry of three fields)."""
+    return moves_from_wire(entry[3]) if len(entry) > 3 else ()
 
 
 class IngressRole(Enum):
@@ -97,8 +109,8 @@ class TwinLog:
         self.role, self.log_inputs = LEADING, True
         self.told = self.seq
         self.decided.clear()
-        for number, epoch in self.cut_epochs:  # cuts told while alone: its twin's too
-            self._decide((CUT, number, epoch), 0)
+        for number, epoch, moves in self.cut_epochs:  # cuts told while alone: its twin's too
+            self._decide(cut_entry(number, epoch, moves), 0)
         self.logged = max([self.accepted - len(self.pending)]
                           + [self._position(e) for e in self.to_follow])
 

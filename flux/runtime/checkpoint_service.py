@@ -66,10 +66,11 @@ class CheckpointService:
         carries (``CheckpointCoordinator.begin``)."""
         self._reports.put(("cut", number, cut, position, self.clock(), groups))
 
-    def cut_begun(self, number: int, cut: int) -> None:
+    def cut_begun(self, number: int, cut: int, groups: Optional[tuple] = None) -> None:
         """Checkpoint ``number``'s cut is ``cut``; the source's position comes later
-        (``source_recorded``: several ingresses pass the cut each by itself)."""
-        self._reports.put(("begin", number, cut, self.clock()))
+        (``source_recorded``: several ingresses pass the cut each by itself).
+        ``groups``: as ``cut_chosen``'s."""
+        self._reports.put(("begin", number, cut, self.clock(), groups))
 
     def source_recorded(self, number: int, position: Any) -> None:
         self._reports.put(("source", number, position))
@@ -119,8 +120,8 @@ class CheckpointService:
             self._begun[number] = at
             self._complete(number, c.source_recorded(number, position))
         elif kind == "begin":
-            _, number, cut, at = report
-            c.begin(number, cut)
+            _, number, cut, at, groups = report
+            c.begin(number, cut, groups)
             self._begun[number] = at
         elif kind == "source":
             self._complete(report[1], c.source_recorded(report[1], report[2]))

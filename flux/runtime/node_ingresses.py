@@ -214,13 +214,13 @@ class NodeIngresses:
         if isinstance(msg, HoldInputs):
             self.hold_after = msg.after_epoch
         else:
-            self.cut_at(host, msg.number, msg.epoch, touch)
+            self.cut_at(host, msg.number, msg.epoch, touch, msg.moves)
 
     def cut_at(self, host: Host, number: int, epoch: int,
-               touch: Callable[[Any], None]) -> None:
-        """The coordinator's cut of checkpoint ``number`` at the end of ``epoch``: kept,
-        and told to the replicas here that decide."""
-        self.cuts[number] = epoch
+               touch: Callable[[Any], None], moves: tuple = ()) -> None:
+        """The coordinator's cut of checkpoint ``number`` at the end of ``epoch``, with the
+        live ``moves`` it carries: kept, and told to the replicas here that decide."""
+        self.cuts[number] = (epoch, tuple(moves))
         for old in sorted(self.cuts)[:-CUTS_KEPT]:
             del self.cuts[old]
         self.tell_cuts(host, touch)
@@ -230,9 +230,9 @@ class NodeIngresses:
         took over may never have heard its dead leader's entry); a replica bound past a
         cut's epoch refuses it, and that checkpoint never completes."""
         for addr, ingress in self._running(host):
-            for number, epoch in sorted(self.cuts.items()):
+            for number, (epoch, moves) in sorted(self.cuts.items()):
                 if ingress.takes_cut(number, epoch):
-                    ingress.cut_at_epoch(number, epoch)
+                    ingress.cut_at_epoch(number, epoch, moves)
                     touch(addr)
 
     def resume(self, machines: Dict, cut: int, logs: Dict[int, Any],

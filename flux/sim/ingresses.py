@@ -139,8 +139,10 @@ class SimIngresses:
         self.logged_epochs = [0] * plan.ingresses
         #: per checkpoint, the ingresses that passed its cut and their positions
         self.positions: Dict[int, Dict[int, int]] = {}
-        #: per checkpoint, the epoch its cut ends (told again to a pair's new leader)
+        #: per checkpoint, the epoch its cut ends and the live moves it carries (told
+        #: again to a pair's new leader)
         self.cut_epoch: Dict[int, int] = {}
+        self.cut_moves: Dict[int, Tuple] = {}
         #: per ingress of pairs, its split's durable epoch log: index -> entry (kept
         #: across restarts, as a file is; ``flux.protocol.ingress_journal``)
         self.files: List[Dict[int, Tuple]] = [{} for _ in range(plan.ingresses)]
@@ -151,6 +153,7 @@ class SimIngresses:
                      for a in ((Addr(0, i, P), Addr(0, i, S)) if self.pairs else (Addr(0, i, P),))}
         self.positions = {}
         self.cut_epoch = {}
+        self.cut_moves = {}
 
     def done(self, addr: Addr) -> bool:
         """Ingress replica ``addr`` read every input of its source partition."""
@@ -256,10 +259,11 @@ class SimIngresses:
         return range(low, self.plan.last_epoch)
 
     def choose_cut(self, ingresses: List[Ingress], number: int, last_cut: int,
-                   rng: random.Random, floor: int = 0) -> int:
+                   rng: random.Random, floor: int = 0, moves: Tuple = ()) -> int:
         """Checkpoint ``number`` at the end of an epoch of the scheduler's choosing, its
-        cut at or past SN ``floor``; every ingress stamps it (``cut_at_epoch``); returns
-        the cut. With no epoch left that every ingress will end (a drained rescale cutting
+        cut at or past SN ``floor``, carrying the live ``moves``; every ingress stamps it
+        (``cut_at_epoch``), and switches its router as it ends that epoch; returns the
+        cut. With no epoch left that every ingress will end (a drained rescale cutting
         again once every ingress read its last input), the clock goes on: the plan's last
         epoch moves one further."""
         epochs = self.cut_epochs(ingresses, last_cut)
@@ -272,15 +276,17 @@ class SimIngresses:
             raise AssertionError(f"a cut at or past SN {floor} lies past the plan's epochs")
         epoch = min(low + rng.choice(CUT_AHEAD), epochs.stop - 1)
         for ingress in ingresses:
-            ingress.cut_at_epoch(number, epoch)
+            ingress.cut_at_epoch(number, epoch, moves)
         self.positions[number] = {}
         self.cut_epoch[number] = epoch
+        self.cut_moves[number] = moves
         return ingresses[0].epoch_cut(epoch)
 
-    def unpassed(self, i: int) -> List[Tuple[int, int]]:
-        """The checkpoints whose cut ingress ``i`` has not passed: (number, epoch)."""
-        return [(k, e) for k, e in sorted(self.cut_epoch.items())
-                if i not in self.positions.get(k, {})]
+    def told(self) -> List[Tuple[int, int]]:
+        """Every checkpoint cut told this incarnation: (number, epoch). A replica that
+        takes over is told each again whose epoch it has not ended (its dead leader may
+        have passed one whose entry it never heard, and numbers inputs above it)."""
+        return sorted(self.cut_epoch.items())
 
     def passed(self, number: int, ingress: int, cut: int, read: int) -> Tuple[int, ...]:
         """Ingress ``ingress`` passed checkpoint ``number``'s cut ``cut`` having read
@@ -320,8 +326,9 @@ def ingress_took_over(world) -> None:
         if twin is None or twin is leader or twin.role is not ALONE:
             continue
         world.ingresses[i] = twin
-        for number, cut_epoch in world.epochs.unpassed(i):  # it may never have heard it
-            twin.cut_at_epoch(number, cut_epoch)
+        for number, cut_epoch in world.epochs.told():  # it may never have heard them
+            if twin.takes_cut(number, cut_epoch):  # (as the runtime's ``tell_cuts``)
+                twin.cut_at_epoch(number, cut_epoch, world.epochs.cut_moves[number])
         heard = list(twin.to_follow)
         known = max([twin.accepted] + [e[1] for e in heard if e[0] == ITEM])
         epoch = max([twin.epoch] + [e[1] for e in heard if e[0] == EPOCH])

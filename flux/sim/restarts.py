@@ -130,7 +130,8 @@ class Restarts:
         it; the rebuild's at or past ``cut_floor``."""
         w = self.world
         number = len(w.outcome.cuts) + 1
-        cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng, self.cut_floor())
+        cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng, self.cut_floor(),
+                                  w.moves.choose(number))  # and its moves
         if self.take_cut(cut) != number:
             raise AssertionError(f"checkpoint {number} numbered otherwise by the restarts")
         w.begin_checkpoint(number, cut)

@@ -189,15 +189,15 @@ class SimParams:
         # change a key's sink partition)
         sinks_apart = self.egress_per_partition and (self.live_rescales or self.stages < 2)
         if (self.moves or self.live_rescales) and (
-                not self.checkpoints or not keyed_by_stage or self.ingresses > 1
-                or self.rescale_to or sinks_apart):
+                not self.checkpoints or not keyed_by_stage or self.rescale_to
+                or sinks_apart):
             raise ValueError("--moves and --live-rescales are carried by checkpoints' cuts "
                              "(--checkpoints N) with state keyed by its stages' keys "
                              "(--dataflow regroup, or packets of at most 2 stages: the "
-                             "third counts per app), one ingress and one partition count; "
-                             "with a sink per partition, --moves of the stages before the "
-                             "last only (moves with several ingresses, of the last stage "
-                             "with a sink per partition, or rescales are not modelled yet)")
+                             "third counts per app) and one partition count; with a sink "
+                             "per partition, --moves of the stages before the last only "
+                             "(moves of the last stage with a sink per partition, or with "
+                             "rescales, are not modelled yet)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:

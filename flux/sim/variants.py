@@ -17,7 +17,9 @@ from flux.effects import Send
 from flux.protocol.host import Host
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress
-from flux.protocol.ingress_pair import LEADING, EpochIngressReplica
+from exchange.group_map import stage_moves
+from exchange.routing import moved
+from flux.protocol.ingress_pair import CUT, FOLLOWING, LEADING, EpochIngressReplica
 from flux.protocol.segment import DRAINING, PROCESSING, STREAMING, Segment
 from flux.protocol.sink_writer import SinkWriter
 from flux.sequence import NO_PROGRESS
@@ -206,10 +208,38 @@ class IngressReplicaNotLoggingItsCuts(EpochIngressReplica):
     batches but does not log it to its twin (docs/design/parallel_io.md broken): the
     stage-1 replicas its twin feeds never learn the cut from it."""
 
-    def cut_at_epoch(self, number: int, epoch: int) -> None:
+    def cut_at_epoch(self, number: int, epoch: int, moves=()) -> None:
         if self.role is not LEADING:
-            return super().cut_at_epoch(number, epoch)
-        EpochIngress.cut_at_epoch(self, number, epoch)
+            return super().cut_at_epoch(number, epoch, moves)
+        EpochIngress.cut_at_epoch(self, number, epoch, moves)
+
+
+class IngressReplicaSwitchingWhenTold(EpochIngressReplica):
+    """A replica of a pair of ingresses switches its router for a cut's live moves when
+    it is told the cut, not when it ends the cut's epoch (DESIGN 13 broken): the inputs
+    it still numbers below the cut go to the new owner, which the old one's state never
+    sees, while the old owner packs the range without them."""
+
+    def cut_at_epoch(self, number: int, epoch: int, moves=()) -> None:
+        known = self._knows_cut(number) or self.role is FOLLOWING
+        super().cut_at_epoch(number, epoch, moves)
+        if not known:
+            self._switch_now(number)
+
+    def _follow(self) -> int:
+        cuts = [e[1] for e in self.to_follow if e[0] == CUT]
+        last = super()._follow()
+        for number in cuts:  # stamped now, if it could be
+            if self._stamped(number):
+                self._switch_now(number)
+        return last
+
+    def _switch_now(self, number: int) -> None:
+        for i, (k, e, moves) in enumerate(self.cut_epochs):
+            if k == number and moves:
+                self.router = moved(self.router, stage_moves(moves, 1))
+                self.cut_epochs[i] = (k, e, ())
+
 
 
 class IngressReplicaMovingPastItsPending(EpochIngressReplica):
@@ -338,7 +368,8 @@ INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
                     "pair-bound-past-twin": IngressReplicaBoundingPastItsTwin,
                     "pair-rebuild-past-pending": IngressReplicaMovingPastItsPending,
                     "pair-cut-unlogged": IngressReplicaNotLoggingItsCuts,
-                    "pair-ack-unwritten": IngressReplicaAckingUnwritten}
+                    "pair-ack-unwritten": IngressReplicaAckingUnwritten,
+                    "pair-switch-when-told": IngressReplicaSwitchingWhenTold}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -417,4 +448,5 @@ VARIANTS = {
     "move-before-install": (Buffer, SegmentNotWaitingForRange),
     "move-bulk-only": (Buffer, SegmentMovingTheBulkOnly),
     "move-no-deletions": (Buffer, SegmentMovingNoDeletions),
+    "pair-switch-when-told": (Buffer, Segment),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from controller.checkpoint_shape import JobShape
 from controller.checkpoints import CheckpointCoordinator, fingerprint
@@ -190,15 +190,20 @@ class DriverCheckpoints:
     def _cut(self, feed: IngressFeed, wanted: bool) -> None:
         number = self.next_number
         self.next_number += 1
-        moves, groups = [], None
-        if self.moves is not None:  # the live moves asked ride this cut (DESIGN 13)
-            latest = self.service.latest
-            self.moves.completed(latest.number if latest is not None else 0)
-            moves, groups = self.moves.cut(number)
+        moves, groups = self.moves_cut(number)
         cut, position = feed.choose_cut(number, moves)
         self.service.cut_chosen(number, cut, position, groups)
         if wanted:
             self.wanted_cut, self._cut_wanted = number, False
+
+    def moves_cut(self, number: int) -> Tuple[list, Optional[tuple]]:
+        """The live moves asked that ride checkpoint ``number``'s cut (DESIGN 13), and the
+        maps before and after them (None: no key groups, or none moved)."""
+        if self.moves is None:
+            return [], None
+        latest = self.service.latest
+        self.moves.completed(latest.number if latest is not None else 0)
+        return self.moves.cut(number)
 
     def cut_now(self) -> None:
         """A checkpoint at the next input, cut by the source's thread (it waits for an

@@ -40,9 +40,6 @@ def check_live(running: bool, config, checkpoints) -> None:
     if checkpoints.moves is None:
         raise RescaleRefused("this job restored a checkpoint written before key groups "
                              "(its keys routed by hash % partitions): its keys cannot move")
-    if config.splits:
-        raise RescaleRefused("live moves with a SplitSource (several ingresses) are not "
-                             "built yet: rescale from a checkpoint (rescale()) instead")
 
 
 def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int,

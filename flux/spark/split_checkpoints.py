@@ -145,11 +145,12 @@ class SplitCheckpoints(DriverCheckpoints):
     def _cut_epoch(self, epoch: int, tell: Callable[[Any], None], wanted: bool) -> None:
         number = self.next_number
         self.next_number += 1
-        self.service.cut_begun(number, epoch_first(epoch + 1, 0, self.splits))
+        moves, groups = self.moves_cut(number)
+        self.service.cut_begun(number, epoch_first(epoch + 1, 0, self.splits), groups)
         self._passed[number] = {}
         for old in sorted(self._passed)[:-OPEN_CUTS]:
             del self._passed[old]
-        tell(CutAtEpoch(number, epoch))
+        tell(CutAtEpoch(number, epoch, tuple(moves)))
         if wanted:
             self.wanted_cut, self._cut_wanted = number, False
 
