@@ -180,15 +180,28 @@ def test_a_checkpoints_cut_is_an_entry_of_the_log_stamped_by_both_and_passed_by_
     assert follower.out.cut is None
     cut = leader.out.cut
     assert cut[0] == 1
-    passed = leader.advance_epoch(1)
-    assert passed == [CutPassed(1, cut[1], 0, 1)]  # at its cut, one input of its split read
+    # its pass (at its cut, one input of its split read) waits for its twin to hold the
+    # epoch's start: should it die first, its twin would end that epoch elsewhere
+    assert leader.advance_epoch(1) == []
     relay_log(leader, follower)
+    assert list(leader.flushable())[-1] == TWIN
+    assert leader.flush(*TWIN) == [CutPassed(1, cut[1], 0, 1)]
     follower.accept(("k1", 1))
     follower.cut_item()  # its item, the cut, the epoch's start: in the leader's order
     assert follower.out.cut == cut and follower.epoch == 1
     assert list(follower.flushable())[-1] == TWIN  # its pass is told on the flush path
     assert follower.flush(*TWIN) == [CutPassed(1, cut[1], 0, 1)]
     assert follower.flush(*TWIN) == []
+
+
+def test_a_leaders_pass_whose_epoch_its_dead_twin_never_heard_goes_once_it_is_alone():
+    leader, follower = pair()
+    leader.accept(("k1", 1))
+    leader.cut_at_epoch(1, 0)
+    cut = leader.out.cut
+    assert leader.advance_epoch(1) == [] and leader.flush(*TWIN)  # the log, not the pass
+    leader.on_fail({follower.addr})  # its count is the split's now: it reports it
+    assert leader.flush(*TWIN) == [CutPassed(1, cut[1], 0, 1)]
 
 
 def test_a_replica_alone_told_a_cut_again_takes_it_once_and_refuses_one_it_passed():

@@ -103,6 +103,17 @@ def test_a_restart_numbers_each_split_again_from_its_durable_log(shape):
     assert takeovers_of_ingresses(results) > 10
 
 
+def test_a_leader_reporting_a_cut_passed_before_its_twin_holds_the_epoch_is_caught():
+    """A restart reads each split from the count its checkpoint recorded (the pairs'
+    reports): a leader that reports passing a cut before its twin holds the epoch's
+    start, then dies, leaves a count its twin never numbered by (DESIGN 12 broken)."""
+    results = schedules(SimParams(ingresses=2, stages=2, partitions=3, crashes=2, standbys=2,
+                                  checkpoints=8, restarts=1, inputs=60, dataflow="regroup",
+                                  ingress_pairs=True, variant="pair-early-report"),
+                        range(1, 301))
+    assert any(r.status == VIOLATION and "lie up to its cut" in r.reason for r in results)
+
+
 def test_a_follower_that_acks_before_it_writes_is_caught():
     """The leader's items leave once acked; when both replicas die before the follower's
     write, the restart numbers those inputs otherwise (the sink holds outputs of other

@@ -268,23 +268,33 @@ def test_with_checkpoints_the_follower_acks_once_its_log_is_durable_and_a_restar
         leader.cut_item()
         for msg in twin_log(leader):
             follower.on_message(leader.addr, msg)
-        acks, deadline = [], time.monotonic() + 10
-        while not acks and time.monotonic() < deadline:
-            _, effects, _ = follow.step(follow_host, lambda a: None)
-            acks = [e.msg for e in effects if isinstance(e, Send) and isinstance(e.msg, LogAck)]
-            time.sleep(0.001)
-        assert acks and follower.last_item == leader.last_item
+        def written_and_acked():
+            acks, deadline = [], time.monotonic() + 10
+            while not acks and time.monotonic() < deadline:
+                _, effects, _ = follow.step(follow_host, lambda a: None)
+                acks = [e.msg for e in effects
+                        if isinstance(e, Send) and isinstance(e.msg, LogAck)]
+                time.sleep(0.001)
+            assert acks
+            leader.on_message(follower.addr, acks[-1])
+
+        written_and_acked()
+        assert follower.last_item == leader.last_item
         logged = SplitLog(fs, url, 0).read()
         assert logged.entries == [("epoch", 5), ("cut", 1, 6), ("item", leader.last_item)]
-        leader.on_message(follower.addr, acks[-1])
-        clock.t = 100.075  # epoch 7: the leader passes the cut, with its split's count
+        clock.t = 100.075  # epoch 7: the leader passes the cut, with its split's count ...
         _, effects, _ = lead.step(lead_host, lambda a: None)
-        assert CutPassed(1, epoch_first(7, 0, 2), 0, 4) in effects
+        assert not [e for e in effects if isinstance(e, CutPassed)]
+        for msg in twin_log(leader):  # ... reported once its twin holds epoch 7's start
+            follower.on_message(leader.addr, msg)
+        written_and_acked()
+        assert CutPassed(1, epoch_first(7, 0, 2), 0, 4) in leader.flush(*TWIN)
+        logged = SplitLog(fs, url, 0).read()
     finally:
         follow.stop()
     # a restart before any checkpoint: both replicas follow the log from its start
     cut, logs = 0, SplitLogs(url, 2).replay(0, [])
-    assert logs[0][1] == logged.entries and logs[0][2] == 3
+    assert logs[0][1] == logged.entries and logs[0][2] == 4  # epoch 7's start too
     for replica in (P, S):
         host, again, ingresses = node(replica, source, Clock(100.2))
         ingresses.resume(host.machines, cut, {0: logs[0]}, {})

@@ -80,6 +80,9 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
         self.to_follow: Deque[Tuple] = deque()
         #: checkpoints' cuts it passed following its twin, not reported yet (flush path)
         self.unreported: List = []
+        #: the leader's passes of cuts, waiting for its twin to hold the entry of the
+        #: epoch start that passed them: (that entry's index, the ``CutPassed``s)
+        self.held_reports: Deque[Tuple[int, List]] = deque()
         #: where its split's source stood at recent counts, (count, position), opaque here:
         #: a twin rebuilt from its state seeks there (``flux.connector_api.SeekableSplits``)
         self.source_marks: Deque[Tuple[int, Any]] = deque(maxlen=MARKS_KEPT)
@@ -161,9 +164,9 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
     def advance_epoch(self, epoch: int) -> List:
         if self._follows():
             raise LocalProtocolError(f"{self.addr}: follows its twin's epochs")
-        effects = super().advance_epoch(epoch)
+        passed = super().advance_epoch(epoch)
         self._decide((EPOCH, epoch), self.floor)
-        return effects
+        return self._hold_reports(passed)
 
     def _can_follow(self) -> bool:
         if not self.to_follow:
@@ -225,6 +228,7 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
             self.decided.clear()
             self.role = ALONE
             self.told = self.seq  # nothing more for its twin
+            self._release_reports(float("inf"))  # its own count is the split's now
         return effects + self._maybe_start()
 
     def on_avail(self, avail, peer_mover=None) -> List:
@@ -240,7 +244,7 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
     def idle(self) -> bool:
         return (super().idle() and not self.to_follow and not self.journal
                 and (self.role is not LEADING or self.told == self.seq)
-                and not self.unreported and self.running())
+                and not self.unreported and not self.held_reports and self.running())
 
     # -- checkpoints: the cut is an entry of the log -------------------------------------
     def cut_at_epoch(self, number: int, epoch: int, moves: Sequence[GroupMove] = ()) -> None:

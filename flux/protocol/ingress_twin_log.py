@@ -88,7 +88,25 @@ class TwinLog:
             position = max(position, self.decided.popleft()[2])
         if self.role is LEADING:
             self._logged_upto(position)
+        self._release_reports(msg.upto)
         return []
+
+    def _hold_reports(self, passed: List) -> List:
+        """The leader's passes of checkpoints' cuts at the epoch start it just decided
+        (``CutPassed``, its split's count there) wait until its twin holds that entry:
+        should it die first, its twin ends that epoch elsewhere, at a count of its own,
+        and a checkpoint recording the leader's would restart the split from inputs the
+        twin numbered otherwise (the simulator found this). Alone, they go at once."""
+        if not passed or self.role is not LEADING:
+            return passed
+        self.held_reports.append((self.seq, passed))
+        return []
+
+    def _release_reports(self, upto: float) -> None:
+        """Reports whose epoch start the twin holds (``upto``: every entry, once alone)
+        go on the flush path."""
+        while self.held_reports and self.held_reports[0][0] <= upto:
+            self.unreported += self.held_reports.popleft()[1]
 
     def _knows_cut(self, number: int) -> bool:
         """Has it stamped checkpoint ``number``'s cut, or heard it to follow?"""

@@ -53,8 +53,9 @@ class NodeIngresses:
         self.logs = logs
         #: replicas with a write under way (address -> the replica)
         self.writing: Dict[Any, Any] = {}
-        #: the coordinator's cuts told so far: checkpoint -> the epoch its cut ends
-        self.cuts: Dict[int, int] = {}
+        #: the coordinator's cuts told so far: checkpoint -> (the epoch its cut ends, the
+        #: live moves it carries)
+        self.cuts: Dict[int, Tuple[int, tuple]] = {}
         #: a drained rescale's epoch (``HoldInputs``): no replica that decides takes an
         #: input into a later one (None: no drain)
         self.hold_after: Optional[int] = None

@@ -244,6 +244,21 @@ class SimIngresses:
             self.logged_epochs[i] = max([0] + [e[1] for e in entries if e[0] == EPOCH])
         return self.logged, self.logged_epochs
 
+    def restored_count(self, i: int, cut: int, checkpoint) -> int:
+        """Split ``i``'s count at the cut of the ``checkpoint`` restored (None: none, cut
+        0), as its manifest recorded it from the pairs' reports: the runtime reads the
+        split from there, so it must be how many of the split's inputs the job numbered
+        up to the cut."""
+        at = self.plan.read_upto(i, cut)
+        if checkpoint is None:
+            return at
+        if checkpoint.position[i] != at:
+            raise Violation(f"checkpoint {checkpoint.number} recorded split {i} at "
+                            f"{checkpoint.position[i]} inputs; {at} of them lie up to its "
+                            f"cut (a replica reported passing it on a count its twin never "
+                            f"heard of)")
+        return checkpoint.position[i]
+
     def replay(self, i: int, cut: int) -> Tuple[List[Tuple], int]:
         """Split ``i``'s log past ``cut`` (the entries from the first epoch after it on;
         all of them from the start), and how many entries the log holds."""

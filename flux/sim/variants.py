@@ -214,6 +214,16 @@ class IngressReplicaNotLoggingItsCuts(EpochIngressReplica):
         EpochIngress.cut_at_epoch(self, number, epoch, moves)
 
 
+class IngressReplicaReportingEarly(EpochIngressReplica):
+    """The leading replica of a pair of ingresses reports passing a checkpoint's cut as
+    it ends the cut's epoch, before its twin holds that epoch's start (docs/design/
+    parallel_io.md broken): when it dies first, its twin ends the epoch at a count of
+    its own, and a restart from that checkpoint reads the split from the leader's."""
+
+    def _hold_reports(self, passed):
+        return passed
+
+
 class IngressReplicaSwitchingWhenTold(EpochIngressReplica):
     """A replica of a pair of ingresses switches its router for a cut's live moves when
     it is told the cut, not when it ends the cut's epoch (DESIGN 13 broken): the inputs
@@ -369,7 +379,8 @@ INGRESS_VARIANTS = {"unlogged-send": IngressSendingBeforeTheLog,
                     "pair-rebuild-past-pending": IngressReplicaMovingPastItsPending,
                     "pair-cut-unlogged": IngressReplicaNotLoggingItsCuts,
                     "pair-ack-unwritten": IngressReplicaAckingUnwritten,
-                    "pair-switch-when-told": IngressReplicaSwitchingWhenTold}
+                    "pair-switch-when-told": IngressReplicaSwitchingWhenTold,
+                    "pair-early-report": IngressReplicaReportingEarly}
 #: variants of the world's own rules, as ``WorldConfig`` settings (DESIGN 10 broken).
 #: restore-unverified: a restart takes the newest complete checkpoint without checking its
 #: files' checksums: a damaged file restores a state that never was
@@ -449,4 +460,5 @@ VARIANTS = {
     "move-bulk-only": (Buffer, SegmentMovingTheBulkOnly),
     "move-no-deletions": (Buffer, SegmentMovingNoDeletions),
     "pair-switch-when-told": (Buffer, Segment),
+    "pair-early-report": (Buffer, Segment),
 }

@@ -194,7 +194,8 @@ class World:
                 for i in range(pairs):
                     entries, index = self.epochs.replay(i, cut)
                     self.outcome.log_replays += any(e[0] == ITEM for e in entries)
-                    position = self.epochs.plan.read_upto(i, cut)
+                    position = self.epochs.restored_count(
+                        i, cut, restored and self.coordinator.checkpoints[restored[0]])
                     for r in (P, S):
                         self.machine(Addr(0, i, r)).resume_from_log(cut, position, entries,
                                                                     index)
