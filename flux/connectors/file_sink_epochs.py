@@ -25,6 +25,7 @@ from __future__ import annotations
 import secrets
 from typing import Dict, List, Optional, Tuple
 
+from flux.connectors.atomic_put import put_atomically
 from flux.checksums import Damaged, seal, unseal
 from flux.errors import DamagedFile
 
@@ -86,13 +87,7 @@ class Epochs:
     def write(self, epoch: int, manifest: dict) -> None:
         """``epoch``'s manifest, replaced atomically (a rename on a local file system,
         one object put on object stores)."""
-        data, path = seal(manifest), f"{self.folder}/manifest-{epoch:08d}.json"
-        if "file" in self.fs.protocol:
-            tmp = f"{self.folder}/.manifest-{epoch:08d}.json.tmp"
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, path)
-        else:
-            self.fs.pipe_file(path, data)
+        put_atomically(self.fs, f"{self.folder}/manifest-{epoch:08d}.json", seal(manifest))
 
     def forget_before(self, epoch: int) -> None:
         """The files of epochs more than one below ``epoch``: a reader trusts the highest."""

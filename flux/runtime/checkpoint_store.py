@@ -30,6 +30,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import fsspec
 
 from flux.errors import CheckpointCorrupt, CheckpointMismatch
+from flux.connectors.atomic_put import put_atomically
 from flux.checksums import Damaged, digest, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -69,12 +70,7 @@ class CheckpointStore:
                                         f"is not in the store")
         data = seal({**manifest, "checkpoint": checkpoint})
         self.fs.makedirs(self._dir(checkpoint), exist_ok=True)
-        if "file" in self.fs.protocol:
-            tmp = self._path(checkpoint, f".{MANIFEST}.tmp")
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, self._path(checkpoint, MANIFEST))
-        else:
-            self.fs.pipe_file(self._path(checkpoint, MANIFEST), data)
+        put_atomically(self.fs, self._path(checkpoint, MANIFEST), data)
         return self.prune(protect)
 
     def prune(self, protect: Iterable[int] = ()) -> List[int]:

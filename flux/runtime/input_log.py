@@ -25,9 +25,10 @@ import logging
 from typing import Any, List, Optional, Sequence, Tuple
 
 from flux.runtime.checkpoint_store import CheckpointStore
+from flux.connectors.atomic_put import put_atomically
+from flux.checksums import Damaged, digest
 from flux.runtime.ranged_objects import ranged_objects, ranged_path
 from flux.runtime.retrying_writer import RetryingWriter
-from flux.checksums import Damaged, digest
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class InputLog:
             else:
                 runs.append([p, 1])
         body = json.dumps(runs)
-        self.fs.pipe_file(self._path(first, last), json.dumps(
+        put_atomically(self.fs, self._path(first, last), json.dumps(
             {"runs": runs, "checksum": digest(body.encode())}).encode())
         return last
 

@@ -35,6 +35,7 @@ import fsspec
 from flux.checksums import Damaged, digest, seal, unseal
 from flux.errors import CheckpointCorrupt
 from flux.protocol.ingress_journal import entries_past
+from flux.connectors.atomic_put import put_atomically
 from flux.protocol.ingress_twin_log import EPOCH
 from flux.sequence import epoch_ended_by
 from flux.runtime.ranged_objects import ranged_objects, ranged_path
@@ -84,7 +85,7 @@ class SplitLog:
         if not self._made:
             self.fs.makedirs(self.dir, exist_ok=True)
             self._made = True
-        self.fs.pipe_file(ranged_path(self.dir, first, last), json.dumps(
+        put_atomically(self.fs, ranged_path(self.dir, first, last), json.dumps(
             {"entries": body, "checksum": digest(json.dumps(body).encode())}).encode())
         return last
 
