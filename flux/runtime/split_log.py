@@ -33,9 +33,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import fsspec
 
 from flux.checksums import Damaged, digest, seal, unseal
+from flux.connectors.atomic_put import put_atomically
 from flux.errors import CheckpointCorrupt
 from flux.protocol.ingress_journal import entries_past
-from flux.connectors.atomic_put import put_atomically
 from flux.protocol.ingress_twin_log import EPOCH
 from flux.sequence import epoch_ended_by
 from flux.runtime.ranged_objects import ranged_objects, ranged_path
@@ -197,8 +197,6 @@ class SplitLog:
                 break
             self.fs.rm(folder, recursive=True)
         return len(gone)
-
-
 
 
 class SplitLogs:
