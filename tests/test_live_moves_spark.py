@@ -271,3 +271,35 @@ def test_groups_move_live_with_a_split_source_through_the_kill_of_a_splits_leade
     assert len(moved) >= 2 + 2 * 2  # 0..63 from 0, 64..100 from 1; then every stage's
     wrong = relayed_mismatch(job.delivered, records, parts, 4)
     assert wrong is None, wrong
+
+
+def test_the_rebalancing_policy_moves_groups_of_a_split_job_off_a_hot_partition(spark,
+                                                                               tmp_path):
+    """``rebalance=`` with a source in three splits read on the executors: three quarters
+    of the inputs have keys whose stage-1 groups partition 0 owns; the policy moves part
+    of them live; the output is the failure-free run's over the inputs in the order the
+    job numbered them, with no restart."""
+    from exchange.partitioner import HashPartitioner
+    from flux import Rebalance
+    from flux.connectors.split_sources import ListSplits
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import relayed_mismatch, relaying_dataflow
+
+    groups = HashPartitioner(1, 256)
+    keys = [f"k{i}" for i in range(400)]
+    hot = [k for k in keys if groups.group(k) < 64][:40]  # partition 0's at 4 nodes
+    rest = [k for k in keys if groups.group(k) >= 64][:120]
+    records = [(hot[i % 40] if i % 4 else rest[i % 120], i) for i in range(1, 90_001)]
+    parts = [records[k::3] for k in range(3)]  # 30 s of input
+    job = FluxJob(spark, relaying_dataflow(), ListSplits(parts, rate=1000), nodes=4,
+                  standbys=1, checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0,
+                  rebalance=Rebalance(every=2.0, stages=(1,)))
+    with job:
+        assert job.wait_until(lambda: ranges_moved(job), 120)
+        job.wait(timeout=300)
+        decided = [what for _, kind, what in job.metrics.events if kind == "rebalanced"]
+    assert job.restart_log == [] and job.attempt.ingress_process is None
+    stage, first, last, dest, rates = decided[0]
+    assert stage == 1 and 0 < first <= last < 64 and dest != 0
+    wrong = relayed_mismatch(job.delivered, records, parts, 4)
+    assert wrong is None, wrong
