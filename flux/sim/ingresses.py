@@ -140,9 +140,8 @@ class SimIngresses:
         #: per checkpoint, the ingresses that passed its cut and their positions
         self.positions: Dict[int, Dict[int, int]] = {}
         #: per checkpoint, the epoch its cut ends and the live moves it carries (told
-        #: again to a pair's new leader)
-        self.cut_epoch: Dict[int, int] = {}
-        self.cut_moves: Dict[int, Tuple] = {}
+        #: again to a pair's new leader), as the runtime's ``NodeIngresses.cuts``
+        self.cuts: Dict[int, Tuple[int, Tuple]] = {}
         #: per ingress of pairs, its split's durable epoch log: index -> entry (kept
         #: across restarts, as a file is; ``flux.protocol.ingress_journal``)
         self.files: List[Dict[int, Tuple]] = [{} for _ in range(plan.ingresses)]
@@ -152,8 +151,7 @@ class SimIngresses:
         self.read = {a: self.plan.read_upto(i, cut) for i in range(self.plan.ingresses)
                      for a in ((Addr(0, i, P), Addr(0, i, S)) if self.pairs else (Addr(0, i, P),))}
         self.positions = {}
-        self.cut_epoch = {}
-        self.cut_moves = {}
+        self.cuts = {}
 
     def done(self, addr: Addr) -> bool:
         """Ingress replica ``addr`` read every input of its source partition."""
@@ -293,15 +291,15 @@ class SimIngresses:
         for ingress in ingresses:
             ingress.cut_at_epoch(number, epoch, moves)
         self.positions[number] = {}
-        self.cut_epoch[number] = epoch
-        self.cut_moves[number] = moves
+        self.cuts[number] = (epoch, moves)
         return ingresses[0].epoch_cut(epoch)
 
-    def told(self) -> List[Tuple[int, int]]:
-        """Every checkpoint cut told this incarnation: (number, epoch). A replica that
-        takes over is told each again whose epoch it has not ended (its dead leader may
-        have passed one whose entry it never heard, and numbers inputs above it)."""
-        return sorted(self.cut_epoch.items())
+    def told(self) -> List[Tuple[int, Tuple[int, Tuple]]]:
+        """Every checkpoint cut told this incarnation: (number, (epoch, moves)). A
+        replica that takes over is told each again whose epoch it has not ended (its dead
+        leader may have passed one whose entry it never heard, and numbers inputs above
+        it)."""
+        return sorted(self.cuts.items())
 
     def passed(self, number: int, ingress: int, cut: int, read: int) -> Tuple[int, ...]:
         """Ingress ``ingress`` passed checkpoint ``number``'s cut ``cut`` having read
@@ -341,9 +339,9 @@ def ingress_took_over(world) -> None:
         if twin is None or twin is leader or twin.role is not ALONE:
             continue
         world.ingresses[i] = twin
-        for number, cut_epoch in world.epochs.told():  # it may never have heard them
-            if twin.takes_cut(number, cut_epoch):  # (as the runtime's ``tell_cuts``)
-                twin.cut_at_epoch(number, cut_epoch, world.epochs.cut_moves[number])
+        for number, (cut_epoch, moves) in world.epochs.told():  # it may never have heard
+            if twin.takes_cut(number, cut_epoch):  # them (as the runtime's ``tell_cuts``)
+                twin.cut_at_epoch(number, cut_epoch, moves)
         heard = list(twin.to_follow)
         known = max([twin.accepted] + [e[1] for e in heard if e[0] == ITEM])
         epoch = max([twin.epoch] + [e[1] for e in heard if e[0] == EPOCH])

@@ -123,7 +123,8 @@ class Restarts:
         accepts an input (None: not draining, or the broken variant's drain)."""
         if not self.draining() or self.gives_inputs():
             return None
-        return self.world.epochs.cut_epoch.get(self.rebuild_after)
+        cut = self.world.epochs.cuts.get(self.rebuild_after)
+        return None if cut is None else cut[0]
 
     def cut_at_epoch(self) -> None:
         """Several ingresses: a checkpoint cut at an epoch's end, every ingress stamping
