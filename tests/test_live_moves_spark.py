@@ -33,15 +33,20 @@ def ranges_moved(job) -> list:
 def move_and_kill(job, asked: tuple, victim: Addr) -> int:
     """``job.move_key_groups(*asked)`` in a thread, and the node of ``victim`` killed
     50 ms after the ask, about when the next input's cut carries the move; the number of
-    the checkpoint that covers it."""
+    the checkpoint that covers it. Returns once the killed node's replicas are rebuilt:
+    a pair survives one failure at a time, and the next kill may hit the twin of one of
+    them (the nodes of (2, 0, S) and (1, 3, S) hold stage 1 partition 0's two replicas)."""
     done: list = []
     mover = threading.Thread(target=lambda: done.append(job.move_key_groups(*asked,
                                                                             timeout=90)))
     mover.start()
     time.sleep(0.05)
-    job.kill_node(job.topology.where[victim])
+    name = job.topology.where[victim]
+    job.kill_node(name)
     mover.join(120)
     assert done and done[0] is not None
+    assert job.wait_until(lambda: name in job.controller.dead
+                          and not job.controller.recovery.pending(), 120)
     return done[0]
 
 
