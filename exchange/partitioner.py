@@ -14,7 +14,7 @@ that compare equal but encode differently (``1`` and ``1.0``) do not.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import msgpack
 
@@ -86,36 +86,60 @@ class HashPartitioner:
     def __call__(self, key: Any) -> int:
         return group_owner(self.group(key), self.key_groups, self.partitions)
 
+    def grouper(self, key_of: Callable[[Any], Any]) -> Callable[[Any], int]:
+        """``record -> key group`` of ``record``'s key (``key_of``), in one call (its hash
+        without key groups)."""
+        pack, crc32, groups, slow = self._pack, zlib.crc32, self.key_groups, self.group
+        if groups is None:
+            def hashed(record: Any) -> int:
+                key = key_of(record)
+                try:
+                    data = pack(key)
+                except (TypeError, ValueError, OverflowError):
+                    return slow(key)  # the same error, worded in one place
+                return crc32(data)
+            return hashed
+
+        def group(record: Any) -> int:
+            key = key_of(record)
+            try:
+                data = pack(key)
+            except (TypeError, ValueError, OverflowError):
+                return slow(key)
+            return crc32(data) % groups
+
+        return group
+
+    def owner_table(self, owners: Optional[Sequence[int]] = None) -> List[int]:
+        """Each key group's partition: ``owners`` (where live moves changed them,
+        ``exchange.group_map``), or the contiguous ranges."""
+        groups, partitions = self.key_groups, self.partitions
+        if groups is None:
+            raise ValueError("a partitioner without key groups has no owner table")
+        if owners is not None and len(owners) != groups:
+            raise ValueError(f"a map of {len(owners)} key groups for a partitioner of "
+                             f"{groups}")
+        return [int(o) for o in owners] if owners is not None else \
+            [g * partitions // groups for g in range(groups)]
+
     def router(self, key_of: Callable[[Any], Any],
                owners: Optional[Sequence[int]] = None) -> Callable[[Any], int]:
         """``record -> partition`` of ``record``'s key (``key_of``), in one call: a
         segment routes every output it emits (a call less per tuple). ``owners``: each
         group's partition, where live moves changed them (``exchange.group_map``)."""
-        pack, crc32, partitions, groups = self._pack, zlib.crc32, self.partitions, \
-            self.key_groups
+        group, partitions = self.grouper(key_of), self.partitions
+        if self.key_groups is None:
+            if owners is not None:
+                raise ValueError(f"a map of {len(owners)} key groups for a partitioner "
+                                 f"of None")
 
-        if owners is not None and (groups is None or len(owners) != groups):
-            raise ValueError(f"a map of {len(owners)} key groups for a partitioner of "
-                             f"{groups}")
-        if groups is None:
             def route(record: Any) -> int:
-                key = key_of(record)
-                try:
-                    data = pack(key)
-                except (TypeError, ValueError, OverflowError):
-                    return self(key)  # the same error, worded in one place
-                return crc32(data) % partitions
+                return group(record) % partitions
         else:  # each group's owner from a table: the contiguous ranges, or a moved map
-            table = [int(o) for o in owners] if owners is not None else \
-                [g * partitions // groups for g in range(groups)]
+            table = self.owner_table(owners)
 
             def route(record: Any) -> int:
-                key = key_of(record)
-                try:
-                    data = pack(key)
-                except (TypeError, ValueError, OverflowError):
-                    return self(key)
-                return table[crc32(data) % groups]
+                return table[group(record)]
 
         return route
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from exchange.group_load import GroupLoad
 from exchange.group_map import GroupMap, GroupMove, owner_changes
 from exchange.partitioner import KEY_GROUPS, HashPartitioner, first_refused, group_owner
 from exchange.rows import ColumnsError, NumberedRows
@@ -28,13 +29,15 @@ class RouteRefused(Exception):
         self.row, self.error, self.what = row, error, what
 
 
-def routed(router: Any, rows: NumberedRows, count: int) -> tuple:
+def routed(router: Any, rows: NumberedRows, count: int,
+           load: Optional[GroupLoad] = None) -> tuple:
     """``rows`` in the next stage's form, and per row its partition of ``count`` (None for
     one: no key asked). What the user's key or records refuse is a ``RouteRefused``
-    naming the row: a segment and the ingress report it as the user's error."""
+    naming the row: a segment and the ingress report it as the user's error. ``load``:
+    counts the rows per key group (``exchange.group_load``)."""
     try:
         rows = router.prepare(rows)
-        return rows, (None if count == 1 else router.partitions_of(rows))
+        return rows, (None if count == 1 else router.partitions_of(rows, load))
     except ColumnsError as exc:  # records that do not fit the next stage's columns
         raise RouteRefused(exc.row or 0, exc, "the columns of the next stage") from exc
     except (KeyError, TypeError) as exc:  # key columns the item's batch cannot hash
@@ -53,17 +56,25 @@ def column_names(key: Any) -> Optional[tuple]:
 
 class RecordRouter:
     """Partitions record by record, by ``route(record)`` (per-record records; the tuples
-    of a columnar item's rows). ``key``, ``key_groups``: what ``route`` was made of, for
-    a router of another group map (``regrouped``)."""
+    of a columnar item's rows). ``key``, ``key_groups``: what ``route`` was made of: with
+    them a whole item's groups are hashed record by record and looked up in one go (and
+    counted), and a router of another group map can be made (``regrouped``)."""
 
     def __init__(self, route: Callable[[Any], int], partitions: int, schema: Any = None,
-                 key: Any = None, key_groups: Optional[int] = None):
+                 key: Any = None, key_groups: Optional[int] = None,
+                 groups: Optional[GroupMap] = None):
         self.partitions = partitions
         self.schema = schema  # the next stage's columns, when it takes batches
         self.route = route
         self.key, self.key_groups = key, key_groups
         #: each group's partition where live moves changed them (None: contiguous ranges)
-        self.groups: Optional[GroupMap] = None
+        self.groups = groups
+        self._group_of = self._table = None
+        if key is not None and key_groups is not None:
+            partitioner = HashPartitioner(partitions, key_groups)
+            self._group_of = partitioner.grouper(key)
+            self._table = np.asarray(partitioner.owner_table(
+                None if groups is None else groups.owners), dtype=np.int64)
 
     def regrouped(self, groups: GroupMap) -> "RecordRouter":
         """This router with each key group's partition from ``groups`` (a live move)."""
@@ -71,19 +82,25 @@ class RecordRouter:
             raise ValueError("a router without key groups cannot follow a group map")
         route = HashPartitioner(self.partitions, self.key_groups).router(self.key,
                                                                           groups.owners)
-        router = RecordRouter(route, self.partitions, self.schema, self.key, self.key_groups)
-        router.groups = groups
-        return router
+        return RecordRouter(route, self.partitions, self.schema, self.key, self.key_groups,
+                            groups)
 
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return _in_form(rows, self.schema)
 
-    def partitions_of(self, rows: NumberedRows) -> np.ndarray:
+    def partitions_of(self, rows: NumberedRows, load: Optional[GroupLoad] = None) -> np.ndarray:
         records = rows.records
         try:
-            return np.fromiter(map(self.route, records), dtype=np.int64, count=len(records))
+            if self._group_of is None:
+                return np.fromiter(map(self.route, records), dtype=np.int64,
+                                   count=len(records))
+            groups = np.fromiter(map(self._group_of, records), dtype=np.int64,
+                                 count=len(records))
         except Exception as exc:  # which record: routing is a pure function, ask again
             raise RouteRefused(first_refused(self.route, records), exc) from exc
+        if load is not None:
+            load.add(groups, self.key_groups)
+        return self._table[groups]
 
 
 class ColumnRouter:
@@ -110,7 +127,7 @@ class ColumnRouter:
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return _in_form(rows, self.schema)
 
-    def partitions_of(self, rows: NumberedRows) -> np.ndarray:
+    def partitions_of(self, rows: NumberedRows, load: Optional[GroupLoad] = None) -> np.ndarray:
         batch = rows.batch
         if batch is None:
             raise TypeError(f"the key names columns {list(self.columns)}, and the rows "
@@ -120,6 +137,8 @@ class ColumnRouter:
         if self.key_groups is None:
             return (hashes % np.uint64(self.partitions)).astype(np.int64)
         groups = (hashes % np.uint64(self.key_groups)).astype(np.int64)
+        if load is not None:
+            load.add(groups, self.key_groups)
         if self.groups is not None:
             return self.groups.owner(groups)
         return group_owner(groups, self.key_groups, self.partitions)
@@ -134,7 +153,7 @@ class ToOne:
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return rows
 
-    def partitions_of(self, rows: NumberedRows) -> np.ndarray:
+    def partitions_of(self, rows: NumberedRows, load: Optional[GroupLoad] = None) -> np.ndarray:
         return np.zeros(len(rows), dtype=np.int64)
 
 

@@ -393,9 +393,13 @@ def _segment_stats(v) -> tuple:
         raise WireError(f"node stats must be a list, got {type(v).__name__}")
     out = []
     for row in v:
-        if not isinstance(row, list) or len(row) != 7:
-            raise WireError(f"a segment's stats must be 7 fields, got {row!r:.60}")
-        out.append(SegmentStats(_addr(row[0], "addr"), *(_int(x, "counter") for x in row[1:])))
+        if not isinstance(row, list) or len(row) != 8:
+            raise WireError(f"a segment's stats must be 8 fields, got {row!r:.60}")
+        if not isinstance(row[7], list):
+            raise WireError(f"a segment's rows per key group must be a list, got "
+                            f"{type(row[7]).__name__}")
+        out.append(SegmentStats(_addr(row[0], "addr"), *(_int(x, "counter") for x in row[1:7]),
+                                tuple(_int(x, "counter") for x in row[7])))
     return tuple(out)
 
 
@@ -502,7 +506,8 @@ CODECS: Dict[str, _Codec] = {
                            _int(k, "checkpoint"), None if sn is None else _sn(sn),
                            _int(p, "partition")))),
     "node_stats": (NodeStats, lambda m: [[[list(x.addr), x.taken, x.emitted, x.queued, x.buffered,
-                                           x.in_flight, x.blocked] for x in m.segments]],
+                                           x.in_flight, x.blocked, list(x.routed)]
+                                          for x in m.segments]],
                    _arity(1, lambda segs: NodeStats(_segment_stats(segs)))),
     "heartbeat": (Heartbeat, lambda m: [m.lag, m.late],
                   _arity(2, lambda lag, late: Heartbeat(_seconds(lag, "lag"),

@@ -180,7 +180,8 @@ class SegmentStats:
     ``taken``/``emitted``: inputs taken from its merge, outputs it produced, since it was
     built; ``queued``: tuples in its merge; ``buffered``: tuples in its buffers;
     ``in_flight``: tuples sent and not yet credited, over every connection it sends on;
-    ``blocked``: those connections whose window is full."""
+    ``blocked``: those connections whose window is full; ``routed``: rows it routed to
+    each key group of the next stage (``exchange.group_load``; empty: none by groups)."""
 
     addr: Addr
     taken: int
@@ -189,6 +190,7 @@ class SegmentStats:
     buffered: int
     in_flight: int
     blocked: int
+    routed: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

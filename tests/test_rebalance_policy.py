@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.rebalance import Rebalance, RebalancePolicy, largest_run
+from controller.rebalance import Rebalance, RebalancePolicy, best_run, largest_run, routed_loads
+from flux.addresses import Addr
+from flux.control_messages import SegmentStats
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -84,3 +86,79 @@ def test_largest_run():
     assert largest_run([0, 1, 2, 10, 11]) == (0, 2)
     assert largest_run([3, 7, 8]) == (7, 8)
     assert largest_run([5]) == (5, 5)
+
+
+# -- by the rows routed to each key group --------------------------------------------------
+
+def look_by_groups(policy, group_rates, owners, seconds=10.0, stage=1):
+    """Two observations ``seconds`` apart with each group of ``stage`` taking
+    ``group_rates``/s (the partitions' own counters say nothing: even)."""
+    taken = {(stage, p): 0 for p in range(policy.partitions)}
+    before = [100] * len(group_rates)
+    assert policy.observe(0.0, taken, {stage: owners}, {stage: before}) is None
+    after = [n + int(r * seconds) for n, r in zip(before, group_rates)]
+    return policy.observe(seconds, taken, {stage: owners}, {stage: after})
+
+
+def test_the_groups_that_carry_the_load_are_the_ones_moved():
+    """Partition 0's load is on its first 8 groups (an even share of its groups would
+    have moved its last 27, nearly idle, and changed little)."""
+    rates = [10.0] * 256
+    for g in range(8):
+        rates[g] = 300.0
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    move = look_by_groups(policy, rates, EVEN4)
+    # partition 0 takes 8 * 300 + 56 * 10 = 2960/s, the others 640: three of the hot
+    # groups and the 26 cold ones after them (1160/s) leave both at 1800
+    assert (move.first, move.last, move.dest) == (5, 33, 1)
+    assert move.rates == (2960.0, 640.0, 640.0, 640.0)
+
+
+def test_a_group_hotter_than_the_gap_stays_where_it_is():
+    """One group takes 3000/s of partition 0's 3630: the cold groups around it go (the
+    partition keeps its hot key alone), never the hot one, which would only make the
+    partition taking it the hot one (and the look after would move it back)."""
+    rates = [10.0] * 256
+    rates[5] = 3000.0
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    move = look_by_groups(policy, rates, EVEN4)
+    assert not move.first <= 5 <= move.last and move.dest == 1
+    owners = [0, 0] + [1 + g * 3 // 254 for g in range(254)]  # 0 owns groups 0 and 1
+    rates = [3000.0, 10.0] + [5.0] * 254
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    assert look_by_groups(policy, rates, owners) is None  # group 1 alone: too little
+
+
+def test_a_move_must_bring_the_hot_partition_down_by_a_tenth():
+    owners = [0, 0] + [1 + g * 3 // 254 for g in range(254)]
+    rates = [1000.0, 80.0] + [300 * 3 / 254] * 254  # 1080/s against 300 each
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    assert look_by_groups(policy, rates, owners) is None  # group 1's 80: 7% of 1080
+    rates[1] = 150.0  # 1150 -> 1000: 13%
+    policy = RebalancePolicy(Rebalance(every=10), [1], 4)
+    move = look_by_groups(policy, rates, owners)
+    assert (move.first, move.last) == (1, 1)
+
+
+def test_group_counts_that_began_again_are_not_read_as_rates():
+    policy = RebalancePolicy(Rebalance(every=10), [1], 2)
+    taken = {(1, 0): 0, (1, 1): 0}
+    assert policy.observe(0.0, taken, {1: EVEN4}, {1: [500] * 256}) is None
+    assert policy.observe(10.0, taken, {1: EVEN4}, {1: [9000] + [0] * 255}) is None
+
+
+def test_best_run_keeps_a_group_and_looks_inside_each_run():
+    rates = [0.0] * 8
+    rates[2], rates[3], rates[6] = 50.0, 50.0, 100.0
+    # groups 2, 3 and 6 owned by the hot partition (200/s), the cool one at 0
+    assert best_run([2, 3, 6], rates, 200.0, 0.0) in ((2, 3, 100.0), (6, 6, 100.0))
+    assert best_run([4], rates, 200.0, 0.0) is None  # one group: it keeps it
+
+
+def test_routed_loads_take_a_pairs_larger_counts_and_sum_the_partitions():
+    stats = [SegmentStats(Addr(1, 0, 0), 0, 0, 0, 0, 0, 0, (5, 0, 2)),
+             SegmentStats(Addr(1, 0, 1), 0, 0, 0, 0, 0, 0, (1, 4, 2)),  # rebuilt: behind
+             SegmentStats(Addr(1, 1, 0), 0, 0, 0, 0, 0, 0, (0, 1, 1)),
+             SegmentStats(Addr(0, 0, 0), 0, 0, 0, 0, 0, 0, (7, 7)),  # the ingress: stage 1
+             SegmentStats(Addr(2, 0, 0), 0, 0, 0, 0, 0, 0, ())]  # the last stage: none
+    assert routed_loads(stats) == {2: [5, 5, 3], 1: [7, 7]}

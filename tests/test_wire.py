@@ -124,7 +124,7 @@ MESSAGES = [
     ProbedKeys(Addr(2, 1, 0), 3, 4096, 0, (("k17", 2**64 - 1), ((1, "a"), 5))),
     ProbedKeys(Addr(2, 1, 0), 3, 4096, 1, None),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
-    NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0),
+    NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0, (4, 0, 6)),
                SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1))), NodeStats(),
 ]
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Deque, Iterable, List, Optional, Sequence, Set, Tuple
 
+from exchange.group_load import GroupLoad
 from exchange.group_map import GroupMove, stage_moves
 from exchange.routing import RouteRefused, moved, routed
 from exchange.rows import NumberedRows
@@ -50,13 +51,15 @@ def ingress_addr(index: int = 0) -> Addr:
     return Addr(0, index, P)
 
 
-def _sub_items(router, partitions: int, first: int,
-               pending: PendingInputs, addr: Addr = INGRESS) -> List[Optional[NumberedRows]]:
+def _sub_items(router, partitions: int, first: int, pending: PendingInputs,
+               addr: Addr = INGRESS, load: Optional[GroupLoad] = None
+               ) -> List[Optional[NumberedRows]]:
     """Inputs numbered from ``first``, in the form stage 1 takes and routed to its
-    ``partitions`` by its key (a run at a time). The key is user code: what it refuses
-    stops the job as an operator's error in a segment would, naming the input."""
+    ``partitions`` by its key (a run at a time; ``load`` counts them per key group). The
+    key is user code: what it refuses stops the job as an operator's error in a segment
+    would, naming the input."""
     try:
-        rows, routes = routed(router, pending.rows(first), partitions)
+        rows, routes = routed(router, pending.rows(first), partitions, load)
     except RouteRefused as refused:
         raise OperatorError(refused.what, addr.stage, addr.partition,
                             input_sn(first + refused.row),
@@ -156,8 +159,10 @@ class Ingress(Stage1Connections):
         self.batch_rows = batch_rows
         #: the number of the last input accepted (with one ingress: how many)
         self.accepted = 0
-        #: how many inputs it accepted
+        #: how many inputs it accepted, and how many it routed to each key group of
+        #: stage 1 (the rebalancing policy's load)
         self.inputs = 0
+        self.routed = GroupLoad()
         self.capacity = capacity
         self.log_inputs = log_inputs
         #: accepted inputs not yet in an item
@@ -175,7 +180,7 @@ class Ingress(Stage1Connections):
         buffered (not yet held by both replicas), in flight and full windows."""
         in_flight, blocked = self.out.window_use()
         return SegmentStats(self.addr, self.inputs, self.inputs, 0, self.out.buffered(),
-                            in_flight, blocked)
+                            in_flight, blocked, self.routed.totals())
 
     # -- the source side ---------------------------------------------------
     def frontier(self) -> SN:
@@ -251,7 +256,7 @@ class Ingress(Stage1Connections):
             return 0
         x = self.accepted
         subs = _sub_items(self.router, self.partitions, x - len(self.pending) + 1, self.pending,
-                          self.addr)
+                          self.addr, self.routed)
         self.pending.clear()
         self.last_item = x
         if self._waits_for_log(x):  # its inputs are not all in the log yet

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, List, Optional, Set
 
+from exchange.group_load import GroupLoad
 from exchange.partitioner import KEY_GROUPS
 from flux.addresses import Addr, other
 from flux.control_messages import Avail, InstallRange, SegmentStats
@@ -100,8 +101,10 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         self.parts_received = 0
         #: what the last install took (for counters): bulk parts, keyed deltas, delta keys
         self.installed: Optional[dict] = None
-        #: monitoring: inputs taken from the merge and outputs produced here
+        #: monitoring: inputs taken from the merge and outputs produced here, and the
+        #: outputs routed per key group of the next stage (the rebalancing policy's load)
         self.taken = self.emitted = 0
+        self.routed = GroupLoad()
         #: checkpoint cuts learnt from the batches and not crossed yet (DESIGN 10)
         self.cuts = Cuts()
         #: one snapshot in ``full_every`` is whole, the others deltas (flux.snapshot_chain)
@@ -227,7 +230,8 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         """Counters for monitoring."""
         in_flight, blocked = self.fprod.out.window_use()
         return SegmentStats(self.addr, self.taken, self.emitted, self.fcons.queued(),
-                            self.fprod.out.buffered(), in_flight, blocked)
+                            self.fprod.out.buffered(), in_flight, blocked,
+                            self.routed.totals())
 
     def check_invariants(self) -> None:
         self.fprod.out.check_invariants()

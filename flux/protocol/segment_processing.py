@@ -90,7 +90,7 @@ class ProcessingSide:
         count = len(self.fprod.out.buffers)
         try:  # the user's key and columns only: a fault of the buffers is not theirs
             # the last stage (everything to the egress), or one partition: no key asked
-            out, routes = routed(self.router, out, count)
+            out, routes = routed(self.router, out, count, self.routed)
         except RouteRefused as refused:
             raise OperatorError(refused.what, self.addr.stage, self.addr.partition,
                                 out.row_sn(refused.row),

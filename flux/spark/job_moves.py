@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from controller.rebalance import RebalancePolicy
+from controller.rebalance import RebalancePolicy, routed_loads
 from exchange.group_map import GroupMap
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
@@ -198,7 +198,8 @@ class KeyGroupMoves:
         while not self._stopping.wait(poll) and not self.finished():
             try:
                 move = policy.observe(time.monotonic(), self._inputs_taken(),
-                                      self._checkpointing.moves.owners())
+                                      self._checkpointing.moves.owners(),
+                                      routed_loads(self._producer_stats()))
                 if move is None:
                     continue
                 log.info("Rebalance: stage %d groups %d..%d to partition %d (inputs/s "
@@ -213,13 +214,22 @@ class KeyGroupMoves:
 
     def _inputs_taken(self) -> Dict[Tuple[int, int], int]:
         """(stage, partition) -> inputs taken, the more of its replicas' last counters."""
-        attempt = self.attempt
         taken: Dict[Tuple[int, int], int] = {}
-        for _, stats in list(attempt.controller.node_stats.values()) if attempt else ():
-            for s in stats.segments:
-                key = (s.addr.stage, s.addr.partition)
-                taken[key] = max(taken.get(key, 0), s.taken)
+        for s in self._producer_stats():
+            key = (s.addr.stage, s.addr.partition)
+            taken[key] = max(taken.get(key, 0), s.taken)
         return taken
+
+    def _producer_stats(self) -> list:
+        """Every replica's last counters: the nodes' (their segments, and the ingresses
+        of a split source) and the ingress process's (as it last reported them)."""
+        attempt = self.attempt
+        if attempt is None:
+            return []
+        stats = [s for _, node in list(attempt.controller.node_stats.values())
+                 for s in node.segments]
+        feed = attempt.feed
+        return stats + ([feed.stats] if feed is not None and feed.stats is not None else [])
 
     def _bulks_staged(self, number: int, moves) -> bool:
         attempt = self.attempt
