@@ -210,6 +210,11 @@ def test_the_rebalancing_policy_moves_groups_off_a_hot_partition_and_the_output_
         job.wait(timeout=300)
         decided = [what for _, kind, what in job.metrics.events if kind == "rebalanced"]
         owners = job.key_group_owners(1)
+        rows = job.key_group_rows(1)  # as last reported: most of the inputs
+    hot_groups = {groups.group(k) for k in hot}
+    assert 0.7 < sum(rows[g] for g in hot_groups) / sum(rows) < 0.8  # three quarters
+    assert sum(rows) <= len(records) and sum(rows[g] for g in range(256)
+                                             if g not in hot_groups and g < 64) == 0
     assert read_sink("jsonl", str(tmp_path / "out")) == expected
     assert job.restart_log == []
     stage, first, last, dest, rates = decided[0]

@@ -7,10 +7,13 @@ import time
 import urllib.error
 import urllib.request
 
+from collections import Counter
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_runtime_failover import paced
 
+from exchange.partitioner import HashPartitioner
 from flux.testing.dataflows import counting_dataflow
 from flux.reference import reference_output
 from flux.runtime.metrics import Metrics
@@ -92,6 +95,17 @@ def test_a_scrape_shows_every_replica_the_pairs_and_a_failure():
         for p in ("2", "3"):  # pairs the failure did not touch: both replicas took the same
             assert replicas[stage, p, "primary"] == replicas[stage, p, "secondary"] > 0
     assert sum(replicas["count1", p, "primary"] for p in ("2", "3")) < len(records)
+    # each record counted once in its stage-1 key group (partitions 0 and 1 lost a
+    # replica each: their twins' counts stand), each stage-1 output in its stage-2 group
+    partitioner = HashPartitioner(4)
+    rows = series(after, "flux_key_group_rows_total", stage="count1")
+    want = Counter(partitioner.group(counting_dataflow(2).stages[0].key(r)) for r in records)
+    assert {int(dict(k)["group"]): v for k, v in rows.items() if v} == want
+    stage2 = series(after, "flux_key_group_rows_total", stage="count2")
+    emitted = {(dict(k)["partition"], dict(k)["replica"]): v for k, v in
+               series(after, "flux_segment_outputs_total", stage="count1").items()}
+    assert sum(stage2.values()) == sum(max(emitted[p, "primary"], emitted[p, "secondary"])
+                                       for p in "0123") > len(records)
     assert all(v == 0 for v in series(after, "flux_segment_queued").values())
     assert all(v >= 0 for v in series(after, "flux_segment_in_flight").values())
     with pytest.raises(urllib.error.URLError):

@@ -23,6 +23,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from controller.rebalance import routed_loads
 from flux.addresses import P
 from flux.control_messages import SegmentStats
 from flux.runtime.metrics import LATENCY_EDGES, Metrics
@@ -156,6 +157,14 @@ class JobCollector:
             for field, family in families.items():
                 family.add_metric(values, getattr(s, field))
         yield from families.values()
+        groups = CounterMetricFamily("flux_key_group_rows", "rows routed to each key group "
+                                     "of a stage (a hot group shows here; the rebalancing "
+                                     "policy reads the same counts)", labels=["stage", "group"])
+        for stage, counts in sorted(routed_loads(s for _, s in rows).items()):
+            name = self._stage(stage)
+            for group, n in enumerate(counts):
+                groups.add_metric([name, str(group)], n)
+        yield groups
 
     def _stage(self, stage: int) -> str:
         if stage == 0:

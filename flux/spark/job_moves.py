@@ -146,6 +146,15 @@ class KeyGroupMoves:
                              "cuts) of a job with key groups")
         return moves.owners()[stage]
 
+    def key_group_rows(self, stage: int = 1) -> List[int]:
+        """Rows routed to each key group of ``stage`` (1-based) so far, as the producers
+        last reported them (about once a second; empty before the first report): where
+        a stage's load is. The larger of each pair's two counts; a restart starts them
+        again."""
+        if not 1 <= stage <= len(self.dataflow.stages):
+            raise ValueError(f"stage must be 1 to {len(self.dataflow.stages)}, got {stage!r}")
+        return routed_loads(self._producer_stats()).get(stage, [])
+
     def _movable_stages(self) -> List[int]:
         """The stages whose key groups may move live (the last stays with a sink per
         partition); a stage named by ``Rebalance.stages`` that cannot is refused."""
