@@ -88,6 +88,12 @@ class RecordRouter:
     def prepare(self, rows: NumberedRows) -> NumberedRows:
         return _in_form(rows, self.schema)
 
+    def group_of(self, record: Any) -> int:
+        """``record``'s key group (a test's reference: where a live move sends it)."""
+        if self._group_of is None:
+            raise ValueError("a router without key groups")
+        return self._group_of(record)
+
     def partitions_of(self, rows: NumberedRows, load: Optional[GroupLoad] = None) -> np.ndarray:
         records = rows.records
         try:

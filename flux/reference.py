@@ -38,10 +38,11 @@ class ReferenceRun:
 
     def __init__(self, dataflow: Dataflow, partitions: int,
                  watch: Optional[Callable[[int, SN, Any], None]] = None,
-                 key_groups: Optional[int] = KEY_GROUPS):
+                 key_groups: Optional[int] = KEY_GROUPS, groups: bool = False):
         """``watch(stage, sn, record)``: told of every record a stage (0-based) takes in,
         in order (the determinism check compares what each stage made). ``key_groups``:
-        the routing's (DESIGN 13)."""
+        the routing's (DESIGN 13). ``groups``: keep each output's last-stage key group
+        too (``output_groups``: where a live move of the last stage sends it)."""
         self.dataflow = dataflow
         self.watch = watch
         self.routers = [router_for(stage.key, partitions, stage.schema, key_groups)
@@ -53,6 +54,9 @@ class ReferenceRun:
         self.fed = 0
         #: the last-stage partition of every output so far, in the order ``feed`` gave them
         self.output_partitions: list[int] = []
+        #: with ``groups``: the last-stage key group of every output so far, likewise
+        self.output_groups: Optional[list[int]] = [] if groups else None
+        self._last_group = 0
 
     def feed(self, record: Any, number: Optional[int] = None) -> list[tuple[SN, Any]]:
         """Push the next input through every stage; the final outputs it caused, in SN order.
@@ -82,6 +86,8 @@ class ReferenceRun:
         if s == len(self.chains):
             out.append((sn, _record(record)))
             self.output_partitions.append(came_from)
+            if self.output_groups is not None:  # (depth first: the last stage's input's)
+                self.output_groups.append(self._last_group)
             return
         if self.watch is not None:
             self.watch(s, sn, _record(record))
@@ -92,6 +98,8 @@ class ReferenceRun:
         else:
             record = router.prepare(_one_row(sn, record))
             partition = int(router.partitions_of(record)[0])
+        if self.output_groups is not None and s == len(self.chains) - 1:
+            self._last_group = router.group_of(_record(record))
         chain = self.chains[s][partition]
         try:
             if chain.columnar:

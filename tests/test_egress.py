@@ -242,3 +242,59 @@ def test_settled_names_the_inputs_whose_outputs_were_all_delivered():
     eg.on_message(L1P, b(bound=(15,)))
     eg.on_message(L0P, b(bound=(16,)))
     assert eg.settled() == 12  # no item since 9: the frontier (15,) proves up to 15 - 3
+
+
+# -- a live move of the last stage with a sink per partition (docs/design/rescaling.md) --
+def moving(k, n, *moves):
+    """A batch stamp: checkpoint cut ``(k, n)`` carrying move cut ``k`` with ``moves``
+    (each ``(stage, first, last, source, dest)``)."""
+    return (k, n, ((k, n, tuple(list(m) for m in moves)),))
+
+
+def one_partition(partition):
+    """The egress of last-stage partition ``partition`` of a one-stage dataflow of 3."""
+    return Egress(1, 3, partition=partition)
+
+
+def delivered(effects):
+    return [row[0][0] for e in effects if isinstance(e, Deliver) for row in e.items]
+
+
+@pytest.mark.parametrize("partition", [0, 1])
+def test_the_output_past_a_move_of_its_partitions_groups_waits_for_a_complete_checkpoint(
+        partition):
+    """Groups 0..40 go from partition 0 to 1 at cut 10: both partitions' egresses deliver
+    nothing numbered past 10 until a complete checkpoint covers it, and say they crossed
+    no move cut before it (their producers keep telling it: a writer started again
+    learns it again)."""
+    eg = one_partition(partition)
+    src = Addr(1, partition, P)
+    effects = eg.on_message(src, Batch((((8, partition), rows(((8, 1), "a"))),
+                                        ((12, partition), rows(((12, 1), "b")))), (12,),
+                                       cut=moving(2, 10, (1, 0, 40, 0, 1))))
+    assert delivered(effects) == [8] and eg.holds == {2: 10}
+    told = [e.msg.moves for e in effects if isinstance(e, Send)]
+    assert told and max(told) == 1  # crossed 1 at most: 2 is held
+    assert delivered(eg.checkpoint_complete(1, 6)) == []  # an older cut: still held
+    assert delivered(eg.checkpoint_complete(2, 10)) == [12] and eg.holds == {}
+    assert eg.fcons.moves_crossed == 2
+
+
+def test_an_egress_the_move_does_not_touch_holds_nothing_and_a_covered_cut_neither():
+    eg = one_partition(2)
+    effects = eg.on_message(Addr(1, 2, P), Batch((((12, 2), rows(((12, 1), "b"))),), (12,),
+                                                  cut=moving(2, 10, (1, 0, 40, 0, 1))))
+    assert delivered(effects) == [12] and eg.holds == {}
+    eg = one_partition(1)
+    eg.checkpoint_complete(3, 11)  # made after a checkpoint past the move completed
+    effects = eg.on_message(Addr(1, 1, P), Batch((((12, 1), rows(((12, 1), "b"))),), (12,),
+                                                  cut=moving(2, 10, (1, 0, 40, 0, 1))))
+    assert delivered(effects) == [12] and eg.holds == {}
+
+
+def test_a_prepare_or_a_move_of_an_earlier_stage_holds_nothing():
+    eg = Egress(2, 3, partition=1)
+    effects = eg.on_message(Addr(2, 1, P), Batch((((12, 1), rows(((12, 1, 1), "b"))),),
+                                                 (12,), cut=moving(2, 10, (1, 0, 40, 0, 1),
+                                                                   (2, 0, 40, 2, 1, 1))))
+    assert delivered(effects) == [12] and eg.holds == {}

@@ -83,22 +83,55 @@ def test_a_move_in_two_phases_whose_changes_leave_something_out_is_caught(varian
     assert failures(results)
 
 
-def test_moves_of_the_last_stage_with_a_sink_per_partition_are_refused_until_modelled():
+def test_moves_with_rescales_from_a_checkpoint_are_refused_until_modelled():
     with pytest.raises(ValueError, match="not modelled yet"):
-        SimParams(**MOVES, stages=1, partitioned_egress=True).validate()
-    with pytest.raises(ValueError, match="not modelled yet"):
-        SimParams(**{**MOVES, "moves": 0}, partitions=6, live_rescales=(4, 6),
-                  partitioned_egress=True).validate()
+        SimParams(**MOVES, rescale_to=(2, 3)).validate()
 
 
 @pytest.mark.parametrize("egress", ["partitioned_egress", "writers_on_nodes"])
-def test_moves_before_the_last_stage_keep_each_sink_partitions_output(egress):
-    """A sink per partition (in the driver, or writers on the nodes): the stages before
-    the last move, each sink partition's output stays the failure-free run's."""
+def test_moves_of_any_stage_keep_each_sink_partitions_output(egress):
+    """A sink per partition (in the driver, or writers on the nodes), moves of every
+    stage: each sink partition holds the failure-free outputs routed by the last stage's
+    map in force at each one's input."""
     results = schedules(SimParams(**MOVES, stages=3, standbys=2, crashes=2, restarts=1,
                                   **{egress: True}), range(1, 61))
     assert not failures(results), failures(results)
     assert sum(r.moves_done for r in results) >= 40
+
+
+@pytest.mark.parametrize("shape", [
+    dict(partitioned_egress=True, restarts=2, corrupt_checkpoints=1),
+    dict(writers_on_nodes=True, restarts=1, stages=1),
+    dict(partitioned_egress=True, partitions=4, moves=0, live_rescales=(4, 2, 3),
+         checkpoints=6, restarts=1),
+    dict(writers_on_nodes=True, ingresses=3, ingress_pairs=True, restarts=1),
+], ids=["driver-sinks-damaged-checkpoints", "writers-one-stage", "live-rescales",
+        "writers-ingress-pairs"])
+def test_moves_of_the_last_stage_with_a_sink_per_partition(shape):
+    """A move of the last stage's groups changes its keys' sink partition at its cut
+    (docs/design/rescaling.md): the two partitions' egresses hold what is past it until
+    a complete checkpoint covers it, no other checkpoint is cut meanwhile (one that did
+    not complete restarts the job), a move is cut past what any sink committed, and no
+    restart goes back before a covered one; with crashes, standbys, restarts and damaged
+    checkpoints, each sink partition holds exactly its failure-free outputs."""
+    params = SimParams(**{**MOVES, "partitions": 3, "standbys": 2, "crashes": 2, **shape})
+    results = schedules(params, range(1, 101))
+    assert not failures(results), failures(results)
+    assert sum(r.moves_last for r in results) >= 40
+
+
+@pytest.mark.parametrize("variant", ["move-last-no-hold", "move-last-no-floor"])
+def test_a_last_stage_move_that_lets_outputs_past_it_or_falls_under_a_sink_is_caught(variant):
+    """Broken: the two partitions' outputs past the move's cut go to their sinks before a
+    checkpoint covers it (a restart from before it replays them by the old map: twice in
+    one sink, or dropped under the other's committed SN); or a move asked after a restart
+    is cut below what a sink committed."""
+    params = SimParams(**{**MOVES, "partitions": 3, "standbys": 2, "crashes": 2,
+                          "moves": 4, "checkpoints": 6, "restarts": 2,
+                          "corrupt_checkpoints": 1, "partitioned_egress": True,
+                          "variant": variant})
+    results = schedules(params, range(300, 500))
+    assert any(r.status == VIOLATION for r in results)
 
 
 @pytest.mark.parametrize("shape", [

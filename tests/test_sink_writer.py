@@ -62,7 +62,7 @@ def test_the_writer_acks_at_commits_only_and_both_replicas():
     assert not [e for e in effects if isinstance(e, Send) and isinstance(e.msg, Ack)]
     effects = w.on_message(LP, Batch((sub(2, ((2, 1), "b")),), (2,)))
     assert effects[-1] == SinkCommit(0, 0, 1, (2, 1))  # two items: commit_every
-    assert w.committed() == [Send(W, LP, Ack((2, 1), None)), Send(W, LS, Ack((2, 1), None))]
+    assert w.committed() == [Send(W, LP, Ack((2, 1), 0)), Send(W, LS, Ack((2, 1), 0))]
     assert w.committed() == []  # nothing new
 
 

@@ -179,12 +179,14 @@ class MachineBuilder:
             raise ValueError("an egress per partition: ask for egresses()")
         return self.egresses()[0]
 
-    def egresses(self) -> List[Egress]:
-        """The egress, or one per last-stage partition (``ordered_output=False``)."""
+    def egresses(self, egress_class: type = Egress) -> List[Egress]:
+        """The egress, or one per last-stage partition (``ordered_output=False``);
+        ``egress_class``: a simulated variant's."""
         partitions = [None] if self.ordered_output else range(self.partitions)
-        return [Egress(self.stages, self.partitions, absent=self.absent_replicas(self.stages),
-                       credit_every=self.credit_every, batch_rows=self.batch_rows,
-                       partition=p) for p in partitions]
+        return [egress_class(self.stages, self.partitions,
+                             absent=self.absent_replicas(self.stages),
+                             credit_every=self.credit_every, batch_rows=self.batch_rows,
+                             partition=p) for p in partitions]
 
     def writer(self, partition: int, commit_every: Optional[int] = None) -> SinkWriter:
         """Last-stage partition ``partition``'s sink writer; it commits at least every

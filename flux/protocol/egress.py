@@ -13,7 +13,7 @@ leave as the merge releases them, in ``on_message``, and it only acks.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional, Set
 
 from flux.addresses import Addr, P, S
 from flux.control_messages import SegmentStats
@@ -45,11 +45,24 @@ class Egress:
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in among]
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every,
                                   acks_at_commit)
-        self.fcons.keeps_no_moves()
         self.delivered = 0
         self.batch_rows = batch_rows
         self.released = 0  # the number of the last item released (its last input)
-        self.cuts = Cuts(moves=False)  # checkpoints whose cut the output has not passed yet
+        #: checkpoints whose cut the output has not passed yet; an egress of one partition
+        #: keeps the move cuts too: one that moves the last stage's groups from or to its
+        #: partition holds the output past it (``holds``)
+        self.cuts = Cuts(moves=partition is not None)
+        if partition is None:
+            self.fcons.keeps_no_moves()
+        #: move cut number -> its cut: a move of the last stage's groups from or to this
+        #: partition whose cut no complete checkpoint covers yet. Nothing numbered past the
+        #: oldest leaves for the sink until one does: a restart from before it would send
+        #: those keys' outputs to the other partition's sink (docs/design/rescaling.md)
+        self.holds: Dict[int, int] = {}
+        #: the cut of the newest complete checkpoint it knows of: a move cut at or below
+        #: it holds nothing (a restart never goes back before it)
+        self.covered = 0
+        self.stages = stages
 
     def finished(self, accepted: int) -> bool:
         """Every output of the first ``accepted`` inputs was delivered: every item is
@@ -82,10 +95,25 @@ class Egress:
         elif isinstance(msg, Batch):
             effects = self.fcons.on_batch(src, msg)
             self.cuts.learn(msg.cut)
+            self._hold_moves()
         else:
             raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
-        out, items = [], 0
-        while self.fcons.can_release():
+        return effects + self._release()
+
+    def checkpoint_complete(self, number: int, cut: int) -> List:
+        """Checkpoint ``number``, cut at ``cut``, is complete (told at its start too: the
+        newest when it was made): the moves of cuts up to it hold nothing any more (a
+        restart never goes back before it)."""
+        self.covered = max(self.covered, cut)
+        for k, n in list(self.holds.items()):
+            if n <= cut:
+                del self.holds[k]
+        self._report_moves()
+        return self._release()
+
+    def _release(self) -> List:
+        effects, out, items = [], [], 0
+        while self.fcons.can_release() and not self._held_back():
             item, rows = self.fcons.release()
             self.released = item[0]
             out.extend(rows.pairs())
@@ -101,6 +129,37 @@ class Egress:
             self.cuts.crossed(due[0])  # every output of inputs up to the cut is out
             effects.append(self.commit(*due))
         return effects + self.released_items(items)
+
+    def _hold_moves(self) -> None:
+        """Move cuts learned: one that moves the last stage's groups from or to this
+        partition holds the output past it; every other move cut is crossed as the
+        output passes it (an egress routes nothing)."""
+        if not self.cuts.keeps_moves:
+            return
+        for k in sorted(self.cuts.moves):
+            n, moves = self.cuts.moves[k]
+            if n > self.covered and any(m.stage == self.stages and not m.prepare
+                                        and self.partition in (m.source, m.dest)
+                                        for m in moves):
+                self.holds[k] = n
+            self.cuts.cross_moves(k)
+        self._report_moves()
+
+    def _report_moves(self) -> None:
+        """The move cut its acks and credits say it crossed: below every one it holds
+        for, so its producers keep telling those until a checkpoint covers them (a
+        writer started again learns them again: DESIGN 13's forgetting)."""
+        if self.cuts.keeps_moves:
+            held = min(self.holds, default=None)
+            crossed = self.cuts.moves_crossed
+            self.fcons.moves_crossed = crossed if held is None else min(crossed, held - 1)
+
+    def _held_back(self) -> bool:
+        """The next item is numbered past a cut this partition holds for."""
+        if not self.holds:
+            return False
+        head = self.fcons.next_item()
+        return head is not None and head[0] > min(self.holds.values())
 
     def commit(self, number: int, cut: int) -> SinkCommit:
         """The sink commits what it holds, for checkpoint ``number`` (DESIGN 10)."""

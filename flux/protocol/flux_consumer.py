@@ -185,6 +185,11 @@ class FluxConsumer(ConsumerRoles):
         """An item may leave the merge whole, in SN order."""
         return self.merge.ready()
 
+    def next_item(self) -> Optional[SN]:
+        """The SN of the item ``release`` would give next (None: none queued)."""
+        head = self.merge.head()
+        return None if head is None else head[1][:-1]
+
     def release(self) -> Tuple[SN, NumberedRows]:
         """The next item in SN order, its sub-items merged by row SN; call only when
         ``can_release``. Each sub-item taken counts toward its feed's credit."""

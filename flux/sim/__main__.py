@@ -249,7 +249,7 @@ def main(argv=None) -> int:
     zombies = mover_lost = deadlines = cuts = snapshots = complete = restarts = 0
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
     compared = diverged = undefined = probed = named = sets_rebuilt = rescales = 0
-    drains = given_up = moves = moves_done = live = by_changes = 0
+    drains = given_up = moves = moves_done = live = by_changes = moves_last = stuck = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -278,6 +278,8 @@ def main(argv=None) -> int:
         moves += result.moves
         moves_done += result.moves_done
         by_changes += result.moves_by_changes
+        moves_last += result.moves_last
+        stuck += result.moves_stuck
         live += result.live_rescales
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
@@ -316,6 +318,7 @@ def main(argv=None) -> int:
           f"{f' (rescaled {rescales})' if rescales else ''}"
           f"{f' (drained {drains}, given up {given_up})' if drains or given_up else ''}, "
           f"{f'live moves={moves} (installed by both replicas {moves_done}, packs of changes since a bulk {by_changes}), ' if moves else ''}"
+          f"{f'cuts moving the last stage with a sink per partition={moves_last} (restarts for one whose checkpoint could not complete {stuck}), ' if moves_last else ''}"
           f"{f'live rescales={live}, ' if params.live_rescales else ''}"
           f"{corruption}"
           f"crash_window={window} steps",

@@ -128,6 +128,10 @@ class WorldConfig:
     writers_on_nodes: bool = False
     commit_every: Optional[int] = None
     writer_class: Optional[type] = None  # a broken variant's writer
+    egress_class: Optional[type] = None  # a broken variant's egress of one partition
+    #: True: a broken variant that moves the last stage's groups at a cut below what a
+    #: sink partition committed (``SimMoves.floor``)
+    move_last_without_floor: bool = False
     #: several ingresses: which reads each input, in which epoch (``flux.sim.ingresses``);
     #: None: one ingress reading every input
     epochs: Optional[Any] = None

@@ -32,6 +32,7 @@ from flux.effects import PackRange
 from flux.operator import wire_form
 from flux.rescale import regrouped_states
 from flux.sim.config import CONTROLLER
+from flux.sim.sink_moves import SinkMoves
 from flux.sim.violation import Violation
 from flux.snapshot_chain import rebuild
 from flux.state_codec import pack_state
@@ -70,15 +71,27 @@ class SimMoves:
         self.prepared_at = 0
         #: moves packed as their changes since a prepare's bulk (a replica's pack)
         self.by_changes = 0
+        #: the last stage's moves with a sink per partition: their cuts and what they hold
+        self.sinks = SinkMoves(world, self)
 
     def map_of(self, stage: int) -> GroupMap:
         return self.current.get(stage) or GroupMap.even(self.world.partitions, KEY_GROUPS)
 
     # -- the ingress cuts a checkpoint --------------------------------------------------
-    def choose(self, number: int) -> Tuple[GroupMove, ...]:
-        """The moves checkpoint ``number``'s cut carries (maybe none)."""
+    def choose(self, number: int, position: Optional[int] = None) -> Tuple[GroupMove, ...]:
+        """The moves checkpoint ``number``'s cut carries (maybe none); ``position``: its
+        cut where known (one ingress), to keep the last stage's moves above ``floor``."""
+        moves = self._choose(number, self.sinks.blocked(position))
+        self.sinks.chosen(number, moves)
+        return moves
+
+    def _choose(self, number: int, last_blocked: bool) -> Tuple[GroupMove, ...]:
         self.before[number] = dict(self.current)
         moves: Tuple[GroupMove, ...] = ()
+        last = self.world.stages
+        if self.prepared and last_blocked and any(m.stage == last for m in self.prepared):
+            self.after[number] = dict(self.current)  # their second phase waits for the floor
+            return moves
         if self.prepared:  # their second phase, at this cut or a later one
             if self.rng.random() < MOVE_CHANCE:
                 moves, self.prepared = self.prepared, ()
@@ -86,15 +99,15 @@ class SimMoves:
                     self.current[s] = self.map_of(s).moved([m for m in moves if m.stage == s])
             self.after[number] = dict(self.current)
             return moves
-        if self.counts and self.rng.random() < MOVE_CHANCE:  # a live rescale: every stage
+        if self.counts and not last_blocked and self.rng.random() < MOVE_CHANCE:  # every stage
             count = self.counts.pop(0)
             target = GroupMap.even(count, KEY_GROUPS, self.world.partitions)
             for s in range(1, self.world.stages + 1):
                 moves += tuple(self.map_of(s).moves_to(target, s))
                 self.current[s] = target
             self.rescaled += 1
-        elif self.left and self.rng.random() < MOVE_CHANCE:
-            move = self._draw()
+        elif self.left and self.world.stages > last_blocked and self.rng.random() < MOVE_CHANCE:
+            move = self._draw(last_blocked)
             self.current[move.stage] = self.map_of(move.stage).moved([move])
             self.left -= 1
             moves = (move,)
@@ -108,13 +121,13 @@ class SimMoves:
         self.after[number] = dict(self.current)
         return moves
 
-    def _draw(self) -> GroupMove:
+    def _draw(self, last_blocked: bool) -> GroupMove:
         """A range inside one run of groups of one owner (half the time all of it: a
         schedule's few keys fall in few groups), to another partition; of a stage before
-        the last with a sink per partition (the last one's would change a key's sink)."""
+        the last where the last may not move at this cut (``last_stage_blocked``)."""
         rng = self.rng
-        w = self.world  # with a sink per partition, the last stage's keys stay
-        stage = rng.randint(1, w.stages - (not w.config.ordered_output))
+        w = self.world
+        stage = rng.randint(1, w.stages - last_blocked)
         first, last, source = rng.choice(self.map_of(stage).ranges())
         lo, hi = first, last
         if rng.random() < 0.5:
@@ -154,16 +167,20 @@ class SimMoves:
             steps.append(("install-range", keys.index(key), addr.replica))
             hosts.append(CONTROLLER)
 
-    def apply(self, step: tuple) -> Addr:
-        """Send a range to one replica of its destination; returns that replica."""
+    def apply(self, step: tuple) -> List[Addr]:
+        """Send a range to one replica of its destination (returns that replica), or
+        restart the job: the checkpoint of a move of the last stage will not complete."""
         w = self.world
+        if step[0] == "move-stuck":
+            self.sinks.restart_stuck()
+            return []
         key = list(self.relay.packs)[step[1]]
         addr = Addr(key[1].stage, key[1].dest, step[2])
         host = w.hosts[w.host_of[addr]]
         msg = self.relay.send(key, addr, host.name)
         w.net.touched(host.name, addr)
         w.effects(*host.run_local(host.machines[addr].on_message(None, msg)), host=host)
-        return addr
+        return [addr]
 
     # -- a restart --------------------------------------------------------------------
     def restarted(self, k: Optional[int]) -> None:
@@ -172,6 +189,7 @@ class SimMoves:
         self.current = dict(self.after[k] if k in self.after else self.initial)
         self.world.builder.groups = dict(self.current)
         self.relay.forget()
+        self.sinks.restarted(k)
         if k is None or k < self.prepared_at:  # prepared at a cut the restart undoes
             self.prepared = ()
 

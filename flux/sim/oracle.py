@@ -78,7 +78,9 @@ class FailureFreeOutputs:
         self.inputs: Optional[list] = None
         self._numbers_of: Optional[list] = None  # the numbers ``outputs`` are of
         self.outputs: list = []  # (sn, record), in SN order
-        self.partition_of: list = []  # the last-stage partition of each output
+        self._partitions: list = []  # the last-stage partition of each output
+        #: each output's sink partition where live moves of the last stage changed it
+        self.parts: Optional[list] = None
         self.made: list = []  # how many outputs each input made
 
     def of(self, inputs: Sequence[Any]) -> "FailureFreeOutputs":
@@ -93,8 +95,19 @@ class FailureFreeOutputs:
                 outputs += new
                 made.append(len(new))
             self.inputs, self.outputs, self.made = list(inputs), outputs, made
-            self.partition_of = run.output_partitions
+            self._partitions = run.output_partitions
         return self
+
+    @property
+    def partition_of(self) -> list:
+        """Each output's sink partition: the reference run's, or ``parts`` where live
+        moves of the last stage send outputs elsewhere (the same outputs, in order)."""
+        if self.parts is not None:
+            if len(self.parts) != len(self.outputs):
+                raise AssertionError(f"{len(self.parts)} sink partitions for "
+                                     f"{len(self.outputs)} outputs")
+            return self.parts
+        return self._partitions
 
 
 class SettledOracle:
@@ -246,13 +259,26 @@ class SettledOracle:
 
 def settled_oracles(world) -> List[SettledOracle]:
     """An oracle per egress of ``world`` at its partition count, sharing the failure-free
-    outputs."""
+    outputs (each one's sink partition as the last stage's live moves left it, if any:
+    ``settled_parts``)."""
     config = world.config
     reference = FailureFreeOutputs(world.dataflow, world.partitions,
                                    config.epochs.numbers if config.epochs else None)
+    reference.parts = world.moves.sinks.parts
     return [SettledOracle(world.dataflow, world.partitions,
                           None if config.ordered_output else p, reference)
             for p in range(world.sink_partitions)]
+
+
+def settled_parts(world, parts: List[int]) -> None:
+    """Each failure-free output's sink partition is ``parts`` now (a live move of the last
+    stage was cut: the outputs past it go to other partitions, none of which was made
+    yet): each egress's oracle follows, what it judged delivered staying judged."""
+    world.moves.sinks.parts = parts
+    for oracle in world.settled_oracles:
+        oracle.reference.parts = parts
+        if oracle.inputs is not None:
+            oracle.reordered(world.inputs)
 
 
 def writer_lost(world, k: int) -> bool:

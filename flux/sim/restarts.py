@@ -91,6 +91,13 @@ class Restarts:
         return self.draining() and not any(
             k >= self.rebuild_after for k in self.world.store.manifests)
 
+    def stuck(self) -> Optional[tuple]:
+        """With nothing else to do: a drain's checkpoint that will not complete
+        (``drain_stuck``), or a live move's of the last stage (``SimMoves.stuck``)."""
+        if self.drain_stuck():
+            return ("drain-stuck",)
+        return ("move-stuck",) if self.world.moves.sinks.stuck() else None
+
     def recut(self) -> bool:
         """The drain is stuck: cut again (True), or give the rescale up (False)."""
         self.recuts += 1
@@ -131,8 +138,10 @@ class Restarts:
         it; the rebuild's at or past ``cut_floor``."""
         w = self.world
         number = len(w.outcome.cuts) + 1
-        cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng, self.cut_floor(),
-                                  w.moves.choose(number))  # and its moves
+        moves = w.moves.choose(number)  # a move of the last stage: past what sinks hold
+        floor = max(self.cut_floor(), w.moves.sinks.floor() if number in w.moves.sinks.cuts
+                    else 0)
+        cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng, floor, moves)
         if self.take_cut(cut) != number:
             raise AssertionError(f"checkpoint {number} numbered otherwise by the restarts")
         w.begin_checkpoint(number, cut)
@@ -197,6 +206,14 @@ class Restarts:
                 f"(checkpoint {k} is from before it)")
             w.stopped = True
             return
+        if cut < w.moves.sinks.covered:
+            # a complete checkpoint covers a move of the last stage's groups: the sinks
+            # may hold those keys' outputs past its cut in the partitions it moved them to
+            outcome.checkpoint_corrupt = (
+                f"no checkpoint since the move of the last stage's key groups at cut "
+                f"{w.moves.sinks.covered} verifies (checkpoint {k} is from before it)")
+            w.stopped = True
+            return
         logged = self.source_parts is not None or w.epochs is not None
         if logged and cut < store.log_from:
             raise Violation(f"the input log was truncated past checkpoint {k}'s cut: it covers "
@@ -217,7 +234,7 @@ class Restarts:
         if counts and rescale(w, count) and restored is not None:
             outcome.rescales += 1  # from a checkpoint: its state split
             if not w.config.ordered_output:
-                w.on_drained_rescale()
+                w.on_parts_changed()
         if w.config.cuts_follow_restore:
             w.last_cut = cut
         store.chains = {}  # every replica starts anew: its first snapshot is whole

@@ -18,7 +18,7 @@ from controller.placement import ChainedDeclustering, ClusterPairs, OneSegmentPe
 from flux.data_messages import Batch
 from flux.protocol.host import Host
 from flux.operator import wire_form
-from flux.sim.oracle import PrefixOracle, Violation, final_checks
+from flux.sim.oracle import PrefixOracle, Violation, final_checks, settled_parts
 from flux.sim.ingresses import SKEWS, EpochPlan
 from flux.sim.moves import expected_state, final_states
 from flux.sim.variants import (DivergenceDraw, HOST_VARIANTS, INGRESS_VARIANTS, VARIANTS,
@@ -185,19 +185,13 @@ class SimParams:
                              f"--partitions ({self.partitions}) pairs, got {self.live_rescales}")
         keyed_by_stage = self.dataflow == "regroup" or (self.dataflow == "packets"
                                                          and self.stages <= 2)
-        # a sink per partition: moves of a stage before the last (the last one's would
-        # change a key's sink partition)
-        sinks_apart = self.egress_per_partition and (self.live_rescales or self.stages < 2)
         if (self.moves or self.live_rescales) and (
-                not self.checkpoints or not keyed_by_stage or self.rescale_to
-                or sinks_apart):
+                not self.checkpoints or not keyed_by_stage or self.rescale_to):
             raise ValueError("--moves and --live-rescales are carried by checkpoints' cuts "
                              "(--checkpoints N) with state keyed by its stages' keys "
                              "(--dataflow regroup, or packets of at most 2 stages: the "
-                             "third counts per app) and one partition count; with a sink "
-                             "per partition, --moves of the stages before the last only "
-                             "(moves of the last stage with a sink per partition, or with "
-                             "rescales, are not modelled yet)")
+                             "third counts per app) and one partition count (moves with "
+                             "rescales from a checkpoint are not modelled yet)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:
@@ -252,6 +246,8 @@ class ScheduleResult:
     moves_done: int = 0
     moves_restored: int = 0
     moves_by_changes: int = 0
+    moves_last: int = 0
+    moves_stuck: int = 0
     live_rescales: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
@@ -384,12 +380,18 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
 
     def redraw():
         """Each output's sink partition and the outputs each holds after n inputs, with
-        the drained rescales so far (``drained_parts``)."""
+        the drained rescales so far (``drained_parts``) or the last stage's live moves
+        (``moved_parts``)."""
+        numbers = world.epochs.plan.numbers if world.epochs is not None else \
+            range(1, len(world.inputs) + 1)
         if params.egress_per_partition and world.outcome.drains:
-            numbers = world.epochs.plan.numbers if world.epochs is not None else \
-                range(1, len(world.inputs) + 1)
             parts[:], outputs_upto[:] = drained_parts(reference, parts_at, params.partitions,
                                                       world.outcome.drains, numbers)
+        elif "groups" in parts_at:
+            parts[:], outputs_upto[:] = moved_parts(reference, parts_at["groups"],
+                                                    world.moves.sinks.last_stage_maps(), numbers,
+                                                    params.partitions)
+            settled_parts(world, parts)
         else:  # ``outputs_upto`` as the reference run gave it
             parts[:] = parts_at[params.partitions]
 
@@ -403,11 +405,32 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
                                 f"{want} of it")
 
     world.on_reorder = reorder
-    world.on_drained_rescale = redraw
+    world.on_parts_changed = redraw
     if params.egress_per_partition and params.rescale_to and config.deterministic:
         world.judge_drain = judge_drain
     redraw()
     return world, reference, states, parts if params.egress_per_partition else None
+
+
+def moved_parts(reference, groups, maps, numbers, partitions: int) -> tuple:
+    """Each output's sink partition with a sink per partition and live moves of the last
+    stage: the owner of its last-stage key group (``groups``) in the map in force for its
+    input (``maps``: ``(cut, owners)`` in cut order, the first at cut 0), and ``[n]``: how
+    many outputs each sink partition holds after the first n inputs."""
+    held = [0] * partitions
+    parts, upto = [], [tuple(held)]
+    i, m = 0, 0
+    for number in numbers:
+        while m + 1 < len(maps) and number > maps[m + 1][0]:
+            m += 1
+        owners = maps[m][1]
+        while i < len(reference) and reference[i][0][0] == number:
+            p = owners[groups[i]]
+            parts.append(p)
+            held[p] += 1
+            i += 1
+        upto.append(tuple(held))
+    return parts, upto
 
 
 def drained_parts(reference, parts_at, first: int, drains, numbers) -> tuple:
@@ -457,6 +480,8 @@ def reference_run(dataflow, inputs, params: SimParams, numbers=None):
     after = {params.partitions: states_after}
     states = {params.partitions: [[c.get_state() for c in stage] for stage in run.chains]}
     parts_at = {params.partitions: list(run.output_partitions)}
+    if run.output_groups is not None:  # where a live move of the last stage sends each
+        parts_at["groups"] = list(run.output_groups)
     for n in params.rescale_to:
         if n in after:
             continue
@@ -472,7 +497,8 @@ def reference_run(dataflow, inputs, params: SimParams, numbers=None):
 def _reference(dataflow, inputs, params: SimParams, partitions: int, numbers):
     from flux.reference import ReferenceRun
 
-    run = ReferenceRun(dataflow, partitions)
+    moving_sinks = params.egress_per_partition and bool(params.moves or params.live_rescales)
+    run = ReferenceRun(dataflow, partitions, groups=moving_sinks)
     reference: list = []
     outputs_upto = [0]  # [n]: how many reference outputs the first n inputs make
 
@@ -646,14 +672,14 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
         # what the sink holds is judged again, against the new order
         oracle.set_reference(reference, parts)
 
-    redraw = world.on_drained_rescale
+    redraw = world.on_parts_changed
 
-    def on_drained_rescale():
+    def on_parts_changed():  # a drained rescale, a live move of the last stage
         redraw()  # the outputs past the cut go to the new count's partitions
         oracle.set_reference(reference, parts)
 
     world.on_reorder = on_reorder
-    world.on_drained_rescale = on_drained_rescale
+    world.on_parts_changed = on_parts_changed
     result = ScheduleResult(seed, OK, expected=len(reference))
     # a nondeterministic operator has no one failure-free run to compare with: what is
     # judged is the digests' comparison (flux.sim.divergence) and the machines' own rules
@@ -754,6 +780,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.moves_done = len(world.moves.done)
     result.moves_restored = world.moves.restores_split
     result.moves_by_changes = world.moves.by_changes
+    result.moves_last = world.moves.sinks.moved
+    result.moves_stuck = world.moves.sinks.stuck_restarts
     result.damaged = list(world.outcome.damaged)
     result.writer_moves = world.outcome.writer_moves
     result.log_replays = world.outcome.log_replays
@@ -837,6 +865,8 @@ def format_step(step: tuple, payload: Any) -> str:
         return "RESCALE asked (a checkpoint cut now, then a restart from it)"
     if kind == "drain-stuck":
         return "DRAIN STUCK (no checkpoint at the drained cut completes: cut again, or give up)"
+    if kind == "move-stuck":
+        return "MOVE STUCK (a last-stage move's checkpoint will not complete: restart)"
     if kind == "corrupt":
         if payload is None:
             return "CORRUPT (a checkpoint file damaged)"

@@ -88,8 +88,8 @@ class Steps:
         if faults.corruptions_left and w.store.files:
             steps.append(("corrupt",))  # a file of the store is damaged
             hosts.append(CHECKPOINT_STORE)
-        if not steps and w.restarts.drain_stuck():  # its checkpoint will not complete
-            steps, hosts = [("drain-stuck",)], [INGRESS_HOST]
+        if not steps and (stuck := w.restarts.stuck()):  # a drain's or a move's checkpoint
+            steps, hosts = [stuck], [INGRESS_HOST]  # will not complete: the driver acts
         if not steps and w.recovery.attempts and w.config.mover_loss:
             steps.append(("tick",))  # a catch-up waits for what a lossy link lost: its
             hosts.append(CONTROLLER)  # deadline is long next to a healthy transfer
@@ -142,6 +142,7 @@ class Steps:
             # of ingress 0's leader only (a follower's steps stay as they were when it moves)
             checkpoint = ingress is w.ingresses[0] and not w.restarts.draining() and bool(
                 (w.checkpoints_left > 0 or w.restarts.rebuild_cut)
+                and w.moves.sinks.open_checkpoint() is None
                 and w.epochs.cut_epochs(w.ingresses, w.last_cut))
             slowest = min(ingress.epoch for ingress in w.ingresses)
             return [("flush", addr, i, d) for i, d in ingress.flushable()] + \
@@ -154,7 +155,7 @@ class Steps:
                 steps.append(("accept",))
             if ingress.can_cut():
                 steps.append(("item",))  # the pending inputs leave as an item (DESIGN 11)
-            if w.restarts.may_cut(ingress.accepted):
+            if w.restarts.may_cut(ingress.accepted) and w.moves.sinks.open_checkpoint() is None:
                 steps.append(("checkpoint",))
             if ingress.log_due():
                 steps.append(("log",))  # the input log made durable up to here
@@ -260,8 +261,8 @@ class Steps:
             self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind == "corrupt":
             w.faults.damage()
-        elif kind == "install-range":
-            self.dirty.add(w.moves.apply(step))  # a replica of a live move's destination
+        elif kind in ("install-range", "move-stuck"):  # a range to a destination replica,
+            self.dirty.update(w.moves.apply(step))  # or a restart (a move's cut stuck)
         else:
             self._apply_local(step, w.hosts[w.host_of[step[1]]])
 
@@ -306,7 +307,8 @@ class Steps:
         else:
             number = w.restarts.take_cut(ingress.accepted)
             self.dirty.add(INGRESS)
-            cut = ingress.choose_cut(number, w.moves.choose(number))  # and its moves
+            # and its moves (the last stage's only past what the sinks committed)
+            cut = ingress.choose_cut(number, w.moves.choose(number, ingress.accepted))
             w.effects(*w.hosts[INGRESS_HOST].run_local(cut))
 
     def _apply_local(self, step: tuple, host: Host) -> None:

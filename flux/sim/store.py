@@ -130,6 +130,7 @@ class CheckpointStore:
         self.manifests[k] = (w.coordinator.checkpoints[k].cut, chains)
         self._prune(k)
         w.restarts.completed(k)
+        w.moves.sinks.checkpoint_complete(k, self.manifests[k][0])
 
     def _prune(self, k: int) -> None:
         """As the runtime's store when checkpoint ``k`` completes: keep the last ``keep``

@@ -14,6 +14,7 @@ from flux.protocol.buffer import PRIM, Buffer
 from flux.addresses import S
 from flux.data_messages import Credit, LogAck
 from flux.effects import Send
+from flux.protocol.egress import Egress
 from flux.protocol.host import Host
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.ingress import Ingress
@@ -301,6 +302,27 @@ class WriterAckingOnReceipt(SinkWriter):
         return self.fcons.commit_acks() + super().released_items(items)
 
 
+class EgressHoldingNothing(Egress):
+    """Lets the outputs past a move of its partition's last-stage groups go to the sink
+    before a complete checkpoint covers the move (docs/design/rescaling.md broken): a
+    restart from before it replays them to the other partition's sink, which committed
+    them too, or drops them under this one's committed SN."""
+
+    def _hold_moves(self) -> None:
+        super()._hold_moves()
+        self.holds.clear()
+        self._report_moves()
+
+
+class WriterHoldingNothing(SinkWriter):
+    """``EgressHoldingNothing`` as a sink's writer on a node."""
+
+    def _hold_moves(self) -> None:
+        super()._hold_moves()
+        self.holds.clear()
+        self._report_moves()
+
+
 class StateMoverFailingOnLoss(StateMover):
     """Fails every live transfer with a peer whose messages were lost instead of asking
     for them again (the resend rule dropped, statemover/resend.py): an attempt then
@@ -393,7 +415,10 @@ WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
                   # rescaling.md)
                   "rescale-undrained": {"drain_stops_inputs": False},
                   "rescale-under-sinks": {"drain_past_sinks": False},
-                  "eager-writer-acks": {"writer_class": WriterAckingOnReceipt}}
+                  "eager-writer-acks": {"writer_class": WriterAckingOnReceipt},
+                  "move-last-no-hold": {"egress_class": EgressHoldingNothing,
+                                        "writer_class": WriterHoldingNothing},
+                  "move-last-no-floor": {"move_last_without_floor": True}}
 
 #: name -> (buffer class, segment class)
 class SegmentNotWaitingForRange(Segment):
@@ -461,4 +486,6 @@ VARIANTS = {
     "move-no-deletions": (Buffer, SegmentMovingNoDeletions),
     "pair-switch-when-told": (Buffer, Segment),
     "pair-early-report": (Buffer, Segment),
+    "move-last-no-hold": (Buffer, Segment),
+    "move-last-no-floor": (Buffer, Segment),
 }

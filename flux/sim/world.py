@@ -140,12 +140,11 @@ class World:
         #: the ingress chooses a cut only once it has sent an input after this one
         self.last_cut = 0
         #: the oracle's view of a snapshot and of a sink commit (set by ``make_world``)
-        self.judge_snapshot = lambda *a: None
-        self.judge_commit = lambda *a: None
+        self.judge_snapshot = self.judge_commit = lambda *a: None
         #: a drained rescale restarts from ``cut``: no sink partition committed past it
         self.judge_drain = lambda cut: None
-        #: after it, the outputs' partitions are the new count's past its cut
-        self.on_drained_rescale = lambda: None
+        #: told that outputs past a cut go to other sink partitions (a rescale, a move)
+        self.on_parts_changed = lambda: None
         self.moves = SimMoves(self, config.moves, moves_rng or random.Random(0))
         #: the sink: ``outcome.delivered`` is what it holds, per partition what it committed
         self.sink = SimSink(self.outcome.delivered)
@@ -215,7 +214,7 @@ class World:
         if restored is not None and self.epochs is None:
             self.ingress.resume_after(restored[1])  # numbered from cut + 1
             self.next_input = restored[1]
-        self.egresses = writers or builder.egresses()
+        self.egresses = writers or self.moves.sinks.egresses(builder)
         for oracle in self.settled_oracles:
             oracle.begin(self.inputs, 0 if restored is None else self.position(restored[1]))
         for name, machines in ((INGRESS_HOST, [] if pairs else self.ingresses),
@@ -334,6 +333,7 @@ class World:
         self.outcome.cuts.append((number, cut))
         self.last_cut = cut
         self.coordinator.begin(number, cut)
+        self.moves.sinks.cut_begun(number, cut)
 
     def position(self, sn: int) -> int:
         """How many inputs have an SN up to ``sn`` (with one ingress: ``sn``)."""

@@ -33,10 +33,12 @@ class SimWriters:
     def new(self, partition: int) -> SinkWriter:
         w = self.world
         config = w.config
-        return (config.writer_class or SinkWriter)(
+        writer = (config.writer_class or SinkWriter)(
             w.stages, w.partitions, partition,
             min(config.commit_every or config.capacity, config.capacity),
             w.builder.credit_every, config.batch_rows)
+        writer.checkpoint_complete(*w.moves.sinks.newest_complete())  # (the controller's view)
+        return writer
 
     def place(self, topology) -> List[SinkWriter]:
         """Each partition's writer where the topology puts it (beside its P replica)."""

@@ -1,0 +1,156 @@
+"""Live moves of the last stage's key groups with a sink per partition, in the simulator
+(docs/design/rescaling.md).
+
+A move of the last stage's groups from partition A to B at cut C sends their keys'
+outputs of inputs past C to B's sink. Sinks commit ahead of the cuts, so a restart from
+before C would replay those outputs by the map before the move. What keeps the output
+exactly once, each rule a protocol rule the runtime follows too:
+
+- *hold*: A's and B's egresses send nothing numbered past C to their sinks until a
+  complete checkpoint covers C (``Egress.holds``; told here at once when one completes,
+  the earliest the controller could);
+- *one at a time*: no checkpoint is cut while one whose cut moved the last stage is not
+  complete (a replica told two cuts at once crosses only the newer: the older would
+  never complete, and the newer needs A's and B's commits past C);
+- *stuck*: if that checkpoint cannot complete (its writer was lost before writing, a
+  write failed, the store refused its manifest), the job restarts from the newest
+  complete one, before C (A and B committed nothing past it);
+- *floor*: a move of the last stage is cut past every output any sink committed (after
+  a restart the sinks hold outputs the replay makes again);
+- *no way back*: once a complete checkpoint covers C, no restart goes to one before it.
+
+The oracle follows the moves: each failure-free output's sink partition is the owner of
+its last-stage key group in the map in force at its input (``last_stage_maps``).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from exchange.group_map import GroupMap, owner_changes
+from exchange.partitioner import KEY_GROUPS
+from flux.protocol.egress import Egress
+from flux.sim.config import EGRESS_HOST
+
+
+class SinkMoves:
+    """The cuts that moved the last stage's groups, and what they hold."""
+
+    def __init__(self, world, moves):
+        self.world, self.moves = world, moves
+        #: checkpoint -> its cut (None until cut): those whose moves changed the last
+        #: stage's owners, in this incarnation's line (a restart drops those past its cut)
+        self.cuts: Dict[int, Optional[int]] = {}
+        #: the newest of those cuts a complete checkpoint covers: no restart goes before it
+        self.covered = 0
+        #: counted: cuts that moved the last stage's groups; restarts because the
+        #: checkpoint of one could not complete (``stuck``)
+        self.moved = self.stuck_restarts = 0
+        #: each failure-free output's sink partition where those moves changed them
+        #: (None: the reference run's; ``flux.sim.oracle.settled_parts``)
+        self.parts: Optional[list] = None
+
+    def _apart(self) -> bool:
+        return not self.world.config.ordered_output
+
+    # -- the rules ------------------------------------------------------------------------
+    def blocked(self, position: Optional[int]) -> bool:
+        """May no move of the last stage take effect at a cut at ``position`` (None: not
+        known yet, the cut is floored instead: ``floor``)?"""
+        return self._apart() and position is not None and self.floor() > position
+
+    def floor(self) -> int:
+        """The input past which a move of the last stage may be cut: the newest any sink
+        partition committed an output of (0: none, or one ordered sink)."""
+        if not self._apart() or self.world.config.move_last_without_floor:
+            return 0
+        sink = self.world.sink
+        committed = [sink.last_committed(p) for p in sink.held]
+        return max((sn[0] for sn in committed if sn is not None), default=0)
+
+    def open_checkpoint(self) -> Optional[int]:
+        """A checkpoint whose cut moved the last stage and that no complete one covers
+        yet (None: none): no other is cut meanwhile."""
+        covered = self.newest_complete()[1]
+        for k, cut in sorted(self.cuts.items()):
+            if cut is not None and cut > covered:
+                return k
+        return None
+
+    def stuck(self) -> bool:
+        """Nothing else can happen and such a checkpoint is not complete: the job restarts
+        (``restart_stuck``)."""
+        return self._apart() and self.open_checkpoint() is not None
+
+    def restart_stuck(self) -> None:
+        self.stuck_restarts += 1
+        self.world.restarts.due = True
+
+    # -- what happens -----------------------------------------------------------------------
+    def chosen(self, number: int, moves) -> None:
+        """Checkpoint ``number``'s cut carries ``moves``."""
+        last = self.world.stages
+        if self._apart() and any(m.stage == last for m in owner_changes(moves)):
+            self.cuts[number] = None  # (its cut comes with ``cut_begun``)
+
+    def cut_begun(self, number: int, cut: int) -> None:
+        """Checkpoint ``number`` was cut at ``cut``: if it moved the last stage, the
+        outputs past it go to other sink partitions."""
+        if number in self.cuts:
+            self.cuts[number] = cut
+            self.moved += 1
+            self.world.on_parts_changed()
+
+    def checkpoint_complete(self, number: int, cut: int) -> None:
+        """Checkpoint ``number`` (cut ``cut``) is complete: each egress of one partition
+        releases what it held past the moves' cuts up to it."""
+        w = self.world
+        if not self._apart():
+            return
+        self.covered = max([self.covered] + [c for c in self.cuts.values()
+                                             if c is not None and c <= cut])
+        for p, egress in enumerate(w.egresses):
+            name = w.writers.host.get(p, EGRESS_HOST)
+            host = w.hosts.get(name)
+            if host is None or not w.alive.get(name) or name in w.faults.zombies or \
+                    host.machines.get(egress.addr) is not egress or not w.writers.writes(
+                        host if w.writers.host else None, p):
+                continue
+            w.net.touched(name, egress.addr)
+            w.effects(*host.run_local(egress.checkpoint_complete(number, cut)), host=host)
+
+    def restarted(self, k: Optional[int]) -> None:
+        """The job restarts from checkpoint ``k``: the cuts past it are undone, and the
+        outputs past its cut go where they went before them."""
+        kept = {n: c for n, c in self.cuts.items() if k is not None and n <= k}
+        if kept != self.cuts:
+            self.cuts = kept
+            self.world.on_parts_changed()
+
+    # -- what the egresses and the oracle read --------------------------------------------
+    def newest_complete(self) -> Tuple[int, int]:
+        """(number, cut) of the newest complete checkpoint ((0, 0): none): what an egress
+        made now is told it covers (a restart's, a writer started again)."""
+        manifests = self.world.store.manifests
+        if not manifests:
+            return 0, 0
+        k = max(manifests)
+        return k, manifests[k][0]
+
+    def egresses(self, builder) -> list:
+        """The driver's egresses of an incarnation, each told the newest complete
+        checkpoint: a move at or below its cut holds nothing."""
+        egresses = builder.egresses(self.world.config.egress_class or Egress)
+        for egress in egresses:
+            egress.checkpoint_complete(*self.newest_complete())
+        return egresses
+
+    def last_stage_maps(self) -> List[Tuple[int, List[int]]]:
+        """The last stage's map in force from each cut on, ``(cut, owners)`` in cut order
+        (the first at cut 0): where each output goes."""
+        last, moves = self.world.stages, self.moves
+        maps = [(0, list(moves.initial.get(last, GroupMap.even(
+            self.world.partitions, KEY_GROUPS)).owners))]
+        for k, cut in sorted(self.cuts.items()):
+            if cut is not None:
+                maps.append((cut, list(moves.after[k][last].owners)))
+        return maps
