@@ -285,6 +285,24 @@ class ScriptedTransport(RecordingTransport):
         return (self.batches.pop(0) if self.batches else []), []
 
 
+def test_a_message_for_another_process_is_dropped_not_taken_for_an_endpoint(caplog):
+    """A task of an earlier attempt may still write to an address this attempt's process
+    took over (the OS handed the port out again): its registration, meant for the
+    controller, reaches the driver's egress process. Dropped with a log line; the loop
+    goes on (it had stopped the job with "no endpoint @controller here")."""
+    from flux.addresses import ProcAddr
+    from flux.control_messages import Heartbeat
+    from flux.envelope import Envelope
+
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
+    stray = Envelope(ProcAddr("w145"), ProcAddr("controller"), 0, Heartbeat(0.0), 145, None)
+    loop = HostLoop(Host("egress", {e.addr: e for e in builder.egresses()}, 3),
+                    ScriptedTransport([[stray]]), {}, {})
+    loop.turn(0)
+    loop.turn(0)
+    assert loop.stopped is None and "egress dropped" in caplog.text
+
+
 def test_a_long_step_is_not_taken_for_the_controllers_silence():
     """A standby that builds a big replica (or installs its state) for 10 s while the
     controller's beats wait in the socket keeps its 3 s lease: it is judged at the poll

@@ -238,8 +238,7 @@ class HostLoop:
             self.addresses[name] = address
             self.incarnations[name] = inc
 
-    def _check_lease(self, now: float) -> None:
-        """A node that hears nothing from the controller for ``lease`` stops (DESIGN 6)."""
+    def _check_lease(self, now: float) -> None:  # silent for ``lease``: it stops (DESIGN 6)
         if self.lease is not None and self.lease.expired(now):
             self._stop(f"lost the controller's lease ({self.lease.silent_for(now):.2f}s)")
 
@@ -278,9 +277,11 @@ class HostLoop:
                 self.splits.told(self.host, env.msg, self.local.touch)
         elif env.dst == self.me and isinstance(env.msg, (Heartbeat, Welcome)):
             pass  # a Welcome again: the task registered again before it heard the first
+        elif isinstance(env.dst, ProcAddr) and env.dst != self.me:  # a process of an earlier
+            log.warning("%s dropped %r from %s for %s (an address it reuses)", self.me,
+                        env.msg, env.src, env.dst)  # attempt, writing to an old address
         else:
             self.held.setdefault((env.src, env.dst), deque()).append(env)
-
 
     def _busy(self) -> bool:
         return self._more or self.intake.ready() or any(self.held.values()) or (
