@@ -182,11 +182,7 @@ def best_run(mine: List[int], group_rates: Sequence[float], hot: float,
     the window whose move leaves the hotter of the two partitions (at ``hot`` and
     ``cool`` rows a second now) lowest, ``left`` that rate; the fewest groups of equals."""
     best: Optional[Tuple[float, int, int, int]] = None
-    start = 0
-    for i in range(1, len(mine) + 1):
-        if i < len(mine) and mine[i] == mine[i - 1] + 1:
-            continue
-        run = mine[start:i]
+    for run in runs(mine):
         sums = [0.0]
         for g in run:
             sums.append(sums[-1] + group_rates[g])
@@ -198,20 +194,25 @@ def best_run(mine: List[int], group_rates: Sequence[float], hot: float,
                 key = (max(hot - moved, cool + moved), b - a, run[a], run[b])
                 if best is None or key < best:
                     best = key
-        start = i
     return None if best is None else (best[2], best[3], best[0])
+
+
+def runs(groups: List[int]) -> List[List[int]]:
+    """The runs of consecutive groups in sorted ``groups``, in order."""
+    out: List[List[int]] = []
+    for g in groups:
+        if out and g == out[-1][-1] + 1:
+            out[-1].append(g)
+        else:
+            out.append([g])
+    return out
 
 
 def largest_run(groups: List[int]) -> Tuple[int, int]:
     """(first, last) of the longest run of consecutive groups in sorted ``groups`` (the
     last of equals)."""
-    best = start = 0
-    for i in range(1, len(groups) + 1):
-        if i == len(groups) or groups[i] != groups[i - 1] + 1:
-            if i - start >= best:
-                best, found = i - start, (groups[start], groups[i - 1])
-            start = i
-    return found
+    longest = max(reversed(runs(groups)), key=len)
+    return longest[0], longest[-1]
 
 
 def routed_loads(stats: Iterable[Any]) -> Dict[int, List[int]]:
