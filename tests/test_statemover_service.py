@@ -47,8 +47,11 @@ def test_state_chunks_go_from_node_to_node_through_the_two_services(two_nodes):
     nodes["a"].send(mover_peer("a"), hello)
     nodes["a"].send(mover_peer("a"), big)
     assert receive(nodes["b"], 2) == [hello, big]  # whole, in order
-    deadline = time.monotonic() + 5  # b's thread counts just after it hands them on
-    while movers["b"].relayed < 2 and time.monotonic() < deadline:
+    # each service's thread counts just after it hands a message on: b's may have passed
+    # it on (and a's may have sent it) before its own count went up
+    deadline = time.monotonic() + 5
+    while (movers["a"].relayed < 2 or movers["b"].relayed < 2) and \
+            time.monotonic() < deadline:
         time.sleep(0.01)
     assert movers["a"].relayed == 2 and movers["b"].relayed == 2
 
