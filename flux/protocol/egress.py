@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Set
 
+from exchange.group_map import owner_changes
 from flux.addresses import Addr, P, S
 from flux.control_messages import SegmentStats
 from flux.data_messages import Batch, PSync
@@ -132,15 +133,15 @@ class Egress:
 
     def _hold_moves(self) -> None:
         """Move cuts learned: one that moves the last stage's groups from or to this
-        partition holds the output past it; every other move cut is crossed as the
-        output passes it (an egress routes nothing)."""
+        partition holds the output past it; every one is crossed at once (an egress
+        routes nothing)."""
         if not self.cuts.keeps_moves:
             return
         for k in sorted(self.cuts.moves):
             n, moves = self.cuts.moves[k]
-            if n > self.covered and any(m.stage == self.stages and not m.prepare
+            if n > self.covered and any(m.stage == self.stages
                                         and self.partition in (m.source, m.dest)
-                                        for m in moves):
+                                        for m in owner_changes(moves)):
                 self.holds[k] = n
             self.cuts.cross_moves(k)
         self._report_moves()

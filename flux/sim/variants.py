@@ -302,11 +302,11 @@ class WriterAckingOnReceipt(SinkWriter):
         return self.fcons.commit_acks() + super().released_items(items)
 
 
-class EgressHoldingNothing(Egress):
+class HoldingNothing:
     """Lets the outputs past a move of its partition's last-stage groups go to the sink
     before a complete checkpoint covers the move (docs/design/rescaling.md broken): a
     restart from before it replays them to the other partition's sink, which committed
-    them too, or drops them under this one's committed SN."""
+    them too, or drops them under this one's committed SN. Mixed into an egress."""
 
     def _hold_moves(self) -> None:
         super()._hold_moves()
@@ -314,13 +314,12 @@ class EgressHoldingNothing(Egress):
         self._report_moves()
 
 
-class WriterHoldingNothing(SinkWriter):
-    """``EgressHoldingNothing`` as a sink's writer on a node."""
+class EgressHoldingNothing(HoldingNothing, Egress):
+    """``HoldingNothing`` as the driver's egress of one partition."""
 
-    def _hold_moves(self) -> None:
-        super()._hold_moves()
-        self.holds.clear()
-        self._report_moves()
+
+class WriterHoldingNothing(HoldingNothing, SinkWriter):
+    """``HoldingNothing`` as a sink's writer on a node."""
 
 
 class StateMoverFailingOnLoss(StateMover):
