@@ -132,7 +132,8 @@ class MachineBuilder:
         return self.segment_class(a, fcons, chain, fprod, router, mode,
                                   full_every=self.full_every, digests=self.digests,
                                   stage_spec=self.dataflow.stages[s - 1],
-                                  key_groups=self.key_groups)
+                                  key_groups=self.key_groups,
+                                  both_write_stage=None if self.ordered_output else K)
 
     def router(self, stage: int) -> Any:
         """Routes to the partitions of stage ``stage + 1`` (0-based ``stage``) by its key,

@@ -123,6 +123,9 @@ class Snapshots(Protocol):
     def snapshot_due(self) -> bool:
         """Has it crossed a checkpoint's cut it has not snapshotted?"""
 
+    def both_replicas_write(self) -> bool:
+        """Must both replicas of its pair write the snapshot of the cut it crosses next?"""
+
     def snapshot(self, keep: bool = True) -> List:
         """Snapshot its operators for that checkpoint, as effects (``keep`` False: cross
         the cut without packing the state)."""

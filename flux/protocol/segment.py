@@ -75,8 +75,12 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         digests: bool = True,
         stage_spec: Any = None,
         key_groups: Optional[int] = KEY_GROUPS,
+        both_write_stage: Optional[int] = None,
     ):
         self.addr = addr
+        #: a cut that moves this stage's key groups is written by both replicas of each
+        #: pair (``both_replicas_write``); None: never
+        self.both_write_stage = both_write_stage
         #: this stage's ``Stage`` (its key hashes a key to its group) and how many groups
         #: there are: a live move takes the keys of its groups (DESIGN 13)
         self.stage_spec, self.key_groups = stage_spec, key_groups

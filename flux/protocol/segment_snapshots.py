@@ -11,6 +11,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import Iterable, List, Optional
 
+from exchange.group_map import owner_changes
 from flux.digests import Digest, KeyedSums, bytes_digest, group_pairs
 from flux.effects import Snapshot
 from flux.errors import LocalProtocolError, OperatorError
@@ -35,6 +36,19 @@ class CheckpointSide:
         frontier = self.fcons.frontier()  # asked only with a cut ahead: on every item
         return (bool(cuts.pending) and cuts.due(frontier) is not None) or \
             (bool(cuts.moves) and cuts.moves_due(frontier) is not None)
+
+    def both_replicas_write(self) -> bool:
+        """Does the cut it crosses next move the key groups of ``both_write_stage`` (the
+        last stage, with a sink per partition)? Then both replicas of every pair write
+        their snapshot (the first counts): that checkpoint must complete through a single
+        failure, since the egresses hold the moved keys' outputs until one covers its cut,
+        and a replica rebuilt after the cut cannot write it (docs/design/rescaling.md)."""
+        if self.both_write_stage is None or not (self.cuts.moves and self.cuts.pending):
+            return False
+        due = self.cuts.due(self.fcons.frontier())
+        moved = self.cuts.moves.get(due[0]) if due is not None else None
+        return moved is not None and any(m.stage == self.both_write_stage
+                                         for m in owner_changes(moved[1]))
 
     def snapshot(self, keep: bool = True) -> List:
         """Local work: the operators' state after every input up to the cut, none beyond.

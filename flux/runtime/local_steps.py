@@ -37,10 +37,11 @@ class LocalSteps:
 
     def __init__(self, host: Host, emit: Callable[[List, List], None],
                  clock: Callable[[], float], flush_delay: float,
-                 keeps_snapshot: Callable[[Any], bool], item_delay: float = ITEM_DELAY,
+                 keeps_snapshot: Callable[[Any, bool], bool], item_delay: float = ITEM_DELAY,
                  cut_began: Callable[[float], None] = lambda t: None):
-        """``emit`` carries the effects of a step out; ``keeps_snapshot(addr)``: does this
-        replica pack its snapshot, or cross the cut without (its twin writes it)?
+        """``emit`` carries the effects of a step out; ``keeps_snapshot(addr, both)``: does this
+        replica pack its snapshot, or cross the cut without (its twin writes it; ``both``:
+        the cut wants both replicas' snapshots)?
         ``cut_began(t)``: a step that crosses a cut begins (live moves time theirs)."""
         self.host = host
         self.emit = emit
@@ -110,7 +111,8 @@ class LocalSteps:
                 if snapshots is not None and snapshots.snapshot_due():
                     # a checkpoint's cut: before the next input
                     self.cut_began(self.clock())
-                    self.emit(*host.run_local(snapshots.snapshot(self.keeps_snapshot(addr))))
+                    keep = self.keeps_snapshot(addr, snapshots.both_replicas_write())
+                    self.emit(*host.run_local(snapshots.snapshot(keep)))
                     did = True
                 if processes is None or not processes.can_process():
                     break

@@ -94,8 +94,7 @@ class HostLoop:
                  lease: Optional[float] = None, metrics: Optional[Metrics] = None,
                  flush_delay: float = 0.002, mover_relay: Optional[str] = None,
                  max_turn: float = 0.02, stats_every: Optional[float] = None,
-                 snapshots=None,
-                 ack_delay: float = 0.005, item_delay: float = ITEM_DELAY,
+                 snapshots=None, ack_delay: float = 0.005, item_delay: float = ITEM_DELAY,
                  writer_sinks=None, split_ingresses=None):
         """``flush_delay``: a batch waits this long for more (``LocalSteps``);
         ``item_delay``: an ingress's item waits this long for more inputs (``LocalSteps``);
@@ -322,14 +321,15 @@ class HostLoop:
         self.local.touch(INGRESS)
         self._emit(*self.host.run_local(ingress.choose_cut(number, moves)))
 
-    def _keeps_snapshot(self, addr) -> bool:
+    def _keeps_snapshot(self, addr, both: bool = False) -> bool:
         """Does this replica pack its checkpoint snapshot (a SnapshotWriter takes it)? One
         replica of a pair writes it (DESIGN 10): the S one, whose data its consumers only
         ack (they take the P replica's), so the time it spends packing holds up no output;
-        the P one while S's process is dead (or it never exists)."""
-        twin = addr._replace(replica=S)
-        return self.snapshots is not None and (addr.replica == S or twin not in self.where
-                                                or self.where[twin] in self.dead_processes)
+        the P one while S's process is dead (or it never exists), or if the cut wants both
+        (``both``: it moves the last stage's groups, docs/design/rescaling.md)."""
+        twin, writes = addr._replace(replica=S), self.snapshots is not None
+        return writes and (both or addr.replica == S or twin not in self.where
+                           or self.where[twin] in self.dead_processes)
 
     def _emit(self, envelopes: List[Envelope], others: List) -> None:
         if others and any(isinstance(e, CATCH_UP_EVENTS) for e in others):

@@ -12,9 +12,13 @@ exactly once, each rule a protocol rule the runtime follows too:
 - *one at a time*: no checkpoint is cut while one whose cut moved the last stage is not
   complete (a replica told two cuts at once crosses only the newer: the older would
   never complete, and the newer needs A's and B's commits past C);
-- *stuck*: if that checkpoint cannot complete (its writer was lost before writing, a
-  write failed, the store refused its manifest), the job restarts from the newest
-  complete one, before C (A and B committed nothing past it);
+- *both write*: every replica of every pair writes its snapshot of that checkpoint
+  (``Segment.both_replicas_write``; the first counts), so one lost replica never keeps
+  it open (its rebuilt replica starts past the cut and cannot write it);
+- *stuck*: if that checkpoint cannot complete all the same (a write failed, the store
+  refused its manifest, a pair was lost), the job restarts from the newest complete one,
+  before C (A and B committed nothing past it); stuck for any other reason is a
+  violation (``restart_stuck``);
 - *floor*: a move of the last stage is cut past every output any sink committed (after
   a restart the sinks hold outputs the replay makes again);
 - *no way back*: once a complete checkpoint covers C, no restart goes to one before it.
@@ -30,6 +34,7 @@ from exchange.group_map import GroupMap, owner_changes
 from exchange.partitioner import KEY_GROUPS
 from flux.protocol.egress import Egress
 from flux.sim.config import EGRESS_HOST
+from flux.sim.oracle import Violation
 
 
 class SinkMoves:
@@ -82,8 +87,19 @@ class SinkMoves:
         return self._apart() and self.open_checkpoint() is not None
 
     def restart_stuck(self) -> None:
+        """The job restarts (``stuck``): a violation unless a fault beyond one failure at a
+        time explains it (both replicas write the snapshots of that checkpoint, so a lost
+        replica never keeps it open: a write failed, a file of the store was damaged, or a
+        pair was lost)."""
+        k = self.open_checkpoint()
+        w = self.world
+        if k not in w.store.write_failed and not w.outcome.damaged and not w.outcome.pair_lost:
+            raise Violation(f"checkpoint {k}, whose cut {self.cuts[k]} moved the last "
+                            f"stage's key groups, cannot complete with no write failed, "
+                            f"no file damaged and no pair lost: it waits for "
+                            f"{w.coordinator.missing(k)}")
         self.stuck_restarts += 1
-        self.world.restarts.due = True
+        w.restarts.due = True
 
     # -- what happens -----------------------------------------------------------------------
     def chosen(self, number: int, moves) -> None:

@@ -331,9 +331,9 @@ class Steps:
         elif kind == "flush":
             w.effects(*host.run_local(work.flushes.flush(*step[2:])))
         elif kind == "snapshot":
-            # one replica of a pair writes (the runtime's rule, DESIGN 10): its twin crosses
-            # the cut without packing; the oracle still judges the state it crossed with
-            keep = w.store.writes(host, addr)
+            # one replica of a pair writes (the runtime's rule, DESIGN 10; both at some
+            # cuts): its twin crosses without packing; the oracle judges the state it crossed
+            keep = w.store.writes(host, addr) or work.snapshots.both_replicas_write()
             envelopes, others = host.run_local(work.snapshots.snapshot(keep))
             for e in others:
                 if isinstance(e, Snapshot) and e.data is None:

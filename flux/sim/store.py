@@ -58,7 +58,8 @@ class CheckpointStore:
     # -- writing ------------------------------------------------------------------
     def writes(self, host: Host, addr: Addr) -> bool:
         """The runtime's rule (HostLoop._keeps_snapshot): the S replica writes; the P one
-        only once its host knows S's process dead (or S never exists)."""
+        only once its host knows S's process dead (or S never exists), or at a cut that
+        wants both (``Segment.both_replicas_write``, asked by the step)."""
         if addr.replica == S:
             return True
         w = self.world

@@ -453,6 +453,16 @@ class SegmentMovingNoDeletions(Segment):
         return over, pack_state([p[:3] + [[]] for p in unpack_state(data)])
 
 
+class SegmentWritingAlone(Segment):
+    """At a cut that moves the last stage's groups with a sink per partition, one replica
+    of a pair writes the snapshot, as at any other (docs/design/rescaling.md broken): a
+    writer lost before its write leaves that checkpoint open for good, its rebuilt replica
+    starting past the cut, and the outputs the egresses hold wait for a restart."""
+
+    def both_replicas_write(self) -> bool:
+        return False
+
+
 VARIANTS = {
     "none": (Buffer, Segment),
     "no-dup-filter": (BufferWithoutDuplicateFilter, Segment),
@@ -487,4 +497,5 @@ VARIANTS = {
     "pair-early-report": (Buffer, Segment),
     "move-last-no-hold": (Buffer, Segment),
     "move-last-no-floor": (Buffer, Segment),
+    "move-last-one-writer": (Buffer, SegmentWritingAlone),
 }
