@@ -60,6 +60,7 @@ from flux.control_messages import (
     WriterMove,
     WriterProgress,
     IngressEnded,
+    CheckpointDone,
     CutAtEpoch,
     HoldInputs,
     SplitCutPassed,
@@ -488,6 +489,9 @@ CODECS: Dict[str, _Codec] = {
     "ingress_ended": (IngressEnded, lambda m: [m.split, m.last, m.inputs],
                       _arity(3, lambda k, n, c: IngressEnded(
                           _int(k, "split"), _int(n, "last"), _int(c, "inputs")))),
+    "checkpoint_done": (CheckpointDone, lambda m: [m.number, m.cut],
+                        _arity(2, lambda k, c: CheckpointDone(_int(k, "checkpoint"),
+                                                              _int(c, "cut")))),
     "cut_at_epoch": (CutAtEpoch, lambda m: [m.number, m.epoch,
                                             [mv.to_wire() for mv in m.moves]],
                      _arity(3, lambda k, e, mv: CutAtEpoch(

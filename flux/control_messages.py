@@ -278,6 +278,17 @@ class IngressEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointDone:
+    """The controller to every egress of one partition, where it runs now: checkpoint
+    ``number``, cut at ``cut``, is complete (its manifest written), or the newest when
+    the egress was made. An egress that holds its output past a move of the last stage's
+    key groups at a cut up to it lets it go (docs/design/rescaling.md)."""
+
+    number: int
+    cut: int
+
+
+@dataclass(frozen=True, slots=True)
 class CutAtEpoch:
     """The driver's checkpoint coordinator to every node: checkpoint ``number``'s cut is
     at the end of epoch ``epoch`` (a ``flux.SplitSource``'s ingresses number in epochs;

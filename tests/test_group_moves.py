@@ -98,3 +98,28 @@ def test_a_connection_is_told_each_move_cut_once_and_a_new_replica_all_of_them()
     producer.fail_addresses({consumer[0]})
     producer.on_avail(consumer[0], 1)  # a new replica there knows nothing we told
     assert producer.links[0][0].told_cut is None
+
+
+@pytest.mark.parametrize("ordered, moves, both", [
+    (False, [GroupMove(2, 0, 9, 0, 2)], True),  # the last stage, a sink per partition
+    (False, [GroupMove(1, 0, 9, 0, 2)], False),  # another stage: one replica writes
+    (False, [GroupMove(2, 0, 9, 0, 2, prepare=True)], False),  # a prepare moves no owner
+    (True, [GroupMove(2, 0, 9, 0, 2)], False),  # one ordered sink: no egress holds
+], ids=["last-stage", "first-stage", "prepare", "ordered-output"])
+def test_both_replicas_write_the_snapshot_of_a_cut_that_moves_the_last_stage(ordered, moves,
+                                                                            both):
+    """With a sink per partition, both replicas of every pair, in every stage, write the
+    snapshot of a cut whose moves change the last stage's owners (docs/design/
+    rescaling.md): the egresses hold the moved keys' outputs until a checkpoint covers
+    the cut, so a single failure must not keep that checkpoint open."""
+    from flux.addresses import P, Addr
+    from flux.protocol.builder import MachineBuilder
+    from flux.testing.dataflows import regrouping_dataflow
+
+    builder = MachineBuilder(regrouping_dataflow(2), 3, capacity=64, batch_size=16,
+                             ordered_output=ordered)
+    segment = builder.segment(Addr(1, 0, P))
+    assert not segment.both_replicas_write()  # no cut
+    segment.cuts.learn((1, 0, ((1, 0, [m.to_wire() for m in moves]),)))
+    assert segment.snapshot_due()
+    assert segment.both_replicas_write() is both

@@ -263,13 +263,48 @@ def test_a_move_the_job_cannot_make_is_refused_naming_why(asked, error):
     check_move(MoveAsked(1, 0, 4, 3), 2, G, 4)
 
 
-def test_the_last_stages_groups_stay_with_a_sink_per_partition():
-    from flux.errors import RescaleRefused
-    from flux.spark.job_moves import check_move
+def test_a_move_of_the_last_stage_waits_for_a_cut_past_what_the_sinks_held():
+    """With a sink per partition, after a restart: the second phase of a move of the last
+    stage waits for a cut the driver says may move it (``LastStageMoves.may_move``)."""
+    moves = LiveMoves(2, 4, G, None, clock=lambda: 0.0)
+    moves.ask(MoveAsked(2, 0, 4, 3))
+    prepares, _ = moves.cut(1)
+    assert [m.prepare for m in prepares] == [True]
+    moves.staged(1)
+    assert moves.cut(2, last_stage=False)[0] == []  # below the floor: not yet
+    carried, _ = moves.cut(3, last_stage=True)
+    assert [(m.stage, m.first, m.last, m.dest, m.prepare) for m in carried] == [
+        (2, 0, 4, 3, False)]
 
-    check_move(MoveAsked(1, 0, 4, 3), 2, G, 4, ordered_output=False)
-    with pytest.raises(RescaleRefused, match="a key's outputs would change sink partition"):
-        check_move(MoveAsked(2, 0, 4, 3), 2, G, 4, ordered_output=False)
+
+def test_the_drivers_rules_for_moves_of_the_last_stage():
+    """One checkpoint at a time while one that moved the last stage is open, a restart
+    when it does not complete in time, a floor after a restart, none of it with one
+    ordered egress."""
+    from exchange.group_map import GroupMove
+    from flux.spark.last_stage_moves import LastStageMoves, MoveCheckpointStuck
+
+    now = [0.0]
+    rules = LastStageMoves(2, sinks_apart=True, interval=1.0, clock=lambda: now[0])
+    rules.cut(4, [GroupMove(1, 0, 9, 0, 1)])  # an earlier stage's: nothing held
+    assert not rules.blocks_cut()
+    rules.cut(5, [GroupMove(2, 0, 9, 0, 1, prepare=True)])  # a prepare routes nothing
+    assert not rules.blocks_cut()
+    rules.cut(6, [GroupMove(2, 0, 9, 0, 1)])
+    assert rules.blocks_cut()
+    rules.completed(5)
+    assert rules.blocks_cut()
+    now[0] = 31.0
+    with pytest.raises(MoveCheckpointStuck, match="checkpoint 6"):
+        rules.blocks_cut()
+    rules.completed(7)
+    assert not rules.blocks_cut() and rules.covered == 7
+    rules.restarted((120, 2))
+    assert not rules.may_move(120) and rules.may_move(121)
+    ordered = LastStageMoves(2, sinks_apart=False, interval=1.0)
+    ordered.cut(6, [GroupMove(2, 0, 9, 0, 1)])
+    ordered.restarted((120, 2))
+    assert not ordered.blocks_cut() and ordered.may_move(3)
 
 
 def test_live_moves_are_refused_where_they_are_not_built_yet():
@@ -285,7 +320,7 @@ def test_live_moves_are_refused_where_they_are_not_built_yet():
     with pytest.raises(ValueError, match="give the job checkpoint="):
         check_live(True, config, None)
     check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4, ordered_output=False),
-               Checkpoints())  # with a sink per partition: the stages before the last
+               Checkpoints())  # with a sink per partition too
     check_live(True, NodeConfig(dataflow=b"", stages=2, partitions=4, splits=2),
                Checkpoints())  # several ingresses: each switches at the cut's epoch
     with pytest.raises(ValueError, match="a running job"):

@@ -5,6 +5,8 @@ through a kill of the destination during the move and a restart from a checkpoin
 whose cut carried moves (slow: Spark)."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -30,19 +32,61 @@ def ranges_moved(job) -> list:
     return [what for _, kind, what in job.metrics.events if kind == "range moved"]
 
 
-def move_and_kill(job, asked: tuple, victim: Addr) -> int:
+def sink_per_partition_job(spark, tmp_path, on_executors: bool, commit_every: int):
+    """The regrouping dataflow over ``tmp_path / "in"`` at 4000 inputs/s on 4 pairs, a
+    ``FileSink`` per partition under ``tmp_path / "out"`` (in the driver, or its writer on
+    the executors): the job and that folder."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}"),
+                                                commit_every=commit_every))
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=1, sink=sinks, checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0, ordered_output=False,
+                  egress_on_executors=on_executors)
+    return job, out
+
+
+def assert_each_partition_holds(out, want) -> None:
+    """Sink partition q holds exactly ``want[q]`` (sorted ``(sn, record)``), in SN order,
+    each once."""
+    from flux.connectors.file_sink import read_file_sink
+
+    for q in range(len(want)):
+        part = [(tuple(sn), x) for sn, x in read_file_sink(str(out / f"partition-{q}"))]
+        assert [sn for sn, _ in part] == sorted({sn for sn, _ in part})
+        assert sorted(part) == want[q]
+
+
+def move_and_kill(job, asked: tuple, victim: Addr, freeze: bool = False) -> int:
     """``job.move_key_groups(*asked)`` in a thread, and the node of ``victim`` killed
     50 ms after the ask, about when the next input's cut carries the move; the number of
-    the checkpoint that covers it. Returns once the killed node's replicas are rebuilt:
-    a pair survives one failure at a time, and the next kill may hit the twin of one of
-    them (the nodes of (2, 0, S) and (1, 3, S) hold stage 1 partition 0's two replicas)."""
+    the checkpoint that covers it. ``freeze``: the node's process is stopped (SIGSTOP: a
+    hung machine, whose sockets stay open) just before the ask, so its replicas never
+    reach the move's cut and their twins cross it before the controller declares it dead
+    (then it is killed). Returns once the killed node's replicas are rebuilt: a pair
+    survives one failure at a time, and the next kill may hit the twin of one of them
+    (the nodes of (2, 0, S) and (1, 3, S) hold stage 1 partition 0's two replicas)."""
     done: list = []
     mover = threading.Thread(target=lambda: done.append(job.move_key_groups(*asked,
                                                                             timeout=90)))
-    mover.start()
-    time.sleep(0.05)
     name = job.topology.where[victim]
-    job.kill_node(name)
+    if freeze:
+        pid = job.controller.pids(name)[0]
+        os.kill(pid, signal.SIGSTOP)
+        mover.start()
+        assert job.wait_until(lambda: name in job.controller.dead, 60)
+        os.kill(pid, signal.SIGKILL)
+    else:
+        mover.start()
+        time.sleep(0.05)
+        job.kill_node(name)
     mover.join(120)
     assert done and done[0] is not None
     assert job.wait_until(lambda: name in job.controller.dead
@@ -141,13 +185,9 @@ def test_with_a_sink_per_partition_the_stages_before_the_last_move_live(spark, t
     1's groups 0..127 move to partition 3, whose replica P is killed as it is asked;
     each sink partition holds exactly the failure-free run's outputs of that partition
     (the last stage's routing decides it), in SN order, each once."""
-    from flux.connector_api import SinkPerPartition
-    from flux.connectors.file_sink import FileSink, read_file_sink
     from flux.connectors.file_source import FileSource
-    from flux.connectors.sources import Paced
     from flux.operator import wire_form
     from flux.reference import ReferenceRun
-    from flux.spark.job import FluxJob
     from flux.testing.dataflows import regrouping_dataflow
 
     write_inputs(tmp_path / "in", 30_000)
@@ -155,22 +195,54 @@ def test_with_a_sink_per_partition_the_stages_before_the_last_move_live(spark, t
     expected = [o for r in FileSource(str(tmp_path / "in")) for o in run.feed(r)]
     want = [sorted((tuple(sn), wire_form(x)) for (sn, x), p in
                    zip(expected, run.output_partitions) if p == q) for q in range(4)]
-    out = tmp_path / "out"
-    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}"),
-                                                commit_every=100_000))
-    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
-                  nodes=4, standbys=1, sink=sinks, checkpoint=str(tmp_path / "ckpt"),
-                  checkpoint_interval=1.0, ordered_output=False,
-                  egress_on_executors=on_executors)
+    job, out = sink_per_partition_job(spark, tmp_path, on_executors, commit_every=100_000)
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
         move_and_kill(job, (0, 127, 3, 1), Addr(1, 3, P))
         job.wait(timeout=300)
     assert job.restart_log == [] and len(ranges_moved(job)) == 2
-    for q in range(4):
-        part = [(tuple(sn), x) for sn, x in read_file_sink(str(out / f"partition-{q}"))]
-        assert [sn for sn, _ in part] == sorted({sn for sn, _ in part})
-        assert sorted(part) == want[q]
+    assert_each_partition_holds(out, want)
+
+
+@pytest.mark.parametrize("on_executors", [False, True])
+def test_with_a_sink_per_partition_the_last_stage_moves_live_too(spark, tmp_path,
+                                                                 on_executors):
+    """``ordered_output=False``: stage 2's (the last stage's) groups 0..127 move to
+    partition 3, whose replica P's node hangs just before it is asked (its sockets stay
+    open: the controller declares it dead when its heartbeats stop, and the move waits
+    for the destination's rebuilt replica). Their keys' outputs past the move's cut go
+    to partition 3's sink; the two partitions' egresses hold them until a checkpoint
+    covers the cut. Each sink partition holds exactly the failure-free outputs routed by
+    the map in force at each one's input, in SN order, each once, with no restart. (A
+    writer lost between the cut and its write, which both replicas writing at this cut
+    survives, is a race a test cannot place: the simulator's schedules and
+    ``test_runtime_loop`` cover it.)"""
+    from flux.connectors.file_source import FileSource
+    from flux.operator import wire_form
+    from flux.reference import ReferenceRun
+    from flux.testing.dataflows import regrouping_dataflow
+
+    write_inputs(tmp_path / "in", 30_000)
+    run = ReferenceRun(regrouping_dataflow(2), 4, groups=True)
+    expected = [o for r in FileSource(str(tmp_path / "in")) for o in run.feed(r)]
+    job, out = sink_per_partition_job(spark, tmp_path, on_executors, commit_every=100)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        move_and_kill(job, (0, 127, 3, 2), Addr(2, 3, P), freeze=True)
+        job.wait(timeout=300)
+        owners = job.key_group_owners(2)
+    assert job.restart_log == []
+    moved = ranges_moved(job)
+    assert sorted((m[0], m[3], m[4]) for m in moved) == [(2, 0, 3), (2, 1, 3)]
+    number = moved[0][5]  # the checkpoint whose cut carried the move, and that cut
+    cut = [what[1] for _, kind, what in job.metrics.events
+           if kind == "checkpoint" and what[0] == number][0]
+    assert set(owners[:128]) == {3}
+    want = [[] for _ in range(4)]
+    for (sn, x), p, g in zip(expected, run.output_partitions, run.output_groups):
+        want[3 if sn[0] > cut and g < 128 else p].append((tuple(sn), wire_form(x)))
+    assert len(want[3]) > run.output_partitions.count(3)  # the move sent some there
+    assert_each_partition_holds(out, [sorted(w) for w in want])
 
 
 def test_the_rebalancing_policy_moves_groups_off_a_hot_partition_and_the_output_is_exact(

@@ -407,3 +407,43 @@ def test_a_message_for_the_process_never_reaches_its_state_mover():
     with pytest.raises(RemoteProtocolError, match="no endpoint @node0"):
         host.on_envelope(Envelope(CONTROLLER, ProcAddr("node0"), 0, Welcome("node0"), 0,
                                   None))
+
+
+class RecordingWriter:
+    """Just enough of a SnapshotWriter: keeps whose snapshots it was given."""
+
+    def __init__(self):
+        self.written = []
+
+    def write(self, snap):
+        self.written.append(snap.addr)
+
+    def done(self):
+        return []
+
+
+@pytest.mark.parametrize("stage, writes", [(2, True), (1, False)],
+                         ids=["moves-the-last-stage", "moves-another-stage"])
+def test_a_primary_whose_twin_lives_writes_the_snapshot_of_a_cut_moving_the_last_stage(
+        stage, writes):
+    """One replica of a pair writes a checkpoint's snapshot, the S one while it lives
+    (DESIGN 10); at a cut that moves the last stage's key groups with a sink per
+    partition the P one writes too (docs/design/rescaling.md): a writer lost before it
+    wrote must not keep that checkpoint open, the egresses hold outputs for it."""
+    from exchange.group_map import GroupMove
+    from flux.addresses import P, S, Addr
+    from flux.testing.dataflows import regrouping_dataflow
+
+    builder = MachineBuilder(regrouping_dataflow(2), 3, capacity=64, batch_size=16,
+                             ordered_output=False)
+    segment = builder.segment(Addr(1, 0, P))
+    segment.cuts.learn((1, 0, ((1, 0, [GroupMove(stage, 0, 9, 0, 2).to_wire()]),)))
+    writer = RecordingWriter()
+    where = {Addr(s, p, r): f"node{1 + p}" for s in (1, 2) for p in range(3) for r in (P, S)}
+    where[segment.addr] = "node0"  # its twin lives on node1
+    loop = HostLoop(Host("node0", {segment.addr: segment}, 1), RecordingTransport(), where,
+                    {n: f"tcp://{n}" for n in ("controller", *set(where.values()))},
+                    snapshots=writer)
+    loop.turn(0)
+    assert not segment.snapshot_due()  # the cut was crossed
+    assert writer.written == ([segment.addr] if writes else [])

@@ -11,6 +11,7 @@ from exchange.wire import CODECS, WireError, decode, encode
 from flux.addresses import Addr, MoverAddr, ProcAddr
 from flux.digests import GROUPS, Digest
 from flux.control_messages import (
+    CheckpointDone,
     CutAtEpoch,
     HoldInputs,
     IngressEnded,
@@ -124,6 +125,7 @@ MESSAGES = [
     ProbedKeys(Addr(2, 1, 0), 3, 4096, 0, (("k17", 2**64 - 1), ((1, "a"), 5))),
     ProbedKeys(Addr(2, 1, 0), 3, 4096, 1, None),
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
+    CheckpointDone(7, 2**40),
     NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0, (4, 0, 6)),
                SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1))), NodeStats(),
 ]

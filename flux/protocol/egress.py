@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Optional, Set
 
 from exchange.group_map import owner_changes
 from flux.addresses import Addr, P, S
-from flux.control_messages import SegmentStats
+from flux.control_messages import CheckpointDone, SegmentStats
 from flux.data_messages import Batch, PSync
 from flux.protocol.cuts import Cuts
 from flux.effects import Deliver, SinkCommit
@@ -97,6 +97,8 @@ class Egress:
             effects = self.fcons.on_batch(src, msg)
             self.cuts.learn(msg.cut)
             self._hold_moves()
+        elif isinstance(msg, CheckpointDone):
+            return self.checkpoint_complete(msg.number, msg.cut)
         else:
             raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")
         return effects + self._release()

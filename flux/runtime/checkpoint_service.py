@@ -48,6 +48,9 @@ class CheckpointService:
         #: removed from it (``truncate(cut)``)
         self.input_log = input_log
         self.events = events  # the job's event log, or None
+        #: told ``(number, cut)`` of each checkpoint whose manifest was written, on the
+        #: service's thread (the driver's rules of live moves, the egresses through them)
+        self.on_complete: Optional[Callable[[int, int], None]] = None
         self.completed: List[Completed] = []
         self.errors: List[str] = []  # snapshots or manifests that could not be written
         self._begun: dict = {}  # checkpoint -> when its cut was chosen
@@ -171,6 +174,8 @@ class CheckpointService:
             self._bytes.pop(k, None)
         log.info("checkpoint %d complete: cut at input %d, %.1f MB of snapshots, %.2fs",
                  number, done.cut, done.nbytes / 1e6, done.seconds)
+        if self.on_complete is not None:
+            self.on_complete(number, done.cut)
         if self.events is not None:
             self.events.append((now, "checkpoint", (number, done.cut, done.nbytes,
                                                     round(done.seconds, 3))))

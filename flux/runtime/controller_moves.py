@@ -28,7 +28,7 @@ import logging
 from typing import Optional
 
 from flux.addresses import Addr
-from flux.control_messages import RangeInstalled, RangePacked
+from flux.control_messages import CheckpointDone, RangeInstalled, RangePacked
 from flux.errors import ReplicasDiverged
 
 log = logging.getLogger("flux.runtime.controller_service")
@@ -84,6 +84,32 @@ class MoveRelaySide:
         for key, addr, process in list(self.ranges.unsent(self._hosting)):
             msg = self.ranges.send(key, addr, process)
             self._send_to(process, addr, msg, self.recovery.view)
+
+    def checkpoint_done(self, number: int, cut: int) -> None:
+        """Any thread: checkpoint ``number`` (cut ``cut``) is complete, or is the newest
+        when the attempt began (the restored one): told to every egress of one partition
+        (``CheckpointDone``) at the controller's next turn."""
+        self.newest_done = (number, cut)
+
+    def send_done(self) -> None:
+        """The newest complete checkpoint to each egress of one partition where it runs
+        now, once per place: an egress holding the output past a move of the last stage's
+        groups lets it go, and a writer started again on another node is told it as one
+        made at the start (docs/design/rescaling.md)."""
+        done = self.newest_done
+        if done is None or self.recovery is None:
+            return
+        egresses = self.recovery.topology.egresses
+        if len(egresses) < 2:
+            return  # one ordered egress: no move changes its sink
+        placed, first = self.recovery.placed(), self.recovery.topology.where
+        for addr in egresses:  # a writer on its node now, or the driver's egress process
+            where = placed.get(addr, first.get(addr))
+            if where is None or where in self.dead or self.done_told.get(addr) == (where,
+                                                                                 done[0]):
+                continue
+            self.done_told[addr] = (where, done[0])
+            self._send_to(where, addr, CheckpointDone(*done), self.recovery.view)
 
     def _hosting(self, addr: Addr) -> Optional[str]:
         node = self.recovery.node_of.get(addr)

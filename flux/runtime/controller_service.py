@@ -28,7 +28,7 @@ from controller.divergence import DivergenceMonitor
 from controller.failure_detector import FailureDetector, Timings
 from controller.range_relay import RangeRelay
 from controller.recovery import Recovery
-from flux.addresses import CONTROLLER, ProcAddr
+from flux.addresses import CONTROLLER, Addr, ProcAddr
 from flux.control_messages import (
     CatchUpPaused,
     CutDigest,
@@ -104,6 +104,10 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
         self.range_waits: Dict[tuple, float] = {}
         self.range_took: Dict[tuple, float] = {}
         self.staged: set = set()
+        #: the newest complete checkpoint, (number, cut), as the driver last said; and
+        #: what each egress of one partition was told of it, where (``send_done``)
+        self.newest_done: Optional[Tuple[int, int]] = None
+        self.done_told: Dict[Addr, Tuple[str, int]] = {}
         self.transport = transport
         self.on_data_report = on_data_report
         #: a node wrote (or failed to write) a checkpoint snapshot: the job's checkpoints
@@ -238,6 +242,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
                                                        gap.expected, gap.got))
         self._send_told()
         self.send_ranges()
+        self.send_done()
         if now - self._last_beat >= self.beat:  # the lease every process holds (DESIGN 6),
             self._last_beat = now               # from registration: nodes wait for the start
             for name in self._live():

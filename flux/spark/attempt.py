@@ -31,7 +31,6 @@ from flux.dataflow import operator_names
 from flux.operator import describe
 from flux.runtime.config import NodeConfig
 from flux.runtime.controller_service import PENDING, ControllerService
-from flux.runtime.ingress_feed import IngressFeed
 from flux.runtime.ingress_process import IngressProcess
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
@@ -105,16 +104,14 @@ class Attempt:
         self.ending = threading.Event()  # set once a restart ends this attempt
         self.threads: List[threading.Thread] = []
         self.task_results: List[Any] = []
-        self.feed: Optional[IngressFeed] = None
-        self.egresses: list = []
+        self.feed, self.egresses = None, []  # an ``IngressFeed`` once started; egresses here
         self.writers = WriterWatch(parts.config.partitions, parts.checkpoints and  # executors
                                    parts.checkpoints.service.sink_committed)
         self.ingress_process: Optional[IngressProcess] = None
         self.transports: Dict[str, Transport] = {}
         self._named, self._enough_since = False, None
         self.group = f"flux-{parts.config.secret[:8]}-{number}"
-        self.config = parts.config
-        self.topology = parts.config.topology()
+        self.config, self.topology = parts.config, parts.config.topology()
         self.set_rebuild = SetRebuild.of(parts)  # cluster pairs: a lost set, rebuilt
         #: a split source's ingresses on the nodes, as their reports say (None: the
         #: driver's; set at the launch, on this run's epoch clock)
@@ -146,6 +143,8 @@ class Attempt:
                 operator_names=operator_names(p.builder.dataflow))
             self.controller.add_member(EGRESS_PROCESS, DRIVER_INCS[EGRESS_PROCESS],
                                        self.transports[EGRESS_PROCESS].address)
+            if p.checkpoints:  # the egresses told each complete checkpoint (live moves)
+                p.checkpoints.tell_done(self.controller.checkpoint_done)
             if self.ingress_process is not None:
                 address = self.ingress_process.wait_hello(timeout=60)
                 self.controller.add_member(INGRESS_PROCESS, DRIVER_INCS[INGRESS_PROCESS],

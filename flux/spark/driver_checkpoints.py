@@ -22,6 +22,7 @@ from flux.runtime.checkpoint_service import CheckpointService
 from flux.runtime.checkpoint_store import CheckpointStore
 from flux.runtime.ingress_feed import IngressFeed
 from flux.runtime.input_log import InputLog, InputLogWriter
+from flux.spark.last_stage_moves import LastStageMoves
 from flux.spark.live_moves import LiveMoves
 from flux.spark.options import Checkpointing
 
@@ -76,9 +77,15 @@ class DriverCheckpoints:
         #: up to this input at least and then no further, and the wanted cut falls after
         #: the last input read (None: no drain)
         self._drain_to: Optional[int] = None
-        #: no restart restores a checkpoint older than this one: a drained rescale
-        #: restarted from it, and the outputs up to its cut are in the old count's sinks
+        #: no restart restores a checkpoint older than this one, and why: a drained
+        #: rescale restarted from it (the outputs up to its cut are in the old count's
+        #: sinks), or it covers a live move of the last stage's groups
         self.floor: Optional[int] = None
+        self.floor_why = ""
+        #: the rules of live moves of the last stage with a sink per partition
+        self.last_moves = LastStageMoves(len(dataflow.stages), sinks > 1, options.interval)
+        self._tell_done: Optional[Callable[[int, int], None]] = None
+        self.service.on_complete = self._completed
         self._offsets_reported: Optional[int] = None
         #: live moves of key groups asked, carried by cuts, and the maps they make
         self.moves: Optional[LiveMoves] = None if self.key_groups is None else LiveMoves(
@@ -95,7 +102,9 @@ class DriverCheckpoints:
 
     # -- a start or a restart ---------------------------------------------------------
     def plan(self, sink_holds: Optional[tuple]) -> None:
-        """Read the input log past the restored cut, before any task starts."""
+        """Read the input log past the restored cut, before any task starts; a move of the
+        last stage waits for a cut past what the sinks hold (``sink_holds``)."""
+        self.last_moves.restarted(sink_holds)
         if self.input_log is not None:
             self.replay = self._logged_order(sink_holds)
 
@@ -108,11 +117,10 @@ class DriverCheckpoints:
         had = self.restore["checkpoint"] if self.restore is not None else None
         if self.floor is not None and (had is None or had < self.floor):
             raise CheckpointMismatch(
-                f"checkpoint {self.floor} of {self.url}, the one a drained rescale "
-                f"restarted from, does not verify, and an older checkpoint cannot be "
-                f"restored: the sink partitions of the old count hold the outputs up to "
-                f"the rescale's cut, and a replay from before it would write them again to "
-                f"the new count's")
+                f"checkpoint {self.floor} of {self.url}, {self.floor_why}, does not "
+                f"verify, and an older checkpoint cannot be restored: the sink partitions "
+                f"hold outputs past its cut that a replay from before it would write "
+                f"again to other partitions")
         if self._drain_to is not None:  # the drain goes on in the next attempt: past
             holds = sink_holds[0] if sink_holds else 0  # what the sinks hold now, cut anew
             self._drain_to = max(self._drain_to, holds)
@@ -174,6 +182,8 @@ class DriverCheckpoints:
         """Every ``interval`` seconds (when inputs came since the last), checkpoint the job
         at a cut after the last input handed over; while a rescale drains, only its cut."""
         feed.hold_from = self._drain_to
+        if self.last_moves.blocks_cut():
+            return  # a checkpoint that moved the last stage is not complete yet
         if self._drain_to is not None:
             if self._cut_wanted and feed.drained():  # again at the same place: a re-cut
                 self._cut(feed, wanted=True)
@@ -190,20 +200,41 @@ class DriverCheckpoints:
     def _cut(self, feed: IngressFeed, wanted: bool) -> None:
         number = self.next_number
         self.next_number += 1
-        moves, groups = self.moves_cut(number)
+        moves, groups = self.moves_cut(number, feed.handed)
         cut, position = feed.choose_cut(number, moves)
         self.service.cut_chosen(number, cut, position, groups)
         if wanted:
             self.wanted_cut, self._cut_wanted = number, False
 
-    def moves_cut(self, number: int) -> Tuple[list, Optional[tuple]]:
-        """The live moves asked that ride checkpoint ``number``'s cut (DESIGN 13), and the
-        maps before and after them (None: no key groups, or none moved)."""
+    def moves_cut(self, number: int, position: Any) -> Tuple[list, Optional[tuple]]:
+        """The live moves asked that ride checkpoint ``number``'s cut at ``position``
+        (DESIGN 13), and the maps before and after them (None: no key groups, or none
+        moved); one of the last stage only past what the sinks held at a restart."""
         if self.moves is None:
             return [], None
         latest = self.service.latest
         self.moves.completed(latest.number if latest is not None else 0)
-        return self.moves.cut(number)
+        moves, groups = self.moves.cut(number, self.last_moves.may_move(position))
+        self.last_moves.cut(number, moves)
+        return moves, groups
+
+    def tell_done(self, tell: Callable[[int, int], None]) -> None:
+        """An attempt's controller is told, now, the checkpoint its data starts from and,
+        later, each that completes (``CheckpointDone``: its egresses let go what they
+        hold past a move of the last stage's groups at a cut up to it)."""
+        self._tell_done = tell
+        if self.restore is not None:
+            tell(self.restore["checkpoint"], self.restore["cut"])
+
+    def _completed(self, number: int, cut: int) -> None:
+        """The service's thread: checkpoint ``number`` (cut ``cut``) is complete."""
+        self.last_moves.completed(number)
+        covered = self.last_moves.covered
+        if covered is not None and (self.floor is None or covered > self.floor):
+            self.floor = covered
+            self.floor_why = "which covers a live move of the last stage's key groups"
+        if self._tell_done is not None:
+            self._tell_done(number, cut)
 
     def cut_now(self) -> None:
         """A checkpoint at the next input, cut by the source's thread (it waits for an
@@ -224,6 +255,7 @@ class DriverCheckpoints:
         """The drained rescale restarts from ``checkpoint``: the next attempt reads on,
         and no restart from now on restores an older checkpoint (``floor``)."""
         self._drain_to, self.floor = None, checkpoint
+        self.floor_why = "the one a drained rescale restarted from"
         self.cancel_cut()
 
     def end_drain(self) -> None:

@@ -41,6 +41,7 @@ from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts, driver_builder
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.job_moves import KeyGroupMoves
+from flux.spark.last_stage_moves import MoveCheckpointStuck
 from flux.spark.job_rescale import RescaleAsked, check_rescale, rescale_cut, rescaled_parts
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
@@ -281,12 +282,12 @@ class FluxJob(JobViews, KeyGroupMoves):
 
     # -- supervision ----------------------------------------------------------------------
     def _on_attempt_error(self, exc: BaseException) -> None:
-        """A thread of the attempt failed: a lost pair (or ingress) restarts the job from
-        its last checkpoint (DESIGN 10), a bounded number of times; anything else (an
-        operator's error would come again) is the job's error."""
-        if (isinstance(exc, (PairLost, IngressLost)) and self._checkpointing is not None
-                and self.restarts_left > 0 and not self._stopping.is_set()
-                and self._restart_due is None):
+        """A thread of the attempt failed: a lost pair or ingress, or a live move's
+        checkpoint that did not complete, restarts the job from its last checkpoint
+        (DESIGN 10) a bounded number of times; anything else is the job's error."""
+        if (isinstance(exc, (PairLost, IngressLost, MoveCheckpointStuck))
+                and self._checkpointing is not None and self.restarts_left > 0
+                and not self._stopping.is_set() and self._restart_due is None):
             self._restart_due = exc
         else:
             self.errors.append(exc)

@@ -22,13 +22,6 @@ from flux.spark.live_moves import MoveAsked, SpreadAsked
 
 log = logging.getLogger(__name__)
 
-#: why the last stage's groups stay with a sink per partition
-_LAST_STAGE = ("the last stage's key groups cannot move live with a sink per partition "
-               "(ordered_output=False): a key's outputs would change sink partition (not "
-               "built yet; the stages before it move): rescale() drains and restarts "
-               "instead")
-
-
 def check_live(running: bool, config, checkpoints) -> None:
     """Refuse, naming why, live moves in a job that cannot make them."""
     if not running:
@@ -42,12 +35,9 @@ def check_live(running: bool, config, checkpoints) -> None:
                              "(its keys routed by hash % partitions): its keys cannot move")
 
 
-def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int,
-               ordered_output: bool = True) -> None:
+def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int) -> None:
     if not 1 <= asked.stage <= stages:
         raise ValueError(f"stage must be from 1 to {stages}, got {asked.stage!r}")
-    if asked.stage == stages and not ordered_output:
-        raise RescaleRefused(_LAST_STAGE)
     if not 0 <= asked.first <= asked.last < key_groups:
         raise ValueError(f"key groups must be first..last within 0..{key_groups - 1}, got "
                          f"{asked.first!r}..{asked.last!r}")
@@ -101,7 +91,7 @@ class KeyGroupMoves:
         asked = MoveAsked(stage, first, last, to)
         self._check_live()
         check_move(asked, len(self.dataflow.stages), self._checkpointing.key_groups,
-                   self.config.partitions, self.config.ordered_output)
+                   self.config.partitions)
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
         return move_live(self._checkpointing, asked, timeout, self._bulks_staged,
                          stopped=self._stopping.is_set)
@@ -113,8 +103,6 @@ class KeyGroupMoves:
         range that changes owner moves at one checkpoint's cut, as ``move_key_groups``
         moves one. Returns the number of the complete checkpoint that covers it."""
         self._check_live()
-        if not self.config.ordered_output:
-            raise RescaleRefused(_LAST_STAGE)
         if not isinstance(over, int) or isinstance(over, bool) or \
                 not 1 <= over <= self.config.partitions:
             raise ValueError(f"over must be an int from 1 to the job's {self.config.partitions} "
@@ -128,10 +116,9 @@ class KeyGroupMoves:
         """``rescale(n)`` at the job's own count of pairs: keys spread over fewer of them
         (``spread_key_groups``, ``move_key_groups``, the policy) are spread over all
         ``n`` again, live. Nothing when they are so already, or nothing may move live
-        (no moves without ``checkpoint=``; with a sink per partition ``rescale`` only
-        restarts)."""
+        (no moves without ``checkpoint=``)."""
         moves = self._checkpointing.moves if self._checkpointing is not None else None
-        if moves is None or not self.config.ordered_output:
+        if moves is None:
             return
         even = [int(p) for p in GroupMap.even(pairs, self._checkpointing.key_groups).owners]
         if any(owners != even for owners in moves.owners().values()):
@@ -156,12 +143,11 @@ class KeyGroupMoves:
         return routed_loads(self._producer_stats()).get(stage, [])
 
     def _movable_stages(self) -> List[int]:
-        """The stages whose key groups may move live (the last stays with a sink per
-        partition); a stage named by ``Rebalance.stages`` that cannot is refused."""
+        """The stages whose key groups may move live; a stage named by
+        ``Rebalance.stages`` that cannot is refused."""
         settings = self.options.replication.rebalance
         check_live(True, self.config, self._checkpointing)
-        stages = len(self.dataflow.stages)
-        last = stages if self.config.ordered_output else stages - 1
+        last = len(self.dataflow.stages)
         named = settings.stages or ()
         for stage in named:
             if not 1 <= stage <= last:

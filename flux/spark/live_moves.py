@@ -107,13 +107,16 @@ class LiveMoves:
         with self._lock:
             self.asked.append(asked)
 
-    def cut(self, number: int) -> Tuple[List[GroupMove], tuple]:
+    def cut(self, number: int, last_stage: bool = True) -> Tuple[List[GroupMove], tuple]:
         """Checkpoint ``number`` is cut: the moves (or prepares) it carries, and the maps
-        before and after them (``CheckpointCoordinator.begin``)."""
+        before and after them (``CheckpointCoordinator.begin``). ``last_stage``: may it
+        move the last stage's groups (else moves that do wait for a later cut)?"""
         with self._lock:
             before = dict(self.maps)
             if self.prepared is not None:  # the second phase, once the bulks are there
                 if not self.ready and self.clock() - self.prepared_at < PREPARE_WAIT:
+                    return [], (before, before)
+                if not last_stage and any(m.stage == self.stages for m in self.prepared[1]):
                     return [], (before, before)
                 _, moves, asks, self.maps = self.prepared
                 self.prepared, self.ready = None, False

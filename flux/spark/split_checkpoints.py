@@ -110,6 +110,8 @@ class SplitCheckpoints(DriverCheckpoints):
         None once every split was read (``done``). While a rescale drains, only its cut
         (``_drain_at_epoch``)."""
         now = time.monotonic()
+        if self.last_moves.blocks_cut():
+            return  # a checkpoint that moved the last stage is not complete yet
         if self._drain_to is not None or self._hold_epoch is not None:
             self._drain_at_epoch(epoch_now, tell, now)
             return
@@ -145,8 +147,9 @@ class SplitCheckpoints(DriverCheckpoints):
     def _cut_epoch(self, epoch: int, tell: Callable[[Any], None], wanted: bool) -> None:
         number = self.next_number
         self.next_number += 1
-        moves, groups = self.moves_cut(number)
-        self.service.cut_begun(number, epoch_first(epoch + 1, 0, self.splits), groups)
+        cut = epoch_first(epoch + 1, 0, self.splits)
+        moves, groups = self.moves_cut(number, cut)
+        self.service.cut_begun(number, cut, groups)
         self._passed[number] = {}
         for old in sorted(self._passed)[:-OPEN_CUTS]:
             del self._passed[old]
