@@ -98,6 +98,29 @@ def test_no_restart_after_a_drained_rescale_goes_back_past_its_checkpoint(tmp_pa
         checkpoints.restart(None)
 
 
+def test_a_driver_run_again_keeps_the_floor_of_the_one_that_died(tmp_path):
+    """The floor is kept in the store: a driver run again after the first died (the
+    sinks hold what they held) refuses an older checkpoint too, at once."""
+    driver_checkpoints(tmp_path).drained_restart(5)
+    with pytest.raises(CheckpointMismatch, match="checkpoint 5 of .*, the one a drained "
+                       "rescale restarted from, does not verify"):
+        driver_checkpoints(tmp_path)
+
+
+def test_a_damaged_floor_is_not_taken_for_none(tmp_path):
+    """Which checkpoints are safe to restore is not known: the start stops, naming it."""
+    from flux.errors import CheckpointCorrupt
+    from flux.runtime.checkpoint_store import FLOOR, CheckpointStore
+
+    store = CheckpointStore(str(tmp_path))
+    store.raise_floor(7, "why")
+    assert store.floor() == (7, "why")
+    data = (tmp_path / FLOOR).read_bytes()
+    (tmp_path / FLOOR).write_bytes(data.replace(b"7", b"3"))
+    with pytest.raises(CheckpointCorrupt, match="FLOOR.json"):
+        driver_checkpoints(tmp_path)
+
+
 class Clock:
     def __init__(self):
         self.now = 0.0

@@ -39,6 +39,8 @@ MANIFEST = "MANIFEST.json"
 #: a manifest whose checkpoint did not verify, set aside: no longer complete, kept to look at
 DAMAGED = MANIFEST + ".damaged"
 PREFIX = "ckpt-"
+#: the checkpoint no restart may go back before, and why (``raise_floor``)
+FLOOR = "FLOOR.json"
 
 
 class CheckpointStore:
@@ -230,6 +232,32 @@ class CheckpointStore:
         return [f for i in range(len(manifest.get("files", ()))) for f in _chain(manifest, i)]
 
     # -- paths ----------------------------------------------------------------------------
+    # -- the floor ------------------------------------------------------------------------
+    def raise_floor(self, checkpoint: int, why: str) -> None:
+        """No restart may restore a checkpoint older than ``checkpoint`` (the sinks hold
+        outputs past its cut that a replay from before it would write again elsewhere:
+        ``why``). Kept in the store, atomically and sealed, so a driver run again after
+        it died keeps the rule."""
+        put_atomically(self.fs, self._floor_path(), seal({"checkpoint": checkpoint,
+                                                          "why": why}))
+
+    def floor(self) -> Optional[Tuple[int, str]]:
+        """``(checkpoint, why)`` of ``raise_floor``, or None; ``CheckpointCorrupt`` when
+        the file does not verify (which checkpoints are safe to restore is not known)."""
+        path = self._floor_path()
+        try:
+            floor = unseal(self.fs.cat_file(path), path)
+        except FileNotFoundError:
+            return None
+        except Damaged as exc:
+            raise CheckpointCorrupt(exc.path, exc.why) from None
+        if not isinstance(floor.get("checkpoint"), int):
+            raise CheckpointCorrupt(path, "it names no checkpoint")
+        return floor["checkpoint"], str(floor.get("why", ""))
+
+    def _floor_path(self) -> str:
+        return f"{self.root.rstrip('/')}/{FLOOR}"
+
     def ids(self) -> List[int]:
         ids = []
         for entry in self.fs.ls(self.root, detail=False):

@@ -80,8 +80,8 @@ class DriverCheckpoints:
         #: no restart restores a checkpoint older than this one, and why: a drained
         #: rescale restarted from it (the outputs up to its cut are in the old count's
         #: sinks), or it covers a live move of the last stage's groups
-        self.floor: Optional[int] = None
-        self.floor_why = ""
+        self.floor, self.floor_why = store.floor() or (None, "")
+        self._check_floor()
         #: the rules of live moves of the last stage with a sink per partition
         self.last_moves = LastStageMoves(len(dataflow.stages), sinks > 1, options.interval)
         self._tell_done: Optional[Callable[[int, int], None]] = None
@@ -114,13 +114,7 @@ class DriverCheckpoints:
         files do not verify is passed over; ``CheckpointCorrupt`` when none is left)."""
         self.service.settle()
         self.restore = self.service.store.latest()
-        had = self.restore["checkpoint"] if self.restore is not None else None
-        if self.floor is not None and (had is None or had < self.floor):
-            raise CheckpointMismatch(
-                f"checkpoint {self.floor} of {self.url}, {self.floor_why}, does not "
-                f"verify, and an older checkpoint cannot be restored: the sink partitions "
-                f"hold outputs past its cut that a replay from before it would write "
-                f"again to other partitions")
+        self._check_floor()
         if self._drain_to is not None:  # the drain goes on in the next attempt: past
             holds = sink_holds[0] if sink_holds else 0  # what the sinks hold now, cut anew
             self._drain_to = max(self._drain_to, holds)
@@ -131,6 +125,22 @@ class DriverCheckpoints:
             self.moves.restarted(self.restore, self.service.coordinator.partitions)
         self.plan(sink_holds)
         return self.restore
+
+    def _check_floor(self) -> None:
+        """The checkpoint to restore is not older than the floor (``CheckpointMismatch``)."""
+        had = self.restore["checkpoint"] if self.restore is not None else None
+        if self.floor is not None and (had is None or had < self.floor):
+            raise CheckpointMismatch(
+                f"checkpoint {self.floor} of {self.url}, {self.floor_why}, does not "
+                f"verify, and an older checkpoint cannot be restored: the sink partitions "
+                f"hold outputs past its cut that a replay from before it would write "
+                f"again to other partitions")
+
+    def _raise_floor(self, checkpoint: int, why: str) -> None:
+        """No restart from now on, of this driver or of one run again, restores a
+        checkpoint older than ``checkpoint``."""
+        self.floor, self.floor_why = checkpoint, why
+        self.service.store.raise_floor(checkpoint, why)
 
     def _logged_order(self, sink_holds: Optional[tuple]) -> List[Any]:
         """Every input an output the sink holds derives from must get its SN again: if a
@@ -231,8 +241,8 @@ class DriverCheckpoints:
         self.last_moves.completed(number)
         covered = self.last_moves.covered
         if covered is not None and (self.floor is None or covered > self.floor):
-            self.floor = covered
-            self.floor_why = "which covers a live move of the last stage's key groups"
+            self._raise_floor(covered, "which covers a live move of the last stage's key "
+                                       "groups")
         if self._tell_done is not None:
             self._tell_done(number, cut)
 
@@ -254,8 +264,8 @@ class DriverCheckpoints:
     def drained_restart(self, checkpoint: int) -> None:
         """The drained rescale restarts from ``checkpoint``: the next attempt reads on,
         and no restart from now on restores an older checkpoint (``floor``)."""
-        self._drain_to, self.floor = None, checkpoint
-        self.floor_why = "the one a drained rescale restarted from"
+        self._drain_to = None
+        self._raise_floor(checkpoint, "the one a drained rescale restarted from")
         self.cancel_cut()
 
     def end_drain(self) -> None:
