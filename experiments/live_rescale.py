@@ -10,6 +10,9 @@ pairs (little state yet); once the state is built, each next count is reached li
 (``spread_key_groups``), ``--settle`` seconds apart. ``--runs`` runs. ``--kill``: at
 each rescale the node of the replica P of the last partition that gains groups is
 killed ``--kill-after`` seconds after the ask (the bulk on its way), with one standby.
+``--sink-per-partition``: a sink per partition (the one stage is the last, so each move
+changes its keys' sink partition: the two partitions' egresses hold what is past the
+move's cut until a checkpoint covers it, docs/design/rescaling.md).
 
 Measured per live rescale: seconds from the ask to its return (a complete checkpoint
 covers it) and to the last range installed at both replicas of its destination
@@ -17,7 +20,7 @@ covers it) and to the last range installed at both replicas of its destination
 changes), the longest pause of a destination replica (from the step that crossed the
 move's cut to the end of the install: it processes nothing meanwhile) and of a source
 replica (the steps that packed the bulk and the changes), the longest gap
-between two outputs reaching the sink in the ``--settle / 2`` seconds after the ask
+between two outputs reaching one sink partition in the ``--settle / 2`` seconds after the ask
 against the same in as many seconds before it (no move: the machine's own jitter), and
 the longest output latency in both windows. Whether the sink holds the failure-free
 output. Writes ``runs.csv`` (one row per rescale), ``summary.json`` (medians with
@@ -41,15 +44,20 @@ BUILD_MARGIN = 0.5
 
 
 class Stamped:
-    """A sink noting when each output arrived, and its input's SN."""
+    """A sink noting when each output arrived, its input's SN and its sink partition
+    (0 with one ordered sink)."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.rows: List[tuple] = []  # (arrival, input SN, record)
+        self.rows: List[tuple] = []  # (arrival, input SN, record, sink partition)
 
-    def write(self, item) -> None:
+    def write(self, item, partition: int = 0) -> None:
         with self.lock:
-            self.rows.append((time.monotonic(), int(item[0][0]), item[1]))
+            self.rows.append((time.monotonic(), int(item[0][0]), item[1], partition))
+
+    def partition(self, p: int):
+        """The sink of partition ``p`` (``SinkPerPartition``)."""
+        return lambda item: self.write(item, p)
 
     def window(self, lo: float, hi: float) -> List[tuple]:
         with self.lock:
@@ -57,14 +65,20 @@ class Stamped:
 
 
 def longest_gap(rows: List[tuple]) -> float:
-    times = sorted(t for t, _, _ in rows)
+    """The longest time between two outputs of one sink partition."""
+    return max((_gap([r for r in rows if r[3] == p]) for p in {r[3] for r in rows}),
+               default=0.0)
+
+
+def _gap(rows: List[tuple]) -> float:
+    times = sorted(r[0] for r in rows)
     return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
 
 def longest_latency(rows: List[tuple], start: float, rate: float) -> float:
     """Arrival at the sink minus the input's arrival at the source (input ``n`` arrives
     ``(n - 1) / rate`` seconds after the source's first read, ``Paced``)."""
-    return max((t - (start + (sn - 1) / rate) for t, sn, _ in rows), default=0.0)
+    return max((r[0] - (start + (r[1] - 1) / rate) for r in rows), default=0.0)
 
 
 def run_one(spark, records: list, counts: List[int], args, location: str,
@@ -78,9 +92,13 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
 
     dataflow = Dataflow([Stage("payload", first_field,
                                (partial(KeyedPayload, value_bytes=args.value_bytes),))])
+    from flux.connector_api import SinkPerPartition
+
     stamped, source = Stamped(), Paced(records, args.rate)
+    sink = SinkPerPartition(stamped.partition) if args.sink_per_partition else stamped.write
     job = FluxJob(spark, dataflow, source, nodes=args.pairs, standbys=int(args.kill),
-                  sink=stamped.write, checkpoint=location, checkpoint_interval=1.0)
+                  sink=sink, ordered_output=not args.sink_per_partition,
+                  checkpoint=location, checkpoint_interval=1.0)
     rows: List[Dict[str, Any]] = []
     with job:
         job.wait_until(lambda: len(job.checkpoints.completed) >= 1, 120)
@@ -186,7 +204,7 @@ def plot(outputs: List[tuple], start: float, rate: float, rows: List[dict],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    times = sorted((t - start, t - (start + (sn - 1) / rate)) for t, sn, _ in outputs)
+    times = sorted((t - start, t - (start + (sn - 1) / rate)) for t, sn, *_ in outputs)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
     end = times[-1][0] if times else 1.0
     bins = [i * 0.1 for i in range(int(end / 0.1) + 2)]
@@ -221,6 +239,11 @@ def main(argv=None) -> int:
                     help="at each rescale, kill the node of a destination's replica P "
                          "--kill-after seconds after the ask (one standby rebuilds it)")
     ap.add_argument("--kill-after", type=float, default=0.05)
+    ap.add_argument("--sink-per-partition", action="store_true",
+                    help="a sink per partition (ordered_output=False): the one stage is "
+                         "the last, so its moves change its keys' sink partition, and "
+                         "the egresses of the partitions a move touches hold what is "
+                         "past its cut until a checkpoint covers it")
     args = ap.parse_args(argv)
     from flux.operator import wire_form
     from flux.spark.session import local_cluster
@@ -240,12 +263,13 @@ def main(argv=None) -> int:
         for r in range(args.runs):
             mine, outputs, start, restarts = run_one(spark, records, counts, args,
                                                      str(pathlib.Path(tmp) / f"run{r}"), r)
-            got = sorted((sn, wire_form(rec)) for _, sn, rec in outputs)
+            got = sorted((sn, wire_form(rec)) for _, sn, rec, _ in outputs)
             exact &= got == want and not restarts
             rows += mine
             if r == 0:
                 plot(outputs, start, args.rate, mine, out / "live_rescale.png")
     summary = {"pairs": args.pairs, "kill": args.kill, "counts": counts,
+               "sink_per_partition": args.sink_per_partition,
                "mb_per_partition": args.mb,
                "keys": args.keys, "value_bytes": args.value_bytes, "rate": args.rate,
                "runs": args.runs, "exact": exact, **summarize(rows)}

@@ -108,14 +108,17 @@ def test_the_running_rescale_experiment_rescales_both_egress_modes_exactly(tmp_p
     assert all(float(r["longest_gap_s"]) > 0 and float(r["rescale_s"]) > 0 for r in rows)
 
 
-def test_the_live_rescale_experiment_spreads_the_keys_live_exactly(tmp_path):
+@pytest.mark.parametrize("sinks", [[], ["--sink-per-partition"]],
+                         ids=["one-sink", "sink-per-partition"])
+def test_the_live_rescale_experiment_spreads_the_keys_live_exactly(tmp_path, sinks):
     """``experiments.live_rescale``: 2 -> 4 -> 3 among 4 pairs, no restart: each
-    rescale's ranges moved, the destinations' pauses, the output exact."""
+    rescale's ranges moved, the destinations' pauses, the output exact (with a sink per
+    partition too, where the moves change the keys' sink partitions)."""
     from experiments.live_rescale import main
 
     out = tmp_path / "live_rescale"
     status = main(["--pairs", "4", "--counts", "2,4,3", "--mb", "0.5", "--settle", "2",
-                   "--runs", "1", "--out", str(out)])
+                   "--runs", "1", "--out", str(out), *sinks])
     summary = json.loads((out / "summary.json").read_text())
     assert status == 0 and summary["exact"]
     rows = list(csv.DictReader(open(out / "runs.csv")))
