@@ -392,3 +392,33 @@ def test_the_rebalancing_policy_moves_groups_of_a_split_job_off_a_hot_partition(
     assert {groups.group(k) for k in hot} & set(range(first, last + 1))
     wrong = relayed_mismatch(job.delivered, records, parts, 4)
     assert wrong is None, wrong
+
+
+def test_a_job_that_moved_groups_live_rescales_from_a_checkpoint_exactly(spark, tmp_path):
+    """Groups of both stages moved live (the maps no longer contiguous ranges), then
+    ``job.rescale(6)``: the restart at 6 reads each new partition's groups from the old
+    partitions whose snapshots hold them as the moves left them, and routes by
+    contiguous ranges at 6 (modelled first: ``tests/test_sim_moves.py``); the sink holds
+    the failure-free output."""
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    expected = write_inputs(tmp_path / "in", 40_000)
+    out = str(tmp_path / "out")
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=0, sink=make_sink("jsonl", out),
+                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.move_key_groups(0, 127, to=3, stage=1, timeout=60)
+        job.move_key_groups(200, 255, to=0, stage=2, timeout=60)
+        job.rescale(6)
+        assert len(job.topology.nodes) == 6
+        owners = job.key_group_owners(1)
+        job.wait(timeout=300)
+    (_, restored, why), = job.restart_log
+    assert "rescale to 6 nodes" in why and restored is not None
+    assert owners == sorted(owners)  # contiguous ranges again, at 6
+    assert read_sink("jsonl", out) == expected

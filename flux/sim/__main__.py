@@ -250,6 +250,7 @@ def main(argv=None) -> int:
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
     compared = diverged = undefined = probed = named = sets_rebuilt = rescales = 0
     drains = given_up = moves = moves_done = live = by_changes = moves_last = stuck = 0
+    moved_rescaled = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -280,6 +281,7 @@ def main(argv=None) -> int:
         by_changes += result.moves_by_changes
         moves_last += result.moves_last
         stuck += result.moves_stuck
+        moved_rescaled += result.moves_rescaled
         live += result.live_rescales
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
@@ -316,6 +318,7 @@ def main(argv=None) -> int:
           f"{f'nondeterminism-raised={undefined}, ' if undefined else ''}"
           f"restarts={restarts}{f' (sets rebuilt {sets_rebuilt})' if sets_rebuilt else ''}"
           f"{f' (rescaled {rescales})' if rescales else ''}"
+          f"{f' (segments restored from moved groups at another count {moved_rescaled})' if moved_rescaled else ''}"
           f"{f' (drained {drains}, given up {given_up})' if drains or given_up else ''}, "
           f"{f'live moves={moves} (installed by both replicas {moves_done}, packs of changes since a bulk {by_changes}), ' if moves else ''}"
           f"{f'cuts moving the last stage with a sink per partition={moves_last} (restarts for one whose checkpoint could not complete {stuck}), ' if moves_last else ''}"

@@ -64,8 +64,9 @@ class SimMoves:
         self.after: Dict[int, Dict[int, GroupMap]] = {}
         #: the ranges packed and not yet held by both replicas of their destination
         self.relay = RangeRelay()
-        #: segments that restored the groups of a checkpoint's map after its cut's moves
-        self.restores_split = 0
+        #: segments that restored the groups of a checkpoint's map after its cut's moves;
+        #: at another count, from snapshots holding groups moves had left them
+        self.restores_split = self.restores_rescaled = 0
         #: moves a cut prepared (its checkpoint), not carried by a cut yet
         self.prepared: Tuple[GroupMove, ...] = ()
         self.prepared_at = 0
@@ -192,6 +193,24 @@ class SimMoves:
         self.sinks.restarted(k)
         if k is None or k < self.prepared_at:  # prepared at a cut the restart undoes
             self.prepared = ()
+
+    def at_new_count(self) -> None:
+        """The job runs at another count than the checkpoint it restored: every stage's
+        partitions own contiguous ranges again (the runtime's ``restore_maps``); a move
+        prepared at the old count is dropped."""
+        self.current = {}
+        self.world.builder.groups = {}
+        self.prepared = ()
+
+    def held(self, k: Optional[int], stage: int, count: int) -> GroupMap:
+        """The groups each partition's snapshot of checkpoint ``k`` (of ``count``
+        partitions) holds of ``stage``: the map before its cut's moves."""
+        held = self.before.get(k, {}).get(stage)
+        even = GroupMap.even(count, KEY_GROUPS)
+        if held is None or held == even:
+            return even
+        self.restores_rescaled += 1
+        return held
 
     def split(self, k: int, stage: int) -> Optional[Tuple[GroupMap, GroupMap]]:
         """The maps before and after checkpoint ``k``'s moves of ``stage``, where it

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, Dict, Optional
 
-from controller.key_groups import sources
+from controller.key_groups import map_sources
 from exchange.group_map import GroupMap
 from exchange.partitioner import KEY_GROUPS
 from flux.rescale import rescaled_states
@@ -235,6 +235,8 @@ class Restarts:
             outcome.rescales += 1  # from a checkpoint: its state split
             if not w.config.ordered_output:
                 w.on_parts_changed()
+        if restored is not None and count_of(store.manifests[k][1]) != w.partitions:
+            w.moves.at_new_count()  # contiguous ranges at the new count (``restore_maps``)
         if w.config.cuts_follow_restore:
             w.last_cut = cut
         store.chains = {}  # every replica starts anew: its first snapshot is whole
@@ -291,20 +293,28 @@ def restore(world, chains: Dict, addr, segment) -> None:
     follows its split's log past the cut instead (``World.build``)."""
     if addr.stage == 0:
         return
+    old = count_of(chains)
+    if old != world.partitions and world.config.split_rescaled:
+        # the groups each old partition's snapshot holds (the map before the cut's moves,
+        # as the manifest names it), split into contiguous ranges at the new count
+        held = world.moves.held(world.restored, addr.stage, old)
+        new = GroupMap.even(world.partitions, KEY_GROUPS)
+        stage = world.dataflow.stages[addr.stage - 1]
+        keyed = [store is not None for store in segment.chain.keyed_stores()]
+        states = {q: rebuild(world.store.read(chains[addr.stage, q]))
+                  for q in map_sources(addr.partition, held, new)}
+        segment.chain.install_state(rescaled_states(stage, keyed, states, addr.partition,
+                                                    held, new))
+        return
     maps = world.moves.split(world.restored, addr.stage)
     if maps is not None:  # the checkpoint's cut carried live moves of this stage
         restore_split(world, chains, addr, segment, maps)
         world.moves.restores_split += 1
         return
-    old = 1 + max(p for _, p in chains)
-    if old == world.partitions or not world.config.split_rescaled:
-        if (addr.stage, addr.partition) in chains:  # (the broken variant: else empty)
-            install(segment.chain, world.store.read(chains[addr.stage, addr.partition]))
-        return
-    stage = world.dataflow.stages[addr.stage - 1]
-    keyed = [store is not None for store in segment.chain.keyed_stores()]
-    states = {q: rebuild(world.store.read(chains[addr.stage, q]))
-              for q in sources(addr.partition, world.partitions, old, KEY_GROUPS)}
-    segment.chain.install_state(rescaled_states(
-        stage, keyed, states, addr.partition, GroupMap.even(old, KEY_GROUPS),
-        GroupMap.even(world.partitions, KEY_GROUPS)))
+    if (addr.stage, addr.partition) in chains:  # (the broken variant: else empty)
+        install(segment.chain, world.store.read(chains[addr.stage, addr.partition]))
+
+
+def count_of(chains: Dict) -> int:
+    """The partition count of a checkpoint's chains ((stage, partition) -> chain)."""
+    return 1 + max(p for _, p in chains)

@@ -186,12 +186,14 @@ class SimParams:
         keyed_by_stage = self.dataflow == "regroup" or (self.dataflow == "packets"
                                                          and self.stages <= 2)
         if (self.moves or self.live_rescales) and (
-                not self.checkpoints or not keyed_by_stage or self.rescale_to):
+                not self.checkpoints or not keyed_by_stage or self.rescale_to and (
+                    self.live_rescales or self.egress_per_partition)):
             raise ValueError("--moves and --live-rescales are carried by checkpoints' cuts "
                              "(--checkpoints N) with state keyed by its stages' keys "
                              "(--dataflow regroup, or packets of at most 2 stages: the "
-                             "third counts per app) and one partition count (moves with "
-                             "rescales from a checkpoint are not modelled yet)")
+                             "third counts per app); --moves with rescales from a "
+                             "checkpoint (--rescale-to) with one ordered sink (with a sink "
+                             "per partition, and live rescales with them, not modelled yet)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:
@@ -245,6 +247,7 @@ class ScheduleResult:
     moves: int = 0
     moves_done: int = 0
     moves_restored: int = 0
+    moves_rescaled: int = 0  # segments restored at another count from moved groups
     moves_by_changes: int = 0
     moves_last: int = 0
     moves_stuck: int = 0
@@ -779,6 +782,7 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.live_rescales = world.moves.rescaled
     result.moves_done = len(world.moves.done)
     result.moves_restored = world.moves.restores_split
+    result.moves_rescaled = world.moves.restores_rescaled
     result.moves_by_changes = world.moves.by_changes
     result.moves_last = world.moves.sinks.moved
     result.moves_stuck = world.moves.sinks.stuck_restarts
