@@ -422,3 +422,50 @@ def test_a_job_that_moved_groups_live_rescales_from_a_checkpoint_exactly(spark, 
     assert "rescale to 6 nodes" in why and restored is not None
     assert owners == sorted(owners)  # contiguous ranges again, at 6
     assert read_sink("jsonl", out) == expected
+
+
+def test_a_sink_per_partition_job_that_moved_the_last_stage_drains_to_another_count(
+        spark, tmp_path):
+    """``ordered_output=False``: the last stage's groups 0..127 move to partition 3 live,
+    then ``job.rescale(6)`` drains and restarts at 6. Each sink partition holds exactly
+    the failure-free outputs routed by the last stage's map in force at each one's input:
+    contiguous ranges at 4 up to the move's cut, the moved map up to the drain's, ranges
+    at 6 after it (modelled first: ``tests/test_sim_moves.py``)."""
+    from exchange.partitioner import KEY_GROUPS, group_owner
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.operator import wire_form
+    from flux.reference import ReferenceRun
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    write_inputs(tmp_path / "in", 30_000)
+    run = ReferenceRun(regrouping_dataflow(2), 4, groups=True)
+    expected = [o for r in FileSource(str(tmp_path / "in")) for o in run.feed(r)]
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}"), commit_every=100))
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, standbys=0, sink=sinks, checkpoint=str(tmp_path / "ckpt"),
+                  checkpoint_interval=1.0, checkpoint_keep=1000, ordered_output=False)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        number = job.move_key_groups(0, 127, to=3, stage=2, timeout=60)
+        job.rescale(6)
+        job.wait(timeout=300)
+    (_, restored, why), = job.restart_log
+    assert "rescale to 6 nodes" in why and restored is not None
+    store = job.checkpoints.store
+    moved_at, drained_at = store.manifest(number)["cut"], store.manifest(restored)["cut"]
+    assert 0 < moved_at <= drained_at < 30_000
+    want = [[] for _ in range(6)]
+    for (sn, x), g in zip(expected, run.output_groups):
+        if sn[0] > drained_at:
+            p = int(group_owner(g, KEY_GROUPS, 6))
+        elif sn[0] > moved_at and g < 128:
+            p = 3
+        else:
+            p = int(group_owner(g, KEY_GROUPS, 4))
+        want[p].append((tuple(sn), wire_form(x)))
+    assert_each_partition_holds(out, [sorted(w) for w in want])

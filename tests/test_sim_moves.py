@@ -98,9 +98,31 @@ def test_a_job_that_moved_groups_live_rescales_from_a_checkpoint():
     assert sum(r.moves_done for r in results) >= 40
 
 
-def test_moves_with_rescales_from_a_checkpoint_and_a_sink_per_partition_are_refused():
-    with pytest.raises(ValueError, match="not modelled yet"):
-        SimParams(**MOVES, rescale_to=(2, 3), partitioned_egress=True).validate()
+@pytest.mark.parametrize("shape", [
+    dict(partitioned_egress=True),
+    dict(writers_on_nodes=True),
+    dict(partitioned_egress=True, ingresses=2, moves=3),
+], ids=["driver-sinks", "writers", "two-ingresses"])
+def test_moves_of_every_stage_then_drained_rescales_with_a_sink_per_partition(shape):
+    """A sink per partition: groups of every stage move live (the last stage's change
+    their keys' sink partitions), and drained rescales restart the job at other counts
+    (``job.rescale``): each sink partition holds exactly the failure-free outputs routed
+    by the last stage's map in force at each one's input, the moves' maps at the old
+    count, contiguous ranges at the new one from the drain's cut. A drain's cut carries
+    no move of the last stage, and no checkpoint is cut again while a move's is open."""
+    params = SimParams(**{**MOVES, "stages": 2, "partitions": 3, "moves": 4, "checkpoints": 6,
+                          "restarts": 2, "crashes": 2, "standbys": 2, "rescale_to": (4, 2),
+                          "rescale_cuts": 2, **shape})
+    results = schedules(params, range(1, 101))
+    assert not failures(results), failures(results)
+    assert sum(r.moves_rescaled for r in results) >= 20
+    assert sum(r.moves_last for r in results) >= 40
+
+
+def test_live_rescales_with_rescales_from_a_checkpoint_are_refused():
+    with pytest.raises(ValueError, match="live rescales not"):
+        SimParams(**{**MOVES, "moves": 0, "partitions": 4, "live_rescales": (4, 2)},
+                  rescale_to=(2, 3)).validate()
 
 
 @pytest.mark.parametrize("egress", ["partitioned_egress", "writers_on_nodes"])

@@ -79,10 +79,12 @@ class SimMoves:
         return self.current.get(stage) or GroupMap.even(self.world.partitions, KEY_GROUPS)
 
     # -- the ingress cuts a checkpoint --------------------------------------------------
-    def choose(self, number: int, position: Optional[int] = None) -> Tuple[GroupMove, ...]:
+    def choose(self, number: int, position: Optional[int] = None,
+               last_blocked: bool = False) -> Tuple[GroupMove, ...]:
         """The moves checkpoint ``number``'s cut carries (maybe none); ``position``: its
-        cut where known (one ingress), to keep the last stage's moves above ``floor``."""
-        moves = self._choose(number, self.sinks.blocked(position))
+        cut where known (one ingress), to keep the last stage's moves above ``floor``;
+        ``last_blocked``: none of the last stage in any case."""
+        moves = self._choose(number, last_blocked or self.sinks.blocked(position))
         self.sinks.chosen(number, moves)
         return moves
 

@@ -92,11 +92,13 @@ class Restarts:
             k >= self.rebuild_after for k in self.world.store.manifests)
 
     def stuck(self) -> Optional[tuple]:
-        """With nothing else to do: a drain's checkpoint that will not complete
-        (``drain_stuck``), or a live move's of the last stage (``SimMoves.stuck``)."""
-        if self.drain_stuck():
-            return ("drain-stuck",)
-        return ("move-stuck",) if self.world.moves.sinks.stuck() else None
+        """With nothing else to do: a live move's checkpoint of the last stage that will
+        not complete (``SinkMoves.stuck``), or a drain's (``drain_stuck``). The move's
+        first: while it is open no checkpoint is cut, a drain's cut again neither (the
+        runtime's ``DriverCheckpoints.maybe_cut``)."""
+        if self.world.moves.sinks.stuck():
+            return ("move-stuck",)
+        return ("drain-stuck",) if self.drain_stuck() else None
 
     def recut(self) -> bool:
         """The drain is stuck: cut again (True), or give the rescale up (False)."""
@@ -112,6 +114,11 @@ class Restarts:
         before it)? A drained rescale's only past every output a sink committed
         (``cut_floor``)."""
         return cut >= self.cut_floor()
+
+    def drain_cut(self) -> bool:
+        """Is the cut chosen now a drained rescale's (its first, or one again)? It carries
+        no move of the last stage (the runtime's ``DriverCheckpoints.moves_cut``)."""
+        return self._rescale_drains() and (self.rebuild_cut or self.rebuild_after is not None)
 
     def cut_floor(self) -> int:
         """The SN the wanted rebuild's cut must reach (0: any): a drained rescale's cut
@@ -138,7 +145,9 @@ class Restarts:
         it; the rebuild's at or past ``cut_floor``."""
         w = self.world
         number = len(w.outcome.cuts) + 1
-        moves = w.moves.choose(number)  # a move of the last stage: past what sinks hold
+        # a move of the last stage: past what sinks hold (its cut moves there), so none at
+        # a drain's cut: past the drain's epoch no input comes until the restart
+        moves = w.moves.choose(number, last_blocked=self.drain_cut())
         floor = max(self.cut_floor(), w.moves.sinks.floor() if number in w.moves.sinks.cuts
                     else 0)
         cut = w.epochs.choose_cut(w.ingresses, number, w.last_cut, w.rng, floor, moves)

@@ -186,14 +186,14 @@ class SimParams:
         keyed_by_stage = self.dataflow == "regroup" or (self.dataflow == "packets"
                                                          and self.stages <= 2)
         if (self.moves or self.live_rescales) and (
-                not self.checkpoints or not keyed_by_stage or self.rescale_to and (
-                    self.live_rescales or self.egress_per_partition)):
+                not self.checkpoints or not keyed_by_stage or
+                self.rescale_to and self.live_rescales):
             raise ValueError("--moves and --live-rescales are carried by checkpoints' cuts "
                              "(--checkpoints N) with state keyed by its stages' keys "
                              "(--dataflow regroup, or packets of at most 2 stages: the "
-                             "third counts per app); --moves with rescales from a "
-                             "checkpoint (--rescale-to) with one ordered sink (with a sink "
-                             "per partition, and live rescales with them, not modelled yet)")
+                             "third counts per app); --moves may come with rescales from "
+                             "a checkpoint (--rescale-to), live rescales not (they spread "
+                             "the groups over a fixed number of pairs)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:
@@ -387,14 +387,15 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         (``moved_parts``)."""
         numbers = world.epochs.plan.numbers if world.epochs is not None else \
             range(1, len(world.inputs) + 1)
-        if params.egress_per_partition and world.outcome.drains:
-            parts[:], outputs_upto[:] = drained_parts(reference, parts_at, params.partitions,
-                                                      world.outcome.drains, numbers)
-        elif "groups" in parts_at:
+        if "groups" in parts_at:  # live moves of the last stage, and drained rescales
+            width = max((params.partitions, *params.rescale_to))
             parts[:], outputs_upto[:] = moved_parts(reference, parts_at["groups"],
                                                     world.moves.sinks.last_stage_maps(), numbers,
-                                                    params.partitions)
+                                                    width)
             settled_parts(world, parts)
+        elif params.egress_per_partition and world.outcome.drains:
+            parts[:], outputs_upto[:] = drained_parts(reference, parts_at, params.partitions,
+                                                      world.outcome.drains, numbers)
         else:  # ``outputs_upto`` as the reference run gave it
             parts[:] = parts_at[params.partitions]
 

@@ -42,6 +42,8 @@ class SinkMoves:
 
     def __init__(self, world, moves):
         self.world, self.moves = world, moves
+        #: the job's first partition count (a drained rescale changes it)
+        self.first_count = world.partitions
         #: checkpoint -> its cut (None until cut): those whose moves changed the last
         #: stage's owners, in this incarnation's line (a restart drops those past its cut)
         self.cuts: Dict[int, Optional[int]] = {}
@@ -124,12 +126,15 @@ class SinkMoves:
             return
         self.covered = max([self.covered] + [c for c in self.cuts.values()
                                              if c is not None and c <= cut])
-        for p, egress in enumerate(w.egresses):
-            name = w.writers.host.get(p, EGRESS_HOST)
+        told = [(w.writers.host.get(p, EGRESS_HOST), egress) for p, egress in
+                enumerate(w.egresses) if not w.writers.host or w.writers.host.get(p)]
+        # a writer started again whose sink is still opening is told too (the controller
+        # tells each egress where it runs now; its messages wait for the open)
+        told += [(name, writer) for name, writer, _ in w.writers.opening.values()]
+        for name, egress in told:
             host = w.hosts.get(name)
             if host is None or not w.alive.get(name) or name in w.faults.zombies or \
-                    host.machines.get(egress.addr) is not egress or not w.writers.writes(
-                        host if w.writers.host else None, p):
+                    host.machines.get(egress.addr) is not egress:
                 continue
             w.net.touched(name, egress.addr)
             w.effects(*host.run_local(egress.checkpoint_complete(number, cut)), host=host)
@@ -162,11 +167,17 @@ class SinkMoves:
 
     def last_stage_maps(self) -> List[Tuple[int, List[int]]]:
         """The last stage's map in force from each cut on, ``(cut, owners)`` in cut order
-        (the first at cut 0): where each output goes."""
+        (the first at cut 0): where each output goes. A drained rescale's cut to another
+        count starts contiguous ranges at that count (after the moves of that same cut, if
+        any: the inputs past it are the new count's)."""
         last, moves = self.world.stages, self.moves
-        maps = [(0, list(moves.initial.get(last, GroupMap.even(
-            self.world.partitions, KEY_GROUPS)).owners))]
-        for k, cut in sorted(self.cuts.items()):
-            if cut is not None:
-                maps.append((cut, list(moves.after[k][last].owners)))
-        return maps
+        changes = [(cut, 0, list(moves.after[k][last].owners))
+                   for k, cut in self.cuts.items() if cut is not None]
+        count = self.first_count
+        for cut, new in self.world.outcome.drains:  # (one at the same count changes none)
+            if new != count:
+                changes.append((cut, 1, list(GroupMap.even(new, KEY_GROUPS).owners)))
+            count = new
+        first = moves.initial.get(last, GroupMap.even(self.first_count, KEY_GROUPS))
+        return [(0, list(first.owners))] + [(cut, owners) for cut, _, owners in
+                                            sorted(changes, key=lambda c: c[:2])]

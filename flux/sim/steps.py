@@ -307,8 +307,8 @@ class Steps:
         else:
             number = w.restarts.take_cut(ingress.accepted)
             self.dirty.add(INGRESS)
-            # and its moves (the last stage's only past what the sinks committed)
-            cut = ingress.choose_cut(number, w.moves.choose(number, ingress.accepted))
+            cut = ingress.choose_cut(number, w.moves.choose(  # (the last stage's: past
+                number, ingress.accepted, last_blocked=w.restarts.drain_cut()))  # sinks)
             w.effects(*w.hosts[INGRESS_HOST].run_local(cut))
 
     def _apply_local(self, step: tuple, host: Host) -> None:

@@ -219,12 +219,14 @@ class DriverCheckpoints:
     def moves_cut(self, number: int, position: Any) -> Tuple[list, Optional[tuple]]:
         """The live moves asked that ride checkpoint ``number``'s cut at ``position``
         (DESIGN 13), and the maps before and after them (None: no key groups, or none
-        moved); one of the last stage only past what the sinks held at a restart."""
+        moved); one of the last stage only past what the sinks held at a restart, and
+        never at a drained rescale's cut (the drain's restart regroups every stage)."""
         if self.moves is None:
             return [], None
         latest = self.service.latest
         self.moves.completed(latest.number if latest is not None else 0)
-        moves, groups = self.moves.cut(number, self.last_moves.may_move(position))
+        last = self.last_moves.may_move(position) and self._drain_to is None
+        moves, groups = self.moves.cut(number, last)
         self.last_moves.cut(number, moves)
         return moves, groups
 
