@@ -202,3 +202,22 @@ def test_a_split_job_drains_at_an_epoch_past_the_sinks_and_holds_every_pair_ther
     checkpoints.end_drain()
     checkpoints.maybe_cut_at_epoch(41, told.append, done=False)
     assert told[-1] == HoldInputs(None)
+
+
+def test_a_drained_rescales_cut_carries_no_move_of_the_last_stage(tmp_path):
+    """The drain's restart regroups every stage at the new count; a move of the last
+    stage at its cut would hold its partitions' outputs past it, where a drain reads no
+    input (modelled: ``tests/test_sim_moves.py``). It waits for a later cut."""
+    from flux.spark.live_moves import MoveAsked
+
+    checkpoints = driver_checkpoints(tmp_path)
+    checkpoints.moves.ask(MoveAsked(2, 0, 9, 3))
+    prepares, _ = checkpoints.moves_cut(1, 10)
+    assert [m.prepare for m in prepares] == [True]  # the bulk first
+    checkpoints.moves.staged(1)
+    checkpoints.drain(holds=35)
+    assert checkpoints.moves_cut(2, 40)[0] == []
+    checkpoints.end_drain()
+    moves, _ = checkpoints.moves_cut(3, 50)
+    assert [(m.stage, m.first, m.last, m.dest, m.prepare) for m in moves] == \
+        [(2, 0, 9, 3, False)]
