@@ -19,11 +19,11 @@ from test_rescale_spark import write_inputs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def moving_job(spark, tmp_path, source):
+def moving_job(spark, tmp_path, source, standbys: int = 1):
     from flux.spark.job import FluxJob
     from flux.testing.dataflows import regrouping_dataflow
 
-    return FluxJob(spark, regrouping_dataflow(2), source, nodes=4, standbys=1,
+    return FluxJob(spark, regrouping_dataflow(2), source, nodes=4, standbys=standbys,
                    sink=make_sink("jsonl", str(tmp_path / "out")),
                    checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
 
@@ -402,14 +402,10 @@ def test_a_job_that_moved_groups_live_rescales_from_a_checkpoint_exactly(spark, 
     the failure-free output."""
     from flux.connectors.file_source import FileSource
     from flux.connectors.sources import Paced
-    from flux.spark.job import FluxJob
-    from flux.testing.dataflows import regrouping_dataflow
 
     expected = write_inputs(tmp_path / "in", 40_000)
-    out = str(tmp_path / "out")
-    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
-                  nodes=4, standbys=0, sink=make_sink("jsonl", out),
-                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    job = moving_job(spark, tmp_path, Paced(FileSource(str(tmp_path / "in")), 4000),
+                     standbys=0)  # (6 nodes after the rescale: every executor)
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
         job.move_key_groups(0, 127, to=3, stage=1, timeout=60)
@@ -421,7 +417,7 @@ def test_a_job_that_moved_groups_live_rescales_from_a_checkpoint_exactly(spark, 
     (_, restored, why), = job.restart_log
     assert "rescale to 6 nodes" in why and restored is not None
     assert owners == sorted(owners)  # contiguous ranges again, at 6
-    assert read_sink("jsonl", out) == expected
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
 
 
 def test_a_sink_per_partition_job_that_moved_the_last_stage_drains_to_another_count(
