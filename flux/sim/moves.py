@@ -208,11 +208,7 @@ class SimMoves:
         """The groups each partition's snapshot of checkpoint ``k`` (of ``count``
         partitions) holds of ``stage``: the map before its cut's moves."""
         held = self.before.get(k, {}).get(stage)
-        even = GroupMap.even(count, KEY_GROUPS)
-        if held is None or held == even:
-            return even
-        self.restores_rescaled += 1
-        return held
+        return held if held is not None else GroupMap.even(count, KEY_GROUPS)
 
     def split(self, k: int, stage: int) -> Optional[Tuple[GroupMap, GroupMap]]:
         """The maps before and after checkpoint ``k``'s moves of ``stage``, where it

@@ -307,6 +307,7 @@ def restore(world, chains: Dict, addr, segment) -> None:
         # the groups each old partition's snapshot holds (the map before the cut's moves,
         # as the manifest names it), split into contiguous ranges at the new count
         held = world.moves.held(world.restored, addr.stage, old)
+        world.moves.restores_rescaled += held != GroupMap.even(old, KEY_GROUPS)
         new = GroupMap.even(world.partitions, KEY_GROUPS)
         stage = world.dataflow.stages[addr.stage - 1]
         keyed = [store is not None for store in segment.chain.keyed_stores()]
