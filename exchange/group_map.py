@@ -155,3 +155,8 @@ def stage_moves(moves: Iterable[GroupMove], stage: int) -> List[GroupMove]:
 def owner_changes(moves: Iterable[GroupMove]) -> List[GroupMove]:
     """The moves that change owners (a prepare changes none)."""
     return [m for m in moves if not m.prepare]
+
+
+def changes_owners_of(moves: Iterable[GroupMove], stage: int) -> bool:
+    """Do ``moves`` change owners of ``stage``'s groups?"""
+    return any(m.stage == stage for m in owner_changes(moves))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import Iterable, List, Optional
 
-from exchange.group_map import owner_changes
+from exchange.group_map import changes_owners_of
 from flux.digests import Digest, KeyedSums, bytes_digest, group_pairs
 from flux.effects import Snapshot
 from flux.errors import LocalProtocolError, OperatorError
@@ -47,8 +47,7 @@ class CheckpointSide:
             return False
         due = self.cuts.due(self.fcons.frontier())
         moved = self.cuts.moves.get(due[0]) if due is not None else None
-        return moved is not None and any(m.stage == self.both_write_stage
-                                         for m in owner_changes(moved[1]))
+        return moved is not None and changes_owners_of(moved[1], self.both_write_stage)
 
     def snapshot(self, keep: bool = True) -> List:
         """Local work: the operators' state after every input up to the cut, none beyond.

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from exchange.group_map import GroupMap, owner_changes
+from exchange.group_map import GroupMap, changes_owners_of
 from exchange.partitioner import KEY_GROUPS
 from flux.protocol.egress import Egress
 from flux.sim.config import EGRESS_HOST
@@ -107,7 +107,7 @@ class SinkMoves:
     def chosen(self, number: int, moves) -> None:
         """Checkpoint ``number``'s cut carries ``moves``."""
         last = self.world.stages
-        if self._apart() and any(m.stage == last for m in owner_changes(moves)):
+        if self._apart() and changes_owners_of(moves, last):
             self.cuts[number] = None  # (its cut comes with ``cut_begun``)
 
     def cut_begun(self, number: int, cut: int) -> None:

@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any, Callable, Optional, Sequence, Tuple
 
-from exchange.group_map import owner_changes
+from exchange.group_map import changes_owners_of
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class LastStageMoves:
 
     def moves_last(self, moves: Sequence[Any]) -> bool:
         """Do ``moves`` change the last stage's owners, with a sink per partition?"""
-        return self.apart and any(m.stage == self.last for m in owner_changes(moves))
+        return self.apart and changes_owners_of(moves, self.last)
 
     def may_move(self, position: Any) -> bool:
         """May a cut at ``position`` (an input's number, or an SN with splits) move the
