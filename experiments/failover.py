@@ -133,12 +133,15 @@ def fail_victim(job, args, rig) -> None:
     """The fault: a process or executor killed, or (on the rig) the victim's host killed
     whole or cut off silently."""
     if args.kill in ("worker", "executor"):
-        job.kill_node(args.victim, args.kill)
+        # both of a pair at once: an executor's worker outlives its JVM by up to ~0.2 s
+        # and could hand its state on meanwhile, so a double kill takes both (a machine)
+        how = "machine" if args.double and args.kill == "executor" else args.kill
+        job.kill_node(args.victim, how)
         if args.double:  # and the twin of one of its segments: that pair is lost
             where = job.topology.where
             mine = sorted(a for a, n in where.items() if n == args.victim)
             twin = mine[0]._replace(replica=1 - mine[0].replica)
-            job.kill_node(where[twin], args.kill)
+            job.kill_node(where[twin], how)
         return
     host = next(i for i, h in enumerate(rig.hosts)
                 if h.address == job.controller.hosts.get(args.victim))

@@ -395,20 +395,24 @@ class FluxJob(JobViews, KeyGroupMoves):
 
     # -- failures and the end --------------------------------------------------------------
     def kill_node(self, name: str, how: str = "worker") -> None:
-        """SIGKILL the Python worker of ``name`` (a process crash) or its executor JVM
-        (a machine crash)."""
-        if how not in ("worker", "executor"):
-            raise ValueError(f"how must be 'worker' or 'executor', got {how!r}")
+        """SIGKILL the Python worker of ``name`` (a process crash), its executor JVM (the
+        worker outlives it by the ~0.1-0.2 s the daemon takes to send it SIGHUP, and
+        serves its pairs meanwhile), or both at once (``"machine"``: a machine crash,
+        nothing of the node left to copy state from)."""
+        if how not in ("worker", "executor", "machine"):
+            raise ValueError(f"how must be 'worker', 'executor' or 'machine', got {how!r}")
         boot = self.controller.boots.get(name, "")
         if boot and boot != boot_id():
             raise RuntimeError(f"{name} runs on {self.controller.hosts.get(name)}, under another "
                                f"kernel: kill_node signals processes of this machine only")
         pid, jvm = self.controller.pids(name)
-        log.warning("killing %s: SIGKILL to its %s (pid %d)", name,
-                    "Python worker" if how == "worker" else "executor JVM",
-                    pid if how == "worker" else jvm)
+        targets = {"worker": [("Python worker", pid)], "executor": [("executor JVM", jvm)],
+                   "machine": [("Python worker", pid), ("executor JVM", jvm)]}[how]
+        log.warning("killing %s: SIGKILL to its %s", name,
+                    " and ".join(f"{what} (pid {p})" for what, p in targets))
         self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
-        _kill(name, pid if how == "worker" else jvm)
+        for _, p in targets:
+            _kill(name, p)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every task and thread this job started, then close every socket (before
