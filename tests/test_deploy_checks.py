@@ -123,3 +123,15 @@ def test_a_rebalancing_policy_is_refused_where_groups_cannot_move(tmp_path):
     split_job.stop()  # several ingresses move groups too: each switches at the cut's epoch
     with pytest.raises(RescaleRefused, match="stage 3 cannot move live"):
         job(rebalance=Rebalance(stages=(3,)), checkpoint=str(tmp_path / "c"))
+
+
+def test_kill_node_says_what_a_machine_crash_signals_and_refuses_other_kinds():
+    # chaos's double failures rely on "machine" taking the worker with its JVM: a JVM
+    # killed alone leaves the worker alive long enough to hand its state on
+    from flux.spark.job import _targets
+
+    assert [p for _, p in _targets("machine", 11, 22)] == [11, 22]
+    assert _targets("worker", 11, 22) == [("Python worker", 11)]
+    assert _targets("executor", 11, 22) == [("executor JVM", 22)]
+    with pytest.raises(ValueError, match="'worker', 'executor' or 'machine'"):
+        _targets("host", 11, 22)

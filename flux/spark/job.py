@@ -91,6 +91,18 @@ def check_before_deploy(dataflow, sample: List[Any], partitions: int,
                             f"{describe(exc)}") from exc
 
 
+def _targets(how: str, pid: int, jvm: int) -> List[Tuple[str, int]]:
+    """What ``kill_node(how=...)`` signals, named for the log: a process crash, an
+    executor's (the worker outlives its JVM by the ~0.1-0.2 s Spark's daemon takes to send
+    it SIGHUP, and serves its pairs meanwhile) or a machine's (both at once: nothing of the
+    node is left to copy state from)."""
+    targets = {"worker": [("Python worker", pid)], "executor": [("executor JVM", jvm)],
+               "machine": [("Python worker", pid), ("executor JVM", jvm)]}.get(how)
+    if targets is None:
+        raise ValueError(f"how must be 'worker', 'executor' or 'machine', got {how!r}")
+    return targets
+
+
 def _kill(name: str, pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -395,19 +407,14 @@ class FluxJob(JobViews, KeyGroupMoves):
 
     # -- failures and the end --------------------------------------------------------------
     def kill_node(self, name: str, how: str = "worker") -> None:
-        """SIGKILL the Python worker of ``name`` (a process crash), its executor JVM (the
-        worker outlives it by the ~0.1-0.2 s the daemon takes to send it SIGHUP, and
-        serves its pairs meanwhile), or both at once (``"machine"``: a machine crash,
-        nothing of the node left to copy state from)."""
-        if how not in ("worker", "executor", "machine"):
-            raise ValueError(f"how must be 'worker', 'executor' or 'machine', got {how!r}")
+        """SIGKILL the Python worker of ``name``, its executor JVM, or both (``_targets``)."""
+        _targets(how, 0, 0)  # a wrong ``how`` is refused before anything else
         boot = self.controller.boots.get(name, "")
         if boot and boot != boot_id():
             raise RuntimeError(f"{name} runs on {self.controller.hosts.get(name)}, under another "
                                f"kernel: kill_node signals processes of this machine only")
         pid, jvm = self.controller.pids(name)
-        targets = {"worker": [("Python worker", pid)], "executor": [("executor JVM", jvm)],
-                   "machine": [("Python worker", pid), ("executor JVM", jvm)]}[how]
+        targets = _targets(how, pid, jvm)
         log.warning("killing %s: SIGKILL to its %s", name,
                     " and ".join(f"{what} (pid {p})" for what, p in targets))
         self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
