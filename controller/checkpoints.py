@@ -16,7 +16,7 @@ import enum
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from controller.key_groups import groups_to_manifest
 from flux.dataflow import Dataflow, factory_name
@@ -80,10 +80,14 @@ class CheckpointCoordinator:
         self.latest_complete: Optional[int] = None
 
     # -- events --------------------------------------------------------------------------
-    def begin(self, number: int, cut: int, groups: Optional[tuple] = None) -> None:
+    def begin(self, number: int, cut: int, groups: Optional[tuple] = None,
+              dormant: Iterable[int] = ()) -> None:
         """The ingress chose cut ``cut`` for checkpoint ``number``; ``groups``: the key
         groups of each stage's partitions before and after the live moves its cut carries
-        (two dicts stage -> ``GroupMap``; None: contiguous ranges, DESIGN 13)."""
+        (two dicts stage -> ``GroupMap``; None: contiguous ranges, DESIGN 13);
+        ``dormant``: partitions not started yet, whose state is empty at the cut (they
+        never owned a group): their snapshots are taken as written, with an empty chain
+        (docs/design/rescaling.md)."""
         if number in self.checkpoints:
             raise ValueError(f"checkpoint {number} was begun already")
         if self.checkpoints and number < max(self.checkpoints):
@@ -92,7 +96,10 @@ class CheckpointCoordinator:
         last = max(live, key=lambda c: c.number) if live else None
         if last is not None and cut < last.cut:
             raise ValueError(f"checkpoint {number}'s cut {cut} is before {last.cut}")
-        self.checkpoints[number] = Checkpoint(number, cut, groups=groups)
+        c = self.checkpoints[number] = Checkpoint(number, cut, groups=groups)
+        for s in range(1, self.stages + 1):
+            for p in dormant:
+                c.parts[s, p], c.chains[s, p] = "", ()
 
     def source_recorded(self, number: int, position: Any) -> Optional[dict]:
         c = self._open(number)

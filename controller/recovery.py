@@ -21,11 +21,11 @@ and returns the totally ordered views to broadcast (paper 3.2.1, 3.3; DESIGN
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from controller.hosts import standby_away_from
 from flux.addresses import Addr, MoverAddr, P, S
-from flux.control_messages import Avail, View
+from flux.control_messages import Avail, Joined, View
 from flux.errors import PairLost
 from controller.topology import Topology
 from controller.writers import WriterPlacement
@@ -199,6 +199,26 @@ class Recovery:
             self.replacement[lost_with] = standby
             self.hosted.setdefault(standby, set())
         return standby
+
+    def join(self, partitions: Sequence[int]) -> List[View]:
+        """Dormant partitions start on free standbys, fresh (docs/design/rescaling.md), in
+        a chain of their own: standby k holds replica P of the k-th and replica S of the
+        one before (one partition: P on one standby, S on another). Nothing (an empty
+        list) while a replica is missing (a fresh machine knows every peer as live) or
+        with too few standbys free."""
+        parts = sorted(partitions)
+        need = max(2, len(parts))
+        if not parts or self.missing or self.attempts or len(self.free) < need:
+            return []
+        nodes, self.free = self.free[:need], self.free[need:]
+        joined = []
+        for k, q in enumerate(parts):
+            for s in range(1, self.stages + 1):
+                for addr, node in ((Addr(s, q, P), nodes[k]), (Addr(s, q, S), nodes[k - 1])):
+                    self.hosted.setdefault(node, set()).add(addr)
+                    self.node_of[addr] = node
+                    joined.append(Joined(addr, self.inc[node], node))
+        return [self._next_view(joined=tuple(joined))]
 
     def add_standby(self, node: str, inc: int, host: Optional[str] = None) -> List[View]:
         """A new standby registered (in Spark: a restarted task), on ``host`` if known."""

@@ -26,6 +26,9 @@ from flux.sequence import INF, NO_PROGRESS, NO_SN, SN, before, strongest
 #: an answer the merge has not kept: to be asked again
 UNKNOWN = object()
 
+#: the bound of a dormant producer: past every SN
+DORMANT: SN = (INF,)
+
 
 def _same(payload: Any) -> Any:
     return payload
@@ -75,6 +78,22 @@ class OrderedMerge:
             raise ValueError(f"resume {producer} after {sn}: it sent {self.last[producer]}")
         self.last[producer] = sn
         self._changed()
+
+    def sleep(self, producer: Hashable) -> None:
+        """``producer`` is a dormant partition (docs/design/rescaling.md): it sends nothing,
+        and nothing waits for its bound."""
+        if self.queues[producer]:
+            raise ValueError(f"producer {producer} has items queued: it cannot be dormant")
+        self.bounds[producer] = DORMANT
+        self._changed()
+
+    def rejoin(self, producer: Hashable) -> None:
+        """A dormant ``producer`` joined: its bound is none again (the one place a bound
+        moves back: what it will send lies above everything released while it slept,
+        the rule of a joining pair, docs/design/rescaling.md)."""
+        if self.bounds[producer] == DORMANT:
+            self.bounds[producer] = NO_PROGRESS
+            self._changed()
 
     def bound(self, producer: Hashable, bound: SN) -> None:
         """Record a progress bound; a bound never moves back (DESIGN 4.3)."""

@@ -346,6 +346,16 @@ class WriterMove:
 
 
 @dataclass(frozen=True, slots=True)
+class Joined:
+    """Replica ``addr`` of a dormant partition starts on node ``node`` (incarnation
+    ``inc``), fresh: its partition runs from this view on (docs/design/rescaling.md)."""
+
+    addr: Addr
+    inc: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class View:
     """A controller view update (paper 3.2.1): endpoints that failed, with the
     incarnations now fenced, and standbys that became available.
@@ -359,6 +369,7 @@ class View:
     failed_incs: frozenset = frozenset()
     avail: tuple = ()
     writers: tuple = ()  # WriterMove, after the failures that made them
+    joined: tuple = ()  # Joined: dormant partitions started, after the rest
 
 
 @dataclass(frozen=True, slots=True)

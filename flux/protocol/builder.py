@@ -64,6 +64,9 @@ class MachineBuilder:
         #: stage (from 1) -> its group map where live moves changed it (DESIGN 13): a job
         #: started again from a checkpoint routes by the map at its cut
         self.groups: Dict[int, GroupMap] = {}
+        #: partitions not running as the job (or its restart) starts: they own no group,
+        #: and have no process until they join (docs/design/rescaling.md)
+        self.dormant: frozenset = frozenset()
         if ingresses < 1:
             raise ValueError(f"ingresses must be >= 1, got {ingresses}")
         self.ingresses = ingresses
@@ -125,10 +128,12 @@ class MachineBuilder:
             router = ToOne()
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
                              self.buffer_factory, self.window, self.pause_room,
-                             to_writer=s == K and self.writers_on_nodes)
+                             to_writer=s == K and self.writers_on_nodes,
+                             dormant=self.dormant if s < K else ())
         spares = self.spare_chains.get(s)
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
-        fcons = FluxConsumer(a, producers, absent_in, self.credit_every)
+        fcons = FluxConsumer(a, producers, absent_in, self.credit_every,
+                             dormant=self.dormant if s > 1 else ())
         return self.segment_class(a, fcons, chain, fprod, router, mode,
                                   full_every=self.full_every, digests=self.digests,
                                   stage_spec=self.dataflow.stages[s - 1],
@@ -172,7 +177,7 @@ class MachineBuilder:
         return cls(self.partitions, self.router(0), self.ingress_capacity, self.batch_size,
                    self.buffer_factory, absent=self.absent_replicas(1), window=self.window,
                    log_inputs=log_inputs, batch_rows=self.batch_rows,
-                   pause_room=self.pause_room, **several)
+                   pause_room=self.pause_room, dormant=self.dormant, **several)
 
     def egress(self) -> Egress:
         """The one egress of ordered output."""
@@ -187,7 +192,7 @@ class MachineBuilder:
         return [egress_class(self.stages, self.partitions,
                              absent=self.absent_replicas(self.stages),
                              credit_every=self.credit_every, batch_rows=self.batch_rows,
-                             partition=p) for p in partitions]
+                             partition=p, dormant=self.dormant) for p in partitions]
 
     def writer(self, partition: int, commit_every: Optional[int] = None) -> SinkWriter:
         """Last-stage partition ``partition``'s sink writer; it commits at least every

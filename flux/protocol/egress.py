@@ -35,17 +35,20 @@ class Egress:
 
     def __init__(self, stages: int, partitions: int, absent: Iterable[Addr] = (),
                  credit_every: int = 1, batch_rows: int = 1024,
-                 partition: Optional[int] = None, acks_at_commit: bool = False):
+                 partition: Optional[int] = None, acks_at_commit: bool = False,
+                 dormant: Iterable[int] = ()):
         """``absent``: last-stage replicas that never exist (replication "none", DESIGN 7);
         the egress acks nobody where they would be. ``credit_every``: see FluxConsumer.
         ``batch_rows``: the most inputs an item holds (the ingress's). ``partition``: the
-        one last-stage partition this egress delivers (None: all of them, merged)."""
+        one last-stage partition this egress delivers (None: all of them, merged).
+        ``dormant``: last-stage partitions not running yet (docs/design/rescaling.md)."""
         self.partition = partition
         self.addr = egress_addr(stages, partition or 0)
         among = range(partitions) if partition is None else (partition,)
         producers = [(Addr(stages, j, P), Addr(stages, j, S)) for j in among]
         self.fcons = FluxConsumer(self.addr, producers, frozenset(absent), credit_every,
-                                  acks_at_commit)
+                                  acks_at_commit,
+                                  dormant=[j for j, p in enumerate(among) if p in dormant])
         self.delivered = 0
         self.batch_rows = batch_rows
         self.released = 0  # the number of the last item released (its last input)
@@ -177,6 +180,15 @@ class Egress:
 
     def on_avail(self, avail, peer_mover=None) -> List:
         self.fcons.on_avail(avail.addr, avail.version)
+        return []
+
+    def on_join(self, partitions) -> List:
+        """Dormant last-stage partitions run from now (docs/design/rescaling.md)."""
+        among = self.fcons.feeds
+        for p in partitions:
+            j = p if self.partition is None else (0 if p == self.partition else None)
+            if j is not None and j < len(among):
+                self.fcons.join(j)
         return []
 
     def idle(self) -> bool:

@@ -27,7 +27,7 @@ we take data from and ack to, are in ``flux.protocol.consumer_roles``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from exchange.merge import OrderedMerge
 from exchange.row_states import rows_from_state, rows_to_state
@@ -68,6 +68,9 @@ class ProducerPair:
     committed: SN = NO_SN
     #: the newest move cut crossed that its replicas were told (DESIGN 13)
     moves_told: Optional[int] = 0
+    #: a partition not running yet: it sends nothing, the merge waits for nothing of it
+    #: (docs/design/rescaling.md)
+    dormant: bool = False
 
     def single(self) -> bool:
         """Both replicas are one process (the ingress): it never fails over."""
@@ -81,9 +84,11 @@ class FluxConsumer(ConsumerRoles):
     """Receives, acks and merges the streams of every producer partition."""
 
     def __init__(self, addr: Addr, producers: Sequence[Sequence[Addr]], absent: Set[Addr] = frozenset(),
-                 credit_every: int = 1, acks_at_commit: bool = False):
+                 credit_every: int = 1, acks_at_commit: bool = False,
+                 dormant: Iterable[int] = ()):
         """``producers[j]`` is (replica P, replica S) of producer partition j; ``absent``
-        lists producer replicas that never exist (the baselines of DESIGN 7);
+        lists producer replicas that never exist (the baselines of DESIGN 7); ``dormant``:
+        producer partitions not running yet (``join`` turns one on);
         ``credit_every``: tuples taken before a credit goes out (a fraction of the window);
         ``acks_at_commit``: a sink's writer, which acks nothing on receipt and both
         replicas at its sink's commits (``commit_acks``, docs/design/parallel_io.md)."""
@@ -115,6 +120,25 @@ class FluxConsumer(ConsumerRoles):
         for j, feed in enumerate(self.feeds):
             for source in feed.replicas:
                 self._partition_of[source.addr] = j
+        for j in dormant:
+            feed = self.feeds[j]
+            feed.dormant, feed.data_from, feed.ack_to = True, None, None
+            for source in feed.replicas:
+                source.status = DEAD
+            self.merge.sleep(j)
+
+    def join(self, j: int) -> None:
+        """Dormant producer partition ``j`` runs from now: data from our side, acks to the
+        other, its bound none yet (docs/design/rescaling.md: nothing we released can lie
+        above what it will send). A join applied again is nothing."""
+        feed = self.feeds[j]
+        self.merge.rejoin(j)  # (an installed state may have it dormant still)
+        if not feed.dormant:
+            return
+        r = self.addr.replica
+        feed.dormant, feed.data_from, feed.ack_to = False, r, other(r)
+        for source in feed.replicas:
+            source.status = ACTIVE
 
     def on_batch(self, src: Addr, msg: Batch) -> List[Send]:
         """Take a batch from our data source and ack it at once to the dual producer."""

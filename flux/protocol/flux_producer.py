@@ -47,12 +47,14 @@ class FluxProducer:
         window: Optional[int] = None,
         pause_room: int = PAUSE_ROOM,
         to_writer: bool = False,
+        dormant=(),
     ):
         """``consumers[i]`` is (replica P, replica S) of consumer partition i;
         ``absent`` lists consumer replicas that never exist (the egress's S);
         ``window``: tuples each consumer may hold untaken (back-pressure);
         ``pause_room``: see ``Producer``; ``to_writer``: the consumer is a sink's writer
-        that acks both replicas at its commits (docs/design/parallel_io.md)."""
+        that acks both replicas at its commits (docs/design/parallel_io.md); ``dormant``:
+        consumer partitions not running yet (docs/design/rescaling.md)."""
         r = addr.replica
         peers = [(pair[r], pair[other(r)]) for pair in consumers]
         self.addr = addr
@@ -61,7 +63,7 @@ class FluxProducer:
         # a sink's writer acks its data source too, and only what its sink committed
         self.out = Producer(addr, peers, capacity, batch_size, buffer_factory,
                             normal_modes=(SEND | ACK if to_writer else SEND, ACK), absent=absent, window=window,
-                            pause_room=pause_room)
+                            pause_room=pause_room, dormant=dormant)
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False

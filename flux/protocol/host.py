@@ -48,10 +48,17 @@ class Host:
                  segment_factory: Optional[Callable[[Addr], Machine]] = None,
                  chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None,
                  view: int = 0, dead_incs: Iterable[int] = (),
-                 writer_factory: Optional[Callable[[Addr, Set[Addr]], Tuple[Machine, List]]] = None):
+                 writer_factory: Optional[Callable[[Addr, Set[Addr]], Tuple[Machine, List]]] = None,
+                 joined_factory: Optional[Callable[[Addr], Machine]] = None):
         """``view`` and ``dead_incs``: where a process joining a running job starts (the
         controller's welcome), not from view 0. ``writer_factory(addr, dead)``: a sink's
-        writer started again here, and its first effects (docs/design/parallel_io.md)."""
+        writer started again here, and its first effects (docs/design/parallel_io.md).
+        ``joined_factory(addr)``: a fresh replica of a dormant partition that joins
+        here (docs/design/rescaling.md)."""
+        self.joined_factory = joined_factory
+        #: the dormant partitions joined so far: a machine made here later (built as
+        #: the job started) is told them at once
+        self.joined: Set[int] = set()
         self.writer_factory = writer_factory
         self.name = name
         self.inc = inc
@@ -147,9 +154,9 @@ class Host:
             self.valid_from[(avail.addr, avail.inc)] = view.number
             if avail.node == self.name:
                 seg = self.segment_factory(avail.addr)
-                self.machines[avail.addr] = seg
-                self.work[avail.addr] = LocalWork.of(seg)
-                self.created_at[avail.addr] = view.number
+                self._take(avail.addr, seg, view.number)
+                if self.joined:  # built as the job started: the joins since
+                    effects.extend(seg.on_join(frozenset(self.joined)))
                 effects.extend(seg.expect_state(CatchUp(avail.version, MoverAddr(avail.active_node))))
             self.dead.discard(avail.addr)
             for addr, machine in self.machines.items():
@@ -157,7 +164,31 @@ class Host:
                     effects.extend(machine.on_avail(avail, MoverAddr(avail.node)))
         for move in view.writers:
             effects.extend(self._writer_moved(move, view.number))
+        if view.joined:
+            effects.extend(self._joined(view))
         return self._run(effects)
+
+    def _joined(self, view: View) -> List:
+        """Dormant partitions start (docs/design/rescaling.md): their replicas placed here
+        are made, fresh, and every machine runs its links and feeds to them from now."""
+        parts = frozenset(j.addr.partition for j in view.joined)
+        effects: List = []
+        for j in view.joined:
+            self.peer_incs[j.addr] = j.inc
+            self.valid_from[(j.addr, j.inc)] = view.number
+            self.dead.discard(j.addr)
+            if j.node == self.name:
+                machine = self.joined_factory(j.addr)
+                self._take(j.addr, machine, view.number)
+        self.joined |= parts
+        for machine in self.machines.values():
+            effects.extend(machine.on_join(self.joined))
+        return effects
+
+    def _take(self, addr: Addr, machine: Machine, view: int) -> None:
+        self.machines[addr] = machine
+        self.work[addr] = LocalWork.of(machine)
+        self.created_at[addr] = view
 
     def _writer_moved(self, move, view: int) -> List:
         """A sink's writer starts again on ``move.node``: there it is created; everywhere

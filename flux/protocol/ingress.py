@@ -120,6 +120,12 @@ class Stage1Connections:
         self.out.on_avail(avail.addr, avail.version)
         return []
 
+    def on_join(self, partitions) -> List:
+        """Dormant stage-1 partitions run from now (docs/design/rescaling.md)."""
+        for i in partitions:
+            self.out.join(i)
+        return []
+
 
 class Ingress(Stage1Connections):
     """Accepts the source's records in order, cuts them into items and feeds both
@@ -139,13 +145,15 @@ class Ingress(Stage1Connections):
         pause_room: int = PAUSE_ROOM,
         index: int = 0,
         replica: int = P,
+        dormant: Iterable[int] = (),
     ):
         """``absent``: stage-1 replicas that never exist (replication "none", DESIGN 7);
         ``window``: sub-items each stage-1 replica may hold untaken (back-pressure);
         ``log_inputs``: items leave only once logged (``inputs_logged``);
         ``batch_rows``: the most inputs an item holds; ``pause_room``: see ``Producer``;
         ``index``: which of several ingresses (``EpochIngress``); ``replica``: which of a
-        pair of ingresses (``flux.protocol.ingress_pair``)."""
+        pair of ingresses (``flux.protocol.ingress_pair``); ``dormant``: stage-1 partitions
+        not running yet (docs/design/rescaling.md)."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
         self.addr = Addr(0, index, replica)
@@ -155,6 +163,7 @@ class Ingress(Stage1Connections):
         peers = [(Addr(1, i, P), Addr(1, i, S)) for i in range(partitions)]
         self.out = self._producer(peers, capacity, batch_size, buffer_factory, absent, window,
                                   pause_room)
+        self.out.sleep(dormant)
         self.partitions = partitions
         self.batch_rows = batch_rows
         #: the number of the last input accepted (with one ingress: how many)

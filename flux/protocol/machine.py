@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Protocol, Set, Tuple, runtime_checkable
+from typing import Any, FrozenSet, Iterable, List, Optional, Protocol, Set, Tuple, runtime_checkable
 
 from flux.addresses import Addr, MoverAddr
 from flux.control_messages import Avail, SegmentStats
@@ -39,6 +39,9 @@ class Machine(Protocol):
 
     def on_avail(self, avail: Avail, peer_mover: MoverAddr) -> List:
         """A view announced a standby replica (Figure 5 avail())."""
+
+    def on_join(self, partitions: FrozenSet[int]) -> List:
+        """A view started dormant partitions (docs/design/rescaling.md)."""
 
     def stats(self) -> SegmentStats:
         """Counters for monitoring (a node reports them, DESIGN 9)."""

@@ -227,6 +227,27 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         self.fprod.on_writer_moved(writer)
         return []
 
+    def on_join(self, partitions) -> List:
+        """A view started dormant partitions (docs/design/rescaling.md): our feeds from them
+        (stage s - 1) and our links to them (stage s + 1) run from now. A new replica
+        joins its feeds now and its links over the state it installs (``missed``)."""
+        self._next(Event.JOIN)
+        parts = frozenset(partitions)
+        if self.addr.stage > 1:
+            for j in parts:
+                self.fcons.join(j)
+        if self.mode is AWAITING_STATE:
+            self.missed.append(("join", parts))
+            return []
+        self._join_links(parts)
+        return []
+
+    def _join_links(self, parts) -> None:
+        if not self.fprod.out.dormant:  # the last stage's egress is never dormant
+            return
+        for i in parts:
+            self.fprod.out.join(i)
+
     def idle(self) -> bool:
         return self.fcons.idle() and self.fprod.out.idle()
 

@@ -34,6 +34,7 @@ class Event(enum.Enum):
     FAIL = "fail"  # a view's fail()
     AVAIL = "avail"  # a view's avail()
     WRITER = "writer"  # a view moved a sink's writer (docs/design/parallel_io.md)
+    JOIN = "join"  # a view started dormant partitions (docs/design/rescaling.md)
     PROCESS = "process"  # local work: one input through the operators
     FLUSH = "flush"  # local work: one batch out
     EXPECT_STATE = "expect state"  # Figure 5 action 1 at the new replica
@@ -60,7 +61,8 @@ class Event(enum.Enum):
 TRANSITIONS = {
     **{(m, e): m for m in (PROCESSING, STREAMING, DRAINING)
        for e in (Event.MESSAGE, Event.PAUSE_ACK, Event.PROCESS, Event.FLUSH)},
-    **{(m, e): m for m in SegmentMode for e in (Event.FAIL, Event.AVAIL, Event.WRITER)},
+    **{(m, e): m for m in SegmentMode for e in (Event.FAIL, Event.AVAIL, Event.WRITER,
+                                                       Event.JOIN)},
     (AWAITING_STATE, Event.EXPECT_STATE): AWAITING_STATE,
     (PROCESSING, Event.SM_READY): STREAMING,
     (AWAITING_STATE, Event.SM_READY): AWAITING_STATE,

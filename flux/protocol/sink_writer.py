@@ -64,6 +64,12 @@ class SinkWriter(Egress):
             return []
         return super().on_avail(avail, peer_mover)
 
+    def on_join(self, partitions) -> List:
+        if self._held is not None:
+            self._held.append(partial(super().on_join, frozenset(partitions)))
+            return []
+        return super().on_join(partitions)
+
     def commit(self, number: int, cut: int) -> SinkCommit:
         self.uncommitted = 0
         return SinkCommit(number, cut, self.partition, self.fcons.feeds[0].taken)
