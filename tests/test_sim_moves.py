@@ -59,6 +59,28 @@ def test_live_rescales_grow_and_shrink_over_pairs_that_own_no_group_yet():
     assert sum(r.live_rescales for r in results) >= 100
 
 
+DORMANT = dict(MOVES, moves=0, partitions=6, live_rescales=(4, 6, 3), dormant=True)
+
+
+def test_live_rescales_start_dormant_pairs_on_standbys_and_fill_them():
+    """4 -> 6 -> 3 where pairs 4 and 5 have no process until the rescale to 6: they join
+    on standbys (a view), and the cut that gives them groups comes once every process
+    applied it; crashes of any replica, the joined ones and the standbys included."""
+    results = schedules(SimParams(**DORMANT, standbys=3, crashes=3), range(1, 121))
+    assert not failures(results), failures(results)
+    assert sum(r.joins for r in results) >= 60
+    assert sum(r.onto_joined for r in results) >= 30  # groups moved onto joined pairs
+
+
+@pytest.mark.parametrize("variant", ["join-cut-early", "join-asleep"])
+def test_a_join_whose_cut_comes_too_early_or_whose_feed_is_not_waited_for_is_caught(variant):
+    """The cut that gives joined pairs groups chosen before every process applied the
+    join; a consumer that runs a joined feed without waiting for its bound."""
+    results = schedules(SimParams(**DORMANT, standbys=3, crashes=0, variant=variant),
+                        range(1, 121))
+    assert failures(results)
+
+
 def test_a_live_rescale_whose_destinations_go_on_before_the_ranges_came_is_caught():
     results = schedules(SimParams(**{**MOVES, "moves": 0}, partitions=6,
                                   live_rescales=(4, 6), crashes=0,

@@ -204,6 +204,10 @@ def main(argv=None) -> int:
                     help="the keys start spread over N of the --partitions pairs (the others "
                          "own no group yet); each next count is reached live, by the moves "
                          "of one checkpoint's cut (DESIGN 13)")
+    ap.add_argument("--dormant", action="store_true",
+                    help="with --live-rescales: the pairs past the first count have no "
+                         "process until a live rescale needs them; they join then, on "
+                         "standbys (docs/design/rescaling.md)")
     ap.add_argument("--rescale-cuts", type=int, default=0, metavar="K",
                     help="K rescales asked for while the job runs (job.rescale), each at a "
                          "random step: a checkpoint cut at once, and the job restarted from "
@@ -239,7 +243,8 @@ def main(argv=None) -> int:
                        ingresses=args.ingresses, ingress_pairs=args.ingress_pairs,
                        rescale_to=tuple(int(n) for n in args.rescale_to.split(",") if n),
                        rescale_cuts=args.rescale_cuts, moves=args.moves,
-                       live_rescales=tuple(int(n) for n in args.live_rescales.split(",") if n))
+                       live_rescales=tuple(int(n) for n in args.live_rescales.split(",") if n),
+                       dormant=args.dormant)
     try:
         params.validate()
     except ValueError as exc:
@@ -250,7 +255,7 @@ def main(argv=None) -> int:
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
     compared = diverged = undefined = probed = named = sets_rebuilt = rescales = 0
     drains = given_up = moves = moves_done = live = by_changes = moves_last = stuck = 0
-    moved_rescaled = 0
+    moved_rescaled = joins = onto_joined = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -283,6 +288,8 @@ def main(argv=None) -> int:
         stuck += result.moves_stuck
         moved_rescaled += result.moves_rescaled
         live += result.live_rescales
+        joins += result.joins
+        onto_joined += result.onto_joined
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
         failed_writes += result.failed_writes
@@ -323,6 +330,7 @@ def main(argv=None) -> int:
           f"{f'live moves={moves} (installed by both replicas {moves_done}, packs of changes since a bulk {by_changes}), ' if moves else ''}"
           f"{f'cuts moving the last stage with a sink per partition={moves_last} (restarts for one whose checkpoint could not complete {stuck}), ' if moves_last else ''}"
           f"{f'live rescales={live}, ' if params.live_rescales else ''}"
+          f"{f'joins of dormant pairs={joins} (live rescales onto them {onto_joined}), ' if params.dormant else ''}"
           f"{corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)

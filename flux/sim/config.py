@@ -147,6 +147,12 @@ class WorldConfig:
     #: the key groups spread over the first count's pairs, then each next count reached
     #: live (``flux.sim.moves``)
     live_rescales: Tuple[int, ...] = ()
+    #: the pairs past the first live rescale's count are dormant (no process) until a
+    #: live rescale needs them, and join then on standbys (docs/design/rescaling.md)
+    dormant: bool = False
+    #: the cut that gives joined pairs groups waits for every process to apply the join
+    #: (False: a broken variant, docs/design/rescaling.md)
+    join_waits_for_views: bool = True
 
 
 @dataclass

@@ -45,6 +45,12 @@ class Faults:
         self.corruptions_left = world.config.corrupt_checkpoints
         self.reset()
 
+    def placed(self, addr, name: str) -> None:
+        """The controller placed replica ``addr`` on ``name``: one that halted already never
+        makes it, and its writing is lost as a halted replica's."""
+        if not self.world.alive.get(name, True):
+            self.halted_replicas.add(addr)
+
     def reset(self) -> None:
         """A new incarnation of the job: nobody cut, unheard or a zombie."""
         self.starved: Dict[str, float] = {}  # live but unheard until this tick
@@ -78,7 +84,9 @@ class Faults:
         rng = rng or w.fault_rng
         w.alive[name] = False
         mine = set(w.hosts[name].addresses())
-        self.halted_replicas |= mine
+        # and the replicas the controller placed there that it had not made yet (a join
+        # or an avail it had not applied): their writing is lost as well
+        self.halted_replicas |= mine | {a for a, n in w.recovery.node_of.items() if n == name}
         if name in self.zombies:
             self.zombies.discard(name)
             self.told.discard(name)

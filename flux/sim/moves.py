@@ -74,6 +74,27 @@ class SimMoves:
         self.by_changes = 0
         #: the last stage's moves with a sink per partition: their cuts and what they hold
         self.sinks = SinkMoves(world, self)
+        #: dormant pairs (``--dormant``, docs/design/rescaling.md): those from ``live`` on
+        #: have no process; a live rescale to more waits for them to join (a view) and
+        #: for every process to apply it (``join_view``); ``joined``: in this incarnation
+        self.dormant = world.config.dormant and bool(counts)
+        self.live = counts[0] if self.dormant else world.partitions
+        self.joined: set = set()
+        self.join_view: Optional[int] = None
+        self.joins = 0
+        #: live rescales that gave groups to pairs joined in their incarnation
+        self.onto_joined = 0
+        if self.dormant:
+            world.builder.dormant = frozenset(range(self.live, world.partitions))
+
+    def cut_begun(self, number: int, cut: int) -> None:
+        """Checkpoint ``number`` is begun: the pairs not started are empty at its cut, and
+        taken as written (the coordinator's rule, docs/design/rescaling.md)."""
+        w = self.world
+        dormant = w.builder.dormant - self.joined
+        w.coordinator.begin(number, cut, dormant=dormant)
+        w.store.dormant_at(number, dormant)
+        self.sinks.cut_begun(number, cut)
 
     def map_of(self, stage: int) -> GroupMap:
         return self.current.get(stage) or GroupMap.even(self.world.partitions, KEY_GROUPS)
@@ -102,8 +123,10 @@ class SimMoves:
                     self.current[s] = self.map_of(s).moved([m for m in moves if m.stage == s])
             self.after[number] = dict(self.current)
             return moves
-        if self.counts and not last_blocked and self.rng.random() < MOVE_CHANCE:  # every stage
+        if self.counts and not last_blocked and self.rng.random() < MOVE_CHANCE and \
+                self.running(self.counts[0]):  # every stage
             count = self.counts.pop(0)
+            self.onto_joined += bool(self.joined) and count > min(self.joined)
             target = GroupMap.even(count, KEY_GROUPS, self.world.partitions)
             for s in range(1, self.world.stages + 1):
                 moves += tuple(self.map_of(s).moves_to(target, s))
@@ -123,6 +146,35 @@ class SimMoves:
             moves = tuple(m.prepared() for m in moves)
         self.after[number] = dict(self.current)
         return moves
+
+    def running(self, count: int) -> bool:
+        """May a cut give groups to the first ``count`` pairs? Dormant ones must have
+        joined, and every live process applied the join (the cut is chosen after it,
+        docs/design/rescaling.md)."""
+        if count > self.live:
+            return False
+        w = self.world
+        return self.join_view is None or not w.config.join_waits_for_views or all(
+            w.hosts[name].view >= self.join_view for name in w.hosts if w.alive[name])
+
+    def _join_due(self) -> bool:
+        """A live rescale needs dormant pairs, and the controller may start them now."""
+        if not (self.dormant and self.counts and self.counts[0] > self.live):
+            return False
+        rec = self.world.recovery
+        return not rec.missing and not rec.attempts and \
+            len(rec.free) >= max(2, self.counts[0] - self.live)
+
+    def _join(self) -> None:
+        """The next live rescale's dormant pairs start on standbys (a view)."""
+        w = self.world
+        parts = range(self.live, self.counts[0])
+        views = w.recovery.join(parts)
+        self.joined.update(parts)
+        self.live = self.counts[0]
+        self.join_view = views[-1].number
+        self.joins += 1
+        w.broadcast(views)
 
     def _draw(self, last_blocked: bool) -> GroupMove:
         """A range inside one run of groups of one owner (half the time all of it: a
@@ -160,6 +212,9 @@ class SimMoves:
     def steps(self, steps: List[tuple], hosts: List[str]) -> None:
         """An ``install-range`` step per replica of a destination that may take it."""
         w = self.world
+        if self._join_due():
+            steps.append(("join",))
+            hosts.append(CONTROLLER)
         keys = list(self.relay.packs)
         for key, addr, name in self.relay.unsent(w.host_of.get):
             if not w.alive.get(name) or name in w.faults.zombies:
@@ -177,6 +232,9 @@ class SimMoves:
         if step[0] == "move-stuck":
             self.sinks.restart_stuck()
             return []
+        if step[0] == "join":
+            self._join()
+            return []
         key = list(self.relay.packs)[step[1]]
         addr = Addr(key[1].stage, key[1].dest, step[2])
         host = w.hosts[w.host_of[addr]]
@@ -191,10 +249,22 @@ class SimMoves:
         manifest's; ranges in flight are of cuts the restart forgets, or in its state."""
         self.current = dict(self.after[k] if k in self.after else self.initial)
         self.world.builder.groups = dict(self.current)
+        if self.dormant:  # the pairs owning groups run again, the others are dormant
+            self._restart_dormant()
         self.relay.forget()
         self.sinks.restarted(k)
         if k is None or k < self.prepared_at:  # prepared at a cut the restart undoes
             self.prepared = ()
+
+    def _restart_dormant(self) -> None:
+        w = self.world
+        owners = [int(m.owners.max()) for m in self.current.values()]
+        self.live = max([w.config.live_rescales[0]] + [o + 1 for o in owners])
+        w.builder.dormant = frozenset(range(self.live, w.partitions))
+        w.placement = w.config.placement_for(self.live)
+        self.joined, self.join_view = set(), None
+        if any(m.dest >= self.live for m in self.prepared):  # onto pairs dormant again:
+            self.prepared = ()  # the rescale would be asked anew (the simulator drops it)
 
     def at_new_count(self) -> None:
         """The job runs at another count than the checkpoint it restored: every stage's
@@ -229,7 +299,9 @@ def restore_split(world, chains, addr, segment, maps: Tuple[GroupMap, GroupMap])
     keyed = [store is not None for store in segment.chain.keyed_stores()]
     sources = sorted({int(before.owner(g)) for g in after.groups_of(addr.partition)}
                      | {addr.partition})
-    states = {q: rebuild(world.store.read(chains[addr.stage, q])) for q in sources}
+    fresh = segment.chain.get_state()  # a dormant partition's chain reads nothing
+    states = {q: rebuild(world.store.read(chains[addr.stage, q])) if chains[addr.stage, q]
+              else fresh for q in sources}
     segment.chain.install_state(regrouped_states(stage, keyed, states, addr.partition,
                                                  before, after))
 

@@ -321,8 +321,9 @@ def restore(world, chains: Dict, addr, segment) -> None:
         restore_split(world, chains, addr, segment, maps)
         world.moves.restores_split += 1
         return
-    if (addr.stage, addr.partition) in chains:  # (the broken variant: else empty)
-        install(segment.chain, world.store.read(chains[addr.stage, addr.partition]))
+    chain = chains.get((addr.stage, addr.partition))
+    if chain:  # (none: the broken variant's; empty: a dormant partition's, which starts empty)
+        install(segment.chain, world.store.read(chain))
 
 
 def count_of(chains: Dict) -> int:

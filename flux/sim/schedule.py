@@ -129,6 +129,9 @@ class SimParams:
     #: ``partitions`` pairs (the others own no group yet), and each next count is reached
     #: by the moves of one checkpoint's cut (DESIGN 13)
     live_rescales: Tuple[int, ...] = ()
+    #: with live rescales: the pairs past the first count are dormant (no process) until
+    #: a live rescale needs them, then join on standbys (docs/design/rescaling.md)
+    dormant: bool = False
     max_steps: int = 200_000
 
     @property
@@ -194,6 +197,14 @@ class SimParams:
                              "third counts per app); --moves may come with rescales from "
                              "a checkpoint (--rescale-to), live rescales not (they spread "
                              "the groups over a fixed number of pairs)")
+        if self.dormant and (len(self.live_rescales) < 2 or self.live_rescales[0] < 2 or
+                             self.dataflow != "regroup" or self.moves or
+                             self.placement != "chained" or self.ingresses > 1 or
+                             self.egress_per_partition or self.standbys < 2):
+            raise ValueError("--dormant starts pairs at live rescales (--live-rescales, the "
+                             "first count at least 2) of the regrouping dataflow, without "
+                             "--moves, with one ingress, one ordered egress, chained "
+                             "placement and 2 standbys at least (what is modelled so far)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:
@@ -252,6 +263,8 @@ class ScheduleResult:
     moves_last: int = 0
     moves_stuck: int = 0
     live_rescales: int = 0
+    joins: int = 0
+    onto_joined: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -299,7 +312,8 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
     reference, outputs_upto, states_after, states, parts_at = reference_run(dataflow, inputs,
                                                                             params, numbers)
     parts = list(parts_at[params.partitions])
-    placement = PLACEMENTS[params.placement](params.stages, params.partitions)
+    placement = PLACEMENTS[params.placement](
+        params.stages, params.live_rescales[0] if params.dormant else params.partitions)
     config = WorldConfig(
         capacity=rng.randint(1, 6),
         ingress_capacity=rng.randint(1, 6),
@@ -346,6 +360,7 @@ def make_world(params: SimParams, seed: int, rng: random.Random):
         rescale_to=params.rescale_to,
         moves=params.moves,
         live_rescales=params.live_rescales,
+        dormant=params.dormant,
         placement_for=partial(PLACEMENTS[params.placement], params.stages),
         log_epochs=bool(params.checkpoints or params.restarts),
         epoch_skew=random.Random(f"skew {seed}").choice(SKEWS),
@@ -781,6 +796,8 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.rescales_given_up = world.outcome.rescales_given_up
     result.moves = params.moves - world.moves.left
     result.live_rescales = world.moves.rescaled
+    result.joins = world.moves.joins
+    result.onto_joined = world.moves.onto_joined
     result.moves_done = len(world.moves.done)
     result.moves_restored = world.moves.restores_split
     result.moves_rescaled = world.moves.restores_rescaled

@@ -261,8 +261,8 @@ class Steps:
             self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind == "corrupt":
             w.faults.damage()
-        elif kind in ("install-range", "move-stuck"):  # a range to a destination replica,
-            self.dirty.update(w.moves.apply(step))  # or a restart (a move's cut stuck)
+        elif kind in ("install-range", "move-stuck", "join"):  # a range to a replica, a
+            self.dirty.update(w.moves.apply(step))  # restart, or dormant pairs started
         else:
             self._apply_local(step, w.hosts[w.host_of[step[1]]])
 

@@ -117,6 +117,13 @@ class CheckpointStore:
         return chain
 
     # -- complete checkpoints --------------------------------------------------------
+    def dormant_at(self, number: int, dormant) -> None:
+        """Checkpoint ``number`` takes the partitions ``dormant`` at its cut as written,
+        empty (the coordinator's rule): their chains read nothing."""
+        for s in range(1, self.world.stages + 1):
+            for p in dormant:
+                self.parts[number, s, p] = ()
+
     def report(self, manifest: Optional[dict]) -> None:
         """The coordinator's answer to a report: a complete checkpoint's manifest, or None."""
         if manifest is None:

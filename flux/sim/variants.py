@@ -417,7 +417,10 @@ WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
                   "eager-writer-acks": {"writer_class": WriterAckingOnReceipt},
                   "move-last-no-hold": {"egress_class": EgressHoldingNothing,
                                         "writer_class": WriterHoldingNothing},
-                  "move-last-no-floor": {"move_last_without_floor": True}}
+                  "move-last-no-floor": {"move_last_without_floor": True},
+                  # the cut giving joined pairs groups chosen before every process applied
+                  # the join (docs/design/rescaling.md)
+                  "join-cut-early": {"join_waits_for_views": False}}
 
 #: name -> (buffer class, segment class)
 class SegmentNotWaitingForRange(Segment):
@@ -463,6 +466,20 @@ class SegmentWritingAlone(Segment):
         return False
 
 
+class SegmentNotWaitingForJoined(Segment):
+    """A replica that runs a joined partition's feed without waiting for its bound: the
+    merge keeps the dormant feed's bound past everything (docs/design/rescaling.md
+    broken), and releases what the joined partition's items should come before."""
+
+    def on_join(self, partitions):
+        effects = super().on_join(partitions)
+        if self.addr.stage > 1:
+            for j in partitions:
+                if not self.fcons.merge.queued_from(j):
+                    self.fcons.merge.sleep(j)
+        return effects
+
+
 VARIANTS = {
     "none": (Buffer, Segment),
     "no-dup-filter": (BufferWithoutDuplicateFilter, Segment),
@@ -498,4 +515,6 @@ VARIANTS = {
     "move-last-no-hold": (Buffer, Segment),
     "move-last-no-floor": (Buffer, Segment),
     "move-last-one-writer": (Buffer, SegmentWritingAlone),
+    "join-cut-early": (Buffer, Segment),
+    "join-asleep": (Buffer, SegmentNotWaitingForJoined),
 }

@@ -185,7 +185,8 @@ class World:
             machines.update((w.addr, w) for w in writers if self.writers.host[w.partition] == name)
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              builder.standby_segment, config.chunk_size,
-                                             peer_incs, writer_factory=self.writers.factory(name)))
+                                             peer_incs, writer_factory=self.writers.factory(name),
+                                             joined_factory=builder.segment))
         if pairs:  # each a pair of replicas on the nodes: ``ingresses`` are the P ones
             self.ingresses = [self.machine(Addr(0, i, P)) for i in range(pairs)]
             cut = 0 if restored is None else restored[1]
@@ -332,8 +333,7 @@ class World:
     def begin_checkpoint(self, number: int, cut: int) -> None:
         self.outcome.cuts.append((number, cut))
         self.last_cut = cut
-        self.coordinator.begin(number, cut)
-        self.moves.sinks.cut_begun(number, cut)
+        self.moves.cut_begun(number, cut)  # told the coordinator, the pairs not started
 
     def position(self, sn: int) -> int:
         """How many inputs have an SN up to ``sn`` (with one ingress: ``sn``)."""
@@ -341,13 +341,13 @@ class World:
 
     def broadcast(self, views: List[View]) -> None:
         """The controller's views, to every live process not declared dead."""
-        moved = False
+        placed = [a for view in views for a in view.avail + view.joined]
+        for avail in placed:  # where each new replica will live
+            self.host_of[avail.addr] = avail.node
+            self.faults.placed(avail.addr, avail.node)
         for view in views:
-            for avail in view.avail:
-                self.host_of[avail.addr] = avail.node  # where the new replica will live
-                moved = True
             self.net.queue_views([view], self.alive, self.detection.declared)
-        if moved:
+        if placed:
             self.net.invalidate()
             self.steps.rehost()
         done = self.recovery.completed
