@@ -184,11 +184,11 @@ class Egress:
 
     def on_join(self, partitions) -> List:
         """Dormant last-stage partitions run from now (docs/design/rescaling.md)."""
-        among = self.fcons.feeds
         for p in partitions:
-            j = p if self.partition is None else (0 if p == self.partition else None)
-            if j is not None and j < len(among):
-                self.fcons.join(j)
+            if self.partition is None:  # its feeds are the partitions, in order
+                self.fcons.join(p)
+            elif p == self.partition:  # its one feed
+                self.fcons.join(0)
         return []
 
     def idle(self) -> bool:

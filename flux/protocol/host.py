@@ -202,10 +202,10 @@ class Host:
                 effects.extend(work.feeds_writers.on_writer_moved(move.addr))
         if move.node == self.name:
             writer, first = self.writer_factory(move.addr, set(self.dead))
-            self.machines[move.addr] = writer
-            self.work[move.addr] = LocalWork.of(writer)
-            self.created_at[move.addr] = view
+            self._take(move.addr, writer, view)
             effects.extend(first)
+            if self.joined:  # built as the job started: the joins since
+                effects.extend(writer.on_join(frozenset(self.joined)))
         elif move.addr in self.machines:  # the old writer, on a process that lives on
             del self.machines[move.addr]
             del self.work[move.addr]
