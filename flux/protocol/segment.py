@@ -233,19 +233,20 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         joins its feeds now and its links over the state it installs (``missed``)."""
         self._next(Event.JOIN)
         parts = frozenset(partitions)
+        if self.mode is AWAITING_STATE:
+            self._join(parts, links=False)
+            self.missed.append(("join", parts))
+            return []
+        self._join(parts)
+        return []
+
+    def _join(self, parts, links: bool = True) -> None:
+        """Our feeds from ``parts`` (stage s - 1; stage 1's are the ingresses) and, with
+        ``links``, our links to them (stage s + 1; the egress is never dormant)."""
         if self.addr.stage > 1:
             for j in parts:
                 self.fcons.join(j)
-        if self.mode is AWAITING_STATE:
-            self.missed.append(("join", parts))
-            return []
-        self._join_links(parts)
-        return []
-
-    def _join_links(self, parts) -> None:
-        if not self.fprod.out.dormant:  # the last stage's egress is never dormant
-            return
-        for i in parts:
+        for i in parts if links else ():
             self.fprod.out.join(i)
 
     def idle(self) -> bool:

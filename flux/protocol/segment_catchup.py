@@ -223,10 +223,7 @@ class CatchUpSide:
             elif kind == "writer":
                 self.fprod.on_writer_moved(what)
             elif kind == "join":  # over a state maybe taken before the join
-                if self.addr.stage > 1:
-                    for j in what:
-                        self.fcons.join(j)
-                self._join_links(what)
+                self._join(what)
             else:
                 self.fprod.replay_avail(what)
         self.missed = []
