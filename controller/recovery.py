@@ -64,6 +64,8 @@ class Recovery:
         self.attempts: Dict[Addr, Attempt] = {}
         self.dead: Set[str] = set()
         self.completed: List[Addr] = []
+        #: the dormant partitions started so far (a process joining later is told them)
+        self.joined: Set[int] = set()
         self._first_seen: Dict[tuple, float] = {}  # (addr, version) -> for ``overdue``
         self.writers = WriterPlacement(self.stages, self.partitions, self.node_of) \
             if writers else None
@@ -211,6 +213,7 @@ class Recovery:
         if not parts or self.missing or self.attempts or len(self.free) < need:
             return []
         nodes, self.free = self.free[:need], self.free[need:]
+        self.joined.update(parts)
         joined = []
         for k, q in enumerate(parts):
             for s in range(1, self.stages + 1):

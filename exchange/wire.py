@@ -36,6 +36,7 @@ from flux.digests import GROUPS, Digest
 from flux.keys import tuplify
 from flux.control_messages import (
     Avail,
+    Joined,
     CatchUpPaused,
     Failed,
     FoldedIn,
@@ -226,12 +227,20 @@ def _writer_move(v) -> WriterMove:
                       _str(v[2], "writer node"))
 
 
-def _view(number, failed, failed_incs, avail, writers) -> View:
+def _joined(v) -> Joined:
+    if not isinstance(v, list) or len(v) != 3:
+        raise WireError(f"a join is [addr, inc, node], got {v!r:.60}")
+    return Joined(_addr(v[0], "joined addr"), _int(v[1], "joined inc"),
+                  _str(v[2], "joined node"))
+
+
+def _view(number, failed, failed_incs, avail, writers, joined) -> View:
     return View(_int(number, "view number"),
                 frozenset(_endpoint(a, "failed endpoint") for a in _list(failed, "failed")),
                 frozenset(_int(i, "failed inc") for i in _list(failed_incs, "failed incs")),
                 tuple(_avail(a) for a in _list(avail, "avail")),
-                tuple(_writer_move(w) for w in _list(writers, "writers")))
+                tuple(_writer_move(w) for w in _list(writers, "writers")),
+                tuple(_joined(j) for j in _list(joined, "joined")))
 
 
 def _digest_groups(v) -> tuple:
@@ -479,8 +488,9 @@ CODECS: Dict[str, _Codec] = {
                               sorted(m.failed_incs),
                               [[list(a.addr), a.inc, a.version, a.node, a.active_node]
                                for a in m.avail],
-                              [[list(w.addr), w.inc, w.node] for w in m.writers]],
-             _arity(5, _view)),
+                              [[list(w.addr), w.inc, w.node] for w in m.writers],
+                              [[list(j.addr), j.inc, j.node] for j in m.joined]],
+             _arity(6, _view)),
     "writer_progress": (WriterProgress, lambda m: [m.partition, list(m.bound), m.settled,
                                                    m.outputs],
                         _arity(4, lambda p, b, n, o: WriterProgress(
@@ -576,13 +586,14 @@ CODECS: Dict[str, _Codec] = {
                      _int(e, "executor pid"), _str(s, "secret"), _str(ma, "mover address"),
                      _str(h, "host"), _str(x, "executor"), _str(b, "boot")))),
     "welcome": (Welcome, lambda m: [m.name, m.view, [[list(a), n] for a, n in m.where],
-                                    list(m.dead_incs)],
-                _arity(4, lambda n, v, w, d: Welcome(
+                                    list(m.dead_incs), list(m.joined)],
+                _arity(5, lambda n, v, w, d, j: Welcome(
                     _str(n, "name"), _int(v, "view"),
                     tuple((_addr(x[0], "where addr") if isinstance(x, list) and len(x) == 2
                            else _bad("where entry", x), _str(x[1], "where name"))
                           for x in _list(w, "where")),
-                    tuple(_int(i, "dead inc") for i in _list(d, "dead incs"))))),
+                    tuple(_int(i, "dead inc") for i in _list(d, "dead incs")),
+                    tuple(_int(q, "joined partition") for q in _list(j, "joined"))))),
     "members": (Members, lambda m: [[list(x) for x in m.addresses]],
                 _arity(1, lambda xs: Members(tuple(_member(x) for x in _list(xs, "members"))))),
     "stop": (Stop, lambda m: [m.reason], _arity(1, lambda r: Stop(_str(r, "reason")))),

@@ -62,6 +62,9 @@ class Welcome:
     view: int = 0
     where: tuple = ()  # ((addr, process name), ...)
     dead_incs: tuple = ()
+    #: the dormant partitions joined in this incarnation of the job so far: the process
+    #: is built as the job started and told them (docs/design/rescaling.md)
+    joined: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

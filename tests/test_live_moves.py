@@ -253,7 +253,7 @@ def test_packs_that_differ_between_the_source_replicas_are_a_divergence():
     (MoveAsked(3, 0, 1, 1), "stage must be from 1 to 2"),
     (MoveAsked(1, 5, 4, 1), "key groups must be first..last within 0..255"),
     (MoveAsked(1, 0, 256, 1), "key groups must be first..last within 0..255"),
-    (MoveAsked(1, 0, 4, 4), "to must be a partition from 0 to 3"),
+    (MoveAsked(1, 0, 4, 4), "to must be a running partition from 0 to 3"),
 ])
 def test_a_move_the_job_cannot_make_is_refused_naming_why(asked, error):
     from flux.spark.job_moves import check_move

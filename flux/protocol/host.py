@@ -49,16 +49,18 @@ class Host:
                  chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None,
                  view: int = 0, dead_incs: Iterable[int] = (),
                  writer_factory: Optional[Callable[[Addr, Set[Addr]], Tuple[Machine, List]]] = None,
-                 joined_factory: Optional[Callable[[Addr], Machine]] = None):
+                 joined_factory: Optional[Callable[[Addr], Machine]] = None,
+                 joined: Iterable[int] = ()):
         """``view`` and ``dead_incs``: where a process joining a running job starts (the
         controller's welcome), not from view 0. ``writer_factory(addr, dead)``: a sink's
         writer started again here, and its first effects (docs/design/parallel_io.md).
         ``joined_factory(addr)``: a fresh replica of a dormant partition that joins
-        here (docs/design/rescaling.md)."""
+        here (docs/design/rescaling.md); ``joined``: the dormant partitions joined before
+        this process joined the running job (the controller's welcome)."""
         self.joined_factory = joined_factory
         #: the dormant partitions joined so far: a machine made here later (built as
         #: the job started) is told them at once
-        self.joined: Set[int] = set()
+        self.joined: Set[int] = set(joined)
         self.writer_factory = writer_factory
         self.name = name
         self.inc = inc

@@ -64,10 +64,12 @@ class CheckpointService:
 
     # -- reports (any thread) -------------------------------------------------------------
     def cut_chosen(self, number: int, cut: int, position: Any,
-                   groups: Optional[tuple] = None) -> None:
+                   groups: Optional[tuple] = None, dormant=()) -> None:
         """``groups``: the key groups' maps before and after the live moves the cut
-        carries (``CheckpointCoordinator.begin``)."""
-        self._reports.put(("cut", number, cut, position, self.clock(), groups))
+        carries; ``dormant``: the partitions empty at the cut, whose snapshots are taken
+        as written (``CheckpointCoordinator.begin``)."""
+        self._reports.put(("cut", number, cut, position, self.clock(), groups,
+                           frozenset(dormant)))
 
     def cut_begun(self, number: int, cut: int, groups: Optional[tuple] = None) -> None:
         """Checkpoint ``number``'s cut is ``cut``; the source's position comes later
@@ -118,8 +120,8 @@ class CheckpointService:
             report[1].set()
             return
         if kind == "cut":
-            _, number, cut, position, at, groups = report
-            c.begin(number, cut, groups)
+            _, number, cut, position, at, groups, dormant = report
+            c.begin(number, cut, groups, dormant)
             self._begun[number] = at
             self._complete(number, c.source_recorded(number, position))
         elif kind == "begin":

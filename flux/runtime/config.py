@@ -26,6 +26,10 @@ class NodeConfig:
     stages: int
     partitions: int
     replication: str = "flux"
+    #: the pairs that run from the start; those from ``running`` to ``partitions`` are
+    #: dormant (no process, no group) until a live rescale starts them on standbys
+    #: (docs/design/rescaling.md); 0: every pair runs
+    running: int = 0
     #: how many key groups keys hash to (DESIGN 13); None: ``hash % partitions``, the
     #: routing of a checkpoint written before key groups, restored as it was
     key_groups: Optional[int] = KEY_GROUPS
@@ -95,6 +99,9 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         check_port_range(self.ports)
+        if not 0 <= self.running <= self.partitions:
+            raise ValueError(f"running must be from 0 to partitions ({self.partitions}), "
+                             f"got {self.running}")
         for name in ("heartbeat", "lease", "flush_delay", "item_delay", "register_timeout",
                      "stats_every", "commit_interval", "epoch_interval"):
             if getattr(self, name) < 0:
@@ -116,7 +123,13 @@ class NodeConfig:
         return local_host("", self.controller)
 
     def placement(self) -> Placement:
-        return placement_for(self.replication, self.stages, self.partitions)
+        """Where the running pairs' replicas start (the dormant ones have no process)."""
+        return placement_for(self.replication, self.stages, self.running or self.partitions)
+
+    @property
+    def dormant(self) -> frozenset:
+        """The partitions with no process at the start (``MachineBuilder.dormant``)."""
+        return frozenset(range(self.running, self.partitions)) if self.running else frozenset()
 
     @property
     def egresses(self) -> int:

@@ -94,7 +94,8 @@ class RegistrationSide:
             return Welcome(name)
         rec = self.recovery
         return Welcome(name, rec.view, tuple(sorted(rec.placed().items())),
-                       tuple(sorted(self.incarnations[n] for n in self.dead)))
+                       tuple(sorted(self.incarnations[n] for n in self.dead)),
+                       tuple(sorted(rec.joined)))
 
     def on_start_failure(self, msg: Failed) -> None:
         """Spark retries a failed task forever (maxFailures is high, SPARK_NOTES): a task

@@ -13,8 +13,9 @@ always available (paper 3.1.1) and are never declared dead.
 The service is split along its seams, one file each: how a task becomes a
 member (``flux.runtime.controller_registration``), how failures are
 declared (``flux.runtime.controller_failures``), the pairs' digests
-(``flux.runtime.controller_divergence``) and the ranges of live moves
-(``flux.runtime.controller_moves``); this file holds what they
+(``flux.runtime.controller_divergence``), the ranges of live moves
+(``flux.runtime.controller_moves``) and dormant pairs' starts
+(``flux.runtime.controller_joins``); this file holds what they
 share: the service's record, its turn and its connections to every process.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ from flux.control_messages import (
 from flux.envelope import Envelope
 from flux.runtime.controller_divergence import ON_DIVERGENCE, DivergenceSide
 from flux.runtime.controller_failures import FailureSide
+from flux.runtime.controller_joins import JoinSide
 from flux.runtime.controller_moves import MoveRelaySide
 from flux.runtime.controller_registration import PENDING, START_FAILURES, RegistrationSide
 from flux.runtime.metrics import MAX_EVENTS
@@ -68,7 +70,8 @@ DATA_REPORTS = (WriterProgress, SinkCommitted, IngressEnded, SplitCutPassed)
 VIEWS_KEPT = 64
 
 
-class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelaySide):
+class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelaySide,
+                        JoinSide):
     """The controller's process: membership, failure detection, views.
 
     Built before anyone registers; ``add_member`` makes a process known without a
@@ -107,6 +110,11 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
         #: the newest complete checkpoint, (number, cut), as the driver last said; and
         #: what each egress of one partition was told of it, where (``send_done``)
         self.newest_done: Optional[Tuple[int, int]] = None
+        #: dormant pairs asked to start, placed, and each process's last view applied
+        self._join_asks: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._join_waiting: Optional[tuple] = None
+        self.join_views: Dict[tuple, int] = {}
+        self.applied: Dict[str, int] = {}
         self.done_told: Dict[Addr, Tuple[str, int]] = {}
         self.transport = transport
         self.on_data_report = on_data_report
@@ -194,6 +202,8 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
                 self._tell_fenced(name, now, env.msg)  # a zombie: cut off, declared dead, back
                 continue
             self.detector.heard(name, now)
+            if name is not None:
+                self.heard_view(name, env.view)
             if isinstance(env.msg, Register):
                 self.on_register(env.msg)
             elif isinstance(env.msg, Failed):
@@ -251,6 +261,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
             return
         self._expire_attempts(now)
         self.expire_probes(now)
+        self.place_joins()
         self._act(self.detector.tick(now, self.recovery.holds_last_replica))
 
     def tell_all(self, msg) -> None:

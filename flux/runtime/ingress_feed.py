@@ -67,6 +67,8 @@ class IngressFeed:
         #: reaches this input (None: read on)
         self.hold_from: Optional[int] = None
         self.stats = None  # the ingress's counters, as it last reported them
+        #: the last view the ingress process applied whole, as it last reported it
+        self.view = 0
         self.last_cut: Optional[int] = None  # the input the last checkpoint's cut follows
         self.input_log, self.logged_before = input_log, logged_before
         self._submitted = accepted  # the last input given to the log's writer
@@ -114,7 +116,7 @@ class IngressFeed:
             if kind == ACCEPTED:
                 self.accepted = msg[1]
             elif kind == STATS:
-                self.stats = msg[1]
+                self.stats, self.view = msg[1], msg[2]
             elif kind == FAILED:  # the user's error as itself, anything else as its text
                 raise msg[1] if isinstance(msg[1], BaseException) else RuntimeError(msg[1])
 

@@ -299,6 +299,7 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
                              batch_rows=spec["batch_rows"], pause_room=spec["pause_room"],
                              key_groups=spec["key_groups"])
     builder.groups = maps_from_config(spec.get("groups", ()), spec["partitions"])
+    builder.dormant = frozenset(spec.get("dormant", ()))
     transport = Transport(ctx, INGRESS_PROCESS, spec["inc"], host=spec["host"],
                           keys=spec["keys"], ports=spec["ports"])
     try:
@@ -329,7 +330,7 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
             now = time.monotonic()
             if now - stats_at >= STATS_EVERY:
                 stats_at = now
-                feed.send(_pack(STATS, ingress.stats()))
+                feed.send(_pack(STATS, ingress.stats(), loop.view_applied))
                 if os.getppid() != parent:
                     log.warning("the driver (pid %d) is gone: the ingress process ends", parent)
                     return

@@ -101,6 +101,7 @@ class HostLoop:
         ``ack_delay``: an ack or credit waits this long for a later one (``Outbox``)."""
         self.host = host
         self.me = ProcAddr(host.name)
+        self.view_applied = host.view  # (host.view is set as a view begins to apply)
         self.transport = transport
         #: which process hosts each segment address; avail moves an address to a standby
         self.where = dict(where)
@@ -247,10 +248,8 @@ class HostLoop:
         log.warning("%s stops: %s", self.host.name, reason)
 
     def _apply_view(self, view: View) -> None:
-        for avail in view.avail:
-            self.where[avail.addr] = avail.node
-        for move in view.writers:
-            self.where[move.addr] = move.node
+        for placed in view.avail + view.writers + view.joined:  # replicas, writers: moved
+            self.where[placed.addr] = placed.node
         for name, inc in self.incarnations.items():
             if inc in view.failed_incs and name not in self.dead_processes:
                 self.dead_processes.add(name)  # fenced: forget what was queued for it
@@ -260,6 +259,7 @@ class HostLoop:
         if self.splits is not None:  # a replica that took over may not have heard a cut
             self.splits.tell_cuts(self.host, self.local.touch)
         self.local.touch()
+        self.view_applied = view.number
 
     def receive(self, env: Envelope) -> None:
         """Take one envelope off the wire: control for this process now, data in order."""

@@ -12,7 +12,7 @@ the snapshots that hold them (its own, and the moves' sources').
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from controller.key_groups import map_sources, restore_maps
 from exchange.group_map import GroupMap
@@ -45,7 +45,9 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
         try:
             before, after = maps.get(addr.stage, (None, None))
             if not rescaling and before == after:  # its own partition's groups, as written
-                install(segment.chain, _chain(store, manifest, addr.stage, addr.partition))
+                own = _chain(store, manifest, addr.stage, addr.partition)
+                if own:  # (none: a dormant partition's, empty at the cut: it starts so)
+                    install(segment.chain, own)
                 continue
             stage = dataflow.stages[addr.stage - 1]
             keyed = [s is not None for s in segment.chain.keyed_stores()]
@@ -55,7 +57,9 @@ def restore_operators(store: CheckpointStore, checkpoint: int, machines: Dict,
             old_states = {}
             for q in sources:
                 if (addr.stage, q) not in rebuilt:  # read and rebuilt once per process
-                    rebuilt[addr.stage, q] = rebuild(_chain(store, manifest, addr.stage, q))
+                    snapshots = _chain(store, manifest, addr.stage, q)
+                    rebuilt[addr.stage, q] = rebuild(snapshots) if snapshots else \
+                        segment.chain.get_state()  # a dormant partition's: empty
                 old_states[q] = rebuilt[addr.stage, q]
             split = rescaled_states if rescaling else regrouped_states
             segment.chain.install_state(split(stage, keyed, old_states, addr.partition,
@@ -81,6 +85,27 @@ def routing_maps(manifest: Optional[dict], partitions: int) -> Dict[int, GroupMa
     maps = restore_maps(manifest, partitions)
     return {s: after for s, (_, after) in maps.items()
             if after != GroupMap.even(partitions, manifest["key_groups"])}
+
+
+def dormant_start(manifest: Optional[dict], partitions: int, running: int,
+                  key_groups: Optional[int], stages: int) -> Tuple[Dict[int, GroupMap], int]:
+    """Where a job whose pairs from ``running`` on start dormant (``running`` 0: none)
+    starts from ``manifest`` (None: the first input): each stage's map
+    (``routing_maps``: the stages whose groups are not contiguous ranges over every
+    partition) and how many pairs run. Dormant again are the pairs past the last one
+    owning a group (never fewer than ``running``): a restart runs the pairs the moves
+    up to its checkpoint gave groups (docs/design/rescaling.md)."""
+    maps = routing_maps(manifest, partitions)
+    if not running or key_groups is None:
+        return maps, 0
+    if manifest is None:
+        even = GroupMap.even(running, key_groups, partitions)
+        return {s: even for s in range(1, stages + 1)}, running
+    owners = [int(m.owners.max()) + 1 for m in maps.values()]
+    if len(maps) < stages:  # a stage contiguous over every partition: all of them run
+        owners.append(partitions)
+    count = max([running] + owners)
+    return maps, 0 if count == partitions else count
 
 
 def _chain(store: CheckpointStore, manifest: dict, stage: int, partition: int) -> List[dict]:

@@ -80,6 +80,9 @@ class SimMoves:
         self.dormant = world.config.dormant and bool(counts)
         self.live = counts[0] if self.dormant else world.partitions
         self.joined: set = set()
+        #: partitions that owned a group before some cut of this incarnation: the others
+        #: are empty at every cut (the coordinator's rule)
+        self.owned: set = set()
         self.join_view: Optional[int] = None
         self.joins = 0
         #: live rescales that gave groups to pairs joined in their incarnation
@@ -88,10 +91,14 @@ class SimMoves:
             world.builder.dormant = frozenset(range(self.live, world.partitions))
 
     def cut_begun(self, number: int, cut: int) -> None:
-        """Checkpoint ``number`` is begun: the pairs not started are empty at its cut, and
-        taken as written (the coordinator's rule, docs/design/rescaling.md)."""
+        """Checkpoint ``number`` is begun: the pairs started dormant that have owned no
+        group before any cut so far, this one's included (joined or not), are empty at
+        its cut, and taken as written (the coordinator's rule, docs/design/rescaling.md:
+        the driver knows the maps, not when each process applied a join)."""
         w = self.world
-        dormant = w.builder.dormant - self.joined
+        for groups in self.before.get(number, {}).values():
+            self.owned.update(int(p) for p in set(groups.owners.tolist()))
+        dormant = w.builder.dormant - self.owned
         w.coordinator.begin(number, cut, dormant=dormant)
         w.store.dormant_at(number, dormant)
         self.sinks.cut_begun(number, cut)
@@ -262,7 +269,7 @@ class SimMoves:
         self.live = max([w.config.live_rescales[0]] + [o + 1 for o in owners])
         w.builder.dormant = frozenset(range(self.live, w.partitions))
         w.placement = w.config.placement_for(self.live)
-        self.joined, self.join_view = set(), None
+        self.joined, self.join_view, self.owned = set(), None, set()
         if any(m.dest >= self.live for m in self.prepared):  # onto pairs dormant again:
             self.prepared = ()  # the rescale would be asked anew (the simulator drops it)
 

@@ -20,21 +20,20 @@ from typing import Any, Callable, Dict, List, Optional
 
 import zmq
 
-from controller.hosts import PlacementError, assign_hosts
 from controller.key_groups import maps_from_config, maps_to_config
 from controller.recovery import Recovery
 from flux.protocol.builder import MachineBuilder
-from flux.control_messages import JOB_STOPPED, IngressEnded, Register, SplitCutPassed
+from flux.control_messages import JOB_STOPPED, IngressEnded, SplitCutPassed
 from flux.effects import Deliver, SinkCommit
 from flux.protocol.host import Host
 from flux.dataflow import operator_names
 from flux.operator import describe
 from flux.runtime.config import NodeConfig
-from flux.runtime.controller_service import PENDING, ControllerService
+from flux.runtime.controller_service import ControllerService
 from flux.runtime.ingress_process import IngressProcess
 from flux.runtime.loop import HostLoop
 from flux.runtime.metrics import Metrics
-from flux.runtime.restore import routing_maps
+from flux.runtime.restore import dormant_start
 from flux.runtime.transport import Transport
 from flux.spark.driver_checkpoints import DriverCheckpoints
 from flux.spark.node_task import node_main
@@ -42,14 +41,13 @@ from flux.spark.output import OutputWriter
 from flux.spark.driver_ingress import feed_ingress, start_feed, start_ingress_process
 from flux.spark.set_rebuild import SetRebuild
 from flux.spark.split_watch import SplitWatch
+from flux.spark.task_naming import TaskNaming
 from flux.spark.verify_cuts import EpochVerifyCuts
 from flux.spark.writer_watch import WriterWatch
-from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS, standby_name
+from controller.topology import CONTROLLER_PROCESS, EGRESS_PROCESS, INGRESS_PROCESS
 
 log = logging.getLogger(__name__)
 
-#: seconds the job waits for standby tasks to register once every node task has
-STANDBY_GRACE = 3.0
 #: incarnations of the driver-side processes: never a Spark taskAttemptId (those are >= 0)
 DRIVER_INCS = {CONTROLLER_PROCESS: -3, INGRESS_PROCESS: -1, EGRESS_PROCESS: -2}
 
@@ -91,10 +89,11 @@ def driver_builder(dataflow, config: NodeConfig) -> MachineBuilder:
                              ordered_output=config.ordered_output,
                              pause_room=config.pause_room, key_groups=config.key_groups)
     builder.groups = maps_from_config(config.group_maps, config.partitions)
+    builder.dormant = config.dormant
     return builder
 
 
-class Attempt:
+class Attempt(TaskNaming):
     def __init__(self, parts: JobParts, number: int, restored: Optional[dict],
                  on_error: Callable[[BaseException], None]):
         """``number``: restarts before this attempt; ``restored``: the manifest of the
@@ -111,6 +110,9 @@ class Attempt:
         self.transports: Dict[str, Transport] = {}
         self._named, self._enough_since = False, None
         self.group = f"flux-{parts.config.secret[:8]}-{number}"
+        #: the pairs this attempt runs from its start (the others dormant; ``launch``)
+        self._running = parts.nodes
+        self.egress_loop: Optional[HostLoop] = None  # the driver's egresses' loop, if any
         self.config, self.topology = parts.config, parts.config.topology()
         self.set_rebuild = SetRebuild.of(parts)  # cluster pairs: a lost set, rebuilt
         #: a split source's ingresses on the nodes, as their reports say (None: the
@@ -125,8 +127,11 @@ class Attempt:
         # where the nodes start (the splits' logs read first: a damaged one stops here)
         settings = p.checkpoints.node_settings(config.epoch_origin, time.time()) \
             if p.checkpoints else {}
-        config = replace(config, group_maps=maps_to_config(  # where live moves moved keys
-            routing_maps(self.restored, config.partitions)))
+        # where live moves moved keys, and the pairs that run (the others are dormant)
+        maps, running = dormant_start(self.restored, config.partitions, config.running,
+                                      config.key_groups, config.stages)
+        config = replace(config, group_maps=maps_to_config(maps), running=running)
+        self._running = running or config.partitions
         if not config.splits:  # else ingresses on the nodes read the splits
             self.ingress_process = start_ingress_process(p, DRIVER_INCS[INGRESS_PROCESS], config)
         self.ctx = zmq.Context()
@@ -162,6 +167,23 @@ class Attempt:
             self.split_watch = SplitWatch(config.splits, self.config.epoch_origin,
                                           config.epoch_interval, cuts=cuts)
 
+    @property
+    def running(self) -> int:
+        """The pairs running now: those the attempt started with, and those it started
+        since (dormant ones joined, ``flux.spark.job_growth``)."""
+        rec = self.controller.recovery
+        return self._running + (len(rec.joined) if rec is not None else 0)
+
+    def lagging(self, view: int) -> List[str]:
+        """The live processes that have not applied ``view`` whole yet: the workers, as
+        the controller heard them, and the driver's ingress process and egresses."""
+        late = self.controller.lagging(view)
+        if self.ingress_process is not None and (self.feed is None or self.feed.view < view):
+            late.append(INGRESS_PROCESS)
+        if self.egress_loop is not None and self.egress_loop.view_applied < view:
+            late.append(EGRESS_PROCESS)
+        return late
+
     def _data_report(self, msg) -> None:
         """The controller's thread: a node's report of the data's progress."""
         if isinstance(msg, (IngressEnded, SplitCutPassed)):
@@ -193,61 +215,10 @@ class Attempt:
     def _run_spark(self) -> None:
         sc = self.parts.spark.sparkContext
         sc.setJobGroup(self.group, "flux nodes", interruptOnCancel=True)
-        config, total = self.config, self.parts.nodes + self.parts.standbys
+        config, total = self.config, self._running + self.parts.standbys
         rdd = sc.parallelize(range(total), total)
         self.task_results = rdd.mapPartitionsWithIndex(
             lambda index, _: node_main(index, config)).collect()
-
-    # -- naming the tasks -------------------------------------------------------------
-    def _name_for(self, reg: Register) -> Optional[str]:
-        """Until every task is named, a registration waits (``_name_tasks``); after, every
-        attempt joins as a standby. A retried task's earlier attempt is dead: forgotten."""
-        if self._named:
-            return standby_name(reg.inc)
-        pending = self.controller.pending
-        for key in [k for k in pending if k[0] == reg.task and k[1] < reg.inc]:
-            del pending[key]
-        if any(t == reg.task and i > reg.inc for t, i in pending):
-            return None  # a late message of an attempt already replaced
-        return PENDING
-
-    def _ready_to_name(self) -> bool:
-        """Every node and standby task registered, or every node and the standbys were
-        given ``STANDBY_GRACE`` seconds more (a standby's slot may come later)."""
-        nodes, waiting = self.parts.nodes, len(self.controller.pending)
-        if waiting >= nodes + self.parts.standbys:
-            return True
-        if waiting < nodes:
-            self._enough_since = None
-            return False
-        now = time.monotonic()
-        self._enough_since = self._enough_since or now
-        # a restart or a resumed job does not wait for its standbys: they join the running
-        # job as they come (its output has waited long enough)
-        grace = 0.0 if self.number or self.restored else STANDBY_GRACE
-        return now - self._enough_since >= grace
-
-    def _name_tasks(self) -> None:
-        """Name the registered tasks: the nodes such that no pair shares a host (when
-        ``distinct_hosts``; otherwise task k's attempt is node k), the others standbys."""
-        c = self.controller
-        regs = sorted(c.pending.values(), key=lambda r: (r.task, r.inc))
-        if self.parts.distinct_hosts:
-            try:
-                chosen = assign_hosts(self.config.placement(),
-                                      [(i, r.host) for i, r in enumerate(regs)])
-            except PlacementError as exc:
-                c.error = exc
-                return
-        else:
-            chosen = dict(enumerate(range(self.parts.nodes)))
-        nodes = self.topology.nodes
-        for node, i in sorted(chosen.items()):
-            c.admit(regs[i], nodes[node])
-        for i in sorted(set(range(len(regs))) - set(chosen.values())):
-            c.admit(regs[i], standby_name(regs[i].inc))
-        self._named = True
-        log.info("nodes placed: %s", ", ".join(f"{n} on {c.hosts[n]}" for n in nodes))
 
     # -- the controller's thread ------------------------------------------------------
     def _run_controller(self) -> None:
@@ -298,7 +269,9 @@ class Attempt:
         else:  # a restart: when its data starts again
             p.metrics.events.append((time.monotonic(), "data starts", restored))
         # the egresses here, or none: each a sink's writer on a node (egress_on_executors)
-        self.egresses = egresses = [] if topology.writers else p.builder.egresses()
+        # (built at this attempt's pairs: those a restart leaves dormant are, here too)
+        self.egresses = egresses = [] if topology.writers else \
+            driver_builder(p.builder.dataflow, self.config).egresses()
         if self.split_watch is not None:  # ingresses on the nodes: nothing to feed here
             self.feed = self.split_watch
             p.metrics.time_by_epochs(self.split_watch.input_time)
@@ -313,6 +286,7 @@ class Attempt:
             loop = HostLoop(host, self.transports[EGRESS_PROCESS], topology.where,
                             dict(c.addresses), self._on_effect, None, dict(c.incarnations),
                             metrics=p.metrics, flush_delay=self.config.flush_delay)
+            self.egress_loop = loop
             self._spawn(lambda: self._drive_egress(loop))
         if self.split_watch is None:
             self._spawn(lambda: feed_ingress(p, self.feed, self.stop_event))

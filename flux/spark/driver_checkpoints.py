@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 class DriverCheckpoints:
     def __init__(self, options: Checkpointing, dataflow, partitions: int, source,
                  replay_order: str, events: list, sinks: int = 1,
-                 key_groups: int = KEY_GROUPS):
+                 key_groups: int = KEY_GROUPS, running: int = 0):
         """``sinks``: the sink partitions committing at every cut (an egress each);
-        ``key_groups``: the job's (DESIGN 13)."""
+        ``key_groups``: the job's (DESIGN 13); ``running``: the pairs a job with dormant
+        ones starts with (0: every pair runs; docs/design/rescaling.md)."""
         url = options.location
         if "://" not in url:
             url = os.path.abspath(url)  # executors run elsewhere
@@ -89,7 +90,7 @@ class DriverCheckpoints:
         self._offsets_reported: Optional[int] = None
         #: live moves of key groups asked, carried by cuts, and the maps they make
         self.moves: Optional[LiveMoves] = None if self.key_groups is None else LiveMoves(
-            len(dataflow.stages), partitions, self.key_groups, self.restore)
+            len(dataflow.stages), partitions, self.key_groups, self.restore, running=running)
         if self.restore is not None:
             log.info("resuming from checkpoint %d of %s (cut at input %d)",
                      self.restore["checkpoint"], url, self.restore["cut"])
@@ -212,7 +213,8 @@ class DriverCheckpoints:
         self.next_number += 1
         moves, groups = self.moves_cut(number, feed.handed)
         cut, position = feed.choose_cut(number, moves)
-        self.service.cut_chosen(number, cut, position, groups)
+        dormant = self.moves.unowned() if self.moves is not None else ()
+        self.service.cut_chosen(number, cut, position, groups, dormant)
         if wanted:
             self.wanted_cut, self._cut_wanted = number, False
 

@@ -13,12 +13,13 @@ def start_ingress_process(parts, inc: int, config) -> IngressProcess:
     """The ingress's process, started first in an attempt (it imports while the driver's
     sockets open), as ``config`` says (the job's, with the attempt's ``group_maps``)."""
     return IngressProcess(dict(
-        dataflow=config.dataflow, partitions=parts.nodes, capacity=config.capacity,
+        dataflow=config.dataflow, partitions=config.partitions, capacity=config.capacity,
         batch_size=config.batch_size, replication=config.replication,
         window=config.window, batch_rows=config.batch_rows, pause_room=config.pause_room,
         key_groups=config.key_groups, inc=inc, host=parts.driver_host,
         keys=config.keys, ports=config.ports, flush_delay=config.flush_delay,
-        item_delay=config.item_delay, groups=config.group_maps))
+        item_delay=config.item_delay, groups=config.group_maps,
+        dormant=sorted(config.dormant)))
 
 
 def start_feed(parts, process: IngressProcess, controller, topology) -> IngressFeed:

@@ -40,9 +40,10 @@ from flux.runtime.network import boot_id, local_host
 from flux.connectors.sources import peek, replayable
 from flux.spark.attempt import Attempt, JobParts, driver_builder
 from flux.spark.driver_checkpoints import DriverCheckpoints
+from flux.spark.job_growth import PairGrowth, check_dormant
 from flux.spark.job_moves import KeyGroupMoves
 from flux.spark.last_stage_moves import MoveCheckpointStuck
-from flux.spark.job_rescale import RescaleAsked, check_rescale, rescale_cut, rescaled_parts
+from flux.spark.job_rescale import JobRescale, RescaleAsked, rescaled_parts
 from flux.spark.options import JobOptions
 from flux.spark.output import OutputWriter
 from flux.spark.job_views import JobViews
@@ -129,8 +130,9 @@ def driver_checkpoints(opts: JobOptions, dataflow, source, replay_order: Optiona
     ingresses of a ``SplitSource``'s ``splits``."""
     rep = opts.replication
     if replay_order is not None:
-        return DriverCheckpoints(opts.checkpoints, dataflow, rep.nodes, source, replay_order,
-                                 events, sinks=sinks, key_groups=rep.key_groups)
+        return DriverCheckpoints(opts.checkpoints, dataflow, rep.partitions, source,
+                                 replay_order, events, sinks=sinks, key_groups=rep.key_groups,
+                                 running=rep.nodes if rep.partitions > rep.nodes else 0)
     if splits and opts.checkpoints.location is not None:  # cut by the pairs
         return SplitCheckpoints(opts.checkpoints, dataflow, rep.nodes, source, splits,
                                 opts.tuning.epoch_interval, events, sinks=sinks,
@@ -150,7 +152,7 @@ def checkpointed_source(source) -> Tuple[Any, str]:
     return replay, replay_order_of(replay)
 
 
-class FluxJob(JobViews, KeyGroupMoves):
+class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
     """``FluxJob(spark, dataflow, source, sink=None, **options)``: the keyword arguments
     are the table of docs/api.md (``flux.spark.options.JobOptions`` groups them); what
     users read of a running job is in ``JobViews``."""
@@ -159,6 +161,7 @@ class FluxJob(JobViews, KeyGroupMoves):
                  sink: Optional[Callable[[Any], None]] = None, **options: Any):
         self.options = opts = JobOptions.from_kwargs(**options)
         nodes, tuning = opts.replication.nodes, opts.tuning
+        partitions = opts.replication.partitions  # dormant ones past ``nodes`` included
         opts.check_output(sink)
         replay_order, splits = None, 0
         if isinstance(source, SplitSource):  # read by ingresses on the executors
@@ -166,6 +169,7 @@ class FluxJob(JobViews, KeyGroupMoves):
             sample = split_sample(source, tuning.check_records)
         elif opts.checkpoints.location is not None:
             source, replay_order = checkpointed_source(source)
+        check_dormant(opts, splits)
         if not splits:
             sample, source = peek(source, tuning.check_records)
         check_before_deploy(dataflow, sample, nodes, tuning.check_determinism)
@@ -181,7 +185,8 @@ class FluxJob(JobViews, KeyGroupMoves):
                                    partitions=1 if tuning.ordered_output else nodes,
                                    on_executors=tuning.egress_on_executors)
         self.config = NodeConfig(
-            dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages), partitions=nodes,
+            dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages),
+            partitions=partitions, running=nodes if partitions > nodes else 0,
             key_groups=opts.replication.key_groups,
             replication=opts.replication.mode, capacity=tuning.capacity,
             batch_size=tuning.batch_size, window=tuning.window, pause_room=tuning.pause_room,
@@ -208,7 +213,7 @@ class FluxJob(JobViews, KeyGroupMoves):
                                   key_groups=self._checkpointing.key_groups,
                                   split_source=cloudpickle.dumps(source) if splits else b"")
             restore = self._checkpointing.restore
-            if restore is not None and restore["partitions"] != nodes:
+            if restore is not None and restore["partitions"] != partitions:
                 check_rescalable(dataflow, sample, opts.replication.key_groups)
         #: the manifest of the checkpoint this job started from, or None
         self._resumed_from = self._checkpointing.restore if self._checkpointing else None
@@ -349,33 +354,6 @@ class FluxJob(JobViews, KeyGroupMoves):
         self.restart_log.append((now, latest, str(why)))
         self.metrics.events.append((now, "restart", latest))
         self._launch(restore)
-
-    def rescale(self, nodes: int, timeout: float = 120.0) -> None:
-        """Go on with ``nodes`` pairs (DESIGN 13; ``flux.spark.job_rescale``): a
-        checkpoint cut now, then a restart from it at the new count, each new partition
-        with the key groups it owns; returns once the data flows again. The output
-        stalls for the restart; nothing is lost or twice. Needs ``checkpoint=``; refuses
-        state it cannot split (``RescaleRefused``); with an egress per partition, drains
-        first (``drained_cut``). At the job's own count, keys moved onto fewer pairs
-        are spread over all of them again, live (``spread_key_groups``)."""
-        if self.attempt is None or self._stopped or self.finished():
-            raise ValueError("rescale() a running job: start() it first (or give nodes= "
-                             "to FluxJob), and not once it finished or stopped")
-        check_rescale(self.dataflow, self.config, nodes, self._checkpointing, self._sample)
-        if nodes == self._parts.nodes:
-            self._spread_again(nodes, timeout)
-            return
-        check_settings(self.spark, nodes + self._parts.standbys,
-                       wait=self.options.network.executor_wait)
-        cut = rescale_cut(self._checkpointing, self.output, self.config.ordered_output,
-                          timeout)
-        restarts = len(self.restart_log)  # (a lost pair's restart may come meanwhile)
-        self._restart_due = RescaleAsked(nodes, cut)
-        started = self.wait_until(lambda: self._parts.nodes == nodes and self.attempt.number
-                                  > restarts and self.attempt.feed is not None, timeout)
-        if not started:
-            raise TimeoutError(f"the rescale to {nodes} nodes did not restart the data "
-                               f"within {timeout}s")
 
     # -- waiting ---------------------------------------------------------------------------
     def finished(self) -> bool:

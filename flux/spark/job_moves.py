@@ -42,7 +42,7 @@ def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int) 
         raise ValueError(f"key groups must be first..last within 0..{key_groups - 1}, got "
                          f"{asked.first!r}..{asked.last!r}")
     if not 0 <= asked.dest < partitions:
-        raise ValueError(f"to must be a partition from 0 to {partitions - 1}, got "
+        raise ValueError(f"to must be a running partition from 0 to {partitions - 1}, got "
                          f"{asked.dest!r}")
 
 
@@ -91,7 +91,7 @@ class KeyGroupMoves:
         asked = MoveAsked(stage, first, last, to)
         self._check_live()
         check_move(asked, len(self.dataflow.stages), self._checkpointing.key_groups,
-                   self.config.partitions)
+                   self.attempt.running)
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
         return move_live(self._checkpointing, asked, timeout, self._bulks_staged,
                          stopped=self._stopping.is_set)
@@ -103,10 +103,13 @@ class KeyGroupMoves:
         range that changes owner moves at one checkpoint's cut, as ``move_key_groups``
         moves one. Returns the number of the complete checkpoint that covers it."""
         self._check_live()
-        if not isinstance(over, int) or isinstance(over, bool) or \
-                not 1 <= over <= self.config.partitions:
-            raise ValueError(f"over must be an int from 1 to the job's {self.config.partitions} "
-                             f"pairs, got {over!r}")
+        running = self.attempt.running
+        if not isinstance(over, int) or isinstance(over, bool) or not 1 <= over <= running:
+            raise ValueError(f"over must be an int from 1 to the job's {running} running "
+                             f"pairs, got {over!r}" + (
+                                 f" (rescale({over}) starts dormant pairs)"
+                                 if isinstance(over, int) and running < over <=
+                                 self.config.partitions else ""))
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups)
         return move_live(self._checkpointing,
                          SpreadAsked(over, self._checkpointing.key_groups), timeout,

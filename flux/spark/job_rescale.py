@@ -9,9 +9,9 @@ drains first (docs/design/rescaling.md): the source is read no further than the 
 ``SplitSource``'s pairs take no input past the cut's epoch), so every sink partition
 commits up to it and nothing past it, and the new count's outputs all lie above what
 any old sink partition holds. The output stalls for a restart's
-length (seconds); nothing is lost or twice. Moving key-group ranges between running pairs
-without a restart (the two-phase movement of a catch-up) is not built
-(docs/design/rescaling.md).
+length (seconds); nothing is lost or twice. Live, without a restart: key groups moved
+between the running pairs (``flux.spark.job_moves``), and a job started with
+``max_nodes`` grown by dormant pairs started on standbys (``flux.spark.job_growth``).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from typing import Optional
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
 from flux.spark.attempt import driver_builder
+from flux.spark.settings import check_settings
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +135,39 @@ def rescaled_parts(parts, nodes: int):
     config = replace(parts.config, partitions=nodes)
     return replace(parts, config=config, builder=driver_builder(parts.builder.dataflow, config),
                    nodes=nodes)
+
+
+class JobRescale:
+    """``FluxJob.rescale``; mixed into ``FluxJob`` (its attributes are the job's)."""
+
+    def rescale(self, nodes: int, timeout: float = 120.0) -> None:
+        """Go on with ``nodes`` pairs (DESIGN 13; ``flux.spark.job_rescale``): a
+        checkpoint cut now, then a restart from it at the new count, each new partition
+        with the key groups it owns; returns once the data flows again. The output
+        stalls for the restart; nothing is lost or twice. Needs ``checkpoint=``; refuses
+        state it cannot split (``RescaleRefused``); with an egress per partition, drains
+        first (``drained_cut``). At the job's own count, keys moved onto fewer pairs
+        are spread over all of them again, live (``spread_key_groups``). A job started
+        with ``max_nodes`` grows live up to it: dormant pairs start on standbys and the
+        keys spread over them, no restart (``flux.spark.job_growth``)."""
+        if self.attempt is None or self._stopped or self.finished():
+            raise ValueError("rescale() a running job: start() it first (or give nodes= "
+                             "to FluxJob), and not once it finished or stopped")
+        check_rescale(self.dataflow, self.config, nodes, self._checkpointing, self._sample)
+        if self.config.running:  # pairs started and dormant (``max_nodes``): live
+            self._grow(nodes, timeout)
+            return
+        if nodes == self._parts.nodes:
+            self._spread_again(nodes, timeout)
+            return
+        check_settings(self.spark, nodes + self._parts.standbys,
+                       wait=self.options.network.executor_wait)
+        cut = rescale_cut(self._checkpointing, self.output, self.config.ordered_output,
+                          timeout)
+        restarts = len(self.restart_log)  # (a lost pair's restart may come meanwhile)
+        self._restart_due = RescaleAsked(nodes, cut)
+        started = self.wait_until(lambda: self._parts.nodes == nodes and self.attempt.number
+                                  > restarts and self.attempt.feed is not None, timeout)
+        if not started:
+            raise TimeoutError(f"the rescale to {nodes} nodes did not restart the data "
+                               f"within {timeout}s")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from exchange.group_map import GroupMap, GroupMove
-from flux.runtime.restore import routing_maps
+from flux.runtime.restore import dormant_start
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,16 @@ class LiveMoves:
     """Asked from any thread; cut on the source's thread."""
 
     def __init__(self, stages: int, partitions: int, key_groups: int,
-                 restored: Optional[dict], clock: Callable[[], float] = time.monotonic):
+                 restored: Optional[dict], clock: Callable[[], float] = time.monotonic,
+                 running: int = 0):
+        """``running``: the pairs a job with dormant ones starts with (0: every pair
+        runs; docs/design/rescaling.md)."""
         self.stages, self.key_groups, self.clock = stages, key_groups, clock
+        self.first_running = running
+        #: the pairs running at this incarnation's start (0: all), and the partitions
+        #: that owned a group before some cut of it: the others' state is empty at a cut
+        self.running = 0
+        self.owned: set = set()
         self._lock = threading.Lock()
         self.asked: List[MoveAsked] = []  # not carried by a cut yet
         #: checkpoint -> the asks its cut carried, until it is complete
@@ -113,6 +121,8 @@ class LiveMoves:
         move the last stage's groups (else moves that do wait for a later cut)?"""
         with self._lock:
             before = dict(self.maps)
+            for groups in before.values():
+                self.owned.update(int(p) for p in set(groups.owners.tolist()))
             if self.prepared is not None:  # the second phase, once the bulks are there
                 if not self.ready and self.clock() - self.prepared_at < PREPARE_WAIT:
                     return [], (before, before)
@@ -134,6 +144,15 @@ class LiveMoves:
             elif asked:
                 self.carried[number] = asked  # nothing to move: done at this cut
             return [m.prepared() for m in moves], (before, before)
+
+    def unowned(self) -> frozenset:
+        """The partitions dormant at this incarnation's start that owned no group before
+        any cut so far: empty at the last cut, whether they joined or not (the
+        coordinator takes their snapshots as written, docs/design/rescaling.md)."""
+        with self._lock:
+            if not self.running:
+                return frozenset()
+            return frozenset(range(self.running, self.partitions)) - self.owned
 
     def preparing(self) -> Optional[Tuple[int, List[GroupMove]]]:
         """The prepare a cut carried whose moves wait for their bulks (its checkpoint and
@@ -166,7 +185,10 @@ class LiveMoves:
             self.partitions = partitions
             self.maps = {s: GroupMap.even(partitions, self.key_groups)
                          for s in range(1, self.stages + 1)}
-            self.maps.update(routing_maps(manifest, partitions))
+            maps, self.running = dormant_start(manifest, partitions, self.first_running,
+                                               self.key_groups, self.stages)
+            self.maps.update(maps)
+            self.owned = set()
             done = manifest["checkpoint"] if manifest is not None else 0
             again = [a for k in sorted(self.carried) if k > done for a in self.carried[k]]
             if self.prepared is not None:  # prepared and not carried: prepared again

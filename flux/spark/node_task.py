@@ -145,7 +145,7 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
                         config.keys, host=split_tcp(transport.address)[0],
                         ports=config.ports)
     built: List[HostLoop] = []
-    liveness.start(lambda: built[0].host.view if built else welcome.view)
+    liveness.start(lambda: built[0].view_applied if built else welcome.view)
     writer = splits = None
     try:
         if config.checkpoint:
@@ -316,6 +316,7 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
                              ingresses=max(1, config.splits),
                              ingress_pairs=bool(config.splits))
     builder.groups = maps_from_config(config.group_maps, config.partitions)
+    builder.dormant = config.dormant
     machines = {a: builder.ingress(index=a.partition, replica=a.replica) if a.stage == 0
                 else builder.segment(a) for a in topology.endpoints_of(name)}
     segments = {a: m for a, m in machines.items() if a.stage > 0}
@@ -336,7 +337,8 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     where.update(dict(welcome.where))
     host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,
                 topology.peer_incs(where), view=welcome.view, dead_incs=welcome.dead_incs,
-                writer_factory=writer_sinks.start if writer_sinks is not None else None)
+                writer_factory=writer_sinks.start if writer_sinks is not None else None,
+                joined_factory=builder.segment, joined=welcome.joined)
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
                     incarnations=incs, on_turn=on_turn, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay,

@@ -25,6 +25,10 @@ class Replication:
     mode: str = "flux"  # "flux", "cluster-pairs" or "none"
     nodes: int = 4
     standbys: int = 1
+    #: the most pairs ``rescale`` may grow the job to while it runs: the pairs past
+    #: ``nodes`` are dormant (no process, no key) until a rescale starts them on standbys
+    #: (docs/design/rescaling.md); None: ``nodes``
+    max_nodes: Optional[int] = None
     #: no pair on one machine; None: decided at start (False on a local master)
     distinct_hosts: Optional[bool] = None
     #: keys hash to this many key groups, each partition owning a range of them: the most
@@ -44,10 +48,21 @@ class Replication:
         if self.key_groups is None:  # the routing before key groups: a restore's, not a choice
             raise ValueError("key_groups must be an int (256 by default)")
         check_key_groups(self.key_groups, self.nodes)
+        if self.max_nodes is not None:
+            if not isinstance(self.max_nodes, int) or isinstance(self.max_nodes, bool) or \
+                    self.max_nodes < self.nodes:
+                raise ValueError(f"max_nodes must be an int >= nodes ({self.nodes}), got "
+                                 f"{self.max_nodes!r}")
+            check_key_groups(self.key_groups, self.max_nodes)
         if self.standbys < 0:
             raise ValueError(f"standbys must be >= 0, got {self.standbys}")
         if self.mode not in REPLICATIONS:
             raise ValueError(f"replication must be one of {REPLICATIONS}, got {self.mode!r}")
+
+    @property
+    def partitions(self) -> int:
+        """The job's partitions: every pair it may run, dormant ones included."""
+        return self.max_nodes or self.nodes
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""Pairs started at a live rescale (docs/design/rescaling.md): a job built with
+``max_nodes=6`` runs 4 pairs, and ``job.rescale(6)`` starts the 2 dormant ones on its
+standbys and spreads the key groups over all 6 while it runs, without a restart; the
+sink ends with the failure-free output, nothing lost or twice, through a kill of a
+started pair's node during the move and a restart after the growth (slow: Spark)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from experiments.resumable_job import make_sink, read_sink
+from flux.addresses import P, S, Addr
+from test_rescale_spark import write_inputs
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+#: 4 nodes and 2 standbys, and room for the 8 tasks a restart after the growth runs
+SPARK_EXECUTORS = 8
+
+
+def growing_job(spark, tmp_path, rate: int = 4000):
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    return FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), rate),
+                   nodes=4, max_nodes=6, standbys=2,
+                   sink=make_sink("jsonl", str(tmp_path / "out")),
+                   checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+
+
+def events(job, kind: str) -> list:
+    return [what for _, k, what in job.metrics.events if k == kind]
+
+
+def test_rescale_starts_dormant_pairs_on_standbys_live_and_the_output_is_exact(spark,
+                                                                                tmp_path):
+    """rescale(6) of a 4-pair job with max_nodes=6: pairs 4 and 5 start on the two
+    standbys (one view), the key groups of both stages spread over six pairs at a cut
+    chosen after every process applied it; the node of a started pair's replica is
+    killed while the groups move (its replica is rebuilt on the standby Spark's retry
+    registers). No restart; every stage's groups are even over 6; the sink holds the
+    failure-free output."""
+    from flux.runtime.checkpoint_store import CheckpointStore
+
+    expected = write_inputs(tmp_path / "in", 40_000)
+    job = growing_job(spark, tmp_path)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        assert job.attempt.running == 4 and job.key_group_owners(1)[-1] == 3
+        store = CheckpointStore(str(tmp_path / "ckpt"))
+        before = store.manifest(store.complete_ids()[-1])
+        done: list = []
+        grower = threading.Thread(target=lambda: done.append(job.rescale(6, timeout=120)))
+        grower.start()
+        assert job.wait_until(lambda: events(job, "pairs started"), 120)
+        victim = job.controller.recovery.node_of[Addr(1, 4, P)]
+        job.kill_node(victim)
+        grower.join(150)
+        assert done == [None]
+        assert job.attempt.running == 6
+        job.wait(timeout=300)
+        moved = [m for _, k, m in job.metrics.events if k == "range moved"]
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert job.restart_log == []
+    assert events(job, "pairs started")[0][:2] == (4, 6)
+    assert {m[4] for m in moved} >= {4, 5}  # ranges went to the started pairs
+    for stage in (1, 2):
+        owners = job.key_group_owners(stage)
+        assert sorted(set(owners)) == list(range(6))
+        assert owners == sorted(owners)  # contiguous ranges, as a job of 6 nodes has them
+    assert set(before["groups"]["1"]) == set(range(4))  # on 4 of the 6 partitions
+    last = store.manifest(store.complete_ids()[-1])
+    assert "groups" not in last  # contiguous ranges over all 6: no map to write
+
+
+def test_a_restart_after_the_growth_runs_every_pair_owning_keys(spark, tmp_path):
+    """After rescale(6), both replicas of started pair 5's stage 1 are killed: the job
+    restarts from its newest complete checkpoint, which runs the six pairs that own keys
+    there (or four, from a checkpoint before the move: the pairs are dormant again and
+    the keys back where that checkpoint had them); the sink holds the failure-free
+    output."""
+    expected = write_inputs(tmp_path / "in", 40_000)
+    job = growing_job(spark, tmp_path)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(6, timeout=120)
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 6, 120)
+        where = job.controller.recovery.node_of
+        for replica in (P, S):
+            job.kill_node(where[Addr(1, 5, replica)])
+        job.wait(timeout=300)
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert len(job.restart_log) == 1
+    assert job.attempt.running == 6
