@@ -49,7 +49,7 @@ def test_rescale_starts_dormant_pairs_on_standbys_live_and_the_output_is_exact(s
     job = growing_job(spark, tmp_path)
     with job:
         assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
-        assert job.attempt.running == 4 and job.key_group_owners(1)[-1] == 3
+        assert job.running_pairs == 4 and job.key_group_owners(1)[-1] == 3
         store = CheckpointStore(str(tmp_path / "ckpt"))
         before = store.manifest(store.complete_ids()[-1])
         done: list = []
@@ -60,7 +60,7 @@ def test_rescale_starts_dormant_pairs_on_standbys_live_and_the_output_is_exact(s
         job.kill_node(victim)
         grower.join(150)
         assert done == [None]
-        assert job.attempt.running == 6
+        assert job.running_pairs == 6
         job.wait(timeout=300)
         moved = [m for _, k, m in job.metrics.events if k == "range moved"]
     assert read_sink("jsonl", str(tmp_path / "out")) == expected
@@ -94,4 +94,4 @@ def test_a_restart_after_the_growth_runs_every_pair_owning_keys(spark, tmp_path)
         job.wait(timeout=300)
     assert read_sink("jsonl", str(tmp_path / "out")) == expected
     assert len(job.restart_log) == 1
-    assert job.attempt.running == 6
+    assert job.running_pairs == 6

@@ -47,6 +47,11 @@ class JobViews:
         return self.attempt.topology if self.attempt else self.config.topology()
 
     @property
+    def running_pairs(self) -> int:
+        """The pairs running now (with ``max_nodes``, the others are dormant)."""
+        return self.attempt.running
+
+    @property
     def task_results(self) -> List[Any]:
         return self.attempt.task_results if self.attempt else []
 
