@@ -10,7 +10,10 @@ pairs (little state yet); once the state is built, each next count is reached li
 (``spread_key_groups``), ``--settle`` seconds apart. ``--runs`` runs. ``--kill``: at
 each rescale the node of the replica P of the last partition that gains groups is
 killed ``--kill-after`` seconds after the ask (the bulk on its way), with one standby.
-``--sink-per-partition``: a sink per partition (the one stage is the last, so each move
+``--dormant``: the job starts with the first count of pairs and the others dormant
+(``max_nodes=--pairs``, two more standbys), and a rescale to more starts them on the
+standbys first (``job.rescale``; ``pairs_started_s``: seconds from the ask until every
+process applied the join). ``--sink-per-partition``: a sink per partition (the one stage is the last, so each move
 changes its keys' sink partition: the two partitions' egresses hold what is past the
 move's cut until a checkpoint covers it, docs/design/rescaling.md).
 
@@ -96,13 +99,16 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
 
     stamped, source = Stamped(), Paced(records, args.rate)
     sink = SinkPerPartition(stamped.partition) if args.sink_per_partition else stamped.write
-    job = FluxJob(spark, dataflow, source, nodes=args.pairs, standbys=int(args.kill),
-                  sink=sink, ordered_output=not args.sink_per_partition,
-                  checkpoint=location, checkpoint_interval=1.0)
+    nodes = dict(nodes=counts[0], max_nodes=args.pairs) if args.dormant else \
+        dict(nodes=args.pairs)
+    job = FluxJob(spark, dataflow, source, standbys=_standbys(args), sink=sink,
+                  ordered_output=not args.sink_per_partition,
+                  checkpoint=location, checkpoint_interval=1.0, **nodes)
     rows: List[Dict[str, Any]] = []
     with job:
         job.wait_until(lambda: len(job.checkpoints.completed) >= 1, 120)
-        covered = job.spread_key_groups(counts[0], timeout=120)
+        covered = job.checkpoints.completed[-1].number if args.dormant else \
+            job.spread_key_groups(counts[0], timeout=120)
         built = source.start + args.keys / args.rate + BUILD_MARGIN
         time.sleep(max(0.0, built - time.monotonic()))
         previous = counts[0]
@@ -110,8 +116,14 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
             asked = time.monotonic()
             after = covered  # this rescale's moves ride a later cut than the last one's
             killer = _kill_later(job, previous, count, args) if args.kill else None
-            covered = job.spread_key_groups(count, timeout=120)
+            if count > job.running_pairs:  # dormant pairs start on standbys first
+                job.rescale(count, timeout=120)
+                covered = job.checkpoints.completed[-1].number
+            else:
+                covered = job.spread_key_groups(count, timeout=120)
             returned = time.monotonic() - asked
+            started = [t for t, kind, _ in list(job.metrics.events)
+                       if kind == "pairs started" and t >= asked]
             killed = killer.join() if killer is not None else ""
             job.wait_until(lambda: len(_moved(job, after)) >= _moves(previous, count, args),
                            60)
@@ -125,6 +137,7 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
                 "run": index, "rescale": f"{previous}->{count}", "asked_at_s":
                     round(asked - source.start, 3), "return_s": round(returned, 3),
                 "done_s": round(done, 3), "ranges": len(moved), "killed": killed,
+                "pairs_started_s": round(started[0] - asked, 3) if started else "",
                 "longest_pause_s": max((what[6] for _, what in moved), default=0.0),
                 "longest_source_pause_s": max((what[7] for _, what in moved), default=0.0),
                 "ranges_in_two_phases": sum(what[8] is not None for _, what in moved),
@@ -147,8 +160,11 @@ class _Killer(threading.Thread):
         self.job, self.victim, self.delay, self.node = job, victim, delay, ""
 
     def run(self) -> None:
+        placed = self.job.controller.recovery.placed
+        while self.victim not in placed():  # a dormant pair's: once it starts
+            time.sleep(0.005)
         time.sleep(self.delay)
-        self.node = self.job.topology.where[self.victim]
+        self.node = placed()[self.victim]
         self.job.kill_node(self.node)
 
     def join(self, timeout=None) -> str:
@@ -167,6 +183,11 @@ def _kill_later(job, old: int, new: int, args) -> _Killer:
     killer = _Killer(job, Addr(1, max(m.dest for m in moves), P), args.kill_after)
     killer.start()
     return killer
+
+
+def _standbys(args) -> int:
+    """Standbys: one for a kill's rebuild; two more for the dormant pairs to start on."""
+    return int(args.kill) + 2 * args.dormant
 
 
 def _moved(job, after: int) -> List[tuple]:
@@ -188,10 +209,12 @@ def summarize(rows: List[dict]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for rescale in dict.fromkeys(r["rescale"] for r in rows):
         mine = [r for r in rows if r["rescale"] == rescale]
-        for field in ("return_s", "done_s", "longest_pause_s", "longest_source_pause_s",
-                      "gap_before_s",
+        for field in ("return_s", "done_s", "pairs_started_s", "longest_pause_s",
+                      "longest_source_pause_s", "gap_before_s",
                       "gap_after_s", "latency_before_s", "latency_after_s"):
-            values = [r[field] for r in mine]
+            values = [r[field] for r in mine if r.get(field, "") != ""]
+            if not values:
+                continue
             out[f"{rescale} {field}"] = {"median": round(statistics.median(values), 4),
                                          "min": min(values), "max": max(values)}
     return out
@@ -244,6 +267,11 @@ def main(argv=None) -> int:
                          "the last, so its moves change its keys' sink partition, and "
                          "the egresses of the partitions a move touches hold what is "
                          "past its cut until a checkpoint covers it")
+    ap.add_argument("--dormant", action="store_true",
+                    help="the job runs the first count of pairs and keeps the others "
+                         "dormant (max_nodes=--pairs); a rescale to more starts them on "
+                         "two standbys (job.rescale), to fewer spreads the keys over "
+                         "fewer (the others idle)")
     args = ap.parse_args(argv)
     from flux.operator import wire_form
     from flux.spark.session import local_cluster
@@ -259,7 +287,7 @@ def main(argv=None) -> int:
     rows: List[dict] = []
     exact = True
     with tempfile.TemporaryDirectory(prefix="flux-live-rescale-") as tmp, \
-            local_cluster(args.pairs + int(args.kill)) as spark:
+            local_cluster(args.pairs + _standbys(args)) as spark:
         for r in range(args.runs):
             mine, outputs, start, restarts = run_one(spark, records, counts, args,
                                                      str(pathlib.Path(tmp) / f"run{r}"), r)
@@ -269,6 +297,7 @@ def main(argv=None) -> int:
             if r == 0:
                 plot(outputs, start, args.rate, mine, out / "live_rescale.png")
     summary = {"pairs": args.pairs, "kill": args.kill, "counts": counts,
+               "dormant": args.dormant,
                "sink_per_partition": args.sink_per_partition,
                "mb_per_partition": args.mb,
                "keys": args.keys, "value_bytes": args.value_bytes, "rate": args.rate,
