@@ -61,6 +61,8 @@ class Checkpoint:
     sinks: Dict[int, Optional[Tuple[int, ...]]] = field(default_factory=dict)
     #: the key groups' maps before and after the live moves its cut carries (DESIGN 13)
     groups: Optional[tuple] = None
+    #: with dormant pairs: how many ran when it was cut (a restart runs as many at least)
+    running: Optional[int] = None
 
 
 class CheckpointCoordinator:
@@ -81,13 +83,14 @@ class CheckpointCoordinator:
 
     # -- events --------------------------------------------------------------------------
     def begin(self, number: int, cut: int, groups: Optional[tuple] = None,
-              dormant: Iterable[int] = ()) -> None:
+              dormant: Iterable[int] = (), running: Optional[int] = None) -> None:
         """The ingress chose cut ``cut`` for checkpoint ``number``; ``groups``: the key
         groups of each stage's partitions before and after the live moves its cut carries
         (two dicts stage -> ``GroupMap``; None: contiguous ranges, DESIGN 13);
         ``dormant``: partitions not started yet, whose state is empty at the cut (they
         never owned a group): their snapshots are taken as written, with an empty chain
-        (docs/design/rescaling.md)."""
+        (docs/design/rescaling.md); ``running``: with dormant pairs, how many pairs
+        had started (a restart from it runs as many at least, their state restored)."""
         if number in self.checkpoints:
             raise ValueError(f"checkpoint {number} was begun already")
         if self.checkpoints and number < max(self.checkpoints):
@@ -96,7 +99,7 @@ class CheckpointCoordinator:
         last = max(live, key=lambda c: c.number) if live else None
         if last is not None and cut < last.cut:
             raise ValueError(f"checkpoint {number}'s cut {cut} is before {last.cut}")
-        c = self.checkpoints[number] = Checkpoint(number, cut, groups=groups)
+        c = self.checkpoints[number] = Checkpoint(number, cut, groups=groups, running=running)
         for s in range(1, self.stages + 1):
             for p in dormant:
                 c.parts[s, p], c.chains[s, p] = "", ()
@@ -218,6 +221,8 @@ class CheckpointCoordinator:
             manifest.update(key_groups=self.key_groups, shape=self.shape)
         if c.groups is not None:  # where key groups moved live (DESIGN 13)
             manifest.update(groups_to_manifest(*c.groups))
+        if c.running is not None:
+            manifest["running"] = c.running
         if self.sinks > 1:  # each sink partition's last committed SN
             manifest["sinks"] = [list(c.sinks[p]) if c.sinks[p] is not None else None
                                  for p in range(self.sinks)]

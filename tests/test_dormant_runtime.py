@@ -50,6 +50,10 @@ def test_a_job_with_dormant_pairs_starts_on_its_running_ones_and_restarts_on_tho
     manifest = {"partitions": 6, "stages": 2, "key_groups": G, "checkpoint": 3, "cut": 9,
                 "groups": {"1": before.owners.tolist(), "2": before.owners.tolist()}}
     assert dormant_start(manifest, 6, 4, G, 2)[1] == 4
+    # one cut after pairs 4 and 5 started, their keys spread back over four: they run
+    # again (idle, with what they kept), as they did when it was cut
+    assert dormant_start(dict(manifest, running=6), 6, 4, G, 2)[1] == 0
+    assert dormant_start(dict(manifest, running=5), 6, 4, G, 2)[1] == 5
     # after a move onto pair 5 alone every pair runs (0: none dormant; 4 idle, owning
     # nothing), the maps as the checkpoint left them
     owners = before.owners.copy()
@@ -81,8 +85,8 @@ def test_the_partitions_that_never_owned_a_group_are_empty_at_a_cut_joined_or_no
 def test_a_checkpoint_completes_without_a_dormant_partitions_snapshot_and_it_restores_empty(
         tmp_path):
     """Partition 1 is dormant at the cuts: the coordinator takes its snapshot as written
-    and empty, the checkpoint completes on partition 0's alone, and a replica of
-    partition 1 restored from it starts empty."""
+    and empty, the checkpoint completes on partition 0's alone (its manifest saying one
+    pair ran), and a replica of partition 1 restored from it starts empty."""
     seg = segment_with_counter(full_every=4)
     store = CheckpointStore(str(tmp_path))
     writer = SnapshotWriter(store)
@@ -92,7 +96,7 @@ def test_a_checkpoint_completes_without_a_dormant_partitions_snapshot_and_it_res
             seg.chain.operators[0].process(("a", k))
             (snap,) = crossed(seg, k, k).snapshot()
             writer.write(snap)
-            service.cut_chosen(k, k, k, dormant={1})
+            service.cut_chosen(k, k, k, dormant={1}, running=1)
             service.sink_committed(k, None)
         writer.stop()
         for written in writer.done():
@@ -101,7 +105,7 @@ def test_a_checkpoint_completes_without_a_dormant_partitions_snapshot_and_it_res
     finally:
         service.stop()
     assert service.latest.number == 2
-    assert store.latest()["chains"][1] == []
+    assert store.latest()["chains"][1] == [] and store.latest()["running"] == 1
     fresh, dormant = segment_with_counter(full_every=4), segment_with_counter(full_every=4)
     empty = dormant.chain.get_state()
     restore_operators(store, 2, {Addr(1, 0, P): fresh, Addr(1, 1, P): dormant})

@@ -64,12 +64,14 @@ class CheckpointService:
 
     # -- reports (any thread) -------------------------------------------------------------
     def cut_chosen(self, number: int, cut: int, position: Any,
-                   groups: Optional[tuple] = None, dormant=()) -> None:
+                   groups: Optional[tuple] = None, dormant=(),
+                   running: Optional[int] = None) -> None:
         """``groups``: the key groups' maps before and after the live moves the cut
         carries; ``dormant``: the partitions empty at the cut, whose snapshots are taken
-        as written (``CheckpointCoordinator.begin``)."""
+        as written; ``running``: with dormant pairs, how many had started
+        (``CheckpointCoordinator.begin``)."""
         self._reports.put(("cut", number, cut, position, self.clock(), groups,
-                           frozenset(dormant)))
+                           frozenset(dormant), running))
 
     def cut_begun(self, number: int, cut: int, groups: Optional[tuple] = None) -> None:
         """Checkpoint ``number``'s cut is ``cut``; the source's position comes later
@@ -120,8 +122,8 @@ class CheckpointService:
             report[1].set()
             return
         if kind == "cut":
-            _, number, cut, position, at, groups, dormant = report
-            c.begin(number, cut, groups, dormant)
+            _, number, cut, position, at, groups, dormant, running = report
+            c.begin(number, cut, groups, dormant, running)
             self._begun[number] = at
             self._complete(number, c.source_recorded(number, position))
         elif kind == "begin":

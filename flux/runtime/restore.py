@@ -93,8 +93,9 @@ def dormant_start(manifest: Optional[dict], partitions: int, running: int,
     starts from ``manifest`` (None: the first input): each stage's map
     (``routing_maps``: the stages whose groups are not contiguous ranges over every
     partition) and how many pairs run. Dormant again are the pairs past the last one
-    owning a group (never fewer than ``running``): a restart runs the pairs the moves
-    up to its checkpoint gave groups (docs/design/rescaling.md)."""
+    owning a group and past those that had started when it was cut (never fewer than
+    ``running``): a restart runs the pairs the failure-free run ran there, an idle one
+    with what it kept that is not a key's (docs/design/rescaling.md)."""
     maps = routing_maps(manifest, partitions)
     if not running or key_groups is None:
         return maps, 0
@@ -104,7 +105,7 @@ def dormant_start(manifest: Optional[dict], partitions: int, running: int,
     owners = [int(m.owners.max()) + 1 for m in maps.values()]
     if len(maps) < stages:  # a stage contiguous over every partition: all of them run
         owners.append(partitions)
-    count = max([running] + owners)
+    count = max([running, manifest.get("running") or 0] + owners)
     return maps, 0 if count == partitions else count
 
 

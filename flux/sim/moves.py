@@ -83,6 +83,9 @@ class SimMoves:
         #: partitions that owned a group before some cut of this incarnation: the others
         #: are empty at every cut (the coordinator's rule)
         self.owned: set = set()
+        #: checkpoint -> how many pairs had started when it was cut (a restart from it
+        #: runs as many at least: an idle one keeps what is not a key's)
+        self.live_at: Dict[int, int] = {}
         self.join_view: Optional[int] = None
         self.joins = 0
         #: live rescales that gave groups to pairs joined in their incarnation
@@ -99,6 +102,7 @@ class SimMoves:
         for groups in self.before.get(number, {}).values():
             self.owned.update(int(p) for p in set(groups.owners.tolist()))
         dormant = w.builder.dormant - self.owned
+        self.live_at[number] = self.live
         w.coordinator.begin(number, cut, dormant=dormant)
         w.store.dormant_at(number, dormant)
         self.sinks.cut_begun(number, cut)
@@ -257,16 +261,17 @@ class SimMoves:
         self.current = dict(self.after[k] if k in self.after else self.initial)
         self.world.builder.groups = dict(self.current)
         if self.dormant:  # the pairs owning groups run again, the others are dormant
-            self._restart_dormant()
+            self._restart_dormant(k)
         self.relay.forget()
         self.sinks.restarted(k)
         if k is None or k < self.prepared_at:  # prepared at a cut the restart undoes
             self.prepared = ()
 
-    def _restart_dormant(self) -> None:
+    def _restart_dormant(self, k: Optional[int]) -> None:
         w = self.world
         owners = [int(m.owners.max()) for m in self.current.values()]
-        self.live = max([w.config.live_rescales[0]] + [o + 1 for o in owners])
+        self.live = max([w.config.live_rescales[0], self.live_at.get(k, 0)] +
+                        [o + 1 for o in owners])
         w.builder.dormant = frozenset(range(self.live, w.partitions))
         w.placement = w.config.placement_for(self.live)
         self.joined, self.join_view, self.owned = set(), None, set()

@@ -150,6 +150,7 @@ class Attempt(TaskNaming):
                                        self.transports[EGRESS_PROCESS].address)
             if p.checkpoints:  # the egresses told each complete checkpoint (live moves)
                 p.checkpoints.tell_done(self.controller.checkpoint_done)
+                p.checkpoints.count_running(lambda: self.running)
             if self.ingress_process is not None:
                 address = self.ingress_process.wait_hello(timeout=60)
                 self.controller.add_member(INGRESS_PROCESS, DRIVER_INCS[INGRESS_PROCESS],

@@ -86,6 +86,8 @@ class DriverCheckpoints:
         #: the rules of live moves of the last stage with a sink per partition
         self.last_moves = LastStageMoves(len(dataflow.stages), sinks > 1, options.interval)
         self._tell_done: Optional[Callable[[int, int], None]] = None
+        #: with dormant pairs, how many run now (``count_running``: the attempt's)
+        self._pairs_running: Callable[[], int] = lambda: 0
         self.service.on_complete = self._completed
         self._offsets_reported: Optional[int] = None
         #: live moves of key groups asked, carried by cuts, and the maps they make
@@ -214,7 +216,9 @@ class DriverCheckpoints:
         moves, groups = self.moves_cut(number, feed.handed)
         cut, position = feed.choose_cut(number, moves)
         dormant = self.moves.unowned() if self.moves is not None else ()
-        self.service.cut_chosen(number, cut, position, groups, dormant)
+        running = self._pairs_running() if self.moves is not None and \
+            self.moves.first_running else None
+        self.service.cut_chosen(number, cut, position, groups, dormant, running)
         if wanted:
             self.wanted_cut, self._cut_wanted = number, False
 
@@ -231,6 +235,12 @@ class DriverCheckpoints:
         moves, groups = self.moves.cut(number, last)
         self.last_moves.cut(number, moves)
         return moves, groups
+
+    def count_running(self, running: Callable[[], int]) -> None:
+        """An attempt says how many pairs run now: each cut's manifest records it, and a
+        restart from it runs as many at least (pairs started and idle keep what is not
+        a key's, an expiry's watermark; docs/design/rescaling.md)."""
+        self._pairs_running = running
 
     def tell_done(self, tell: Callable[[int, int], None]) -> None:
         """An attempt's controller is told, now, the checkpoint its data starts from and,

@@ -237,7 +237,8 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
         """Launch the nodes and return once every node registered, built its operators,
         and the data flows (from the last complete checkpoint, when there is one)."""
         rep, net = self.options.replication, self.options.network
-        check_settings(self.spark, rep.nodes + rep.standbys, wait=net.executor_wait)
+        check_settings(self.spark, self._first_running() + rep.standbys,
+                       wait=net.executor_wait)
         distinct = rep.distinct_hosts
         if distinct is None:  # no pair on one machine, except on a local master
             distinct = not is_local(self.spark.sparkContext.master)
@@ -271,7 +272,8 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
             building = [n for n in self.topology.nodes if n in c.registered and n not in c.ready]
             self.stop()
             raise TimeoutError(
-                f"the {rep.nodes} nodes were not all running within {timeout}s: "
+                f"the {len(self.topology.nodes)} nodes were not all running within "
+                f"{timeout}s: "
                 f"{', '.join(missing) or 'none'} not registered (too few Spark task slots?), "
                 f"{', '.join(building) or 'none'} still building their operators")
         self._rebalancer = self._start_rebalancing()

@@ -23,6 +23,7 @@ import time
 from typing import Callable, List, Optional
 
 from flux.errors import RescaleRefused
+from flux.runtime.restore import dormant_start
 from flux.spark.settings import check_settings
 
 #: seconds between looks at the controller while a join waits
@@ -94,6 +95,13 @@ def start_dormant(controller, applied: Callable[[int], List[str]], partitions: r
 class PairGrowth:
     """``rescale`` of a job with dormant pairs; mixed into ``FluxJob`` (its attributes
     are the job's)."""
+
+    def _first_running(self) -> int:
+        """The pairs the job's first attempt runs: ``nodes``, or with dormant pairs as
+        many as the checkpoint it resumes from ran (``dormant_start``)."""
+        c = self.config
+        return dormant_start(self._resumed_from, c.partitions, c.running, c.key_groups,
+                             c.stages)[1] or c.partitions
 
     def _grow(self, nodes: int, timeout: float) -> None:
         """Run ``nodes`` pairs from now, live: the dormant ones up to ``nodes`` start on
