@@ -53,7 +53,8 @@ class JoinSide:
         return len(rec.free), len(rec.missing), bool(rec.attempts)
 
     def place_joins(self) -> None:
-        """The controller's turn: every ask that may be placed now gets its view."""
+        """The controller's turn: the oldest ask gets its view if it may be placed now
+        (the asks after it wait their turn)."""
         if not self.started:
             return
         while self._join_waiting is None:
