@@ -12,7 +12,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -126,6 +126,10 @@ class GroupMap:
                 moves.append(GroupMove(stage, start, g - 1, int(old[start]), int(new[start])))
             start = g if g < len(old) else None
         return moves
+
+    def owning(self) -> Set[int]:
+        """The partitions that own a group (with dormant pairs, not all of them)."""
+        return set(np.unique(self.owners).tolist())
 
     def groups_of(self, partition: int) -> List[int]:
         return np.flatnonzero(self.owners == partition).tolist()

@@ -100,7 +100,7 @@ class SimMoves:
         the driver knows the maps, not when each process applied a join)."""
         w = self.world
         for groups in self.before.get(number, {}).values():
-            self.owned.update(int(p) for p in set(groups.owners.tolist()))
+            self.owned.update(groups.owning())
         dormant = w.builder.dormant - self.owned
         self.live_at[number] = self.live
         w.coordinator.begin(number, cut, dormant=dormant)

@@ -122,7 +122,7 @@ class LiveMoves:
         with self._lock:
             before = dict(self.maps)
             for groups in before.values():
-                self.owned.update(int(p) for p in set(groups.owners.tolist()))
+                self.owned.update(groups.owning())
             if self.prepared is not None:  # the second phase, once the bulks are there
                 if not self.ready and self.clock() - self.prepared_at < PREPARE_WAIT:
                     return [], (before, before)
