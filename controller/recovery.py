@@ -66,6 +66,8 @@ class Recovery:
         self.completed: List[Addr] = []
         #: the dormant partitions started so far (a process joining later is told them)
         self.joined: Set[int] = set()
+        #: the partitions taken out since (a process joining later is told them too)
+        self.left: Set[int] = set()
         self._first_seen: Dict[tuple, float] = {}  # (addr, version) -> for ``overdue``
         self.writers = WriterPlacement(self.stages, self.partitions, self.node_of) \
             if writers else None
@@ -202,26 +204,54 @@ class Recovery:
             self.hosted.setdefault(standby, set())
         return standby
 
-    def join(self, partitions: Sequence[int]) -> List[View]:
+    def join(self, partitions: Sequence[int], groups: tuple = (),
+             moves_seen: int = 0, cut: tuple = ()) -> List[View]:
         """Dormant partitions start on free standbys, fresh (docs/design/rescaling.md), in
         a chain of their own: standby k holds replica P of the k-th and replica S of the
         one before (one partition: P on one standby, S on another). Nothing (an empty
         list) while a replica is missing (a fresh machine knows every peer as live) or
-        with too few standbys free."""
+        with too few standbys free. ``groups``, ``moves_seen``, ``cut``: where the
+        joined replicas start (``Joined``)."""
         parts = sorted(partitions)
         need = max(2, len(parts))
         if not parts or self.missing or self.attempts or len(self.free) < need:
             return []
         nodes, self.free = self.free[:need], self.free[need:]
         self.joined.update(parts)
+        self.left.difference_update(parts)
         joined = []
         for k, q in enumerate(parts):
             for s in range(1, self.stages + 1):
                 for addr, node in ((Addr(s, q, P), nodes[k]), (Addr(s, q, S), nodes[k - 1])):
                     self.hosted.setdefault(node, set()).add(addr)
                     self.node_of[addr] = node
-                    joined.append(Joined(addr, self.inc[node], node))
+                    joined.append(Joined(addr, self.inc[node], node, groups, moves_seen,
+                                         cut))
         return [self._next_view(joined=tuple(joined))]
+
+    def leave(self, partitions: Sequence[int]) -> List[View]:
+        """Partitions a live rescale took every group from stop (docs/design/rescaling.md):
+        their replicas leave the placement, and a node left holding nothing is a standby
+        again. Nothing (an empty list) while a replica is missing or being rebuilt (its
+        catch-up expects every neighbour it had)."""
+        parts = sorted(partitions)
+        if not parts or self.missing or self.attempts:
+            return []
+        left, nodes = [], set()
+        for q in parts:
+            for s in range(1, self.stages + 1):
+                for addr in (Addr(s, q, P), Addr(s, q, S)):
+                    node = self.node_of.pop(addr, None)
+                    if node is not None:
+                        self.hosted[node].discard(addr)
+                        left.append(addr)
+                        nodes.add(node)
+        for node in sorted(nodes):
+            if not self.hosted[node] and node not in self.dead and node not in self.free:
+                self.free.append(node)
+        self.joined.difference_update(parts)
+        self.left.update(parts)
+        return [self._next_view(left=tuple(left))]
 
     def add_standby(self, node: str, inc: int, host: Optional[str] = None) -> List[View]:
         """A new standby registered (in Spark: a restarted task), on ``host`` if known."""

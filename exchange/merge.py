@@ -87,6 +87,13 @@ class OrderedMerge:
         self.bounds[producer] = DORMANT
         self._changed()
 
+    def leave(self, producer: Hashable) -> None:
+        """``producer`` left (a live rescale to fewer pairs, docs/design/rescaling.md):
+        everything it will ever send is here, queued or released, so nothing waits for its
+        bound; what is queued is still released in order."""
+        self.bounds[producer] = DORMANT
+        self._changed()
+
     def rejoin(self, producer: Hashable) -> None:
         """A dormant ``producer`` joined: its bound is none again (the one place a bound
         moves back: what it will send lies above everything released while it slept,

@@ -62,9 +62,11 @@ class Welcome:
     view: int = 0
     where: tuple = ()  # ((addr, process name), ...)
     dead_incs: tuple = ()
-    #: the dormant partitions joined in this incarnation of the job so far: the process
-    #: is built as the job started and told them (docs/design/rescaling.md)
+    #: the dormant partitions joined in this incarnation of the job so far, and the
+    #: partitions taken out since: the process is built as the job started and told
+    #: them (docs/design/rescaling.md)
     joined: tuple = ()
+    left: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,11 +353,18 @@ class WriterMove:
 @dataclass(frozen=True, slots=True)
 class Joined:
     """Replica ``addr`` of a dormant partition starts on node ``node`` (incarnation
-    ``inc``), fresh: its partition runs from this view on (docs/design/rescaling.md)."""
+    ``inc``), fresh: its partition runs from this view on (docs/design/rescaling.md),
+    routing by ``groups`` (``((stage, owners), ...)``: the maps after the move cuts up to
+    ``moves_seen``; empty: the job's). ``cut``: the newest checkpoint cut ``(k, n)`` chosen
+    before it, whose snapshots are not its to write (a partition that left at a cut
+    still open wrote its own there)."""
 
     addr: Addr
     inc: int
     node: str
+    groups: tuple = ()
+    moves_seen: int = 0
+    cut: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +382,7 @@ class View:
     avail: tuple = ()
     writers: tuple = ()  # WriterMove, after the failures that made them
     joined: tuple = ()  # Joined: dormant partitions started, after the rest
+    left: tuple = ()  # Addr: the replicas of partitions a live rescale took out, last
 
 
 @dataclass(frozen=True, slots=True)

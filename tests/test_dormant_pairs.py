@@ -125,9 +125,9 @@ def test_a_host_makes_the_replicas_placed_on_it_and_tells_every_machine_of_the_j
     builder = MachineBuilder(regrouping_dataflow(2), 3, capacity=4, batch_size=2)
     builder.dormant = frozenset({2})
     node = Host("node0", {a: builder.segment(a) for a in (Addr(1, 0, P), Addr(2, 0, P))},
-                segment_factory=builder.standby_segment, joined_factory=builder.segment)
+                segment_factory=builder.standby_segment, joined_factory=builder.joined_segment)
     standby = Host("standby0", {}, segment_factory=builder.standby_segment,
-                   joined_factory=builder.segment)
+                   joined_factory=builder.joined_segment)
     view = View(1, joined=(Joined(Addr(1, 2, P), 7, "standby0"),
                            Joined(Addr(2, 2, P), 7, "standby0")))
     node.on_view(view)

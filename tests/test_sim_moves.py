@@ -235,3 +235,37 @@ def test_an_ingress_switching_its_routing_when_told_of_the_cut_is_caught():
                                      "checkpoints": 4, "inputs": 24,
                                      "variant": "pair-switch-when-told"}), range(1, 21))
     assert any(r.status == VIOLATION for r in results)
+
+
+SHRINK = dict(MOVES, moves=0, dormant=True)
+TO_TWO = dict(partitions=4, live_rescales=(4, 2), standbys=2)
+DOWN_AND_UP = dict(partitions=6, checkpoints=8, live_rescales=(4, 6, 2, 5), standbys=3)
+
+
+def test_a_live_rescale_to_fewer_pairs_stops_the_pairs_it_emptied():
+    """4 -> 2: once both replicas of pairs 2 and 3 crossed the cut that took their groups
+    and every consumer acked all they sent, they leave (a view), through a crash of any
+    replica or standby."""
+    results = schedules(SimParams(**{**SHRINK, **TO_TWO}, crashes=1), range(1, 101))
+    assert not failures(results), failures(results)
+    assert sum(r.leaves for r in results) >= 60
+
+
+def test_pairs_that_left_start_again_fresh_at_a_later_rescale_to_more():
+    """4 -> 6 -> 2 -> 5 with two crashes: pairs 2-5 leave, then 2-4 join again (fresh, on
+    the standbys and the nodes the leave freed), routing by the maps in force."""
+    results = schedules(SimParams(**{**SHRINK, **DOWN_AND_UP}, crashes=2), range(1, 151))
+    assert not failures(results), failures(results)
+    assert sum(r.leaves for r in results) >= 8
+    assert sum(r.rejoins for r in results) >= 3
+
+
+@pytest.mark.parametrize("variant,shape", [("leave-unacked", TO_TWO),
+                                           ("join-stale-maps", DOWN_AND_UP)])
+def test_a_leave_before_the_acks_or_a_join_with_the_jobs_maps_is_caught(variant, shape):
+    """Pairs that leave once they crossed the cut, with what they sent not all acked;
+    joined replicas that route by the job's maps (their producers forgot telling the
+    moves since)."""
+    results = schedules(SimParams(**{**SHRINK, **shape}, crashes=0, variant=variant),
+                        range(1, 151))
+    assert failures(results)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+import numpy as np
+
 from exchange.partitioner import KEY_GROUPS
 from exchange.group_map import GroupMap
 from exchange.routing import ToOne, router_for
@@ -101,7 +103,22 @@ class MachineBuilder:
         #: a model loaded, a table filled) while its catch-up waits
         self.spare_chains = {s: list(chains) for s, chains in (spare_chains or {}).items()}
 
-    def segment(self, a: Addr, mode: SegmentMode = PROCESSING) -> Segment:
+    def joined_segment(self, a: Addr, groups: tuple = (), moves_seen: int = 0,
+                       cut: tuple = ()) -> Segment:
+        """A fresh replica of a dormant partition started at a live rescale: it routes by
+        the maps in force when the controller placed it (``((stage, owners), ...)``, the
+        moves of cuts up to ``moves_seen``; none: the job's), which its producers may
+        have forgotten telling (docs/design/rescaling.md); later move cuts come in band.
+        It writes no snapshot of a checkpoint cut up to ``cut``, chosen before it."""
+        maps = {st: GroupMap(np.asarray(owners, dtype=np.int64), self.partitions)
+                for st, owners in groups} if groups else None
+        seg = self.segment(a, groups=maps)
+        seg.cuts.seen_up_to(moves_seen, cut)
+        return seg
+
+    def segment(self, a: Addr, mode: SegmentMode = PROCESSING,
+                groups: Optional[Dict[int, GroupMap]] = None) -> Segment:
+        """``groups``: the maps its router starts from (None: the job's, ``self.groups``)."""
         s, K, n = a.stage, self.stages, self.partitions
         other_set = 1 - a.replica
         if s == 1 and self.ingress_pairs:
@@ -119,7 +136,7 @@ class MachineBuilder:
             # the baselines have plain exchanges inside a replica set: no dual to ack
             absent = frozenset(c[other_set] for c in consumers) if self.replication != "flux" \
                 else frozenset()
-            router = self.router(s)
+            router = self.router(s, groups)
         else:
             to = 0 if self.ordered_output else a.partition
             ghost = Addr(K + 1, to, S)  # the egress has no replica S
@@ -129,7 +146,7 @@ class MachineBuilder:
         fprod = FluxProducer(a, consumers, self.capacity, self.batch_size, absent,
                              self.buffer_factory, self.window, self.pause_room,
                              to_writer=s == K and self.writers_on_nodes,
-                             dormant=self.dormant if s < K else ())
+                             dormant=self.dormant if s < K else (), partitioned=s < K)
         spares = self.spare_chains.get(s)
         chain = spares.pop() if spares else self.dataflow.stages[s - 1].build_chain()
         fcons = FluxConsumer(a, producers, absent_in, self.credit_every,
@@ -140,12 +157,12 @@ class MachineBuilder:
                                   key_groups=self.key_groups,
                                   both_write_stage=None if self.ordered_output else K)
 
-    def router(self, stage: int) -> Any:
+    def router(self, stage: int, maps: Optional[Dict[int, GroupMap]] = None) -> Any:
         """Routes to the partitions of stage ``stage + 1`` (0-based ``stage``) by its key,
         in the form it takes (columns of its ``schema``, if it has one)."""
         target = self.dataflow.stages[stage]
         router = router_for(target.key, self.partitions, target.schema, self.key_groups)
-        groups = self.groups.get(stage + 1)
+        groups = (self.groups if maps is None else maps).get(stage + 1)
         return router if groups is None else router.regrouped(groups)
 
     def standby_segment(self, a: Addr) -> Segment:

@@ -51,6 +51,9 @@ class Cuts:
         self.move_cuts: Tuple[tuple, ...] = ()
         self.moves_seen = 0  # the newest move cut learned (forgotten or not)
         self.moves_crossed = 0  # the newest move cut crossed
+        #: a joined replica's start: move cuts up to ``applied`` are in its maps, and
+        #: checkpoint cuts up to ``skipped`` are not its to cross (``seen_up_to``)
+        self.applied = self.skipped = 0
 
     def learn(self, cut: Optional[tuple]) -> None:
         """A batch said ``cut``; a newer one than any known is pending from now, and so
@@ -60,12 +63,14 @@ class Cuts:
         k, n = cut[0], cut[1]
         if self.latest is None or k > self.latest[0]:
             self.latest = (k, n)
-            self.pending[k] = n
+            if k > self.skipped:
+                self.pending[k] = n
         if len(cut) > 2 and self.keeps_moves:
             for k_i, n_i, moves in cut[2]:
                 if k_i > self.moves_seen:
                     moves = moves_from_wire(moves)
-                    self.moves[k_i] = (n_i, moves)
+                    if k_i > self.applied:
+                        self.moves[k_i] = (n_i, moves)
                     self.move_cuts += ((k_i, n_i, moves),)
                     self.moves_seen = k_i
 
@@ -86,6 +91,16 @@ class Cuts:
             return None
         return None
 
+    def seen_up_to(self, k: int, cut: tuple = ()) -> None:
+        """A replica built with the maps after move cut ``k`` (a pair joined at a live
+        rescale): move cuts up to it are in those maps, told on but not crossed again;
+        and it crosses no checkpoint cut up to ``cut`` ``(k, n)``, chosen before it
+        started (its snapshots there are not its own)."""
+        self.applied = max(self.applied, k)
+        self.moves_crossed = max(self.moves_crossed, k)
+        if cut:
+            self.skipped = max(self.skipped, cut[0])
+
     def crossed(self, k: int) -> None:
         del self.pending[k]
 
@@ -100,12 +115,15 @@ class Cuts:
         self.move_cuts = after_move_cut(self.move_cuts, min(upto, self.moves_crossed))
 
     def to_state(self) -> List:
-        return [list(self.latest) if self.latest else None,
-                [[k, n] for k, n in sorted(self.pending.items())],
-                [[k, n, [m.to_wire() for m in moves]] for k, (n, moves) in
-                 sorted(self.moves.items())],
-                [[k, n, [m.to_wire() for m in moves]] for k, n, moves in self.move_cuts],
-                self.moves_seen, self.moves_crossed]
+        state = [list(self.latest) if self.latest else None,
+                 [[k, n] for k, n in sorted(self.pending.items())],
+                 [[k, n, [m.to_wire() for m in moves]] for k, (n, moves) in
+                  sorted(self.moves.items())],
+                 [[k, n, [m.to_wire() for m in moves]] for k, n, moves in self.move_cuts],
+                 self.moves_seen, self.moves_crossed]
+        if self.applied or self.skipped:  # a joined replica's start (``seen_up_to``)
+            state += [self.applied, self.skipped]
+        return state
 
     def install_state(self, state) -> None:
         latest, pending = state[0], state[1]
@@ -115,6 +133,8 @@ class Cuts:
             if len(state) > 2 else {}
         self.move_cuts = tuple((k, n, moves_from_wire(moves)) for k, n, moves in state[3]) \
             if len(state) > 3 else ()
+        if len(state) > 7:
+            self.applied, self.skipped = state[6], state[7]
         if len(state) > 5:
             self.moves_seen, self.moves_crossed = state[4], state[5]
         else:  # a state from before move cuts were forgotten: it kept all of them

@@ -191,6 +191,16 @@ class Egress:
                 self.fcons.join(0)
         return []
 
+    def on_leave(self, partitions) -> List:
+        """Last-stage partitions left (docs/design/rescaling.md): the merge waits for
+        them no more, so what it holds may go now."""
+        for p in partitions:
+            if self.partition is None:
+                self.fcons.leave(p)
+            elif p == self.partition:
+                self.fcons.leave(0)
+        return self._release()
+
     def idle(self) -> bool:
         return self.fcons.idle()
 

@@ -140,6 +140,20 @@ class FluxConsumer(ConsumerRoles):
         for source in feed.replicas:
             source.status = ACTIVE
 
+    def leave(self, j: int) -> None:
+        """Producer partition ``j`` left (docs/design/rescaling.md): both its replicas
+        crossed the cut that took its last groups and every consumer acked all they sent,
+        so the feed sends nothing more and the merge waits for no bound of it. A leave
+        applied again (or over a state that had it) is nothing."""
+        feed = self.feeds[j]
+        self.merge.leave(j)
+        if feed.dormant:
+            return
+        feed.dormant, feed.data_from, feed.ack_to = True, None, None
+        feed.awaiting_pause_ack = False
+        for source in feed.replicas:
+            source.status = DEAD
+
     def on_batch(self, src: Addr, msg: Batch) -> List[Send]:
         """Take a batch from our data source and ack it at once to the dual producer."""
         j = self._partition_of.get(src)

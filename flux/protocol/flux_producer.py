@@ -48,13 +48,15 @@ class FluxProducer:
         pause_room: int = PAUSE_ROOM,
         to_writer: bool = False,
         dormant=(),
+        partitioned: bool = True,
     ):
         """``consumers[i]`` is (replica P, replica S) of consumer partition i;
         ``absent`` lists consumer replicas that never exist (the egress's S);
         ``window``: tuples each consumer may hold untaken (back-pressure);
         ``pause_room``: see ``Producer``; ``to_writer``: the consumer is a sink's writer
         that acks both replicas at its commits (docs/design/parallel_io.md); ``dormant``:
-        consumer partitions not running yet (docs/design/rescaling.md)."""
+        consumer partitions not running yet (docs/design/rescaling.md); ``partitioned``:
+        the consumers are partitions (False: an egress)."""
         r = addr.replica
         peers = [(pair[r], pair[other(r)]) for pair in consumers]
         self.addr = addr
@@ -63,7 +65,7 @@ class FluxProducer:
         # a sink's writer acks its data source too, and only what its sink committed
         self.out = Producer(addr, peers, capacity, batch_size, buffer_factory,
                             normal_modes=(SEND | ACK if to_writer else SEND, ACK), absent=absent, window=window,
-                            pause_room=pause_room, dormant=dormant)
+                            pause_room=pause_room, dormant=dormant, partitioned=partitioned)
         self.p_fail = False
         self.r_done = [False] * len(peers)
         self._takeover_reported = False

@@ -49,18 +49,21 @@ class Host:
                  chunk_size: int = 1 << 20, peer_incs: Optional[Dict[Addr, int]] = None,
                  view: int = 0, dead_incs: Iterable[int] = (),
                  writer_factory: Optional[Callable[[Addr, Set[Addr]], Tuple[Machine, List]]] = None,
-                 joined_factory: Optional[Callable[[Addr], Machine]] = None,
-                 joined: Iterable[int] = ()):
+                 joined_factory: Optional[Callable[[Addr, tuple, int, tuple], Machine]] = None,
+                 joined: Iterable[int] = (), left: Iterable[int] = ()):
         """``view`` and ``dead_incs``: where a process joining a running job starts (the
         controller's welcome), not from view 0. ``writer_factory(addr, dead)``: a sink's
         writer started again here, and its first effects (docs/design/parallel_io.md).
-        ``joined_factory(addr)``: a fresh replica of a dormant partition that joins
-        here (docs/design/rescaling.md); ``joined``: the dormant partitions joined before
+        ``joined_factory(addr, groups, moves_seen, cut)``: a fresh replica of a dormant
+        partition that joins here (docs/design/rescaling.md); ``joined``: the dormant partitions joined before
         this process joined the running job (the controller's welcome)."""
         self.joined_factory = joined_factory
         #: the dormant partitions joined so far: a machine made here later (built as
         #: the job started) is told them at once
         self.joined: Set[int] = set(joined)
+        #: the partitions taken out since (a live rescale to fewer), told to a machine
+        #: made here later after the joins; a partition is in one of the two at most
+        self.left: Set[int] = set(left)
         self.writer_factory = writer_factory
         self.name = name
         self.inc = inc
@@ -157,8 +160,7 @@ class Host:
             if avail.node == self.name:
                 seg = self.segment_factory(avail.addr)
                 self._take(avail.addr, seg, view.number)
-                if self.joined:  # built as the job started: the joins since
-                    effects.extend(seg.on_join(frozenset(self.joined)))
+                effects.extend(self._since_start(seg))
                 effects.extend(seg.expect_state(CatchUp(avail.version, MoverAddr(avail.active_node))))
             self.dead.discard(avail.addr)
             for addr, machine in self.machines.items():
@@ -168,23 +170,58 @@ class Host:
             effects.extend(self._writer_moved(move, view.number))
         if view.joined:
             effects.extend(self._joined(view))
+        if view.left:
+            effects.extend(self._left(view))
         return self._run(effects)
+
+    def _since_start(self, machine: Machine) -> List:
+        """A machine made here, built as the job started: the joins and leaves since."""
+        effects: List = []
+        if self.joined:
+            effects.extend(machine.on_join(frozenset(self.joined)))
+        if self.left:
+            effects.extend(machine.on_leave(frozenset(self.left)))
+        return effects
+
+    def _left(self, view: View) -> List:
+        """Partitions a live rescale took out (docs/design/rescaling.md): their replicas
+        here stop, whatever they still send is dropped (as a replica killed alone), and
+        every other machine ends its links and feeds to them."""
+        parts = frozenset(a.partition for a in view.left)
+        for addr in view.left:
+            inc = self.peer_incs.get(addr)
+            if inc is not None:
+                self.valid_from[(addr, inc)] = float("inf")
+            self.dead.add(addr)
+            if addr in self.machines:
+                del self.machines[addr]
+                del self.work[addr]
+        self.joined -= parts
+        self.left |= parts
+        effects: List = []
+        for machine in self.machines.values():
+            effects.extend(machine.on_leave(parts))
+        return effects
 
     def _joined(self, view: View) -> List:
         """Dormant partitions start (docs/design/rescaling.md): their replicas placed here
         are made, fresh, and every machine runs its links and feeds to them from now."""
         parts = frozenset(j.addr.partition for j in view.joined)
         effects: List = []
+        made = set()
         for j in view.joined:
             self.peer_incs[j.addr] = j.inc
             self.valid_from[(j.addr, j.inc)] = view.number
             self.dead.discard(j.addr)
             if j.node == self.name:
-                machine = self.joined_factory(j.addr)
+                machine = self.joined_factory(j.addr, j.groups, j.moves_seen, j.cut)
                 self._take(j.addr, machine, view.number)
+                made.add(j.addr)
         self.joined |= parts
-        for machine in self.machines.values():
-            effects.extend(machine.on_join(self.joined))
+        self.left -= parts
+        for addr, machine in self.machines.items():  # one made now: the leaves too
+            effects.extend(self._since_start(machine) if addr in made
+                           else machine.on_join(self.joined))
         return effects
 
     def _take(self, addr: Addr, machine: Machine, view: int) -> None:
@@ -206,8 +243,7 @@ class Host:
             writer, first = self.writer_factory(move.addr, set(self.dead))
             self._take(move.addr, writer, view)
             effects.extend(first)
-            if self.joined:  # built as the job started: the joins since
-                effects.extend(writer.on_join(frozenset(self.joined)))
+            effects.extend(self._since_start(writer))
         elif move.addr in self.machines:  # the old writer, on a process that lives on
             del self.machines[move.addr]
             del self.work[move.addr]

@@ -126,6 +126,12 @@ class Stage1Connections:
             self.out.join(i)
         return []
 
+    def on_leave(self, partitions) -> List:
+        """Stage-1 partitions left (docs/design/rescaling.md)."""
+        for i in partitions:
+            self.out.leave(i)
+        return []
+
 
 class Ingress(Stage1Connections):
     """Accepts the source's records in order, cuts them into items and feeds both

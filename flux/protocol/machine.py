@@ -43,6 +43,9 @@ class Machine(Protocol):
     def on_join(self, partitions: FrozenSet[int]) -> List:
         """A view started dormant partitions (docs/design/rescaling.md)."""
 
+    def on_leave(self, partitions: FrozenSet[int]) -> List:
+        """A view took partitions out: a live rescale to fewer (docs/design/rescaling.md)."""
+
     def stats(self) -> SegmentStats:
         """Counters for monitoring (a node reports them, DESIGN 9)."""
 

@@ -37,7 +37,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from flux.addresses import Addr
 from flux.data_messages import Ack, Batch, Credit
 from flux.effects import Send
-from flux.errors import LocalProtocolError, RemoteProtocolError
+from flux.errors import RemoteProtocolError
 from flux.protocol.buffer import DESTS, Buffer
 from flux.protocol.links import (  # noqa: F401 (the producer's vocabulary, imported from here)
     ACK,
@@ -50,6 +50,7 @@ from flux.protocol.links import (  # noqa: F401 (the producer's vocabulary, impo
     Link,
     Status,
 )
+from flux.protocol.producer_membership import PartitionMembership
 from flux.protocol.producer_roles import ConnectionRoles
 from flux.sequence import INF, SN, before, bound_key, weakest
 
@@ -59,7 +60,7 @@ PAUSE_ROOM = 8
 BufferFactory = Callable[[int], Buffer]
 
 
-class Producer(ConnectionRoles):
+class Producer(ConnectionRoles, PartitionMembership):
     """Buffers, cursors and connection modes toward every consumer partition pair."""
 
     def __init__(
@@ -74,10 +75,13 @@ class Producer(ConnectionRoles):
         window: Optional[int] = None,
         pause_room: int = PAUSE_ROOM,
         dormant: Iterable[int] = (),
+        partitioned: bool = True,
     ):
         """``normal_modes[d]``: the modes of destination d in the normal case, restored at
         fold-in; ``absent``: consumer replicas that never exist (dead from the start);
         ``dormant``: consumer partitions not running yet, as absent until they ``join``;
+        ``partitioned``: the consumers are a stage's partitions (not an egress), which
+        may start and leave (docs/design/rescaling.md);
         ``window``: tuples a consumer may hold untaken per connection (None: no limit);
         ``pause_room``: how many times the capacity a paused partition's buffer holds."""
         if batch_size < 1:
@@ -114,6 +118,7 @@ class Producer(ConnectionRoles):
         #: consumer partitions not running yet (docs/design/rescaling.md): nothing is
         #: routed to them, their links are as dead ones until they join
         self.dormant: set = set()
+        self.partitioned = partitioned
         self.sleep(dormant)
 
     # -- queries ---------------------------------------------------------
@@ -232,30 +237,6 @@ class Producer(ConnectionRoles):
                 cut = cut + (news,)
         link.told_cut = self.cut
         return Send(self.addr, link.peer, Batch(tuple(items), bound, cut))
-
-    def sleep(self, partitions: Iterable[int]) -> None:
-        """Consumer partitions not running yet: as absent until they ``join``."""
-        for i in partitions:
-            self.dormant.add(i)
-            for d in DESTS:
-                self.fail_destination(i, d)
-
-    def join(self, i: int) -> None:
-        """Dormant consumer partition ``i`` runs from now: its links as new ones, in the
-        normal modes (nothing told, nothing sent; nothing was routed to it). A join
-        applied again, or over an installed state that had it, is nothing."""
-        if i not in self.dormant:
-            return
-        self.dormant.discard(i)
-        if any(link.status is not DEAD for link in self.links[i]):
-            return  # an installed state (a new replica's) had it joined already
-        if len(self.buffers[i]):
-            raise LocalProtocolError(f"{self.addr}: {len(self.buffers[i])} tuples for "
-                                     f"dormant partition {i}, which owns no group")
-        self.buffers[i] = self.buffer_factory(self.capacity)
-        self.links[i] = tuple(Link(link.peer, self.normal_modes[d])
-                              for d, link in zip(DESTS, self.links[i]))
-        self._links_changed()
 
     def on_ack(self, src: Addr, msg: Ack) -> None:
         """Action 3: a cumulative ack from an ACTIVE destination with ACK."""

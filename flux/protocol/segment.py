@@ -232,22 +232,31 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         (stage s - 1) and our links to them (stage s + 1) run from now. A new replica
         joins its feeds now and its links over the state it installs (``missed``)."""
         self._next(Event.JOIN)
-        parts = frozenset(partitions)
+        return self._membership("join", frozenset(partitions))
+
+    def on_leave(self, partitions) -> List:
+        """A view took partitions out (a live rescale to fewer, docs/design/rescaling.md):
+        our feeds from them and our links to them end, as ``on_join`` began them."""
+        self._next(Event.LEAVE)
+        return self._membership("leave", frozenset(partitions))
+
+    def _membership(self, kind: str, parts) -> List:
         if self.mode is AWAITING_STATE:
-            self._join(parts, links=False)
-            self.missed.append(("join", parts))
+            self._join(parts, links=False, leave=kind == "leave")
+            self.missed.append((kind, parts))
             return []
-        self._join(parts)
+        self._join(parts, leave=kind == "leave")
         return []
 
-    def _join(self, parts, links: bool = True) -> None:
+    def _join(self, parts, links: bool = True, leave: bool = False) -> None:
         """Our feeds from ``parts`` (stage s - 1; stage 1's are the ingresses) and, with
-        ``links``, our links to them (stage s + 1; the egress is never dormant)."""
+        ``links``, our links to them (stage s + 1; the egress is never dormant) begin,
+        or with ``leave`` end."""
         if self.addr.stage > 1:
             for j in parts:
-                self.fcons.join(j)
+                (self.fcons.leave if leave else self.fcons.join)(j)
         for i in parts if links else ():
-            self.fprod.out.join(i)
+            (self.fprod.out.leave if leave else self.fprod.out.join)(i)
 
     def idle(self) -> bool:
         return self.fcons.idle() and self.fprod.out.idle()

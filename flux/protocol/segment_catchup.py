@@ -224,6 +224,8 @@ class CatchUpSide:
                 self.fprod.on_writer_moved(what)
             elif kind == "join":  # over a state maybe taken before the join
                 self._join(what)
+            elif kind == "leave":
+                self._join(what, leave=True)
             else:
                 self.fprod.replay_avail(what)
         self.missed = []

@@ -35,6 +35,7 @@ class Event(enum.Enum):
     AVAIL = "avail"  # a view's avail()
     WRITER = "writer"  # a view moved a sink's writer (docs/design/parallel_io.md)
     JOIN = "join"  # a view started dormant partitions (docs/design/rescaling.md)
+    LEAVE = "leave"  # a view took partitions out (docs/design/rescaling.md)
     PROCESS = "process"  # local work: one input through the operators
     FLUSH = "flush"  # local work: one batch out
     EXPECT_STATE = "expect state"  # Figure 5 action 1 at the new replica
@@ -62,7 +63,7 @@ TRANSITIONS = {
     **{(m, e): m for m in (PROCESSING, STREAMING, DRAINING)
        for e in (Event.MESSAGE, Event.PAUSE_ACK, Event.PROCESS, Event.FLUSH)},
     **{(m, e): m for m in SegmentMode for e in (Event.FAIL, Event.AVAIL, Event.WRITER,
-                                                       Event.JOIN)},
+                                                       Event.JOIN, Event.LEAVE)},
     (AWAITING_STATE, Event.EXPECT_STATE): AWAITING_STATE,
     (PROCESSING, Event.SM_READY): STREAMING,
     (AWAITING_STATE, Event.SM_READY): AWAITING_STATE,

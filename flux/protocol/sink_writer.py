@@ -70,6 +70,12 @@ class SinkWriter(Egress):
             return []
         return super().on_join(partitions)
 
+    def on_leave(self, partitions) -> List:
+        if self._held is not None:
+            self._held.append(partial(super().on_leave, frozenset(partitions)))
+            return []
+        return super().on_leave(partitions)
+
     def commit(self, number: int, cut: int) -> SinkCommit:
         self.uncommitted = 0
         return SinkCommit(number, cut, self.partition, self.fcons.feeds[0].taken)

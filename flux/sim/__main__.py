@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     snapshot_deltas = damaged = fallbacks = corrupt_stops = failed_writes = 0
     compared = diverged = undefined = probed = named = sets_rebuilt = rescales = 0
     drains = given_up = moves = moves_done = live = by_changes = moves_last = stuck = 0
-    moved_rescaled = joins = onto_joined = 0
+    moved_rescaled = joins = onto_joined = leaves = rejoins = 0
     digest = hashlib.sha256()
     started = time.perf_counter()
     seeds = range(args.seed, args.seed + args.schedules)
@@ -289,6 +289,8 @@ def main(argv=None) -> int:
         moved_rescaled += result.moves_rescaled
         live += result.live_rescales
         joins += result.joins
+        leaves += result.leaves
+        rejoins += result.rejoins
         onto_joined += result.onto_joined
         damaged += len(result.damaged)
         fallbacks += len(result.fallbacks)
@@ -330,7 +332,7 @@ def main(argv=None) -> int:
           f"{f'live moves={moves} (installed by both replicas {moves_done}, packs of changes since a bulk {by_changes}), ' if moves else ''}"
           f"{f'cuts moving the last stage with a sink per partition={moves_last} (restarts for one whose checkpoint could not complete {stuck}), ' if moves_last else ''}"
           f"{f'live rescales={live}, ' if params.live_rescales else ''}"
-          f"{f'joins of dormant pairs={joins} (live rescales onto them {onto_joined}), ' if params.dormant else ''}"
+          f"{f'joins of dormant pairs={joins} (live rescales onto them {onto_joined}, of pairs that had left {rejoins}), leaves={leaves}, ' if params.dormant else ''}"
           f"{corruption}"
           f"crash_window={window} steps",
           file=sys.stderr)

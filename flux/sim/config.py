@@ -153,6 +153,12 @@ class WorldConfig:
     #: the cut that gives joined pairs groups waits for every process to apply the join
     #: (False: a broken variant, docs/design/rescaling.md)
     join_waits_for_views: bool = True
+    #: pairs leave only once both replicas of each crossed the cut that took their
+    #: groups and hold nothing (False: a broken variant leaves once they crossed it)
+    leave_waits_for_acks: bool = True
+    #: joined replicas start from the maps after the last cut that moved groups (False:
+    #: a broken variant builds them with the job's maps)
+    join_with_maps: bool = True
 
 
 @dataclass

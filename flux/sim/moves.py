@@ -32,6 +32,7 @@ from flux.effects import PackRange
 from flux.operator import wire_form
 from flux.rescale import regrouped_states
 from flux.sim.config import CONTROLLER
+from flux.sim.pairs import SimPairs
 from flux.sim.sink_moves import SinkMoves
 from flux.sim.violation import Violation
 from flux.snapshot_chain import rebuild
@@ -74,35 +75,18 @@ class SimMoves:
         self.by_changes = 0
         #: the last stage's moves with a sink per partition: their cuts and what they hold
         self.sinks = SinkMoves(world, self)
-        #: dormant pairs (``--dormant``, docs/design/rescaling.md): those from ``live`` on
-        #: have no process; a live rescale to more waits for them to join (a view) and
-        #: for every process to apply it (``join_view``); ``joined``: in this incarnation
-        self.dormant = world.config.dormant and bool(counts)
-        self.live = counts[0] if self.dormant else world.partitions
-        self.joined: set = set()
-        #: partitions that owned a group before some cut of this incarnation: the others
-        #: are empty at every cut (the coordinator's rule)
-        self.owned: set = set()
-        #: checkpoint -> how many pairs had started when it was cut (a restart from it
-        #: runs as many at least: an idle one keeps what is not a key's)
-        self.live_at: Dict[int, int] = {}
-        self.join_view: Optional[int] = None
-        self.joins = 0
-        #: live rescales that gave groups to pairs joined in their incarnation
-        self.onto_joined = 0
-        if self.dormant:
-            world.builder.dormant = frozenset(range(self.live, world.partitions))
+        #: the last cut that carried moves (a joined replica starts with the maps after it)
+        self.moves_cut = 0
+        #: the count a live rescale's prepared moves (phase 1) make once they move
+        self.prepared_count: Optional[int] = None
+        #: the pairs started and stopped at live rescales (``--dormant``)
+        self.pairs = SimPairs(world, self)
 
     def cut_begun(self, number: int, cut: int) -> None:
-        """Checkpoint ``number`` is begun: the pairs started dormant that have owned no
-        group before any cut so far, this one's included (joined or not), are empty at
-        its cut, and taken as written (the coordinator's rule, docs/design/rescaling.md:
-        the driver knows the maps, not when each process applied a join)."""
+        """Checkpoint ``number`` is begun: the coordinator takes the snapshots of the pairs
+        that hold nothing at its cut as written (``SimPairs.empty_at``)."""
         w = self.world
-        for groups in self.before.get(number, {}).values():
-            self.owned.update(groups.owning())
-        dormant = w.builder.dormant - self.owned
-        self.live_at[number] = self.live
+        dormant = self.pairs.empty_at(number, self.before.get(number, {}))
         w.coordinator.begin(number, cut, dormant=dormant)
         w.store.dormant_at(number, dormant)
         self.sinks.cut_begun(number, cut)
@@ -118,11 +102,16 @@ class SimMoves:
         ``last_blocked``: none of the last stage in any case."""
         moves = self._choose(number, last_blocked or self.sinks.blocked(position))
         self.sinks.chosen(number, moves)
+        if moves:
+            self.moves_cut = number
         return moves
 
     def _choose(self, number: int, last_blocked: bool) -> Tuple[GroupMove, ...]:
         self.before[number] = dict(self.current)
         moves: Tuple[GroupMove, ...] = ()
+        if not self.pairs.running(0):  # no cut moves groups while a join is applied: the
+            self.after[number] = dict(self.current)  # joined replicas start from the
+            return moves  # maps before it, and learn every later move cut in band
         last = self.world.stages
         if self.prepared and last_blocked and any(m.stage == last for m in self.prepared):
             self.after[number] = dict(self.current)  # their second phase waits for the floor
@@ -132,12 +121,16 @@ class SimMoves:
                 moves, self.prepared = self.prepared, ()
                 for s in {m.stage for m in moves}:
                     self.current[s] = self.map_of(s).moved([m for m in moves if m.stage == s])
+                if self.prepared_count is not None:
+                    self.pairs.rescaled_to(self.prepared_count, number)
+                    self.prepared_count = None
             self.after[number] = dict(self.current)
             return moves
+        count = None
         if self.counts and not last_blocked and self.rng.random() < MOVE_CHANCE and \
-                self.running(self.counts[0]):  # every stage
+                self.pairs.running(self.counts[0]):  # every stage
             count = self.counts.pop(0)
-            self.onto_joined += bool(self.joined) and count > min(self.joined)
+            self.pairs.rescaling_to(count)
             target = GroupMap.even(count, KEY_GROUPS, self.world.partitions)
             for s in range(1, self.world.stages + 1):
                 moves += tuple(self.map_of(s).moves_to(target, s))
@@ -154,38 +147,12 @@ class SimMoves:
                 if self.current[s] is None:
                     del self.current[s]
             self.prepared, self.prepared_at = moves, number
+            self.prepared_count = count
             moves = tuple(m.prepared() for m in moves)
+        elif count is not None:
+            self.pairs.rescaled_to(count, number)
         self.after[number] = dict(self.current)
         return moves
-
-    def running(self, count: int) -> bool:
-        """May a cut give groups to the first ``count`` pairs? Dormant ones must have
-        joined, and every live process applied the join (the cut is chosen after it,
-        docs/design/rescaling.md)."""
-        if count > self.live:
-            return False
-        w = self.world
-        return self.join_view is None or not w.config.join_waits_for_views or all(
-            w.hosts[name].view >= self.join_view for name in w.hosts if w.alive[name])
-
-    def _join_due(self) -> bool:
-        """A live rescale needs dormant pairs, and the controller may start them now."""
-        if not (self.dormant and self.counts and self.counts[0] > self.live):
-            return False
-        rec = self.world.recovery
-        return not rec.missing and not rec.attempts and \
-            len(rec.free) >= max(2, self.counts[0] - self.live)
-
-    def _join(self) -> None:
-        """The next live rescale's dormant pairs start on standbys (a view)."""
-        w = self.world
-        parts = range(self.live, self.counts[0])
-        views = w.recovery.join(parts)
-        self.joined.update(parts)
-        self.live = self.counts[0]
-        self.join_view = views[-1].number
-        self.joins += 1
-        w.broadcast(views)
 
     def _draw(self, last_blocked: bool) -> GroupMove:
         """A range inside one run of groups of one owner (half the time all of it: a
@@ -223,9 +190,7 @@ class SimMoves:
     def steps(self, steps: List[tuple], hosts: List[str]) -> None:
         """An ``install-range`` step per replica of a destination that may take it."""
         w = self.world
-        if self._join_due():
-            steps.append(("join",))
-            hosts.append(CONTROLLER)
+        self.pairs.steps(steps, hosts)
         keys = list(self.relay.packs)
         for key, addr, name in self.relay.unsent(w.host_of.get):
             if not w.alive.get(name) or name in w.faults.zombies:
@@ -243,8 +208,8 @@ class SimMoves:
         if step[0] == "move-stuck":
             self.sinks.restart_stuck()
             return []
-        if step[0] == "join":
-            self._join()
+        if step[0] in ("join", "leave"):
+            self.pairs.apply(step)
             return []
         key = list(self.relay.packs)[step[1]]
         addr = Addr(key[1].stage, key[1].dest, step[2])
@@ -260,23 +225,15 @@ class SimMoves:
         manifest's; ranges in flight are of cuts the restart forgets, or in its state."""
         self.current = dict(self.after[k] if k in self.after else self.initial)
         self.world.builder.groups = dict(self.current)
-        if self.dormant:  # the pairs owning groups run again, the others are dormant
-            self._restart_dormant(k)
+        if self.pairs.dormant:  # the pairs owning groups run again, the others dormant
+            self.prepared_count = None
+            self.pairs.restarted(k, self.current)
+            if any(m.dest >= self.pairs.live for m in self.prepared):  # onto pairs dormant
+                self.prepared = ()  # again: the rescale would be asked anew (dropped here)
         self.relay.forget()
         self.sinks.restarted(k)
         if k is None or k < self.prepared_at:  # prepared at a cut the restart undoes
-            self.prepared = ()
-
-    def _restart_dormant(self, k: Optional[int]) -> None:
-        w = self.world
-        owners = [int(m.owners.max()) for m in self.current.values()]
-        self.live = max([w.config.live_rescales[0], self.live_at.get(k, 0)] +
-                        [o + 1 for o in owners])
-        w.builder.dormant = frozenset(range(self.live, w.partitions))
-        w.placement = w.config.placement_for(self.live)
-        self.joined, self.join_view, self.owned = set(), None, set()
-        if any(m.dest >= self.live for m in self.prepared):  # onto pairs dormant again:
-            self.prepared = ()  # the rescale would be asked anew (the simulator drops it)
+            self.prepared, self.prepared_count = (), None
 
     def at_new_count(self) -> None:
         """The job runs at another count than the checkpoint it restored: every stage's
@@ -284,7 +241,7 @@ class SimMoves:
         prepared at the old count is dropped."""
         self.current = {}
         self.world.builder.groups = {}
-        self.prepared = ()
+        self.prepared, self.prepared_count = (), None
 
     def held(self, k: Optional[int], stage: int, count: int) -> GroupMap:
         """The groups each partition's snapshot of checkpoint ``k`` (of ``count``

@@ -314,6 +314,9 @@ def final_checks(world, expected: int, reference_states) -> Optional[str]:
     if unfinished:
         problems.append(f"checkpoints {unfinished} never completed: " + "; ".join(
             f"{k} waits for {', '.join(world.coordinator.missing(k))}" for k in unfinished))
+    stalled = world.moves.pairs.leave_stalled()
+    if stalled:
+        problems.append(stalled)
     try:
         for oracle, egress in zip(world.settled_oracles, world.egresses):
             oracle.check(egress, ingress_claims(world))

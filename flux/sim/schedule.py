@@ -197,12 +197,12 @@ class SimParams:
                              "third counts per app); --moves may come with rescales from "
                              "a checkpoint (--rescale-to), live rescales not (they spread "
                              "the groups over a fixed number of pairs)")
-        if self.dormant and (len(self.live_rescales) < 2 or self.live_rescales[0] < 2 or
+        if self.dormant and (len(self.live_rescales) < 2 or min(self.live_rescales) < 2 or
                              self.dataflow != "regroup" or self.moves or
                              self.placement != "chained" or self.ingresses > 1 or
                              self.egress_per_partition or self.standbys < 2):
-            raise ValueError("--dormant starts pairs at live rescales (--live-rescales, the "
-                             "first count at least 2) of the regrouping dataflow, without "
+            raise ValueError("--dormant starts and stops pairs at live rescales "
+                             "(--live-rescales, each count at least 2) of the regrouping dataflow, without "
                              "--moves, with one ingress, one ordered egress, chained "
                              "placement and 2 standbys at least (what is modelled so far)")
         if self.rescale_cuts and not self.rescale_to:
@@ -265,6 +265,8 @@ class ScheduleResult:
     live_rescales: int = 0
     joins: int = 0
     onto_joined: int = 0
+    leaves: int = 0
+    rejoins: int = 0
     #: checkpoint files damaged ((file, how)), complete checkpoints restarts skipped as
     #: unverified, snapshots not written (a delta whose chain lost a file)
     damaged: List = field(default_factory=list)
@@ -796,8 +798,10 @@ def execute(seed: int, params: SimParams, choose) -> ScheduleResult:
     result.rescales_given_up = world.outcome.rescales_given_up
     result.moves = params.moves - world.moves.left
     result.live_rescales = world.moves.rescaled
-    result.joins = world.moves.joins
-    result.onto_joined = world.moves.onto_joined
+    result.joins = world.moves.pairs.joins
+    result.onto_joined = world.moves.pairs.onto_joined
+    result.leaves = world.moves.pairs.leaves
+    result.rejoins = world.moves.pairs.rejoins
     result.moves_done = len(world.moves.done)
     result.moves_restored = world.moves.restores_split
     result.moves_rescaled = world.moves.restores_rescaled

@@ -39,7 +39,7 @@ from statemover.messages import LinkLost
 #: the process whose speed decides the pace of steps of these kinds
 PROCESS_OF_STEP = {"detect": CONTROLLER, "tick": CONTROLLER, "log": INPUT_LOG,
                    "corrupt": CHECKPOINT_STORE, "sink-commit": EGRESS_HOST,
-                   "install-range": CONTROLLER}
+                   "install-range": CONTROLLER, "join": CONTROLLER, "leave": CONTROLLER}
 
 
 class Steps:
@@ -261,8 +261,8 @@ class Steps:
             self.dirty.update(self.key(w.host_of[i.addr], i.addr) for i in w.ingresses)
         elif kind == "corrupt":
             w.faults.damage()
-        elif kind in ("install-range", "move-stuck", "join"):  # a range to a replica, a
-            self.dirty.update(w.moves.apply(step))  # restart, or dormant pairs started
+        elif kind in ("install-range", "move-stuck", "join", "leave"):  # a range to a
+            self.dirty.update(w.moves.apply(step))  # replica, a restart, pairs started, left
         else:
             self._apply_local(step, w.hosts[w.host_of[step[1]]])
 

@@ -420,7 +420,12 @@ WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
                   "move-last-no-floor": {"move_last_without_floor": True},
                   # the cut giving joined pairs groups chosen before every process applied
                   # the join (docs/design/rescaling.md)
-                  "join-cut-early": {"join_waits_for_views": False}}
+                  "join-cut-early": {"join_waits_for_views": False},
+                  # pairs taken out leave once they crossed the cut, with what they sent
+                  # not all acked; joined replicas route by the job's maps, not the
+                  # maps in force (docs/design/rescaling.md)
+                  "leave-unacked": {"leave_waits_for_acks": False},
+                  "join-stale-maps": {"join_with_maps": False}}
 
 #: name -> (buffer class, segment class)
 class SegmentNotWaitingForRange(Segment):
@@ -517,4 +522,6 @@ VARIANTS = {
     "move-last-one-writer": (Buffer, SegmentWritingAlone),
     "join-cut-early": (Buffer, Segment),
     "join-asleep": (Buffer, SegmentNotWaitingForJoined),
+    "leave-unacked": (Buffer, Segment),
+    "join-stale-maps": (Buffer, Segment),
 }

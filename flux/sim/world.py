@@ -186,7 +186,7 @@ class World:
             self._add_host(config.host_class(name, machines, topology.incarnations[name],
                                              builder.standby_segment, config.chunk_size,
                                              peer_incs, writer_factory=self.writers.factory(name),
-                                             joined_factory=builder.segment))
+                                             joined_factory=builder.joined_segment))
         if pairs:  # each a pair of replicas on the nodes: ``ingresses`` are the P ones
             self.ingresses = [self.machine(Addr(0, i, P)) for i in range(pairs)]
             cut = 0 if restored is None else restored[1]

@@ -338,7 +338,8 @@ def build_loop(welcome: Welcome, inc: int, members: Members, transport: Transpor
     host = Host(name, machines, inc, builder.standby_segment, config.chunk_size,
                 topology.peer_incs(where), view=welcome.view, dead_incs=welcome.dead_incs,
                 writer_factory=writer_sinks.start if writer_sinks is not None else None,
-                joined_factory=builder.segment, joined=welcome.joined)
+                joined_factory=builder.joined_segment, joined=welcome.joined,
+                left=welcome.left)
     loop = HostLoop(host, transport, where, {n: a for n, a, _ in members.addresses},
                     incarnations=incs, on_turn=on_turn, lease=config.lease,
                     flush_delay=config.flush_delay, mover_relay=mover_relay,
