@@ -228,19 +228,24 @@ def _writer_move(v) -> WriterMove:
 
 
 def _joined(v) -> Joined:
-    if not isinstance(v, list) or len(v) != 3:
-        raise WireError(f"a join is [addr, inc, node], got {v!r:.60}")
+    if not isinstance(v, list) or len(v) != 6:
+        raise WireError(f"a join is [addr, inc, node, groups, moves seen, cut], got {v!r:.60}")
+    groups = tuple((_int(g[0], "joined map stage"), _sn(g[1], "joined map owners"))
+                   if isinstance(g, list) and len(g) == 2 else _bad("joined map", g)
+                   for g in _list(v[3], "joined maps"))
     return Joined(_addr(v[0], "joined addr"), _int(v[1], "joined inc"),
-                  _str(v[2], "joined node"))
+                  _str(v[2], "joined node"), groups, _int(v[4], "joined moves seen"),
+                  _sn(v[5], "joined cut"))
 
 
-def _view(number, failed, failed_incs, avail, writers, joined) -> View:
+def _view(number, failed, failed_incs, avail, writers, joined, left) -> View:
     return View(_int(number, "view number"),
                 frozenset(_endpoint(a, "failed endpoint") for a in _list(failed, "failed")),
                 frozenset(_int(i, "failed inc") for i in _list(failed_incs, "failed incs")),
                 tuple(_avail(a) for a in _list(avail, "avail")),
                 tuple(_writer_move(w) for w in _list(writers, "writers")),
-                tuple(_joined(j) for j in _list(joined, "joined")))
+                tuple(_joined(j) for j in _list(joined, "joined")),
+                tuple(_addr(a, "left addr") for a in _list(left, "left")))
 
 
 def _digest_groups(v) -> tuple:
@@ -489,8 +494,11 @@ CODECS: Dict[str, _Codec] = {
                               [[list(a.addr), a.inc, a.version, a.node, a.active_node]
                                for a in m.avail],
                               [[list(w.addr), w.inc, w.node] for w in m.writers],
-                              [[list(j.addr), j.inc, j.node] for j in m.joined]],
-             _arity(6, _view)),
+                              [[list(j.addr), j.inc, j.node,
+                                [[st, list(owners)] for st, owners in j.groups],
+                                j.moves_seen, list(j.cut)] for j in m.joined],
+                              [list(a) for a in m.left]],
+             _arity(7, _view)),
     "writer_progress": (WriterProgress, lambda m: [m.partition, list(m.bound), m.settled,
                                                    m.outputs],
                         _arity(4, lambda p, b, n, o: WriterProgress(
@@ -586,14 +594,15 @@ CODECS: Dict[str, _Codec] = {
                      _int(e, "executor pid"), _str(s, "secret"), _str(ma, "mover address"),
                      _str(h, "host"), _str(x, "executor"), _str(b, "boot")))),
     "welcome": (Welcome, lambda m: [m.name, m.view, [[list(a), n] for a, n in m.where],
-                                    list(m.dead_incs), list(m.joined)],
-                _arity(5, lambda n, v, w, d, j: Welcome(
+                                    list(m.dead_incs), list(m.joined), list(m.left)],
+                _arity(6, lambda n, v, w, d, j, lf: Welcome(
                     _str(n, "name"), _int(v, "view"),
                     tuple((_addr(x[0], "where addr") if isinstance(x, list) and len(x) == 2
                            else _bad("where entry", x), _str(x[1], "where name"))
                           for x in _list(w, "where")),
                     tuple(_int(i, "dead inc") for i in _list(d, "dead incs")),
-                    tuple(_int(q, "joined partition") for q in _list(j, "joined"))))),
+                    tuple(_int(q, "joined partition") for q in _list(j, "joined")),
+                    tuple(_int(q, "left partition") for q in _list(lf, "left"))))),
     "members": (Members, lambda m: [[list(x) for x in m.addresses]],
                 _arity(1, lambda xs: Members(tuple(_member(x) for x in _list(xs, "members"))))),
     "stop": (Stop, lambda m: [m.reason], _arity(1, lambda r: Stop(_str(r, "reason")))),

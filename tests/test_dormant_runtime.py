@@ -32,10 +32,12 @@ G = 16
 
 
 def test_a_view_of_joined_pairs_and_a_late_joiners_welcome_cross_the_wire():
-    view = View(7, joined=(Joined(Addr(1, 4, P), 31, "standby31"),
+    view = View(7, joined=(Joined(Addr(1, 4, P), 31, "standby31", ((1, (0, 4, 4)),), 3,
+                                  (6, 40)),
                            Joined(Addr(1, 4, S), 32, "standby32")))
-    welcome = Welcome("standby40", 7, ((Addr(1, 4, P), "standby31"),), (5,), (4, 5))
-    for msg in (view, welcome):
+    left = View(8, left=(Addr(1, 3, P), Addr(1, 3, S)))
+    welcome = Welcome("standby40", 7, ((Addr(1, 4, P), "standby31"),), (5,), (4, 5), (3,))
+    for msg in (view, left, welcome):
         env = Envelope(CONTROLLER, ProcAddr("node0"), 7, msg, 0, None)
         assert decode(encode(env)).msg == msg
 
@@ -119,6 +121,7 @@ class _Controller(JoinSide):
     def __init__(self, recovery: Recovery):
         self.recovery, self.started = recovery, True
         self._join_asks, self._join_waiting = queue.SimpleQueue(), None
+        self._join_withdrawn: set = set()
         self.join_views, self.applied, self.events = {}, {}, []
         self.registered = {n: () for n in recovery.topology.workers}
         self.dead: set = set()
@@ -157,6 +160,36 @@ def test_a_join_waits_for_two_free_standbys_and_is_applied_once_every_worker_say
     assert c.lagging(view) == ["standby1"]
     c.dead.add("standby1")  # a dead one is waited for by no one
     assert c.lagging(view) == []
+
+
+def test_a_join_carries_where_its_replicas_start_and_one_withdrawn_is_never_placed():
+    c = _controller()
+    start = (((1, (0, 1, 1, 0)),), 3, (4, 17))
+    c.ask_join(range(2, 4), start)
+    c.place_joins()  # one standby: it waits
+    c.withdraw_join(range(2, 4))
+    c.recovery.add_standby("standby1", 40)
+    c.place_joins()
+    assert c.sent == [] and c.joined_view(range(2, 4)) is None
+    c.ask_join(range(2, 4), start)  # asked again: placed, starting where it says
+    c.place_joins()
+    [view] = c.sent
+    assert {(j.groups, j.moves_seen, j.cut) for j in view.joined} == {start}
+
+
+def test_live_moves_hold_every_move_while_a_join_is_applied():
+    moves = LiveMoves(1, 4, G, None, running=2)
+    moves.cut_at(1, 10)
+    moves.ask(SpreadAsked(2, G))
+    assert moves.cut(2)[0] == []  # (nothing moves from a spread over the pairs owning all)
+    moves.ask(SpreadAsked(3, G))
+    groups, seen, cut = moves.join_start()
+    assert seen == 0 and cut == (1, 10)
+    assert dict(groups)[1] == tuple(GroupMap.even(2, G, 4).owners.tolist())
+    assert moves.cut(3)[0] == []  # held: the joined replicas start from the maps before
+    moves.join_applied()
+    prepares = moves.cut(4)[0]
+    assert prepares and all(m.prepare for m in prepares) and moves.moves_cut == 4
 
 
 def _options(**kw):

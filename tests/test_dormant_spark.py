@@ -19,14 +19,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SPARK_EXECUTORS = 8
 
 
-def growing_job(spark, tmp_path, rate: int = 4000):
+def growing_job(spark, tmp_path, rate: int = 4000, nodes: int = 4, max_nodes: int = 6,
+                standbys: int = 2):
     from flux.connectors.file_source import FileSource
     from flux.connectors.sources import Paced
     from flux.spark.job import FluxJob
     from flux.testing.dataflows import regrouping_dataflow
 
     return FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), rate),
-                   nodes=4, max_nodes=6, standbys=2,
+                   nodes=nodes, max_nodes=max_nodes, standbys=standbys,
                    sink=make_sink("jsonl", str(tmp_path / "out")),
                    checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
 
@@ -95,3 +96,24 @@ def test_a_restart_after_the_growth_runs_every_pair_owning_keys(spark, tmp_path)
     assert read_sink("jsonl", str(tmp_path / "out")) == expected
     assert len(job.restart_log) == 1
     assert job.running_pairs == 6
+
+
+def test_a_job_grows_twice_and_the_second_pairs_route_by_the_maps_the_first_made(spark,
+                                                                                tmp_path):
+    """2 -> 3 -> 4 pairs: the replicas started at the second growth route by the maps the
+    first one's moves made (their producers forgot telling those moves by then), so the
+    second spread's moves find their sources; exact, no restart."""
+    expected = write_inputs(tmp_path / "in", 30_000)
+    job = growing_job(spark, tmp_path, nodes=2, max_nodes=4, standbys=4)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(3, timeout=120)
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 5, 120)
+        job.rescale(4, timeout=120)
+        assert job.running_pairs == 4
+        job.wait(timeout=300)
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert job.restart_log == []
+    assert [e[:2] for e in events(job, "pairs started")] == [(2, 3), (3, 4)]
+    for stage in (1, 2):
+        assert sorted(set(job.key_group_owners(stage))) == list(range(4))

@@ -26,9 +26,19 @@ log = logging.getLogger("flux.runtime.controller_service")
 class JoinSide:
     """Dormant pairs started by a view; mixed into ``ControllerService``."""
 
-    def ask_join(self, partitions) -> None:
-        """Any thread: start dormant ``partitions`` on standbys (``joined_view`` says when)."""
-        self._join_asks.put(tuple(sorted(partitions)))
+    def ask_join(self, partitions, start: tuple = ()) -> None:
+        """Any thread: start dormant ``partitions`` on standbys (``joined_view`` says when);
+        ``start``: where their replicas start, ``(maps, moves seen, cut)`` (``Joined``)."""
+        parts = tuple(sorted(partitions))
+        self._join_withdrawn.discard(parts)  # (a withdrawal of an earlier ask of them)
+        self._join_asks.put((parts, tuple(start)))
+
+    def withdraw_join(self, partitions) -> None:
+        """Any thread: an ask not placed yet is placed no more (the driver gave up
+        waiting: the start it carries would be out of date by its turn)."""
+        parts = tuple(sorted(partitions))
+        if parts not in self.join_views:
+            self._join_withdrawn.add(parts)
 
     def joined_view(self, partitions) -> Optional[int]:
         """The view that started ``partitions`` (asked with ``ask_join``), or None yet."""
@@ -62,8 +72,12 @@ class JoinSide:
                 self._join_waiting = self._join_asks.get_nowait()
             except queue.Empty:
                 return
-        parts = self._join_waiting
-        views = self.recovery.join(parts)
+        parts, start = self._join_waiting
+        if parts in self._join_withdrawn:
+            self._join_withdrawn.discard(parts)
+            self._join_waiting = None
+            return
+        views = self.recovery.join(parts, *start)
         if not views:
             return  # a replica missing, or too few standbys free: at the next turn again
         self._join_waiting = None

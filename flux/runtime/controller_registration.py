@@ -95,7 +95,7 @@ class RegistrationSide:
         rec = self.recovery
         return Welcome(name, rec.view, tuple(sorted(rec.placed().items())),
                        tuple(sorted(self.incarnations[n] for n in self.dead)),
-                       tuple(sorted(rec.joined)))
+                       tuple(sorted(rec.joined)), tuple(sorted(rec.left)))
 
     def on_start_failure(self, msg: Failed) -> None:
         """Spark retries a failed task forever (maxFailures is high, SPARK_NOTES): a task

@@ -113,6 +113,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
         #: dormant pairs asked to start, placed, and each process's last view applied
         self._join_asks: "queue.SimpleQueue" = queue.SimpleQueue()
         self._join_waiting: Optional[tuple] = None
+        self._join_withdrawn: set = set()
         self.join_views: Dict[tuple, int] = {}
         self.applied: Dict[str, int] = {}
         self.done_told: Dict[Addr, Tuple[str, int]] = {}

@@ -215,6 +215,8 @@ class DriverCheckpoints:
         self.next_number += 1
         moves, groups = self.moves_cut(number, feed.handed)
         cut, position = feed.choose_cut(number, moves)
+        if self.moves is not None:
+            self.moves.cut_at(number, cut)
         dormant = self.moves.unowned() if self.moves is not None else ()
         running = self._pairs_running() if self.moves is not None and \
             self.moves.first_running else None

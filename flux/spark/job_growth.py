@@ -67,11 +67,13 @@ def check_growth(running: int, nodes: int, max_nodes: int) -> None:
 
 
 def start_dormant(controller, applied: Callable[[int], List[str]], partitions: range,
-                  timeout: float, clock=time.monotonic, sleep=time.sleep) -> int:
+                  timeout: float, clock=time.monotonic, sleep=time.sleep,
+                  start: tuple = ()) -> int:
     """Ask the controller to start dormant ``partitions`` and wait until every live
     process applied the view that did (``applied(view)``: the processes that have not);
-    that view's number. ``TimeoutError`` naming what it waits for."""
-    controller.ask_join(partitions)
+    that view's number. ``start``: where their replicas start (``LiveMoves.join_start``).
+    ``TimeoutError`` naming what it waits for."""
+    controller.ask_join(partitions, start)
     started = clock()
     view: Optional[int] = None
     while clock() - started < timeout:
@@ -80,13 +82,14 @@ def start_dormant(controller, applied: Callable[[int], List[str]], partitions: r
             return view
         sleep(POLL)
     if view is None:
+        controller.withdraw_join(partitions)
         free, missing, catching_up = controller.join_waits()
         raise TimeoutError(
             f"pairs {partitions.start}..{partitions.stop - 1} did not start within {timeout}s: "
             f"they start on {max(2, len(partitions))} free standbys once no replica is "
             f"missing ({free} standbys free, {missing} replicas missing"
-            f"{', a catch-up running' if catching_up else ''}); the ask stays, and the "
-            f"pairs start when it can, owning no key until the next rescale")
+            f"{', a catch-up running' if catching_up else ''}); the ask is withdrawn: "
+            f"rescale again once they are")
     raise TimeoutError(f"pairs {partitions.start}..{partitions.stop - 1} started in view "
                        f"{view}, and {', '.join(applied(view))} had not applied it within "
                        f"{timeout}s")
@@ -117,7 +120,11 @@ class PairGrowth:
                        wait=self.options.network.executor_wait)
         started = time.monotonic()
         attempt = self.attempt
-        view = start_dormant(attempt.controller, attempt.lagging, range(running, nodes),
-                             timeout)
+        moves = self._checkpointing.moves
+        try:
+            view = start_dormant(attempt.controller, attempt.lagging, range(running, nodes),
+                                 timeout, start=moves.join_start())
+        finally:
+            moves.join_applied()  # (on a timeout, the ask withdrawn: see start_dormant)
         self.metrics.events.append((time.monotonic(), "pairs started", (running, nodes, view)))
         self.spread_key_groups(nodes, max(1.0, timeout - (time.monotonic() - started)))

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+from controller.key_groups import maps_to_config
 from exchange.group_map import GroupMap, GroupMove
 from flux.runtime.restore import dormant_start
 
@@ -103,6 +104,12 @@ class LiveMoves:
         self.prepared: Optional[Tuple[int, List[GroupMove], List[MoveAsked], dict]] = None
         self.prepared_at = 0.0
         self.ready = False  # its bulks are staged: the next cut carries the moves
+        #: the last cut that carried moves or prepares, the newest cut ``(k, n)``, and
+        #: whether a join is being applied (no cut carries moves meanwhile): where a pair
+        #: started at a live rescale starts (``join_start``, docs/design/rescaling.md)
+        self.moves_cut = 0
+        self.last_cut: tuple = ()
+        self.joining = False
         self.restarted(restored, partitions)
 
     def owners(self) -> Dict[int, List[int]]:
@@ -123,27 +130,56 @@ class LiveMoves:
             before = dict(self.maps)
             for groups in before.values():
                 self.owned.update(groups.owning())
-            if self.prepared is not None:  # the second phase, once the bulks are there
-                if not self.ready and self.clock() - self.prepared_at < PREPARE_WAIT:
-                    return [], (before, before)
-                if not last_stage and any(m.stage == self.stages for m in self.prepared[1]):
-                    return [], (before, before)
-                _, moves, asks, self.maps = self.prepared
-                self.prepared, self.ready = None, False
-                self.carried[number] = asks
-                return moves, (before, dict(self.maps))
-            asked, self.asked = self.asked, []
-            maps, moves = dict(self.maps), []
-            for a in asked:
-                mine = a.moves(maps)
-                for s in {m.stage for m in mine}:
-                    maps[s] = maps[s].moved([m for m in mine if m.stage == s])
-                moves += mine
+            if self.joining:  # the joined replicas start from the maps before this cut
+                return [], (before, before)
+            moves, groups = self._cut(number, last_stage, before)
             if moves:
-                self.prepared, self.prepared_at = (number, moves, asked, maps), self.clock()
-            elif asked:
-                self.carried[number] = asked  # nothing to move: done at this cut
-            return [m.prepared() for m in moves], (before, before)
+                self.moves_cut = number
+            return moves, groups
+
+    def _cut(self, number: int, last_stage: bool,
+             before: dict) -> Tuple[List[GroupMove], tuple]:
+        """``cut`` under the lock: the prepares of the moves asked, or their moves."""
+        if self.prepared is not None:  # the second phase, once the bulks are there
+            if not self.ready and self.clock() - self.prepared_at < PREPARE_WAIT:
+                return [], (before, before)
+            if not last_stage and any(m.stage == self.stages for m in self.prepared[1]):
+                return [], (before, before)
+            _, moves, asks, self.maps = self.prepared
+            self.prepared, self.ready = None, False
+            self.carried[number] = asks
+            return moves, (before, dict(self.maps))
+        asked, self.asked = self.asked, []
+        maps, moves = dict(self.maps), []
+        for a in asked:
+            mine = a.moves(maps)
+            for s in {m.stage for m in mine}:
+                maps[s] = maps[s].moved([m for m in mine if m.stage == s])
+            moves += mine
+        if moves:
+            self.prepared, self.prepared_at = (number, moves, asked, maps), self.clock()
+        elif asked:
+            self.carried[number] = asked  # nothing to move: done at this cut
+        return [m.prepared() for m in moves], (before, before)
+
+    def cut_at(self, number: int, cut: int) -> None:
+        """Checkpoint ``number``'s cut is ``cut`` (the newest, for ``join_start``)."""
+        with self._lock:
+            self.last_cut = (number, cut)
+
+    def join_start(self) -> Tuple[tuple, int, tuple]:
+        """Where replicas of pairs started now start (``Joined``): the maps after the last
+        cut that moved groups, its number, and the newest cut (its snapshots are not
+        theirs). No cut carries moves until ``join_applied``: a move cut chosen before
+        every process applied the join might be forgotten by the producers before they
+        tell the joined replicas."""
+        with self._lock:
+            self.joining = True
+            return maps_to_config(self.maps), self.moves_cut, self.last_cut
+
+    def join_applied(self) -> None:
+        with self._lock:
+            self.joining = False
 
     def unowned(self) -> frozenset:
         """The partitions dormant at this incarnation's start that owned no group before
@@ -194,6 +230,7 @@ class LiveMoves:
             if self.prepared is not None:  # prepared and not carried: prepared again
                 again += self.prepared[2]
             self.carried, self.prepared, self.ready = {}, None, False
+            self.joining = False
             for a in again + self.asked:
                 if not a.fits(partitions):
                     log.warning("%s is dropped: the job restarted with %d partitions", a,
