@@ -269,3 +269,14 @@ def test_a_leave_before_the_acks_or_a_join_with_the_jobs_maps_is_caught(variant,
     results = schedules(SimParams(**{**SHRINK, **shape}, crashes=0, variant=variant),
                         range(1, 151))
     assert failures(results)
+
+
+def test_a_zombies_late_snapshot_lies_beside_its_replacements_not_over_it():
+    """6 -> 3 -> 5 with a false suspicion: in seed 18395 the process of replica 1.0S is
+    declared dead while it runs, its replica is rebuilt on a standby and writes
+    checkpoint 6, then the zombie crosses that cut and writes its own delta: each
+    process's files are its own (the runtime names them by its incarnation too)."""
+    results = schedules(SimParams(**{**SHRINK, "checkpoints": 6}, partitions=6,
+                                  live_rescales=(6, 3, 5), standbys=3, crashes=2,
+                                  false_suspicions=1, cuts=1), range(18390, 18400))
+    assert not failures(results), failures(results)

@@ -35,9 +35,11 @@ _STOP = object()
 
 def snapshot_name(addr: Addr, job: str = "") -> str:
     """The file of replica ``addr``'s snapshot in a checkpoint's folder: both replicas of a
-    partition may write one, and a node of an earlier run of the job (its driver died, it
-    has not noticed yet) may still write into a folder this run numbers alike: never the
-    same file (``job`` tells the runs apart)."""
+    partition may write one, a node of an earlier run of the job (its driver died, it
+    has not noticed yet) may still write into a folder this run numbers alike, and so
+    may a process declared dead that still runs (a zombie) beside the replica rebuilt in
+    its place: never the same file (``job`` tells the runs, and the writing processes'
+    incarnations, apart)."""
     replica = "P" if addr.replica == P else "S"
     return f"stage{addr.stage}-part{addr.partition}-{replica}{'-' + job if job else ''}.state"
 

@@ -34,7 +34,7 @@ CONTROLLER = "controller"
 
 #: a file of the checkpoint store: (checkpoint, stage, partition, replica), as the
 #: runtime names them (one per replica in each checkpoint's folder)
-FileId = Tuple[int, int, int, int]
+FileId = Tuple[int, int, int, int, int]  # checkpoint, stage, partition, replica, writer's inc
 #: the files that rebuild a partition's state, each with the checksum its writer recorded
 Chain = Tuple[Tuple[FileId, str], ...]
 

@@ -896,7 +896,7 @@ def format_step(step: tuple, payload: Any) -> str:
     if kind == "corrupt":
         if payload is None:
             return "CORRUPT (a checkpoint file damaged)"
-        (k, stage, partition, replica), how = payload
+        (k, stage, partition, replica, _), how = payload
         return f"CORRUPT checkpoint {k}'s file of {stage}.{partition}{'PS'[replica]}: {how}"
     if kind == "snapshot":
         return f"snapshot {step[1]}"

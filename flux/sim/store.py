@@ -47,9 +47,10 @@ class CheckpointStore:
         self.kept: List[int] = []
         #: checkpoints a snapshot of which could not be written: they never complete
         self.write_failed: set = set()
-        #: per writing replica, its last snapshot's chain: each file with the state written
-        #: (a delta builds on it; the oracle judges it as written, whatever the store holds)
-        self.chains: Dict[Addr, List[Tuple[Tuple[FileId, str], dict]]] = {}
+        #: per writing replica and its process's incarnation, its last snapshot's chain:
+        #: each file with the state written (a delta builds on it; the oracle judges it as
+        #: written, whatever the store holds)
+        self.chains: Dict[Tuple[Addr, int], List[Tuple[Tuple[FileId, str], dict]]] = {}
         #: (checkpoint, stage, partition) a replica crossed without writing (its twin's)
         self.skipped: set = set()
         #: the input log covers the inputs after this one (truncated with the store)
@@ -77,7 +78,7 @@ class CheckpointStore:
         w = self.world
         w.outcome.snapshots += 1
         w.outcome.snapshot_deltas += e.base is not None
-        chain = self._chain(e)
+        chain = self._chain(e, host.inc)
         try:
             state = rebuild([written for _, written in chain])
         except BrokenChain as exc:
@@ -88,7 +89,7 @@ class CheckpointStore:
             # this checkpoint stays incomplete, the replica's next snapshot is whole
             w.outcome.failed_writes += 1
             self.write_failed.add(e.number)
-            del self.chains[e.addr]
+            del self.chains[e.addr, host.inc]
             host.machines[e.addr].snapshot_lost()
             return
         self.files[fid] = StoredFile(e.data, written)
@@ -97,23 +98,26 @@ class CheckpointStore:
         self.report(w.coordinator.part_written(e.number, e.addr.stage, e.addr.partition,
                                                str(e.addr)))
 
-    def _chain(self, snap: Snapshot) -> List[Tuple[Tuple[FileId, str], dict]]:
+    def _chain(self, snap: Snapshot, inc: int) -> List[Tuple[Tuple[FileId, str], dict]]:
         """The chain a written snapshot ends (the runtime's SnapshotWriter): a whole one
         starts one, a delta extends its replica's last; a failed write makes the next one
-        whole, so a delta over anything else is the protocol's error."""
+        whole, so a delta over anything else is the protocol's error. A file is named by
+        its writer's incarnation too: a process declared dead that still runs (a zombie)
+        writes beside the replica rebuilt in its place, never over its files."""
         state = unpack_state(snap.data)
         a = snap.addr
-        entry = ((snap.number, a.stage, a.partition, a.replica), checksum(snap.data)), state
+        entry = ((snap.number, a.stage, a.partition, a.replica, inc),
+                 checksum(snap.data)), state
         if snap.base is None:
             chain = [entry]
         else:
-            chain = self.chains.get(a)
+            chain = self.chains.get((a, inc))
             if not chain or chain[-1][1].get("checkpoint") != snap.base:
                 raise Violation(f"checkpoint {snap.number}: {a} wrote a delta over "
                                 f"checkpoint {snap.base}, its last snapshot written is "
                                 f"{chain[-1][1].get('checkpoint') if chain else None}")
             chain = chain + [entry]
-        self.chains[a] = chain
+        self.chains[a, inc] = chain
         return chain
 
     # -- complete checkpoints --------------------------------------------------------

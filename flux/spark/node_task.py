@@ -149,7 +149,9 @@ def run_node(task: int, inc: int, config: NodeConfig, dataflow, transport: Trans
     writer = splits = None
     try:
         if config.checkpoint:
-            writer = SnapshotWriter(CheckpointStore(config.checkpoint), config.secret[:8])
+            # named by the run and this process's incarnation (``snapshot_name``)
+            writer = SnapshotWriter(CheckpointStore(config.checkpoint),
+                                    f"{config.secret[:8]}-{inc}")
         splits = split_ingresses(config, source)
         try:
             built.append(build_loop(welcome, inc, members, transport, config, dataflow,
