@@ -55,8 +55,10 @@ class Host:
         controller's welcome), not from view 0. ``writer_factory(addr, dead)``: a sink's
         writer started again here, and its first effects (docs/design/parallel_io.md).
         ``joined_factory(addr, groups, moves_seen, cut)``: a fresh replica of a dormant
-        partition that joins here (docs/design/rescaling.md); ``joined``: the dormant partitions joined before
-        this process joined the running job (the controller's welcome)."""
+        partition that joins here, where the view says it starts (``Joined``,
+        docs/design/rescaling.md); ``joined`` and ``left``: the dormant partitions joined
+        and the partitions taken out before this process joined the running job (the
+        controller's welcome)."""
         self.joined_factory = joined_factory
         #: the dormant partitions joined so far: a machine made here later (built as
         #: the job started) is told them at once
