@@ -147,8 +147,7 @@ class Host:
             if inc is not None and inc not in view.failed_incs:
                 self.valid_from[(addr, inc)] = float("inf")  # killed alone: fence it
             if addr in self.machines and self.inc not in view.failed_incs:
-                del self.machines[addr]  # an aborted new replica here: discard it
-                del self.work[addr]
+                self._discard(addr)  # an aborted new replica here
         if view.failed:
             failed = set(view.failed)
             for addr, machine in list(self.machines.items()):
@@ -196,8 +195,7 @@ class Host:
                 self.valid_from[(addr, inc)] = float("inf")
             self.dead.add(addr)
             if addr in self.machines:
-                del self.machines[addr]
-                del self.work[addr]
+                self._discard(addr)
         self.joined -= parts
         self.left |= parts
         effects: List = []
@@ -231,6 +229,10 @@ class Host:
         self.work[addr] = LocalWork.of(machine)
         self.created_at[addr] = view
 
+    def _discard(self, addr: Addr) -> None:
+        del self.machines[addr]
+        del self.work[addr]
+
     def _writer_moved(self, move, view: int) -> List:
         """A sink's writer starts again on ``move.node``: there it is created; everywhere
         the last stage stops sending to it until its reverse (DESIGN 4.4: what the old
@@ -247,8 +249,7 @@ class Host:
             effects.extend(first)
             effects.extend(self._since_start(writer))
         elif move.addr in self.machines:  # the old writer, on a process that lives on
-            del self.machines[move.addr]
-            del self.work[move.addr]
+            self._discard(move.addr)
         return effects
 
     def run_local(self, effects) -> Tuple[List[Envelope], List]:
