@@ -82,13 +82,3 @@ def map_sources(partition: int, before: GroupMap, after: GroupMap) -> List[int]:
     """The old partitions holding a key group ``partition`` owns ``after``, in order."""
     return sorted({int(q) for q in before.owner(np.asarray(after.groups_of(partition),
                                                            dtype=np.int64))})
-
-
-def maps_to_config(maps: Dict[int, GroupMap]) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
-    """Maps as a node's frozen configuration holds them: ``((stage, owners), ...)``."""
-    return tuple((s, tuple(m.owners.tolist())) for s, m in sorted(maps.items()))
-
-
-def maps_from_config(config: Tuple[Tuple[int, Tuple[int, ...]], ...],
-                     partitions: int) -> Dict[int, GroupMap]:
-    return {s: GroupMap(np.asarray(owners, dtype=np.int64), partitions) for s, owners in config}

@@ -12,7 +12,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -164,3 +164,14 @@ def owner_changes(moves: Iterable[GroupMove]) -> List[GroupMove]:
 def changes_owners_of(moves: Iterable[GroupMove], stage: int) -> bool:
     """Do ``moves`` change owners of ``stage``'s groups?"""
     return any(m.stage == stage for m in owner_changes(moves))
+
+
+def maps_to_config(maps: Dict[int, GroupMap]) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
+    """Maps as a node's frozen configuration holds them: ``((stage, owners), ...)``."""
+    return tuple((s, tuple(m.owners.tolist())) for s, m in sorted(maps.items()))
+
+
+def maps_from_config(config: Tuple[Tuple[int, Tuple[int, ...]], ...],
+                     partitions: int) -> Dict[int, GroupMap]:
+    """Maps from that form, over ``partitions`` partitions."""
+    return {s: GroupMap(np.asarray(owners, dtype=np.int64), partitions) for s, owners in config}

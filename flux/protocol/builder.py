@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-import numpy as np
-
 from exchange.partitioner import KEY_GROUPS
-from exchange.group_map import GroupMap
+from exchange.group_map import GroupMap, maps_from_config
 from exchange.routing import ToOne, router_for
 from flux.addresses import Addr, P, S
 from flux.protocol.buffer import Buffer
@@ -110,8 +108,7 @@ class MachineBuilder:
         moves of cuts up to ``moves_seen``; none: the job's), which its producers may
         have forgotten telling (docs/design/rescaling.md); later move cuts come in band.
         It writes no snapshot of a checkpoint cut up to ``cut``, chosen before it."""
-        maps = {st: GroupMap(np.asarray(owners, dtype=np.int64), self.partitions)
-                for st, owners in groups} if groups else None
+        maps = maps_from_config(groups, self.partitions) if groups else None
         seg = self.segment(a, groups=maps)
         seg.cuts.seen_up_to(moves_seen, cut)
         return seg

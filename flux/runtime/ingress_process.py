@@ -286,7 +286,7 @@ def run(feed: zmq.Socket, ctx: zmq.Context, parent: int) -> None:
     from flux.protocol.host import Host
     from flux.runtime.loop import HostLoop
     from flux.runtime.transport import Transport
-    from controller.key_groups import maps_from_config
+    from exchange.group_map import maps_from_config
     from controller.topology import INGRESS_PROCESS
 
     msg = _wait_for(feed, SPEC, parent)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from controller.key_groups import maps_to_config
+from exchange.group_map import maps_to_config
 from exchange.group_map import GroupMap
 from flux.addresses import P, S, Addr
 from flux.sim.config import CONTROLLER

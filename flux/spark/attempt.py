@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import zmq
 
-from controller.key_groups import maps_from_config, maps_to_config
+from exchange.group_map import maps_from_config, maps_to_config
 from controller.recovery import Recovery
 from flux.protocol.builder import MachineBuilder
 from flux.control_messages import JOB_STOPPED, IngressEnded, SplitCutPassed

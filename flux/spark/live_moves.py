@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from controller.key_groups import maps_to_config
+from exchange.group_map import maps_to_config
 from exchange.group_map import GroupMap, GroupMove
 from flux.runtime.restore import dormant_start
 

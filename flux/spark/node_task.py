@@ -29,7 +29,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from controller.key_groups import maps_from_config
+from exchange.group_map import maps_from_config
 from flux.addresses import CONTROLLER, ProcAddr
 from flux.protocol.builder import MachineBuilder
 from flux.control_messages import (
