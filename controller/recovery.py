@@ -296,15 +296,17 @@ class Recovery:
     def pair_states(self) -> Dict[tuple, str]:
         """Per ``(stage, partition)``: "whole" (both replicas live), "catching-up" (one is
         being rebuilt), "degraded" (one is lost and waits for a standby) or "single" (the
-        placement never had a twin: replication "none"); for monitoring."""
+        placement never had a twin: replication "none"), or "dormant" (no replica placed:
+        a pair not started, or left, docs/design/rescaling.md); for monitoring."""
         missing, attempts = dict(self.missing), dict(self.attempts)
         states = {}
         for stage in range(1, self.stages + 1):
             for partition in range(self.partitions):
-                lost = [a for a in (Addr(stage, partition, P), Addr(stage, partition, S))
-                        if a in missing]
+                pair = (Addr(stage, partition, P), Addr(stage, partition, S))
+                lost = [a for a in pair if a in missing]
                 states[stage, partition] = (
-                    "whole" if not lost
+                    "dormant" if not lost and not any(a in self.node_of for a in pair)
+                    else "whole" if not lost
                     else "single" if missing[lost[0]] == "absent"
                     else "catching-up" if lost[0] in attempts else "degraded")
         return states

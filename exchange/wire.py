@@ -408,13 +408,16 @@ def _segment_stats(v) -> tuple:
         raise WireError(f"node stats must be a list, got {type(v).__name__}")
     out = []
     for row in v:
-        if not isinstance(row, list) or len(row) != 8:
-            raise WireError(f"a segment's stats must be 8 fields, got {row!r:.60}")
+        if not isinstance(row, list) or len(row) != 10:
+            raise WireError(f"a segment's stats must be 10 fields, got {row!r:.60}")
         if not isinstance(row[7], list):
             raise WireError(f"a segment's rows per key group must be a list, got "
                             f"{type(row[7]).__name__}")
+        if not isinstance(row[9], bool):
+            raise WireError(f"a segment's idle must be a bool, got {type(row[9]).__name__}")
         out.append(SegmentStats(_addr(row[0], "addr"), *(_int(x, "counter") for x in row[1:7]),
-                                tuple(_int(x, "counter") for x in row[7])))
+                                tuple(_int(x, "counter") for x in row[7]),
+                                _int(row[8], "move cut"), row[9]))
     return tuple(out)
 
 
@@ -528,7 +531,8 @@ CODECS: Dict[str, _Codec] = {
                            _int(k, "checkpoint"), None if sn is None else _sn(sn),
                            _int(p, "partition")))),
     "node_stats": (NodeStats, lambda m: [[[list(x.addr), x.taken, x.emitted, x.queued, x.buffered,
-                                           x.in_flight, x.blocked, list(x.routed)]
+                                           x.in_flight, x.blocked, list(x.routed),
+                                           x.moves_crossed, x.idle]
                                           for x in m.segments]],
                    _arity(1, lambda segs: NodeStats(_segment_stats(segs)))),
     "heartbeat": (Heartbeat, lambda m: [m.lag, m.late],

@@ -13,7 +13,9 @@ killed ``--kill-after`` seconds after the ask (the bulk on its way), with one st
 ``--dormant``: the job starts with the first count of pairs and the others dormant
 (``max_nodes=--pairs``, two more standbys), and a rescale to more starts them on the
 standbys first (``job.rescale``; ``pairs_started_s``: seconds from the ask until every
-process applied the join). ``--sink-per-partition``: a sink per partition (the one stage is the last, so each move
+process applied the join), and a rescale to fewer stops the pairs past it once their keys
+moved (``job.rescale``; ``pairs_left_s``: seconds from the ask until the controller's
+view stopped them; their nodes are standbys again). ``--sink-per-partition``: a sink per partition (the one stage is the last, so each move
 changes its keys' sink partition: the two partitions' egresses hold what is past the
 move's cut until a checkpoint covers it, docs/design/rescaling.md).
 
@@ -116,7 +118,7 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
             asked = time.monotonic()
             after = covered  # this rescale's moves ride a later cut than the last one's
             killer = _kill_later(job, previous, count, args) if args.kill else None
-            if count > job.running_pairs:  # dormant pairs start on standbys first
+            if args.dormant or count > job.running_pairs:  # pairs start or leave
                 job.rescale(count, timeout=120)
                 covered = job.checkpoints.completed[-1].number
             else:
@@ -124,6 +126,8 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
             returned = time.monotonic() - asked
             started = [t for t, kind, _ in list(job.metrics.events)
                        if kind == "pairs started" and t >= asked]
+            left = [t for t, kind, _ in list(job.metrics.events)
+                    if kind == "pairs left" and t >= asked]
             killed = killer.join() if killer is not None else ""
             job.wait_until(lambda: len(_moved(job, after)) >= _moves(previous, count, args),
                            60)
@@ -138,6 +142,7 @@ def run_one(spark, records: list, counts: List[int], args, location: str,
                     round(asked - source.start, 3), "return_s": round(returned, 3),
                 "done_s": round(done, 3), "ranges": len(moved), "killed": killed,
                 "pairs_started_s": round(started[0] - asked, 3) if started else "",
+                "pairs_left_s": round(left[0] - asked, 3) if left else "",
                 "longest_pause_s": max((what[6] for _, what in moved), default=0.0),
                 "longest_source_pause_s": max((what[7] for _, what in moved), default=0.0),
                 "ranges_in_two_phases": sum(what[8] is not None for _, what in moved),
@@ -209,7 +214,8 @@ def summarize(rows: List[dict]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for rescale in dict.fromkeys(r["rescale"] for r in rows):
         mine = [r for r in rows if r["rescale"] == rescale]
-        for field in ("return_s", "done_s", "pairs_started_s", "longest_pause_s",
+        for field in ("return_s", "done_s", "pairs_started_s", "pairs_left_s",
+                      "longest_pause_s",
                       "longest_source_pause_s", "gap_before_s",
                       "gap_after_s", "latency_before_s", "latency_after_s"):
             values = [r[field] for r in mine if r.get(field, "") != ""]
@@ -271,7 +277,7 @@ def main(argv=None) -> int:
                     help="the job runs the first count of pairs and keeps the others "
                          "dormant (max_nodes=--pairs); a rescale to more starts them on "
                          "two standbys (job.rescale), to fewer spreads the keys over "
-                         "fewer (the others idle)")
+                         "fewer and stops the others (job.rescale)")
     args = ap.parse_args(argv)
     from flux.operator import wire_form
     from flux.spark.session import local_cluster

@@ -186,7 +186,10 @@ class SegmentStats:
     built; ``queued``: tuples in its merge; ``buffered``: tuples in its buffers;
     ``in_flight``: tuples sent and not yet credited, over every connection it sends on;
     ``blocked``: those connections whose window is full; ``routed``: rows it routed to
-    each key group of the next stage (``exchange.group_load``; empty: none by groups)."""
+    each key group of the next stage (``exchange.group_load``; empty: none by groups);
+    ``moves_crossed``: the newest move cut it crossed, and ``idle``: it holds nothing
+    (merge and buffers empty, all it sent acked): a pair a live rescale took every
+    group from leaves once both its replicas say both (docs/design/rescaling.md)."""
 
     addr: Addr
     taken: int
@@ -196,6 +199,8 @@ class SegmentStats:
     in_flight: int
     blocked: int
     routed: Tuple[int, ...] = ()
+    moves_crossed: int = 0
+    idle: bool = False
 
 
 @dataclass(frozen=True, slots=True)

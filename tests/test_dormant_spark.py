@@ -117,3 +117,42 @@ def test_a_job_grows_twice_and_the_second_pairs_route_by_the_maps_the_first_made
     assert [e[:2] for e in events(job, "pairs started")] == [(2, 3), (3, 4)]
     for stage in (1, 2):
         assert sorted(set(job.key_group_owners(stage))) == list(range(4))
+
+
+def test_pairs_leave_at_a_rescale_to_fewer_and_join_again_through_a_kill(spark, tmp_path):
+    """4 -> 6 -> 3 -> 5 pairs, live: at the rescale to 3 every stage's groups spread over
+    three pairs and pairs 3..5 leave once both replicas of each crossed that cut and hold
+    nothing; a node of a staying pair is killed while they move, so they leave only once
+    its replicas are rebuilt; the nodes left holding nothing are standbys again, and the
+    rescale to 5 starts two pairs on them. No restart; the sink holds the failure-free
+    output."""
+    expected = write_inputs(tmp_path / "in", 80_000)
+    job = growing_job(spark, tmp_path)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(6, timeout=120)
+        done: list = []
+        shrinker = threading.Thread(target=lambda: done.append(job.rescale(3, timeout=120)))
+        shrinker.start()
+        victim = job.controller.recovery.node_of[Addr(1, 1, P)]
+        job.kill_node(victim)
+        shrinker.join(150)
+        assert done == [None]
+        assert job.running_pairs == 3
+        rec = job.controller.recovery
+        assert rec.left == {3, 4, 5} and not any(a.partition >= 3 for a in rec.node_of)
+        assert victim not in rec.node_of.values()  # its replicas rebuilt elsewhere
+        assert len(rec.free) >= 2 and rec.pair_states()[1, 4] == "dormant"
+        with pytest.raises(ValueError, match="running partition from 0 to 2"):
+            job.move_key_groups(0, 3, to=4)
+        job.rescale(5, timeout=120)
+        assert job.running_pairs == 5
+        job.wait(timeout=300)
+    assert read_sink("jsonl", str(tmp_path / "out")) == expected
+    assert job.restart_log == []
+    assert [e[:2] for e in events(job, "pairs started")] == [(4, 6), (3, 5)]
+    assert events(job, "pairs stopped")[0][:2] == (3, 6)
+    assert events(job, "pairs left")[0][0] == (3, 4, 5)
+    assert events(job, "catch-up done")  # the killed node's replicas, rebuilt
+    for stage in (1, 2):
+        assert sorted(set(job.key_group_owners(stage))) == list(range(5))

@@ -64,7 +64,8 @@ def test_a_scrape_shows_every_replica_the_pairs_and_a_failure():
             first = scrape(endpoint.url)
             assert series(first, "flux_pairs") == {
                 (("state", "whole"),): 8.0, (("state", "catching-up"),): 0.0,
-                (("state", "degraded"),): 0.0, (("state", "single"),): 0.0}
+                (("state", "degraded"),): 0.0, (("state", "single"),): 0.0,
+                (("state", "dormant"),): 0.0}
             cluster.kill("node1")
             assert cluster.wait_until(lambda: cluster.recovery.missing, 30)
             during = scrape(endpoint.url)

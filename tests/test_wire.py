@@ -127,7 +127,7 @@ MESSAGES = [
     OperatorFailed("operator Boom", 2, 1, (17, 1), "ZeroDivisionError: division by zero", "s"),
     CheckpointDone(7, 2**40),
     NodeStats((SegmentStats(Addr(1, 0, 0), 10, 5, 3, 7, 2, 0, (4, 0, 6)),
-               SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1))), NodeStats(),
+               SegmentStats(Addr(2, 3, 1), 0, 0, 0, 0, 0, 1, (), 12, True))), NodeStats(),
 ]
 
 

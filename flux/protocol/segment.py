@@ -266,7 +266,7 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         in_flight, blocked = self.fprod.out.window_use()
         return SegmentStats(self.addr, self.taken, self.emitted, self.fcons.queued(),
                             self.fprod.out.buffered(), in_flight, blocked,
-                            self.routed.totals())
+                            self.routed.totals(), self.cuts.moves_crossed, self.idle())
 
     def check_invariants(self) -> None:
         self.fprod.out.check_invariants()

@@ -110,12 +110,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
         #: the newest complete checkpoint, (number, cut), as the driver last said; and
         #: what each egress of one partition was told of it, where (``send_done``)
         self.newest_done: Optional[Tuple[int, int]] = None
-        #: dormant pairs asked to start, placed, and each process's last view applied
-        self._join_asks: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._join_waiting: Optional[tuple] = None
-        self._join_withdrawn: set = set()
-        self.join_views: Dict[tuple, int] = {}
-        self.applied: Dict[str, int] = {}
+        self._init_membership()  # pairs started and stopped (``JoinSide``)
         self.done_told: Dict[Addr, Tuple[str, int]] = {}
         self.transport = transport
         self.on_data_report = on_data_report
@@ -263,6 +258,7 @@ class ControllerService(RegistrationSide, FailureSide, DivergenceSide, MoveRelay
         self._expire_attempts(now)
         self.expire_probes(now)
         self.place_joins()
+        self.place_leaves()
         self._act(self.detector.tick(now, self.recovery.holds_last_replica))
 
     def tell_all(self, msg) -> None:

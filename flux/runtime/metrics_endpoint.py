@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 EXPORTED_EDGES = LATENCY_EDGES[1::2]
 
 #: pair states, each exported (0 pairs included) so a dashboard's series never vanish
-PAIR_STATES = ("whole", "catching-up", "degraded", "single")
+PAIR_STATES = ("whole", "catching-up", "degraded", "single", "dormant")
 
 #: events counted as ``flux_events_total{event=...}`` (see Metrics.relative_events)
 EVENTS = ("killed", "detected", "take-over done", "state moved", "paused", "catch-up done",

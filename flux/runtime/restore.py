@@ -93,9 +93,10 @@ def dormant_start(manifest: Optional[dict], partitions: int, running: int,
     starts from ``manifest`` (None: the first input): each stage's map
     (``routing_maps``: the stages whose groups are not contiguous ranges over every
     partition) and how many pairs run. Dormant again are the pairs past the last one
-    owning a group and past those that had started when it was cut (never fewer than
-    ``running``): a restart runs the pairs the failure-free run ran there, an idle one
-    with what it kept that is not a key's (docs/design/rescaling.md)."""
+    owning a group and past those that ran when it was cut (``running`` for a manifest
+    that does not say): a restart runs the pairs the failure-free run ran there, an idle
+    one with what it kept that is not a key's, and not those a rescale to fewer took out
+    at or before its cut (docs/design/rescaling.md)."""
     maps = routing_maps(manifest, partitions)
     if not running or key_groups is None:
         return maps, 0
@@ -105,7 +106,7 @@ def dormant_start(manifest: Optional[dict], partitions: int, running: int,
     owners = [int(m.owners.max()) + 1 for m in maps.values()]
     if len(maps) < stages:  # a stage contiguous over every partition: all of them run
         owners.append(partitions)
-    count = max([running, manifest.get("running") or 0] + owners)
+    count = max([manifest.get("running") or running] + owners)
     return maps, 0 if count == partitions else count
 
 

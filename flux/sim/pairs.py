@@ -153,11 +153,16 @@ class SimPairs:
                    for s in range(1, self.world.stages + 1) for r in (P, S))
 
     def _left_behind(self, addr: Addr) -> bool:
+        """What the replica's report says (``SegmentStats``, as the runtime's nodes send
+        it): it crossed the cut and holds nothing."""
         w = self.world
         host = w.hosts.get(w.host_of.get(addr))
         seg = host.machines.get(addr) if host is not None else None
-        return seg is not None and seg.cuts.moves_crossed >= self.leave_cut and (
-            seg.idle() or not w.config.leave_waits_for_acks)
+        if seg is None:
+            return False
+        said = seg.stats()
+        return said.moves_crossed >= self.leave_cut and (
+            said.idle or not w.config.leave_waits_for_acks)
 
     def _leave(self) -> None:
         """The leaving pairs stop (a view): their replicas go, their nodes holding nothing

@@ -170,10 +170,12 @@ class Attempt(TaskNaming):
 
     @property
     def running(self) -> int:
-        """The pairs running now: those the attempt started with, and those it started
-        since (dormant ones joined, ``flux.spark.job_growth``)."""
+        """The pairs running now: those the attempt started with and those it started
+        since (dormant ones joined, ``flux.spark.job_growth``), but those that left."""
         rec = self.controller.recovery
-        return self._running + (len(rec.joined) if rec is not None else 0)
+        if rec is None:
+            return self._running
+        return len((set(range(self._running)) | rec.joined) - rec.left)
 
     def lagging(self, view: int) -> List[str]:
         """The live processes that have not applied ``view`` whole yet: the workers, as

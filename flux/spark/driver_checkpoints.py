@@ -218,8 +218,8 @@ class DriverCheckpoints:
         if self.moves is not None:
             self.moves.cut_at(number, cut)
         dormant = self.moves.unowned() if self.moves is not None else ()
-        running = self._pairs_running() if self.moves is not None and \
-            self.moves.first_running else None
+        running = self.moves.running_at(self._pairs_running()) if self.moves is not None \
+            and self.moves.first_running else None
         self.service.cut_chosen(number, cut, position, groups, dormant, running)
         if wanted:
             self.wanted_cut, self._cut_wanted = number, False

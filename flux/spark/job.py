@@ -230,6 +230,9 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
         self._finished = threading.Event()
         self._parts: Optional[JobParts] = None
         self._rebalancer: Optional[threading.Thread] = None
+        #: a rescale to fewer whose pairs have not left yet: (its attempt, the pairs, the
+        #: move cut that took their last groups)
+        self._leaving: Optional[tuple] = None
         self._check_rebalance()
 
     # -- life cycle ---------------------------------------------------------------------

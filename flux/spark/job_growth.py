@@ -11,11 +11,19 @@ the key groups over the ``n`` pairs with a live move (``spread_key_groups``): it
 is chosen after the join everywhere, which is the design's safety rule. Modelled in the
 simulator first (``--dormant``).
 
+``rescale(n)`` below the pairs running spreads the key groups over the first ``n`` (the
+pairs past them then own none), and once every replica of those pairs says it crossed the
+cut that took their last groups and holds nothing, and no replica is missing, the
+controller stops them (a view: ``ask_leave``); a node left holding nothing is a standby
+again, for a later rescale to more. Until every process applied that view no other move
+or rescale is taken (``_check_left``). Modelled first (``--dormant`` with a rescale to
+fewer, rule 5 of docs/design/rescaling.md).
+
 What is refused, naming why: dormant pairs beside what the simulator has not modelled
 with them (a ``SplitSource``'s pairs of ingresses, an egress per partition, replication
-other than ``flux``, the rebalancing policy), without ``checkpoint=`` (live moves ride its cuts), with fewer than
-two standbys (a join needs two at least), and a rescale of such a job to fewer pairs than
-run (shrinking is not built) or past ``max_nodes``.
+other than ``flux``, the rebalancing policy), without ``checkpoint=`` (live moves ride
+its cuts), with fewer than two standbys (a join needs two at least), and a rescale past
+``max_nodes``.
 """
 from __future__ import annotations
 
@@ -23,7 +31,10 @@ import time
 from typing import Callable, List, Optional
 
 from flux.errors import RescaleRefused
+from flux.rescale import check_rescalable
 from flux.runtime.restore import dormant_start
+from flux.spark.job_moves import move_live
+from flux.spark.live_moves import SpreadAsked
 from flux.spark.settings import check_settings
 
 #: seconds between looks at the controller while a join waits
@@ -54,16 +65,12 @@ def check_dormant(options, splits: int) -> None:
                          f"while the job runs, which this job cannot: {why}")
 
 
-def check_growth(running: int, nodes: int, max_nodes: int) -> None:
-    """A rescale of a job with dormant pairs: up to ``max_nodes``, never below ``running``."""
+def check_growth(nodes: int, max_nodes: int) -> None:
+    """A rescale of a job with dormant pairs: up to ``max_nodes``."""
     if nodes > max_nodes:
         raise RescaleRefused(f"rescale({nodes}): this job grows live up to max_nodes="
                              f"{max_nodes}; to run more pairs run the program again with a "
                              f"larger max_nodes (it restores its checkpoint at the new count)")
-    if nodes < running:
-        raise RescaleRefused(f"rescale({nodes}): {running} pairs run, and a job started with "
-                             f"max_nodes does not shrink yet; spread_key_groups({nodes}) "
-                             f"leaves the pairs past {nodes} owning no key (idle)")
 
 
 def start_dormant(controller, applied: Callable[[int], List[str]], partitions: range,
@@ -95,6 +102,33 @@ def start_dormant(controller, applied: Callable[[int], List[str]], partitions: r
                        f"{timeout}s")
 
 
+def stop_leaving(controller, applied: Callable[[int], List[str]], partitions: range,
+                 moves_cut: int, timeout: float, clock=time.monotonic,
+                 sleep=time.sleep) -> int:
+    """Ask the controller to stop ``partitions``, which own no key group since move cut
+    ``moves_cut``, and wait until every live process applied the view that did; that
+    view's number. ``TimeoutError`` naming what it waits for (the ask stays: they leave
+    once they may)."""
+    controller.ask_leave(partitions, moves_cut)
+    started = clock()
+    view: Optional[int] = None
+    while clock() - started < timeout:
+        view = controller.left_view(partitions)
+        if view is not None and not applied(view):
+            return view
+        sleep(POLL)
+    pairs = f"pairs {partitions.start}..{partitions.stop - 1}"
+    if view is None:
+        waits = controller.leave_waits(partitions, moves_cut)
+        raise TimeoutError(
+            f"{pairs} own no key group and did not leave within {timeout}s: they leave once "
+            f"both replicas of each crossed move cut {moves_cut} and hold nothing, and no "
+            f"replica is missing ({'; '.join(waits[:6]) or 'now they may'}); they leave "
+            f"when they may, and no rescale or move is taken until then")
+    raise TimeoutError(f"{pairs} left in view {view}, and {', '.join(applied(view))} had "
+                       f"not applied it within {timeout}s")
+
+
 class PairGrowth:
     """``rescale`` of a job with dormant pairs; mixed into ``FluxJob`` (its attributes
     are the job's)."""
@@ -106,15 +140,34 @@ class PairGrowth:
         return dormant_start(self._resumed_from, c.partitions, c.running, c.key_groups,
                              c.stages)[1] or c.partitions
 
+    def _check_left(self) -> None:
+        """Refuse a move or rescale while pairs a rescale to fewer took out have not left
+        everywhere (a join or a move meanwhile would race their leave)."""
+        if self._leaving is None:
+            return
+        attempt, parts, cut = self._leaving
+        view = attempt.controller.left_view(parts)
+        if attempt is not self.attempt or view is not None and not attempt.lagging(view):
+            self._leaving = None  # left (or a restart ran from a checkpoint at the count)
+            return
+        raise RescaleRefused(f"pairs {parts.start}..{parts.stop - 1} are leaving (a rescale "
+                             f"to fewer) and have not left yet: " + "; ".join(
+                                 attempt.controller.leave_waits(parts, cut)[:6] or
+                                 ["not every process applied their leave yet"]))
+
     def _grow(self, nodes: int, timeout: float) -> None:
         """Run ``nodes`` pairs from now, live: the dormant ones up to ``nodes`` start on
-        standbys, then every stage's key groups spread over the ``nodes`` pairs."""
+        standbys, then every stage's key groups spread over the ``nodes`` pairs; or with
+        fewer, the pairs past ``nodes`` leave (``_shrink``)."""
+        check_growth(nodes, self.config.partitions)
+        self._check_live()
         running = self.attempt.running
-        check_growth(running, nodes, self.config.partitions)
+        if nodes < running:
+            self._shrink(nodes, timeout)
+            return
         if nodes == running:
             self._spread_again(nodes, timeout)
             return
-        self._check_live()
         # a restart after the growth runs every pair owning keys: its tasks must fit
         check_settings(self.spark, nodes + self._parts.standbys,
                        wait=self.options.network.executor_wait)
@@ -128,3 +181,23 @@ class PairGrowth:
             moves.join_applied()  # (on a timeout, the ask withdrawn: see start_dormant)
         self.metrics.events.append((time.monotonic(), "pairs started", (running, nodes, view)))
         self.spread_key_groups(nodes, max(1.0, timeout - (time.monotonic() - started)))
+
+    def _shrink(self, nodes: int, timeout: float) -> None:
+        """Run ``nodes`` pairs from now, live: every stage's key groups spread over the
+        first ``nodes`` (a live move), then the pairs past them leave."""
+        started = time.monotonic()
+        check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups)
+        moves = self._checkpointing.moves
+        move_live(self._checkpointing, SpreadAsked(nodes, self._checkpointing.key_groups,
+                                                   leave=True),
+                  timeout, self._bulks_staged, stopped=self._stopping.is_set)
+        attempt, leaving = self.attempt, moves.leaving()
+        parts = range(nodes, attempt.running)
+        if not parts or leaving is None:
+            return  # a restart from the rescale's checkpoint on runs ``nodes`` already
+        self._leaving = (attempt, parts, leaving[1])
+        view = stop_leaving(attempt.controller, attempt.lagging, parts, leaving[1],
+                            max(1.0, timeout - (time.monotonic() - started)))
+        self._leaving = None
+        self.metrics.events.append((time.monotonic(), "pairs stopped", (nodes, parts.stop,
+                                                                     view)))

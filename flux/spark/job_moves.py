@@ -236,3 +236,4 @@ class KeyGroupMoves:
     def _check_live(self) -> None:
         check_live(self.attempt is not None and not self._stopped and not self.finished(),
                    self.config, self._checkpointing)
+        self._check_left()  # (``PairGrowth``: pairs still leaving refuse any move)

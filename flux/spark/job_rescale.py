@@ -148,8 +148,9 @@ class JobRescale:
         state it cannot split (``RescaleRefused``); with an egress per partition, drains
         first (``drained_cut``). At the job's own count, keys moved onto fewer pairs
         are spread over all of them again, live (``spread_key_groups``). A job started
-        with ``max_nodes`` grows live up to it: dormant pairs start on standbys and the
-        keys spread over them, no restart (``flux.spark.job_growth``)."""
+        with ``max_nodes`` rescales live: up to it, dormant pairs start on standbys and
+        the keys spread over them; below the pairs running, the keys spread over fewer
+        and the others stop (``flux.spark.job_growth``)."""
         if self.attempt is None or self._stopped or self.finished():
             raise ValueError("rescale() a running job: start() it first (or give nodes= "
                              "to FluxJob), and not once it finished or stopped")

@@ -62,10 +62,13 @@ class MoveAsked:
 @dataclass(frozen=True)
 class SpreadAsked:
     """Every stage's key groups over the first ``over`` partitions, in contiguous ranges
-    (as a job of ``over`` nodes has them): a live rescale among the pairs running."""
+    (as a job of ``over`` nodes has them): a live rescale among the pairs running.
+    ``leave``: the pairs past ``over`` then leave (a rescale to fewer,
+    ``flux.spark.job_growth``)."""
 
     over: int
     key_groups: int
+    leave: bool = False
 
     def moves(self, maps: Dict[int, GroupMap]) -> List[GroupMove]:
         out: List[GroupMove] = []
@@ -110,6 +113,13 @@ class LiveMoves:
         self.moves_cut = 0
         self.last_cut: tuple = ()
         self.joining = False
+        #: the partitions empty at a cut unless they owned a group before it (dormant at
+        #: the start, or left since); and a rescale to fewer carried, ``(over, its cut,
+        #: the move cut that took the leaving pairs' last groups)``, until a join
+        self.sleepers: set = set()
+        self.shrunk: Optional[Tuple[int, int, int]] = None
+        #: the pairs a rescale to fewer took out and its cut: empty from the next cut on
+        self._to_sleep: Optional[Tuple[set, int]] = None
         self.restarted(restored, partitions)
 
     def owners(self) -> Dict[int, List[int]]:
@@ -128,6 +138,10 @@ class LiveMoves:
         move the last stage's groups (else moves that do wait for a later cut)?"""
         with self._lock:
             before = dict(self.maps)
+            if self._to_sleep is not None and number > self._to_sleep[1]:
+                self.sleepers |= self._to_sleep[0]  # (rule 5 of docs/design/rescaling.md:
+                self.owned -= self._to_sleep[0]     # they wrote the rescale's cut)
+                self._to_sleep = None
             for groups in before.values():
                 self.owned.update(groups.owning())
             if self.joining:  # the joined replicas start from the maps before this cut
@@ -135,6 +149,11 @@ class LiveMoves:
             moves, groups = self._cut(number, last_stage, before)
             if moves:
                 self.moves_cut = number
+            if any(isinstance(a, SpreadAsked) and a.leave for a in
+                   self.carried.get(number, ())):
+                over = min(a.over for a in self.carried[number] if isinstance(a, SpreadAsked))
+                self.shrunk = (over, number, self.moves_cut)
+                self._to_sleep = (set(range(over, self.partitions)), number)
             return moves, groups
 
     def _cut(self, number: int, last_stage: bool,
@@ -174,7 +193,7 @@ class LiveMoves:
         every process applied the join might be forgotten by the producers before they
         tell the joined replicas."""
         with self._lock:
-            self.joining = True
+            self.joining, self.shrunk = True, None
             return maps_to_config(self.maps), self.moves_cut, self.last_cut
 
     def join_applied(self) -> None:
@@ -182,13 +201,25 @@ class LiveMoves:
             self.joining = False
 
     def unowned(self) -> frozenset:
-        """The partitions dormant at this incarnation's start that owned no group before
-        any cut so far: empty at the last cut, whether they joined or not (the
-        coordinator takes their snapshots as written, docs/design/rescaling.md)."""
+        """The partitions dormant at this incarnation's start, or left since, that owned
+        no group before any cut since: empty at the last cut, whether they joined or not
+        (the coordinator takes their snapshots as written, docs/design/rescaling.md)."""
         with self._lock:
-            if not self.running:
-                return frozenset()
-            return frozenset(range(self.running, self.partitions)) - self.owned
+            return frozenset(self.sleepers - self.owned)
+
+    def running_at(self, running: int) -> int:
+        """The pairs a checkpoint cut now records as running (``running``: the
+        attempt's count): from a rescale to fewer's cut on, its count, though the pairs
+        past it leave later (a restart from the cut leaves them dormant, as the live run
+        does; docs/design/rescaling.md)."""
+        with self._lock:
+            return running if self.shrunk is None else min(running, self.shrunk[0])
+
+    def leaving(self) -> Optional[Tuple[int, int]]:
+        """A rescale to fewer carried since the last join or restart: ``(over, the move
+        cut that took the last groups of the pairs past it)``, or None."""
+        with self._lock:
+            return None if self.shrunk is None else (self.shrunk[0], self.shrunk[2])
 
     def preparing(self) -> Optional[Tuple[int, List[GroupMove]]]:
         """The prepare a cut carried whose moves wait for their bulks (its checkpoint and
@@ -225,6 +256,8 @@ class LiveMoves:
                                                self.key_groups, self.stages)
             self.maps.update(maps)
             self.owned = set()
+            self.sleepers = set(range(self.running, partitions)) if self.running else set()
+            self.shrunk, self._to_sleep = None, None
             done = manifest["checkpoint"] if manifest is not None else 0
             again = [a for k in sorted(self.carried) if k > done for a in self.carried[k]]
             if self.prepared is not None:  # prepared and not carried: prepared again
