@@ -176,8 +176,9 @@ class Channels:
     # -- a process halts --------------------------------------------------------
     def halt(self, name: str, mine: set, keep: Optional[Dict], rng) -> Dict:
         """Process ``name`` (owning the endpoints ``mine``) stopped: its views and what was
-        addressed to it are lost, and of its own in-flight messages on each channel a
-        prefix survives (``keep``: how many, as a replay recorded them; else drawn).
+        addressed to it are lost (not what a zombie's connections carry to the zombie on a
+        channel of the same addresses), and of its own in-flight messages on each channel
+        a prefix survives (``keep``: how many, as a replay recorded them; else drawn).
         Returns how many each channel kept."""
         world = self.world
         self.queued_views -= len(self.views[name])
@@ -187,7 +188,10 @@ class Channels:
             src, dst = key
             q = self.queues[key]
             if dst in mine and world.host_of.get(dst) == name:
-                q.clear()
+                if world.faults.zombies:  # a zombie's messages share the channel: its own
+                    q = self.queues[key] = deque(e for e in q if self.route(e) != name)
+                else:
+                    q.clear()
             elif src in mine:  # its own messages: a prefix survives (others share the
                 inc = world.hosts[name].inc  # channel: a rebuilt replica of its address)
                 own = [e for e in q if e.inc == inc]
