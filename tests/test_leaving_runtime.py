@@ -14,7 +14,7 @@ from flux.addresses import Addr, P, S
 from flux.control_messages import NodeStats, SegmentStats
 from flux.runtime.controller_joins import JoinSide
 from flux.runtime.restore import dormant_start
-from flux.spark.job_growth import stop_leaving
+from flux.spark.job_growth import start_dormant, stop_leaving
 from flux.spark.live_moves import LiveMoves, SpreadAsked
 
 G = 16
@@ -163,3 +163,17 @@ def test_a_leave_that_cannot_happen_in_time_says_which_replica_it_waits_for():
         c.report(f"node{n}", 5, True)
     c.place_leaves()  # (the ask stays: placed at a later turn)
     assert c.left_view(range(2, 4)) is not None
+
+
+def test_a_join_placed_is_waited_for_until_every_process_applied_it():
+    c = _controller()
+    c.recovery.leave(range(3, 4))
+    c.recovery.add_standby("standby1", 40)  # (two free standbys: the join is placed)
+    clock, asked = iter(range(100)), []
+
+    def lagging(view):
+        asked.append(view)
+        return ["node0"] if len(asked) < 3 else []
+    view = start_dormant(c, lagging, range(3, 4), 50, clock=lambda: next(clock),
+                         sleep=lambda s: c.place_joins())  # (the controller's turns)
+    assert view == c.joined_view([3]) and asked == [view] * 3

@@ -28,7 +28,7 @@ its cuts), with fewer than two standbys (a join needs two at least), and a resca
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
@@ -73,6 +73,20 @@ def check_growth(nodes: int, max_nodes: int) -> None:
                              f"larger max_nodes (it restores its checkpoint at the new count)")
 
 
+def applied_view(placed: Callable[[], Optional[int]], applied: Callable[[int], List[str]],
+                 timeout: float, clock, sleep) -> Tuple[Optional[int], bool]:
+    """Wait until the controller placed a view (``placed()``: its number, or None yet)
+    and every live process applied it; the view (or None) and whether they did."""
+    started = clock()
+    view: Optional[int] = None
+    while clock() - started < timeout:
+        view = placed()
+        if view is not None and not applied(view):
+            return view, True
+        sleep(POLL)
+    return view, False
+
+
 def start_dormant(controller, applied: Callable[[int], List[str]], partitions: range,
                   timeout: float, clock=time.monotonic, sleep=time.sleep,
                   start: tuple = ()) -> int:
@@ -81,13 +95,10 @@ def start_dormant(controller, applied: Callable[[int], List[str]], partitions: r
     that view's number. ``start``: where their replicas start (``LiveMoves.join_start``).
     ``TimeoutError`` naming what it waits for."""
     controller.ask_join(partitions, start)
-    started = clock()
-    view: Optional[int] = None
-    while clock() - started < timeout:
-        view = controller.joined_view(partitions)
-        if view is not None and not applied(view):
-            return view
-        sleep(POLL)
+    view, everywhere = applied_view(lambda: controller.joined_view(partitions), applied,
+                                    timeout, clock, sleep)
+    if everywhere:
+        return view
     if view is None:
         controller.withdraw_join(partitions)
         free, missing, catching_up = controller.join_waits()
@@ -110,13 +121,10 @@ def stop_leaving(controller, applied: Callable[[int], List[str]], partitions: ra
     view's number. ``TimeoutError`` naming what it waits for (the ask stays: they leave
     once they may)."""
     controller.ask_leave(partitions, moves_cut)
-    started = clock()
-    view: Optional[int] = None
-    while clock() - started < timeout:
-        view = controller.left_view(partitions)
-        if view is not None and not applied(view):
-            return view
-        sleep(POLL)
+    view, everywhere = applied_view(lambda: controller.left_view(partitions), applied,
+                                    timeout, clock, sleep)
+    if everywhere:
+        return view
     pairs = f"pairs {partitions.start}..{partitions.stop - 1}"
     if view is None:
         waits = controller.leave_waits(partitions, moves_cut)
