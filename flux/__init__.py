@@ -55,6 +55,7 @@ from flux.reference import reference_output
 _LAZY = {
     "FluxJob": "flux.spark.job",
     "Rebalance": "controller.rebalance",
+    "Autoscale": "controller.autoscale",
     "lineage": "flux.runtime.lineage",
     "Lineage": "flux.runtime.lineage",
     "local_cluster": "flux.spark.session",
@@ -87,7 +88,7 @@ _LAZY = {
 
 __all__ = [
     # the dataflow and its deployment
-    "Dataflow", "Stage", "FluxJob", "local_cluster", "ThreadCluster", "Rebalance",
+    "Dataflow", "Stage", "FluxJob", "local_cluster", "ThreadCluster", "Rebalance", "Autoscale",
     # operators: the contract, stateless helpers, keyed state, the paper's operators
     "Operator", "Map", "Filter", "FlatMap", "KeyedAggregate", "keyed_state", "keyed_table",
     "tuplify", "SessionReconstruction", "session_key", "WindowedDurationStats", "stats_key",

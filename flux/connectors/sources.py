@@ -134,13 +134,23 @@ class Paced:
     opened again at an earlier position (a restart), it reads what arrived meanwhile as
     fast as it is taken, and ``arrival`` (for latency) is when the record first arrived."""
 
-    def __init__(self, source: Any, rate: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, source: Any, rate: float, clock: Callable[[], float] = time.monotonic,
+                 then: Sequence[Tuple[int, float]] = ()):
+        """``then``: ``(n, rate)`` steps, each the rate from the ``n``-th record on (a
+        feed whose rate changes, as an autoscaling experiment wants)."""
+        for n, r in then:
+            if not r > 0:
+                raise ValueError(f"rate must be > 0 records per second, got {r!r}")
         if not rate > 0:
             raise ValueError(f"rate must be > 0 records per second, got {rate!r}")
+        if list(then) != sorted(then) or len({n for n, _ in then}) < len(then):
+            raise ValueError(f"then must be (record, rate) steps in increasing records, "
+                             f"got {then!r}")
         self.source = replayable(source)
         if self.source is None:
             raise ValueError(f"Paced needs a replayable source, got {type(source).__name__}")
         self.rate, self.clock = float(rate), clock
+        self.then = tuple((int(n), float(r)) for n, r in then)
         self.start: Optional[float] = None
         self.read = 0
 
@@ -180,7 +190,7 @@ class Paced:
     @property
     def arrival(self) -> Optional[float]:
         """When the record returned last arrived."""
-        return None if self.start is None else self.start + (self.read - 1) / self.rate
+        return None if self.start is None else self.start + self._offset(self.read - 1)
 
     def __iter__(self) -> "Paced":
         return self
@@ -198,7 +208,16 @@ class Paced:
     def due_in(self) -> float:
         if self.start is None:
             return 0.0
-        return max(0.0, self.start + self.read / self.rate - self.clock())
+        return max(0.0, self.start + self._offset(self.read) - self.clock())
+
+    def _offset(self, i: int) -> float:
+        """Seconds after the first read when record ``i`` (from 0) arrives."""
+        seconds, at, rate = 0.0, 0, self.rate
+        for n, next_rate in self.then:
+            if i <= n:
+                break
+            seconds, at, rate = seconds + (n - at) / rate, n, next_rate
+        return seconds + (i - at) / rate
 
 
 def replayable(source: Any) -> Any:

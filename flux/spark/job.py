@@ -229,7 +229,8 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
         self._stopped = False
         self._finished = threading.Event()
         self._parts: Optional[JobParts] = None
-        self._rebalancer: Optional[threading.Thread] = None
+        #: the thread of the rebalancing or the autoscaling policy, if one is set
+        self._policy_thread: Optional[threading.Thread] = None
         #: a rescale to fewer whose pairs have not left yet: (its attempt, the pairs, the
         #: move cut that took their last groups)
         self._leaving: Optional[tuple] = None
@@ -279,7 +280,7 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
                 f"{timeout}s: "
                 f"{', '.join(missing) or 'none'} not registered (too few Spark task slots?), "
                 f"{', '.join(building) or 'none'} still building their operators")
-        self._rebalancer = self._start_rebalancing()
+        self._policy_thread = self._start_rebalancing() or self._start_autoscaling()
         return self
 
     def _launch(self, restore: Optional[dict]) -> None:
@@ -417,8 +418,8 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
             return
         if self._supervisor is not None:
             self._supervisor.join(timeout=120)  # a restart under way ends first
-        if self._rebalancer is not None:
-            self._rebalancer.join(timeout=10)  # (a move it asked gives up as the job stops)
+        if self._policy_thread is not None:
+            self._policy_thread.join(timeout=10)  # (a move or rescale it asked gives up as the job stops)
         # a failed job's controller tells no one to stop: cancel the tasks at once
         self.attempt.stop(timeout, at_once=bool(self.errors))
         if self.endpoint is not None:

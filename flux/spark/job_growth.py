@@ -27,9 +27,12 @@ its cuts), with fewer than two standbys (a join needs two at least), and a resca
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
+from controller.autoscale import AutoscalePolicy
 from flux.errors import RescaleRefused
 from flux.rescale import check_rescalable
 from flux.runtime.restore import dormant_start
@@ -37,13 +40,18 @@ from flux.spark.job_moves import move_live
 from flux.spark.live_moves import SpreadAsked
 from flux.spark.settings import check_settings
 
+log = logging.getLogger(__name__)
+
 #: seconds between looks at the controller while a join waits
 POLL = 0.02
 
 
 def check_dormant(options, splits: int) -> None:
-    """Refuse, naming why, ``max_nodes`` in a job whose dormant pairs are not built."""
+    """Refuse, naming why, ``max_nodes`` in a job whose dormant pairs are not built (and
+    ``autoscale`` in a job without them)."""
     rep = options.replication
+    if rep.autoscale is not None:
+        rep.autoscale.bounds(rep.nodes, rep.partitions)
     if rep.partitions == rep.nodes:
         return
     why = None
@@ -209,3 +217,35 @@ class PairGrowth:
         self._leaving = None
         self.metrics.events.append((time.monotonic(), "pairs stopped", (nodes, parts.stop,
                                                                      view)))
+
+    def _start_autoscaling(self) -> Optional[threading.Thread]:
+        settings = self.options.replication.autoscale
+        if settings is None:
+            return None
+        low, high = settings.bounds(self.options.replication.nodes, self.config.partitions)
+        thread = threading.Thread(target=self._autoscale,
+                                  args=(AutoscalePolicy(settings, low, high),),
+                                  daemon=True, name="flux-autoscale")
+        thread.start()
+        return thread
+
+    def _autoscale(self, policy: AutoscalePolicy, poll: float = 1.0) -> None:
+        """Until the job ends: the policy looks at the inputs taken, and each rescale it
+        decides is asked and waited for (an event ``autoscaled``, ``(from, to, rate)``)."""
+        while not self._stopping.wait(poll) and not self.finished():
+            taken = sum(n for (stage, _), n in self._inputs_taken().items() if stage == 0)
+            attempt = self.attempt
+            if attempt is None:
+                continue
+            decision = policy.observe(time.monotonic(), taken, attempt.running)
+            if decision is None:
+                continue
+            log.info("Autoscale: %d -> %d pairs (%.0f inputs/s)", decision.running,
+                     decision.pairs, decision.rate)
+            self.metrics.events.append((time.monotonic(), "autoscaled", (
+                decision.running, decision.pairs, round(decision.rate, 1))))
+            try:
+                self.rescale(decision.pairs)
+            except (TimeoutError, ValueError) as exc:  # no input to cut after; job ending
+                log.warning("Autoscale: %s", exc)
+            policy.restart_look()

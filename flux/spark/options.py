@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from exchange.partitioner import KEY_GROUPS, check_key_groups
 from flux.connector_api import SinkPerPartition, is_exactly_once
+from controller.autoscale import Autoscale
 from controller.rebalance import Rebalance
 from flux.protocol.builder import REPLICATIONS
 from flux.protocol.producer import PAUSE_ROOM
@@ -37,11 +38,17 @@ class Replication:
     #: the metric-driven policy that moves key groups off hot partitions while the job
     #: runs (``flux.Rebalance``); None: off
     rebalance: Optional[Rebalance] = None
+    #: the metric-driven policy that starts and stops pairs by the input rate, up to
+    #: ``max_nodes`` (``flux.Autoscale``); None: off
+    autoscale: Optional[Autoscale] = None
 
     def __post_init__(self) -> None:
         if self.rebalance is not None and not isinstance(self.rebalance, Rebalance):
             raise TypeError(f"rebalance must be a flux.Rebalance(...) or None, got "
                             f"{type(self.rebalance).__name__}")
+        if self.autoscale is not None and not isinstance(self.autoscale, Autoscale):
+            raise TypeError(f"autoscale must be a flux.Autoscale(...) or None, got "
+                            f"{type(self.autoscale).__name__}")
         if self.nodes < 2:
             raise ValueError(f"Flux needs at least 2 nodes (a pair per partition), "
                              f"got {self.nodes}")
