@@ -80,6 +80,9 @@ class CheckpointCoordinator:
         self.key_groups, self.shape = key_groups, shape
         self.checkpoints: Dict[int, Checkpoint] = {}
         self.latest_complete: Optional[int] = None
+        #: sink partition -> the last SN it committed at any cut (an egress per
+        #: partition): what a partition empty at a cut holds (``begin``)
+        self.last_commits: Dict[int, Optional[Tuple[int, ...]]] = {}
 
     # -- events --------------------------------------------------------------------------
     def begin(self, number: int, cut: int, groups: Optional[tuple] = None,
@@ -103,6 +106,10 @@ class CheckpointCoordinator:
         for s in range(1, self.stages + 1):
             for p in dormant:
                 c.parts[s, p], c.chains[s, p] = "", ()
+        if self.sinks > 1:  # their sink partitions hold what they committed last: no more
+            for p in dormant:  # (a partition that left, or never started, writes nothing)
+                c.sinks[p] = self.last_commits.get(p)
+            self._sinks_heard(c)
 
     def source_recorded(self, number: int, position: Any) -> Optional[dict]:
         c = self._open(number)
@@ -148,11 +155,18 @@ class CheckpointCoordinator:
         c = self._open(number)
         if c is None:
             return None
-        c.sinks.setdefault(partition, tuple(sn) if sn is not None else None)
+        sn = tuple(sn) if sn is not None else None
+        c.sinks.setdefault(partition, sn)
+        if sn is not None and self.sinks > 1:
+            last = self.last_commits.get(partition)
+            self.last_commits[partition] = sn if last is None else max(last, sn)
+        self._sinks_heard(c)
+        return self._maybe_complete(c)
+
+    def _sinks_heard(self, c: Checkpoint) -> None:
         if len(c.sinks) == self.sinks:
             c.has_sink = True
             c.sink = max((s for s in c.sinks.values() if s is not None), default=None)
-        return self._maybe_complete(c)
 
     def restarted(self, restored: Optional[int] = None) -> None:
         """The job restarts from complete checkpoint ``restored`` (None: from the first
@@ -176,6 +190,7 @@ class CheckpointCoordinator:
         self.partitions = partitions
         if self.sinks > 1:  # a sink partition per last-stage partition
             self.sinks = partitions
+            self.last_commits = {}
 
     # -- queries -------------------------------------------------------------------------
     def abandoned(self) -> List[int]:

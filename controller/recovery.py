@@ -229,11 +229,12 @@ class Recovery:
                                          cut))
         return [self._next_view(joined=tuple(joined))]
 
-    def leave(self, partitions: Sequence[int]) -> List[View]:
+    def leave(self, partitions: Sequence[int], cut: tuple = ()) -> List[View]:
         """Partitions a live rescale took every group from stop (docs/design/rescaling.md):
         their replicas leave the placement, and a node left holding nothing is a standby
         again. Nothing (an empty list) while a replica is missing or being rebuilt (its
-        catch-up expects every neighbour it had)."""
+        catch-up expects every neighbour it had). ``cut``: the cut ``(k, n)`` that took
+        their last groups (``View.left_cut``)."""
         parts = sorted(partitions)
         if not parts or self.missing or self.attempts:
             return []
@@ -251,7 +252,7 @@ class Recovery:
                 self.free.append(node)
         self.joined.difference_update(parts)
         self.left.update(parts)
-        return [self._next_view(left=tuple(left))]
+        return [self._next_view(left=tuple(left), left_cut=tuple(cut))]
 
     def add_standby(self, node: str, inc: int, host: Optional[str] = None) -> List[View]:
         """A new standby registered (in Spark: a restarted task), on ``host`` if known."""

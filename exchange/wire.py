@@ -238,14 +238,15 @@ def _joined(v) -> Joined:
                   _sn(v[5], "joined cut"))
 
 
-def _view(number, failed, failed_incs, avail, writers, joined, left) -> View:
+def _view(number, failed, failed_incs, avail, writers, joined, left, left_cut) -> View:
     return View(_int(number, "view number"),
                 frozenset(_endpoint(a, "failed endpoint") for a in _list(failed, "failed")),
                 frozenset(_int(i, "failed inc") for i in _list(failed_incs, "failed incs")),
                 tuple(_avail(a) for a in _list(avail, "avail")),
                 tuple(_writer_move(w) for w in _list(writers, "writers")),
                 tuple(_joined(j) for j in _list(joined, "joined")),
-                tuple(_addr(a, "left addr") for a in _list(left, "left")))
+                tuple(_addr(a, "left addr") for a in _list(left, "left")),
+                _sn(left_cut, "left cut"))
 
 
 def _digest_groups(v) -> tuple:
@@ -500,8 +501,8 @@ CODECS: Dict[str, _Codec] = {
                               [[list(j.addr), j.inc, j.node,
                                 [[st, list(owners)] for st, owners in j.groups],
                                 j.moves_seen, list(j.cut)] for j in m.joined],
-                              [list(a) for a in m.left]],
-             _arity(7, _view)),
+                              [list(a) for a in m.left], list(m.left_cut)],
+             _arity(8, _view)),
     "writer_progress": (WriterProgress, lambda m: [m.partition, list(m.bound), m.settled,
                                                    m.outputs],
                         _arity(4, lambda p, b, n, o: WriterProgress(

@@ -388,6 +388,9 @@ class View:
     writers: tuple = ()  # WriterMove, after the failures that made them
     joined: tuple = ()  # Joined: dormant partitions started, after the rest
     left: tuple = ()  # Addr: the replicas of partitions a live rescale took out, last
+    #: with ``left``: the cut ``(k, n)`` that took their last groups, crossed by all they
+    #: sent: an egress of one of them learns it here (no stamp of theirs may bring it)
+    left_cut: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ def test_a_view_of_joined_pairs_and_a_late_joiners_welcome_cross_the_wire():
     view = View(7, joined=(Joined(Addr(1, 4, P), 31, "standby31", ((1, (0, 4, 4)),), 3,
                                   (6, 40)),
                            Joined(Addr(1, 4, S), 32, "standby32")))
-    left = View(8, left=(Addr(1, 3, P), Addr(1, 3, S)))
+    left = View(8, left=(Addr(1, 3, P), Addr(1, 3, S)), left_cut=(5, 130))
     welcome = Welcome("standby40", 7, ((Addr(1, 4, P), "standby31"),), (5,), (4, 5), (3,))
     for msg in (view, left, welcome):
         env = Envelope(CONTROLLER, ProcAddr("node0"), 7, msg, 0, None)
@@ -199,7 +199,7 @@ def _options(**kw):
 @pytest.mark.parametrize("kw, splits, why", [
     (dict(replication="none"), 0, "replication='none'"),
     ({}, 2, "SplitSource"),
-    (dict(ordered_output=False), 0, "ordered_output=False"),
+    (dict(ordered_output=False, egress_on_executors=True), 0, "egress_on_executors=True"),
     (dict(checkpoint=None), 0, "no checkpoint="),
     (dict(standbys=1), 0, "standbys=1"),
 ])
@@ -207,6 +207,7 @@ def test_dormant_pairs_are_refused_where_they_are_not_built_naming_why(kw, split
     with pytest.raises(ValueError, match=why):
         check_dormant(_options(**kw), splits)
     check_dormant(_options(), 0)
+    check_dormant(_options(ordered_output=False), 0)  # sinks per partition in the driver
     check_dormant(_options(max_nodes=None, standbys=0, checkpoint=None), 0)
     with pytest.raises(ValueError, match="max_nodes must be an int >= nodes"):
         _options(max_nodes=3)

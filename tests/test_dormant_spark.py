@@ -156,3 +156,42 @@ def test_pairs_leave_at_a_rescale_to_fewer_and_join_again_through_a_kill(spark, 
     assert events(job, "catch-up done")  # the killed node's replicas, rebuilt
     for stage in (1, 2):
         assert sorted(set(job.key_group_owners(stage))) == list(range(5))
+
+
+def test_with_a_sink_per_partition_pairs_start_and_leave_live(spark, tmp_path):
+    """``ordered_output=False`` (a sink per partition, in the driver): 4 -> 6 -> 3 pairs,
+    live; every output is in exactly one sink partition, once, each partition's in SN
+    order; the checkpoints complete though the sinks of pairs dormant or gone commit
+    nothing (their last commit stands); no restart."""
+    from flux.connector_api import SinkPerPartition
+    from flux.connectors.file_sink import FileSink, read_file_sink
+    from flux.connectors.file_source import FileSource
+    from flux.connectors.sources import Paced
+    from flux.spark.job import FluxJob
+    from flux.testing.dataflows import regrouping_dataflow
+
+    expected = write_inputs(tmp_path / "in", 50_000)
+    out = tmp_path / "out"
+    sinks = SinkPerPartition(lambda p: FileSink(str(out / f"partition-{p}")))
+    job = FluxJob(spark, regrouping_dataflow(2), Paced(FileSource(str(tmp_path / "in")), 4000),
+                  nodes=4, max_nodes=6, standbys=2, sink=sinks, ordered_output=False,
+                  checkpoint=str(tmp_path / "ckpt"), checkpoint_interval=1.0)
+    with job:
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= 2, 120)
+        job.rescale(6, timeout=120)
+        done = len(job.checkpoints.completed)
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= done + 2, 120)
+        job.rescale(3, timeout=120)
+        assert job.running_pairs == 3
+        done = len(job.checkpoints.completed)
+        assert job.wait_until(lambda: len(job.checkpoints.completed) >= done + 2, 120)
+        job.wait(timeout=300)
+    parts = [[(tuple(sn), x) for sn, x in read_file_sink(str(out / f"partition-{q}"))]
+             for q in range(6)]
+    for part in parts:
+        assert [sn for sn, _ in part] == sorted({sn for sn, _ in part})
+    got = sorted(o for part in parts for o in part)
+    assert got == sorted((tuple(sn), x) for sn, x in expected)  # each once, none lost
+    assert job.restart_log == []
+    assert [e[:2] for e in events(job, "pairs started")] == [(4, 6)]
+    assert events(job, "pairs stopped")[0][:2] == (3, 6)

@@ -165,3 +165,18 @@ def test_a_joined_replica_routes_by_the_maps_it_is_given():
     moved = GroupMap.even(3, KEY_GROUPS).moved([GroupMove(2, 0, 40, 0, 2)])
     seg = builder.joined_segment(Addr(1, 2, P), ((2, tuple(moved.owners.tolist())),), 3)
     assert seg.router.groups == moved and seg.cuts.moves_crossed == 3
+
+
+def test_an_egress_of_a_partition_that_left_commits_the_cut_that_took_its_groups():
+    """With a sink per partition, no stamp of the leaving replicas may bring the cut that
+    took their groups to their egress: the leave's view does, and with its feed ended
+    the egress crosses it at once, so its sink commits there (else that checkpoint would
+    wait for the commit for good: the simulator's seed 33097 of 5,2,4)."""
+    from flux.effects import SinkCommit
+
+    egress = Egress(2, 4, partition=3)
+    assert [e for e in egress.on_leave(frozenset({1}), (5, 50))
+            if isinstance(e, SinkCommit)] == []  # another partition's leave: nothing
+    commits = [e for e in egress.on_leave(frozenset({3}), (5, 50))
+               if isinstance(e, SinkCommit)]
+    assert commits == [SinkCommit(5, 50, 3)]

@@ -14,7 +14,7 @@ from flux.addresses import Addr, P, S
 from flux.control_messages import NodeStats, SegmentStats
 from flux.runtime.controller_joins import JoinSide
 from flux.runtime.restore import dormant_start
-from flux.spark.job_growth import start_dormant, stop_leaving
+from flux.spark.job_growth import start_dormant, wait_left
 from flux.spark.live_moves import LiveMoves, SpreadAsked
 
 G = 16
@@ -24,10 +24,17 @@ pytestmark = pytest.mark.timeout(30)
 def _spread(moves: LiveMoves, number: int, asked: SpreadAsked) -> int:
     """Carry ``asked`` through both phases from cut ``number``; the moves' cut."""
     moves.ask(asked)
-    moves.cut(number)  # the prepares
+    _cut(moves, number)  # the prepares
     moves.staged(number)
-    moves.cut(number + 1)  # the moves
+    _cut(moves, number + 1)  # the moves
     return number + 1
+
+
+def _cut(moves: LiveMoves, number: int) -> list:
+    """Checkpoint ``number`` cut at input ``10 * number``: the moves it carries."""
+    carried = moves.cut(number)[0]
+    moves.cut_at(number, 10 * number)
+    return carried
 
 
 def test_from_a_rescale_to_fewer_cut_on_the_manifest_counts_the_new_pairs_and_then_they_are_empty():
@@ -35,7 +42,7 @@ def test_from_a_rescale_to_fewer_cut_on_the_manifest_counts_the_new_pairs_and_th
     moves.cut(1)
     assert moves.unowned() == frozenset() and moves.running_at(6) == 6
     cut = _spread(moves, 2, SpreadAsked(3, G, leave=True))
-    assert moves.moves_cut == cut and moves.leaving() == (3, cut)
+    assert moves.moves_cut == cut and moves.leaving() == (3, (cut, 10 * cut))
     # the rescale's cut: counted at the new count, and the leaving pairs write it (a
     # restart from it restores the groups they gave away from their snapshots)
     assert moves.running_at(6) == 3 and moves.unowned() == frozenset()
@@ -66,8 +73,10 @@ def test_a_rescale_to_fewer_whose_groups_moved_already_leaves_from_the_last_move
     moves = LiveMoves(1, 4, G, None, running=4)
     cut = _spread(moves, 1, SpreadAsked(2, G))  # idle first
     moves.ask(SpreadAsked(2, G, leave=True))
-    assert moves.cut(cut + 1)[0] == []  # nothing to move: done at this cut
-    assert moves.leaving() == (2, cut) and moves.running_at(4) == 2
+    assert _cut(moves, cut + 1) == []  # nothing to move: done at this cut
+    assert moves.leaving() == (2, (cut, 10 * cut)) and moves.running_at(4) == 2
+    moves.ask(SpreadAsked(1, G, leave=True))  # a second rescale to fewer: asked, not cut
+    assert moves.leaving() is None
 
 
 def test_a_restart_forgets_a_rescale_to_fewer_its_checkpoint_already_counts():
@@ -118,22 +127,24 @@ def _controller() -> _Controller:
 def test_pairs_leave_once_every_replica_of_theirs_says_it_crossed_the_cut_and_holds_nothing():
     c = _controller()
     nodes = [f"node{n}" for n in range(4)]
-    c.ask_leave(range(2, 4), 5)
+    c.ask_leave(range(2, 4), (5, 130))
     c.place_leaves()
-    assert c.sent == [] and any("not reported" in w for w in c.leave_waits(range(2, 4), 5))
+    assert c.sent == [] and any("not reported" in w
+                                for w in c.leave_waits(range(2, 4), (5, 130)))
     for n in nodes:
         c.report(n, 4, True)
     c.place_leaves()
     assert c.sent == [] and any("not past move cut 5 (at 4)" in w
-                                for w in c.leave_waits(range(2, 4), 5))
+                                for w in c.leave_waits(range(2, 4), (5, 130)))
     for n in nodes:
         c.report(n, 5, n != "node3")
     c.place_leaves()
-    assert c.sent == [] and any("still holding" in w for w in c.leave_waits(range(2, 4), 5))
+    assert c.sent == [] and any("still holding" in w
+                                for w in c.leave_waits(range(2, 4), (5, 130)))
     c.report("node3", 6, True)
     c.place_leaves()
     [view] = c.sent
-    assert c.left_view([3, 2]) == view.number
+    assert c.left_view([3, 2]) == view.number and view.left_cut == (5, 130)
     assert set(view.left) == {Addr(s, q, r) for s in (1, 2) for q in (2, 3) for r in (P, S)}
     # chained placement: node3 held replicas of partitions 2 and 3 only; a standby again
     assert "node3" in c.recovery.free and "node1" not in c.recovery.free
@@ -147,18 +158,19 @@ def test_a_leave_waits_while_a_replica_is_missing():
     for n in range(4):
         c.report(f"node{n}", 5, True)
     c.recovery.node_failed("node0")
-    c.ask_leave(range(3, 4), 5)
+    c.ask_leave(range(3, 4), (5, 130))
     c.place_leaves()
     assert c.sent == [] and c.left_view([3]) is None
-    assert any("missing" in w for w in c.leave_waits(range(3, 4), 5))
+    assert any("missing" in w for w in c.leave_waits(range(3, 4), (5, 130)))
 
 
 def test_a_leave_that_cannot_happen_in_time_says_which_replica_it_waits_for():
     c = _controller()
     clock = iter(range(100))
     with pytest.raises(TimeoutError, match="did not leave within 3s.*not reported by"):
-        stop_leaving(c, lambda view: [], range(2, 4), 5, 3, clock=lambda: next(clock),
-                     sleep=lambda s: None)
+        c.ask_leave(range(2, 4), (5, 130))
+        wait_left(c, lambda view: [], range(2, 4), (5, 130), 3, clock=lambda: next(clock),
+                  sleep=lambda s: None)
     for n in range(4):
         c.report(f"node{n}", 5, True)
     c.place_leaves()  # (the ask stays: placed at a later turn)
@@ -177,3 +189,24 @@ def test_a_join_placed_is_waited_for_until_every_process_applied_it():
     view = start_dormant(c, lagging, range(3, 4), 50, clock=lambda: next(clock),
                          sleep=lambda s: c.place_joins())  # (the controller's turns)
     assert view == c.joined_view([3]) and asked == [view] * 3
+
+
+def test_with_a_sink_per_partition_an_empty_partitions_sink_counts_as_its_last_commit():
+    """A partition dormant or gone at a cut writes nothing and its sink commits nothing:
+    the checkpoint takes its sink partition as committed to what it committed last, and
+    completes without it."""
+    from controller.checkpoints import CheckpointCoordinator
+
+    c = CheckpointCoordinator(1, 3, "fp", sinks=3)
+    c.begin(1, 10)
+    for p, sn in ((0, (9, 0)), (1, None), (2, (7, 2))):
+        c.part_written(1, 1, p, f"k1p{p}")
+        c.sink_committed(1, sn, partition=p)
+    assert c.source_recorded(1, 10)["sinks"] == [[9, 0], None, [7, 2]]
+    c.begin(2, 20, dormant={2})  # partition 2 left after cut 10
+    c.part_written(2, 1, 0, "k2p0")
+    c.part_written(2, 1, 1, "k2p1")
+    c.sink_committed(2, (19, 0), partition=0)
+    c.sink_committed(2, (18, 1), partition=1)
+    manifest = c.source_recorded(2, 20)
+    assert manifest is not None and manifest["sinks"] == [[19, 0], [18, 1], [7, 2]]

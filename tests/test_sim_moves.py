@@ -260,6 +260,25 @@ def test_pairs_that_left_start_again_fresh_at_a_later_rescale_to_more():
     assert sum(r.rejoins for r in results) >= 3
 
 
+def test_with_a_sink_per_partition_pairs_start_and_leave_and_the_checkpoints_complete():
+    """4 -> 6 -> 2 -> 5 with an egress per partition: the sinks of partitions dormant or
+    gone commit nothing, and each checkpoint takes them as committed to their last
+    commit; every sink partition holds its prefix of the failure-free outputs."""
+    results = schedules(SimParams(**{**SHRINK, **DOWN_AND_UP}, crashes=2,
+                                  partitioned_egress=True), range(1, 101))
+    assert not failures(results), failures(results)
+    assert sum(r.leaves for r in results) >= 5 and sum(r.joins for r in results) >= 50
+
+
+def test_a_leave_that_does_not_tell_its_egresses_the_cut_is_caught():
+    """With a sink per partition, a leave whose view does not carry the cut that took the
+    pairs' groups: their egresses may never learn it, and that checkpoint never
+    completes."""
+    results = schedules(SimParams(**{**SHRINK, **TO_TWO}, crashes=0, partitioned_egress=True,
+                                  variant="leave-no-cut"), range(1, 101))
+    assert failures(results)
+
+
 @pytest.mark.parametrize("variant,shape", [("leave-unacked", TO_TWO),
                                            ("join-stale-maps", DOWN_AND_UP)])
 def test_a_leave_before_the_acks_or_a_join_with_the_jobs_maps_is_caught(variant, shape):

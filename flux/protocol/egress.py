@@ -191,14 +191,18 @@ class Egress:
                 self.fcons.join(0)
         return []
 
-    def on_leave(self, partitions) -> List:
+    def on_leave(self, partitions, cut: tuple = ()) -> List:
         """Last-stage partitions left (docs/design/rescaling.md): the merge waits for
-        them no more, so what it holds may go now."""
+        them no more, so what it holds may go now. An egress of one of them learns the
+        cut that took their last groups (``cut``): every output of theirs is here, and no
+        stamp of theirs may have brought it, so its sink commits there now (else that
+        checkpoint, which their snapshots complete, would wait for the commit for good)."""
         for p in partitions:
             if self.partition is None:
                 self.fcons.leave(p)
             elif p == self.partition:
                 self.fcons.leave(0)
+                self.cuts.learn(cut or None)
         return self._release()
 
     def idle(self) -> bool:

@@ -200,7 +200,7 @@ class Host:
         self.left |= parts
         effects: List = []
         for machine in self.machines.values():
-            effects.extend(machine.on_leave(parts))
+            effects.extend(machine.on_leave(parts, view.left_cut))
         return effects
 
     def _joined(self, view: View) -> List:

@@ -126,7 +126,7 @@ class Stage1Connections:
             self.out.join(i)
         return []
 
-    def on_leave(self, partitions) -> List:
+    def on_leave(self, partitions, cut: tuple = ()) -> List:
         """Stage-1 partitions left (docs/design/rescaling.md)."""
         for i in partitions:
             self.out.leave(i)

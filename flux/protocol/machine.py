@@ -43,8 +43,10 @@ class Machine(Protocol):
     def on_join(self, partitions: FrozenSet[int]) -> List:
         """A view started dormant partitions (docs/design/rescaling.md)."""
 
-    def on_leave(self, partitions: FrozenSet[int]) -> List:
-        """A view took partitions out: a live rescale to fewer (docs/design/rescaling.md)."""
+    def on_leave(self, partitions: FrozenSet[int], cut: tuple = ()) -> List:
+        """A view took partitions out: a live rescale to fewer (docs/design/rescaling.md);
+        ``cut``: the cut ``(k, n)`` that took their last groups (() for a machine made
+        later: it was told every cut since)."""
 
     def stats(self) -> SegmentStats:
         """Counters for monitoring (a node reports them, DESIGN 9)."""

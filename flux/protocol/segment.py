@@ -234,9 +234,10 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
         self._next(Event.JOIN)
         return self._membership("join", frozenset(partitions))
 
-    def on_leave(self, partitions) -> List:
+    def on_leave(self, partitions, cut: tuple = ()) -> List:
         """A view took partitions out (a live rescale to fewer, docs/design/rescaling.md):
-        our feeds from them and our links to them end, as ``on_join`` began them."""
+        our feeds from them and our links to them end, as ``on_join`` began them (the cut
+        that took their groups came in band from our other producers too)."""
         self._next(Event.LEAVE)
         return self._membership("leave", frozenset(partitions))
 

@@ -70,11 +70,11 @@ class SinkWriter(Egress):
             return []
         return super().on_join(partitions)
 
-    def on_leave(self, partitions) -> List:
+    def on_leave(self, partitions, cut: tuple = ()) -> List:
         if self._held is not None:
-            self._held.append(partial(super().on_leave, frozenset(partitions)))
+            self._held.append(partial(super().on_leave, frozenset(partitions), cut))
             return []
-        return super().on_leave(partitions)
+        return super().on_leave(partitions, cut)
 
     def commit(self, number: int, cut: int) -> SinkCommit:
         self.uncommitted = 0

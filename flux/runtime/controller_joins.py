@@ -110,23 +110,23 @@ class JoinSide:
         log.info("dormant partitions %s start in view %d: %s", list(parts),
                  views[-1].number, ", ".join(f"{j.addr} on {j.node}" for j in views[-1].joined))
 
-    def ask_leave(self, partitions, moves_cut: int) -> None:
-        """Any thread: stop ``partitions``, which own no key group since move cut
-        ``moves_cut`` (``left_view`` says when)."""
-        self._leave_asks.put((tuple(sorted(partitions)), moves_cut))
+    def ask_leave(self, partitions, cut: tuple) -> None:
+        """Any thread: stop ``partitions``, which own no key group since the move cut
+        ``cut`` ``(k, n)`` (``left_view`` says when)."""
+        self._leave_asks.put((tuple(sorted(partitions)), tuple(cut)))
 
     def left_view(self, partitions) -> Optional[int]:
         """The view that stopped ``partitions`` (asked with ``ask_leave``), or None yet."""
         return self.leave_views.get(tuple(sorted(partitions)))
 
-    def leave_waits(self, partitions, moves_cut: int) -> List[str]:
+    def leave_waits(self, partitions, cut: tuple) -> List[str]:
         """Why a leave waits: the replicas of ``partitions`` whose node has not said they
-        crossed ``moves_cut`` and hold nothing, and the replicas missing (any thread)."""
+        crossed move cut ``cut`` and hold nothing, and the replicas missing (any thread)."""
         rec = self.recovery
         if rec is None:
             return []
         waits = [f"{a} {why}" for a in self._replicas(partitions)
-                 for why in [self._not_left_behind(a, moves_cut)] if why]
+                 for why in [self._not_left_behind(a, cut[0])] if why]
         return waits + [f"{a} missing" for a in sorted(rec.missing)]
 
     def place_leaves(self) -> None:
@@ -137,10 +137,10 @@ class JoinSide:
                 self._leave_waiting = self._leave_asks.get_nowait()
             except queue.Empty:
                 return
-        parts, moves_cut = self._leave_waiting
-        if any(self._not_left_behind(a, moves_cut) for a in self._replicas(parts)):
+        parts, cut = self._leave_waiting
+        if any(self._not_left_behind(a, cut[0]) for a in self._replicas(parts)):
             return
-        views = self.recovery.leave(parts)
+        views = self.recovery.leave(parts, cut)
         if not views:
             return  # a replica missing or being rebuilt: at the next turn again
         self._leave_waiting = None

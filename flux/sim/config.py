@@ -156,6 +156,9 @@ class WorldConfig:
     #: pairs leave only once both replicas of each crossed the cut that took their
     #: groups and hold nothing (False: a broken variant leaves once they crossed it)
     leave_waits_for_acks: bool = True
+    #: the leave's view tells the cut that took the pairs' groups, for their egresses
+    #: (False: a broken variant: an egress per partition learns it only in band)
+    leave_tells_cut: bool = True
     #: joined replicas start from the maps after the last cut that moved groups (False:
     #: a broken variant builds them with the job's maps)
     join_with_maps: bool = True

@@ -167,7 +167,9 @@ class SimPairs:
     def _leave(self) -> None:
         """The leaving pairs stop (a view): their replicas go, their nodes holding nothing
         more are standbys again."""
-        views = self.world.recovery.leave(self.leaving)
+        cut = [c for c in self.world.outcome.cuts if c[0] == self.leave_cut][-1:]
+        told = tuple(cut[0]) if cut and self.world.config.leave_tells_cut else ()
+        views = self.world.recovery.leave(self.leaving, told)
         self.gone.update(self.leaving)
         self.leaving, self.leave_view = (), views[-1].number
         self.leaves += 1

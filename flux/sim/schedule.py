@@ -200,11 +200,13 @@ class SimParams:
         if self.dormant and (len(self.live_rescales) < 2 or min(self.live_rescales) < 2 or
                              self.dataflow != "regroup" or self.moves or
                              self.placement != "chained" or self.ingresses > 1 or
-                             self.egress_per_partition or self.standbys < 2):
+                             self.writers_on_nodes or self.standbys < 2):
             raise ValueError("--dormant starts and stops pairs at live rescales "
                              "(--live-rescales, each count at least 2) of the regrouping dataflow, without "
-                             "--moves, with one ingress, one ordered egress, chained "
-                             "placement and 2 standbys at least (what is modelled so far)")
+                             "--moves, with one ingress, one ordered egress or one per "
+                             "partition in the egress process (not writers on the nodes), "
+                             "chained placement and 2 standbys at least (what is modelled "
+                             "so far)")
         if self.rescale_cuts and not self.rescale_to:
             raise ValueError("--rescale-cuts needs the counts to rescale to (--rescale-to)")
         if self.rescale_to:

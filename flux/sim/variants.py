@@ -425,6 +425,7 @@ WORLD_VARIANTS = {"restore-unverified": {"verify_restores": False},
                   # not all acked; joined replicas route by the job's maps, not the
                   # maps in force (docs/design/rescaling.md)
                   "leave-unacked": {"leave_waits_for_acks": False},
+                  "leave-no-cut": {"leave_tells_cut": False},
                   "join-stale-maps": {"join_with_maps": False}}
 
 #: name -> (buffer class, segment class)
@@ -523,5 +524,6 @@ VARIANTS = {
     "join-cut-early": (Buffer, Segment),
     "join-asleep": (Buffer, SegmentNotWaitingForJoined),
     "leave-unacked": (Buffer, Segment),
+    "leave-no-cut": (Buffer, Segment),
     "join-stale-maps": (Buffer, Segment),
 }

@@ -182,7 +182,7 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
         keep = sink is None if tuning.keep_output is None else tuning.keep_output
         keep = keep and not tuning.egress_on_executors  # no output reaches the driver
         self.output = OutputWriter(sink, keep, on_outputs=self.metrics.outputs,
-                                   partitions=1 if tuning.ordered_output else nodes,
+                                   partitions=1 if tuning.ordered_output else partitions,
                                    on_executors=tuning.egress_on_executors)
         self.config = NodeConfig(
             dataflow=cloudpickle.dumps(dataflow), stages=len(dataflow.stages),

@@ -20,7 +20,7 @@ or rescale is taken (``_check_left``). Modelled first (``--dormant`` with a resc
 fewer, rule 5 of docs/design/rescaling.md).
 
 What is refused, naming why: dormant pairs beside what the simulator has not modelled
-with them (a ``SplitSource``'s pairs of ingresses, an egress per partition, replication
+with them (a ``SplitSource``'s pairs of ingresses, writers on the executors, replication
 other than ``flux``, the rebalancing policy), without ``checkpoint=`` (live moves ride
 its cuts), with fewer than two standbys (a join needs two at least), and a rescale past
 ``max_nodes``.
@@ -59,9 +59,9 @@ def check_dormant(options, splits: int) -> None:
         why = f"replication={rep.mode!r} (dormant pairs are pairs of Flux's chained placement)"
     elif splits:
         why = "a SplitSource (its pairs of ingresses are not modelled with dormant pairs yet)"
-    elif not options.tuning.ordered_output:
-        why = "ordered_output=False (an egress per partition is not modelled with dormant " \
-              "pairs yet)"
+    elif options.tuning.egress_on_executors:
+        why = "egress_on_executors=True (a sink's writer on the node of a pair that may " \
+              "not run is not modelled with dormant pairs yet)"
     elif options.checkpoints.location is None:
         why = "no checkpoint= (the key groups move to the started pairs at a checkpoint's cut)"
     elif rep.rebalance is not None:
@@ -82,12 +82,17 @@ def check_growth(nodes: int, max_nodes: int) -> None:
 
 
 def applied_view(placed: Callable[[], Optional[int]], applied: Callable[[int], List[str]],
-                 timeout: float, clock, sleep) -> Tuple[Optional[int], bool]:
+                 timeout: float, clock, sleep,
+                 stopped: Callable[[], bool] = lambda: False) -> Tuple[Optional[int], bool]:
     """Wait until the controller placed a view (``placed()``: its number, or None yet)
-    and every live process applied it; the view (or None) and whether they did."""
+    and every live process applied it; the view (or None) and whether they did.
+    ``ValueError`` if ``stopped()`` (the job stopped or failed) first."""
     started = clock()
     view: Optional[int] = None
     while clock() - started < timeout:
+        if stopped():
+            raise ValueError("the job stopped or failed (job.errors) while pairs started "
+                             "or left")
         view = placed()
         if view is not None and not applied(view):
             return view, True
@@ -97,14 +102,14 @@ def applied_view(placed: Callable[[], Optional[int]], applied: Callable[[int], L
 
 def start_dormant(controller, applied: Callable[[int], List[str]], partitions: range,
                   timeout: float, clock=time.monotonic, sleep=time.sleep,
-                  start: tuple = ()) -> int:
+                  start: tuple = (), stopped: Callable[[], bool] = lambda: False) -> int:
     """Ask the controller to start dormant ``partitions`` and wait until every live
     process applied the view that did (``applied(view)``: the processes that have not);
     that view's number. ``start``: where their replicas start (``LiveMoves.join_start``).
     ``TimeoutError`` naming what it waits for."""
     controller.ask_join(partitions, start)
     view, everywhere = applied_view(lambda: controller.joined_view(partitions), applied,
-                                    timeout, clock, sleep)
+                                    timeout, clock, sleep, stopped)
     if everywhere:
         return view
     if view is None:
@@ -121,24 +126,23 @@ def start_dormant(controller, applied: Callable[[int], List[str]], partitions: r
                        f"{timeout}s")
 
 
-def stop_leaving(controller, applied: Callable[[int], List[str]], partitions: range,
-                 moves_cut: int, timeout: float, clock=time.monotonic,
-                 sleep=time.sleep) -> int:
-    """Ask the controller to stop ``partitions``, which own no key group since move cut
-    ``moves_cut``, and wait until every live process applied the view that did; that
-    view's number. ``TimeoutError`` naming what it waits for (the ask stays: they leave
-    once they may)."""
-    controller.ask_leave(partitions, moves_cut)
+def wait_left(controller, applied: Callable[[int], List[str]], partitions: range,
+              cut: tuple, timeout: float, clock=time.monotonic, sleep=time.sleep,
+              stopped: Callable[[], bool] = lambda: False) -> int:
+    """Wait until the controller stopped ``partitions`` (asked with ``ask_leave``: they
+    own no key group since the move cut ``cut`` ``(k, n)``) and every live process
+    applied the view that did; that view's number. ``TimeoutError`` naming what it waits
+    for (the ask stays: they leave once they may)."""
     view, everywhere = applied_view(lambda: controller.left_view(partitions), applied,
-                                    timeout, clock, sleep)
+                                    timeout, clock, sleep, stopped)
     if everywhere:
         return view
     pairs = f"pairs {partitions.start}..{partitions.stop - 1}"
     if view is None:
-        waits = controller.leave_waits(partitions, moves_cut)
+        waits = controller.leave_waits(partitions, cut)
         raise TimeoutError(
             f"{pairs} own no key group and did not leave within {timeout}s: they leave once "
-            f"both replicas of each crossed move cut {moves_cut} and hold nothing, and no "
+            f"both replicas of each crossed move cut {cut[0]} and hold nothing, and no "
             f"replica is missing ({'; '.join(waits[:6]) or 'now they may'}); they leave "
             f"when they may, and no rescale or move is taken until then")
     raise TimeoutError(f"{pairs} left in view {view}, and {', '.join(applied(view))} had "
@@ -192,7 +196,7 @@ class PairGrowth:
         moves = self._checkpointing.moves
         try:
             view = start_dormant(attempt.controller, attempt.lagging, range(running, nodes),
-                                 timeout, start=moves.join_start())
+                                 timeout, start=moves.join_start(), stopped=self._ended)
         finally:
             moves.join_applied()  # (on a timeout, the ask withdrawn: see start_dormant)
         self.metrics.events.append((time.monotonic(), "pairs started", (running, nodes, view)))
@@ -200,20 +204,32 @@ class PairGrowth:
 
     def _shrink(self, nodes: int, timeout: float) -> None:
         """Run ``nodes`` pairs from now, live: every stage's key groups spread over the
-        first ``nodes`` (a live move), then the pairs past them leave."""
+        first ``nodes`` (a live move), and the pairs past them leave, asked as soon as a
+        cut carried the moves (with a sink per partition, that cut's checkpoint completes
+        only once they left: their sinks commit it then, ``Egress.on_leave``)."""
         started = time.monotonic()
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups)
         moves = self._checkpointing.moves
+
+        def ask_leave() -> None:
+            leaving, attempt = moves.leaving(), self.attempt
+            if leaving is None or attempt is None or (
+                    self._leaving is not None and self._leaving[0] is attempt):
+                return
+            parts = range(nodes, attempt.running)
+            if parts:  # (none: a restart from the rescale's checkpoint runs ``nodes``)
+                self._leaving = (attempt, parts, leaving[1])
+                attempt.controller.ask_leave(parts, leaving[1])
         move_live(self._checkpointing, SpreadAsked(nodes, self._checkpointing.key_groups,
                                                    leave=True),
-                  timeout, self._bulks_staged, stopped=self._stopping.is_set)
-        attempt, leaving = self.attempt, moves.leaving()
-        parts = range(nodes, attempt.running)
-        if not parts or leaving is None:
+                  timeout, self._bulks_staged, stopped=self._ended,
+                  on_poll=ask_leave)
+        ask_leave()
+        if self._leaving is None or self._leaving[0] is not self.attempt:
             return  # a restart from the rescale's checkpoint on runs ``nodes`` already
-        self._leaving = (attempt, parts, leaving[1])
-        view = stop_leaving(attempt.controller, attempt.lagging, parts, leaving[1],
-                            max(1.0, timeout - (time.monotonic() - started)))
+        attempt, parts, cut = self._leaving
+        view = wait_left(attempt.controller, attempt.lagging, parts, cut,
+                         max(1.0, timeout - (time.monotonic() - started)), stopped=self._ended)
         self._leaving = None
         self.metrics.events.append((time.monotonic(), "pairs stopped", (nodes, parts.stop,
                                                                      view)))

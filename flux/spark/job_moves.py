@@ -48,7 +48,7 @@ def check_move(asked: MoveAsked, stages: int, key_groups: int, partitions: int) 
 
 def move_live(checkpoints, asked, timeout: float, staged=lambda number, moves: False,
               clock=time.monotonic, sleep=time.sleep,
-              stopped=lambda: False) -> Optional[int]:
+              stopped=lambda: False, on_poll=lambda: None) -> Optional[int]:
     """Ask the move, cut a checkpoint to carry its prepares, cut the next one to carry
     the moves once ``staged(number, moves)`` (the controller: both replicas of every
     destination hold the bulks prepared at checkpoint ``number``) or ``PREPARE_WAIT``
@@ -56,14 +56,16 @@ def move_live(checkpoints, asked, timeout: float, staged=lambda number, moves: F
     number. A restart to an older checkpoint meanwhile asks it again
     (``LiveMoves.restarted``). ``TimeoutError`` if none does in ``timeout`` (no input came
     to cut after, or checkpoints do not complete); ``ValueError`` if ``stopped()`` (the
-    job) first."""
+    job) first. ``on_poll``: called as it waits (a rescale to fewer asks its leave once
+    its moves are carried)."""
     moves = checkpoints.moves
     moves.ask(asked)
     checkpoints.cut_now()
     started = clock()
     while clock() - started < timeout:
         if stopped():
-            raise ValueError(f"the job stopped before a complete checkpoint covered {asked}")
+            raise ValueError(f"the job stopped or failed (job.errors) before a complete "
+                             f"checkpoint covered {asked}")
         latest = checkpoints.service.latest
         number = latest.number if latest is not None else None
         if not moves.pending(number):
@@ -73,6 +75,7 @@ def move_live(checkpoints, asked, timeout: float, staged=lambda number, moves: F
             moves.staged(preparing[0])
         if moves.waiting_for_cut() and checkpoints.wanted_cut is not None:
             checkpoints.cut_now()  # the moves' cut, or one a restart undid
+        on_poll()
         sleep(0.02)
     raise TimeoutError(f"{asked} was not in a complete checkpoint within {timeout}s (it "
                        f"needs an input to cut after)")
@@ -94,7 +97,7 @@ class KeyGroupMoves:
                    self.attempt.running)
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups, stage)
         return move_live(self._checkpointing, asked, timeout, self._bulks_staged,
-                         stopped=self._stopping.is_set)
+                         stopped=self._ended)
 
     def spread_key_groups(self, over: int, timeout: float = 60.0) -> Optional[int]:
         """Spread every stage's key groups over the first ``over`` pairs, in contiguous
@@ -113,7 +116,7 @@ class KeyGroupMoves:
         check_rescalable(self.dataflow, self._sample, self._checkpointing.key_groups)
         return move_live(self._checkpointing,
                          SpreadAsked(over, self._checkpointing.key_groups), timeout,
-                         self._bulks_staged, stopped=self._stopping.is_set)
+                         self._bulks_staged, stopped=self._ended)
 
     def _spread_again(self, pairs: int, timeout: float) -> None:
         """``rescale(n)`` at the job's own count of pairs: keys spread over fewer of them
@@ -232,6 +235,10 @@ class KeyGroupMoves:
     def _bulks_staged(self, number: int, moves) -> bool:
         attempt = self.attempt
         return attempt is not None and attempt.controller.bulks_staged(number, moves)
+
+    def _ended(self) -> bool:
+        """Has the job stopped or failed (a live move or rescale waits no longer)?"""
+        return self._stopping.is_set() or bool(self.errors)
 
     def _check_live(self) -> None:
         check_live(self.attempt is not None and not self._stopped and not self.finished(),

@@ -111,6 +111,7 @@ class LiveMoves:
         #: whether a join is being applied (no cut carries moves meanwhile): where a pair
         #: started at a live rescale starts (``join_start``, docs/design/rescaling.md)
         self.moves_cut = 0
+        self.moves_cut_at: tuple = ()  # that cut, ``(k, n)``
         self.last_cut: tuple = ()
         self.joining = False
         #: the partitions empty at a cut unless they owned a group before it (dormant at
@@ -131,6 +132,8 @@ class LiveMoves:
     def ask(self, asked: MoveAsked) -> None:
         with self._lock:
             self.asked.append(asked)
+            if isinstance(asked, SpreadAsked) and asked.leave:
+                self.shrunk = None  # (an earlier rescale to fewer's pairs left already)
 
     def cut(self, number: int, last_stage: bool = True) -> Tuple[List[GroupMove], tuple]:
         """Checkpoint ``number`` is cut: the moves (or prepares) it carries, and the maps
@@ -152,7 +155,7 @@ class LiveMoves:
             if any(isinstance(a, SpreadAsked) and a.leave for a in
                    self.carried.get(number, ())):
                 over = min(a.over for a in self.carried[number] if isinstance(a, SpreadAsked))
-                self.shrunk = (over, number, self.moves_cut)
+                self.shrunk = (over, number, self.moves_cut)  # (its (k, n): ``leaving``)
                 self._to_sleep = (set(range(over, self.partitions)), number)
             return moves, groups
 
@@ -185,6 +188,8 @@ class LiveMoves:
         """Checkpoint ``number``'s cut is ``cut`` (the newest, for ``join_start``)."""
         with self._lock:
             self.last_cut = (number, cut)
+            if number == self.moves_cut:
+                self.moves_cut_at = (number, cut)
 
     def join_start(self) -> Tuple[tuple, int, tuple]:
         """Where replicas of pairs started now start (``Joined``): the maps after the last
@@ -215,11 +220,14 @@ class LiveMoves:
         with self._lock:
             return running if self.shrunk is None else min(running, self.shrunk[0])
 
-    def leaving(self) -> Optional[Tuple[int, int]]:
+    def leaving(self) -> Optional[Tuple[int, tuple]]:
         """A rescale to fewer carried since the last join or restart: ``(over, the move
-        cut that took the last groups of the pairs past it)``, or None."""
+        cut (k, n) that took the last groups of the pairs past it)``, or None (also until
+        that cut's position is known)."""
         with self._lock:
-            return None if self.shrunk is None else (self.shrunk[0], self.shrunk[2])
+            if self.shrunk is None or self.moves_cut_at[:1] != (self.shrunk[2],):
+                return None
+            return self.shrunk[0], self.moves_cut_at
 
     def preparing(self) -> Optional[Tuple[int, List[GroupMove]]]:
         """The prepare a cut carried whose moves wait for their bulks (its checkpoint and
