@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from exchange.group_map import maps_to_config
-from exchange.group_map import GroupMap
+from exchange.group_map import GroupMap, maps_to_config
 from flux.addresses import P, S, Addr
 from flux.sim.config import CONTROLLER
 

@@ -22,8 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from exchange.group_map import maps_to_config
-from exchange.group_map import GroupMap, GroupMove
+from exchange.group_map import GroupMap, GroupMove, maps_to_config
 from flux.runtime.restore import dormant_start
 
 log = logging.getLogger(__name__)
@@ -115,10 +114,10 @@ class LiveMoves:
         self.last_cut: tuple = ()
         self.joining = False
         #: the partitions empty at a cut unless they owned a group before it (dormant at
-        #: the start, or left since); and a rescale to fewer carried, ``(over, its cut,
-        #: the move cut that took the leaving pairs' last groups)``, until a join
+        #: the start, or left since); and a rescale to fewer carried, ``(over, the move
+        #: cut that took the leaving pairs' last groups)``, until a join
         self.sleepers: set = set()
-        self.shrunk: Optional[Tuple[int, int, int]] = None
+        self.shrunk: Optional[Tuple[int, int]] = None
         #: the pairs a rescale to fewer took out and its cut: empty from the next cut on
         self._to_sleep: Optional[Tuple[set, int]] = None
         self.restarted(restored, partitions)
@@ -155,7 +154,7 @@ class LiveMoves:
             if any(isinstance(a, SpreadAsked) and a.leave for a in
                    self.carried.get(number, ())):
                 over = min(a.over for a in self.carried[number] if isinstance(a, SpreadAsked))
-                self.shrunk = (over, number, self.moves_cut)  # (its (k, n): ``leaving``)
+                self.shrunk = (over, self.moves_cut)  # (its (k, n): ``leaving``)
                 self._to_sleep = (set(range(over, self.partitions)), number)
             return moves, groups
 
@@ -225,7 +224,7 @@ class LiveMoves:
         cut (k, n) that took the last groups of the pairs past it)``, or None (also until
         that cut's position is known)."""
         with self._lock:
-            if self.shrunk is None or self.moves_cut_at[:1] != (self.shrunk[2],):
+            if self.shrunk is None or self.moves_cut_at[:1] != (self.shrunk[1],):
                 return None
             return self.shrunk[0], self.moves_cut_at
 
