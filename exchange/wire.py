@@ -104,9 +104,9 @@ ROWS_FORM = "rows"
 #: SNs longer than this are refused: an SN has one int per stage a record went through
 MAX_SN_LENGTH = 256
 _BIG_ENDIAN = sys.byteorder == "big"
-#: the last batch's tuples encoded, and their fields: a batch a producer sends to both
+#: the last batch's tuples encoded, and their fields packed: a batch a producer sends to both
 #: replicas of a pair is one tuple object (Buffer.take), packed once
-_last_encoded: tuple = ((), [0, b"", []])
+_last_encoded: tuple = (None, (0, b""))
 #: frames above this are refused before decoding (a state chunk is 1 MiB by default)
 MAX_FRAME = 64 << 20
 
@@ -283,19 +283,26 @@ def _transfer(v) -> tuple:
 def _put_batch_items(items) -> list:
     """A batch's items in records or rows form (the first item's payload says which).
     Built and read in C (the per-tuple lists cost ~0.7 us a tuple to check and convert)."""
-    global _last_encoded
     if not items:
         return [0, b"", []]
-    last = _last_encoded  # one read: other threads may replace it meanwhile
-    if last[0] is items:
-        return last[1]  # the same batch for a pair's other replica (Buffer.take)
     conn_sns, payloads = zip(*items)
     if isinstance(payloads[0], NumberedRows):
-        fields = [ROWS_FORM, *_put_sns(conn_sns), _put_rows(payloads)]
-    else:
-        fields = [*_put_sns(conn_sns), list(payloads)]
-    _last_encoded = (items, fields)  # holds ``items``: its identity is not reused meanwhile
-    return fields
+        return [ROWS_FORM, *_put_sns(conn_sns), _put_rows(payloads)]
+    return [*_put_sns(conn_sns), list(payloads)]
+
+
+def _packed_items(items) -> Tuple[int, bytes]:
+    """A batch's item fields packed: how many, and their msgpack bytes (without a list's
+    header). The same tuples object goes to both replicas of a pair (Buffer.take): it
+    is packed once, the records in it the bulk of the frame."""
+    global _last_encoded
+    last = _last_encoded  # one read: other threads may replace it meanwhile
+    if last[0] is items:
+        return last[1]
+    fields = _put_batch_items(items)
+    packed = (len(fields), msgpack.packb(fields, use_bin_type=True, default=_no_rows)[1:])
+    _last_encoded = (items, packed)  # holds ``items``: its identity is not reused meanwhile
+    return packed
 
 
 def _put_sns(sns) -> list:
@@ -678,10 +685,28 @@ def encode(env: Envelope) -> bytes:
     kind = KIND_OF.get(type(env.msg))
     if kind is None:
         raise TypeError(f"no wire form for {type(env.msg).__name__}")
+    head = [VERSION, kind, _put_endpoint(env.src), _put_endpoint(env.dst), env.view,
+            env.inc, env.dst_inc]
+    if kind == "batch":
+        return _encode_batch(head, env.msg)
     fields = CODECS[kind][1](env.msg)
-    return msgpack.packb([VERSION, kind, _put_endpoint(env.src), _put_endpoint(env.dst),
-                          env.view, env.inc, env.dst_inc, *fields], use_bin_type=True,
-                         default=_no_rows)
+    return msgpack.packb([*head, *fields], use_bin_type=True, default=_no_rows)
+
+
+def _encode_batch(head: list, batch: Batch) -> bytes:
+    """The bytes ``packb([*head, *items' fields, bound, cut])`` gives, with the items'
+    bytes packed once for both replicas (``_packed_items``): a msgpack list is its
+    header (how many follow) and then each element's bytes, in order."""
+    count, items = _packed_items(batch.items)
+    tail = [list(batch.bound), _put_cut(batch.cut)]
+    return b"".join((_list_header(len(head) + count + len(tail)),
+                     msgpack.packb(head, use_bin_type=True)[1:], items,  # [1:]: the
+                     msgpack.packb(tail, use_bin_type=True)[1:]))        # header (< 16)
+
+
+def _list_header(n: int) -> bytes:
+    """msgpack's header of a list of ``n``."""
+    return bytes((0x90 | n,)) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
 
 
 def decode(frame: bytes) -> Envelope:

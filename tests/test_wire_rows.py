@@ -104,6 +104,22 @@ def test_rows_methods_work_on_a_decoded_read_only_matrix():
 
 # -- packed once for both replicas ---------------------------------------------------
 
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(rows_items(), st.lists(st.tuples(st.tuples(st.integers(0, 2**62)), records),
+                                        max_size=5)),
+       st.one_of(st.none(), st.tuples(st.integers(0, 99), st.integers(0, 99))),
+       st.integers(0, 2**40), st.integers(0, 2**40))
+def test_a_batch_frame_is_the_one_msgpack_list_of_its_fields(items, cut, view, inc):
+    """The items' bytes are packed apart (once for both replicas) and joined with the
+    rest: the frame must be exactly the one list the fields make, whatever their sizes."""
+    env = Envelope(A, B, view, Batch(tuple(items), (7, 1), cut), inc, 2)
+    fields = wire.CODECS["batch"][1](env.msg)
+    whole = msgpack.packb([wire.VERSION, "batch", wire._put_endpoint(A), wire._put_endpoint(B),
+                           view, inc, 2, *fields], use_bin_type=True)
+    assert encode(env) == whole
+
+
+
 def test_a_rows_batch_for_both_replicas_is_packed_once(monkeypatch):
     """The same tuples object (Buffer.take for the pair's two replicas) is packed once;
     equal items in another tuple are packed afresh."""
