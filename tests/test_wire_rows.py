@@ -119,7 +119,6 @@ def test_a_batch_frame_is_the_one_msgpack_list_of_its_fields(items, cut, view, i
     assert encode(env) == whole
 
 
-
 def test_a_rows_batch_for_both_replicas_is_packed_once(monkeypatch):
     """The same tuples object (Buffer.take for the pair's two replicas) is packed once;
     equal items in another tuple are packed afresh."""
