@@ -58,6 +58,50 @@ def test_messages_arrive_whole_and_in_order(pair):
     assert got[0] == Envelope(A, B, 0, Batch((((1, 1), ["rec", 1]),), (1,)), 1, 2)
 
 
+def test_envelopes_sent_in_one_bundling_block_leave_as_one_message_in_order(pair):
+    a, b = pair
+    with a.bundling():
+        for n in range(1, 301):
+            assert a.send("b", batch(n))
+        assert a.pending("b") == 300  # nothing left before the block's end
+    assert a.pending("b") == 0
+    # 300 envelopes: two messages (at most BUNDLE_ENVELOPES each), numbered 1 and 2
+    assert a.out_seq["b"] == 2
+    got, gaps = receive(b, 300)
+    assert gaps == []
+    assert [e.msg.items[0][0] for e in got] == [(n, 1) for n in range(1, 301)]
+
+
+def test_a_bundle_holds_a_large_envelope_alone(pair):
+    from flux.runtime.transport import BUNDLE_BYTES
+
+    a, b = pair
+    big = Envelope(A, B, 0, Batch((((2, 1), ["x" * BUNDLE_BYTES]),), (2,)), 1, 2)
+    with a.bundling():
+        a.send("b", batch(1))
+        a.send("b", big)
+        a.send("b", batch(3))
+    assert a.out_seq["b"] == 3  # before it, itself, after it
+    got, gaps = receive(b, 3)
+    assert gaps == [] and [e.msg.items[0][0] for e in got] == [(1, 1), (2, 1), (3, 1)]
+
+
+def test_a_malformed_envelope_in_a_message_is_dropped_alone(ctx, pair, caplog):
+    from exchange.wire import encode
+
+    a, b = pair
+    peer = raw_dealer(ctx, b"c#4", b.address)
+    try:
+        with caplog.at_level(logging.WARNING, logger="flux.runtime.transport"):
+            peer.send_multipart([b"1", encode(batch(1)), b"\xc1not msgpack", encode(batch(3))])
+            got, gaps = receive(b, 2)
+        assert gaps == [] and [e.msg.items[0][0] for e in got] == [(1, 1), (3, 1)]
+        assert b.dropped == 1
+        assert any("c#4" in r.getMessage() for r in caplog.records)
+    finally:
+        peer.close(linger=0)
+
+
 def raw_dealer(ctx, identity, address):
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
@@ -70,7 +114,7 @@ def raw_dealer(ctx, identity, address):
     ([b"1", b"\xc1not msgpack"], "not a msgpack frame"),
     ([b"1", b"\x93\x01\x02\x03"], "a frame is a list of at least 7 fields"),
     ([b"one", b"x"], "connection sequence number is not an int"),
-    ([b"1"], "1 frames instead of 2"),
+    ([b"1"], "1 frames: no envelope after the sequence number"),
 ])
 def test_hostile_frames_are_dropped_with_a_log_line_naming_the_peer(ctx, pair, caplog, frames, reason):
     a, b = pair

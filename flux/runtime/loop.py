@@ -64,7 +64,7 @@ from flux.runtime.metrics import Metrics
 from flux.runtime.outbox import Outbox
 from flux.runtime.range_timing import RangeTiming
 from flux.runtime.source_intake import SourceIntake
-from flux.runtime.transport import DEFAULT_POLL_LIMIT, ConnectionGap, Transport
+from flux.runtime.transport import ConnectionGap, Transport
 from statemover.messages import SmReady, TransferFailed
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,14 @@ def probed_keys(host: Host, msg: ProbeKeys) -> ProbedKeys:
         found = work.snapshots.probe_keys(msg.number, msg.cut, msg.operator, msg.groups)
         pairs = None if found is None else tuple(tuple(p) for p in found)
     return ProbedKeys(msg.addr, msg.number, msg.cut, msg.operator, pairs)
+
+
+def from_dead(gap: ConnectionGap, dead_incs) -> bool:
+    """Did ``gap`` happen on a connection from an incarnation a view declared dead? Its
+    messages are dropped anyway (a zombie back from a cut, DESIGN 6): nothing it sent,
+    and nothing it failed to send, is acted on."""
+    inc = gap.peer.rpartition("#")[2]
+    return inc.isdigit() and int(inc) in dead_incs
 
 
 class HostLoop:
@@ -151,10 +159,16 @@ class HostLoop:
 
     # -- one turn of the poller loop ------------------------------------------------
     def turn(self, timeout_ms: int) -> bool:
-        """Receive, deliver, work, send. Returns True if anything moved."""
+        """Receive, deliver, work, send. Returns True if anything moved. What a step
+        sends leaves at its end, one message per peer (``Transport.bundling``)."""
+        with self.transport.bundling():
+            return self._turn(timeout_ms)
+
+    def _turn(self, timeout_ms: int) -> bool:
         envelopes, gaps = self.transport.poll(self._poll_timeout(timeout_ms))
         self.gaps += gaps
-        lost = [g for g in gaps if isinstance(g, ConnectionGap) and not self._from_dead(g)]
+        lost = [g for g in gaps if isinstance(g, ConnectionGap)
+                and not from_dead(g, self.host.dead_incs)]
         if lost and self.stopped is None:
             # Messages from a live peer vanished in transit (DESIGN 4.4): this process's
             # state no longer matches its twin's. It stops, fail-stop, and its pair masks it.
@@ -169,7 +183,7 @@ class HostLoop:
         polled = self.clock()
         if self.lease is not None and any(env.src == CONTROLLER for env in envelopes):
             self.lease.heard(polled)
-        if len(envelopes) < DEFAULT_POLL_LIMIT:  # else the controller's may be among the rest
+        if not self.transport.polled_all:  # else the controller's may be among the rest
             self._check_lease(polled)
         if self.stopped is not None:
             return False
@@ -196,6 +210,7 @@ class HostLoop:
                 self._more = False  # wait for the peers a little, do not spin
                 return moved  # back-pressure: nothing new until the outboxes empty
             step = self._deliver() | self._accept_input() | self.local.run()
+            self.transport.flush()
             moved |= step
             self._more = step
             if not step or self.clock() >= deadline:
@@ -225,13 +240,6 @@ class HostLoop:
                 work.snapshots.snapshot_lost()
                 self.local.touch(written.addr)
             self.report(written)
-
-    def _from_dead(self, gap: ConnectionGap) -> bool:
-        """Did ``gap`` happen on a connection from an incarnation a view declared dead? Its
-        messages are dropped anyway (a zombie back from a cut, DESIGN 6): nothing it sent,
-        and nothing it failed to send, is acted on."""
-        inc = gap.peer.rpartition("#")[2]
-        return inc.isdigit() and int(inc) in self.host.dead_incs
 
     def _apply_members(self, msg: Members) -> None:
         for name, address, inc in msg.addresses:

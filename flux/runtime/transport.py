@@ -2,11 +2,19 @@
 
 One ROUTER per process receives; one DEALER per peer sends, with the
 sender's ``name#incarnation`` as its identity, so a restarted process never
-shares a sequence space with its dead predecessor. Every message is two
-frames, ``[conn_seq, payload]``: the receiver checks that ``conn_seq`` goes
-1, 2, 3, ... per sender identity, and a gap (ZeroMQ can lose what was in
-flight across a TCP reconnect) is reported as a failure of that connection,
-never skipped.
+shares a sequence space with its dead predecessor. Every message is
+``[conn_seq, envelope, envelope, ...]``: the receiver checks that
+``conn_seq`` goes 1, 2, 3, ... per sender identity, and a gap (ZeroMQ can
+lose what was in flight across a TCP reconnect) is reported as a failure of
+that connection, never skipped.
+
+A message carries every envelope queued for its peer when it leaves, in
+order: inside ``bundling()`` (a loop's step) envelopes wait and leave
+together, one ZeroMQ message per peer. Each message costs both processes a
+wake-up, a CURVE box and a few system calls whatever it carries (~100 us of
+CPU on two busy cores, against ~20 us an envelope sent four to a message):
+a small item fans out to every replica of the next stage, so at moderate
+rates nodes spent most of their CPU on messages, not on records.
 
 A process may ``watch`` a peer: when the TCP connection to it drops (the
 peer's process died and its kernel closed the socket), ``poll`` reports a
@@ -26,8 +34,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 import zmq
 from zmq.utils import z85
@@ -44,8 +53,13 @@ ZERO_COPY_FROM = 1 << 16
 #: messages one ``poll`` takes at most (more wait for the next)
 DEFAULT_POLL_LIMIT = 10_000
 
-#: messages a peer's outbox may hold before ``send`` reports back-pressure
+#: envelopes a peer's outbox may hold before ``send`` reports back-pressure
 DEFAULT_OUTBOX = 100_000
+
+#: one message carries at most this many envelopes, and this many bytes of them (an
+#: envelope larger than that goes alone)
+BUNDLE_ENVELOPES = 256
+BUNDLE_BYTES = 1 << 20
 
 
 def job_keys(secret: str) -> Tuple[bytes, bytes]:
@@ -112,7 +126,11 @@ class Transport:
         self.dealers: Dict[str, zmq.Socket] = {}
         self.monitors: Dict[zmq.Socket, str] = {}
         self.out_seq: Dict[str, int] = {}
-        self.outbox: Dict[str, Deque[Tuple[bytes, bytes]]] = {}
+        #: each peer's encoded envelopes not yet handed to ZeroMQ, in order
+        self.outbox: Dict[str, Deque[bytes]] = {}
+        self._bundling = 0  # how many ``bundling()`` blocks are open
+        #: the last ``poll`` took its limit of messages: more may wait
+        self.polled_all = False
         self.in_seq: Dict[bytes, int] = {}
         self.dropped = 0
         self._poller = zmq.Poller()
@@ -167,10 +185,22 @@ class Transport:
             raise KeyError(f"not connected to {peer}")
         if len(box) >= self.outbox_limit:
             return False
-        self.out_seq[peer] += 1
-        box.append((str(self.out_seq[peer]).encode(), encode(env)))
-        self._flush(peer)
+        box.append(encode(env))
+        if not self._bundling:
+            self._flush(peer)
         return True
+
+    @contextmanager
+    def bundling(self) -> Iterator[None]:
+        """Envelopes sent inside wait, and leave when it ends (or at ``flush``) as one
+        message per peer: same order, far fewer messages."""
+        self._bundling += 1
+        try:
+            yield
+        finally:
+            self._bundling -= 1
+            if not self._bundling:
+                self.flush()
 
     def pending(self, peer: Optional[str] = None) -> int:
         """Messages queued and not yet handed to ZeroMQ."""
@@ -185,14 +215,22 @@ class Transport:
     def _flush(self, peer: str) -> None:
         box, dealer = self.outbox[peer], self.dealers[peer]
         while box:
+            count, size = 0, 0
+            for payload in box:
+                if count == BUNDLE_ENVELOPES or count and size + len(payload) > BUNDLE_BYTES:
+                    break
+                count, size = count + 1, size + len(payload)
             try:
-                frames = box[0]
-                # zero-copy only pays for large frames (state chunks), not for batches
-                dealer.send_multipart(frames, flags=zmq.NOBLOCK,
-                                      copy=len(frames[1]) < ZERO_COPY_FROM)
+                dealer.send(str(self.out_seq[peer] + 1).encode(), zmq.NOBLOCK | zmq.SNDMORE)
             except zmq.Again:
-                return  # the peer is slow or gone: keep it, never block
-            box.popleft()
+                return  # the peer is slow or gone: keep them, never block
+            # the rest of a message never meets the high-water mark its first frame passed
+            for left in range(count - 1, -1, -1):
+                payload = box.popleft()
+                # zero-copy only pays for large frames (state chunks), not for batches
+                dealer.send(payload, zmq.NOBLOCK | (zmq.SNDMORE if left else 0),
+                            copy=len(payload) < ZERO_COPY_FROM)
+            self.out_seq[peer] += 1
 
     # -- receiving ----------------------------------------------------------------
     def also_wake_on(self, socket: zmq.Socket) -> None:
@@ -208,6 +246,7 @@ class Transport:
         self.flush()
         envelopes: List[Envelope] = []
         gaps: list = []
+        self.polled_all = False
         ready = dict(self._poller.poll(timeout_ms))
         if not ready:
             return envelopes, gaps
@@ -218,9 +257,9 @@ class Transport:
                 frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
-            env = self._accept(frames, gaps, len(envelopes))
-            if env is not None:
-                envelopes.append(env)
+            envelopes.extend(self._accept(frames, gaps, len(envelopes)))
+        else:
+            self.polled_all = True
         return envelopes, gaps
 
     def _read_monitor(self, monitor: zmq.Socket) -> List[ConnectionLost]:
@@ -234,11 +273,14 @@ class Transport:
                 lost.append(ConnectionLost(self.monitors[monitor]))
 
     def _accept(self, frames: List[bytes], gaps: List[ConnectionGap],
-                at: int = 0) -> Optional[Envelope]:
+                at: int = 0) -> List[Envelope]:
+        """The envelopes of one message, or none (a gap, a malformed message); a
+        malformed envelope is dropped alone."""
         peer = frames[0] if frames else b"?"
         who = peer.decode("utf-8", "replace")
-        if len(frames) != 3:
-            return self._drop(who, f"{len(frames) - 1} frames instead of 2")
+        if len(frames) < 3:
+            return self._drop(who, f"{len(frames) - 1} frames: no envelope after the "
+                                   f"sequence number")
         try:
             seq = int(frames[1])
         except ValueError:
@@ -249,17 +291,20 @@ class Transport:
             log.warning("connection from %s skipped from %d to %d: treating it as failed",
                         who, expected, seq)
             self.in_seq[peer] = max(seq, expected - 1)
-            return None
+            return []
         self.in_seq[peer] = seq
-        try:
-            return decode(frames[2])
-        except WireError as exc:
-            return self._drop(who, str(exc))
+        envelopes = []
+        for frame in frames[2:]:
+            try:
+                envelopes.append(decode(frame))
+            except WireError as exc:
+                self._drop(who, str(exc))
+        return envelopes
 
-    def _drop(self, who: str, reason: str) -> None:
+    def _drop(self, who: str, reason: str) -> list:
         self.dropped += 1
         log.warning("dropped a frame from %s: %s", who, reason)
-        return None
+        return []
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket; ``linger_ms`` > 0 gives queued messages that long to leave
