@@ -65,3 +65,20 @@ def test_the_floor_counts_what_crosses_a_process_and_adds_up():
     assert abs(f["floor_us_per_input"] - expected) < 0.05
     # the medians above are rounded to 3 decimals, the budget from the unrounded one to 2
     assert abs(f["target_budget_us_per_input"] - 4 * cost["operators_alone"]) <= 4 * 5e-4 + 5e-3
+
+
+def test_the_message_cost_is_both_processes_cpu_over_every_envelope_sent():
+    """experiments.message_cost: every message arrives (else it raises), and the cost per
+    envelope is the sender's and the receiver's CPU over all the envelopes."""
+    import argparse
+
+    from experiments.message_cost import one_run, summarize
+
+    args = argparse.Namespace(messages=40, size=100, nap=0.0)
+    row = one_run(3, args)
+    assert row["per_message"] == 3 and row["messages"] == 40
+    assert row["us_per_envelope"] > 0
+    assert abs(row["us_per_envelope"] - row["sender_us_per_envelope"]
+               - row["receiver_us_per_envelope"]) <= 0.02
+    assert summarize([row, {**row, "us_per_envelope": 1.0}])["us_per_envelope"]["3"][
+        "min"] == 1.0
