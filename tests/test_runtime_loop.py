@@ -116,7 +116,7 @@ def test_the_baselines_give_the_reference_output_without_failures(replication):
 class RecordingTransport:
     """Just enough of a Transport for one loop: nothing arrives, sends are kept."""
 
-    polled_all = False  # the last poll took all it may: never, nothing arrives
+    poll_limited = False  # the last poll took all it may: never, nothing arrives
 
     def __init__(self):
         self.dealers, self.sent = {}, []

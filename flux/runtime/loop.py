@@ -183,7 +183,7 @@ class HostLoop:
         polled = self.clock()
         if self.lease is not None and any(env.src == CONTROLLER for env in envelopes):
             self.lease.heard(polled)
-        if not self.transport.polled_all:  # else the controller's may be among the rest
+        if not self.transport.poll_limited:  # else the controller's may be among the rest
             self._check_lease(polled)
         if self.stopped is not None:
             return False
