@@ -518,3 +518,28 @@ def test_accept_many_blames_the_key_only_for_what_the_key_raised():
     ing.out.put = broken_put
     with pytest.raises(LocalProtocolError, match="a buffer bug"):
         ing.accept_many([rec("k0", 1)])
+
+
+# --- does stage 1 keep up? (when the runtime lets items and batches go, DESIGN 11) ----
+
+def test_stage_1_keeps_up_once_it_took_every_sub_item_sent_on_an_open_connection():
+    """``all_taken``: the runtime cuts an item not full only then, so items grow while
+    stage 1 is busy; ``keeps_up(i, d)``: a batch to such a consumer need not wait. A
+    consumer that paused (a catch-up) holds back no other partition's items."""
+    from flux.data_messages import Credit, Pause
+
+    ing = make(partitions=2, batch_rows=1)
+    assert ing.all_taken() and ing.keeps_up(0, PRIM)  # nothing sent yet
+    ing.accept(rec("k0", "x"))
+    ing.accept(rec("k1", "y"))
+    for i in (0, 1):
+        for d in (PRIM, SEC):
+            ing.flush(i, d)
+    assert not ing.all_taken() and not ing.keeps_up(0, PRIM)
+    ing.on_message(P0, Credit((1, 0)))
+    assert ing.keeps_up(0, PRIM) and not ing.keeps_up(0, SEC) and not ing.all_taken()
+    ing.on_message(S0, Credit((1, 0)))
+    ing.on_message(P1, Credit((2, 0)))
+    assert not ing.all_taken()  # S1 holds item 2 untaken
+    ing.on_message(S1, Pause(1))  # S1 pauses its data sources (a catch-up, 5.3.1)
+    assert ing.all_taken()

@@ -120,6 +120,7 @@ class RecordingTransport:
 
     def __init__(self):
         self.dealers, self.sent = {}, []
+        self.inbox = []  # what the next poll hands the loop
 
     @contextmanager
     def bundling(self):
@@ -129,7 +130,8 @@ class RecordingTransport:
         pass
 
     def poll(self, timeout_ms):
-        return [], []
+        arrived, self.inbox = self.inbox, []
+        return arrived, []
 
     def connect(self, peer, address):
         self.dealers[peer] = address
@@ -139,31 +141,57 @@ class RecordingTransport:
         return True
 
 
-def test_a_connection_waits_the_flush_delay_and_sends_what_came_meanwhile_as_one_batch():
+def test_a_batch_leaves_at_once_to_a_consumer_that_keeps_up_else_waits_the_flush_delay():
+    """A connection whose consumer took everything sent on it, and that sent nothing
+    for ``flush_delay``, sends at once (waiting would only add latency). Otherwise what
+    comes waits until ``flush_delay`` since it could first leave, and leaves as one batch
+    (fewer messages while the consumer is busy)."""
     from flux.addresses import Addr
-    from flux.data_messages import Batch
+    from flux.data_messages import Batch, Credit
+    from flux.envelope import Envelope
 
-    builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
+    # an item per input: each leaves at once, whatever stage 1 holds (a full item)
+    builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16,
+                             batch_rows=1)
     ingress = builder.ingress()
     where = {Addr(1, i, replica): f"node{i}{replica}" for i in range(2) for replica in (0, 1)}
     now = [0.0]
     transport = RecordingTransport()
-    records = iter([("a", 1), ("c", 2), ("a", 3)])
+
+    def source():  # the keys a and c hash to one partition
+        for run in ([("a", 1), ("c", 2), ("a", 3)], [("a", 4)], [("a", 5), ("a", 6)],
+                    [], [], [("a", 7)]):
+            yield from run
+            yield NOT_YET  # nothing more at hand until the next turn
     loop = HostLoop(Host("ingress", {INGRESS: ingress}, 1), transport, where,
-                    {n: "tcp://x" for n in where.values()}, source=records,
+                    {n: "tcp://x" for n in where.values()}, source=source(),
                     clock=lambda: now[0], flush_delay=0.01, item_delay=0.0)
+
+    def data_sent():
+        """Rows per batch with data sent since last asked, by destination."""
+        sent = [env for _, env in transport.sent if isinstance(env.msg, Batch)]
+        transport.sent.clear()
+        return {env.dst: sum(len(rows) for _, rows in env.msg.items)
+                for env in sent if env.msg.items}, sent
     loop.turn(0)
-    assert loop.source_done and transport.sent == []  # taken, and waiting for more
-    now[0] = 0.009
-    loop.turn(0)
-    assert transport.sent == []
+    first, _ = data_sent()
+    assert sorted(first.values()) == [1, 1]  # the first item, at once, to both replicas
+    for t in (0.001, 0.002, 0.0099):  # more items; the consumer has not taken the first
+        now[0] = t
+        loop.turn(0)
+        assert data_sent()[0] == {}
     now[0] = 0.0101
     loop.turn(0)
-    batches = [env.msg for _, env in transport.sent if isinstance(env.msg, Batch)]
-    assert len(batches) == 4  # one per replica of each of the 2 partitions, no more
-    # the three records (their keys hash to one partition) leave as one batch to each
-    # replica; the other partition's replicas get their progress bound
-    assert sorted(sum(len(rows) for _, rows in b.items) for b in batches) == [0, 0, 3, 3]
+    later, sent = data_sent()
+    assert later.keys() == first.keys() and sorted(later.values()) == [5, 5]  # as one
+    # both replicas take all they hold; once flush_delay passed since that batch, the
+    # next item leaves at once
+    last = max(sn for env in sent if env.msg.items for sn, _ in env.msg.items)
+    transport.inbox = [Envelope(dst, INGRESS, 0, Credit(last)) for dst in later]
+    now[0] = 0.0202
+    loop.turn(0)
+    loop.turn(0)
+    assert sorted(data_sent()[0].values()) == [1, 1]
 
 
 def test_pending_inputs_wait_the_item_delay_and_leave_as_one_item():

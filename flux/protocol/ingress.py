@@ -94,6 +94,9 @@ class Stage1Connections:
         send = self.out.flush(i, d, self.frontier())
         return [send] if send else []
 
+    def keeps_up(self, i: int, d: int) -> bool:
+        return self.out.keeps_up(i, d)
+
     def on_message(self, src: Addr, msg) -> List:
         if isinstance(msg, Ack):
             self.out.on_ack(src, msg)
@@ -211,11 +214,8 @@ class Ingress(Stage1Connections):
     def pending_rows(self) -> int:
         return len(self.pending)
 
-    def untaken(self) -> float:
-        """Sub-items stage 1's replicas hold and have not taken yet (sent, not credited),
-        per connection: how far behind stage 1 is."""
-        in_flight, _ = self.out.window_use()
-        return in_flight / (2 * self.partitions)
+    def all_taken(self) -> bool:
+        return self.out.all_taken()
 
     def can_cut(self) -> bool:
         """Inputs pending, and room for their item in every partition's buffer."""

@@ -70,6 +70,11 @@ class TwinLog:
         first, self.told = self.told + 1, self.seq
         return effects + [Send(self.addr, self.dual, IngressLog(first, entries))]
 
+    def keeps_up(self, i: int, d: int) -> bool:
+        """The twin's pseudo-connection takes no credits: its log waits ``flush_delay``
+        to gather entries, as before."""
+        return (i, d) != TWIN and super().keeps_up(i, d)
+
     def _on_log(self, src: Addr, msg: IngressLog) -> List:
         if src != self.dual or self.role is LEADING:
             raise RemoteProtocolError(f"{self.addr}: an ingress log from {src}")

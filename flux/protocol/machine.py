@@ -90,8 +90,10 @@ class CutsItems(Protocol):
     def pending_rows(self) -> int:
         """How many inputs wait for their item."""
 
-    def untaken(self) -> float:
-        """Items sent and not yet taken by their consumers, per connection."""
+    def all_taken(self) -> bool:
+        """Did its consumers take every item sent to them on the connections open now
+        (a paused one, in a catch-up, holds back no other)? Then the next item need not
+        wait for more inputs: they keep up."""
 
     def can_cut(self) -> bool:
         """Are inputs pending, with room for their item?"""
@@ -110,6 +112,10 @@ class Flushes(Protocol):
 
     def flush(self, i: int, d: int) -> List:
         """The next batch on connection ``(i, d)``, as effects."""
+
+    def keeps_up(self, i: int, d: int) -> bool:
+        """Has the consumer on ``(i, d)`` taken everything sent on it? Then a batch need
+        not wait for more: the consumer keeps up (DESIGN 11)."""
 
 
 @runtime_checkable

@@ -186,6 +186,17 @@ class Producer(ConnectionRoles, PartitionMembership):
             return True  # a new checkpoint cut travels even when no data does
         return key > link.sent_bound + (INF,)
 
+    def all_taken(self) -> bool:
+        """Every consumer on an open connection took every batch sent on it."""
+        open_links = self._open
+        if open_links is None:
+            open_links = self._open = self._open_links()
+        return all(not link.in_flight for _, _, link in open_links)
+
+    def keeps_up(self, i: int, d: int) -> bool:
+        """The consumer on ``(i, d)`` took every batch sent on it (credited them all)."""
+        return not self.links[i][d].in_flight
+
     def flushable(self, frontier: SN) -> List[Tuple[int, int]]:
         """The connections ``flush`` would send on, in (i, d) order: only the open ones
         are asked (half of them in the normal case, 5.1)."""

@@ -112,6 +112,9 @@ class ProcessingSide:
         send = self.fprod.out.flush(i, d, self.output_bound())
         return [send] if send else []
 
+    def keeps_up(self, i: int, d: int) -> bool:
+        return self.fprod.out.keeps_up(i, d)
+
     def output_bound(self) -> SN:
         """A bound on every connection SN this segment will still send: an item not yet
         processed gets its own SN and this partition (DESIGN 4.3, 11)."""

@@ -8,19 +8,26 @@ have changed since they last had nothing to do are asked: the guards are
 functions of a machine's state alone (sans-I/O), and asking every machine at
 every turn cost a node ~200 us a turn, most of its CPU at low rates.
 
-A connection with something to send waits ``flush_delay`` for more before it
-flushes: fewer, larger messages (SPARK_NOTES: one per tuple costs ~10x). The
-ingress's pending inputs wait ``item_delay`` for more before they leave as an
-item not full (a full one leaves at once), and, past that, while stage 1 has
-not taken the items before it: items grow while the dataflow is busy and leave
-at once when it is not. An operator on Arrow batches pays ~0.4-0.6 ms a batch
-in each of 2 x partitions replicas per stage: at 20K inputs/s, items cut
-whenever the source had nothing at hand were a few rows each and the failover
-job's median latency was 0.74 s; with this rule 0.13 s, as with per-record
-operators (DESIGN 11).
+Both rules below let a batch wait only while its consumer is busy (Nagle's rule):
+every item costs each replica it reaches a fixed amount (~6.8 ms of CPU across the
+paper's job on 4 nodes, docs/results/throughput.md), so items and messages should
+grow with the load, and never wait when nothing is gained by waiting.
+
+A connection with something to send sends at once if its consumer took everything
+sent on it (``keeps_up``) and it sent nothing within ``flush_delay``; otherwise it
+waits until ``flush_delay`` since it could first send, and what came meanwhile
+leaves as one batch (SPARK_NOTES: a message per tuple costs ~10x). The ingress's
+pending inputs wait ``item_delay`` for more before they leave as an item not full
+(a full one leaves at once), and, past that, while stage 1 has not taken every
+item sent to it (``all_taken``): items grow while the dataflow is busy. An operator
+on Arrow batches pays ~0.4-0.6 ms a batch in each of 2 x partitions replicas per
+stage: at 20K inputs/s, items cut whenever the source had nothing at hand were a
+few rows each and the failover job's median latency was 0.74 s; with this rule
+0.13 s, as with per-record operators (DESIGN 11).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flux.dataflow import ITEM_DELAY
@@ -57,6 +64,9 @@ class LocalSteps:
         self._dirty: set = set(host.machines)
         self._ready: Dict[Any, list] = {}
         self._flush_wait: Dict[Tuple[Any, int, int], float] = {}  # since when flushable
+        #: when each connection last sent: one whose consumer took all it sent may send
+        #: at once, if it did not send within ``flush_delay`` (DESIGN 11)
+        self._last_sent: Dict[Tuple[Any, int, int], float] = {}
 
     def touch(self, addr=None) -> None:
         """``addr``'s machine (every machine, for None) may have changed: ``run`` asks it."""
@@ -82,7 +92,7 @@ class LocalSteps:
             return False
         now = self.clock()
         since = self._pending_since.setdefault(addr, now)
-        if now - since < self.item_delay or items.untaken() > 1 or not items.can_cut():
+        if now - since < self.item_delay or not items.all_taken() or not items.can_cut():
             return False
         items.cut_item()
         del self._pending_since[addr]
@@ -91,8 +101,9 @@ class LocalSteps:
     def run(self) -> bool:
         """Ask every machine that may have changed for its local work; did any do some?"""
         host, moved = self.host, False
-        for key in [k for k in self._flush_wait if k[0] not in host.machines]:
-            del self._flush_wait[key]  # a segment this process no longer hosts
+        for waits in (self._flush_wait, self._last_sent):
+            for key in [k for k in waits if k[0] not in host.machines]:
+                del waits[key]  # a segment this process no longer hosts
         for addr in [a for a in self._ready if a not in host.machines]:
             del self._ready[addr]
         dirty, self._dirty = self._dirty, set()
@@ -137,16 +148,24 @@ class LocalSteps:
         return moved
 
     def _flush(self, addr, machine: Flushes, fresh: bool = True) -> bool:
-        """Send each connection's batch once it has waited ``flush_delay`` (a connection
-        that stays flushable, a backlog, goes on sending at every turn). ``fresh`` False:
-        the machine is as it was when its flushable connections were last asked."""
-        now, flushed = self.clock(), False
-        waiting = self._flush_wait
+        """Send each connection's batch once it has waited ``flush_delay``, or at once to
+        a consumer that keeps up if the connection sent nothing within ``flush_delay`` (a
+        connection that stays flushable, a backlog, goes on sending at every turn).
+        ``fresh`` False: the machine is as it was when its flushable connections were
+        last asked."""
+        now, flushed, delay = self.clock(), False, self.flush_delay
+        waiting, last_sent = self._flush_wait, self._last_sent
         ready = machine.flushable() if fresh or addr not in self._ready else self._ready[addr]
+        keeps_up = machine.keeps_up
         for i, d in ready:
-            if now - waiting.setdefault((addr, i, d), now) >= self.flush_delay:
-                self.emit(*self.host.run_local(machine.flush(i, d)))
-                flushed = True
+            key = (addr, i, d)
+            since = waiting.setdefault(key, now)
+            if now - since < delay and not (keeps_up(i, d) and
+                                            now - last_sent.get(key, -math.inf) >= delay):
+                continue
+            self.emit(*self.host.run_local(machine.flush(i, d)))
+            last_sent[key] = now
+            flushed = True
         if flushed:
             ready = machine.flushable()
             self._dirty.add(addr)
