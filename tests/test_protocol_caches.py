@@ -13,7 +13,7 @@ import pytest
 
 from exchange.merge import OrderedMerge
 from flux.protocol.buffer import Buffer
-from flux.protocol.producer import Producer
+from flux.protocol.producer import Producer, links_open_now
 from flux.sim.schedule import SimParams
 from test_sim_caches import CheckingChooser, run_checked
 
@@ -36,7 +36,7 @@ def check_kept(part) -> None:
         part.check_invariants()
     elif isinstance(part, Producer):
         if part._open is not None:
-            assert part._open == part._open_links(), part.addr
+            assert part._open == links_open_now(part.links), part.addr
         for buffer in part.buffers:
             Buffer.check_invariants(buffer)
 

@@ -188,10 +188,7 @@ class Producer(ConnectionRoles, PartitionMembership):
 
     def all_taken(self) -> bool:
         """Every consumer on an open connection took every batch sent on it."""
-        open_links = self._open
-        if open_links is None:
-            open_links = self._open = self._open_links()
-        return all(not link.in_flight for _, _, link in open_links)
+        return all(not link.in_flight for _, _, link in self._open_links())
 
     def keeps_up(self, i: int, d: int) -> bool:
         """The consumer on ``(i, d)`` took every batch sent on it (credited them all)."""
@@ -200,16 +197,15 @@ class Producer(ConnectionRoles, PartitionMembership):
     def flushable(self, frontier: SN) -> List[Tuple[int, int]]:
         """The connections ``flush`` would send on, in (i, d) order: only the open ones
         are asked (half of them in the normal case, 5.1)."""
-        open_links = self._open
-        if open_links is None:
-            open_links = self._open = self._open_links()
         has_news, buffers, frontier_key = self._has_news, self.buffers, frontier + (INF,)
-        return [(i, d) for i, d, link in open_links
+        return [(i, d) for i, d, link in self._open_links()
                 if has_news(buffers[i].first_unsent(d), link, frontier_key)]
 
     def _open_links(self) -> List[Tuple[int, int, Link]]:
-        return [(i, d, row[d]) for i, row in enumerate(self.links) for d in DESTS
-                if row[d].is_open()]
+        """The open connections, kept until a link changes (``_links_changed``)."""
+        if self._open is None:
+            self._open = links_open_now(self.links)
+        return self._open
 
     def _links_changed(self) -> None:
         """A link's status, modes or pause changed: the open connections are asked anew,
@@ -274,8 +270,9 @@ class Producer(ConnectionRoles, PartitionMembership):
 
     def check_invariants(self) -> None:
         if self._open is not None:
-            assert self._open == self._open_links(), (
-                f"{self.addr}: open connections kept as {self._open}, are {self._open_links()}")
+            assert self._open == links_open_now(self.links), (
+                f"{self.addr}: open connections kept as {self._open}, "
+                f"are {links_open_now(self.links)}")
         for buffer, row in zip(self.buffers, self.links):
             buffer.check_invariants()
             room = self.pause_room if row[0].paused or row[1].paused else 1
@@ -300,6 +297,11 @@ class Producer(ConnectionRoles, PartitionMembership):
     def idle(self) -> bool:
         """No tuple is waiting in any buffer."""
         return all(len(b) == 0 for b in self.buffers)
+
+
+def links_open_now(links: List[List[Link]]) -> List[Tuple[int, int, Link]]:
+    """``(i, d, link)`` for every connection data may flow on now (Figure 3 action 2)."""
+    return [(i, d, row[d]) for i, row in enumerate(links) for d in DESTS if row[d].is_open()]
 
 
 def heard_moves(link: Link, moves: Optional[int]) -> None:
