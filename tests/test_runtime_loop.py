@@ -183,7 +183,8 @@ def test_a_batch_leaves_at_once_to_a_consumer_that_keeps_up_else_waits_the_flush
     now[0] = 0.0101
     loop.turn(0)
     later, sent = data_sent()
-    assert later.keys() == first.keys() and sorted(later.values()) == [5, 5]  # as one
+    assert later.keys() == first.keys() and sorted(later.values()) == [5, 5]
+    assert len([env for env in sent if env.msg.items]) == 2  # one batch to each replica
     # both replicas take all they hold; once flush_delay passed since that batch, the
     # next item leaves at once
     last = max(sn for env in sent if env.msg.items for sn, _ in env.msg.items)
