@@ -67,6 +67,8 @@ class LocalSteps:
         #: when each connection last sent: one whose consumer took all it sent may send
         #: at once, if it did not send within ``flush_delay`` (DESIGN 11)
         self._last_sent: Dict[Tuple[Any, int, int], float] = {}
+        #: the machines hosted when the three above were last pruned of the gone
+        self._hosted: set = set(host.machines)
 
     def touch(self, addr=None) -> None:
         """``addr``'s machine (every machine, for None) may have changed: ``run`` asks it."""
@@ -101,11 +103,13 @@ class LocalSteps:
     def run(self) -> bool:
         """Ask every machine that may have changed for its local work; did any do some?"""
         host, moved = self.host, False
-        for waits in (self._flush_wait, self._last_sent):
-            for key in [k for k in waits if k[0] not in host.machines]:
-                del waits[key]  # a segment this process no longer hosts
-        for addr in [a for a in self._ready if a not in host.machines]:
-            del self._ready[addr]
+        if host.machines.keys() != self._hosted:  # a segment came or went: forget the gone
+            self._hosted = set(host.machines)
+            for waits in (self._flush_wait, self._last_sent):
+                for key in [k for k in waits if k[0] not in host.machines]:
+                    del waits[key]
+            for addr in [a for a in self._ready if a not in host.machines]:
+                del self._ready[addr]
         dirty, self._dirty = self._dirty, set()
         for addr, work in list(host.work.items()):
             if addr not in dirty:  # nothing changed it: only a batch may be due by now
