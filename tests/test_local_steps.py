@@ -1,8 +1,9 @@
 """When the ingress's pending inputs leave as an item (flux/runtime/local_steps.py, DESIGN 11).
 
-An item not full leaves once its first input waited ``item_delay`` and stage 1 took
-every item before it: small items while the dataflow keeps up (latency), larger ones
-while it is busy (each item costs every replica a fixed amount).
+An item not full leaves once stage 1 took every item before it, and its first input
+waited ``item_delay`` or no item left within ``item_delay``: at once on a slow feed
+(latency), larger while the dataflow is busy (each item costs every replica a fixed
+amount).
 """
 from __future__ import annotations
 
@@ -56,18 +57,38 @@ def steps(gatherer: Gatherer, clock: Clock) -> LocalSteps:
                       keeps_snapshot=lambda addr, both: True, item_delay=DELAY)
 
 
-def test_an_item_leaves_once_its_first_input_waited_the_item_delay():
+def test_an_item_leaves_at_once_when_none_left_within_the_item_delay():
     g, clock = Gatherer(), Clock()
     local = steps(g, clock)
     g.pending = 3
     local.run()
-    assert g.items == 0 and local.cut_due() == pytest.approx(100.0 + DELAY)
-    clock.now = 100.0 + DELAY / 2
+    assert g.items == 1 and g.pending == 0 and local.cut_due() is None
+    clock.now += DELAY  # a slow feed: the next input waits for nothing either
+    g.pending = 1
+    local.touch(INGRESS)
     local.run()
-    assert g.items == 0
+    assert g.items == 2
+
+
+def test_after_an_item_the_next_waits_the_item_delay_and_gathers_what_comes():
+    g, clock = Gatherer(), Clock()
+    local = steps(g, clock)
+    g.pending = 1
+    local.run()
+    assert g.items == 1
+    clock.now = 100.0 + DELAY / 4
+    g.pending = 2
+    local.touch(INGRESS)
+    local.run()
+    assert g.items == 1 and local.cut_due() == pytest.approx(100.0 + DELAY)
+    clock.now = 100.0 + DELAY / 2
+    g.pending = 5
+    local.touch(INGRESS)
+    local.run()
+    assert g.items == 1
     clock.now = 100.0 + DELAY
     local.run()
-    assert g.items == 1 and local.cut_due() is None
+    assert g.items == 2 and g.pending == 0 and local.cut_due() is None
 
 
 @pytest.mark.parametrize("in_flight", [0.25, 1.0])
@@ -78,10 +99,12 @@ def test_an_item_waits_while_stage_1_has_not_taken_the_one_before(in_flight):
     local = steps(g, clock)
     g.pending, g.in_flight = 1, in_flight
     local.run()
+    assert g.items == 0
+    assert local.cut_due() is None  # the credits wake the loop, not a timer: no spinning
     clock.now += 10 * DELAY
     g.pending = 40  # more came while stage 1 was busy
     local.run()
-    assert g.items == 0
+    assert g.items == 0 and local.cut_due() is None
     g.in_flight = 0.0  # its credits came back
     local.touch(INGRESS)
     local.run()

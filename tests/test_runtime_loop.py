@@ -196,42 +196,55 @@ def test_a_batch_leaves_at_once_to_a_consumer_that_keeps_up_else_waits_the_flush
 
 
 def test_pending_inputs_wait_the_item_delay_and_leave_as_one_item():
-    """Inputs that come while an item waits join it: at a moderate rate items are
-    larger than what the source had at hand each time (an operator on batches pays
-    per batch); none waits longer than ``item_delay``."""
+    """An input of a slow feed leaves at once (no item left within ``item_delay``);
+    inputs that come soon after an item wait for more and join one: at a moderate rate
+    items are larger than what the source had at hand each time (an operator on
+    batches pays per batch); none waits longer than ``item_delay``."""
     from flux.addresses import Addr
-    from flux.data_messages import Batch
+    from flux.data_messages import Batch, Credit
+    from flux.envelope import Envelope
 
     builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
     ingress = builder.ingress()
     where = {Addr(1, i, replica): f"node{i}{replica}" for i in range(2) for replica in (0, 1)}
     now = [0.0]
     transport = RecordingTransport()
-    fed = []
+    arriving = [("a", 0)]  # what the feed has at hand
 
     def source():
-        for record in [("a", 1), ("b", 2), ("a", 3)]:
-            fed.append(record)
-            yield record
-            yield NOT_YET  # nothing more at hand until the next turn
+        for n in range(4):
+            while not arriving:
+                yield NOT_YET
+            yield arriving.pop()
     loop = HostLoop(Host("ingress", {INGRESS: ingress}, 1), transport, where,
                     {n: "tcp://x" for n in where.values()}, source=source(),
                     clock=lambda: now[0], flush_delay=0.0, item_delay=0.005)
-    for t in (0.0, 0.001, 0.002):
+
+    def batches():
+        sent = [env for _, env in transport.sent if isinstance(env.msg, Batch)]
+        transport.sent.clear()
+        return sent
+    loop.turn(0)
+    assert ingress.last_item == 1 and ingress.pending_rows() == 0  # at once
+    first = batches()
+    last = max(sn for env in first for sn, _ in env.msg.items)
+    # stage 1 takes it: every replica that got a batch credits it
+    transport.inbox = [Envelope(env.dst, INGRESS, 0, Credit(last)) for env in first]
+    for t, record in ((0.001, ("a", 1)), (0.002, ("b", 2)), (0.003, ("a", 3))):
         now[0] = t
+        arriving.append(record)
         loop.turn(0)
-    assert len(fed) == 3 and ingress.pending_rows() == 3 and ingress.last_item == 0
+    assert not arriving and ingress.pending_rows() == 3 and ingress.last_item == 1
     assert loop.local.cut_due() == pytest.approx(0.005)  # the loop wakes for it
     now[0] = 0.0049
     loop.turn(0)
-    assert ingress.last_item == 0
+    assert ingress.last_item == 1
     now[0] = 0.005
     loop.turn(0)
-    assert ingress.last_item == 3 and ingress.pending_rows() == 0  # one item of all three
+    assert ingress.last_item == 4 and ingress.pending_rows() == 0  # one item of all three
     loop.turn(0)
-    items = {sn for _, env in transport.sent if isinstance(env.msg, Batch)
-             for sn, _ in env.msg.items}
-    assert items == {(3, 0)}
+    items = {sn for env in batches() for sn, _ in env.msg.items}
+    assert items == {(4, 0)}
 
 
 class EndlessWork:
@@ -307,10 +320,18 @@ def test_lost_messages_from_a_process_declared_dead_are_nobodys_concern():
     """A zombie back from a cut whose connection lost messages: they were to be dropped
     anyway (its incarnation is fenced), so nothing stops for them."""
     builder = MachineBuilder(counting_dataflow(1), 2, capacity=64, batch_size=16)
+    from flux.addresses import Addr
+    from flux.data_messages import Batch
+
     host = Host("ingress", {INGRESS: builder.ingress()}, 1, dead_incs={7})
-    loop = HostLoop(host, GapTransport(), {}, {}, source=iter([("a", 1)]))
+    where = {Addr(1, i, replica): f"node{i}{replica}" for i in range(2) for replica in (0, 1)}
+    transport = GapTransport()
+    loop = HostLoop(host, transport, where, {n: "tcp://x" for n in where.values()},
+                    source=iter([("a", 1)]))
     loop.turn(0)
     assert loop.stopped is None
+    # it went on: the input left for stage 1 (an item at once, none left before)
+    assert any(env.msg.items for _, env in transport.sent if isinstance(env.msg, Batch))
 
 
 class ScriptedTransport(RecordingTransport):
