@@ -145,8 +145,7 @@ def fail_victim(job, args, rig) -> None:
         return
     host = next(i for i, h in enumerate(rig.hosts)
                 if h.address == job.controller.hosts.get(args.victim))
-    job.metrics.events.append((time.monotonic(), "killed",
-                               f"{args.victim} ({args.kill} {rig.hosts[host].name})"))
+    job.metrics.killed(f"{args.victim} ({args.kill} {rig.hosts[host].name})")
     if args.kill == "host":
         rig.kill_host(host)
     else:
@@ -231,6 +230,8 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "stuck_reports": [d for _, what, d in base["events"] if what == "stuck"],
         "max_output_gap_s": base["max_output_gap_s"],
         "max_output_gap_end_s": base["max_output_gap_end_s"],
+        # the longest wait between two outputs that ended after the kill (start-up apart)
+        "max_output_gap_after_kill_s": base["max_output_gap_after_kill_s"],
         "median_interval_latency_ms": base["median_interval_latency_ms"],
         # a connection's batch waits this long for more before it is sent
         "flush_interval_s": job.config.flush_delay, "interval_s": m.interval,
@@ -289,7 +290,8 @@ def main(argv=None) -> int:
             "kill_at_s", "detect_after_kill_s", "takeover_after_kill_s", "catchup_after_kill_s",
             "restart_after_kill_s", "data_again_after_kill_s",
             "state_bytes_moved", "state_move_s", "max_catchup_pause_s", "false_detections",
-            "stuck_reports", "max_output_gap_s", "median_interval_latency_ms")
+            "stuck_reports", "max_output_gap_s", "max_output_gap_after_kill_s",
+            "median_interval_latency_ms")
     for k in keys:
         print(f"{k:28s} {summary[k]}")
     print(f"wrote {args.out}/timeline.csv, summary.json, failover.png")

@@ -229,7 +229,7 @@ def _watch(run, args, expected: int) -> None:
                 victim = run.busiest_jvm()
                 if victim is None:
                     raise RuntimeError("found no executor JVM to kill")
-                m.events.append((time.monotonic(), "killed", f"executor JVM {victim}"))
+                m.killed(f"executor JVM {victim}")
                 os.kill(victim, signal.SIGKILL)
                 killed = True
             if run.outputs() != last or not run.feed.done.is_set():

@@ -118,6 +118,31 @@ def test_metrics_count_per_interval_and_measure_latency_from_arrival():
     assert (summary["inputs"], summary["outputs"], summary["dropped_inputs"]) == (2, 4, 3)
     assert summary["max_output_gap_s"] == pytest.approx(0.19)  # from 10.12 to 10.31
     assert summary["max_output_gap_end_s"] == pytest.approx(0.31)
+    assert summary["max_output_gap_after_kill_s"] is None  # nothing was killed
+
+
+def test_the_longest_output_gap_after_a_kill_is_kept_apart_from_the_start_ups():
+    clock = FakeClock(10.0)
+    m = Metrics(interval=0.1, clock=clock)
+    m.begin()
+    for _ in range(5):
+        m.input_taken(arrival=None)
+    m.output((1, 0))
+    clock.t = 10.5  # a long start-up gap
+    m.output((2, 0))
+    clock.t = 10.6
+    m.output((3, 0))
+    clock.t = 10.65
+    m.killed("node1 (worker)")
+    clock.t = 10.8  # the gap around the kill: from the last output before it
+    m.output((4, 0))
+    clock.t = 10.85
+    m.output((5, 0))
+    summary = m.summary()
+    assert summary["max_output_gap_s"] == pytest.approx(0.5)
+    assert summary["max_output_gap_after_kill_s"] == pytest.approx(0.2)
+    assert [(what, detail) for _, what, detail in m.relative_events()] == [
+        ("killed", "node1 (worker)")]
 
 
 def test_metrics_sum_state_movements_and_give_events_relative_times(tmp_path):

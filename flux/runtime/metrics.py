@@ -127,6 +127,9 @@ class Metrics:
         self.last_output: Optional[float] = None
         self.max_output_gap = 0.0  # the longest wait between two outputs, in seconds
         self.max_output_gap_at: Optional[float] = None  # when that wait ended
+        #: the longest wait between two outputs that ended after the first kill (None: no
+        #: kill): the failover's gap, apart from the start-up's
+        self.max_output_gap_after_kill: Optional[float] = None
         #: inputs numbered on the wall clock (ingresses on the nodes): input SN -> when
         #: its epoch began, and the clock outputs are timed by then (``time_by_epochs``)
         self._input_time: Optional[Callable[[int], float]] = None
@@ -199,8 +202,13 @@ class Metrics:
         if not sns:
             return
         now = self.clock()
-        if self.last_output is not None and now - self.last_output > self.max_output_gap:
-            self.max_output_gap, self.max_output_gap_at = now - self.last_output, now
+        if self.last_output is not None:
+            gap = now - self.last_output
+            if gap > self.max_output_gap:
+                self.max_output_gap, self.max_output_gap_at = gap, now
+            after = self.max_output_gap_after_kill
+            if after is not None and gap > after:
+                self.max_output_gap_after_kill = gap
         self.last_output = now
         retired, arrivals, counts = self._retired, self._arrivals, self.latency_counts
         total, count = 0.0, len(sns)
@@ -286,6 +294,13 @@ class Metrics:
         the catch-ups still in the event log."""
         return [detail[1] for _, what, detail in self.events if what == "paused"]
 
+    def killed(self, what: str) -> None:
+        """``what`` is killed now (``FluxJob.kill_node``, an experiment): the event, and
+        from now on the longest output gap after the kill is kept apart."""
+        self.events.append((self.clock(), "killed", what))
+        if self.max_output_gap_after_kill is None:
+            self.max_output_gap_after_kill = 0.0
+
     def summary(self) -> Dict[str, Any]:
         rows = self.timeline()
         busy = [r for r in rows if r["inputs"]]
@@ -306,6 +321,9 @@ class Metrics:
             "max_output_gap_s": round(self.max_output_gap, 6),
             "max_output_gap_end_s": (round(self.max_output_gap_at - (self.t0 or 0.0), 6)
                                      if self.max_output_gap_at is not None else None),
+            "max_output_gap_after_kill_s": (round(self.max_output_gap_after_kill, 6)
+                                            if self.max_output_gap_after_kill is not None
+                                            else None),
             "events": [list(e) for e in self.relative_events()],
             "event_counts": dict(events.counts),
             "state_bytes_moved": events.moved_bytes,

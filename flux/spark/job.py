@@ -401,7 +401,7 @@ class FluxJob(JobViews, KeyGroupMoves, PairGrowth, JobRescale):
         targets = _targets(how, pid, jvm)
         log.warning("killing %s: SIGKILL to its %s", name,
                     " and ".join(f"{what} (pid {p})" for what, p in targets))
-        self.metrics.events.append((time.monotonic(), "killed", f"{name} ({how})"))
+        self.metrics.killed(f"{name} ({how})")
         for _, p in targets:
             _kill(name, p)
 
