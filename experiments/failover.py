@@ -62,7 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--standbys", type=int, default=1)
     ap.add_argument("--duration", type=float, default=None, help="seconds of input (default 40)")
     ap.add_argument("--kill-at", type=float, default=None,
-                    help="seconds after the start (default: half the duration)")
+                    help="seconds after the start (default: half the duration); with "
+                         "--max-rate, once that share of the inputs came in")
     ap.add_argument("--kill", choices=("worker", "executor", "host", "cut"), default="worker",
                     help="kill the node's Python worker (process crash) or its executor JVM; "
                          "with --hosts also: every process of its host, or cut its host off "
@@ -152,6 +153,15 @@ def fail_victim(job, args, rig) -> None:
         rig.cut(host)
 
 
+def _kill_due(args, metrics, now: float) -> bool:
+    """At ``--kill-at`` seconds; fed as fast as taken, once that share of the inputs
+    came in (the job may take them all in a fraction of ``--duration``, and a kill after
+    the last output would measure no failover at all)."""
+    if args.max_rate:
+        return metrics.input_total >= args.inputs * args.kill_at / args.duration
+    return now >= args.kill_at
+
+
 def _watch(job, args, expected: int, rig=None) -> None:
     """Show progress; kill the victim on time; return when the output is complete and
     the pair is rebuilt."""
@@ -164,7 +174,7 @@ def _watch(job, args, expected: int, rig=None) -> None:
             bar.n = min(round(now, 1), bar.total)
             bar.set_postfix_str(f"out={m.output_total}/{expected} "
                                 f"{'killed ' + args.victim if killed else ''}")
-            if not killed and m.t0 is not None and now >= args.kill_at:
+            if not killed and m.t0 is not None and _kill_due(args, m, now):
                 fail_victim(job, args, rig)
                 killed = True
             if args.replication == "cluster-pairs":  # its set rebuilt by a restart
@@ -306,7 +316,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     from flux.spark.session import local_cluster
 
     budget = MAX_RATE_BUDGET if args.max_rate else args.rate
-    n = int(budget * args.duration)
+    n = args.inputs = int(budget * args.duration)
     print(f"preparing {n} packets and their failure-free output ...", flush=True)
     records = packet_workload(n, seed=args.seed, pairs=PAIRS, apps=APPS, sources=SOURCES)
     if args.vectorized and args.state_mb:

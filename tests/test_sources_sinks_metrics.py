@@ -134,6 +134,7 @@ def test_the_longest_output_gap_after_a_kill_is_kept_apart_from_the_start_ups():
     m.output((3, 0))
     clock.t = 10.65
     m.killed("node1 (worker)")
+    assert m.summary()["max_output_gap_after_kill_s"] is None  # no output after it yet
     clock.t = 10.8  # the gap around the kill: from the last output before it
     m.output((4, 0))
     clock.t = 10.85

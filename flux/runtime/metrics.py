@@ -128,8 +128,9 @@ class Metrics:
         self.max_output_gap = 0.0  # the longest wait between two outputs, in seconds
         self.max_output_gap_at: Optional[float] = None  # when that wait ended
         #: the longest wait between two outputs that ended after the first kill (None: no
-        #: kill): the failover's gap, apart from the start-up's
+        #: kill, or no output after it): the failover's gap, apart from the start-up's
         self.max_output_gap_after_kill: Optional[float] = None
+        self._killed = False
         #: inputs numbered on the wall clock (ingresses on the nodes): input SN -> when
         #: its epoch began, and the clock outputs are timed by then (``time_by_epochs``)
         self._input_time: Optional[Callable[[int], float]] = None
@@ -207,7 +208,7 @@ class Metrics:
             if gap > self.max_output_gap:
                 self.max_output_gap, self.max_output_gap_at = gap, now
             after = self.max_output_gap_after_kill
-            if after is not None and gap > after:
+            if self._killed and (after is None or gap > after):
                 self.max_output_gap_after_kill = gap
         self.last_output = now
         retired, arrivals, counts = self._retired, self._arrivals, self.latency_counts
@@ -298,8 +299,7 @@ class Metrics:
         """``what`` is killed now (``FluxJob.kill_node``, an experiment): the event, and
         from now on the longest output gap after the kill is kept apart."""
         self.events.append((self.clock(), "killed", what))
-        if self.max_output_gap_after_kill is None:
-            self.max_output_gap_after_kill = 0.0
+        self._killed = True
 
     def summary(self) -> Dict[str, Any]:
         rows = self.timeline()
