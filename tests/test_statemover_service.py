@@ -103,3 +103,24 @@ def test_messages_a_peer_movers_link_lost_are_reported_to_the_node_in_order(two_
     assert [e.msg for e in got] == [Handshake((2, 1, 4), "send"), LinkLost(2, 3),
                                     Handshake((2, 1, 5), "send")]
     assert got[1].src == C and got[1].dst == B and got[1].inc == 5
+
+
+def test_an_idle_service_sleeps_until_a_message_or_its_stop(zmq_ctx, monkeypatch):
+    """Its thread wakes for messages, not every few ms (each wake-up takes the GIL from
+    the node's loop), and still stops promptly."""
+    mover = StateMoverService(zmq_ctx, "w1", 1)
+    polls = []
+    poll = mover.transport.poll
+    monkeypatch.setattr(mover.transport, "poll",
+                        lambda timeout_ms: (polls.append(timeout_ms), poll(timeout_ms))[1])
+    node = Transport(zmq_ctx, "a", 1)
+    mover.start("a", node.address, {}, lambda name: False)
+    try:
+        time.sleep(0.5)
+        assert polls and set(polls) == {50} and len(polls) <= 12  # 5 ms polls: ~100
+    finally:
+        began = time.monotonic()
+        mover.stop()
+        node.close()
+    assert time.monotonic() - began < 1.0
+

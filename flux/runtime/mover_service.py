@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 
 #: the local node, as a peer of this service's transport
 LOCAL = "node"
+#: how long the service's poll waits while it has nothing left to send: a message wakes
+#: it at once, so this only bounds how late it sees ``stop`` (polls of 5 ms woke every
+#: node's thread 200 times a second, each a GIL hand-over with the node's loop)
+IDLE_POLL_MS = 50
+#: ... and while a peer refused a send (its pipe full): retried at each poll
+BUSY_POLL_MS = 5
 
 
 def mover_peer(name: str) -> str:
@@ -83,7 +89,7 @@ class StateMoverService:
         try:
             self.transport.connect(LOCAL, self.node_address)
             while not self._stop.is_set():
-                self.turn(5)
+                self.turn(BUSY_POLL_MS if self.transport.pending() else IDLE_POLL_MS)
         except BaseException as exc:  # the node loop sees it and stops the process
             self.error = exc
             log.exception("the StateMover service of %s failed", self.name)
