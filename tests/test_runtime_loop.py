@@ -212,7 +212,7 @@ def test_pending_inputs_wait_the_item_delay_and_leave_as_one_item():
     arriving = [("a", 0)]  # what the feed has at hand
 
     def source():
-        for n in range(4):
+        for _ in range(4):
             while not arriving:
                 yield NOT_YET
             yield arriving.pop()
