@@ -93,9 +93,14 @@ class LocalSteps:
             work = self.host.work.get(addr)
             if work is None or not (work.items.all_taken() and work.items.can_cut()):
                 continue
-            at = min(since, self._last_cut.get(addr, -math.inf)) + self.item_delay
+            at = self._may_leave_at(addr, since)
             due = at if due is None else min(due, at)
         return due
+
+    def _may_leave_at(self, addr: Any, since: float) -> float:
+        """When pending inputs since ``since`` may leave, as far as time goes: once they
+        waited ``item_delay``, or ``item_delay`` after the last item (at once, if none)."""
+        return min(since, self._last_cut.get(addr, -math.inf)) + self.item_delay
 
     def _cut(self, addr: Any, items: Any) -> bool:
         """Let the pending inputs go as an item once stage 1 took the ones before and they
@@ -103,9 +108,9 @@ class LocalSteps:
         if not items.pending_rows():
             self._pending_since.pop(addr, None)
             return False
-        now, delay = self.clock(), self.item_delay
+        now = self.clock()
         since = self._pending_since.setdefault(addr, now)
-        if now - since < delay and now - self._last_cut.get(addr, -math.inf) < delay:
+        if now < self._may_leave_at(addr, since):
             return False
         if not items.all_taken() or not items.can_cut():
             return False
