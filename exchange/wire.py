@@ -79,7 +79,10 @@ from flux.data_messages import (
     Pause,
     PauseAck,
     PSync,
+    Restore,
+    Restored,
     Reverse,
+    Stay,
 )
 from flux.envelope import Envelope
 from statemover.messages import (
@@ -120,6 +123,12 @@ class WireError(ValueError):
 def _int(v, what: str) -> int:
     if type(v) is not int:
         raise WireError(f"{what} must be an int, got {type(v).__name__}")
+    return v
+
+
+def _bool(v, what: str) -> bool:
+    if type(v) is not bool:
+        raise WireError(f"{what} must be a bool, got {type(v).__name__}")
     return v
 
 
@@ -473,7 +482,12 @@ CODECS: Dict[str, _Codec] = {
     "pause_ack": (PauseAck, lambda m: [m.version],
                   _arity(1, lambda v: PauseAck(_int(v, "version")))),
     "csync": (CSync, lambda m: [m.version], _arity(1, lambda v: CSync(_int(v, "version")))),
-    "psync": (PSync, lambda m: [m.version], _arity(1, lambda v: PSync(_int(v, "version")))),
+    "psync": (PSync, lambda m: [m.version, m.forwards],
+              _arity(2, lambda v, f: PSync(_int(v, "version"), _bool(f, "forwards")))),
+    "restore": (Restore, lambda m: [m.version], _arity(1, lambda v: Restore(_int(v, "version")))),
+    "stay": (Stay, lambda m: [m.version], _arity(1, lambda v: Stay(_int(v, "version")))),
+    "restored": (Restored, lambda m: [m.version],
+                 _arity(1, lambda v: Restored(_int(v, "version")))),
     "sm_hello": (Handshake, lambda m: [list(m.transfer), Role(m.role).value],
                  _arity(2, lambda t, role: Handshake(_transfer(t), _role(role)))),
     "sm_chunk": (Chunk, lambda m: [list(m.transfer), m.index, bytes(m.data), m.seq],

@@ -79,7 +79,34 @@ class CSync:
 
 @dataclass(frozen=True, slots=True)
 class PSync:
-    """Fold-in, from both replicas of a rebuilt producer to its consumers (5.3.2)."""
+    """Fold-in, from both replicas of a rebuilt producer to its consumers (5.3.2).
+    ``forwards``: the active goes on sending data to this consumer, which reversed to it,
+    until the consumer's ``Restore`` (the hand-back, docs/design/handback.md); without
+    it the active stops here, as in the paper."""
+
+    version: int
+    forwards: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """A consumer to the active it reversed to: the new replica on my side has caught up,
+    stop sending me data; answer after your last data (docs/design/handback.md)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stay:
+    """A consumer to the active that forwards to it: the new replica on my side died
+    before I handed back; I go on taking your data (this is my reverse, 5.2)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """The active to that consumer, after its last data to it: nothing more follows."""
 
     version: int
 

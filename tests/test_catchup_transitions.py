@@ -20,7 +20,8 @@ from exchange.rows import Rows
 from flux.addresses import Addr, MoverAddr, P, S
 from flux.protocol.buffer import PRIM, SEC
 from flux.control_messages import Avail, FoldedIn, TakeoverDone, View
-from flux.data_messages import Ack, Batch, CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import (Ack, Batch, CSync, Pause, PauseAck, PSync, Restore, Restored,
+                                Reverse, Stay)
 from flux.effects import Send, SourcesPaused, SourcesResumed
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
@@ -309,24 +310,45 @@ def test_psyncs_go_to_every_active_destination_only():
 # FluxProducer: end_catchup, get_state, install_state
 # =====================================================================================
 
-def test_end_catchup_psyncs_stops_forwarding_and_resets_takeover():
+def test_end_catchup_psyncs_keeps_forwarding_until_each_restore():
     fp = FluxProducer(A0P, CONSUMERS, 8, 4)
     assert fp.on_fail({A0S}) == []
     assert fp.on_reverse(C0S, Reverse(NO_SN)) == []
     assert fp.on_reverse(C1S, Reverse(NO_SN)) == [TakeoverDone(A0P)]
     assert modes(fp.out) == [[SEND, SEND], [SEND, SEND]]
-    assert fp.end_catchup(5) == [Send(A0P, C0P, PSync(5)), Send(A0P, C0S, PSync(5)),
-                                 Send(A0P, C1P, PSync(5)), Send(A0P, C1S, PSync(5))]
-    assert modes(fp.out) == [[SEND, ACK], [SEND, ACK]]
+    # the reversed secondaries hear that we go on sending to them (the hand-back)
+    assert fp.end_catchup(5) == [Send(A0P, C0P, PSync(5)), Send(A0P, C0S, PSync(5, True)),
+                                 Send(A0P, C1P, PSync(5)), Send(A0P, C1S, PSync(5, True))]
+    assert modes(fp.out) == [[SEND, SEND], [SEND, SEND]]
     assert fp.p_fail is False and fp.r_done == [False, False]
-    assert not fp.takeover_done()
-    # Acks from the secondaries are taken again (a forwarding connection takes none)
+    # C0S's own side caught up: we stop sending to it, and say so after our last data
+    assert fp.on_restore(C0S, Restore(5)) == [Send(A0P, C0S, Restored(5))]
+    assert modes(fp.out) == [[SEND, ACK], [SEND, SEND]]
+    # Acks from the restored secondary are taken again (a forwarding connection takes none)
     fp.out.put(0, (1, 0), rows(((1, 1), "a")))
     fp.out.on_ack(C0S, Ack((1, 0)))
-    # A second take-over is reported again
+    # a Restore that crossed a failure (we no longer send to it) is answered all the same
+    assert fp.on_restore(C0S, Restore(5)) == [Send(A0P, C0S, Restored(5))]
+    assert not fp.takeover_done()
+    # The new replica dies: C0S, restored, reverses; C1S, never handed back, stays
     assert fp.on_fail({A0S}) == []
-    fp.on_reverse(C0S, Reverse((1, 0)))
-    assert fp.on_reverse(C1S, Reverse(NO_SN)) == [TakeoverDone(A0P)]
+    assert fp.on_reverse(C0S, Reverse((1, 0))) == []
+    with pytest.raises(RemoteProtocolError):
+        fp.on_stay(C0P, Stay(5))  # a stay from a consumer we send to as its primary
+    assert fp.on_stay(C1S, Stay(5)) == [TakeoverDone(A0P)]
+    assert modes(fp.out) == [[SEND, SEND], [SEND, SEND]]
+
+
+def test_end_catchup_stops_forwarding_to_a_sinks_writer_at_once():
+    # A writer acks at its sink's commits: no hand-back, the paper's rule (5.3.2).
+    fp = FluxProducer(A0P, CONSUMERS, 8, 4, to_writer=True)
+    fp.on_fail({A0S})
+    fp.on_reverse(C0S, Reverse(NO_SN, ()))
+    fp.on_reverse(C1S, Reverse(NO_SN, ()))
+    assert fp.end_catchup(5) == [Send(A0P, C0P, PSync(5)), Send(A0P, C0S, PSync(5)),
+                                 Send(A0P, C1P, PSync(5)), Send(A0P, C1S, PSync(5))]
+    assert fp.r_done == [False, False]
+    assert all(SEND not in row[SEC].modes for row in fp.out.links)
 
 
 def test_install_state_reversed_swaps_marks_cursors_and_statuses():
@@ -678,12 +700,13 @@ def test_state_sent_resumes_with_csyncs_then_psyncs():
     effects = seg.state_sent()
     assert effects == [Send(M, A0P, CSync(5)), Send(M, A0S, CSync(5)),
                        Send(M, A1P, CSync(5)), Send(M, A1S, CSync(5)),
-                       Send(M, D0P, PSync(5)), Send(M, D0S, PSync(5)),
-                       Send(M, D1P, PSync(5)), Send(M, D1S, PSync(5)),
+                       Send(M, D0P, PSync(5)), Send(M, D0S, PSync(5, True)),
+                       Send(M, D1P, PSync(5)), Send(M, D1S, PSync(5, True)),
                        SourcesResumed(TRANSFER)]
     assert seg.mode == PROCESSING and seg.catchup is None
     assert seg.chain.calls == ["init_trans", "end_trans"]
-    assert modes(seg.fprod.out) == [[SEND, ACK], [SEND, ACK]]
+    # the reversed secondaries get our data until their own side caught up (hand-back)
+    assert modes(seg.fprod.out) == [[SEND, SEND], [SEND, SEND]]
     assert seg.fcons.p_fail is False and seg.fprod.p_fail is False
 
 

@@ -253,3 +253,15 @@ def test_shrinking_refuses_a_script_without_violation():
     ok = run_schedule(1, params, crash_window(params))
     with pytest.raises(ValueError, match="does not reproduce a violation"):
         shrink(1, params, script_of(ok))
+
+
+@pytest.mark.sim  # its first violating seed is 49: 15 s
+def test_dropping_the_actives_last_data_in_a_hand_back_is_caught():
+    """The hand-back (docs/design/handback.md) takes what is new of the active's last
+    data; the broken variant drops it, which the active counted as delivered: lost when
+    the new replica then dies, or the output stalls waiting for it."""
+    params = SimParams(variant="handback-drop-last", stages=2, partitions=4, crashes=3,
+                       standbys=2)
+    seed, r = first_violation(params, seeds=range(1, 61))
+    ok = SimParams(stages=2, partitions=4, crashes=3, standbys=2)
+    assert run_schedule(seed, ok, crash_window(ok)).status == OK, f"seed {seed}"

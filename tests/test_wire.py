@@ -55,6 +55,9 @@ from flux.data_messages import (
     Pause,
     PauseAck,
     PSync,
+    Restore,
+    Restored,
+    Stay,
     Reverse,
 )
 from flux.envelope import Envelope
@@ -87,7 +90,7 @@ MESSAGES = [
     RangePacked(5, GroupMove(2, 7, 9, 3, 1), Addr(2, 3, 0), b"\x90", over=3, took=0.25),
     InstallRange(5, GroupMove(2, 7, 9, 3, 1), b"\x90", over=3),
     RangeInstalled(4, GroupMove(2, 7, 9, 3, 1), Addr(2, 1, 1), 0.031),
-    Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4),
+    Ack((7, 1)), Credit((7, 2)), Reverse(()), Pause(3), PauseAck(3), CSync(4), PSync(4), PSync(5, True), Restore(6), Restored(6), Stay(6),
     IngressLog(4, (("item", 1048579), ("epoch", 2), ("cut", 3, 2), ("item", 3145729))),
     IngressLog(5, (("cut", 4, 3, ([1, 0, 63, 0, 2], [2, 7, 9, 3, 1, 1])),)),  # live moves
     LogAck(6),

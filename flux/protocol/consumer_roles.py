@@ -12,7 +12,7 @@ from typing import List, Set
 
 from flux.addresses import Addr, other
 from flux.control_messages import FoldedIn
-from flux.data_messages import Ack, CSync, Pause, PauseAck, PSync
+from flux.data_messages import Ack, CSync, Pause, PauseAck, PSync, Stay
 from flux.effects import Send
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.protocol.links import ACTIVE, DEAD, STDBY
@@ -36,6 +36,8 @@ class ConsumerRoles:
                 if x == feed.ack_to:
                     feed.ack_to = None
             y_alive = [y for y, s in enumerate(feed.replicas) if s.status is ACTIVE]
+            if newly and feed.in_handback():
+                effects += self._handback_fail(j, set(newly))
             if newly and feed.data_from not in y_alive:
                 # Our data source died, or a standby we were about to take data from
                 # did: the survivor sends from what we hold (Figure 4 action 1).
@@ -157,6 +159,8 @@ class ConsumerRoles:
             feed = self.feeds[j]
             x = 0 if feed.replicas[0].addr == src else 1
             if feed.data_from == x and x != self.addr.replica:
+                if msg.forwards:  # it never stopped: we stay with it (docs/design/handback.md)
+                    return [Send(self.addr, src, Stay(msg.version))]
                 return [self.reverse_to(j, x)]
             return []
         j, x, active, standby = roles
@@ -166,14 +170,20 @@ class ConsumerRoles:
                                      "(its guard, DESIGN 4.4)")
         feed.replicas[x].ver = v
         if x == active and x != self.addr.replica:
-            feed.data_from = None  # our reversed source stops here (5.3.2)
+            if msg.forwards:  # it goes on until we hand back (docs/design/handback.md)
+                feed.forwarded = v
+            else:
+                feed.data_from = None  # our reversed source stops here (5.3.2)
         if feed.replicas[other(x)].ver != v:
             return []
         # Both psyncs: data from our side, acks to the other, whoever was active (DESIGN 4.6).
         feed.replicas[standby].status = ACTIVE
+        fold = FoldedIn(self.addr, feed.replicas[standby].addr, v)
+        if self._begin_handback(j, standby, fold):
+            return []  # the active feeds us until the new replica catches up
         feed.data_from = self.addr.replica
         feed.ack_to = other(self.addr.replica)
-        effects = [FoldedIn(self.addr, feed.replicas[standby].addr, v)]
+        effects = [fold]
         if self.acks_at_commit and feed.committed:
             # a sink's writer: the new replica's buffer is the active's at its snapshot,
             # our commits since acked only the active, and none of them between its psync

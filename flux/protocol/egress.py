@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Set
 from exchange.group_map import owner_changes
 from flux.addresses import Addr, P, S
 from flux.control_messages import CheckpointDone, SegmentStats
-from flux.data_messages import Batch, PSync
+from flux.data_messages import Batch, PSync, Restored
 from flux.protocol.cuts import Cuts
 from flux.effects import Deliver, SinkCommit
 from flux.errors import RemoteProtocolError
@@ -96,6 +96,8 @@ class Egress:
     def on_message(self, src: Addr, msg) -> List:
         if isinstance(msg, PSync):
             effects = self.fcons.on_psync(src, msg)
+        elif isinstance(msg, Restored):
+            effects = self.fcons.on_restored(src, msg)
         elif isinstance(msg, Batch):
             effects = self.fcons.on_batch(src, msg)
             self.cuts.learn(msg.cut)

@@ -36,6 +36,8 @@ from flux.addresses import Addr, other
 from flux.data_messages import Ack, Batch, Credit, Reverse
 from flux.effects import Send
 from flux.errors import RemoteProtocolError
+from flux.control_messages import FoldedIn
+from flux.protocol.consumer_handback import HandBack
 from flux.protocol.consumer_roles import ConsumerRoles
 from flux.protocol.links import ACTIVE, DEAD, Status
 from flux.sequence import NO_SN, SN
@@ -71,6 +73,22 @@ class ProducerPair:
     #: a partition not running yet: it sends nothing, the merge waits for nothing of it
     #: (docs/design/rescaling.md)
     dormant: bool = False
+    #: the hand-back (flux.protocol.consumer_handback): the active goes on sending to us
+    #: after its psync; the new replica we drop data of until it reaches what we hold;
+    #: the active whose last data we take only where new, until its Restored; the
+    #: fold-in report held until then
+    forwarded: Optional[int] = None  # the version of the active's psync that said so
+    listen: Optional[int] = None
+    drain: Optional[int] = None
+    fold: Optional[FoldedIn] = None
+    #: ... and our side, the data source again, may still send items we hold; how far
+    #: it has sent (its last item, or past its bound)
+    behind: bool = False
+    reached: tuple = ()
+
+    def in_handback(self) -> bool:
+        return (self.forwarded is not None or self.listen is not None
+                or self.drain is not None or self.behind)
 
     def single(self) -> bool:
         """Both replicas are one process (the ingress): it never fails over."""
@@ -80,7 +98,7 @@ class ProducerPair:
         return None if self.data_from is None else self.replicas[self.data_from].addr
 
 
-class FluxConsumer(ConsumerRoles):
+class FluxConsumer(ConsumerRoles, HandBack):
     """Receives, acks and merges the streams of every producer partition."""
 
     def __init__(self, addr: Addr, producers: Sequence[Sequence[Addr]], absent: Set[Addr] = frozenset(),
@@ -151,17 +169,23 @@ class FluxConsumer(ConsumerRoles):
             return
         feed.dormant, feed.data_from, feed.ack_to = True, None, None
         feed.awaiting_pause_ack = False
+        feed.forwarded = feed.listen = feed.drain = feed.fold = None
+        feed.behind, feed.reached = False, ()
         for source in feed.replicas:
             source.status = DEAD
 
     def on_batch(self, src: Addr, msg: Batch) -> List[Send]:
         """Take a batch from our data source and ack it at once to the dual producer."""
         j = self._partition_of.get(src)
-        if j is None or self.feeds[j].data_source() != src:
-            raise RemoteProtocolError(f"{self.addr}: data from {src}, which is not a data source")
-        feed = self.feeds[j]
-        last = self.merge.push(j, msg.items, msg.bound)
+        feed = None if j is None else self.feeds[j]
         effects = []
+        if feed is not None and feed.in_handback():
+            msg, effects = self._handback_batch(j, src, msg)
+            if msg is None:
+                return effects
+        elif feed is None or feed.data_source() != src:
+            raise RemoteProtocolError(f"{self.addr}: data from {src}, which is not a data source")
+        last = self.merge.push(j, msg.items, msg.bound)
         news = feed.moves_told != self.moves_crossed  # told even while no data comes
         if (msg.items or news) and feed.ack_to is not None and not self.acks_at_commit:
             effects.append(Send(self.addr, feed.replicas[feed.ack_to].addr,
@@ -256,8 +280,9 @@ class FluxConsumer(ConsumerRoles):
         effects = []
         for j, feed in enumerate(self.feeds):
             if self._credit_due(j):
-                effects.append(Send(self.addr, feed.data_source(),
-                                    Credit(feed.taken, self.moves_crossed)))
+                credit = Credit(feed.taken, self.moves_crossed)
+                effects.append(Send(self.addr, feed.data_source(), credit))
+                effects += self._listen_credits(j, credit)
                 feed.owed = 0
         return effects
 

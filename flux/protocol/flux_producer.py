@@ -26,10 +26,11 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Set, Tuple
 
 from flux.addresses import Addr, other
-from flux.protocol.buffer import SEC, Buffer
+from flux.protocol.buffer import PRIM, SEC, Buffer
 from flux.control_messages import Avail, TakeoverDone
-from flux.data_messages import Reverse
+from flux.data_messages import Restore, Restored, Reverse, Stay
 from flux.effects import Send
+from flux.errors import RemoteProtocolError
 from flux.protocol.producer import ACK, DEAD, PAUSE_ROOM, SEND, BufferFactory, Producer
 
 
@@ -77,6 +78,23 @@ class FluxProducer:
         self.r_done[i] = True
         return self._report_takeover()
 
+    def on_restore(self, src: Addr, msg: Restore) -> List[Send]:
+        """The hand-back's end (docs/design/handback.md): stop sending to the secondary
+        ``src``, which takes data from its own side again, and say so after our last
+        data to it."""
+        self.out.restore(src)
+        return [Send(self.addr, src, Restored(msg.version))]
+
+    def on_stay(self, src: Addr, msg: Stay) -> List:
+        """The secondary ``src`` we still forward to lost the new replica on its side
+        before it handed back: it goes on taking our data, as a reverse would have it
+        (5.2): r_done_i."""
+        i, d = self.out.locate(src, SEND)
+        if d != SEC:
+            raise RemoteProtocolError(f"{self.addr}: stay from {src}, our primary consumer")
+        self.r_done[i] = True
+        return self._report_takeover()
+
     def on_writer_moved(self, writer: Addr) -> None:
         """The sink's writer starts again elsewhere (docs/design/parallel_io.md)."""
         self.out.writer_moved(writer)
@@ -117,9 +135,16 @@ class FluxProducer:
         self.out.on_avail(avail.addr, avail.version, only_if_dead=True)
 
     def end_catchup(self, version: int) -> List[Send]:
-        """5.3.2 at the active: psync to every consumer; stop forwarding to secondaries."""
-        effects = self.out.psyncs(version)
-        self.out.restore_secondaries()
+        """5.3.2 at the active: psync to every consumer. A consumer that reversed to us is
+        handed back (docs/design/handback.md): we go on sending to it until its
+        ``Restore``, so its output waits for no install of the new replica; a sink's
+        writer is not (it acks at commits), and we stop forwarding to it here, as in
+        the paper."""
+        out = self.out
+        forwards = ACK not in out.normal_modes[PRIM]
+        effects = out.psyncs(version, forwards)
+        if not forwards:
+            out.restore_secondaries()
         self.p_fail = False
         self.r_done = [False] * len(self.r_done)
         self._takeover_reported = False

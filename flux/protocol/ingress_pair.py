@@ -33,7 +33,7 @@ from typing import Any, Deque, List, Sequence, Set, Tuple
 
 from exchange.group_map import GroupMove
 from flux.addresses import Addr, P, other
-from flux.data_messages import IngressLog, LogAck, Reverse
+from flux.data_messages import IngressLog, LogAck, Restore, Reverse, Stay
 from flux.errors import LocalProtocolError
 from flux.protocol.epoch_ingress import EpochIngress
 from flux.protocol.flux_producer import FluxProducer
@@ -210,6 +210,10 @@ class PairedIngress(TwinLog, SplitJournal, IngressCatchUp):
             return self._on_log_ack(src, msg)
         if isinstance(msg, Reverse):
             return self.fprod.on_reverse(src, msg) + self._maybe_start()
+        if isinstance(msg, Restore):
+            return self.fprod.on_restore(src, msg)
+        if isinstance(msg, Stay):
+            return self.fprod.on_stay(src, msg) + self._maybe_start()
         return super().on_message(src, msg)
 
     def on_fail(self, dead: Set[Addr]) -> List:

@@ -155,14 +155,28 @@ class ConnectionRoles:
         link.reset_window()
         return [FoldedIn(self.addr, src, v)]
 
-    def psyncs(self, version: int) -> List[Send]:
-        """5.3.2: tell every live consumer replica where this replica's output stands."""
+    def psyncs(self, version: int, forwards: bool = False) -> List[Send]:
+        """5.3.2: tell every live consumer replica where this replica's output stands;
+        ``forwards``: a secondary that reversed to us hears that we go on sending to it
+        (docs/design/handback.md)."""
         return [
-            Send(self.addr, link.peer, PSync(version))
+            Send(self.addr, link.peer,
+                 PSync(version, forwards and d == SEC and SEND in link.modes))
             for row in self.links
-            for link in row
+            for d, link in enumerate(row)
             if link.status is ACTIVE
         ]
+
+    def restore(self, src: Addr) -> None:
+        """The hand-back's end (docs/design/handback.md): the secondary ``src`` that
+        reversed to us has its own replica again, caught up; stop sending to it (it acks
+        from now on). Nothing if we no longer send to it."""
+        for i, d in self._where.get(src, ()):
+            link = self.links[i][d]
+            if d == SEC and link.status is ACTIVE and SEND in link.modes:
+                link.modes = self.normal_modes[SEC]
+                link.reset_window()
+                self._links_changed()
 
     # -- state movement (5.3) -----------------------------------------------
     def to_state(self) -> list:

@@ -22,7 +22,8 @@ from flux.addresses import Addr, other
 from flux.control_messages import Avail, InstallRange, SegmentStats
 from flux.protocol.cuts import Cuts
 from flux.digests import OutputDigest
-from flux.data_messages import Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Reverse
+from flux.data_messages import (Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Restore,
+                                 Restored, Reverse, Stay)
 from flux.errors import LocalProtocolError, RemoteProtocolError
 from flux.protocol.flux_consumer import FluxConsumer
 from flux.protocol.flux_producer import FluxProducer
@@ -175,6 +176,12 @@ class Segment(ProcessingSide, CatchUpSide, CheckpointSide, MoveSide):
             return self.fprod.out.on_csync(src, msg)
         if isinstance(msg, PSync):
             return self.fcons.on_psync(src, msg)
+        if isinstance(msg, Restore):
+            return self.fprod.on_restore(src, msg)
+        if isinstance(msg, Stay):
+            return self.fprod.on_stay(src, msg) + self._maybe_start()
+        if isinstance(msg, Restored):
+            return self.fcons.on_restored(src, msg)
         if isinstance(msg, InstallRange):
             return self.on_install_range(msg)
         raise RemoteProtocolError(f"{self.addr}: unexpected {type(msg).__name__} from {src}")

@@ -12,7 +12,7 @@ from typing import List
 
 from flux.protocol.buffer import PRIM, Buffer
 from flux.addresses import S
-from flux.data_messages import Credit, LogAck
+from flux.data_messages import Batch, Credit, LogAck
 from flux.effects import Send
 from flux.protocol.egress import Egress
 from flux.protocol.host import Host
@@ -94,6 +94,19 @@ class SegmentWithLazyCredits(Segment):
             effects.append(Send(self.addr, feed.data_source(), Credit(feed.taken)))
             feed.owed = 0
         return effects
+
+
+class SegmentDroppingTheActivesLastData(Segment):
+    """In a hand-back, drops all the active sent before our Restore reached it, instead
+    of taking what is new of it (docs/design/handback.md broken): the active counts it
+    delivered, so if our side dies before sending those items, they are lost."""
+
+    def on_message(self, src, msg):
+        if isinstance(msg, Batch):
+            for feed in self.fcons.feeds:
+                if feed.drain is not None and feed.replicas[feed.drain].addr == src:
+                    return []
+        return super().on_message(src, msg)
 
 
 class SegmentSnapshottingLate(Segment):
@@ -496,6 +509,7 @@ VARIANTS = {
     "nondeterministic-undigested": (Buffer, SegmentDivergingUndigested),
     "no-delta": (Buffer, SegmentWithoutDelta),
     "lazy-credit": (Buffer, SegmentWithLazyCredits),
+    "handback-drop-last": (Buffer, SegmentDroppingTheActivesLastData),
     "hear-the-dead": (Buffer, Segment),
     "late-snapshot": (Buffer, SegmentSnapshottingLate),
     "forgotten-change": (Buffer, SegmentForgettingAChange),
