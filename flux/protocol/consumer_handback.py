@@ -113,12 +113,13 @@ class HandBack:
         feed.listen = feed.forwarded = None
         if feed.data_from != active:  # the active died meanwhile: our side is all there is
             feed.data_from = ours
-            return self._folded(j)
+            return []
         feed.data_from, feed.ack_to, feed.drain, feed.behind = ours, active, active, True
         return [Send(self.addr, feed.replicas[active].addr, Restore(feed.fold.version))]
 
     def on_restored(self, src: Addr, msg: Restored) -> List:
-        """Step 4: the active's last data to us came; the fold-in is done."""
+        """Step 4: the active's last data to us came; the fold-in once our side has
+        sent all we hold (``_settle``)."""
         j = self._partition_of.get(src)
         if j is None:
             raise RemoteProtocolError(f"{self.addr}: restored from {src}, not a producer of ours")
@@ -157,14 +158,12 @@ class HandBack:
         if feed.drain is not None:
             if feed.drain in newly:  # the active, its last data no longer awaited
                 feed.drain = None
-                effects += self._folded(j)
             elif feed.data_from in newly:  # our side: on_fail reverses to the active, whose
                 feed.fold = None  # data up to its Restored may repeat what we hold
-        if source_died and feed.data_from != feed.listen:  # the reverse says where to
-            # start, but the other's last data may have taken us past it
-            feed.behind, feed.reached = True, ()
-        elif source_died:
-            feed.behind = True
+        if source_died:  # the reverse says where to start, but the other's last data
+            feed.behind = True  # may have taken us past it
+            if feed.data_from != feed.listen:  # another replica: nothing of it seen yet
+                feed.reached = ()
         return effects + self._settle(j)
 
     def _listen_credits(self, j: int, credit: Credit) -> List[Send]:
