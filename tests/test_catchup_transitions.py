@@ -20,8 +20,8 @@ from exchange.rows import Rows
 from flux.addresses import Addr, MoverAddr, P, S
 from flux.protocol.buffer import PRIM, SEC
 from flux.control_messages import Avail, FoldedIn, TakeoverDone, View
-from flux.data_messages import (Ack, Batch, CSync, Pause, PauseAck, PSync, Restore, Restored,
-                                Reverse, Stay)
+from flux.data_messages import (Ack, Batch, Credit, CSync, Pause, PauseAck, PSync, Restore,
+                                Restored, Reverse, Stay)
 from flux.effects import Send, SourcesPaused, SourcesResumed
 from flux.envelope import Envelope
 from flux.errors import LocalProtocolError, RemoteProtocolError
@@ -166,20 +166,60 @@ def test_ingress_pause_also_stops_bounds():
     assert ing.flush(0, PRIM) == []
 
 
-def test_a_paused_partition_does_not_hold_the_others_at_its_capacity():
-    """While consumer partition 0 pauses for its catch-up, its buffer may grow past the
-    capacity (PAUSE_ROOM), so partition 1's tuples keep going; the room ends with the
-    pause, and the buffer is full again until it drains (5.3.1, back-pressure)."""
+def paused_with_backlog(backlog: int):
+    """F-Prod A0P (capacity 2) whose consumer partition 0 pauses for C0S's catch-up with
+    ``backlog`` tuples put meanwhile; C0S is the new replica."""
     fp = FluxProducer(A0P, CONSUMERS, 2, 4)
     fp.on_fail({C0S})
     fp.out.on_avail(C0S, 7)
     fp.out.on_pause(C0P, Pause(7))
-    for k in range(1, 2 * PAUSE_ROOM + 1):
+    for k in range(1, backlog + 1):
         assert not fp.out.full()  # a segment would process its next input
         fp.out.put(0, (k, 0), sub(k))
-    assert fp.out.full() and len(fp.out.buffers[0]) == 2 * PAUSE_ROOM > 2  # bounded all the same
+    return fp
+
+
+def test_a_paused_partition_does_not_hold_the_others_at_its_capacity():
+    """While consumer partition 0 pauses for its catch-up, its buffer may grow past the
+    capacity (PAUSE_ROOM), so partition 1's tuples keep going; bounded all the same
+    (5.3.1, back-pressure)."""
+    fp = paused_with_backlog(2 * PAUSE_ROOM)
+    assert fp.out.full() and len(fp.out.buffers[0]) == 2 * PAUSE_ROOM > 2
+
+
+def test_the_room_lasts_until_the_new_replica_worked_off_the_pauses_backlog():
+    """The new replica installs the state before it takes anything: at the resume its
+    buffer holds the whole pause's backlog. The room lasts until it is back within the
+    capacity (the active runs ahead of it meanwhile), then the buffer is as before."""
+    fp = paused_with_backlog(2 * PAUSE_ROOM - 2)
+    buf = fp.out.buffers[0]
     fp.out.on_csync(C0P, CSync(7))
-    assert fp.out.full() and fp.out.buffers[0].capacity == 2
+    assert fp.out.can_accept_csync(C0S, CSync(7))
+    fp.out.on_csync(C0S, CSync(7))
+    assert not fp.out.full() and buf.capacity == 2 * PAUSE_ROOM  # the active keeps going
+    fp.out.put(0, (2 * PAUSE_ROOM - 1, 0), sub(2 * PAUSE_ROOM - 1))
+    fp.out.put(0, (2 * PAUSE_ROOM, 0), sub(2 * PAUSE_ROOM))
+    assert fp.out.full()  # bounded by the pause's room all the same
+    while fp.out.flush(0, PRIM, (2 * PAUSE_ROOM,)):  # the active takes them all (F-Prod^P:
+        fp.out.on_credit(C0P, Credit(buf.sent[PRIM]))  # sending marks them held); evicted only
+    assert len(buf) == 2 * PAUSE_ROOM  # once the new replica (acking, SEC) holds them too
+    for k in range(1, 2 * PAUSE_ROOM - 2):  # it works them off: the room stays ...
+        fp.out.on_ack(C0S, Ack((k, 0)))
+        assert buf.capacity == 2 * PAUSE_ROOM and len(buf) == 2 * PAUSE_ROOM - k
+    fp.out.on_ack(C0S, Ack((2 * PAUSE_ROOM - 2, 0)))  # ... until it is within the capacity
+    assert len(buf) == 2 and buf.capacity == 2 and fp.out.full()
+    fp.out.check_invariants()
+    fp.out.on_ack(C0S, Ack((2 * PAUSE_ROOM, 0)))
+    assert len(buf) == 0 and not fp.out.full()
+
+
+def test_the_room_ends_when_the_new_replica_dies():
+    fp = paused_with_backlog(PAUSE_ROOM)
+    fp.out.on_csync(C0P, CSync(7))
+    assert fp.out.buffers[0].capacity == 2 * PAUSE_ROOM
+    fp.out.fail_addresses({C0S})
+    assert fp.out.buffers[0].capacity == 2
+    fp.out.check_invariants()
 
 
 def test_the_ingress_cuts_items_while_one_partition_pauses():

@@ -55,6 +55,9 @@ class Link:
     sent_bound: SN = NO_PROGRESS
     #: catch-up: paused by the consumer (5.3.1), its last sync version, the one expected
     paused: bool = False
+    #: a new replica working off what piled up during its pause: its buffer keeps the
+    #: pause's room until it is back within its capacity (``Producer``)
+    catching_up: bool = False
     ver: int = 0
     expected: int = 0
     #: back-pressure: the batches sent and not yet credited, as (last SN, tuples), and

@@ -28,7 +28,12 @@ if its buffer held the producer at its capacity, every other partition would wai
 for that pause too (an item, or a segment's next input, has rows for all of them).
 So a paused partition's buffer may hold ``pause_room`` times the capacity: memory
 bounded by the pause's share of the input, and the back-pressure of any longer
-pause as before (docs/design/backpressure.md).
+pause as before (docs/design/backpressure.md). The room lasts past the resume, until
+the new replica has worked the buffer back within its capacity: it installs the
+state before it takes anything, so at the resume its buffer holds the whole pause's
+backlog, and a buffer shrunk at once would stop every partition again until the
+slowest replica caught up (docs/design/handback.md: the active runs ahead of its new
+twin, and the hand-back carries its output meanwhile).
 """
 from __future__ import annotations
 
@@ -209,11 +214,10 @@ class Producer(ConnectionRoles, PartitionMembership):
 
     def _links_changed(self) -> None:
         """A link's status, modes or pause changed: the open connections are asked anew,
-        and a paused partition's buffer gets its room (``pause_room``)."""
+        and a paused (or catching-up) partition's buffer gets its room (``pause_room``)."""
         self._open = None
-        for buffer, (prim, sec) in zip(self.buffers, self.links):
-            paused = prim.paused or sec.paused
-            buffer.resize(self.capacity * self.pause_room if paused else self.capacity)
+        for buffer, row in zip(self.buffers, self.links):
+            buffer.resize(self.capacity * self.pause_room if has_room(row) else self.capacity)
 
     # -- actions ---------------------------------------------------------
     def put(self, i: int, sn: SN, item) -> None:
@@ -231,6 +235,7 @@ class Producer(ConnectionRoles, PartitionMembership):
             link.in_flight_tuples += len(items)
             if ACK not in link.modes:
                 buffer.ack(items[-1][0], d)  # 2a: no acks on this connection
+                self._end_room(i)
         bound = self.bound_for(i, d, frontier)
         if bound_key(bound) > bound_key(link.sent_bound):
             link.sent_bound = bound
@@ -249,6 +254,7 @@ class Producer(ConnectionRoles, PartitionMembership):
         """Action 3: a cumulative ack from an ACTIVE destination with ACK."""
         i, d = self.locate(src, ACK)
         self.buffers[i].ack(msg.hwm, d)
+        self._end_room(i)
         heard_moves(self.links[i][d], msg.moves)
 
     def on_credit(self, src: Addr, msg: Credit) -> None:
@@ -275,9 +281,9 @@ class Producer(ConnectionRoles, PartitionMembership):
                 f"are {links_open_now(self.links)}")
         for buffer, row in zip(self.buffers, self.links):
             buffer.check_invariants()
-            room = self.pause_room if row[0].paused or row[1].paused else 1
+            room = self.pause_room if has_room(row) else 1
             assert buffer.capacity == self.capacity * room, (
-                f"{self.addr}: buffer capacity {buffer.capacity}, paused={room > 1}")
+                f"{self.addr}: buffer capacity {buffer.capacity}, room={room > 1}")
             for d in DESTS:
                 if row[d].status is DEAD:
                     assert d not in buffer.delete, f"{self.addr}: dead destination {row[d].peer} in delete"
@@ -310,6 +316,12 @@ def heard_moves(link: Link, moves: Optional[int]) -> None:
         link.moves_crossed = None
     elif link.moves_crossed is not None and moves > link.moves_crossed:
         link.moves_crossed = moves
+
+
+def has_room(row: Tuple[Link, Link]) -> bool:
+    """A consumer partition paused for its catch-up, or whose new replica is catching up,
+    gets ``pause_room`` times the capacity."""
+    return row[0].paused or row[1].paused or row[0].catching_up or row[1].catching_up
 
 
 __all__ = ["Producer", "Link", "Status", "ConnMode", "SEND", "ACK", "NONE", "ACTIVE", "DEAD",

@@ -28,7 +28,7 @@ class ConnectionRoles:
     def fail_destination(self, i: int, d: int) -> None:
         """Figure 4 action 3: forget a dead consumer replica and stop waiting for it."""
         link = self.links[i][d]
-        link.status, link.modes, link.paused = DEAD, NONE, False
+        link.status, link.modes, link.paused, link.catching_up = DEAD, NONE, False, False
         self._links_changed()
         link.reset_window()
         buffer = self.buffers[i]
@@ -138,11 +138,12 @@ class ConnectionRoles:
         link, dual = self.links[i][d], self.links[i][1 - d]
         if link.status is ACTIVE:
             link.ver, link.paused = v, False
-            self._links_changed()
             if dual.status is STDBY and dual.expected == v:
                 buffer = self.buffers[i]
                 buffer.set_delete(buffer.delete | {1 - d})
                 buffer.reset(1 - d)
+                dual.catching_up = True  # it will work off the pause's backlog: room stays
+            self._links_changed()
             return []
         if link.expected != v:
             return []  # a stale standby's sync changes no role (3.4)
@@ -154,6 +155,14 @@ class ConnectionRoles:
         link.sent_bound = NO_PROGRESS
         link.reset_window()
         return [FoldedIn(self.addr, src, v)]
+
+    def _end_room(self, i: int) -> None:
+        """An ack freed entries of partition i: a new replica back within the capacity
+        has caught up, and its buffer's room ends."""
+        row = self.links[i]
+        if (row[0].catching_up or row[1].catching_up) and len(self.buffers[i]) <= self.capacity:
+            row[0].catching_up = row[1].catching_up = False
+            self._links_changed()
 
     def psyncs(self, version: int, forwards: bool = False) -> List[Send]:
         """5.3.2: tell every live consumer replica where this replica's output stands;
