@@ -242,6 +242,8 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "max_output_gap_end_s": base["max_output_gap_end_s"],
         # the longest wait between two outputs that ended after the kill (start-up apart)
         "max_output_gap_after_kill_s": base["max_output_gap_after_kill_s"],
+        # the longest of the 5 s before the kill: what the job shows without a failure
+        "max_output_gap_before_kill_s": base["max_output_gap_before_kill_s"],
         "median_interval_latency_ms": base["median_interval_latency_ms"],
         # a connection's batch waits this long for more before it is sent
         "flush_interval_s": job.config.flush_delay, "interval_s": m.interval,
@@ -300,7 +302,8 @@ def main(argv=None) -> int:
             "kill_at_s", "detect_after_kill_s", "takeover_after_kill_s", "catchup_after_kill_s",
             "restart_after_kill_s", "data_again_after_kill_s",
             "state_bytes_moved", "state_move_s", "max_catchup_pause_s", "false_detections",
-            "stuck_reports", "max_output_gap_s", "max_output_gap_after_kill_s",
+            "stuck_reports", "max_output_gap_s", "max_output_gap_before_kill_s",
+            "max_output_gap_after_kill_s",
             "median_interval_latency_ms")
     for k in keys:
         print(f"{k:28s} {summary[k]}")

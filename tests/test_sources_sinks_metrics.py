@@ -146,6 +146,35 @@ def test_the_longest_output_gap_after_a_kill_is_kept_apart_from_the_start_ups():
         ("killed", "node1 (worker)")]
 
 
+def test_the_longest_gap_of_the_seconds_before_a_kill_is_the_failovers_yardstick():
+    """Outputs come in steps even without a failure: the longest wait of the last
+    BEFORE_KILL seconds before the first kill is kept, a start-up's long before apart."""
+    from flux.runtime.metrics import BEFORE_KILL
+
+    clock = FakeClock(0.0)
+    m = Metrics(interval=0.1, clock=clock)
+    m.begin()
+    for _ in range(100):
+        m.input_taken(arrival=None)
+    m.output((1, 0))
+    clock.t = 1.0  # the start-up's wait, long before the kill
+    m.output((2, 0))
+    sn = 3
+    while clock.t < 7.9:
+        clock.t = round(clock.t + (0.3 if sn == 41 else 0.1), 6)  # one slow step at 4.9
+        m.output((sn, 0))
+        sn += 1
+    assert m.summary()["max_output_gap_before_kill_s"] is None  # nothing was killed
+    assert 1.0 < clock.t - BEFORE_KILL < 4.9
+    m.killed("node1 (worker)")
+    clock.t += 0.25
+    m.output((sn, 0))
+    summary = m.summary()
+    assert summary["max_output_gap_before_kill_s"] == pytest.approx(0.3)
+    assert summary["max_output_gap_after_kill_s"] == pytest.approx(0.25)
+    assert summary["max_output_gap_s"] == pytest.approx(1.0)
+
+
 def test_metrics_sum_state_movements_and_give_events_relative_times(tmp_path):
     clock = FakeClock(50.0)
     m = Metrics(clock=clock)

@@ -102,6 +102,30 @@ class EventLog:
         return len(self._events)
 
 
+class RecentMax:
+    """The largest value added in the last ``window`` seconds (a monotonic queue: bounded
+    by the values of that window, usually a handful)."""
+
+    def __init__(self, window: float):
+        self.window = window
+        self._q: deque = deque()  # (time, value), values decreasing
+
+    def add(self, at: float, value: float) -> None:
+        q = self._q
+        while q and q[-1][1] <= value:
+            q.pop()
+        q.append((at, value))
+        while q[0][0] < at - self.window:
+            q.popleft()
+
+    def max(self) -> Optional[float]:
+        return self._q[0][1] if self._q else None
+
+
+#: seconds before the first kill whose longest output gap is the failover's yardstick
+BEFORE_KILL = 5.0
+
+
 class Metrics:
     def __init__(self, interval: float = 0.1, clock: Callable[[], float] = time.monotonic,
                  span: float = 3600.0):
@@ -130,6 +154,9 @@ class Metrics:
         #: the longest wait between two outputs that ended after the first kill (None: no
         #: kill, or no output after it): the failover's gap, apart from the start-up's
         self.max_output_gap_after_kill: Optional[float] = None
+        #: the waits of the last ``BEFORE_KILL`` seconds, frozen at the first kill: what
+        #: the job shows without a failure (batches of outputs come in steps), start-up apart
+        self._gaps_before_kill = RecentMax(BEFORE_KILL)
         self._killed = False
         #: inputs numbered on the wall clock (ingresses on the nodes): input SN -> when
         #: its epoch began, and the clock outputs are timed by then (``time_by_epochs``)
@@ -208,7 +235,9 @@ class Metrics:
             if gap > self.max_output_gap:
                 self.max_output_gap, self.max_output_gap_at = gap, now
             after = self.max_output_gap_after_kill
-            if self._killed and (after is None or gap > after):
+            if not self._killed:
+                self._gaps_before_kill.add(now, gap)
+            elif after is None or gap > after:
                 self.max_output_gap_after_kill = gap
         self.last_output = now
         retired, arrivals, counts = self._retired, self._arrivals, self.latency_counts
@@ -298,8 +327,15 @@ class Metrics:
     def killed(self, what: str) -> None:
         """``what`` is killed now (``FluxJob.kill_node``, an experiment): the event, and
         from now on the longest output gap after the kill is kept apart."""
-        self.events.append((self.clock(), "killed", what))
+        now = self.clock()
+        self.events.append((now, "killed", what))
+        if not self._killed:
+            self._gaps_before_kill.add(now, 0.0)  # forgets what ended before the window
         self._killed = True
+
+    def _gap_before_kill(self) -> Optional[float]:
+        before = self._gaps_before_kill.max() if self._killed else None
+        return round(before, 6) if before else None
 
     def summary(self) -> Dict[str, Any]:
         rows = self.timeline()
@@ -324,6 +360,7 @@ class Metrics:
             "max_output_gap_after_kill_s": (round(self.max_output_gap_after_kill, 6)
                                             if self.max_output_gap_after_kill is not None
                                             else None),
+            "max_output_gap_before_kill_s": self._gap_before_kill(),
             "events": [list(e) for e in self.relative_events()],
             "event_counts": dict(events.counts),
             "state_bytes_moved": events.moved_bytes,
