@@ -121,13 +121,19 @@ def test_metrics_count_per_interval_and_measure_latency_from_arrival():
     assert summary["max_output_gap_after_kill_s"] is None  # nothing was killed
 
 
-def test_the_longest_output_gap_after_a_kill_is_kept_apart_from_the_start_ups():
-    clock = FakeClock(10.0)
+def metrics_with_inputs(clock, inputs: int) -> Metrics:
+    """Metrics begun at ``clock``, ``inputs`` inputs taken, the first one's output out."""
     m = Metrics(interval=0.1, clock=clock)
     m.begin()
-    for _ in range(5):
+    for _ in range(inputs):
         m.input_taken(arrival=None)
     m.output((1, 0))
+    return m
+
+
+def test_the_longest_output_gap_after_a_kill_is_kept_apart_from_the_start_ups():
+    clock = FakeClock(10.0)
+    m = metrics_with_inputs(clock, 5)
     clock.t = 10.5  # a long start-up gap
     m.output((2, 0))
     clock.t = 10.6
@@ -152,11 +158,7 @@ def test_the_longest_gap_of_the_seconds_before_a_kill_is_the_failovers_yardstick
     from flux.runtime.metrics import BEFORE_KILL
 
     clock = FakeClock(0.0)
-    m = Metrics(interval=0.1, clock=clock)
-    m.begin()
-    for _ in range(100):
-        m.input_taken(arrival=None)
-    m.output((1, 0))
+    m = metrics_with_inputs(clock, 100)
     clock.t = 1.0  # the start-up's wait, long before the kill
     m.output((2, 0))
     sn = 3
