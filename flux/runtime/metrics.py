@@ -155,7 +155,8 @@ class Metrics:
         #: kill, or no output after it): the failover's gap, apart from the start-up's
         self.max_output_gap_after_kill: Optional[float] = None
         #: the waits of the last ``BEFORE_KILL`` seconds, frozen at the first kill: what
-        #: the job shows without a failure (batches of outputs come in steps), start-up apart
+        #: the job shows without a failure (outputs come in steps of whole items); a
+        #: start-up's wait counts only if the kill comes within ``BEFORE_KILL`` of it
         self._gaps_before_kill = RecentMax(BEFORE_KILL)
         self._killed = False
         #: inputs numbered on the wall clock (ingresses on the nodes): input SN -> when
