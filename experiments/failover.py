@@ -92,6 +92,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "the output must still equal the per-record reference")
     ap.add_argument("--item-delay", type=float, default=None,
                     help="seconds an item waits for more inputs (default: the job's)")
+    ap.add_argument("--arrow-feed", action="store_true",
+                    help="with --vectorized --max-rate: the packets handed over as Arrow "
+                         "batches of 1024 rows (a columnar source's), not as records, so "
+                         "the job, not the driver's hand-over, sets the full rate")
+    ap.add_argument("--batch-rows", type=int, default=None,
+                    help="the most inputs in one item (default: the job's, 16384)")
     ap.add_argument("--replication", choices=("flux", "cluster-pairs"), default="flux",
                     help="cluster-pairs: the paper's baseline (4.2): the victim's whole "
                          "replica set fails, and is rebuilt by a restart from a checkpoint "
@@ -125,6 +131,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--kafka runs on the embedded local-cluster (the broker is on this machine)")
     if args.topic_partitions < 1:
         ap.error("--topic-partitions must be >= 1")
+    if args.arrow_feed and (not (args.vectorized and args.max_rate) or args.kafka
+                            or args.replication != "flux"):
+        ap.error("--arrow-feed needs --vectorized --max-rate, and no --kafka or "
+                 "--replication cluster-pairs")
+    if args.batch_rows is not None and args.batch_rows < 1:
+        ap.error("--batch-rows must be >= 1")
     if args.victim not in {node_name(k) for k in range(args.nodes)}:
         ap.error(f"--victim must be one of node0..node{args.nodes - 1}")
     return args
@@ -247,6 +259,7 @@ def summarize(job, args, same: bool, expected: int) -> Dict[str, Any]:
         "median_interval_latency_ms": base["median_interval_latency_ms"],
         # a connection's batch waits this long for more before it is sent
         "flush_interval_s": job.config.flush_delay, "interval_s": m.interval,
+        "batch_rows": job.config.batch_rows, "arrow_feed": args.arrow_feed,
         "events": base["events"],
     }
 
@@ -346,9 +359,14 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             source, sink, extra = kafka.source, kafka.sink, kafka.job_settings()
         else:
             source = records if args.max_rate else RateLimited(records, args.rate)
+            if args.arrow_feed:
+                from experiments.throughput import as_batches
+                source = as_batches(records)
             sink, extra = None, {}
         if args.item_delay is not None:
             extra["item_delay"] = args.item_delay
+        if args.batch_rows is not None:
+            extra["batch_rows"] = args.batch_rows
         if args.replication == "cluster-pairs":  # a lost set is rebuilt from a checkpoint
             source = records if args.max_rate else Paced(records, args.rate)
             extra.update(replication=args.replication, checkpoint=stack.enter_context(

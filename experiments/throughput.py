@@ -149,15 +149,17 @@ class DriverWakeups:
 
 
 def replicated_run(spark, mode: str, records: List[Any], expected: List[str],
-                   args, authenticate: bool = True, kind: str = "per-record") -> Dict[str, Any]:
-    """One run of ``mode`` fed as fast as the ingress takes input."""
+                   args, authenticate: bool = True, kind: str = "per-record",
+                   **tuning: Any) -> Dict[str, Any]:
+    """One run of ``mode`` fed as fast as the ingress takes input (``tuning``: more of
+    ``FluxJob``'s keyword arguments)."""
     from flux.spark.job import FluxJob
 
     source = records
     if kind == "vectorized" and args.vectorized_input == "batches":
         source = as_batches(records)
     job = FluxJob(spark, dataflow_of(kind), source, nodes=args.nodes, standbys=0,
-                  replication=mode, authenticate=authenticate)
+                  replication=mode, authenticate=authenticate, **tuning)
     with job:
         job.wait_until(lambda: job.controller.started, 120)
         with DriverWakeups() as wakeups:

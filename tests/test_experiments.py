@@ -54,6 +54,34 @@ def test_the_failover_main_job_runs_with_operators_on_arrow_batches(tmp_path):
     assert summary["state_bytes_moved"] > 0
 
 
+def test_the_failover_main_job_runs_at_the_full_rate_of_a_columnar_feed(tmp_path):
+    """``--arrow-feed --max-rate``: the packets handed over as Arrow batches, so the job
+    runs at its own full rate, with items of 8192 inputs; a node killed half-way through
+    the inputs; the output is the per-record reference, nothing dropped."""
+    from experiments.failover import main
+
+    out = tmp_path / "failover"
+    status = main(["--quick", "--vectorized", "--max-rate", "--arrow-feed", "--batch-rows",
+                   "8192", "--duration", "8", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert status == 0
+    assert summary["dropped_inputs"] == 0 and summary["output_matches_reference"] is True
+    assert summary["batch_rows"] == 8192 and summary["arrow_feed"] is True
+    assert summary["kill_at_s"] < summary["detected_s"] <= summary["takeover_done_s"] \
+        < summary["catchup_done_s"]
+    assert summary["max_output_gap_after_kill_s"] is not None
+
+
+def test_the_failover_refuses_an_arrow_feed_it_cannot_give():
+    from experiments.failover import parse_args
+
+    for argv in (["--arrow-feed", "--max-rate"], ["--arrow-feed", "--vectorized"],
+                 ["--arrow-feed", "--vectorized", "--max-rate", "--kafka"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+    assert parse_args(["--arrow-feed", "--vectorized", "--max-rate"]).arrow_feed
+
+
 def test_cluster_pairs_rebuild_the_failed_set_by_a_restart_and_the_output_stays_exact(tmp_path):
     """``--replication cluster-pairs`` (the paper's baseline, 4.2): the victim's whole
     replica set fails; a checkpoint cut after the loss (the surviving set's consistent

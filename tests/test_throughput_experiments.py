@@ -82,3 +82,17 @@ def test_the_message_cost_is_both_processes_cpu_over_every_envelope_sent():
                - row["receiver_us_per_envelope"]) <= 0.02
     assert summarize([row, {**row, "us_per_envelope": 1.0}])["us_per_envelope"]["3"][
         "min"] == 1.0
+
+
+def test_item_sizes_are_compared_per_round_against_the_largest():
+    from experiments.item_size import summarize
+
+    rows = [{"round": r, "batch_rows": b, "input_rate_tps": v, "output_matches_reference": True}
+            for r, pair in enumerate([(300.0, 200.0), (250.0, 200.0), (280.0, 140.0)])
+            for b, v in zip((16384, 8192), pair)]
+    s = summarize(rows, [16384, 8192])
+    assert s["input_rate_tps"]["8192"] == {"median": 200.0, "min": 140.0, "max": 200.0, "n": 3}
+    assert s["vs_largest"] == {"8192": {"median": 0.667, "min": 0.5, "max": 0.8, "n": 3}}
+    assert s["all_exact"]
+    rows[0]["output_matches_reference"] = False
+    assert not summarize(rows, [16384, 8192])["all_exact"]
