@@ -18,7 +18,7 @@ import json
 import pathlib
 from typing import Any, Dict, List
 
-from experiments.throughput import KINDS, _ratios, replicated_run, spread
+from experiments.throughput import KINDS, per_round_ratios, replicated_run, spread
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,8 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--out", default="results/item_size")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.inputs < 1000 or min(args.batch_rows) < 1:
-        ap.error("--rounds >= 1, --inputs >= 1000, --batch-rows >= 1")
+    if args.rounds < 1 or args.inputs < 1000 or min(args.batch_rows) < 1 or \
+            len(set(args.batch_rows)) != len(args.batch_rows):
+        ap.error("--rounds >= 1, --inputs >= 1000, --batch-rows distinct and >= 1")
     args.vectorized_input = "batches"  # what replicated_run feeds the vectorized kind
     return args
 
@@ -43,7 +44,7 @@ def summarize(rows: List[Dict[str, Any]], sizes: List[int]) -> Dict[str, Any]:
                  if r["batch_rows"] == b] for b in sizes}
     largest = max(sizes)
     return {"input_rate_tps": {str(b): spread(v) for b, v in rates.items()},
-            "vs_largest": {str(b): _ratios(rates[b], rates[largest])
+            "vs_largest": {str(b): per_round_ratios(rates[b], rates[largest])
                            for b in sizes if b != largest},
             "all_exact": all(r["output_matches_reference"] for r in rows)}
 

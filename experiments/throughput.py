@@ -348,7 +348,7 @@ def main(argv=None) -> int:
                                           summary[kind]["operators_alone_tps"]["median"]))
         for other in ("vectorized", "per-record-columns"):
             if "flux" in modes and {other, "per-record"} <= set(kinds):
-                summary[f"{other}_vs_per_record_flux"] = _ratios(
+                summary[f"{other}_vs_per_record_flux"] = per_round_ratios(
                     _rates(rows, other, "flux"), _rates(rows, "per-record", "flux"))
         if not args.no_search:
             for kind in kinds:
@@ -382,7 +382,7 @@ def _rates(rows: List[Dict[str, Any]], kind: str, mode: str) -> List[float]:
     return [r["input_rate_tps"] for r in rows if r["operators"] == kind and r["mode"] == mode]
 
 
-def _ratios(a: List[float], b: List[float]) -> Dict[str, float]:
+def per_round_ratios(a: List[float], b: List[float]) -> Dict[str, float]:
     """Per round (the two ran side by side): median, min and max of a / b."""
     ratios = [x / y for x, y in zip(a, b)]
     return {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
@@ -398,7 +398,7 @@ def _figures(rows: List[Dict[str, Any]], kind: str, modes: List[str],
     figures["vs_operators_alone"] = {m: round(s["median"] / alone, 3)
                                      for m, s in figures["modes"].items()}
     if "flux" in modes and "cluster-pairs" in modes:
-        figures["flux_vs_cluster_pairs"] = _ratios(rates["flux"], rates["cluster-pairs"])
+        figures["flux_vs_cluster_pairs"] = per_round_ratios(rates["flux"], rates["cluster-pairs"])
     figures["driver_wakeup_p99_ms"] = {m: spread(
         [r["driver_wakeup_p99_ms"] for r in rows if r["operators"] == kind and r["mode"] == m])
         for m in modes}
