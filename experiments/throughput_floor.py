@@ -1,5 +1,10 @@
 """python -m experiments.throughput_floor: the least CPU an input can cost a replicated job.
 
+By default the design the library runs, whose protocol item is a batch, for both kinds
+of operators (``experiments.item_floor``; writes ``floor_items.json``). With
+``--design per-tuple``, the accounting below, of the per-tuple protocol the library
+ran before items (writes ``floor.json``), kept so its figures can be measured again.
+
 The throughput target (DESIGN 9) asks the replicated job for 0.5 of the operators-alone rate on
 two cores, i.e. at most ``4 x t_alone`` of CPU per input in all (``t_alone``: the
 two operators' time per input on one core). This measures, on one core, what
@@ -40,9 +45,11 @@ import zmq
 
 from exchange.partitioner import HashPartitioner
 from exchange.wire import decode, encode
+from experiments.item_floor import item_floor, on_shared_cores, shared_cores
 from experiments.overhead import spread
 from flux.addresses import Addr
 from flux.data_messages import Batch
+from flux.dataflow import BATCH_ROWS
 from flux.envelope import Envelope
 from flux.examples import paper_dataflow
 from flux.reference import ReferenceRun, reference_output
@@ -188,18 +195,47 @@ def floor(records: List[Any], partitions: int = 4, batch: int = 256,
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.throughput_floor", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--design", choices=("items", "per-tuple"), default="items")
     ap.add_argument("--inputs", type=int, default=200_000, help="packets (as experiments.throughput)")
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=256, help="per-tuple: tuples per wire batch")
+    ap.add_argument("--batch-rows", type=int, default=BATCH_ROWS,
+                    help="items: inputs per item (the default FluxJob's)")
+    ap.add_argument("--kinds", default="per-record,vectorized",
+                    help="items: the operators' kinds, comma-separated")
+    ap.add_argument("--copies", default="2,6",
+                    help="items: the floor also run in this many processes at once "
+                         "(6: a 4-node job's nodes, its ingress and its driver); '' for none")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="results/throughput")
     args = ap.parse_args(argv)
     records = packet_workload(args.inputs, seed=1, pairs=100_000, apps=10, sources=1_000)
-    summary = floor(records, args.partitions, args.batch, args.repeats)
+    if args.design == "per-tuple":
+        summary: Any = floor(records, args.partitions, args.batch, args.repeats)
+        name = "floor.json"
+    else:
+        summary = {kind: item_floor(kind, records, args.partitions, args.batch_rows,
+                                    args.repeats) for kind in args.kinds.split(",")}
+        copies = [int(c) for c in args.copies.split(",") if c]
+        for kind, figures in summary.items():
+            if copies:
+                figures["shared_cores"] = on_shared_cores(
+                    figures, shared_cores(kind, records, copies, args.partitions,
+                                          args.batch_rows, args.repeats))
+        name = "floor_items.json"
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "floor.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / name).write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
+    if args.design == "items":
+        for kind, figures in summary.items():
+            print(f"{kind}: floor {figures['floor_us_per_input']} us an input, "
+                  f"{figures['floor_vs_operators_alone']['median']} of the operators alone "
+                  f"(the target's budget {figures['target_budget_us_per_input']} us), "
+                  f"outputs exact: {figures['outputs_exact']}")
+            for n, ratio in figures.get("shared_cores", {}).get(
+                    "floor_vs_operators_alone", {}).items():
+                print(f"  in each of {n} processes at once: {ratio} of the operators alone")
     return 0
 
 

@@ -96,3 +96,60 @@ def test_item_sizes_are_compared_per_round_against_the_largest():
     assert s["all_exact"]
     rows[0]["output_matches_reference"] = False
     assert not summarize(rows, [16384, 8192])["all_exact"]
+
+
+def test_the_item_floor_does_the_jobs_work_and_adds_up():
+    """experiments.item_floor: items of several sizes give the reference's output with
+    both kinds of operators (so the floor times the job's work), and the floor is the
+    sum of its pieces as the replicas pay them."""
+    from experiments.item_floor import item_floor
+
+    records = packet_workload(3000, seed=3, pairs=300, apps=3, sources=30)
+    for kind in ("per-record", "vectorized"):
+        f = item_floor(kind, records, partitions=3, batch_rows=700, repeats=1)
+        assert f["outputs_exact"] is True, kind
+        paid = {k: v["median"] for k, v in f["us_per_input_as_paid"].items()}
+        assert all(v >= 0 for v in paid.values()) and paid["s1_operators"] > 0
+        pieces = sum(v for k, v in paid.items() if k != "all")
+        assert abs(paid["all"] - pieces) < 0.01 * len(paid)  # each rounded to 3 decimals
+        assert abs(f["floor_us_per_input"] - paid["all"]) < 1e-3
+
+
+def test_the_item_floors_output_check_can_fail():
+    """An item pipeline whose consumers take an item's sub-items one producer after
+    another, not merged by row SN, gives other output: the check is not vacuous."""
+    import numpy as np
+
+    from experiments import item_floor as floor_module
+    from flux.operator import wire_form
+
+    records = packet_workload(3000, seed=3, pairs=100, apps=3, sources=30)
+    expected = [wire_form(x) for x in reference_output(paper_dataflow(), records, 3)]
+    runs = [records[i:i + 100] for i in range(0, len(records), 100)]
+
+    def concatenated(parts):
+        sns = np.vstack([part.sns for part in parts])
+        return type(parts[0]).merge_parts(parts, sns, np.arange(len(sns)))
+
+    pipe = floor_module.ItemPipeline(paper_dataflow(), 3)
+    pipe.run(runs, 250)
+    assert [wire_form(x) for x in pipe.outputs] == expected
+    broken = floor_module.ItemPipeline(paper_dataflow(), 3)
+    merged = floor_module.merge
+    floor_module.merge = concatenated
+    try:
+        broken.run(runs, 250)
+    finally:
+        floor_module.merge = merged
+    assert [wire_form(x) for x in broken.outputs] != expected
+
+
+def test_the_floor_in_processes_at_once_returns_each_ones_and_leaves_none_running():
+    import multiprocessing
+
+    from experiments.item_floor import floor_at_once
+
+    records = packet_workload(2000, seed=3, pairs=200, apps=3, sources=20)
+    floors = floor_at_once("vectorized", records, 3, partitions=2, batch_rows=500)
+    assert len(floors) == 3 and all(f > 0 for f in floors)
+    assert multiprocessing.active_children() == []
