@@ -23,9 +23,10 @@ replica encodes what it sends its own consumer replica, the last stage's seconda
 sends nothing while its primary lives (5.1); the ingress encodes once and sends to
 both replicas. Merges, buffers, acks, credits, progress bounds, polling, liveness
 and metrics count as free. Both the pipeline and the operators alone run with
-the garbage collector's thresholds of a node process. The outputs are checked against the reference, so the
-floor is known to do the job's work. The floor is the sum; two cores at the
-operators-alone rate's ``r`` allow ``2 / r`` of it.
+the garbage collector's thresholds of a node process. The outputs are checked
+against the reference, so the floor is known to do the job's work. The floor is
+the sum; its ratio to the operators alone is the rate two cores allow it over the
+operators' one-core rate.
 """
 from __future__ import annotations
 
@@ -49,9 +50,7 @@ from flux.data_messages import Batch
 from flux.envelope import Envelope
 from flux.protocol.pending_inputs import PendingInputs
 from flux.runtime.gc_tuning import data_path_gc
-
-#: records the driver reads and hands over in one message (``flux.runtime.ingress_feed``)
-READ_LIMIT = 1000
+from flux.runtime.ingress_feed import READ_LIMIT
 
 
 class ItemPipeline:
@@ -211,8 +210,8 @@ def one_round(dataflow, runs: List[Any], inputs: int, partitions: int,
             "ingress_trip": 2.0, "egress": 1.0}
     for s in range(stages):
         last = s == stages - 1
-        paid.update({f"s{s}_decode": 2.0, f"s{s}_merge": 2.0, f"s{s}_operators": 2.0, f"s{s}_route": 2.0,
-                     f"s{s}_encode": 1.0 if last else 2.0, f"s{s}_trip": 1.0 if last else 2.0})
+        paid.update({f"s{s}_{piece}": 2.0 for piece in ("decode", "merge", "operators", "route")})
+        paid.update({f"s{s}_encode": 1.0 if last else 2.0, f"s{s}_trip": 1.0 if last else 2.0})
     return {name: per.get(name, 0.0) * times for name, times in paid.items()}, pipe.outputs
 
 
