@@ -51,6 +51,7 @@ from flux.envelope import Envelope
 from flux.protocol.pending_inputs import PendingInputs
 from flux.runtime.gc_tuning import data_path_gc
 from flux.runtime.ingress_feed import READ_LIMIT
+from flux.runtime.ingress_process import RECORDS
 
 
 class ItemPipeline:
@@ -163,7 +164,7 @@ class _Timer:
 def hand_over_us(runs: List[Any]) -> float:
     """CPU microseconds of the driver's hand-over of ``runs`` to the ingress process:
     pickled, through an ``ipc://`` socket, unpickled (``flux.runtime.ingress_process``)."""
-    return _through_socket([pickle.dumps(("records", run), protocol=pickle.HIGHEST_PROTOCOL)
+    return _through_socket([pickle.dumps((RECORDS, [run]), protocol=pickle.HIGHEST_PROTOCOL)
                             for run in runs], unpickle=True)
 
 
