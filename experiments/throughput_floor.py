@@ -203,9 +203,9 @@ def main(argv=None) -> int:
                     help="items: inputs per item (the default FluxJob's)")
     ap.add_argument("--kinds", default="per-record,vectorized",
                     help="items: the operators' kinds, comma-separated")
-    ap.add_argument("--copies", default="2,6",
+    ap.add_argument("--copies", default="4,6",
                     help="items: the floor also run in this many processes at once "
-                         "(6: a 4-node job's nodes, its ingress and its driver); '' for none")
+                         "(6: a 4-node job's nodes, its ingress and its driver; 4: a 2-node job's); '' for none")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="results/throughput")
     args = ap.parse_args(argv)
