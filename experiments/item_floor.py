@@ -161,6 +161,16 @@ class _Timer:
         self.into[self.name] += 1e6 * (time.process_time() - self.t)
 
 
+def handed_over(kind: str, records: List[Any]) -> List[Any]:
+    """What the driver hands the ingress: a columnar source's Arrow batches (the
+    vectorized runs of ``experiments.throughput``), or records a read at a time."""
+    from experiments.throughput import as_batches
+
+    if kind == "vectorized":
+        return as_batches(records)
+    return [records[i:i + READ_LIMIT] for i in range(0, len(records), READ_LIMIT)]
+
+
 def hand_over_us(runs: List[Any]) -> float:
     """CPU microseconds of the driver's hand-over of ``runs`` to the ingress process:
     pickled, through an ``ipc://`` socket, unpickled (``flux.runtime.ingress_process``)."""
@@ -222,15 +232,13 @@ def item_floor(kind: str, records: List[Any], partitions: int = 4, batch_rows: i
     ``repeats`` rounds, each timing the operators alone and the pipeline once, with
     their spread; ``outputs_exact``: the pipeline's outputs against the reference."""
     from experiments.overhead import spread
-    from experiments.throughput import (as_batches, dataflow_of, operators_alone,
-                                        vectorized_alone)
+    from experiments.throughput import dataflow_of, operators_alone, vectorized_alone
     from flux.operator import wire_form
     from flux.reference import reference_output
 
     dataflow = dataflow_of(kind)
     vectorized = kind == "vectorized"
-    runs = as_batches(records) if vectorized else [records[i:i + READ_LIMIT] for i in
-                                                    range(0, len(records), READ_LIMIT)]
+    runs = handed_over(kind, records)
     alone_work: Callable[[], int] = (vectorized_alone(records) if vectorized
                                      else operators_alone(dataflow, records))
     alone: List[float] = []
@@ -283,10 +291,9 @@ def floor_at_once(kind: str, records: List[Any], copies: int, partitions: int = 
     machine. Every process is joined (or killed) before this returns."""
     import multiprocessing
 
-    from experiments.throughput import as_batches, dataflow_of
+    from experiments.throughput import dataflow_of
 
-    runs = (as_batches(records) if kind == "vectorized" else
-            [records[i:i + READ_LIMIT] for i in range(0, len(records), READ_LIMIT)])
+    runs = handed_over(kind, records)
     ctx = multiprocessing.get_context("fork")
     start = ctx.Barrier(copies)
     pipes = [ctx.Pipe(duplex=False) for _ in range(copies)]
